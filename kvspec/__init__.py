@@ -1,0 +1,1 @@
+"""kvspec: the command-line layer over reference/, spec/, engine_adapter/ and fuzz/."""

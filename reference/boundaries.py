@@ -1,0 +1,112 @@
+"""Boundary arithmetic: where a later request resumes, and which Mamba states
+each retention rule keeps. Small pure functions over integers; ``spec/``
+encodes the same functions in z3.
+
+Vocabulary (one letter each, as in ``spec/``):
+
+* ``N``: prompt length in tokens; ``S``: scheduler block; ``A``: attention
+  block; ``M``: Mamba block; ``H``: hash block; ``U``: hit alignment unit
+  (``S``, or ``H`` with partial hash hits); ``L``: hash lookahead tokens.
+* A *boundary* is a token count b: "the state after the first b tokens".
+  A boundary of 0 is no boundary (a hit of 0 is a miss).
+"""
+
+from __future__ import annotations
+
+
+def floor_to(x: int, unit: int) -> int:
+    """The largest multiple of ``unit`` that is <= x (x >= 0)."""
+    return x // unit * unit
+
+
+# ------------------------------------------------------------- the scheduler
+
+
+def attention_lookup(candidate: int, reach: int, A: int, U: int, eagle_drop: bool, ceiling: int) -> int:
+    """One full-attention group's answer to a candidate hit length.
+
+    Without the EAGLE drop: the longest run of cached A-blocks not past the
+    candidate. With it: the lookup may match up to ``min(candidate + A,
+    ceiling)`` (vLLM 0.29.0+ ``eagle_margin``), then drops the last matched
+    block (``min(U, A)`` tokens) so the drafter's hidden state is recomputed.
+    ``reach`` is how far cached blocks go; ``ceiling`` is N-1 (0.29.0/0.30.0)
+    or the request's hashed length (0.33.0).
+    """
+    limit = min(candidate + A, ceiling) if eagle_drop else candidate
+    matched = floor_to(max(min(limit, reach), 0), A)
+    if eagle_drop and matched > 0:
+        matched -= min(U, A)
+    return matched
+
+
+def resend_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: str = "n_minus_1") -> int:
+    """Where an identical resend of an N-token prompt resumes under dense
+    retention (uniform blocks of S, hits on S).
+
+    Capped at N-1, floored to S; the EAGLE drop then backs off one block. With
+    lookahead hashes a block counts only if L more tokens follow it. With the
+    0.33.0 ceiling the drop's lookup may reach the last full block, so a
+    block-aligned prompt lands one block higher than under 0.29.0/0.30.0.
+    """
+    cap = N - 1
+    reach = floor_to(N - L, S)
+    top = floor_to(N - L, S) if ceiling == "hashed" else cap
+    return floor_to(max(attention_lookup(cap, reach, S, S, eagle_drop, top), 0), S)
+
+
+def extension_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0) -> int:
+    """Where a longer sibling (a later prompt that extends this one) resumes
+    under dense retention: the last full block of the prompt (one that L more
+    tokens follow), minus one block with the EAGLE drop."""
+    reach = floor_to(N - L, S)
+    if eagle_drop:
+        return max(reach - S, 0)
+    return reach
+
+
+# ------------------------------------------------------------ the retention
+
+
+def legacy_boundaries(N: int) -> tuple[int, ...]:
+    """vLLM <= 0.29.0 (``MambaManager.cache_blocks``): keep the state at N-1
+    (aligned down by the mask), with no EAGLE adjustment."""
+    return (N - 1,)
+
+
+def replay_boundaries(N: int, S: int, eagle_drop: bool) -> tuple[int, ...]:
+    """vLLM 0.30.0-0.33.0 (``kv_cache_coordinator.replay_boundaries``).
+
+    Without the drop: N-1. With it: the resend's floor((N-1)/S)*S and the
+    extension's floor(N/S)*S, each backed off one block (never below 0).
+    """
+    if not eagle_drop:
+        return (N - 1,)
+    resend = floor_to(N - 1, S)
+    extension = floor_to(N, S)
+    return tuple(sorted({max(resend - S, 0), max(extension - S, 0)}))
+
+
+def promise_boundaries(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: str = "n_minus_1") -> tuple[int, ...]:
+    """The promise: keep exactly where this prompt's identical resend and its
+    longer siblings resume under dense retention."""
+    return tuple(sorted({resend_boundary(N, S, eagle_drop, L=L, ceiling=ceiling), extension_boundary(N, S, eagle_drop, L=L)}))
+
+
+def kept_state(boundary: int, U: int) -> int:
+    """The Mamba state a boundary keeps: the boundary aligned down to the hit
+    unit U. Without partial hash hits U = S, a multiple of M, so this is the
+    state in block ``floor(b/S)*S/M - 1``; with them, a state inside a Mamba
+    block is kept as a partial tail. 0 means nothing is kept."""
+    return floor_to(max(boundary, 0), U)
+
+
+def periodic_states(N: int, interval: int, M: int) -> tuple[int, ...]:
+    """Periodic retention (interval > 0): one state per interval, at its end;
+    an interval at or below the Mamba block keeps every block (dense)."""
+    step = M if interval <= M else interval
+    return tuple(range(step, floor_to(N, M) + 1, step))
+
+
+def dense_states(N: int, M: int) -> tuple[int, ...]:
+    """Dense retention (interval None): the state after every full block."""
+    return tuple(range(M, floor_to(N, M) + 1, M))

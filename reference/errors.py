@@ -1,0 +1,34 @@
+"""One root error type for everything kvspec reports to a user.
+
+Every message is one line that names the offending ``field=value``, the rule
+it broke and what is allowed (in the style of Hypothesis'
+``internal/validation.py``). The CLI prints ``kvspec: <message>`` and exits 2;
+it never shows a traceback for these.
+"""
+
+from __future__ import annotations
+
+
+class KvspecError(Exception):
+    """Root of every error kvspec raises on purpose."""
+
+
+class InvalidArgument(KvspecError, ValueError):
+    """The input (a case file, a flag, a finding) breaks a stated rule."""
+
+
+class Unsupported(KvspecError):
+    """The input is valid but outside what this component models or can run.
+
+    Raised instead of guessing (Alive2's "unsupported").
+    """
+
+
+class EngineError(KvspecError):
+    """An engine could not be set up or reached (not: vLLM raised on a case;
+    that is recorded as a finding)."""
+
+
+def invalid(field: str, value: object, allowed: str) -> InvalidArgument:
+    """Build the one-line error ``field=value: allowed``."""
+    return InvalidArgument(f"{field}={value!r}: {allowed}")

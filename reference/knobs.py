@@ -1,0 +1,124 @@
+"""The effective knobs a vLLM scheduler runs with, resolved from a case.
+
+Five numbers decide every prefix-cache boundary in this model:
+
+* ``eagle_drop``: the KV cache manager drops the last matched attention block
+  of a hit (vLLM's ``use_eagle`` as the coordinator sees it). EAGLE, EAGLE3
+  and MTP drafters need it; ``disable_eagle_block_drop`` turns it off
+  (0.30.0+); lookahead block hashes replace it (0.33.0: ``use_eagle`` is
+  cleared when ``num_hash_lookahead_tokens > 0``).
+* ``hash_lookahead_tokens``: tokens after each hash block that its hash also
+  covers (0.33.0 ``VllmConfig.num_hash_lookahead_tokens``: 1 for EAGLE and
+  single-module MTP when the drop would otherwise be in force, unless
+  ``disable_lookahead_block_hashes``; 0.29.0 and 0.30.0 have none).
+* ``alignment``: the unit hits land on (``_cache_hit_alignment_tokens``): the
+  hash block when partial hash hits are on (an align-mode Mamba group whose
+  block is larger than the hash block), else the scheduler block.
+* ``hit_cap``: a request of N prompt tokens can hit at most N-1 tokens (its
+  last token is recomputed for logits; ``get_computed_blocks``).
+* ``eagle_lookup_ceiling``: how far past the candidate the EAGLE attention
+  lookup may match before it drops a block: ``"n_minus_1"`` (0.29.0, 0.30.0:
+  ``min(candidate + margin, N-1)``) or ``"hashed"`` (0.33.0:
+  ``min(candidate + margin, hashed length)``). They differ only on prompts
+  whose length is a multiple of the scheduler block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from reference.case import Case
+from reference.errors import Unsupported, invalid
+
+#: Versions whose knob resolution this model states; others are unsupported.
+SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
+DEFAULT_VERSION = "0.33.0"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    version: str
+    eagle_drop: bool
+    hash_lookahead_tokens: int
+    scheduler_block_size: int
+    hash_block_size: int
+    alignment: int
+    partial_hash_hits: bool
+    eagle_lookup_ceiling: str
+    #: Has this version ``replay_boundaries`` (0.30.0+)? Informational.
+    has_replay_boundaries: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_version(text: str) -> str:
+    """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``."""
+    raw = text
+    if text.startswith("vllm=="):
+        text = text[len("vllm==") :]
+    if text not in SUPPORTED_VERSIONS:
+        raise invalid("version", raw, f"supported: {', '.join('vllm==' + v for v in SUPPORTED_VERSIONS)}")
+    return text
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def partial_hash_hits(case: Case) -> bool:
+    """0.29.0+ ``partial_hash_hits_enabled``: some align-mode Mamba group has
+    a block larger than the hash block (full attention supports the finer
+    lookup, so it never vetoes)."""
+    g = case.geometry
+    return any(m > g.hash_block_size for m in g.mamba_block_sizes)
+
+
+def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
+    """Resolve the knobs of ``case`` the way vLLM ``version`` does."""
+    version = parse_version(version)
+    v = _version_tuple(version)
+    g = case.geometry
+    spec = case.speculative
+    partial = partial_hash_hits(case)
+    alignment = g.hash_block_size if partial else g.scheduler_block_size
+    if g.num_groups == 1:
+        # UnitaryKVCacheCoordinator: hits land on the single group's block.
+        alignment = g.scheduler_block_size
+        partial = False
+
+    eagle_drop = False
+    lookahead = 0
+    if spec is not None:
+        wants_drop = True  # mtp, eagle, eagle3 all need the EAGLE block drop
+        if spec.option("disable_eagle_block_drop"):
+            if v < (0, 30, 0):
+                raise Unsupported(f"speculative.disable_eagle_block_drop=True: not an option in vLLM {version} (added in 0.30.0)")
+            wants_drop = False
+        if v >= (0, 32, 0):
+            if wants_drop and not spec.option("disable_lookahead_block_hashes"):
+                lookahead = 1  # single-module MTP and EAGLE read one token ahead
+        elif spec.options.get("disable_lookahead_block_hashes") is False:
+            raise Unsupported(f"speculative.disable_lookahead_block_hashes=False: vLLM {version} has no lookahead block hashes")
+        eagle_drop = wants_drop and lookahead == 0
+        if eagle_drop and spec.method == "mtp" and spec.num_speculative_tokens > g.scheduler_block_size:
+            raise Unsupported(f"speculative.num_speculative_tokens={spec.num_speculative_tokens}: must not exceed scheduler_block_size={g.scheduler_block_size}")
+    if g.prefix_match_unit is not None and g.num_groups == 1 and g.prefix_match_unit != g.scheduler_block_size:
+        raise invalid("geometry.prefix_match_unit", g.prefix_match_unit, f"with a single KV cache group must be unset or equal to the block size {g.scheduler_block_size}")
+    if g.scheduler_block_size != math.lcm(*(x.block_size for x in g.groups)):
+        raise Unsupported(f"geometry.scheduler_block_size={g.scheduler_block_size}: vLLM {version} always uses the LCM of the group block sizes")
+    for a in g.attention_block_sizes:
+        if a > alignment:
+            raise Unsupported(f"full_attention block_size={a} above the hit alignment {alignment}: fine-grained attention tails are outside this model")
+    return Knobs(
+        version=version,
+        eagle_drop=eagle_drop,
+        hash_lookahead_tokens=lookahead,
+        scheduler_block_size=g.scheduler_block_size,
+        hash_block_size=g.hash_block_size,
+        alignment=alignment,
+        partial_hash_hits=partial,
+        eagle_lookup_ceiling="hashed" if v >= (0, 32, 0) else "n_minus_1",
+        has_replay_boundaries=v >= (0, 30, 0),
+    )
