@@ -7,10 +7,12 @@ Five numbers decide every prefix-cache boundary in this model:
   and MTP drafters need it; ``disable_eagle_block_drop`` turns it off
   (0.30.0+); lookahead block hashes replace it (0.33.0: ``use_eagle`` is
   cleared when ``num_hash_lookahead_tokens > 0``).
+* ``junction_back_off``: with the drop, 0.33.0 also keeps the state one
+  block below a shared-prefix junction (``MambaManager.cache_blocks``).
 * ``hash_lookahead_tokens``: tokens after each hash block that its hash also
   covers (0.33.0 ``VllmConfig.num_hash_lookahead_tokens``: 1 for EAGLE and
   single-module MTP when the drop would otherwise be in force, unless
-  ``disable_lookahead_block_hashes``; 0.29.0 and 0.30.0 have none).
+  ``disable_lookahead_block_hashes``; 0.29.0 to 0.32.0 have none).
 * ``alignment``: the unit hits land on (``_cache_hit_alignment_tokens``): the
   hash block when partial hash hits are on (an align-mode Mamba group whose
   block is larger than the hash block), else the scheduler block.
@@ -19,8 +21,8 @@ Five numbers decide every prefix-cache boundary in this model:
 * ``eagle_lookup_ceiling``: how far past the candidate the EAGLE attention
   lookup may match before it drops a block: ``"n_minus_1"`` (0.29.0, 0.30.0:
   ``min(candidate + margin, N-1)``) or ``"hashed"`` (0.33.0:
-  ``min(candidate + margin, hashed length)``). They differ only on prompts
-  whose length is a multiple of the scheduler block.
+  ``min(candidate + margin, hashed length)``; 0.32.0 too). They differ only
+  on prompts whose length is a multiple of the scheduler block.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Knobs:
     alignment: int
     partial_hash_hits: bool
     eagle_lookup_ceiling: str
+    junction_back_off: bool
     #: Has this version ``replay_boundaries`` (0.30.0+)? Informational.
     has_replay_boundaries: bool
 
@@ -96,7 +99,7 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
             if v < (0, 30, 0):
                 raise Unsupported(f"speculative.disable_eagle_block_drop=True: not an option in vLLM {version} (added in 0.30.0)")
             wants_drop = False
-        if v >= (0, 32, 0):
+        if v >= (0, 33, 0):
             if wants_drop and not spec.option("disable_lookahead_block_hashes"):
                 lookahead = 1  # single-module MTP and EAGLE read one token ahead
         elif spec.options.get("disable_lookahead_block_hashes") is False:
@@ -120,5 +123,6 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
         alignment=alignment,
         partial_hash_hits=partial,
         eagle_lookup_ceiling="hashed" if v >= (0, 32, 0) else "n_minus_1",
+        junction_back_off=eagle_drop and v >= (0, 33, 0),
         has_replay_boundaries=v >= (0, 30, 0),
     )

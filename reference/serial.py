@@ -38,7 +38,7 @@ from reference.boundaries import (
     legacy_boundaries,
     replay_boundaries,
 )
-from reference.case import Case, Geometry, prompt_tokens
+from reference.case import Case, Geometry, Segment, prompt_tokens
 from reference.errors import invalid
 from reference.knobs import Knobs
 
@@ -50,23 +50,31 @@ class Cached:
     """What one finished request left in the cache."""
 
     tokens: list[int]
+    prompt: tuple[Segment, ...]
     #: Mamba states kept, per Mamba block size: token counts p.
     states: dict[int, set[int]] = field(default_factory=dict)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def common_prefix(a: list[int], b: list[int], skip: int = 0) -> int:
+    """Length of the longest common prefix of two token lists, given that
+    their first ``skip`` tokens are known to be equal."""
+    i, n = skip, min(len(a), len(b))
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def known_common(a: tuple[Segment, ...], b: tuple[Segment, ...]) -> int:
+    """Tokens two prompts share by construction: identical leading segments,
+    then the shorter of a first differing pair from the same stream."""
+    shared = 0
+    for x, y in zip(a, b):
+        if x.segment != y.segment:
+            break
+        shared += min(x.length, y.length)
+        if x.length != y.length:
+            break
+    return shared
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ def rule_boundaries(rule: str, N: int, junction: int, geometry: Geometry, knobs:
         raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
     if junction:
         out.append(junction)
-        if rule == "replay" and knobs.eagle_drop and knobs.eagle_lookup_ceiling == "hashed":
+        if rule == "replay" and knobs.junction_back_off:
             out.append(junction - min(b.block_size for b in geometry.groups))  # 0.33.0 also keeps J - bs
     return out
 
@@ -242,10 +250,10 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
     for i, request in enumerate(case.trace):
         tokens = prompt_tokens(request)
         N = len(tokens)
-        shared = [common_prefix(entry.tokens, tokens) for entry in cache]
+        shared = [common_prefix(e.tokens, tokens, known_common(e.prompt, request.prompt)) for e in cache]
         look = lookup(N, shared, cache, g, knobs)
         bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
-        cache.append(Cached(tokens, kept))
+        cache.append(Cached(tokens, request.prompt, kept))
         steps.append(
             Step(
                 request=i,

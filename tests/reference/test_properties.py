@@ -68,3 +68,16 @@ def test_longer_sibling_of_fresh_prompt_matches_dense(block, n, extra, spec):
     sparse = predict(make_case(hybrid(block, block), prompts, spec))["hits"]
     dense = predict(make_case(hybrid(block, block, retention_interval=None), prompts, spec))["hits"]
     assert sparse == dense
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3),
+       st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3))
+def test_common_prefix_shortcut_equals_token_comparison(p, q):
+    from reference.case import prompt_tokens
+    from reference.serial import common_prefix, known_common
+
+    a, b = make_case(hybrid(16, 16), [p, q]).trace
+    ta, tb = prompt_tokens(a), prompt_tokens(b)
+    naive = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    assert common_prefix(ta, tb, known_common(a.prompt, b.prompt)) == naive
