@@ -1,0 +1,157 @@
+"""A campaign: cases in, confirmed and shrunk findings out.
+
+``Campaign.check(case)`` is the one step every driver (atheris, Hypothesis,
+plain random) repeats:
+
+1. a case outside what the reference model covers is counted *unsupported*
+   and skipped, never guessed;
+2. the engine runs it; every oracle judges the observation; a second engine
+   (``versions`` oracle) runs it too;
+3. a divergence whose signature is new is *confirmed* by running the case
+   again: only a case that replays deterministically is reported;
+4. it is shrunk (``fuzz.shrink``) with the predicate "the same oracle still
+   fires with the same signature", and written atomically as a finding.
+
+An exception raised inside vLLM arrives as an observation with ``error`` and
+becomes an ``engine_error`` finding; the campaign goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from reference.case import Case
+from reference.errors import KvspecError, Unsupported
+from reference.knobs import resolve_knobs
+
+from fuzz import findings as F
+from fuzz.oracles import ORACLES, Divergence, check_all, check_versions
+from fuzz.shrink import shrink
+
+
+class Engine(Protocol):
+    version: str
+
+    def run(self, case: Case) -> dict: ...
+
+
+@dataclass
+class Stats:
+    execs: int = 0
+    unsupported: int = 0
+    divergences: int = 0
+    duplicates: int = 0
+    not_reproduced: int = 0
+    findings: list[str] = field(default_factory=list)
+    first_finding_s: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+class Campaign:
+    def __init__(
+        self,
+        engine: Engine,
+        out_dir: str | Path,
+        *,
+        other: Engine | None = None,
+        oracles: tuple[str, ...] = ORACLES,
+        seed: int | None = None,
+        shrink_calls: int = 200,
+        on_finding: Callable[[Path, dict], None] | None = None,
+    ):
+        self.engine, self.other = engine, other
+        self.out_dir = Path(out_dir)
+        self.oracles = oracles
+        self.seed = seed
+        self.shrink_calls = shrink_calls
+        self.on_finding = on_finding
+        self.stats = Stats()
+        self.seen: set[str] = set()
+        if self.out_dir.is_dir():  # resume: do not report again what is already there
+            for path in self.out_dir.glob("*.json"):
+                sig = path.stem.rsplit("-", 1)[-1]
+                self.seen.add(sig)
+
+    # -------------------------------------------------------------- judging
+
+    def _judge(self, case: Case) -> tuple[dict, list[Divergence]]:
+        obs = self.engine.run(case)
+        self.stats.execs += 1
+        divs = check_all(case, self.engine.version, obs, self._run_primary, self.oracles)
+        if self.other is not None and "versions" in self.oracles and "error" not in obs:
+            other_obs = self.other.run(case)
+            divs += check_versions(case, self.engine.version, obs, self.other.version, other_obs)
+        return obs, divs
+
+    def _run_primary(self, case: Case) -> dict:
+        self.stats.execs += 1
+        return self.engine.run(case)
+
+    def supported(self, case: Case) -> bool:
+        try:
+            resolve_knobs(case, self.engine.version)
+            if self.other is not None:
+                resolve_knobs(case, self.other.version)
+        except Unsupported:
+            return False
+        return True
+
+    def divergences(self, case: Case) -> tuple[dict, list[Divergence]]:
+        """Observation and divergences of a case (no confirmation, no writing)."""
+        return self._judge(case)
+
+    def _signature(self, case: Case, div: Divergence, obs: dict) -> str:
+        return F.signature(case, div, obs.get("knobs", {}))
+
+    def _fires(self, case: Case, oracle: str, sig: str) -> bool:
+        """The shrink predicate: the same oracle fires with the same signature."""
+        if not self.supported(case):
+            return False
+        try:
+            obs, divs = self._judge(case)
+        except KvspecError:
+            return False
+        return any(d.oracle == oracle and self._signature(case, d, obs) == sig for d in divs)
+
+    # -------------------------------------------------------------- the step
+
+    def check(self, case: Case) -> list[Path]:
+        """Judge one case; return the finding files written."""
+        if not self.supported(case):
+            self.stats.unsupported += 1
+            return []
+        obs, divs = self._judge(case)
+        written = []
+        for div in divs:
+            self.stats.divergences += 1
+            sig = self._signature(case, div, obs)
+            if sig in self.seen:
+                self.stats.duplicates += 1
+                continue
+            if not self._fires(case, div.oracle, sig):  # replays deterministically?
+                self.stats.not_reproduced += 1
+                continue
+            self.seen.add(sig)
+            small, _calls = shrink(case, lambda c, o=div.oracle, s=sig: self._fires(c, o, s), self.shrink_calls)
+            small_obs, small_divs = self._judge(small)
+            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small, d, small_obs) == sig), None)
+            if final is None:  # cannot happen after a successful shrink; keep the original
+                small, small_obs, final = case, obs, div
+            finding = F.make_finding(small, final, small_obs, seed=self.seed)
+            finding["signature"] = sig
+            path = F.write_finding(finding, self.out_dir)
+            written.append(path)
+            self.stats.findings.append(str(path))
+            if self.stats.first_finding_s is None:
+                self.stats.first_finding_s = self.stats.elapsed
+            if self.on_finding:
+                self.on_finding(path, finding)
+        return written
+

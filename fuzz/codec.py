@@ -1,0 +1,125 @@
+"""Fuzzer bytes <-> cases. Every byte string decodes to a valid case.
+
+Two layouts, chosen by the first byte's low bit:
+
+* ``0``: *generated*: the rest feeds ``fuzz.generate.build_case`` as a
+  stream of choices (structure-aware: resends, siblings, aligned lengths).
+* ``1``: *literal*: the bytes spell a case field by field, so any case in
+  the literal domain (uniform or mixed 16-multiple blocks, up to 8 requests
+  of up to 4 segments) can be written as a corpus entry: this is how the
+  z3 boundary cases from ``spec/`` seed a campaign.
+
+Saved findings are cases (JSON), never these bytes; the bytes only live in
+the fuzzer's corpus.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from reference.case import Case, case_to_dict, parse_case
+from reference.errors import KvspecError
+
+from fuzz.generate import SPECULATIVE, BytesChooser, build_case
+
+_NAMES = "ABCDEFGHIJKLMNOP"
+_RETENTION = ("sparse", "dense", "periodic")
+MAX_LITERAL_TOKENS = 1 << 16
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def u(self, n: int) -> int:
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return int.from_bytes(chunk.ljust(n, b"\0"), "little")
+
+
+def _decode_literal(r: _Reader) -> Case:
+    attention = 16 * (1 + r.u(1) % 128)
+    mamba = 16 * (1 + r.u(1) % 128)
+    if max(attention, mamba) % min(attention, mamba):
+        mamba = attention
+    count = 1 + r.u(1) % 3
+    scheduler = max(attention, mamba)
+    retention = _RETENTION[r.u(1) % 3]
+    interval = {"sparse": 0, "dense": None, "periodic": scheduler * (1 + r.u(1) % 4)}[retention]
+    budget = max(r.u(2) or 8192, scheduler)  # a chunk at least one block
+    speculative = SPECULATIVE[r.u(1) % len(SPECULATIVE)]
+    trace = []
+    for _ in range(1 + r.u(1) % 8):
+        prompt = []
+        for _ in range(1 + r.u(1) % 4):
+            prompt.append({"segment": _NAMES[r.u(1) % len(_NAMES)], "length": 1 + r.u(2) % MAX_LITERAL_TOKENS})
+        trace.append({"prompt": prompt})
+    return parse_case({
+        "schema": 1,
+        "geometry": {
+            "groups": [{"kind": "full_attention", "block_size": attention}, {"kind": "mamba", "block_size": mamba, "count": count}],
+            "retention_interval": interval,
+            "max_num_batched_tokens": budget,
+        },
+        "speculative": speculative,
+        "trace": trace,
+    })
+
+
+def decode(data: bytes) -> Case:
+    """Bytes -> a valid case (never raises on any input)."""
+    if data[:1] and data[0] & 1:
+        try:
+            return _decode_literal(_Reader(data[1:]))
+        except KvspecError:
+            pass  # e.g. a budget the validator refuses: fall back to generated
+    return build_case(BytesChooser(data[1:]))
+
+
+def encode(case: Case) -> bytes:
+    """A case in the literal domain -> bytes that ``decode`` maps back to it.
+
+    Raises ``ValueError`` for a case outside the literal domain."""
+    raw = case_to_dict(case)
+    g = raw["geometry"]
+    groups = g["groups"]
+    if len(groups) != 2 or groups[0]["kind"] != "full_attention" or groups[1]["kind"] != "mamba":
+        raise ValueError("literal cases have one attention group and one Mamba group kind")
+    attention, mamba = groups[0]["block_size"], groups[1]["block_size"]
+    if attention % 16 or mamba % 16 or attention > 2048 or mamba > 2048 or max(attention, mamba) % min(attention, mamba):
+        raise ValueError("literal blocks are multiples of 16 up to 2048, one dividing the other")
+    if g["prefix_match_unit"] is not None or g["hash_block_size"] != min(attention, mamba) or groups[1]["count"] > 3:
+        raise ValueError("literal geometry has no prefix_match_unit and at most 3 Mamba groups")
+    interval = g["retention_interval"]
+    scheduler = g["scheduler_block_size"]
+    out = bytearray([1, attention // 16 - 1, mamba // 16 - 1, groups[1]["count"] - 1])
+    if interval == 0:
+        out += bytes([0, 0])
+    elif interval is None:
+        out += bytes([1, 0])
+    elif interval % scheduler == 0 and 1 <= interval // scheduler <= 4:
+        out += bytes([2, interval // scheduler - 1])
+    else:
+        raise ValueError("literal periodic intervals are 1-4 scheduler blocks")
+    budget = g["max_num_batched_tokens"]
+    if not scheduler <= budget < 1 << 16:
+        raise ValueError("literal budgets are one scheduler block to 65535 tokens")
+    out += struct.pack("<H", budget)
+    try:
+        out.append(SPECULATIVE.index(raw["speculative"]))
+    except ValueError:
+        raise ValueError("literal speculative settings are those of fuzz.generate.SPECULATIVE") from None
+    trace = raw["trace"]
+    if not 1 <= len(trace) <= 8 or any(r["max_tokens"] != 1 for r in trace):
+        raise ValueError("literal traces have 1-8 requests with max_tokens 1")
+    out.append(len(trace) - 1)
+    for r in trace:
+        if not 1 <= len(r["prompt"]) <= 4:
+            raise ValueError("literal prompts have 1-4 segments")
+        out.append(len(r["prompt"]) - 1)
+        for s in r["prompt"]:
+            if s["segment"] not in _NAMES or not 1 <= s["length"] <= MAX_LITERAL_TOKENS:
+                raise ValueError(f"literal segments are named {_NAMES[0]}-{_NAMES[-1]} with 1-{MAX_LITERAL_TOKENS} tokens")
+            out.append(_NAMES.index(s["segment"]))
+            out += struct.pack("<H", (s["length"] - 1) % MAX_LITERAL_TOKENS)
+    return bytes(out)

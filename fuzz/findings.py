@@ -1,0 +1,153 @@
+"""Findings: a diverging case with everything needed to replay and read it.
+
+A finding file is JSON: the case (schema 1, so ``kvspec run`` / ``replay``
+take it directly) plus the oracle, the expected and observed hits, the
+engine (version and the knobs it resolved), both sides' ``explain``, a
+signature for deduplication and a one-line summary in #53504's terms::
+
+    request 1 (resend) hit 0, spec says 9600; mask kept block 6, scheduler needed block 5
+
+Files are written atomically and named by signature, so a campaign killed at
+any point leaves whole findings only, and a rediscovered bug overwrites its
+own file instead of adding another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from reference.case import Case, case_to_dict, load_json, parse_case, write_json_atomic
+from reference.errors import invalid
+
+from fuzz.oracles import Divergence, request_kinds
+
+FINDING_SCHEMA = 1
+
+
+def _mamba_blocks(explain: list, request: int) -> list[int] | None:
+    """Mamba block indices an engine/model explain says were kept by requests
+    before ``request`` (the union over Mamba groups)."""
+    blocks: set[int] = set()
+    found = False
+    for step in explain[:request]:
+        kept = step.get("retained_mamba_blocks") or step.get("mamba_blocks_cached") or {}
+        values = kept.values() if isinstance(kept, dict) else [kept]
+        for v in values:
+            if isinstance(v, dict):  # per group id -> {block size: [...]}
+                v = [x for vv in v.values() for x in (vv if isinstance(vv, list) else [])]
+            found = True
+            blocks.update(int(x) for x in v)
+    return sorted(blocks) if found else None
+
+
+def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> str:
+    """One line, first divergence first."""
+    if div.oracle == "engine_error":
+        return f"vLLM raised at request {div.first}: {div.detail}"
+    if div.oracle == "knobs":
+        return div.detail
+    i = div.first
+    kinds = request_kinds(case)
+    text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
+    model = div.context.get("model_explain")
+    mamba = case.geometry.mamba_block_sizes
+    if model and mamba and engine_explain:
+        kept = _mamba_blocks(engine_explain, i)
+        need = div.expected[i] // mamba[0] - 1
+        if kept is not None and need >= 0:
+            text += f"; mask kept block{'s' if len(kept) != 1 else ''} {','.join(map(str, kept)) or 'none'}, scheduler needed block {need}"
+    if div.detail:
+        text += f" ({div.detail})"
+    return text
+
+
+def signature(case: Case, div: Divergence, knobs: dict) -> str:
+    """What makes two findings the same bug: oracle, version, the resolved
+    speculative knobs, retention mode, the diverging request's kind, whether
+    its prompt is block-aligned, and the direction of the error."""
+    parts = [div.oracle, div.version, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
+    g = case.geometry
+    parts.append({None: "dense", 0: "sparse"}.get(g.retention_interval, "periodic"))
+    if div.first is not None and div.requests and div.oracle not in ("engine_error", "knobs"):
+        i = div.first
+        n = case.trace[i].num_prompt_tokens
+        parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
+        if i < len(div.observed) and i < len(div.expected):
+            parts.append("low" if div.observed[i] < div.expected[i] else "high")
+    elif div.oracle == "engine_error":
+        parts.append(div.detail.split(":")[0])
+    else:
+        parts.append(div.detail)
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True) -> dict:
+    knobs = observation.get("knobs", {})
+    return {
+        "kvspec_finding": FINDING_SCHEMA,
+        "summary": summary(case, div, observation.get("explain")),
+        "oracle": div.oracle,
+        "signature": signature(case, div, knobs),
+        "engine": {"version": div.version, "knobs": knobs},
+        "first_divergence": div.first,
+        "diverging_requests": div.requests,
+        "expected": {"hits": div.expected, "detail": div.detail},
+        "observed": {"hits": observation.get("hits", []), "queries": observation.get("queries", []), "error": observation.get("error")},
+        "explain": {"model": div.context.get("model_explain", []), "engine": observation.get("explain", [])},
+        "reproduced_twice": reproduced,
+        "seed": seed,
+        "found_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "case": case_to_dict(case),
+    }
+
+
+def write_finding(finding: dict, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / f"{finding['oracle']}-{finding['signature']}.json"
+    write_json_atomic(path, finding)
+    return path
+
+
+def load_finding(path: str | Path) -> tuple[Case, dict]:
+    """A finding file (or a bare case file) -> (case, finding fields)."""
+    raw = load_json(path, "finding file")
+    if not isinstance(raw, dict):
+        raise invalid("finding file", str(path), "must hold a JSON object (a finding or a case)")
+    if "case" in raw:
+        return parse_case(raw["case"]), raw
+    return parse_case(raw), {}
+
+
+def render(finding: dict) -> str:
+    """The finding as text, like an Alive2 counterexample: the inputs first,
+    then model vs engine per request, the first divergence marked."""
+    case = finding["case"]
+    g = case["geometry"]
+    lines = [f"finding {finding['signature']} [{finding['oracle']}] on vllm=={finding['engine']['version']}", f"  {finding['summary']}", "", "inputs:"]
+    groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])
+    lines.append(f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}")
+    lines.append(f"  speculative: {json.dumps(case['speculative'])}")
+    lines.append(f"  engine knobs: {json.dumps(finding['engine']['knobs'], sort_keys=True)}")
+    for i, r in enumerate(case["trace"]):
+        lines.append(f"  request {i}: " + " + ".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]))
+    lines += ["", "request  expected  observed"]
+    exp, obs = finding["expected"]["hits"], finding["observed"]["hits"]
+    for i in range(max(len(exp), len(obs))):
+        e = exp[i] if i < len(exp) else "-"
+        o = obs[i] if i < len(obs) else "-"
+        mark = "  <- first divergence" if i == finding.get("first_divergence") else ("  <- differs" if i in finding.get("diverging_requests", []) else "")
+        lines.append(f"{i:7d}  {e!s:>8}  {o!s:>8}{mark}")
+    if finding["observed"].get("error"):
+        lines += ["", "engine error:", "  " + str(finding["observed"]["error"].get("message", ""))]
+    return "\n".join(lines)
+
+
+def write_harness_error(case: Case, trace: str, out_dir: str | Path) -> Path:
+    """A bug in kvspec itself, recorded (atomically) instead of crashing a
+    campaign; ``kvspec fuzz`` lists these apart from findings."""
+    digest = hashlib.sha256(trace.encode()).hexdigest()[:16]
+    path = Path(out_dir) / "harness-errors" / f"{digest}.json"
+    write_json_atomic(path, {"traceback": trace, "case": case_to_dict(case)})
+    return path

@@ -1,0 +1,184 @@
+"""Oracles: each compares one engine observation with what must hold, and
+says which requests diverge.
+
+* ``promise``: an identical resend or a longer sibling of an earlier prompt
+  hits exactly what kvspec's promise predicts (where dense retention would
+  resume). A sibling diverging inside an earlier prompt is not compared.
+* ``reference``: every request hits what the reference model predicts for
+  the rule the engine's version implements (``legacy`` before 0.30.0,
+  ``replay`` from 0.30.0), with the knobs that version resolves. A
+  divergence here is either a vLLM behaviour the model misses or a bug.
+* ``knobs``: the engine resolved the same knobs as the reference model.
+* ``sparse_dense``: on the same engine, promised requests hit the same under
+  sparse retention (interval 0) as under dense retention (needs no model).
+* ``spec_on_off``: turning speculative decoding on moves the first repeat's
+  hit only by the documented EAGLE drop (the model's difference).
+* ``versions``: two engine versions agree on every request.
+* ``engine_error``: vLLM raised on a case the model accepts.
+
+An observation is the dict an engine returns (``hits``, ``queries``,
+``knobs``, ``explain``) or ``{"error": {...}}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from reference.case import Case, prompt_tokens
+from reference.knobs import resolve_knobs
+from reference.predict import predict_with_knobs
+
+ORACLES = ("promise", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+#: Knob names both the model and the engine report.
+COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment")
+
+Run = Callable[[Case], dict]
+
+
+@dataclass
+class Divergence:
+    """One oracle firing on one case."""
+
+    oracle: str
+    version: str
+    requests: list[int]  # the diverging requests, first first
+    expected: list
+    observed: list
+    detail: str = ""
+    context: dict = field(default_factory=dict)
+
+    @property
+    def first(self) -> int | None:
+        return self.requests[0] if self.requests else None
+
+
+def implemented_rule(version: str) -> str:
+    """The retention rule vLLM ``version`` implements."""
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    return "legacy" if major_minor < (0, 30) else "replay"
+
+
+def request_kinds(case: Case) -> list[str]:
+    """For each request: ``fresh``, ``resend`` (identical to an earlier
+    prompt), ``extension`` (an earlier prompt is a strict prefix) or
+    ``sibling`` (shares a prefix with an earlier prompt, neither of the two)."""
+    seen: list[list[int]] = []
+    kinds = []
+    for request in case.trace:
+        tokens = prompt_tokens(request)
+        kind = "fresh"
+        for earlier in seen:
+            if earlier == tokens:
+                kind = "resend"
+                break
+            if len(earlier) < len(tokens) and tokens[: len(earlier)] == earlier:
+                kind = "extension"
+            elif kind == "fresh" and earlier[:1] == tokens[:1]:
+                kind = "sibling"
+        kinds.append(kind)
+        seen.append(tokens)
+    return kinds
+
+
+def promised(case: Case) -> list[int]:
+    return [i for i, k in enumerate(request_kinds(case)) if k in ("resend", "extension")]
+
+
+def _diff(expected: list, observed: list, only: list[int] | None = None) -> list[int]:
+    idx = range(len(expected)) if only is None else only
+    return [i for i in idx if i >= len(observed) or expected[i] != observed[i]]
+
+
+def check_engine_error(case: Case, version: str, obs: dict) -> list[Divergence]:
+    if "error" not in obs:
+        return []
+    err = obs["error"]
+    return [Divergence("engine_error", version, [int(err.get("request", 0) or 0)], [], [], f"{err.get('type', 'Error')}: {err.get('message', '')}".strip(), {"traceback": err.get("traceback", "")})]
+
+
+def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:
+    model = resolve_knobs(case, version).as_dict()
+    engine = obs.get("knobs", {})
+    wrong = [k for k in COMPARED_KNOBS if k in engine and engine[k] != model[k]]
+    if not wrong:
+        return []
+    return [Divergence("knobs", version, [], [model[k] for k in wrong], [engine[k] for k in wrong], "knobs differ: " + ", ".join(f"{k} model={model[k]} engine={engine[k]}" for k in wrong))]
+
+
+def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
+    expected = predict_with_knobs(case, resolve_knobs(case, version), "promise")
+    bad = _diff(expected["hits"], obs["hits"], promised(case))
+    if not bad:
+        return []
+    return [Divergence("promise", version, bad, expected["hits"], obs["hits"], context={"model_explain": expected["explain"]})]
+
+
+def check_reference(case: Case, version: str, obs: dict) -> list[Divergence]:
+    rule = implemented_rule(version)
+    expected = predict_with_knobs(case, resolve_knobs(case, version), rule)
+    bad = _diff(expected["hits"], obs["hits"])
+    if not bad:
+        return []
+    return [Divergence("reference", version, bad, expected["hits"], obs["hits"], f"rule={rule}", {"model_explain": expected["explain"]})]
+
+
+def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+    if case.geometry.retention_interval != 0:
+        return []
+    dense_case = replace(case, geometry=replace(case.geometry, retention_interval=None))
+    dense = run(dense_case)
+    if "error" in dense:
+        return check_engine_error(dense_case, version, dense)
+    bad = _diff(dense["hits"], obs["hits"], promised(case))
+    if not bad:
+        return []
+    return [Divergence("sparse_dense", version, bad, dense["hits"], obs["hits"], "expected = the same engine under dense retention")]
+
+
+def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+    if case.speculative is None:
+        return []
+    kinds = request_kinds(case)
+    first = next((i for i, k in enumerate(kinds) if k == "resend"), None)
+    if first is None:
+        return []
+    off_case = replace(case, speculative=None)
+    off = run(off_case)
+    if "error" in off:
+        return check_engine_error(off_case, version, off)
+    model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
+    model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
+    moved = off["hits"][first] - obs["hits"][first]
+    if moved == model_off - model_on:
+        return []
+    expected = list(obs["hits"])
+    expected[first] = off["hits"][first] - (model_off - model_on)
+    return [Divergence("spec_on_off", version, [first], expected, obs["hits"], f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}")]
+
+
+def check_versions(case: Case, version: str, obs: dict, other_version: str, other: dict) -> list[Divergence]:
+    if "error" in other or "error" in obs:
+        return []
+    bad = _diff(other["hits"], obs["hits"])
+    if not bad:
+        return []
+    return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = vllm=={other_version}", {"other_version": other_version})]
+
+
+def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
+    """Every single-engine oracle, in a fixed order; engine errors end it."""
+    if "error" in obs:
+        return check_engine_error(case, version, obs) if "engine_error" in oracles else []
+    out: list[Divergence] = []
+    if "knobs" in oracles:
+        out += check_knobs(case, version, obs)
+    if "promise" in oracles:
+        out += check_promise(case, version, obs)
+    if "reference" in oracles:
+        out += check_reference(case, version, obs)
+    if run is not None and "sparse_dense" in oracles:
+        out += check_sparse_dense(case, version, obs, run)
+    if run is not None and "spec_on_off" in oracles:
+        out += check_spec_on_off(case, version, obs, run)
+    return out

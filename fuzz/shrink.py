@@ -1,0 +1,137 @@
+"""The shrinker: the smallest case that still satisfies a predicate.
+
+It knows nothing of oracles or engines: it takes a case and a predicate
+(``Case -> bool``: "still interesting") and greedily tries smaller cases, in
+the manner of Hypothesis' ``conjecture/shrinker.py``. Passes, each keeping
+the trace's structure (an identical resend stays identical, a prefix stays a
+prefix, because every change applies to a segment stream everywhere):
+
+1. drop requests (a run of them, then single ones);
+2. simplify the geometry: one Mamba group, the default chunk budget, a
+   smaller block size with every length rescaled and its block residue kept;
+3. shorten a segment stream everywhere by whole blocks, then by fewer tokens;
+4. simplify the speculative settings (fewer speculative tokens).
+
+A candidate is accepted only if it is strictly smaller by ``size`` and the
+predicate holds. The number of predicate calls is bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Iterator
+
+from reference.case import Case, Group, Request, Segment, parse_case, case_to_dict
+from reference.errors import KvspecError
+
+Predicate = Callable[[Case], bool]
+
+
+def size(case: Case) -> tuple:
+    """The shrink order: fewer requests, smaller blocks, fewer tokens, simpler."""
+    g = case.geometry
+    return (
+        len(case.trace),
+        g.scheduler_block_size,
+        sum(r.num_prompt_tokens for r in case.trace),
+        sum(x.count for x in g.groups),
+        g.max_num_batched_tokens != 8192,
+        case.speculative.num_speculative_tokens if case.speculative else 0,
+        sum(len(r.prompt) for r in case.trace),
+    )
+
+
+def _valid(case: Case) -> Case | None:
+    """Round-trip through the validator; None if the candidate is invalid."""
+    try:
+        return parse_case(case_to_dict(case))
+    except KvspecError:
+        return None
+
+
+def _drop_requests(case: Case) -> Iterator[Case]:
+    n = len(case.trace)
+    width = n // 2
+    while width >= 1:
+        for start in range(0, n - width + 1):
+            rest = case.trace[:start] + case.trace[start + width :]
+            if rest:
+                yield replace(case, trace=rest)
+        width //= 2
+
+
+def _map_lengths(case: Case, fn: Callable[[str, int], int]) -> Case:
+    trace = tuple(Request(tuple(Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt), r.max_tokens) for r in case.trace)
+    return replace(case, trace=trace)
+
+
+def _simplify_geometry(case: Case) -> Iterator[Case]:
+    g = case.geometry
+    if any(x.count > 1 for x in g.groups):
+        yield replace(case, geometry=replace(g, groups=tuple(replace(x, count=1) for x in g.groups)))
+    if g.max_num_batched_tokens != 8192:
+        yield replace(case, geometry=replace(g, max_num_batched_tokens=8192))
+    if any(r.max_tokens != 1 for r in case.trace):
+        yield replace(case, trace=tuple(replace(r, max_tokens=1) for r in case.trace))
+    sizes = {x.block_size for x in g.groups}
+    if len(sizes) == 1:
+        (block,) = sizes
+        for smaller in (16, 32, 64, 128, 256, 512):
+            if smaller >= block:
+                break
+
+            def rescale(_name: str, length: int, b=block, s=smaller) -> int:
+                q, r = divmod(length, b)
+                if r:
+                    r = {1: 1, b - 1: s - 1}.get(r, max(1, min(s - 1, round(r * s / b))))
+                return max(1, q * s + r)
+
+            groups = tuple(Group(x.kind, smaller, x.count) for x in g.groups)
+            interval = g.retention_interval
+            if interval:
+                interval = interval // block * smaller
+            geometry = replace(g, groups=groups, hash_block_size=smaller, scheduler_block_size=smaller, prefix_match_unit=None, retention_interval=interval, max_num_batched_tokens=g.max_num_batched_tokens if g.max_num_batched_tokens == 8192 else max(smaller, g.max_num_batched_tokens // block * smaller))
+            yield _map_lengths(replace(case, geometry=geometry), rescale)
+
+
+def _shorten_segments(case: Case) -> Iterator[Case]:
+    names = list(dict.fromkeys(s.segment for r in case.trace for s in r.prompt))
+    block = case.geometry.scheduler_block_size
+    for name in names:
+        shortest = min(s.length for r in case.trace for s in r.prompt if s.segment == name)
+        steps = [k * block for k in (8, 4, 2, 1)] + [block // 2, block // 4, 8, 2, 1]
+        for d in steps:
+            if 0 < d < shortest:
+                yield _map_lengths(case, lambda n, length, d=d, name=name: length - d if n == name else length)
+
+
+def _simplify_speculative(case: Case) -> Iterator[Case]:
+    spec = case.speculative
+    if spec is not None and spec.num_speculative_tokens > 1:
+        yield replace(case, speculative=replace(spec, num_speculative_tokens=1))
+
+
+PASSES = (_drop_requests, _simplify_geometry, _shorten_segments, _simplify_speculative)
+
+
+def shrink(case: Case, predicate: Predicate, max_calls: int = 300) -> tuple[Case, int]:
+    """Greedy fixed point over the passes. Returns (smallest case, calls)."""
+    calls = 0
+    best = case
+    improved = True
+    while improved and calls < max_calls:
+        improved = False
+        for shrink_pass in PASSES:
+            for candidate in shrink_pass(best):
+                candidate = _valid(candidate)
+                if candidate is None or size(candidate) >= size(best):
+                    continue
+                calls += 1
+                if predicate(candidate):
+                    best, improved = candidate, True
+                    break
+                if calls >= max_calls:
+                    return best, calls
+            if improved:
+                break
+    return best, calls

@@ -1,0 +1,64 @@
+"""TEST DOUBLES for the fuzz machinery's unit tests.
+
+These stand in for an engine only where the machinery itself is under test
+(oracles, shrinking, dedup, finding files, drivers). They never stand in for
+vLLM in a differential check: those run the real engine (tests/engine/).
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from reference.boundaries import floor_to
+from reference.case import Case
+from reference.knobs import resolve_knobs
+from reference.predict import predict_with_knobs
+
+
+class ReferenceDouble:
+    """The reference model under ``rule`` pretending to be vLLM ``version``."""
+
+    def __init__(self, version: str, rule: str):
+        self.version, self.rule, self.calls = version, rule, 0
+
+    def _predict(self, case: Case) -> dict:
+        return predict_with_knobs(case, resolve_knobs(case, self.version), self.rule)
+
+    def run(self, case: Case) -> dict:
+        self.calls += 1
+        out = self._predict(case)
+        return {"hits": out["hits"], "queries": out["queries"], "knobs": out["knobs"], "explain": out["explain"]}
+
+
+class HalfFixDouble(ReferenceDouble):
+    """A planted half fix of the retention rule: it keeps only the longer
+    sibling's boundary, so with the EAGLE drop (0.30.0 knobs) an identical
+    resend misses exactly when S divides N and N >= 3S."""
+
+    def __init__(self):
+        super().__init__("0.30.0", "promise")
+
+    def _predict(self, case: Case) -> dict:
+        def extension_only(N, geometry, knobs):
+            S = geometry.scheduler_block_size
+            ext = floor_to(N - knobs.hash_lookahead_tokens, S) - (S if knobs.eagle_drop else 0)
+            return (max(ext, 0),)
+
+        with mock.patch("reference.serial.promise_boundaries", extension_only):
+            return super()._predict(case)
+
+
+class RaisingDouble(ReferenceDouble):
+    """Raises 'inside the engine' on prompts longer than ``limit`` tokens, as
+    vLLM reports it: an observation with ``error``."""
+
+    def __init__(self, limit: int):
+        super().__init__("0.33.0", "replay")
+        self.limit = limit
+
+    def run(self, case: Case) -> dict:
+        self.calls += 1
+        for i, r in enumerate(case.trace):
+            if r.num_prompt_tokens > self.limit:
+                return {"error": {"type": "ValueError", "message": f"prompt of {r.num_prompt_tokens} tokens exceeds {self.limit}", "traceback": "Traceback ...", "request": i}}
+        return super().run(case)

@@ -1,0 +1,99 @@
+"""The fuzz machinery against test doubles: oracles, shrinking, findings,
+dedup and resume, drivers, codec. The real engine is tested in tests/engine/."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+
+from fuzz.campaign import Campaign
+from fuzz.codec import decode, encode
+from fuzz.drivers import random_cases, run_cases, run_hypothesis, run_random
+from fuzz.findings import load_finding, render
+from fuzz.oracles import check_all, request_kinds
+from tests.conftest import MTP_DROP, hybrid, make_case
+from tests.fuzz.doubles import RaisingDouble, ReferenceDouble
+
+
+def test_request_kinds():
+    case = make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)], [("A", 60)], [("A", 20), ("B", 5)], [("C", 5)]])
+    assert request_kinds(case) == ["fresh", "resend", "extension", "sibling", "fresh"]
+
+
+def test_promise_oracle_fires_on_legacy_and_not_on_promise():
+    case = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
+    legacy = ReferenceDouble("0.29.0", "legacy")
+    divs = check_all(case, "0.29.0", legacy.run(case), legacy.run, ("promise",))
+    assert [(d.oracle, d.requests) for d in divs] == [("promise", [1])]
+    honest = ReferenceDouble("0.29.0", "promise")
+    assert check_all(case, "0.29.0", honest.run(case), honest.run, ("promise", "knobs", "sparse_dense", "spec_on_off")) == []
+
+
+def test_random_campaign_finds_shrinks_and_writes_a_replayable_finding(tmp_path):
+    engine = ReferenceDouble("0.29.0", "legacy")
+    campaign = Campaign(engine, tmp_path, oracles=("promise",), seed=1)
+    stats = run_random(campaign, seed=1, max_time=30, max_execs=3000, stop_on_finding=True)
+    assert stats.findings, "the legacy rule's resend miss must be found"
+    case, finding = load_finding(stats.findings[0])
+    assert finding["oracle"] == "promise" and finding["reproduced_twice"]
+    assert len(case.trace) == 2 and case.geometry.scheduler_block_size <= 32
+    # It replays from the file alone.
+    divs = check_all(case, "0.29.0", engine.run(case), engine.run, ("promise",))
+    assert [d.oracle for d in divs] == ["promise"]
+    text = render(finding)
+    assert text.index("inputs:") < text.index("request  expected  observed") < text.index("first divergence")
+
+
+def test_findings_are_deduplicated_and_a_campaign_resumes(tmp_path):
+    engine = ReferenceDouble("0.29.0", "legacy")
+    cases = list(itertools.islice(random_cases(2), 150))
+    first = Campaign(engine, tmp_path, oracles=("promise",))
+    run_cases(first, cases)
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert files and first.stats.duplicates > 0
+    again = Campaign(engine, tmp_path, oracles=("promise",))
+    run_cases(again, cases)
+    assert again.stats.findings == []
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == files
+
+
+def test_engine_exception_is_a_finding_and_the_campaign_continues(tmp_path):
+    engine = RaisingDouble(limit=100)
+    campaign = Campaign(engine, tmp_path, oracles=("engine_error",))
+    big = make_case(hybrid(16, 16), [[("A", 500)]])
+    small = make_case(hybrid(16, 16), [[("A", 50)]])
+    assert campaign.check(big)
+    assert campaign.check(small) == []
+    (path,) = tmp_path.glob("engine_error-*.json")
+    finding = json.loads(path.read_text())
+    assert finding["observed"]["error"]["type"] == "ValueError"
+    assert "raised at request 0" in finding["summary"]
+    # Shrunk to the smallest prompt that still raises.
+    assert finding["case"]["trace"][0]["prompt"][0]["length"] <= 116
+
+
+def test_hypothesis_driver_uses_the_same_oracles(tmp_path):
+    campaign = Campaign(ReferenceDouble("0.29.0", "legacy"), tmp_path, oracles=("promise",))
+    stats = run_hypothesis(campaign, seed=3, max_time=60, max_examples=500, stop_on_finding=True)
+    assert stats.findings
+
+
+def test_any_bytes_decode_to_a_valid_case_and_literals_round_trip():
+    rng = random.Random(0)
+    for _ in range(500):
+        case = decode(bytes(rng.randrange(256) for _ in range(rng.randrange(120))))
+        try:
+            assert decode(encode(case)) == case
+        except ValueError:
+            pass  # outside the literal domain
+    seed = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
+    assert decode(encode(seed)) == seed
+
+
+def test_malformed_corpus_produces_no_harness_error(tmp_path):
+    campaign = Campaign(ReferenceDouble("0.33.0", "replay"), tmp_path)
+    for data in (b"", b"\x01", b"\xff" * 3, os.urandom(64), b"\x01" + b"\xff" * 200):
+        campaign.check(decode(data))
+    assert not (tmp_path / "harness-errors").exists()
