@@ -19,7 +19,7 @@ becomes an ``engine_error`` finding; the campaign goes on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -140,6 +140,9 @@ class Campaign:
                 continue
             self.seen.add(sig)
             small, _calls = shrink(case, lambda c, o=div.oracle, s=sig: self._fires(c, o, s), self.shrink_calls)
+            pinned = pin_speculative(small, self.engine.version)
+            if pinned != small and self._fires(pinned, div.oracle, sig):
+                small = pinned
             small_obs, small_divs = self._judge(small)
             final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small, d, small_obs) == sig), None)
             if final is None:  # cannot happen after a successful shrink; keep the original
@@ -155,3 +158,14 @@ class Campaign:
                 self.on_finding(path, finding)
         return written
 
+
+def pin_speculative(case: Case, version: str) -> Case:
+    """Spell out what an older version does implicitly, so the finding keeps
+    its knobs on every version: before 0.33.0 there are no lookahead block
+    hashes, i.e. ``disable_lookahead_block_hashes: true``."""
+    spec = case.speculative
+    if spec is None or "disable_lookahead_block_hashes" in spec.options:
+        return case
+    if tuple(int(x) for x in version.split(".")[:2]) >= (0, 33):
+        return case
+    return replace(case, speculative=replace(spec, options={**spec.options, "disable_lookahead_block_hashes": True}))

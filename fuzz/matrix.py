@@ -1,0 +1,118 @@
+"""The version matrix: hit patterns per case x engine version, as a table
+(terminal, markdown or HTML) and a hits-per-request chart (PNG) to drop in a
+bug report.
+
+A pattern reads like the #53504 report: ``miss/hit/hit``, with the hit
+tokens beside it (``0/9600/9600``). Under each case the reference model's
+promise is shown for comparison.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from reference.case import Case
+from reference.errors import Unsupported
+from reference.knobs import resolve_knobs
+from reference.predict import predict_with_knobs
+
+from fuzz.findings import load_finding
+
+
+def pattern(hits: list[int]) -> str:
+    return "/".join("hit" if h else "miss" for h in hits)
+
+
+def run_matrix(paths: list[str], engines: list) -> list[dict]:
+    """Every case on every engine. ``engines``: objects with ``version`` and
+    ``run(case)``."""
+    rows = []
+    for path in paths:
+        case, _ = load_finding(path)
+        cells = {}
+        for engine in engines:
+            obs = engine.run(case)
+            if "error" in obs:
+                cells[engine.version] = {"error": f"{obs['error'].get('type')}: {obs['error'].get('message')}"}
+            else:
+                cells[engine.version] = {"hits": obs["hits"], "pattern": pattern(obs["hits"])}
+        try:
+            promise = predict_with_knobs(case, resolve_knobs(case, engines[0].version), "promise")["hits"]
+        except Unsupported as e:
+            promise = None
+            cells["promise"] = {"error": str(e)}
+        rows.append({"case": str(path), "name": case.name or Path(path).stem, "requests": len(case.trace), "cells": cells, "promise": promise, "_case": case})
+    return rows
+
+
+def _cell_text(cell: dict) -> str:
+    if "error" in cell:
+        return "error: " + cell["error"]
+    return f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+
+
+def to_markdown(rows: list[dict], versions: list[str]) -> str:
+    head = "| case | " + " | ".join(f"vllm=={v}" for v in versions) + " | promise |"
+    lines = [head, "|" + "---|" * (len(versions) + 2)]
+    for r in rows:
+        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
+        lines.append(f"| {r['name']} | " + " | ".join(_cell_text(r["cells"][v]) for v in versions) + f" | {promise} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(rows: list[dict], versions: list[str]) -> str:
+    head = "".join(f"<th>vllm=={html.escape(v)}</th>" for v in versions)
+    body = []
+    for r in rows:
+        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
+        cells = "".join(f"<td>{html.escape(_cell_text(r['cells'][v]))}</td>" for v in versions)
+        body.append(f"<tr><td>{html.escape(r['name'])}</td>{cells}<td>{html.escape(promise)}</td></tr>")
+    return f"<table><thead><tr><th>case</th>{head}<th>promise</th></tr></thead><tbody>{''.join(body)}</tbody></table>\n"
+
+
+def to_rich(rows: list[dict], versions: list[str]):
+    from rich.table import Table
+
+    table = Table(title="prefix-cache hits per request")
+    table.add_column("case")
+    for v in versions:
+        table.add_column(f"vllm=={v}")
+    table.add_column("promise")
+    for r in rows:
+        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
+        table.add_row(r["name"], *(_cell_text(r["cells"][v]) for v in versions), promise)
+    return table
+
+
+def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
+    """One panel per case: hit tokens per request, one line per version and
+    the promise dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(rows)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 2.6 * n), squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        x = list(range(r["requests"]))
+        for v in versions:
+            cell = r["cells"][v]
+            if "hits" in cell:
+                ax.plot(x, cell["hits"], marker="o", label=f"vllm=={v}")
+        if r["promise"]:
+            ax.plot(x, r["promise"], linestyle="--", color="black", label="promise")
+        ax.set_title(r["name"], fontsize=10)
+        ax.set_xlabel("request")
+        ax.set_ylabel("hit tokens")
+        ax.set_xticks(x)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

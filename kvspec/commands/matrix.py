@@ -1,0 +1,43 @@
+"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--markdown|--html] [--chart PNG]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HELP = "hit patterns per case x vLLM version, as a table and a chart"
+
+
+def configure(parser) -> None:
+    parser.add_argument("cases", nargs="+", help="case or finding files")
+    parser.add_argument("--engine", action="append", required=True, help="vllm==X (repeat)")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
+    fmt.add_argument("--html", action="store_true", help="print an HTML table")
+    parser.add_argument("--chart", default=None, help="write a hits-per-request chart (PNG) here")
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from engine_adapter import open_engine
+    from engine_adapter.versions import engine_name, parse_engine
+
+    from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
+
+    versions = [parse_engine(e, "--engine") for e in args.engine]
+    engines = [open_engine(engine_name(v)) for v in versions]
+    try:
+        rows = run_matrix(args.cases, engines)
+    finally:
+        for e in engines:
+            if hasattr(e, "close"):
+                e.close()
+    if args.markdown:
+        print(to_markdown(rows, versions), end="")
+    elif args.html:
+        print(to_html(rows, versions), end="")
+    else:
+        Console().print(to_rich(rows, versions))
+    if args.chart:
+        print(f"chart: {chart(rows, versions, Path(args.chart))}")
+    return 0
