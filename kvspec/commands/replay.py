@@ -1,0 +1,86 @@
+"""kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--timeout S] [--rescale]
+
+Replays a case (or the case inside a finding) against a running vLLM
+OpenAI-compatible server, request by request, and compares the
+``vllm:prefix_cache_hits_total`` deltas with the target: a finding's observed
+hits, or the reference prediction for a bare case.
+
+Exit status: 0 reproduced, 1 not reproduced, 3 inconclusive, 2 refused or
+bad input (one line on stderr). The API key is read only from the
+environment variable named by ``--api-key-env``; it is never printed or
+written.
+
+``--engine vllm==X`` (in-process replay) is delegated to
+``fuzz.replay.replay_on_engine(path, engine, args) -> int`` when that module
+exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+
+from reference.errors import InvalidArgument, Unsupported, invalid
+
+HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
+
+EXIT = {"reproduced": 0, "not reproduced": 1, "inconclusive": 3}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def configure(parser) -> None:
+    parser.add_argument("file", metavar="FINDING_OR_CASE", help="a case file (schema 1) or a finding file")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--server", metavar="URL", help="base URL of a vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    where.add_argument("--engine", metavar="vllm==X", help="replay in-process on an installed engine instead (see fuzz.replay)")
+    parser.add_argument("--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key")
+    parser.add_argument("--model", metavar="NAME", help="served model name (default: the only one the server serves)")
+    parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
+    parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="per-request timeout in seconds (default: %(default)s)")
+    parser.add_argument("--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (no secrets in it)")
+
+
+def _api_key(name: str | None) -> str | None:
+    if name is None:
+        return None
+    if not _ENV_NAME.match(name):
+        raise invalid("--api-key-env", name, "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    value = os.environ.get(name)
+    if not value:
+        # Name the variable, never a value.
+        raise InvalidArgument(f"--api-key-env={name}: the variable is unset or empty; allowed: a set, non-empty variable")
+    return value
+
+
+def _engine_replay(args) -> int:
+    try:
+        module = importlib.import_module("fuzz.replay")
+    except ModuleNotFoundError as e:
+        if e.name not in ("fuzz.replay", "fuzz"):
+            raise
+        module = None
+    fn = getattr(module, "replay_on_engine", None) if module else None
+    if fn is None:
+        raise Unsupported(f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL")
+    return int(fn(args.file, args.engine, args))
+
+
+def main(args) -> int:
+    if args.engine is not None:
+        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None)):
+            if value is not None:
+                raise invalid(flag, value, "applies to --server only")
+        return _engine_replay(args)
+
+    from engine_adapter.live.replay import load_target, render, replay
+    from reference.case import write_json_atomic
+
+    key = _api_key(args.api_key_env)
+    target = load_target(args.file)
+    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale)
+    render(report)
+    if args.json:
+        write_json_atomic(args.json, report.as_dict())
+    return EXIT[report.verdict]
