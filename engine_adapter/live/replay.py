@@ -81,8 +81,16 @@ def load_target(path: str) -> Target:
         n = len(case.trace)
         if "observed" not in raw:
             raise InvalidArgument("finding.observed: missing; a finding must say what the engine did")
-        observed = _hits_list(raw["observed"], "finding.observed", n)
-        expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
+        obs = raw["observed"]
+        if isinstance(obs, dict) and obs.get("error"):
+            err = obs["error"]
+            what = err.get("type", "error") if isinstance(err, dict) else "error"
+            raise Unsupported(f"finding.observed.error={what}: the engine raised, there is no hit pattern to replay; allowed: a finding with observed hits")
+        observed = _hits_list(obs, "finding.observed", n)
+        try:
+            expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
+        except InvalidArgument:
+            expected = None  # partial expectations: the reference model fills in
         engine = raw.get("engine")
         if isinstance(engine, dict):
             engine = engine.get("version") or engine.get("name")
@@ -215,7 +223,9 @@ def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, sett
     t_end = time.monotonic() + settle_s
     snap = client.metrics(model)
     for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
-        if snap.queries is not None and pre.queries is not None and snap.queries - pre.queries >= prompt_len and not snap.running:
+        if snap.queries is None or pre.queries is None or snap.queries < pre.queries or (snap.hits or 0) < (pre.hits or 0):
+            return snap, False  # missing or went down: the caller says which
+        if snap.queries - pre.queries >= prompt_len and not snap.running:
             return snap, True
         if time.monotonic() >= t_end:
             break

@@ -11,8 +11,10 @@ environment variable named by ``--api-key-env``; it is never printed or
 written.
 
 ``--engine vllm==X`` (in-process replay) is delegated to
-``fuzz.replay.replay_on_engine(path, engine, args) -> int`` when that module
-exists.
+``fuzz.replay.replay_on_engine(path, engine) -> dict`` and
+``fuzz.replay.render_replay(result, console)`` when that module provides
+them (verdicts reproduced / not reproduced, or diverges / agrees for a bare
+case).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from reference.errors import InvalidArgument, Unsupported, invalid
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
 
 EXIT = {"reproduced": 0, "not reproduced": 1, "inconclusive": 3}
+#: In-process verdicts of fuzz.replay for a bare case.
+ENGINE_EXIT = {**EXIT, "agrees": 0, "diverges": 1}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -62,14 +66,26 @@ def _engine_replay(args) -> int:
             raise
         module = None
     fn = getattr(module, "replay_on_engine", None) if module else None
-    if fn is None:
+    show = getattr(module, "render_replay", None) if module else None
+    if fn is None or show is None:
         raise Unsupported(f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL")
-    return int(fn(args.file, args.engine, args))
+    from rich.console import Console
+
+    result = fn(args.file, args.engine)
+    show(result, Console())
+    if args.json:
+        from reference.case import write_json_atomic
+
+        write_json_atomic(args.json, result)
+    verdict = result.get("verdict")
+    if verdict not in ENGINE_EXIT:
+        raise Unsupported(f"verdict={verdict!r}: unknown to kvspec replay; allowed: {', '.join(ENGINE_EXIT)}")
+    return ENGINE_EXIT[verdict]
 
 
 def main(args) -> int:
     if args.engine is not None:
-        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None)):
+        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap)):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
