@@ -1,0 +1,287 @@
+"""One ``Engine`` interface over two ways of running vLLM's scheduler.
+
+* **in-process** (:class:`InProcessEngine`): the vLLM importable in this
+  interpreter is the requested version, so the driver runs here (the fuzz
+  tier's atheris can instrument ``vllm/v1/core`` this way);
+* **worker** (:class:`WorkerEngine`): any other version runs in its own
+  environment (``kvspec engines install vllm==X``) as a long-lived
+  ``python -m engine_adapter.worker`` subprocess spoken to over
+  :mod:`engine_adapter.protocol`.
+
+Both return the same result dict from ``run(case)``::
+
+    {"engine": "vllm==X", "hits": [...], "queries": [...], "knobs": {...},
+     "explain": [...], "timing": {...}}                   # and, if vLLM raised,
+    "error": {"kind": "vllm", "phase", "request", "type", "message", "traceback"}
+
+kvspec's own errors are raised (one line): InvalidArgument for a bad case
+or engine name, Unsupported for a case this vLLM version cannot express,
+EngineError when an engine cannot be set up or reached. A worker that dies
+or hangs mid-case gives an error result (``kind: "worker"``) and is
+restarted on the next call.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.metadata
+import importlib.util
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from engine_adapter import environments
+from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
+from engine_adapter.versions import engine_name, parse_engine
+from reference import errors as kvspec_errors
+from reference.case import Case, case_to_dict, parse_case
+from reference.errors import EngineError, InvalidArgument
+
+MODES = ("auto", "inprocess", "worker")
+#: Seconds a worker may take to import vLLM and say hello.
+START_TIMEOUT_S = 180.0
+#: Default seconds one case may take in a worker.
+RUN_TIMEOUT_S = 600.0
+
+
+def _as_case_dict(case: Case | dict) -> dict:
+    """Validate locally (one-line InvalidArgument) and return the canonical dict."""
+    parsed = case if isinstance(case, Case) else parse_case(case)
+    return case_to_dict(parsed)
+
+
+def inprocess_vllm_version() -> str | None:
+    """The vLLM version importable here, without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class Engine:
+    """A vLLM version kvspec can run cases against."""
+
+    mode: str = "?"
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.engine = engine_name(version)
+
+    def run(self, case: Case | dict, options: dict | None = None) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.engine}>"
+
+
+class InProcessEngine(Engine):
+    mode = "inprocess"
+
+    def __init__(self, version: str) -> None:
+        super().__init__(version)
+        from engine_adapter.driver import get_driver  # imports vLLM here
+
+        self.driver = get_driver()
+        if self.driver.version != version:
+            raise EngineError(f"engine={self.engine!r}: this interpreter imports vLLM {self.driver.version}")
+
+    def run(self, case: Case | dict, options: dict | None = None) -> dict:
+        return self.driver.run(case if isinstance(case, Case) else parse_case(case), options)
+
+
+class WorkerEngine(Engine):
+    mode = "worker"
+
+    def __init__(self, version: str, *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
+        super().__init__(version)
+        self.python = python or str(environments.env_python(version))
+        self.start_timeout = start_timeout
+        self.run_timeout = run_timeout
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=200)
+        self._next_id = 0
+        self.restarts = 0
+
+    # -------------------------------------------------------- process
+
+    def start(self) -> dict:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.hello or {}
+        if not os.path.exists(self.python):
+            raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
+        self._lines = queue.Queue()
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "engine_adapter.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+            env=environments.worker_env(self.version),
+            cwd=str(environments.REPO_ROOT),
+        )
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self._lines), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
+        msg = self._read(self.start_timeout)
+        if msg is None:
+            self._kill()
+            raise EngineError(f"engine={self.engine!r}: worker did not start within {self.start_timeout:.0f}s or exited: {self._last_stderr()}")
+        if msg.get("protocol") != PROTOCOL_VERSION or msg.get("event") != "hello":
+            self._kill()
+            raise EngineError(f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}")
+        if msg.get("vllm_version") != self.version:
+            self._kill()
+            raise EngineError(f"engine={self.engine!r}: worker environment has vLLM {msg.get('vllm_version')}")
+        self.hello = msg
+        return msg
+
+    @staticmethod
+    def _pump(stream, q: queue.Queue) -> None:
+        for line in stream:
+            q.put(line)
+        q.put(None)
+
+    def _drain(self, stream) -> None:
+        for line in stream:
+            self._stderr.append(line.rstrip())
+
+    def _last_stderr(self) -> str:
+        lines = [x for x in self._stderr if x.strip()]
+        return lines[-1][:300] if lines else "(no stderr)"
+
+    def _read(self, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                line = self._lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                return None
+            try:
+                return decode(line)
+            except ValueError:
+                self._stderr.append(f"[non-protocol stdout] {line.rstrip()}")
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc = None
+        self.hello = None
+
+    def close(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(encode({"id": -1, "op": "shutdown"}))
+                proc.stdin.flush()
+                proc.wait(timeout=10)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    # -------------------------------------------------------- requests
+
+    def request(self, op: str, timeout: float, **fields: Any) -> dict:
+        """Send one request; return the worker's response, or an ``ok: false``
+        response of kind ``worker`` if it died or timed out (it is then killed
+        and restarted by the next call)."""
+        self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        self._next_id += 1
+        rid = self._next_id
+        try:
+            self.proc.stdin.write(encode({"id": rid, "op": op, **fields}))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            self._kill()
+            self.restarts += 1
+            return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"worker exited before the request: {self._last_stderr()}"}}
+        while True:
+            msg = self._read(timeout)
+            if msg is None:
+                alive = self.proc is not None and self.proc.poll() is None
+                why = f"timed out after {timeout:.0f}s" if alive else f"worker died (exit {self.proc.returncode if self.proc else '?'})"
+                self._kill()
+                self.restarts += 1
+                return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"{why}: {self._last_stderr()}"}}
+            if msg.get("id") == rid:
+                return msg
+
+    def ping(self) -> dict:
+        resp = self.request("ping", 30)
+        if not resp.get("ok"):
+            raise EngineError(f"engine={self.engine!r}: {resp['error']['message']}")
+        return resp["result"]
+
+    def run(self, case: Case | dict, options: dict | None = None, timeout: float | None = None) -> dict:
+        case_dict = _as_case_dict(case)
+        resp = self.request("run", timeout or self.run_timeout, case=case_dict, options=options or {})
+        if resp.get("ok"):
+            return resp["result"]
+        err = resp.get("error") or {}
+        if err.get("kind") == "kvspec":
+            cls = getattr(kvspec_errors, err.get("class", ""), None)
+            if isinstance(cls, type) and issubclass(cls, kvspec_errors.KvspecError):
+                raise cls(err.get("message", ""))
+            raise EngineError(err.get("message", ""))
+        if err.get("kind") in ("worker", "internal"):
+            # a dead/hung worker or an adapter bug: a structured error result
+            return {"engine": self.engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
+                "kind": err["kind"], "phase": "worker", "request": None, "type": err["kind"],
+                "message": err.get("message", ""), "traceback": err.get("traceback"),
+            }}
+        raise EngineError(f"engine={self.engine!r}: {err.get('message', json.dumps(err))}")
+
+
+def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None) -> Engine:
+    """An Engine for ``spec`` (``vllm==X``).
+
+    ``mode="auto"`` runs in-process when this interpreter imports vLLM X,
+    else in X's environment (installed first if ``install``; otherwise a
+    missing environment is an EngineError naming the install command)."""
+    version = parse_engine(spec)
+    if mode not in MODES:
+        raise InvalidArgument(f"mode={mode!r}: allowed: {', '.join(MODES)}")
+    here = inprocess_vllm_version()
+    if mode == "inprocess" or (mode == "auto" and here == version):
+        if here != version:
+            raise EngineError(f"engine={engine_name(version)!r}: in-process mode needs vLLM {version} importable here (found {here or 'none'})")
+        return InProcessEngine(version)
+    if not environments.is_ready(version):
+        if install:
+            environments.install(version, progress=progress or (lambda line: print(line, file=sys.stderr, flush=True)))
+        else:
+            state = environments.status(version)["state"]
+            raise EngineError(f"engine={engine_name(version)!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {engine_name(version)}")
+    return WorkerEngine(version)

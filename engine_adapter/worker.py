@@ -1,0 +1,137 @@
+"""``python -m engine_adapter.worker``: serve cases to the vLLM of this interpreter.
+
+Runs inside an engine environment (``$KVSPEC_HOME/engines/vllm-X``) and
+speaks :mod:`engine_adapter.protocol` on stdin/stdout. Before anything else
+it moves the real stdout aside and points file descriptor 1 at stderr, so
+whatever vLLM, torch or a C extension prints can never corrupt a protocol
+line.
+
+``--selftest`` instead runs one tiny MTP case and prints a JSON summary
+(used by ``kvspec engines install`` before an environment is marked ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+
+def _claim_stdout():
+    """Return a private text stream on the original stdout; fd 1 becomes stderr."""
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(proto_fd, "w", buffering=1, encoding="utf-8")
+
+
+def _error(kind: str, message: str, cls: str | None = None, tb: str | None = None) -> dict:
+    err = {"kind": kind, "message": message}
+    if cls:
+        err["class"] = cls
+    if tb:
+        err["traceback"] = tb[-20000:]
+    return err
+
+
+def serve(out, inp) -> int:
+    from engine_adapter.protocol import OPS, PROTOCOL_VERSION, decode, encode
+
+    t0 = time.perf_counter()
+    from engine_adapter.driver import get_driver  # imports vLLM
+    from reference.errors import KvspecError
+
+    driver = get_driver()
+    out.write(encode({
+        "protocol": PROTOCOL_VERSION,
+        "event": "hello",
+        "engine": f"vllm=={driver.version}",
+        "vllm_version": driver.version,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "import_s": round(time.perf_counter() - t0, 3),
+    }))
+    for line in inp:
+        if not line.strip():
+            continue
+        rid = None
+        try:
+            msg = decode(line)
+            rid = msg.get("id")
+            op = msg.get("op")
+            if op not in OPS:
+                resp = {"ok": False, "error": _error("protocol", f"op={op!r}: allowed: {', '.join(OPS)}")}
+            elif op == "ping":
+                resp = {"ok": True, "result": {"pong": True, "vllm_version": driver.version}}
+            elif op == "shutdown":
+                out.write(encode({"id": rid, "ok": True, "result": {"bye": True}}))
+                return 0
+            else:
+                options = msg.get("options") or {}
+                if not isinstance(options, dict):
+                    raise TypeError("options must be an object")
+                resp = {"ok": True, "result": driver.run(msg.get("case"), options)}
+        except KvspecError as e:
+            resp = {"ok": False, "error": _error("kvspec", str(e), type(e).__name__)}
+        except ValueError as e:
+            resp = {"ok": False, "error": _error("protocol", f"bad request line: {e}")}
+        except Exception as e:  # an adapter bug: report it, keep serving
+            resp = {"ok": False, "error": _error("internal", f"{type(e).__name__}: {e}", tb=traceback.format_exc())}
+        resp["id"] = rid
+        try:
+            out.write(encode(resp))
+        except ValueError as e:  # e.g. NaN in a result
+            out.write(encode({"id": rid, "ok": False, "error": _error("internal", f"result not encodable: {e}")}))
+    return 0
+
+
+def selftest(expect_version: str | None, out) -> int:
+    import json
+
+    from engine_adapter.driver import get_driver, selftest_case
+
+    t0 = time.perf_counter()
+    driver = get_driver()
+    import_s = time.perf_counter() - t0
+    if expect_version and driver.version != expect_version:
+        print(f"selftest: this environment has vLLM {driver.version}, expected {expect_version}", file=sys.stderr)
+        return 1
+    import torch
+
+    if torch.version.cuda is not None:
+        print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
+        return 1
+    result = driver.run(selftest_case())
+    if result.get("error"):
+        print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
+        return 1
+    hits = result["hits"]
+    if not (hits[0] == 0 and hits[1] > 0):
+        print(f"selftest: implausible hits {hits} (a resend must hit)", file=sys.stderr)
+        return 1
+    out.write(json.dumps({
+        "vllm_version": driver.version,
+        "torch_version": torch.__version__,
+        "hits": hits,
+        "import_s": round(import_s, 2),
+        "run_s": result["timing"]["total_s"],
+    }) + "\n")
+    out.flush()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine_adapter.worker")
+    parser.add_argument("--selftest", action="store_true")
+    parser.add_argument("--expect-version")
+    args = parser.parse_args(argv)
+    out = _claim_stdout()
+    if args.selftest:
+        return selftest(args.expect_version, out)
+    return serve(out, sys.stdin)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
