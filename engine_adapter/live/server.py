@@ -104,7 +104,8 @@ class Server:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return " | ".join(ln.strip() for ln in text[-lines:])
+        keep = [ln.strip()[:160] for ln in text if ln.strip() and not ln.startswith("# kvspec:")]
+        return " | ".join(keep[-lines:])
 
     def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
         """SIGTERM the server's process group (its PID), then SIGKILL it after
@@ -146,7 +147,7 @@ def wait_healthy(server: Server, timeout_s: float, interval_s: float = 0.5) -> f
         for _ in range(max_polls):
             if not server.alive():
                 raise EngineError(
-                    f"server_exit={server.proc.returncode}: vLLM exited during startup (log {server.log_path}: {server.log_tail(3)[:300]}); allowed: a running server"
+                    f"server_exit={server.proc.returncode}: vLLM exited during startup (log {server.log_path}: {server.log_tail(3)}); allowed: a running server"
                 )
             try:
                 if client.get(f"{server.url}/health").status_code == 200:
