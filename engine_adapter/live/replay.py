@@ -380,7 +380,7 @@ def replay(
     return Report(
         name=case.name,
         kind=target.kind,
-        server=server,
+        server=redact_url(server),
         model=info.model,
         server_version=version,
         rows=rows,
@@ -391,6 +391,19 @@ def replay(
         notes=notes,
         server_knobs=info.knobs(),
     )
+
+
+def redact_url(url: str) -> str:
+    """The URL without any ``user:password@`` part (never printed or saved)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 def _reference_hits(case: Case, version: str) -> list[int]:

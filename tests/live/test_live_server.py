@@ -22,7 +22,8 @@ from reference.errors import Unsupported
 from reference.predict import predict
 from tests.conftest import MTP, hybrid, make_case
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
+# 1800 s: the first test also pays for a cold env install (~5 min) and the server start.
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1800)]
 
 GAP = 0.2
 

@@ -459,3 +459,18 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, match):
     full = ["replay", path, *(["--server", "http://127.0.0.1:9"] if "--server" not in argv else []), *argv]
     assert cli_main(full) == 2
     assert match in capsys.readouterr().err
+
+
+def test_credentials_in_the_url_are_never_shown(capsys):
+    from engine_adapter.live.replay import redact_url
+
+    assert redact_url("http://user:s3cret@127.0.0.1:8000/x") == "http://127.0.0.1:8000/x"
+    assert redact_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    case = repeat_case()
+    with StubVllm(follows(predicted(case))) as stub:
+        url = stub.url.replace("http://", "http://user:s3cret@")
+        rep = replay(Target(case, "case", None, None), url, **FAST)
+    from rich.console import Console
+
+    render(rep, Console(width=200))
+    assert "s3cret" not in capsys.readouterr().out and "s3cret" not in json.dumps(rep.as_dict())
