@@ -37,6 +37,7 @@ from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
 from reference.case import Case, load_json, parse_case, prompt_tokens
 from reference.errors import InvalidArgument, Unsupported, invalid
+from reference.serial import RULES
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -114,6 +115,8 @@ class Row:
     latency_s: float | None = None
     issues: list[str] = field(default_factory=list)
     sent: bool = False
+    #: The prediction under the rule the server's vLLM version implements.
+    implemented: int | None = None
 
 
 @dataclass
@@ -130,6 +133,8 @@ class Report:
     unverified: list[str]
     notes: list[str]
     server_knobs: dict
+    rule: str = "promise"
+    implemented_rule: str | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -144,12 +149,15 @@ class Report:
             "unverified": self.unverified,
             "notes": self.notes,
             "server_knobs": self.server_knobs,
+            "rule": self.rule,
+            "implemented_rule": self.implemented_rule,
             "requests": [
                 {
                     "index": r.index,
                     "prompt_tokens": r.prompt_tokens,
                     "expected": r.expected,
                     "target": r.target,
+                    "implemented": r.implemented,
                     "hits": r.hits,
                     "queries": r.queries,
                     "ttft_s": r.ttft_s,
@@ -257,14 +265,20 @@ def replay(
     retries: int = 2,
     settle_s: float = SETTLE_S,
     after_request: Callable[[int], None] | None = None,
-    predict_fn: Callable[[Case, str], list[int]] | None = None,
+    predict_fn: Callable[[Case, str, str], list[int]] | None = None,
+    rule: str = "promise",
 ) -> Report:
     """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
 
     ``after_request(i)`` runs after request i is measured (tests inject
-    foreign traffic there). ``predict_fn(case, version)`` defaults to the
-    reference model.
+    foreign traffic there). ``predict_fn(case, version, rule)`` defaults to
+    the reference model; ``rule`` is the retention rule of the target for a
+    bare case (``promise``: kvspec's spec; ``replay``/``legacy``: what vLLM
+    0.30-0.33 / <=0.29 implement). The rule the server's version implements
+    is shown beside it when it differs.
     """
+    if rule not in RULES:
+        raise invalid("--rule", rule, f"allowed: {', '.join(RULES)}")
     if gap_s < 0 or gap_s > 3600:
         raise invalid("--gap", gap_s, "must be between 0 and 3600 seconds")
     if not timeout_s > 0 or timeout_s > 86400:
@@ -280,10 +294,10 @@ def replay(
         goal = target.target
         version = info.version
 
-        def ref(c: Case) -> list[int]:
+        def ref(c: Case, which: str = rule) -> list[int]:
             if version is None:
                 raise Unsupported("server /version=unknown: the reference model needs the server's vLLM version; allowed: a server answering /version")
-            return predict_fn(c, version)
+            return predict_fn(c, version, which)
 
         if rescale and info.block_size is not None:
             old_blocks = {g.block_size for g in case.geometry.groups}
@@ -313,10 +327,19 @@ def replay(
         if target.kind == "finding" and target.source_engine:
             notes.append(f"finding from {target.source_engine}" + (f" (oracle {target.oracle})" if target.oracle else ""))
         if target.kind == "case":
-            notes.append(f"target = reference prediction as vLLM {version}")
+            notes.append(f"target = reference prediction, rule {rule}, as vLLM {version}")
+        implemented_name = implemented_rule(version) if version else None
+        implemented = None
+        if implemented_name and implemented_name != rule and (target.kind == "case" or predicted is not None):
+            implemented = ref(case, implemented_name)
 
         rows = [
-            Row(i, r.num_prompt_tokens, r.max_tokens, expected[i] if expected else None, goal[i] if goal else None)
+            Row(
+                i, r.num_prompt_tokens, r.max_tokens,
+                expected[i] if expected else None,
+                goal[i] if goal else None,
+                implemented=implemented[i] if implemented else None,
+            )
             for i, r in enumerate(case.trace)
         ]
         global_issues: list[str] = []
@@ -390,6 +413,8 @@ def replay(
         unverified=check.unverified,
         notes=notes,
         server_knobs=info.knobs(),
+        rule=rule,
+        implemented_rule=implemented_name if implemented else None,
     )
 
 
@@ -406,13 +431,22 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
-def _reference_hits(case: Case, version: str) -> list[int]:
+def implemented_rule(version: str) -> str:
+    """The retention rule vLLM ``version`` implements (as fuzz.oracles says)."""
+    try:
+        major_minor = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return "replay"
+    return "legacy" if major_minor < (0, 30) else "replay"
+
+
+def _reference_hits(case: Case, version: str, rule: str = "promise") -> list[int]:
     from reference.knobs import SUPPORTED_VERSIONS
     from reference.predict import predict
 
     if version not in SUPPORTED_VERSIONS:
         raise Unsupported(f"server version={version}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: one of them")
-    return list(predict(case, as_version=version)["hits"])
+    return list(predict(case, as_version=version, rule=rule)["hits"])
 
 
 # ---------------------------------------------------------------- render
@@ -428,7 +462,9 @@ def render(report: Report, console=None) -> None:
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("prompt", justify="right")
-    table.add_column("expected hits", justify="right")
+    table.add_column("expected hits" + (f" ({report.rule})" if report.kind == "case" else ""), justify="right")
+    if report.implemented_rule:
+        table.add_column(f"{report.implemented_rule} rule", justify="right")
     if report.kind == "finding":
         table.add_column("finding observed", justify="right")
     table.add_column("observed hits", justify="right")
@@ -445,6 +481,8 @@ def render(report: Report, console=None) -> None:
         elif not r.sent:
             mark = "not sent"
         cells = [str(r.index), str(r.prompt_tokens), _n(r.expected)]
+        if report.implemented_rule:
+            cells.append(_n(r.implemented))
         if report.kind == "finding":
             cells.append(_n(r.target))
         cells += [_n(r.hits), _n(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]

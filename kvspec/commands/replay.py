@@ -1,4 +1,4 @@
-"""kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--timeout S] [--rescale]
+"""kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--timeout S] [--rescale] [--rule R] [--json PATH]
 
 Replays a case (or the case inside a finding) against a running vLLM
 OpenAI-compatible server, request by request, and compares the
@@ -43,6 +43,8 @@ def configure(parser) -> None:
     parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
     parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="per-request timeout in seconds (default: %(default)s)")
     parser.add_argument("--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows")
+    parser.add_argument("--rule", choices=("promise", "replay", "legacy"), default="promise",
+                        help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (no secrets in it)")
 
 
@@ -85,7 +87,7 @@ def _engine_replay(args) -> int:
 
 def main(args) -> int:
     if args.engine is not None:
-        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap)):
+        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--rule", None if args.rule == "promise" else args.rule)):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
@@ -95,7 +97,7 @@ def main(args) -> int:
 
     key = _api_key(args.api_key_env)
     target = load_target(args.file)
-    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale)
+    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule)
     render(report)
     if args.json:
         write_json_atomic(args.json, report.as_dict())

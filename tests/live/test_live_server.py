@@ -154,3 +154,20 @@ def test_d_foreign_traffic_overlapping_a_request_is_inconclusive(live_server, se
         t.join(timeout=120)
     assert rep.verdict == INCONCLUSIVE
     assert any("foreign traffic" in r for r in rep.reasons), rep.reasons
+
+
+def test_b_a_block_aligned_extension_departs_from_the_promise(live_server, seg):
+    """Seen on this server: after a block-aligned prompt (10 x 128), its
+    one-token extension resumes at 1152, not 1280. kvspec's promise rule says
+    1280; vLLM 0.32.0's own replay-boundary rule says 1152, and the server
+    follows the latter. A bare case is judged against the promise by default."""
+    e = seg("E")
+    case = make_case(hybrid(128, 128), [[(e, 1280)], [(e, 1281)]], name="aligned-extension")
+    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP)
+    assert rep.verdict == NOT_REPRODUCED, rep.reasons
+    assert [r.hits for r in rep.rows] == [0, 1152]
+    assert [r.target for r in rep.rows] == [0, 1280] and [r.implemented for r in rep.rows] == [0, 1152]
+    f = seg("F")
+    case = make_case(hybrid(128, 128), [[(f, 1280)], [(f, 1281)]], name="aligned-extension-replay-rule")
+    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
+    assert rep.verdict == REPRODUCED, rep.reasons

@@ -378,7 +378,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     with StubVllm(follows(predicted(case))) as stub:
         assert cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "verdict: reproduced" in out and "expected" in out
+    assert "verdict: reproduced" in out and "target = reference prediction, rule promise, as vLLM 0.32.0" in " ".join(out.split())
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["verdict"] == "reproduced" and [r["hits"] for r in report["requests"]] == [0, 256, 256]
     with StubVllm(follows([0, 0, 0])) as stub:
@@ -474,3 +474,21 @@ def test_credentials_in_the_url_are_never_shown(capsys):
 
     render(rep, Console(width=200))
     assert "s3cret" not in capsys.readouterr().out and "s3cret" not in json.dumps(rep.as_dict())
+
+
+def test_rule_of_the_target_and_the_implemented_rule_beside_it():
+    # vLLM 0.30-0.33 keep the replay boundary (N-1 floored), not the prompt
+    # end: a block-aligned prompt's one-token extension resumes a block early
+    case = make_case(hybrid(128, 128), [[("E", 1280)], [("E", 1281)]], name="aligned-extension")
+    assert predicted(case) == [0, 1280]
+    assert predict(case, as_version="0.32.0", rule="replay")["hits"] == [0, 1152]
+    with StubVllm(follows([0, 1152])) as stub:
+        rep = run(stub, case)
+        assert rep.verdict == NOT_REPRODUCED and rep.implemented_rule == "replay"
+        assert [r.implemented for r in rep.rows] == [0, 1152] and [r.target for r in rep.rows] == [0, 1280]
+    with StubVllm(follows([0, 1152])) as stub:
+        rep = run(stub, case, rule="replay")
+        assert rep.verdict == REPRODUCED and rep.implemented_rule is None
+        with pytest.raises(InvalidArgument, match=r"^--rule='bogus'"):
+            run(stub, case, rule="bogus")
+        assert len(stub.admitted) == 2
