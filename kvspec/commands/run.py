@@ -1,0 +1,145 @@
+"""kvspec run CASE.json [--engine vllm==X] [--compare [--rule R]] [--install] [--mode M]
+
+Runs a case on the REAL vLLM scheduler (engine_adapter) and prints what it
+observed, in the shape of ``kvspec predict``::
+
+    {"engine": "vllm==X", "hits": [...], "queries": [...], "knobs": {...},
+     "explain": [...], "timing": {...}}
+
+plus ``"error": {...}`` when vLLM raised on the case (a finding: exit 1).
+
+``--compare`` also runs the reference model with the same version's knobs
+(``kvspec predict --as vllm==X --rule R``; R defaults to the variant that
+states what that version implements: ``legacy`` for 0.29.x, ``replay`` for
+0.30.0 and later) and prints both side by side per request; it exits 1 if
+any request's hits or queries differ, or a shared knob does. ``--json``
+prints the comparison as JSON instead of a table.
+
+Exit status: 0 ran (and, with --compare, agreed); 1 vLLM raised, or
+--compare found a mismatch; 2 bad input or engine not available (one line).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from engine_adapter.versions import DEFAULT_ENGINE, parse_engine
+from reference.case import load_case
+
+HELP = "run a case on the real vLLM scheduler (CPU) and print the observed hits; --compare with the reference"
+
+#: Knobs both the reference and the engine report, compared by --compare.
+SHARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment", "partial_hash_hits")
+RULE_CHOICES = ("auto", "promise", "replay", "legacy")
+
+
+def configure(parser) -> None:
+    parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, metavar="vllm==X", help="vLLM version to run (default: %(default)s)")
+    parser.add_argument("--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch")
+    parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements)")
+    parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
+    parser.add_argument("--install", action="store_true", help="install the engine environment first if missing")
+    parser.add_argument("--mode", choices=("auto", "inprocess", "worker"), default="auto", help="in-process (this interpreter's vLLM) or a worker in the version's environment (default: auto)")
+    parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
+
+
+def default_rule(version: str) -> str:
+    return "legacy" if tuple(int(x) for x in version.split(".")) < (0, 30, 0) else "replay"
+
+
+def compare(reference: dict, observed: dict) -> list[dict]:
+    """Every difference between a prediction and an observation."""
+    out: list[dict] = []
+    if observed.get("error"):
+        out.append({"what": "error", "reference": None, "observed": observed["error"].get("message")})
+    ref_h, obs_h = reference["hits"], observed.get("hits") or []
+    ref_q, obs_q = reference["queries"], observed.get("queries") or []
+    for i in range(max(len(ref_h), len(obs_h))):
+        rh = ref_h[i] if i < len(ref_h) else None
+        oh = obs_h[i] if i < len(obs_h) else None
+        if rh != oh:
+            out.append({"what": "hits", "request": i, "reference": rh, "observed": oh})
+        rq = ref_q[i] if i < len(ref_q) else None
+        oq = obs_q[i] if i < len(obs_q) else None
+        if rq != oq:
+            out.append({"what": "queries", "request": i, "reference": rq, "observed": oq})
+    ok, rk = observed.get("knobs") or {}, reference.get("knobs") or {}
+    for k in SHARED_KNOBS:
+        if k in rk and k in ok and rk[k] != ok[k]:
+            out.append({"what": f"knobs.{k}", "reference": rk[k], "observed": ok[k]})
+    return out
+
+
+def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    bad_requests = {m.get("request") for m in mismatches if "request" in m}
+    table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
+    for col in ("req", "tokens", "hit ref", "hit vLLM", "junction ref", "junction vLLM", "chunk ends ref", "chunk ends vLLM", "Mamba kept ref", "Mamba kept vLLM", ""):
+        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit vLLM") else "left")
+    rex, oex = reference.get("explain") or [], observed.get("explain") or []
+    for i in range(max(len(rex), len(oex))):
+        r = rex[i] if i < len(rex) else {}
+        o = oex[i] if i < len(oex) else {}
+        mark = "[red]MISMATCH[/red]" if i in bad_requests else "[green]ok[/green]"
+        table.add_row(
+            str(i),
+            str(r.get("prompt_tokens", o.get("prompt_tokens", ""))),
+            str(r.get("hit", "")),
+            str(o.get("hit", "")),
+            str(r.get("junction", "")),
+            str(o.get("junction", "")),
+            " ".join(map(str, r.get("chunk_ends", []))),
+            " ".join(map(str, o.get("chunk_ends", []))),
+            json.dumps(r.get("retained_mamba_blocks", {}), separators=(",", ":")),
+            json.dumps(o.get("retained_mamba_blocks", {}), separators=(",", ":")),
+            mark,
+        )
+    console.print(table)
+    knobs = Table(title="knobs")
+    for col in ("knob", "reference", "vLLM", ""):
+        knobs.add_column(col)
+    rk, ok = reference.get("knobs") or {}, observed.get("knobs") or {}
+    for k in SHARED_KNOBS:
+        if k in rk or k in ok:
+            same = rk.get(k) == ok.get(k)
+            knobs.add_row(k, str(rk.get(k, "-")), str(ok.get(k, "-")), "[green]ok[/green]" if same else "[red]MISMATCH[/red]")
+    console.print(knobs)
+    if observed.get("error"):
+        e = observed["error"]
+        console.print(f"[red]vLLM raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
+    console.print(f"[red]{len(mismatches)} mismatch(es)[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
+
+
+def main(args) -> int:
+    version = parse_engine(args.engine, "--engine")
+    case = load_case(args.case)
+    reference = None
+    rule = default_rule(version) if args.rule == "auto" else args.rule
+    if args.compare:
+        from reference.predict import predict
+
+        reference = predict(case, f"vllm=={version}", rule)  # its one-line errors exit 2 before any engine work
+    from engine_adapter.engine import open_engine
+
+    with open_engine(f"vllm=={version}", mode=args.mode, install=args.install) as engine:
+        options = {"eagle_groups": args.eagle_groups}
+        if engine.mode == "worker":
+            observed = engine.run(case, options, timeout=args.timeout)
+        else:
+            observed = engine.run(case, options)
+    if not args.compare:
+        print(json.dumps(observed, indent=2))
+        return 1 if observed.get("error") else 0
+    mismatches = compare(reference, observed)
+    if args.json:
+        print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
+    else:
+        _render(reference, observed, mismatches, f"vllm=={version}", rule)
+    sys.stdout.flush()
+    return 1 if mismatches else 0
