@@ -100,6 +100,23 @@ def kept_state(boundary: int, U: int) -> int:
     return floor_to(max(boundary, 0), U)
 
 
+def tail_checkpoint(N: int, H: int, eagle_drop: bool, L: int, rule: str) -> int:
+    """With partial hash hits, the prompt's own checkpoint state, kept at hash
+    granularity as a partial block (``MambaManager._cache_partial_tail_block``).
+
+    ``floor`` (0.29.0): the last hash boundary, floor(N/H)*H. ``floor_drop``
+    (0.30.0): one hash unit lower under the EAGLE drop. ``checkpoint``
+    (0.32.0+, ``get_mamba_prefill_checkpoint_position``): under the drop
+    floor(N/H)*H - H, else floor((N - max(1, L))/H)*H, leaving a token to
+    recompute and the lookahead the hash covers.
+    """
+    if rule == "floor":
+        return floor_to(N, H)
+    if rule == "floor_drop" or eagle_drop:
+        return max(floor_to(N, H) - (H if eagle_drop else 0), 0)
+    return max(floor_to(N - max(1, L), H), 0)
+
+
 def periodic_states(N: int, interval: int, M: int) -> tuple[int, ...]:
     """Periodic retention (interval > 0): one state per interval, at its end;
     an interval at or below the Mamba block keeps every block (dense)."""

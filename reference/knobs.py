@@ -7,6 +7,9 @@ Five numbers decide every prefix-cache boundary in this model:
   and MTP drafters need it; ``disable_eagle_block_drop`` turns it off
   (0.30.0+); lookahead block hashes replace it (0.33.0: ``use_eagle`` is
   cleared when ``num_hash_lookahead_tokens > 0``).
+* ``tail_checkpoint``: with partial hash hits, where the prompt's own
+  partial-tail state is kept (``boundaries.tail_checkpoint``: ``floor`` in
+  0.29.0, ``floor_drop`` in 0.30.0, ``checkpoint`` from 0.32.0).
 * ``junction_back_off``: with the drop, 0.33.0 also keeps the state one
   block below a shared-prefix junction (``MambaManager.cache_blocks``).
 * ``hash_lookahead_tokens``: tokens after each hash block that its hash also
@@ -49,6 +52,7 @@ class Knobs:
     partial_hash_hits: bool
     eagle_lookup_ceiling: str
     junction_back_off: bool
+    tail_checkpoint: str
     #: Has this version ``replay_boundaries`` (0.30.0+)? Informational.
     has_replay_boundaries: bool
 
@@ -124,5 +128,6 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
         partial_hash_hits=partial,
         eagle_lookup_ceiling="hashed" if v >= (0, 32, 0) else "n_minus_1",
         junction_back_off=eagle_drop and v >= (0, 33, 0),
+        tail_checkpoint="checkpoint" if v >= (0, 32, 0) else ("floor_drop" if v >= (0, 30, 0) else "floor"),
         has_replay_boundaries=v >= (0, 30, 0),
     )

@@ -37,6 +37,7 @@ from reference.boundaries import (
     kept_state,
     legacy_boundaries,
     replay_boundaries,
+    tail_checkpoint,
 )
 from reference.case import Case, Geometry, Segment, prompt_tokens
 from reference.errors import invalid
@@ -166,6 +167,9 @@ def chunk_ends(N: int, start: int, junction: int, geometry: Geometry, knobs: Kno
         last = floor_to(N - max(1, knobs.hash_lookahead_tokens), bs)
     else:
         last = floor_to(N, bs)
+    tail = 0
+    if knobs.partial_hash_hits:
+        tail = tail_checkpoint(N, geometry.hash_block_size, knobs.eagle_drop, knobs.hash_lookahead_tokens, knobs.tail_checkpoint)
     ends = []
     while start < N:
         end = min(start + budget, N)
@@ -176,6 +180,7 @@ def chunk_ends(N: int, start: int, junction: int, geometry: Geometry, knobs: Kno
         stops = [
             floor_to(start, bs) + bs if start % bs else 0,
             last,
+            tail if last < tail < N else 0,
             start + floor_to(junction - start, bs) if start < junction < end else 0,
         ]
         end = min((s for s in stops if start < s < end), default=end)
@@ -221,11 +226,19 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
     ends = chunk_ends(N, hit, junction, geometry, knobs)
     kept: dict[int, set[int]] = {}
+    tails: set[int] = set()
     for M in dict.fromkeys(geometry.mamba_block_sizes):
         if rule == "promise":
             written = set(range(M, hashed + 1, M)) | {b for b in bounds if 0 < b <= hashed}
         else:
             written = {e for e in ends if e % M == 0 and e <= hashed}
+            if knobs.partial_hash_hits:
+                tail = tail_checkpoint(N, geometry.hash_block_size, knobs.eagle_drop, L, knobs.tail_checkpoint)
+                # The tail is keyed as a (partial) block whatever the mask says;
+                # before 0.32.0 a tail on a full Mamba block goes through the mask.
+                if tail in ends and (tail % M or knobs.tail_checkpoint == "checkpoint"):
+                    written.add(tail)
+                    tails.add(tail)
         if interval is None:
             keep = written
         else:
@@ -235,7 +248,7 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
             if interval:
                 step = M if interval <= M else interval
                 marks |= set(range(step, hashed + 1, step))
-            keep = {p for p in written if p in marks}
+            keep = {p for p in written if p in marks or p in tails}
         kept[M] = keep - {0}
     return bounds, ends, kept
 

@@ -133,3 +133,15 @@ def test_dense_retention_keeps_every_block():
     result = predict(case, "0.33.0")
     assert result["explain"][0]["retained_mamba_blocks"]["1600"] == list(range(7))
     assert result["hits"][1] == 4800 - 1600
+
+
+def test_partial_hash_hits_keep_the_prompt_checkpoint_as_a_tail():
+    """Attention 16 / Mamba 32, hash 16, the drop (0.33.0): the prompt's
+    checkpoint at floor(95/16)*16 - 16 = 64 is kept as a tail state, so the
+    longer sibling resumes there (observed on the real 0.33.0 scheduler)."""
+    spec = {"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True}
+    case = make_case(hybrid(16, 32, prefix_match_unit=16), [[("A", 95)], [("A", 95), ("B", 9)]], spec)
+    result = predict(case, "0.33.0", "replay")
+    assert result["hits"] == [0, 64]
+    assert 64 in result["explain"][0]["chunk_ends"]
+    assert result["knobs"]["tail_checkpoint"] == "checkpoint"
