@@ -1,0 +1,242 @@
+"""The vocabulary the proofs quantify over: geometry classes and serving modes.
+
+Letters as in ``reference/``: ``S`` scheduler block, ``A`` attention block,
+``M`` Mamba block, ``H`` hash block, ``U`` hit alignment unit, ``L`` hash
+lookahead tokens, ``bs`` the smallest group block (``cache_config.block_size``,
+what the Mamba prefill split aligns to).
+
+**Geometry classes.** One attention group of block A and one Mamba block size
+M (any number of Mamba groups), hash block H dividing both, ``S = lcm(A, M)``
+(``reference.knobs.resolve_knobs`` refuses any other S). ``resolve_knobs``
+also refuses an attention block above the hit unit U. Together these leave
+exactly two hybrid shapes (``spec.test_geometry`` checks this against
+``resolve_knobs`` on every small geometry):
+
+* ``uniform``: ``A = M = S = H = U`` (``m = 1``): the production layouts
+  (1600, 1568), every block a scheduler block.
+* ``aligned``: ``M`` divides ``A`` strictly: ``S = A = U``, ``H = M``, hits
+  land on S. With ``S = m*u``: ``A = S``, ``M = u``, ``bs = u``, ``m >= 2``.
+* ``partial``: ``A`` divides ``M`` strictly: partial hash hits are on,
+  ``A = H = U = u``, ``M = S = m*u`` (``m >= 2``), ``bs = u``.
+
+plus ``unitary``: a single Mamba group (UnitaryKVCacheCoordinator), ``M = S =
+H = U = bs`` (``m = 1``), no attention group. ``hybrid`` is aligned or partial
+with the choice left to the solver (uniform, aligned or partial).
+
+**Serving modes.** What a vLLM version resolves from the speculative settings
+(``reference.knobs``): the EAGLE drop on or off, the lookahead tokens L, and
+the EAGLE lookup ceiling (``n_minus_1``: 0.29.0/0.30.0; ``hashed``: 0.32.0+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import z3
+
+from reference.case import Case, parse_case
+from spec.radix import Space, Unit, to_z3
+
+MTP_DROP = {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True}
+MTP = {"method": "mtp", "num_speculative_tokens": 2}
+
+CLASSES = ("uniform", "aligned", "partial", "unitary", "hybrid")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A serving configuration: the knobs that move boundaries."""
+
+    name: str
+    eagle_drop: bool
+    L: int
+    ceiling: str  # "n_minus_1" | "hashed"
+    #: The vLLM version a case file of this mode is run as, per rule
+    #: (legacy is vLLM <= 0.29.0; replay 0.30.0-0.33.0).
+    version: str
+    legacy_version: str
+    speculative: dict | None
+    junction_back_off: bool
+    doc: str
+
+    def version_for(self, rule: str) -> str:
+        return self.legacy_version if rule == "legacy" else self.version
+
+    def tail_kind(self, rule: str) -> str:
+        """``Knobs.tail_checkpoint`` of the version a rule is run as."""
+        v = tuple(int(x) for x in self.version_for(rule).split("."))
+        return "checkpoint" if v >= (0, 32, 0) else ("floor_drop" if v >= (0, 30, 0) else "floor")
+
+    def speculative_for(self, S: int) -> dict | None:
+        """The speculative settings of a case; K=2 as the fuzzer's, or K=1
+        where the scheduler block is a single token (vLLM refuses K > S with
+        the drop)."""
+        if self.speculative is None:
+            return None
+        return {**self.speculative, "num_speculative_tokens": min(2, S)}
+
+
+MODES = (
+    Mode("plain/0.30", False, 0, "n_minus_1", "0.30.0", "0.29.0", None, False, "no speculative decoding, vLLM 0.29.0/0.30.0"),
+    Mode("plain/0.33", False, 0, "hashed", "0.33.0", "0.33.0", None, False, "no speculative decoding, vLLM 0.32.0/0.33.0"),
+    Mode("drop/0.30", True, 0, "n_minus_1", "0.30.0", "0.29.0", MTP_DROP, False, "EAGLE/MTP with the block drop, lookup ceiling N-1 (0.29.0/0.30.0)"),
+    Mode("drop/0.33", True, 0, "hashed", "0.33.0", "0.33.0", MTP_DROP, True, "EAGLE/MTP with the block drop, ceiling = hashed length (0.33.0 disable_lookahead_block_hashes; 0.32.0 MTP)"),
+    Mode("lookahead/0.33", False, 1, "hashed", "0.33.0", "0.33.0", MTP, False, "EAGLE/MTP with lookahead block hashes, no drop (0.33.0 default)"),
+)
+MODE = {m.name: m for m in MODES}
+
+
+class Geo:
+    """A geometry class over a digit ``Space``: the units A, M, H, U, S, bs
+    as ``Unit`` objects, and the premises that make the geometry valid."""
+
+    def __init__(self, cls: str, m=None, u=None, tag: str = ""):
+        if cls not in CLASSES:
+            raise ValueError(f"geometry class {cls!r}: one of {CLASSES}")
+        self.cls = cls
+        tag = tag or cls
+        mm = z3.Int(f"{tag}.m") if m is None else m
+        uu = z3.Int(f"{tag}.u") if u is None else u
+        if cls in ("unitary", "uniform"):
+            mm = 1
+        self.sp = Space(mm, uu, tag)
+        self.unitary = cls == "unitary"
+        self.premises: list[z3.BoolRef] = [to_z3(self.sp.m >= 1), to_z3(self.sp.u >= 1)]
+        self.partial_flag = None
+        #: Partial hash hits (U = H < M): False, True or the solver's choice.
+        self.partial_hits = cls == "partial"
+        if cls in ("aligned", "uniform"):
+            a_is_S = True
+            if cls == "aligned":
+                self.premises.append(to_z3(self.sp.m >= 2))
+        elif cls == "partial":
+            a_is_S = False
+            self.premises.append(to_z3(self.sp.m >= 2))
+        elif cls == "hybrid":
+            self.partial_flag = z3.Bool(f"{tag}.partial")
+            self.partial_hits = self.partial_flag
+            a_is_S = z3.Not(self.partial_flag)
+            self.premises.append(z3.Implies(self.partial_flag, to_z3(self.sp.m >= 2)))
+        else:
+            a_is_S = None
+        self.S = Unit("S", True)
+        self.bs = Unit("bs", self.unitary)  # u, or S (= u) when unitary
+        if self.unitary:
+            self.A = None
+            self.M = self.H = self.U = Unit("S", True)
+        else:
+            self.A = Unit("A", a_is_S)
+            self.U = Unit("U", a_is_S)  # U = A in every supported hybrid
+            self.M = Unit("M", z3.Not(a_is_S) if not isinstance(a_is_S, bool) else not a_is_S)
+            self.H = Unit("H", False)  # H = u in both hybrid shapes
+
+    # -- reading a model back -------------------------------------------
+    def concrete(self, model: z3.ModelRef) -> "Concrete":
+        def ev(e):
+            return e if isinstance(e, int) else model.eval(e, model_completion=True).as_long()
+        m, u = ev(self.sp.m), ev(self.sp.u)
+        cls = self.cls
+        if cls == "hybrid":
+            cls = "partial" if z3.is_true(model.eval(self.partial_flag, model_completion=True)) else "aligned"
+        return Concrete.from_class(cls, m, u)
+
+
+@dataclass(frozen=True)
+class Concrete:
+    """A concrete geometry: block sizes plus its class and digits."""
+
+    cls: str
+    A: int | None
+    M: int
+    m: int
+    u: int
+    name: str = ""
+
+    @property
+    def S(self) -> int:
+        return self.m * self.u
+
+    @property
+    def H(self) -> int:
+        return self.S if self.cls == "unitary" else self.u
+
+    @property
+    def U(self) -> int:
+        return self.u if self.cls == "partial" else self.S
+
+    @classmethod
+    def from_class(cls_, cls: str, m: int, u: int, name: str = "") -> "Concrete":
+        if cls in ("aligned", "uniform"):
+            cls = "uniform" if m == 1 else "aligned"
+            return cls_(cls, m * u, u, m, u, name)
+        if cls == "partial":
+            return cls_(cls, u, m * u, m, u, name)
+        if cls == "unitary":
+            return cls_(cls, None, u, 1, u, name)
+        raise ValueError(cls)
+
+    @classmethod
+    def from_blocks(cls_, A: int | None, M: int, name: str = "") -> "Concrete":
+        """Attention block A (None: a single Mamba group) and Mamba block M."""
+        if A is None:
+            return cls_("unitary", None, M, 1, M, name)
+        if A == M:
+            return cls_("uniform", A, M, 1, M, name)
+        if A % M == 0:
+            return cls_("aligned", A, M, A // M, M, name)
+        if M % A == 0:
+            return cls_("partial", A, M, M // A, A, name)
+        raise ValueError(f"A={A}, M={M}: one must divide the other (the only supported hybrid shapes)")
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return f"M{self.M}" if self.A is None else f"A{self.A}/M{self.M}"
+
+    def geometry_dict(self, *, mamba_count: int = 1, budget: int = 8192, interval: int | None = 0) -> dict:
+        groups = [] if self.A is None else [{"kind": "full_attention", "block_size": self.A}]
+        groups.append({"kind": "mamba", "block_size": self.M, "count": mamba_count if self.A is not None else 1})
+        return {"groups": groups, "retention_interval": interval, "max_num_batched_tokens": budget}
+
+    def case(self, prompts: list[list[tuple[str, int]]], speculative: dict | None, *, name: str | None = None, budget: int = 8192, mamba_count: int = 1, interval: int | None = 0) -> Case:
+        return parse_case({
+            "schema": 1,
+            "name": name,
+            "geometry": self.geometry_dict(mamba_count=mamba_count, budget=budget, interval=interval),
+            "speculative": speculative,
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+        })
+
+    def geo(self, tag: str = "") -> Geo:
+        """This geometry as a ``Geo`` with concrete digits (N stays symbolic)."""
+        return Geo(self.cls, self.m, self.u, tag or f"{self.cls}{self.m}x{self.u}")
+
+
+#: The named geometries of issue 4 (and the fuzzer's NAMED_GEOMETRIES).
+NAMED = (
+    Concrete.from_blocks(1600, 1600, "1600"),
+    Concrete.from_blocks(1568, 1568, "1568"),
+    Concrete.from_blocks(32, 16, "A32/M16"),
+    Concrete.from_blocks(16, 32, "A16/M32"),
+    Concrete.from_blocks(None, 1600, "mamba-only 1600"),
+)
+NAMED_BY = {g.name: g for g in NAMED}
+
+
+def sweep_geometries(limit: int = 4096, step: int = 16, classes=("uniform", "aligned", "partial", "unitary")) -> list[Concrete]:
+    """Every S that is a multiple of ``step`` up to ``limit`` with every valid
+    (A, M) whose blocks are multiples of ``step``: uniform (A = M = S),
+    aligned (A = S, M | S, M < S), partial (M = S, A | S, A < S) and unitary
+    (a single Mamba group of S)."""
+    out = []
+    for S in range(step, limit + 1, step):
+        divs = [d for d in range(step, S + 1, step) if S % d == 0]
+        if "uniform" in classes:
+            out.append(Concrete("uniform", S, S, 1, S))
+        if "aligned" in classes:
+            out += [Concrete("aligned", S, d, S // d, d) for d in divs if d < S]
+        if "partial" in classes:
+            out += [Concrete("partial", d, S, S // d, d) for d in divs if d < S]
+        if "unitary" in classes:
+            out.append(Concrete("unitary", None, S, 1, S))
+    return out

@@ -1,0 +1,89 @@
+"""The same properties computed by the Python reference model (ground truth).
+
+Nothing here restates a rule: every number comes from a ``reference/``
+function (``serial.dense_hit``, ``serial.retained_states``,
+``knobs.resolve_knobs``) on a real case, so the z3 encodings in ``spec/``
+are checked against the reference, never the other way round.
+
+Levels (as in ``spec.properties``) are chunk budgets given to
+``retained_states``: ``mask`` uses a budget of one smallest block (a chunk
+ends at every block, so every Mamba state is written and only the mask
+decides), ``oneshot`` a budget of N, ``chunked`` the budget c*S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+from reference.boundaries import floor_to, kept_state
+from reference.knobs import Knobs, resolve_knobs
+from reference.serial import dense_hit, lookup, retained_states, rule_boundaries
+from spec.geometry import MODE, Concrete, Mode
+
+
+@lru_cache(maxsize=None)
+def resolved(geo: Concrete, mode_name: str, rule: str = "replay"):
+    """(Geometry, Knobs) of ``geo`` served in ``mode`` as the version the
+    rule belongs to resolves it."""
+    mode = MODE[mode_name]
+    case = geo.case([[("A", 1)]], mode.speculative_for(geo.S))
+    return case.geometry, resolve_knobs(case, mode.version_for(rule))
+
+
+def knobs_match(mode: Mode, knobs: Knobs) -> bool:
+    """The knobs a version resolves are the mode's."""
+    return (knobs.eagle_drop, knobs.hash_lookahead_tokens, knobs.eagle_lookup_ceiling) == (mode.eagle_drop, mode.L, mode.ceiling)
+
+
+class Oracle:
+    """Reference answers for one concrete geometry, mode and rule."""
+
+    def __init__(self, geo: Concrete, mode: Mode, rule: str = "replay"):
+        self.geo, self.mode, self.rule = geo, mode, rule
+        self.geometry, self.knobs = resolved(geo, mode.name, rule)
+        self.bs = min(g.block_size for g in self.geometry.groups)
+
+    def resend(self, N: int) -> int:
+        return dense_hit(N, N, self.geometry, self.knobs)
+
+    def sibling(self, N: int, N2: int | None = None) -> int:
+        if N2 is None:
+            N2 = N + self.geometry.scheduler_block_size + self.knobs.hash_lookahead_tokens + 1
+        return dense_hit(N2, N, self.geometry, self.knobs)
+
+    def attention(self, N: int, shared: int | None = None) -> int:
+        return lookup(N, [N if shared is None else shared], None, self.geometry, self.knobs).attention  # type: ignore[arg-type]
+
+    def budget(self, N: int, level: str, chunk: int | None = None) -> int:
+        if level == "mask":
+            return self.bs
+        if level == "oneshot":
+            return max(N, 1)
+        return chunk * self.geometry.scheduler_block_size  # type: ignore[operator]
+
+    def kept(self, N: int, level: str = "mask", chunk: int | None = None, rule: str | None = None, junction: int = 0, interval: int | None = 0) -> set[int]:
+        """The Mamba states (token counts) the first request keeps."""
+        geometry = replace(self.geometry, max_num_batched_tokens=self.budget(N, level, chunk), retention_interval=interval)
+        _, _, kept = retained_states(rule or self.rule, N, 0, junction, geometry, self.knobs)
+        return kept[self.geo.M]
+
+    def boundaries(self, N: int, junction: int = 0, rule: str | None = None) -> list[int]:
+        return rule_boundaries(rule or self.rule, N, junction, self.geometry, self.knobs)
+
+    def target(self, b: int) -> int:
+        return floor_to(kept_state(b, self.knobs.alignment), self.geo.M)
+
+    def holds(self, N: int, which: str, level: str = "mask", chunk: int | None = None) -> bool:
+        """R1 (``which="R1"``) or R2 at a level."""
+        b = self.resend(N) if which == "R1" else self.sibling(N)
+        T = self.target(b)
+        return T == 0 or any(T <= p <= b for p in self.kept(N, level, chunk))
+
+    def repeat_hit(self, N: int, budget: int | None = None) -> int:
+        """What the first identical repeat hits in the serial model (two
+        requests A:N, A:N), for cross-checking R1's reading."""
+        from reference.serial import simulate
+
+        case = self.geo.case([[("A", N)]] * 2, self.mode.speculative_for(self.geo.S), budget=budget or max(N, 1))
+        return simulate(case, self.knobs, self.rule)[1].hit

@@ -1,0 +1,268 @@
+"""The reference model's boundary rules, restated over digit counts.
+
+Each function here mirrors the ``reference/`` function of the same name,
+line for line where it can; the differences are only in how numbers are
+written (``spec.radix``): ``floor_to(x, g.S)`` instead of ``x // S * S``,
+``sp.max(a, b)`` instead of ``max(a, b)``. ``spec.test_fidelity`` checks
+every one of them against the Python functions on a small domain.
+
+Scope (what the first request of a trace does, from an empty cache): the
+lookup is ``reference.serial.lookup`` with one attention group and dense,
+ideal Mamba (``dense_hit``); retention is ``reference.serial.retained_states``
+for a request with hit 0; prefill chunk ends are ``reference.serial.chunk_ends``
+from token 0 with no junction, for a one-shot prefill (budget >= N) or a
+chunk budget that is any positive multiple of S.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import z3
+
+from spec.geometry import Geo, Mode
+from spec.radix import AND, NOT, OR, Count, Unit
+
+RULES = ("promise", "replay", "legacy")
+
+
+def floor_to(x: Count, unit: Unit) -> Count:
+    """``reference.boundaries.floor_to``."""
+    return unit.floor(x)
+
+
+# ------------------------------------------------------------- the scheduler
+
+
+def attention_lookup(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count) -> Count:
+    """``reference.boundaries.attention_lookup`` for the attention block A.
+
+    ``min(U, A)`` is A: ``resolve_knobs`` refuses an attention block above U."""
+    sp = g.sp
+    limit = sp.min(candidate + g.A, ceiling) if eagle_drop else candidate
+    matched = floor_to(sp.max(sp.min(limit, reach), sp.zero), g.A)
+    if eagle_drop:
+        matched = sp.ite(matched > 0, matched - g.A, matched)
+    return matched
+
+
+def lookup(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
+    """``reference.serial.lookup`` against one cached prompt sharing
+    ``shared`` tokens, dense ideal Mamba (``cache=None``): (attention, hit).
+
+    N >= 1, so the cap ``max(N-1, 0)`` is N-1. The Mamba fixed point settles
+    after one pass (``_deepest_state`` is idempotent)."""
+    sp, L = g.sp, mode.L
+    cap = N - 1
+    if g.unitary:
+        c = cap
+    else:
+        ceiling = floor_to(N - L, g.H) if mode.ceiling == "hashed" else cap
+        reach = floor_to(sp.max(shared - L, sp.zero), g.A)
+        c = attention_lookup(g, cap, reach, mode.eagle_drop, ceiling)
+    hit = floor_to(sp.max(sp.min(sp.min(c, shared - L), N - L), sp.zero), g.U)
+    return c, hit
+
+
+def dense_hit(g: Geo, mode: Mode, N: Count, shared: Count) -> Count:
+    """``reference.serial.dense_hit``."""
+    return lookup(g, mode, N, shared)[1]
+
+
+def resend_boundary(g: Geo, mode: Mode, N: Count) -> Count:
+    """Where an identical resend resumes under dense retention."""
+    return dense_hit(g, mode, N, N)
+
+
+def sibling_length(g: Geo, mode: Mode, N: Count) -> Count:
+    """The longer sibling ``reference.serial.promise_boundaries`` uses:
+    N + S + L + 1 tokens."""
+    return (N + g.S) + (mode.L + 1)
+
+
+def extension_boundary(g: Geo, mode: Mode, N: Count, N2: Count | None = None) -> Count:
+    """Where a longer sibling of N2 > N tokens sharing all N resumes under
+    dense retention (N2 defaults to ``sibling_length``)."""
+    return dense_hit(g, mode, sibling_length(g, mode, N) if N2 is None else N2, N)
+
+
+# ------------------------------------------------------------ the retention
+
+
+def legacy_boundaries(g: Geo, N: Count) -> list[Count]:
+    """``reference.boundaries.legacy_boundaries``: (N-1,)."""
+    return [N - 1]
+
+
+def replay_boundaries(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """``reference.boundaries.replay_boundaries``."""
+    sp, S = g.sp, g.S
+    if not eagle_drop:
+        return [N - 1]
+    resend = floor_to(N - 1, S)
+    extension = floor_to(N, S)
+    return [sp.max(resend - S, sp.zero), sp.max(extension - S, sp.zero)]
+
+
+def promise_boundaries(g: Geo, mode: Mode, N: Count) -> list[Count]:
+    """``reference.serial.promise_boundaries``: the resend and the longer
+    sibling under dense retention."""
+    return [resend_boundary(g, mode, N), extension_boundary(g, mode, N)]
+
+
+def rule_boundaries(g: Geo, mode: Mode, rule: str, N: Count, junction: Count | None = None) -> list[Count]:
+    """``reference.serial.rule_boundaries``. ``junction`` None means 0 (the
+    first request of a trace); a Count J may be 0 (then adds nothing)."""
+    if rule == "promise":
+        out = promise_boundaries(g, mode, N)
+    elif rule == "replay":
+        out = replay_boundaries(g, N, mode.eagle_drop)
+    elif rule == "legacy":
+        out = legacy_boundaries(g, N)
+    else:
+        raise ValueError(f"rule {rule!r}: one of {RULES}")
+    if junction is not None:
+        out.append(junction)  # J = 0 marks block -1: nothing
+        if rule == "replay" and mode.junction_back_off:
+            out.append(junction - g.bs)
+    return out
+
+
+def kept_state(g: Geo, b: Count) -> Count:
+    """``reference.boundaries.kept_state``: the boundary aligned down to U."""
+    return floor_to(g.sp.max(b, g.sp.zero), g.U)
+
+
+def mark(g: Geo, rule: str, b: Count) -> Count:
+    """The Mamba state a boundary marks for keeping
+    (``reference.serial.retained_states``): the kept state, aligned down to
+    the Mamba block (the promise keeps it as is: a partial tail when U < M)."""
+    k = kept_state(g, b)
+    return k if rule == "promise" else floor_to(k, g.M)
+
+
+def hashed_length(g: Geo, mode: Mode, N: Count) -> Count:
+    """Tokens covered by the prompt's block hashes: floor((N-L)/H)*H."""
+    return floor_to(g.sp.max(N - mode.L, g.sp.zero), g.H)
+
+
+def tail_checkpoint(g: Geo, mode: Mode, rule: str, N: Count) -> Count:
+    """``reference.boundaries.tail_checkpoint``: with partial hash hits, the
+    prompt's own checkpoint, kept at hash granularity as a partial block.
+    The kind (floor / floor_drop / checkpoint) is the version's
+    (``Mode.tail_kind``)."""
+    sp, H = g.sp, g.H
+    kind = mode.tail_kind(rule)
+    if kind == "floor":
+        return floor_to(N, H)
+    if kind == "floor_drop" or mode.eagle_drop:
+        top = floor_to(N, H)
+        return sp.max(top - H, sp.zero) if mode.eagle_drop else sp.max(top, sp.zero)
+    return sp.max(floor_to(N - max(1, mode.L), H), sp.zero)
+
+
+def last_cache_position(g: Geo, mode: Mode, N: Count) -> Count:
+    """``last`` of ``reference.serial.chunk_ends``."""
+    if mode.eagle_drop:
+        return floor_to(N, g.bs) - g.bs
+    if mode.ceiling == "hashed":
+        return floor_to(N - max(1, mode.L), g.bs)
+    return floor_to(N, g.bs)
+
+
+def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot") -> Callable[[Count], object]:
+    """A predicate: p is where a prefill chunk of the first request ends
+    (``reference.serial.chunk_ends(N, 0, 0, ...)``).
+
+    The loop stops at ``last`` (when 0 < last < N), then at the tail
+    checkpoint (partial hash hits, when last < tail < N), then at N.
+    ``level="oneshot"``: budget >= N, so those are the ends. ``chunk`` a z3
+    Int c >= 1: budget c*S, and between those anchors the chunks end every
+    c*S tokens counted from the previous anchor (closed form of the loop: the
+    budget and the anchors are multiples of bs, so no rounding or mid-block
+    stop applies). ``level="mask"``: a chunk ends at every block (budget bs),
+    i.e. at every multiple of bs up to N (the callers only ask at such p)."""
+    sp = g.sp
+    if level == "mask":
+        return lambda p: AND(p > 0, p <= N)
+    last = last_cache_position(g, mode, N)
+    in_last = AND(last > 0, last < N)
+    a1 = sp.ite(in_last, last, sp.zero)
+    anchors = [(in_last, a1)]
+    if g.partial_hits is not False and rule != "promise":
+        tail = tail_checkpoint(g, mode, rule, N)
+        in_tail = AND(g.partial_hits, tail > 0, last < tail, tail < N)
+        a2 = sp.ite(in_tail, tail, a1)
+        anchors.append((in_tail, a2))
+
+    def is_end(p: Count):
+        alts = [p == N] + [AND(c, p == a) for c, a in anchors]
+        if chunk is not None:
+            bounds = [sp.zero] + [a for _, a in anchors] + [N]
+            for lo, hi in zip(bounds, bounds[1:]):
+                alts.append(AND(p > lo, p < hi, sp.divisible(p - lo, chunk)))
+        return OR(*alts)
+
+    return is_end
+
+
+def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot", chunk=None, junction: Count | None = None, interval=0):
+    """``reference.serial.retained_states`` for the first request (hit 0):
+    (witnesses, keep). ``keep(p)``: the state after p tokens is kept;
+    ``witnesses``: every p that can be kept apart from periodic multiples
+    (the marks and the tail checkpoint).
+
+    Written: chunk ends at Mamba block boundaries within the hashed length
+    (the promise: every Mamba block state and its boundaries); with partial
+    hash hits also the tail checkpoint when a chunk ended there (before
+    0.32.0 only when it is not a whole Mamba block). Kept: the written
+    states among the marks (sparse: ``interval`` 0; periodic: a z3 Int c,
+    interval c*S, c = 0 meaning sparse; dense: None), plus the tail, which is
+    keyed whatever the mask says."""
+    sp = g.sp
+    hashed = hashed_length(g, mode, N)
+    bounds = rule_boundaries(g, mode, rule, N, junction)
+    marks = [mark(g, rule, b) for b in bounds]
+    ends = chunk_end(g, mode, rule, N, chunk, level)
+
+    def written(p: Count):
+        if rule == "promise":
+            return AND(p > 0, p <= hashed, OR(g.M.divides(p), *[p == b for b in bounds]))
+        return AND(p > 0, p <= hashed, g.M.divides(p), ends(p))
+
+    mask = retention_mask(g, rule, marks, hashed, interval)
+    tail_kept = False
+    witnesses = list(marks)
+    tail = None
+    if g.partial_hits is not False and rule != "promise":
+        tail = tail_checkpoint(g, mode, rule, N)
+        whole_block_ok = mode.tail_kind(rule) == "checkpoint"
+        tail_kept = AND(g.partial_hits, tail > 0, ends(tail), OR(NOT(g.M.divides(tail)), whole_block_ok))
+        witnesses.append(tail)
+
+    def keep(p: Count):
+        by_tail = AND(tail_kept, p == tail) if tail is not None else False
+        return OR(AND(written(p), mask(p)), by_tail)
+
+    return witnesses, keep
+
+
+def retention_mask(g: Geo, rule: str, marks: list[Count], hashed: Count, interval) -> Callable[[Count], object]:
+    """The marks of ``reference.serial.retained_states`` (vLLM's
+    ``MambaManager.reachable_block_mask``): ``interval`` None keeps every
+    written state (dense); otherwise the marks, and with a positive interval
+    c*S (``interval`` a z3 Int c; 0 = sparse) its multiples within the hashed
+    length. (The reference's "an interval at or below M keeps every block" is
+    the same set: an interval is a multiple of S >= M, so it is at or below M
+    only when it equals M.)"""
+    def keep(p: Count):
+        marked = OR(*[p == k for k in marks])
+        if interval is None:
+            return True
+        if isinstance(interval, int):
+            if interval != 0:
+                raise ValueError("a positive interval is a z3 Int c (interval c*S)")
+            return marked
+        return OR(marked, AND(interval > 0, p > 0, p <= hashed, g.sp.divisible(p, interval)))
+
+    return keep
