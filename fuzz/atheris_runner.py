@@ -68,11 +68,15 @@ def write_seeds(cases: list[Case], folder: Path) -> int:
 
 def worker_python(engine: str) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
-    from engine_adapter import environment_python
+    from engine_adapter import environments
+    from engine_adapter.versions import parse_engine
 
-    python = environment_python(engine)
-    if python is not None:
-        return str(python), True
+    version = parse_engine(engine)
+    if environments.is_ready(version):
+        python = environments.env_python(version)
+        probe = subprocess.run([str(python), "-c", "import atheris"], capture_output=True)
+        if probe.returncode == 0:
+            return str(python), True
     return sys.executable, False
 
 

@@ -41,9 +41,10 @@ _LAST_REPORT = [0.0]
 
 def _instrumented_engine(name: str):
     """Open the engine; instrument vllm/v1/core if it runs in this process."""
-    from engine_adapter import open_engine, runs_in_process
+    from engine_adapter.engine import inprocess_vllm_version, open_engine
+    from engine_adapter.versions import parse_engine
 
-    if runs_in_process(name):
+    if inprocess_vllm_version() == parse_engine(name):
         with atheris.instrument_imports(include=["vllm.v1.core"]):
             import vllm.v1.core.block_pool  # noqa: F401
             import vllm.v1.core.kv_cache_coordinator  # noqa: F401
@@ -51,10 +52,10 @@ def _instrumented_engine(name: str):
             import vllm.v1.core.kv_cache_utils  # noqa: F401
             import vllm.v1.core.sched.scheduler  # noqa: F401
             import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
-        return open_engine(name, in_process=True)
+        return open_engine(name, mode="inprocess")
     with atheris.instrument_imports(include=["reference"]):
         import reference.serial  # noqa: F401
-    return open_engine(name, in_process=False)
+    return open_engine(name, mode="worker")
 
 
 def _report(kind: str, *fields) -> None:
@@ -71,9 +72,9 @@ def _setup() -> None:
     other_name = os.environ.get("KVSPEC_FUZZ_OTHER")
     other = None
     if other_name:
-        from engine_adapter import open_engine
+        from engine_adapter.engine import open_engine
 
-        other = open_engine(other_name, in_process=False)
+        other = open_engine(other_name, mode="worker")
     out = Path(os.environ.get("KVSPEC_FUZZ_OUT") or kvspec_home() / "findings")
     seed = os.environ.get("KVSPEC_FUZZ_SEED")
     CAMPAIGN = Campaign(
