@@ -23,6 +23,10 @@ SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 #: Sums of running/waiting requests; non-zero between our requests = foreign traffic.
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+#: Finished requests of any kind, summed over finished_reason: catches foreign
+#: requests that skip the prefix-cache lookup (prompt_logprobs, pooling) and
+#: so never show in the two prefix-cache counters.
+FINISHED = "vllm:request_success_total"
 #: prometheus_client's process collector: changes when the server restarts.
 START_TIME = "process_start_time_seconds"
 
@@ -41,6 +45,7 @@ class Snapshot:
     spec_drafts: float | None = None
     model_names: frozenset[str] = frozenset()
     start_time: float | None = None
+    finished: float | None = None
 
 
 def parse_metrics(text: str, model: str | None = None) -> Snapshot:
@@ -74,7 +79,7 @@ def parse_metrics(text: str, model: str | None = None) -> Snapshot:
                 continue
             if name == SPEC_PER_POS and "position" in labels:
                 positions.add(labels["position"])
-            if name in (QUERIES, HITS, RUNNING, WAITING, SPEC_DRAFTS, SPEC_PER_POS):
+            if name in (QUERIES, HITS, RUNNING, WAITING, SPEC_DRAFTS, SPEC_PER_POS, FINISHED):
                 sums[name] = sums.get(name, 0.0) + float(s.value)
     return Snapshot(
         queries=sums.get(QUERIES),
@@ -86,4 +91,5 @@ def parse_metrics(text: str, model: str | None = None) -> Snapshot:
         spec_drafts=sums.get(SPEC_DRAFTS),
         model_names=frozenset(models),
         start_time=start_time,
+        finished=sums.get(FINISHED),
     )

@@ -233,7 +233,8 @@ def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, sett
     for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
         if snap.queries is None or pre.queries is None or snap.queries < pre.queries or (snap.hits or 0) < (pre.hits or 0):
             return snap, False  # missing or went down: the caller says which
-        if snap.queries - pre.queries >= prompt_len and not snap.running:
+        finished = pre.finished is None or (snap.finished is not None and snap.finished - pre.finished >= 1)
+        if snap.queries - pre.queries >= prompt_len and not snap.running and finished:
             return snap, True
         if time.monotonic() >= t_end:
             break
@@ -363,6 +364,8 @@ def replay(
                 row.issues.append(issue)
             elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
                 row.issues.append(f"counters moved between requests (queries +{_n(pre.queries - prev.queries)}, hits +{_n(pre.hits - prev.hits)}): foreign traffic")
+            elif pre.finished != prev.finished:
+                row.issues.append(f"requests finished between ours (request_success_total +{_n((pre.finished or 0) - (prev.finished or 0))}): foreign traffic")
             if pre.running or pre.waiting:
                 row.issues.append(f"foreign traffic: running={_n(pre.running)} waiting={_n(pre.waiting)} before the request")
             if pre.cache_config != first.cache_config:
@@ -394,6 +397,8 @@ def replay(
                     row.issues.append(f"query delta {_n(row.queries)} != prompt length {len(tokens)}: foreign traffic or preemption")
                 if row.hits > row.queries:
                     row.issues.append(f"hit delta {_n(row.hits)} > query delta {_n(row.queries)}")
+                if pre.finished is not None and post.finished is not None and post.finished - pre.finished != 1:
+                    row.issues.append(f"request_success_total +{_n(post.finished - pre.finished)} during our one request: foreign traffic")
             if post.cache_config != first.cache_config:
                 row.issues.append("vllm:cache_config_info changed during the replay")
             prev = post

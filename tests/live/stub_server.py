@@ -74,11 +74,12 @@ class StubVllm:
         self.queries = 0.0
         self.hits = 0.0
         self.running = 0
+        self.finished = 0.0
         self.start_time = 1.7e9
         self.completions = 0  # arrivals (attempts)
         self.admitted: list[list[int]] = []  # prompts that were counted
         self.seen_auth: list[str | None] = []
-        self._pending: list[tuple[float, float, float]] = []  # (due, queries, hits)
+        self._pending: list[tuple[float, float, float]] = []  # (due, queries, hits); +1 finished
         self._status_left: dict[int, list[int]] = {k: list(v) for k, v in self.faults.status.items()}
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -105,6 +106,7 @@ class StubVllm:
             if due <= now:
                 self.queries += q
                 self.hits += h
+                self.finished += 1
             else:
                 keep.append((due, q, h))
         self._pending = keep
@@ -116,12 +118,19 @@ class StubVllm:
         with self.lock:
             self.queries += tokens
 
+    def add_uncounted_foreign(self) -> None:
+        """A foreign request that skipped the prefix-cache lookup
+        (prompt_logprobs): it finishes but is no prefix-cache query."""
+        with self.lock:
+            self.finished += 1
+
     def reset(self) -> None:
         with self.lock:
             self._flush()
             self._pending = []
             self.queries = 0.0
             self.hits = 0.0
+            self.finished = 0.0
 
     def restart(self) -> None:
         self.reset()
@@ -157,6 +166,10 @@ class StubVllm:
                 "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
                 "# TYPE vllm:prefix_cache_hits_total counter",
                 f'vllm:prefix_cache_hits_total{{engine="0",model_name="{self.models[0]}"}} {self.hits}',
+                "# HELP vllm:request_success_total Count of successfully processed requests.",
+                "# TYPE vllm:request_success_total counter",
+                f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{self.models[0]}"}} {self.finished}',
+                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{self.models[0]}"}} 0.0',
                 "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
                 "# TYPE vllm:cache_config_info gauge",
                 f"vllm:cache_config_info{{{labels}}} 1.0",

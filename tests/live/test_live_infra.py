@@ -37,6 +37,7 @@ def test_parse_a_real_vllm_cpu_scrape():
     snap = parse_metrics(text)
     assert (snap.queries, snap.hits) == (4459.0, 2304.0)
     assert snap.running == 0 and snap.waiting == 0
+    assert snap.finished == 6.0  # request_success_total summed over finished_reason
     assert snap.spec_positions is None  # the CPU server runs without spec decode
     assert snap.cache_config["block_size"] == "128"
     assert snap.cache_config["mamba_cache_mode"] == "align"

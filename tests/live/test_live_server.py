@@ -171,3 +171,26 @@ def test_b_a_block_aligned_extension_departs_from_the_promise(live_server, seg):
     case = make_case(hybrid(128, 128), [[(f, 1280)], [(f, 1281)]], name="aligned-extension-replay-rule")
     rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
     assert rep.verdict == REPRODUCED, rep.reasons
+
+
+def test_d_a_foreign_request_that_skips_the_prefix_cache_is_seen(live_server, seg):
+    """prompt_logprobs makes vLLM skip the prefix-cache lookup: the request
+    is no prefix-cache query, yet it runs; request_success_total sees it."""
+    a, x = seg("A"), seg("X")
+    case = make_case(hybrid(128, 128), [[(a, 300)], [(a, 300)]], name="live-d3")
+    foreign = make_case(hybrid(128, 128), [[(x, 200)]]).trace[0]
+    before = counters(live_server)
+
+    def intruder(i):
+        if i == 0:
+            r = httpx.post(
+                f"{live_server.url}/v1/completions",
+                json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1, "prompt_logprobs": 1},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text[:200]
+
+    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
+    assert rep.verdict == INCONCLUSIVE
+    assert "request 1: requests finished between ours (request_success_total +1): foreign traffic" in rep.reasons, rep.reasons
+    assert counters(live_server)[0] - before[0] == 600  # the foreign prompt was no query

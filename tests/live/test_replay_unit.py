@@ -172,6 +172,14 @@ def test_foreign_traffic_during_a_request():
     assert [r.hits for r in rep.rows] == [0, 256, 256]
 
 
+def test_foreign_requests_that_skip_the_prefix_cache_are_seen_too():
+    case = repeat_case()
+    with StubVllm(follows(predicted(case))) as stub:
+        rep = run(stub, case, after_request=lambda i: stub.add_uncounted_foreign() if i == 0 else None)
+    assert rep.verdict == INCONCLUSIVE
+    assert "request 1: requests finished between ours (request_success_total +1): foreign traffic" in rep.reasons
+
+
 def test_requests_running_before_ours_are_foreign_traffic():
     case = repeat_case()
     with StubVllm(follows(predicted(case))) as stub:
