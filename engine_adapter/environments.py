@@ -225,15 +225,23 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             shutil.rmtree(target)
         start = time.monotonic()
         env = contained_env()
+        uv = _uv_bin()
+        n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
         try:
-            progress(f"{prefix} step 1/3: python -m venv {target}")
-            _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
-            n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
-            progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
-            _run(
-                [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
-                env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
-            )
+            if uv:
+                progress(f"{prefix} step 1/3: uv venv {target}")
+                _run([uv, "venv", "--python", sys.executable, "--no-project", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
+                progress(f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})")
+                _run([uv, "pip", "install", "--python", str(env_python(version)), "--no-deps", *_uv_index_args(), "-r", str(req)],
+                     env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+            else:
+                progress(f"{prefix} step 1/3: python -m venv {target}")
+                _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
+                progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
+                _run(
+                    [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
+                    env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
+                )
             progress(f"{prefix} step 3/3: self-test (drives the real scheduler once; warms vLLM's model-inspection cache)")
             selftest = _selftest(version)
         except BaseException:
@@ -247,6 +255,7 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             "requirements": str(req.relative_to(REPO_ROOT)) if req.is_relative_to(REPO_ROOT) else str(req),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "python": sys.version.split()[0],
+            "installer": "uv" if uv else "pip",
             "install_seconds": round(time.monotonic() - start, 1),
             "size_bytes": _dir_size(target),
             "selftest": selftest,
@@ -254,6 +263,47 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
         _atomic_write_json(marker_path(version), marker)
         progress(f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}")
         return marker
+
+
+def _uv_bin() -> str | None:
+    """uv, when kvspec's interpreter has it (``pip install uv``) and
+    ``KVSPEC_INSTALLER`` is not ``pip``. With uv an install takes seconds
+    once its cache (inside kvspec's home) holds the wheels, and environments
+    share files by hard links; without it, plain pip does the same job."""
+    choice = os.environ.get("KVSPEC_INSTALLER", "auto")
+    if choice == "pip":
+        return None
+    try:
+        import uv  # type: ignore[import-not-found]
+
+        path = uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        path = shutil.which("uv")
+    if choice == "uv" and not path:
+        raise EngineError("KVSPEC_INSTALLER='uv': uv is not installed in kvspec's environment; allowed: auto, pip, or install uv")
+    return path
+
+
+def _uv_index_args() -> list[str]:
+    """pip's configured indexes and find-links (uv does not read pip.conf):
+    the CPU torch wheel is found through them."""
+    args: list[str] = ["--index-strategy", "unsafe-best-match"]
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, env=contained_env()).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return args
+    seen: set[tuple[str, str]] = set()
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        name = key.split(".", 1)[-1].strip()
+        flag = {"find-links": "--find-links", "extra-index-url": "--extra-index-url", "index-url": "--index-url"}.get(name)
+        if not flag:
+            continue
+        for item in value.strip().strip("'\"").split():
+            if (flag, item) not in seen:
+                seen.add((flag, item))
+                args += [flag, item]
+    return args
 
 
 def _selftest(version: str) -> dict:
@@ -364,11 +414,12 @@ def lock(version: str, *, wheel: str | None = None, progress: Progress = _stderr
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(TORCH_PIN + "\n")
         _run([*pip, "-c", str(constraints), *(spec(n) for n in names)], env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
-        frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--disable-pip-version-check"], capture_output=True, text=True, check=True, env=env).stdout
+        # --all: setuptools is a real dependency (torch imports it at runtime)
+        frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"], capture_output=True, text=True, check=True, env=env).stdout
     lines = []
     for line in frozen.splitlines():
         name = line.split("==")[0].split(" @ ")[0].strip().lower().replace("_", "-")
-        if name in ("vllm", "torch", "packaging") or not line.strip():
+        if name in ("vllm", "torch", "packaging", "pip") or not line.strip():
             continue
         lines.append(line.strip())
     # packaging is a real dependency (transformers, huggingface_hub); keep its pin too

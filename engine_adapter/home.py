@@ -56,6 +56,9 @@ def cache_env(vllm_version: str | None = None) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(cache_dir("triton")),
         "NUMBA_CACHE_DIR": str(cache_dir("numba")),
         "PIP_CACHE_DIR": str(cache_dir("pip")),
+        "UV_CACHE_DIR": str(cache_dir("uv")),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_NO_CONFIG": "1",
         "MPLCONFIGDIR": str(cache_dir("matplotlib")),
     }
 

@@ -90,9 +90,9 @@ def serve(out, inp) -> int:
 def selftest(expect_version: str | None, out) -> int:
     import json
 
+    t0 = time.perf_counter()
     from engine_adapter.driver import get_driver, selftest_case
 
-    t0 = time.perf_counter()
     driver = get_driver()
     import_s = time.perf_counter() - t0
     if expect_version and driver.version != expect_version:
@@ -108,8 +108,8 @@ def selftest(expect_version: str | None, out) -> int:
         print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
         return 1
     hits = result["hits"]
-    if not (hits[0] == 0 and hits[1] > 0):
-        print(f"selftest: implausible hits {hits} (a resend must hit)", file=sys.stderr)
+    if not (hits[0] == 0 and hits[2] > 0):
+        print(f"selftest: implausible hits {hits} (the second resend must hit)", file=sys.stderr)
         return 1
     out.write(json.dumps({
         "vllm_version": driver.version,

@@ -77,17 +77,18 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     bad_requests = {m.get("request") for m in mismatches if "request" in m}
     table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
-    for col in ("req", "tokens", "hit ref", "hit vLLM", "junction ref", "junction vLLM", "chunk ends ref", "chunk ends vLLM", "Mamba kept ref", "Mamba kept vLLM", ""):
-        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit vLLM") else "left")
+    for col in ("", "req", "tokens", "hit ref", "hit vLLM", "junction ref", "junction vLLM", "chunk ends ref", "chunk ends vLLM", "Mamba kept ref", "Mamba kept vLLM"):
+        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit vLLM") else "left", no_wrap=col == "")
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
     for i in range(max(len(rex), len(oex))):
         r = rex[i] if i < len(rex) else {}
         o = oex[i] if i < len(oex) else {}
         mark = "[red]MISMATCH[/red]" if i in bad_requests else "[green]ok[/green]"
         table.add_row(
+            mark,
             str(i),
             str(r.get("prompt_tokens", o.get("prompt_tokens", ""))),
             str(r.get("hit", "")),
@@ -98,17 +99,16 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
             " ".join(map(str, o.get("chunk_ends", []))),
             json.dumps(r.get("retained_mamba_blocks", {}), separators=(",", ":")),
             json.dumps(o.get("retained_mamba_blocks", {}), separators=(",", ":")),
-            mark,
         )
     console.print(table)
     knobs = Table(title="knobs")
-    for col in ("knob", "reference", "vLLM", ""):
-        knobs.add_column(col)
+    for col in ("", "knob", "reference", "vLLM"):
+        knobs.add_column(col, no_wrap=True)
     rk, ok = reference.get("knobs") or {}, observed.get("knobs") or {}
     for k in SHARED_KNOBS:
         if k in rk or k in ok:
             same = rk.get(k) == ok.get(k)
-            knobs.add_row(k, str(rk.get(k, "-")), str(ok.get(k, "-")), "[green]ok[/green]" if same else "[red]MISMATCH[/red]")
+            knobs.add_row("[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-")))
     console.print(knobs)
     if observed.get("error"):
         e = observed["error"]
