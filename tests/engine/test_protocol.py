@@ -45,6 +45,6 @@ def test_protocol_round_trip_and_bad_lines():
     assert by_id[1]["error"]["kind"] == "protocol" and "frobnicate" in by_id[1]["error"]["message"]
     assert by_id[2] == {"id": 2, "ok": True, "result": {"pong": True, "vllm_version": "0.33.0"}}
     assert by_id[3]["ok"] is False and by_id[3]["error"]["class"] == "InvalidArgument"
-    assert by_id[3]["error"]["message"].startswith("geometry.groups=[]")
+    assert by_id[3]["error"]["message"] == "trace=[]: must be a non-empty list of requests"
     assert by_id[4]["ok"] is True and by_id[4]["result"]["hits"][0] == 0 and by_id[4]["result"]["hits"][1] > 0
     assert by_id[5]["result"] == {"bye": True}
