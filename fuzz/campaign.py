@@ -108,7 +108,7 @@ class Campaign:
         return self._judge(case)
 
     def _signature(self, case: Case, div: Divergence, obs: dict) -> str:
-        return F.signature(case, div, obs.get("knobs", {}))
+        return F.signature(case, div, (obs.get("knobs") or {}))
 
     def _fires(self, case: Case, oracle: str, sig: str) -> bool:
         """The shrink predicate: the same oracle fires with the same signature."""

@@ -46,7 +46,8 @@ def _mamba_blocks(explain: list, request: int) -> list[int] | None:
 def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> str:
     """One line, first divergence first."""
     if div.oracle == "engine_error":
-        return f"vLLM raised at request {div.first}: {div.detail}"
+        first_line = " ".join(div.detail.split())[:300]
+        return f"vLLM raised at request {div.first}: {first_line}"
     if div.oracle == "knobs":
         return div.detail
     i = div.first
@@ -85,7 +86,7 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
 
 
 def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True) -> dict:
-    knobs = observation.get("knobs", {})
+    knobs = (observation.get("knobs") or {})
     return {
         "kvspec_finding": FINDING_SCHEMA,
         "summary": summary(case, div, observation.get("explain")),

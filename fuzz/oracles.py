@@ -99,7 +99,7 @@ def check_engine_error(case: Case, version: str, obs: dict) -> list[Divergence]:
 
 def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:
     model = resolve_knobs(case, version).as_dict()
-    engine = obs.get("knobs", {})
+    engine = (obs.get("knobs") or {})
     wrong = [k for k in COMPARED_KNOBS if k in engine and engine[k] != model[k]]
     if not wrong:
         return []
