@@ -46,6 +46,8 @@ def cache_env(vllm_version: str | None = None) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache_dir(f"vllm-{vllm_version}" if vllm_version else "vllm")),
         "VLLM_CONFIG_ROOT": str(cache_dir("vllm-config")),
         "VLLM_NO_USAGE_STATS": "1",
+        # vLLM logs to stdout by default; kvspec's stdout carries JSON
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
         "DO_NOT_TRACK": "1",
         "HF_HOME": str(cache_dir("hf")),
         "HF_HUB_OFFLINE": "1",
