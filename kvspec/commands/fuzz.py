@@ -25,12 +25,6 @@ def configure(parser) -> None:
     parser.add_argument("libfuzzer", nargs="*", help="after --: flags passed to libFuzzer")
 
 
-def _z3_seeds():
-    from spec.seeds import boundary_cases
-
-    return list(boundary_cases())
-
-
 def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -48,18 +42,17 @@ def main(args) -> int:
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
     console = Console(stderr=True)
-    seeds = [] if args.no_z3_seeds else _z3_seeds()
+    from fuzz.seeds import load_seed_cases
+    from fuzz.seeds import seed_dir as z3_seed_dir
+
+    seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
     if args.driver == "atheris":
-        from fuzz.atheris_runner import run_atheris, write_seeds
+        from fuzz.atheris_runner import run_atheris
 
         corpus = Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")
-        seed_dir = None
-        if seeds:
-            seed_dir = home / "seeds" / "z3"
-            write_seeds(seeds, seed_dir)
         summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=console if sys.stderr.isatty() else None)
     else:
-        summary = _run_in_process(args, engines, out, seeds)
+        summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [])
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
