@@ -509,6 +509,24 @@ class VllmDriver:
         hasher = built["hasher"]
         hbs = built["hash_block_size"]
         pool = s.kv_cache_manager.block_pool
+        cache_map = getattr(getattr(pool, "cached_block_hash_to_block", None), "_cache", None)
+        make_key = getattr(kv_cache_utils, "make_block_hash_with_group_id", None)
+        if not isinstance(cache_map, dict) or make_key is None:
+            cache_map = None
+        # vLLM keys a cached block by hash + group id; when that key is the
+        # hash bytes followed by a fixed suffix (checked on a sample, per
+        # group), build it inline: this scan runs over every hash of every
+        # request.
+        key_suffix: dict[int, bytes] = {}
+        if cache_map is not None:
+            sample = b"kvspec-key-probe"
+            for gid in built["mamba_group_ids"]:
+                try:
+                    key = make_key(sample, gid)
+                    if isinstance(key, bytes) and key.startswith(sample) and make_key(b"x", gid) == b"x" + key[len(sample):]:
+                        key_suffix[gid] = bytes(key[len(sample):])
+                except Exception:
+                    pass
         mamba_gids = built["mamba_group_ids"]
         group_bs = {gid: built["groups"][gid].kv_cache_spec.block_size for gid in mamba_gids}
         for i, creq in enumerate(case.trace):
@@ -567,12 +585,17 @@ class VllmDriver:
                 boundaries = sorted({b for c in calls for b in (c["replay_boundaries"] or ()) if b > 0})
             retained_by_group = {}
             retained_tokens = {}
+            hashes = list(req.block_hashes)
             for gid in mamba_gids:
                 m = group_bs[gid]
-                pos = []
-                for j, h in enumerate(req.block_hashes):
-                    if pool.get_cached_block(h, [gid]) is not None:
-                        pos.append((j + 1) * hbs)
+                if cache_map is not None:  # the block pool's own dict, keyed as vLLM keys it
+                    suffix = key_suffix.get(gid)
+                    if suffix is not None:
+                        pos = [(j + 1) * hbs for j, h in enumerate(hashes) if h + suffix in cache_map]
+                    else:
+                        pos = [(j + 1) * hbs for j, h in enumerate(hashes) if make_key(h, gid) in cache_map]
+                else:
+                    pos = [(j + 1) * hbs for j, h in enumerate(hashes) if pool.get_cached_block(h, [gid]) is not None]
                 retained_tokens[gid] = pos
                 retained_by_group[gid] = [p // m - 1 for p in pos if p % m == 0]
             by_size: dict[str, list[int]] = {}
