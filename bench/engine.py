@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,9 +115,11 @@ def outer(args) -> int:
     env = environments.worker_env(version)
     results = {}
     runs = [("warm disk cache", env)]
+    tmp = None
     if args.cold_cache:
+        # a fresh KVSPEC_HOME: its cache/vllm-X (VLLM_CACHE_ROOT) is empty
         tmp = tempfile.mkdtemp(prefix="bench-cold-", dir=environments.kvspec_home())
-        runs.append(("empty VLLM_CACHE_ROOT", dict(env, VLLM_CACHE_ROOT=tmp)))
+        runs.append(("empty VLLM_CACHE_ROOT", dict(env, KVSPEC_HOME=tmp)))
     for label, e in runs:
         t = time.perf_counter()
         proc = subprocess.run([py, __file__, "--inner", "--repeats", str(args.repeats)], env=e, capture_output=True, text=True, cwd=ROOT)
@@ -126,6 +128,8 @@ def outer(args) -> int:
             return 1
         results[label] = json.loads(proc.stdout.strip().splitlines()[-1])
         results[label]["process_s"] = time.perf_counter() - t
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
     worker = {}
     with WorkerEngine(version) as engine:
