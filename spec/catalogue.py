@@ -14,8 +14,6 @@ Expected strings list the verdict per mode in ``MODES`` order
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -168,24 +166,30 @@ def expected_named(prop: str, level: str, name: str, rule: str, mode: str) -> st
     return _letter(EXPECT[level][geo.cls][(prop, rule)][MODE_NAMES.index(mode)])
 
 
-def rows(*, named: bool = True, write: bool = True, slow: bool = True) -> list[Row]:
-    """The catalogue. ``slow`` includes the rows marked slow (chunked prefill
-    per rule: nonlinear divisibility, about half a second each)."""
+def rows(tier: str = "full") -> list[Row]:
+    """The catalogue.
+
+    ``tier="fast"``: what ``pytest spec/`` runs by default (R1/R2 with every
+    state written, per class and per named geometry, and the other
+    properties); ``"full"``: also the one-shot-prefill level, within-replay
+    and the mamba-only named geometry (``kvspec prove``; pytest ``slow``);
+    ``"all"``: also chunked prefill per rule (nonlinear, about half a second
+    a row; ``kvspec prove --all``)."""
+    if tier not in ("fast", "full", "all"):
+        raise ValueError(tier)
     out: list[Row] = []
     for level in ("mask", "oneshot"):
-        if level == "oneshot" and not write:
-            continue
         for cls in CLASSES:
             for (prop, rule), verdicts in EXPECT[level][cls].items():
                 for mode, v in zip(MODE_NAMES, verdicts):
-                    out.append(Row(prop, cls, mode, rule, level, _letter(v)))
-    if named:
-        for name in NAMED_BY:
-            for level in ("mask", "oneshot") if write else ("mask",):
-                for prop in ("R1", "R2"):
-                    for rule in RULE_NAMES:
-                        for mode in MODE_NAMES:
-                            out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode)))
+                    out.append(Row(prop, cls, mode, rule, level, _letter(v), slow=level == "oneshot"))
+    for name, geo in NAMED_BY.items():
+        for level in ("mask", "oneshot"):
+            for prop in ("R1", "R2"):
+                for rule in RULE_NAMES:
+                    for mode in MODE_NAMES:
+                        slow = level == "oneshot" or geo.cls == "unitary" or prop == "R2"
+                        out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode), slow=slow))
     for cls in CLASSES:
         for mode in MODE_NAMES:
             out.append(Row("sibling-any-length", cls, mode))
@@ -194,14 +198,17 @@ def rows(*, named: bool = True, write: bool = True, slow: bool = True) -> list[R
             if drop:
                 out.append(Row("unitary-unshifted", cls, mode, expect="proved" if cls == "unitary" else "refuted"))
             for rule in RULE_NAMES:
-                out.append(Row("no-over-retention", cls, mode, rule))
+                out.append(Row("no-over-retention", cls, mode, rule, slow=rule != "replay"))
                 if rule != "replay":
-                    out.append(Row("within-replay", cls, mode, rule, expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)])))
+                    out.append(Row("within-replay", cls, mode, rule, expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)]), slow=True))
             for rule in ("replay", "legacy"):
-                out.append(Row("chunked", cls, mode, rule, "ends"))
-                if slow:
-                    for which in ("R1", "R2"):
-                        out.append(Row("chunked", cls, mode, rule, which, slow=True))
+                out.append(Row("chunked", cls, mode, rule, "ends", slow=rule == "legacy"))
+                for which in ("R1", "R2"):
+                    out.append(Row("chunked", cls, mode, rule, which, slow=True))
+    if tier == "fast":
+        return [r for r in out if not r.slow]
+    if tier == "full":
+        return [r for r in out if not (r.prop == "chunked" and r.level in ("R1", "R2"))]
     return out
 
 
@@ -226,13 +233,8 @@ def _work(args) -> Result:
 
 
 def run_rows(rows_: Iterable[Row], *, jobs: int | None = None, seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[Result]:
-    """Run rows, in ``jobs`` processes (default: the CPU count, at most 2
-    below 4 CPUs). Results come back in row order."""
-    rows_ = list(rows_)
-    jobs = jobs or min(len(os.sched_getaffinity(0)), 8)
-    if jobs <= 1 or len(rows_) < 8:
-        return [run_row(r, seed, timeout_ms) for r in rows_]
-    ctx = multiprocessing.get_context("fork")
-    # Interleave so the slow rows spread over the workers.
-    with ctx.Pool(jobs) as pool:
-        return pool.map(_work, [(r, seed, timeout_ms) for r in rows_], chunksize=4)
+    """Run rows in ``jobs`` processes (default: the CPU count). Results come
+    back in row order."""
+    from spec.parallel import pmap
+
+    return pmap(_work, [(r, seed, timeout_ms) for r in rows_], jobs, chunksize=4)

@@ -51,19 +51,50 @@ def minimal(row: Row, *, seed: int = 0, timeout_ms: int = 20000) -> Minimal:
     return Minimal(row, out, values)
 
 
+def geometry_of(row: Row, values: dict[str, Any]) -> Concrete:
+    """The concrete geometry of a row (named) or of a counterexample."""
+    if row.geometry.startswith("named:"):
+        return NAMED_BY[row.geometry[6:]]
+    cls, S = values["class"], values["S"]
+    u = values["M"] if cls == "aligned" else (values["A"] if cls == "partial" else S)
+    return Concrete.from_class(cls, S // u, u)
+
+
 def case_for(row: Row, values: dict[str, Any]) -> Case:
     """The case that exhibits a counterexample: prompt A:N first, then the
-    identical resend (R1, twice: the second repeat shows the junction
-    recovery) or the longer sibling A:N2 (R2)."""
-    geo: Concrete = NAMED_BY[row.geometry[6:]] if row.geometry.startswith("named:") else Concrete.from_class(values["class"], values["S"] // (values["M"] if values["class"] == "aligned" else values["A"] or values["S"]), values["M"] if values["class"] == "aligned" else (values["A"] or values["S"]))
+    identical resend (R1; sent twice, the second repeat shows whether a
+    junction recovers it) or the longer sibling A:N2 (R2). One-shot rows get
+    a chunk budget of at least N (a prefill in one chunk)."""
+    geo = geometry_of(row, values)
     mode = MODE[row.mode]
     N = values["N"]
-    if row.prop == "R1":
-        prompts = [[("A", N)]] * 3
-    else:
-        prompts = [[("A", N)], [("A", values["N2"])]]
+    prompts = [[("A", N)]] * 3 if row.prop == "R1" else [[("A", N)], [("A", values["N2"])]]
     budget = max(8192, geo.S, N if row.level == "oneshot" else 0)
     version = mode.version_for(row.rule or "replay")
-    name = f"spec-{row.prop}-{row.level}-{row.rule}-vllm{version}-{geo.label().replace('/', '-').replace(' ', '-')}-N{N}"
-    mamba_count = 3 if geo.A is not None and geo.A == geo.M else 1
+    label = geo.label().replace("/", "-").replace(" ", "-")
+    name = f"spec-{row.prop}-{row.level}-{row.rule}-vllm{version}-{mode.name.split('/')[0]}-{label}-N{N}"
+    mamba_count = 3 if geo.cls == "uniform" else 1
     return geo.case(prompts, mode.speculative_for(geo.S), name=name, budget=budget, mamba_count=mamba_count)
+
+
+def confirm(row: Row, case: Case) -> dict[str, Any]:
+    """Replay a counterexample case on the reference serial model: the first
+    repeat (R1) or the sibling (R2) must hit below the Mamba block T that
+    dense retention's hit lands on (the rule's miss), while the promise rule
+    reaches it."""
+    from reference.boundaries import floor_to, kept_state
+    from reference.knobs import resolve_knobs
+    from reference.serial import dense_hit, simulate
+
+    mode = MODE[row.mode]
+    version = mode.version_for(row.rule or "replay")
+    knobs = resolve_knobs(case, version)
+    g = case.geometry
+    N = case.trace[0].num_prompt_tokens
+    N2 = case.trace[1].num_prompt_tokens  # = N for R1
+    dense = dense_hit(N2, N, g, knobs)
+    M = g.mamba_block_sizes[0]
+    target = floor_to(kept_state(dense, knobs.alignment), M)
+    hit = simulate(case, knobs, row.rule)[1].hit
+    promised = simulate(case, knobs, "promise")[1].hit
+    return {"version": version, "dense_hit": dense, "target": target, "hit": hit, "promise_hit": promised, "confirmed": hit < target <= promised}

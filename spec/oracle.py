@@ -43,6 +43,7 @@ class Oracle:
         self.geo, self.mode, self.rule = geo, mode, rule
         self.geometry, self.knobs = resolved(geo, mode.name, rule)
         self.bs = min(g.block_size for g in self.geometry.groups)
+        self._kept: dict = {}
 
     def resend(self, N: int) -> int:
         return dense_hit(N, N, self.geometry, self.knobs)
@@ -64,9 +65,12 @@ class Oracle:
 
     def kept(self, N: int, level: str = "mask", chunk: int | None = None, rule: str | None = None, junction: int = 0, interval: int | None = 0) -> set[int]:
         """The Mamba states (token counts) the first request keeps."""
-        geometry = replace(self.geometry, max_num_batched_tokens=self.budget(N, level, chunk), retention_interval=interval)
-        _, _, kept = retained_states(rule or self.rule, N, 0, junction, geometry, self.knobs)
-        return kept[self.geo.M]
+        key = (N, level, chunk, rule, junction, interval)
+        if key not in self._kept:
+            geometry = replace(self.geometry, max_num_batched_tokens=self.budget(N, level, chunk), retention_interval=interval)
+            _, _, kept = retained_states(rule or self.rule, N, 0, junction, geometry, self.knobs)
+            self._kept[key] = kept[self.geo.M]
+        return self._kept[key]
 
     def boundaries(self, N: int, junction: int = 0, rule: str | None = None) -> list[int]:
         return rule_boundaries(rule or self.rule, N, junction, self.geometry, self.knobs)

@@ -52,20 +52,70 @@ def _key(e):
     return ("i", e) if isinstance(e, int) else ("z", e.get_id())
 
 
+# Building terms through z3's C API directly: the Python operators coerce
+# and type-check every operand, which made building cost more than solving.
+_CTX = z3.main_ctx()
+_INTS: dict[int, z3.ArithRef] = {}
+
+
+def _ast(x):
+    if isinstance(x, int):
+        v = _INTS.get(x)
+        if v is None:
+            v = _INTS[x] = z3.IntVal(x)
+        return v.as_ast()
+    return x.as_ast()
+
+
+def _arr(xs):
+    arr = (z3.Ast * len(xs))()
+    for i, x in enumerate(xs):
+        arr[i] = _ast(x)
+    return arr
+
+
+def _int_expr(a) -> z3.ArithRef:
+    return z3.ArithRef(a, _CTX)
+
+
+def _bool_expr(a) -> z3.BoolRef:
+    return z3.BoolRef(a, _CTX)
+
+
+def add(a, b):
+    a, b = _num(a), _num(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if isinstance(b, int) and b == 0:
+        return a
+    if isinstance(a, int) and a == 0:
+        return b
+    return _int_expr(z3.Z3_mk_add(_CTX.ref(), 2, _arr((a, b))))
+
+
+def sub(a, b):
+    a, b = _num(a), _num(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b
+    if isinstance(b, int) and b == 0:
+        return a
+    return _int_expr(z3.Z3_mk_sub(_CTX.ref(), 2, _arr((a, b))))
+
+
 def lt(a, b):
     a, b = _num(a), _num(b)
     if isinstance(a, int) and isinstance(b, int):
         return a < b
-    return a < b  # z3 overloads
+    return _bool_expr(z3.Z3_mk_lt(_CTX.ref(), _ast(a), _ast(b)))
 
 
 def eq(a, b):
     a, b = _num(a), _num(b)
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    if not isinstance(a, int) and not isinstance(b, int) and a.eq(b):
+    if not isinstance(a, int) and not isinstance(b, int) and a.get_id() == b.get_id():
         return True
-    return a == b if not isinstance(a, int) else b == a
+    return _bool_expr(z3.Z3_mk_eq(_CTX.ref(), _ast(a), _ast(b)))
 
 
 def AND(*cs):
@@ -78,7 +128,7 @@ def AND(*cs):
         out.append(c)
     if not out:
         return True
-    return out[0] if len(out) == 1 else z3.And(*out)
+    return out[0] if len(out) == 1 else _bool_expr(z3.Z3_mk_and(_CTX.ref(), len(out), _arr(out)))
 
 
 def OR(*cs):
@@ -91,13 +141,13 @@ def OR(*cs):
         out.append(c)
     if not out:
         return False
-    return out[0] if len(out) == 1 else z3.Or(*out)
+    return out[0] if len(out) == 1 else _bool_expr(z3.Z3_mk_or(_CTX.ref(), len(out), _arr(out)))
 
 
 def NOT(c):
     if isinstance(c, bool):
         return not c
-    return z3.Not(c)
+    return _bool_expr(z3.Z3_mk_not(_CTX.ref(), c.as_ast()))
 
 
 def to_z3(c) -> z3.BoolRef:
@@ -113,9 +163,9 @@ def IF(c, a, b):
     a, b = _num(a), _num(b)
     if isinstance(a, int) and isinstance(b, int) and a == b:
         return a
-    if not isinstance(a, int) and not isinstance(b, int) and a.eq(b):
+    if not isinstance(a, int) and not isinstance(b, int) and a.get_id() == b.get_id():
         return a
-    return z3.If(c, a, b)
+    return _int_expr(z3.Z3_mk_ite(_CTX.ref(), c.as_ast(), _ast(a), _ast(b)))
 
 
 class Space:
@@ -147,7 +197,7 @@ class Space:
         if isinstance(e, int) or z3.is_const(e):
             return e
         v = self.fresh(name)
-        self.side.append(v == e)
+        self.side.append(_bool_expr(z3.Z3_mk_eq(_CTX.ref(), v.as_ast(), e.as_ast())))
         return v
 
     def count(self, name: str) -> "Count":
@@ -223,14 +273,17 @@ class Count:
     """A token count as normalised digits ``(n, j, s)`` of a ``Space``.
     Comparisons return a Python bool when the digits decide, else a z3 Bool."""
 
-    __slots__ = ("sp", "n", "j", "s")
+    __slots__ = ("sp", "n", "j", "s", "_k")
 
     def __init__(self, sp: Space, n, j, s):
         self.sp, self.n, self.j, self.s = sp, _num(n), _num(j), _num(s)
+        self._k = None
 
     @property
     def key(self):
-        return (_key(self.n), _key(self.j), _key(self.s))
+        if self._k is None:
+            self._k = (_key(self.n), _key(self.j), _key(self.s))
+        return self._k
 
     def __repr__(self) -> str:
         return f"Count({self.n}, {self.j}, {self.s})"
@@ -265,12 +318,13 @@ class Count:
 
         def build():
             n, j, s = self.n, self.j, self.s
-            in_s, in_j = lt(s + 1, sp.u), lt(j + 1, sp.m)
+            s1, j1 = add(s, 1), add(j, 1)
+            in_s, in_j = lt(s1, sp.u), lt(j1, sp.m)
             return Count(
                 sp,
-                sp.let(IF(OR(in_s, in_j), n, n + 1), "n"),
-                sp.let(IF(in_s, j, IF(in_j, j + 1, 0)), "j"),
-                sp.let(IF(in_s, s + 1, 0), "s"),
+                sp.let(IF(OR(in_s, in_j), n, add(n, 1)), "n"),
+                sp.let(IF(in_s, j, IF(in_j, j1, 0)), "j"),
+                sp.let(IF(in_s, s1, 0), "s"),
             )
 
         return sp.memo(("inc", self.key), build)
@@ -283,9 +337,9 @@ class Count:
             s_pos, j_pos = lt(0, s), lt(0, j)
             return Count(
                 sp,
-                sp.let(IF(OR(s_pos, j_pos), n, n - 1), "n"),
-                sp.let(IF(s_pos, j, IF(j_pos, j - 1, sp.m - 1)), "j"),
-                sp.let(IF(s_pos, s - 1, sp.u - 1), "s"),
+                sp.let(IF(OR(s_pos, j_pos), n, sub(n, 1)), "n"),
+                sp.let(IF(s_pos, j, IF(j_pos, sub(j, 1), sub(sp.m, 1))), "j"),
+                sp.let(IF(s_pos, sub(s, 1), sub(sp.u, 1)), "s"),
             )
 
         return sp.memo(("dec", self.key), build)
@@ -297,28 +351,29 @@ class Count:
         def build():
             n, j, s = self.n, self.j, self.s
             if k == 1:
-                c = lt(j + 1, sp.m)
-                return Count(sp, sp.let(IF(c, n, n + 1), "n"), sp.let(IF(c, j + 1, 0), "j"), s)
+                j1 = add(j, 1)
+                c = lt(j1, sp.m)
+                return Count(sp, sp.let(IF(c, n, add(n, 1)), "n"), sp.let(IF(c, j1, 0), "j"), s)
             if k == -1:
                 c = lt(0, j)
-                return Count(sp, sp.let(IF(c, n, n - 1), "n"), sp.let(IF(c, j - 1, sp.m - 1), "j"), s)
+                return Count(sp, sp.let(IF(c, n, sub(n, 1)), "n"), sp.let(IF(c, sub(j, 1), sub(sp.m, 1)), "j"), s)
             raise ValueError("add_u takes +1 or -1")
 
         return sp.memo(("addu", k, self.key), build)
 
     def add_S(self, k: int) -> "Count":
-        return Count(self.sp, self.sp.let(self.n + k, "n"), self.j, self.s)
+        return Count(self.sp, self.sp.let(add(self.n, k), "n"), self.j, self.s)
 
     def _add(self, o: "Count") -> "Count":
         sp = self.sp
 
         def build():
-            s = self.s + o.s
+            s = add(self.s, o.s)
             c1 = NOT(lt(s, sp.u))
-            s2 = sp.let(IF(c1, s - sp.u, s), "s")
-            j = self.j + o.j + IF(c1, 1, 0)
+            s2 = sp.let(IF(c1, sub(s, sp.u), s), "s")
+            j = add(add(self.j, o.j), IF(c1, 1, 0))
             c2 = NOT(lt(j, sp.m))
-            return Count(sp, sp.let(self.n + o.n + IF(c2, 1, 0), "n"), sp.let(IF(c2, j - sp.m, j), "j"), s2)
+            return Count(sp, sp.let(add(add(self.n, o.n), IF(c2, 1, 0)), "n"), sp.let(IF(c2, sub(j, sp.m), j), "j"), s2)
 
         return sp.memo(("add", self.key, o.key), build)
 
@@ -326,12 +381,12 @@ class Count:
         sp = self.sp
 
         def build():
-            s = self.s - o.s
+            s = sub(self.s, o.s)
             b1 = lt(s, 0)
-            s2 = sp.let(IF(b1, s + sp.u, s), "s")
-            j = self.j - o.j - IF(b1, 1, 0)
+            s2 = sp.let(IF(b1, add(s, sp.u), s), "s")
+            j = sub(sub(self.j, o.j), IF(b1, 1, 0))
             b2 = lt(j, 0)
-            return Count(sp, sp.let(self.n - o.n - IF(b2, 1, 0), "n"), sp.let(IF(b2, j + sp.m, j), "j"), s2)
+            return Count(sp, sp.let(sub(sub(self.n, o.n), IF(b2, 1, 0)), "n"), sp.let(IF(b2, add(j, sp.m), j), "j"), s2)
 
         return sp.memo(("sub", self.key, o.key), build)
 
@@ -344,7 +399,9 @@ class Count:
 
     # -- comparisons -------------------------------------------------------
     def _lt(self, o: "Count"):
-        return OR(lt(self.n, o.n), AND(eq(self.n, o.n), OR(lt(self.j, o.j), AND(eq(self.j, o.j), lt(self.s, o.s)))))
+        if self.key == o.key:
+            return False
+        return self.sp.memo(("lt", self.key, o.key), lambda: OR(lt(self.n, o.n), AND(eq(self.n, o.n), OR(lt(self.j, o.j), AND(eq(self.j, o.j), lt(self.s, o.s))))))
 
     def __lt__(self, other):
         return self._lt(self._coerce(other))
@@ -360,7 +417,9 @@ class Count:
 
     def __eq__(self, other):  # type: ignore[override]
         o = self._coerce(other)
-        return AND(eq(self.n, o.n), eq(self.j, o.j), eq(self.s, o.s))
+        if self.key == o.key:
+            return True
+        return self.sp.memo(("eq", self.key, o.key), lambda: AND(eq(self.n, o.n), eq(self.j, o.j), eq(self.s, o.s)))
 
     def __ne__(self, other):  # type: ignore[override]
         return NOT(self.__eq__(other))

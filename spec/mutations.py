@@ -1,0 +1,178 @@
+"""Planted mutations: a proof that cannot fail proves nothing.
+
+Each mutation is a copy of one rule of ``spec.rules`` with a plausible slip
+(the kind the vLLM history has: N instead of N-1, a missing EAGLE shift, one
+boundary instead of two, interval 0 read as dense). ``planted`` swaps it in
+for the duration of a ``with`` block; the rows listed with it are proved
+with the real rules and must come out refuted with the mutant.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from spec import rules as R
+from spec.catalogue import Row
+from spec.geometry import Geo, Mode
+from spec.radix import AND, OR, Count
+
+#: The real rules, taken before any mutant is planted.
+_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained")}
+
+# ------------------------------------------------------------- the mutants
+
+
+def replay_N_not_N_minus_1(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """replay_boundaries with floor(N/S) where vLLM has floor((N-1)/S)."""
+    sp, S = g.sp, g.S
+    if not eagle_drop:
+        return [N]
+    return [sp.max(R.floor_to(N, S) - S, sp.zero), sp.max(R.floor_to(N, S) - S, sp.zero)]
+
+
+def replay_no_shift(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """replay_boundaries without the EAGLE back-off of one block."""
+    if not eagle_drop:
+        return [N - 1]
+    return [R.floor_to(N - 1, g.S), R.floor_to(N, g.S)]
+
+
+def replay_only_extension(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """replay_boundaries keeping only the extension boundary."""
+    sp, S = g.sp, g.S
+    if not eagle_drop:
+        return [N - 1]
+    return [sp.max(R.floor_to(N, S) - S, sp.zero)]
+
+
+def replay_only_resend(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """replay_boundaries keeping only the resend boundary."""
+    sp, S = g.sp, g.S
+    if not eagle_drop:
+        return [N - 1]
+    return [sp.max(R.floor_to(N - 1, S) - S, sp.zero)]
+
+
+def replay_shift_always(g: Geo, N: Count, eagle_drop: bool) -> list[Count]:
+    """replay_boundaries shifting even without the drop."""
+    return _REAL["replay_boundaries"](g, N, True)
+
+
+def legacy_N(g: Geo, N: Count) -> list[Count]:
+    """legacy_boundaries with N where vLLM has N-1."""
+    return [N]
+
+
+def attention_no_drop(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count) -> Count:
+    """attention_lookup that forgets to drop the last block."""
+    sp = g.sp
+    limit = sp.min(candidate + g.A, ceiling) if eagle_drop else candidate
+    return R.floor_to(sp.max(sp.min(limit, reach), sp.zero), g.A)
+
+
+def lookup_cap_N(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
+    """lookup capped at N where vLLM caps at N-1."""
+    sp, L = g.sp, mode.L
+    cap = N
+    if g.unitary:
+        c = cap
+    else:
+        ceiling = R.floor_to(N - L, g.H) if mode.ceiling == "hashed" else cap
+        reach = R.floor_to(sp.max(shared - L, sp.zero), g.A)
+        c = R.attention_lookup(g, cap, reach, mode.eagle_drop, ceiling)
+    hit = R.floor_to(sp.max(sp.min(sp.min(c, shared - L), N - L), sp.zero), g.U)
+    return c, hit
+
+
+def lookup_no_lookahead(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
+    """lookup that matches the shared blocks without the L tokens their
+    hashes also cover."""
+    from dataclasses import replace
+
+    return _REAL["lookup"](g, replace(mode, L=0), N, shared)
+
+
+def lookup_unitary_shifted(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
+    """lookup that applies the EAGLE drop to a unitary Mamba layout too."""
+    c, hit = _REAL["lookup"](g, mode, N, shared)
+    if g.unitary and mode.eagle_drop:
+        hit = g.sp.ite(hit > 0, hit - g.S, hit)
+    return c, hit
+
+
+def mask_zero_is_dense(g: Geo, rule: str, marks: list[Count], hashed: Count, interval):
+    """reachable_block_mask computing interval // M <= 1 without the
+    interval > 0 guard: interval 0 reads as dense."""
+    def keep(p: Count):
+        marked = OR(*[p == k for k in marks])
+        if interval is None:
+            return True
+        if isinstance(interval, int):
+            return True
+        return OR(marked, interval <= 1, AND(interval > 0, g.sp.divisible(p, interval)))
+
+    return keep
+
+
+def chunks_skip_last(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot"):
+    """chunk_ends that never stops at the last cache position."""
+    if level == "mask":
+        return lambda p: AND(p > 0, p <= N)
+    return lambda p: p == N
+
+
+def no_tail_checkpoint(g: Geo, mode: Mode, rule: str, N: Count, **kw):
+    """retained_states without the partial-hash-hit tail checkpoint."""
+    real = _REAL["retained"]
+    saved = g.partial_hits
+    g.partial_hits = False
+    try:
+        return real(g, mode, rule, N, **kw)
+    finally:
+        g.partial_hits = saved
+
+
+# ------------------------------------------------------------- the catalogue
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    target: str  # the spec.rules function replaced
+    mutant: Callable
+    catches: tuple[Row, ...]  # rows proved with the real rule, refuted with the mutant
+
+
+def _r(prop: str, geometry: str, rule: str | None, mode: str, level: str | None = "mask") -> Row:
+    return Row(prop, geometry, mode, rule, level)
+
+
+MUTATIONS = (
+    Mutation("replay: N instead of N-1", "replay_boundaries", replay_N_not_N_minus_1, (_r("R1", "uniform", "replay", "drop/0.30"),)),
+    Mutation("replay: no EAGLE shift", "replay_boundaries", replay_no_shift, (_r("R1", "aligned", "replay", "drop/0.30"), _r("R2", "uniform", "replay", "drop/0.33"))),
+    Mutation("replay: only the extension boundary", "replay_boundaries", replay_only_extension, (_r("R1", "uniform", "replay", "drop/0.30"),)),
+    Mutation("replay: only the resend boundary", "replay_boundaries", replay_only_resend, (_r("R2", "uniform", "replay", "drop/0.30"),)),
+    Mutation("replay: shift without the drop", "replay_boundaries", replay_shift_always, (_r("R1", "aligned", "replay", "plain/0.33"), _r("eagle-off", "uniform", None, "plain/0.30", None))),
+    Mutation("legacy: N instead of N-1", "legacy_boundaries", legacy_N, (_r("R1", "uniform", "legacy", "plain/0.30"),)),
+    Mutation("lookup: EAGLE drop forgotten", "attention_lookup", attention_no_drop, (_r("R1", "uniform", "replay", "drop/0.30"), _r("R2", "aligned", "replay", "drop/0.33"))),
+    Mutation("lookup: cap N instead of N-1", "lookup", lookup_cap_N, (_r("R1", "uniform", "legacy", "plain/0.30"), _r("R1", "unitary", "replay", "plain/0.33"))),
+    Mutation("lookup: lookahead tokens ignored", "lookup", lookup_no_lookahead, (_r("R2", "uniform", "replay", "lookahead/0.33"),)),
+    Mutation("lookup: unitary Mamba shifted", "lookup", lookup_unitary_shifted, (_r("unitary-unshifted", "unitary", None, "drop/0.30", None),)),
+    Mutation("mask: interval 0 read as dense", "retention_mask", mask_zero_is_dense, (_r("no-over-retention", "uniform", "replay", "drop/0.30", None),)),
+    Mutation("chunks: no stop at the last cache position", "chunk_end", chunks_skip_last, (_r("R1", "uniform", "replay", "drop/0.33", "oneshot"), _r("R2", "uniform", "replay", "drop/0.30", "oneshot"))),
+    Mutation("retention: no partial-tail checkpoint", "retained", no_tail_checkpoint, (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
+)
+MUTATION = {m.name: m for m in MUTATIONS}
+
+@contextmanager
+def planted(mutation: Mutation) -> Iterator[None]:
+    """Swap the mutant in for ``mutation.target`` (``spec.rules`` calls its
+    functions through module globals, so every caller sees it)."""
+    real = getattr(R, mutation.target)
+    setattr(R, mutation.target, mutation.mutant)
+    try:
+        yield
+    finally:
+        setattr(R, mutation.target, real)

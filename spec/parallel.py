@@ -1,0 +1,47 @@
+"""A process pool for independent solver calls (z3 work is CPU-bound and
+its Python API holds the GIL). Results must pickle (verdicts, numbers,
+cases, never z3 objects).
+
+Workers come from a fork server that has only imported ``spec`` (never run
+a solver): forking a process that has used z3 can deadlock the child on a
+lock held by z3's timeout timer thread."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Callable, Iterable, TypeVar
+
+T = TypeVar("T")
+R_ = TypeVar("R_")
+
+#: No single batch of proofs takes this long; a hung worker fails instead.
+POOL_TIMEOUT_S = 900
+_PRELOAD = ["spec.catalogue", "spec.sweep", "spec.seeds", "spec.fidelity", "spec.minimal"]
+
+
+def cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _context():
+    try:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    except ValueError:  # pragma: no cover - no fork server on this platform
+        return multiprocessing.get_context("spawn")
+
+
+def pmap(fn: Callable[[T], R_], items: Iterable[T], jobs: int | None = None, chunksize: int = 2) -> list[R_]:
+    """``[fn(x) for x in items]``, in ``jobs`` processes (default: the CPUs,
+    at most 8); in-process for one job or a handful of items."""
+    items = list(items)
+    jobs = min(jobs or cpus(), 8)
+    if jobs <= 1 or len(items) < 4:
+        return [fn(x) for x in items]
+    with _context().Pool(jobs) as pool:
+        return pool.map_async(fn, items, chunksize=chunksize).get(POOL_TIMEOUT_S)
