@@ -66,6 +66,28 @@ def write_seeds(cases: list[Case], folder: Path) -> int:
     return n
 
 
+#: What a campaign needs inside an engine environment besides vLLM.
+FUZZ_TOOLS = ("atheris", "hypothesis", "sortedcontainers")
+
+
+def ensure_fuzz_tools(python: str) -> bool:
+    """Install the fuzzing tools (at this interpreter's versions, no
+    dependencies) into an engine environment that lacks them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    probe = subprocess.run([python, "-c", "import atheris, hypothesis"], capture_output=True)
+    if probe.returncode == 0:
+        return True
+    try:
+        pins = [f"{name}=={version(name)}" for name in FUZZ_TOOLS]
+    except PackageNotFoundError:
+        return False
+    from engine_adapter.home import contained_env
+
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env())
+    return done.returncode == 0
+
+
 def worker_python(engine: str) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
     from engine_adapter import environments
@@ -73,10 +95,9 @@ def worker_python(engine: str) -> tuple[str, bool]:
 
     version = parse_engine(engine)
     if environments.is_ready(version):
-        python = environments.env_python(version)
-        probe = subprocess.run([str(python), "-c", "import atheris"], capture_output=True)
-        if probe.returncode == 0:
-            return str(python), True
+        python = str(environments.env_python(version))
+        if ensure_fuzz_tools(python):
+            return python, True
     return sys.executable, False
 
 
@@ -143,7 +164,9 @@ def run_atheris(
 
     live = _live(console)
     open_streams = jobs
-    deadline = started + max_time + 120  # startup and final stats
+    # libFuzzer checks -max_total_time only after the seed corpus has run;
+    # past this deadline the workers are stopped (SIGTERM: libFuzzer exits 72).
+    deadline = started + max_time + 30
     try:
         while open_streams and time.monotonic() < deadline:
             try:
@@ -187,6 +210,7 @@ def run_atheris(
         "findings": [{"at_s": t, "path": p, "summary": s} for t, p, s in findings],
         "first_finding_s": findings[0][0] if findings else None,
         "worker_exit_codes": [st.returncode for st in states],
+        "stopped_at_deadline": any(st.returncode in (72, -signal.SIGTERM) for st in states),
         "worker_tail": states[0].lines[-5:] if states else [],
     }
 
