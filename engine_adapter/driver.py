@@ -304,6 +304,9 @@ class VllmDriver:
                 max_model_len=max_model_len,
                 is_encoder_decoder=False,
                 max_num_batched_tokens=g.max_num_batched_tokens,
+                # Requests run one at a time; vLLM requires the token budget
+                # to cover max_num_seqs, so keep it within a small budget.
+                max_num_seqs=max(1, min(128, g.max_num_batched_tokens)),
                 enable_chunked_prefill=True,
             )
             speculative_config = None
@@ -468,6 +471,7 @@ class VllmDriver:
             "retention_interval": getattr(coord, "retention_interval", None),
             "cache_block_size": int(vc.cache_config.block_size),
             "max_num_scheduled_tokens": int(s.max_num_scheduled_tokens),
+            "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
             "num_lookahead_tokens": int(getattr(vc, "num_lookahead_tokens", 0) or 0),
             "num_prefill_lookahead_tokens": int(getattr(vc, "num_prefill_lookahead_tokens", 0) or 0) if hasattr(vc, "num_prefill_lookahead_tokens") else None,
             "use_eagle_block_drop": bool(spec.use_eagle_block_drop()) if spec is not None and hasattr(spec, "use_eagle_block_drop") else None,
