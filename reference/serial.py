@@ -219,6 +219,19 @@ class Step:
         }
 
 
+def cacheable_tokens(end: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
+    """How far a cache call after a chunk ending at ``end`` reaches
+    (``get_num_cacheable_tokens``): rounded down to the scheduler block, or
+    not at all with partial hash hits; an EAGLE group may add one block of
+    its own past that (vLLM flags every group of a GDN+MTP model)."""
+    if knobs.partial_hash_hits:
+        return end
+    aligned = floor_to(end, geometry.scheduler_block_size)
+    if knobs.eagle_drop and aligned > 0:
+        return min(end, aligned + M)
+    return aligned
+
+
 def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geometry, knobs: Knobs) -> tuple[list[int], list[int], dict[int, set[int]]]:
     """Step 3: the Mamba states a request keeps, per Mamba block size."""
     U, L, interval = knobs.alignment, knobs.hash_lookahead_tokens, geometry.retention_interval
@@ -232,11 +245,13 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
             written = set(range(M, hashed + 1, M)) | {b for b in bounds if 0 < b <= hashed}
         else:
             written = {e for e in ends if e % M == 0 and e <= hashed}
-            if knobs.partial_hash_hits:
+            if knobs.partial_hash_hits or knobs.tail_checkpoint == "checkpoint":
+                # The prompt's checkpoint is keyed as a (partial) block whatever
+                # the mask says, by the cache call that covers exactly up to it;
+                # before 0.32.0 only a partial one (a full block takes the mask).
                 tail = tail_checkpoint(N, geometry.hash_block_size, knobs.eagle_drop, L, knobs.tail_checkpoint)
-                # The tail is keyed as a (partial) block whatever the mask says;
-                # before 0.32.0 a tail on a full Mamba block goes through the mask.
-                if tail in ends and (tail % M or knobs.tail_checkpoint == "checkpoint"):
+                covered = {cacheable_tokens(e, M, geometry, knobs) for e in ends}
+                if tail > 0 and tail in covered and tail <= hashed and (tail % M or knobs.tail_checkpoint == "checkpoint"):
                     written.add(tail)
                     tails.add(tail)
         if interval is None:

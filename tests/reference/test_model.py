@@ -145,3 +145,17 @@ def test_partial_hash_hits_keep_the_prompt_checkpoint_as_a_tail():
     assert result["hits"] == [0, 64]
     assert 64 in result["explain"][0]["chunk_ends"]
     assert result["knobs"]["tail_checkpoint"] == "checkpoint"
+
+
+def test_033_keeps_the_prompt_checkpoint_even_without_partial_hits():
+    """Attention 32 / Mamba 16 (hash 16, hits on 32), the drop: 0.33.0 keys
+    the prompt checkpoint floor(95/16)*16 - 16 = 64 as a block when a cache
+    call covers exactly up to it (seen on the real 0.33.0 scheduler); 0.30.0
+    leaves a full-block checkpoint to the mask."""
+    spec = {"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True}
+    case = make_case(hybrid(32, 16, 1, retention_interval=96), [[("A", 95)], [("A", 95)], [("A", 95), ("B", 92)], [("A", 95), ("B", 92)]], spec)
+    new = predict(case, "0.33.0", "replay")
+    assert new["explain"][0]["retained_mamba_blocks"]["16"] == [3]
+    assert new["hits"] == [0, 0, 32, 64]
+    old = predict(case, "0.30.0", "replay")
+    assert old["explain"][0]["retained_mamba_blocks"]["16"] == []
