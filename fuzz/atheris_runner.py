@@ -152,11 +152,13 @@ def run_atheris(
     if other:
         env["KVSPEC_FUZZ_OTHER"] = other
     dirs = [str(corpus)] + ([str(seed_dir)] if seed_dir else [])
+    artifacts = out / "libfuzzer-artifacts"  # slow units and the like, never in the work tree
+    artifacts.mkdir(parents=True, exist_ok=True)
     q: queue.Queue = queue.Queue()
     procs, states = [], []
     started = time.monotonic()
     for j in range(jobs):
-        cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={int(max_time)}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", *libfuzzer_args, *dirs]
+        cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={int(max_time)}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", f"-artifact_prefix={artifacts}/", *libfuzzer_args, *dirs]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         procs.append(proc)
         states.append(WorkerState())
