@@ -31,7 +31,8 @@ prove: venv
 # pre-fix release and the newest one, and a summary of what was found.
 check: venv engines
 	$(KVSPEC) prove
-	$(KVSPEC) fuzz --engine vllm==0.29.0 --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings
+	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.29.0
+	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.33.0
 
 test: venv engines server-env
 	$(PY) -m pytest -q -p no:cacheprovider
