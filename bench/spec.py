@@ -1,0 +1,80 @@
+"""spec/ timings (printed; no timed assertions).
+
+* the unbounded proof (replay keeps the identical resend's state, every
+  geometry with hits on S, no bounds): solver time min/median/max over 8
+  seeds, build time beside it;
+* ``pytest spec/`` without the slow tests, wall time of a fresh process;
+* the full concrete sweep (2,932 geometries, 120 rows);
+* ``kvspec prove`` (the full catalogue plus its minimal counterexamples).
+
+Targets (issue 4, on 2 cores): the unbounded proof <= 0.1 s, stable over
+seeds; pytest spec/ <= 10 s; the full sweep <= 10 s. The load average is
+printed with the numbers: on a shared machine wall times scale with it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Run as a script, bench/ would be first on sys.path: put the repository root there.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)
+
+
+def unbounded(cls: str, seeds=range(8)) -> tuple[list[float], list[float], set[str]]:
+    from spec.catalogue import Row
+    from spec.solve import decide
+
+    solve, build, verdicts = [], [], set()
+    for seed in seeds:
+        t0 = time.perf_counter()
+        q = Row("R1", cls, "drop/0.30", "replay", "mask").build()
+        t1 = time.perf_counter()
+        out = decide(q.premises, q.claim, seed=seed)
+        build.append(t1 - t0)
+        solve.append(out.seconds)
+        verdicts.add(out.verdict)
+    return solve, build, verdicts
+
+
+def fmt(xs: list[float]) -> str:
+    return f"min {min(xs) * 1000:7.1f} ms  median {statistics.median(xs) * 1000:7.1f} ms  max {max(xs) * 1000:7.1f} ms"
+
+
+def timed(cmd: list[str]) -> tuple[float, int, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (p.stdout or p.stderr).strip().splitlines()[-1:] or [""]
+    return time.perf_counter() - t0, p.returncode, tail[0]
+
+
+def main() -> None:
+    print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (wall times scale with load on a shared machine)")
+    for cls in ("uniform", "aligned", "hybrid"):
+        solve, build, verdicts = unbounded(cls)
+        print(f"unbounded proof R1 replay drop/0.30 [{cls:7s}]  solve {fmt(solve)}   build {fmt(build)}   verdicts {sorted(verdicts)}")
+
+    from spec.sweep import run_sweep
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    results = run_sweep()
+    wall = time.perf_counter() - t0
+    print(f"full sweep: {len(results)} rows over 2932 geometries, {sum(r.ok for r in results)} as expected, {wall:.2f} s wall ({sum(r.seconds for r in results):.2f} s summed over workers)")
+    del cpu0
+
+    python = sys.executable
+    wall, rc, tail = timed([python, "-m", "pytest", "spec", "-q", "-p", "no:cacheprovider", "-m", "not slow"])
+    print(f"pytest spec/ (not slow): {wall:.2f} s wall, exit {rc}: {tail}")
+    wall, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
+    print(f"kvspec prove (full catalogue + minimal counterexamples): {wall:.2f} s wall, exit {rc}: {tail}")
+    print(f"load average now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
