@@ -1,0 +1,93 @@
+"""The fuzzer against the REAL vLLM scheduler (0.29.0 and 0.33.0 environments).
+
+Differential checks here use the real engine only; no test double."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz.campaign import Campaign
+from fuzz.drivers import run_cases
+from fuzz.findings import load_finding
+from fuzz.replay import replay_case
+from spec.seeds import boundary_cases
+from tests.engine.conftest import ensure_env
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _resend_misses(campaign) -> list[str]:
+    out = []
+    for path in campaign.stats.findings:
+        f = json.loads(Path(path).read_text())
+        if f["oracle"] == "promise" and "(resend)" in f["summary"]:
+            out.append(path)
+    return out
+
+
+def test_z3_seeded_campaign_finds_53504_on_029_and_it_is_fixed_in_033(engines, tmp_path):
+    old, new = engines("0.29.0"), engines("0.33.0")
+    campaign = Campaign(old, tmp_path, oracles=("promise",), shrink_calls=60)
+    run_cases(campaign, boundary_cases(("1600",), modes=("drop/0.30",)), stop_on_finding=True)
+    found = _resend_misses(campaign)
+    assert found, "an identical resend under MTP must miss on 0.29.0"
+    case, finding = load_finding(found[0])
+    assert case.speculative is not None and case.speculative.option("disable_lookahead_block_hashes")
+    # It replays from the file alone on 0.29.0 ...
+    assert replay_case(case, finding, old)["verdict"] == "reproduced"
+    # ... and 0.33.0, with the same knobs (the drop in force), keeps the promise.
+    result = replay_case(case, finding, new)
+    assert result["observed"]["knobs"]["eagle_drop"] is True
+    assert result["verdict"] == "not reproduced"
+
+
+def test_engine_error_inside_vllm_is_recorded_and_the_campaign_goes_on(engines, tmp_path):
+    from tests.conftest import MTP_DROP, hybrid, make_case
+
+    engine = engines("0.33.0")
+    # vLLM refuses a token budget that does not exceed the drafter's
+    # lookahead (MTP K=2, budget 2); the reference model accepts the case.
+    bad = make_case(hybrid(16, 16, max_num_batched_tokens=2), [[("A", 5)]] * 2, MTP_DROP)
+    good = make_case(hybrid(16, 16), [[("A", 40)]] * 2)
+    campaign = Campaign(engine, tmp_path, oracles=("engine_error",), shrink_calls=5)
+    assert campaign.check(bad)
+    assert campaign.check(good) == []
+    (error,) = tmp_path.glob("engine_error-*.json")
+    finding = json.loads(error.read_text())
+    assert "max_num_batched_tokens" in finding["observed"]["error"]["message"]
+    assert engine.run(good)["hits"] == [0, 32]  # the worker is still usable
+
+
+def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
+    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--max-time", str(seconds), "--seed", "1", "--out", str(out), "--corpus", str(corpus), "--json"]
+
+
+def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
+    ensure_env("0.29.0")
+    out, corpus = tmp_path / "findings", tmp_path / "corpus"
+    proc = subprocess.Popen(_fuzz_cmd(out, corpus, 120), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(out.glob("promise-*.json")):
+        time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    found = list(out.glob("*.json"))
+    assert any(p.name.startswith("promise-") for p in found)
+    for path in found:  # every file written before the kill is whole
+        json.loads(path.read_text())
+    before = {p.name for p in corpus.iterdir()}
+    # Resume from the same corpus: a short run, nothing lost.
+    done = subprocess.run(_fuzz_cmd(out, corpus, 15), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["harness_errors"] == 0
+    assert before <= {p.name for p in corpus.iterdir()}
