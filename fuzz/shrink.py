@@ -10,6 +10,8 @@ prefix, because every change applies to a segment stream everywhere):
 2. simplify the geometry: one Mamba group, the default chunk budget, a
    smaller block size with every length rescaled and its block residue kept;
 3. shorten a segment stream everywhere by whole blocks, then by fewer tokens;
+   then one request's last segment alone (the predicate decides whether the
+   trace still shows the divergence);
 4. simplify the speculative settings (fewer speculative tokens).
 
 A candidate is accepted only if it is strictly smaller by ``size`` and the
@@ -105,13 +107,25 @@ def _shorten_segments(case: Case) -> Iterator[Case]:
                 yield _map_lengths(case, lambda n, length, d=d, name=name: length - d if n == name else length)
 
 
+def _shorten_one_request(case: Case) -> Iterator[Case]:
+    """Shorten the last segment of one request alone (a longer sibling's
+    tail, say), halving first, then by whole blocks."""
+    block = case.geometry.scheduler_block_size
+    for i, request in enumerate(case.trace):
+        last = request.prompt[-1]
+        for new in (last.length // 2, last.length - 4 * block, last.length - block, last.length - 1):
+            if 0 < new < last.length:
+                prompt = request.prompt[:-1] + (Segment(last.segment, new),)
+                yield replace(case, trace=case.trace[:i] + (replace(request, prompt=prompt),) + case.trace[i + 1 :])
+
+
 def _simplify_speculative(case: Case) -> Iterator[Case]:
     spec = case.speculative
     if spec is not None and spec.num_speculative_tokens > 1:
         yield replace(case, speculative=replace(spec, num_speculative_tokens=1))
 
 
-PASSES = (_drop_requests, _simplify_geometry, _shorten_segments, _simplify_speculative)
+PASSES = (_drop_requests, _simplify_geometry, _shorten_segments, _shorten_one_request, _simplify_speculative)
 
 
 def shrink(case: Case, predicate: Predicate, max_calls: int = 300) -> tuple[Case, int]:
