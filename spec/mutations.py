@@ -124,12 +124,15 @@ def chunks_skip_last(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level:
 
 
 def no_tail_checkpoint(g: Geo, mode: Mode, rule: str, N: Count, **kw):
-    """retained_states without the partial-hash-hit tail checkpoint."""
+    """retained_states without the prompt's checkpoint (the tail), neither
+    the partial-hash-hit one nor the 0.32.0+ one."""
+    from dataclasses import replace
+
     real = _REAL["retained"]
     saved = g.partial_hits
     g.partial_hits = False
-    try:
-        return real(g, mode, rule, N, **kw)
+    try:  # a version before 0.32.0 keys no checkpoint without partial hits
+        return real(g, replace(mode, version="0.31.0", legacy_version="0.31.0"), rule, N, **kw)
     finally:
         g.partial_hits = saved
 
@@ -151,7 +154,7 @@ def _r(prop: str, geometry: str, rule: str | None, mode: str, level: str | None 
 
 MUTATIONS = (
     Mutation("replay: N instead of N-1", "replay_boundaries", replay_N_not_N_minus_1, (_r("R1", "uniform", "replay", "drop/0.30"),)),
-    Mutation("replay: no EAGLE shift", "replay_boundaries", replay_no_shift, (_r("R1", "aligned", "replay", "drop/0.30"), _r("R2", "uniform", "replay", "drop/0.33"))),
+    Mutation("replay: no EAGLE shift", "replay_boundaries", replay_no_shift, (_r("R1", "aligned", "replay", "drop/0.30"), _r("R2", "uniform", "replay", "drop/0.30"))),
     Mutation("replay: only the extension boundary", "replay_boundaries", replay_only_extension, (_r("R1", "uniform", "replay", "drop/0.30"),)),
     Mutation("replay: only the resend boundary", "replay_boundaries", replay_only_resend, (_r("R2", "uniform", "replay", "drop/0.30"),)),
     Mutation("replay: shift without the drop", "replay_boundaries", replay_shift_always, (_r("R1", "aligned", "replay", "plain/0.33"), _r("eagle-off", "uniform", None, "plain/0.30", None))),
@@ -161,7 +164,7 @@ MUTATIONS = (
     Mutation("lookup: lookahead tokens ignored", "lookup", lookup_no_lookahead, (_r("R2", "uniform", "replay", "lookahead/0.33"),)),
     Mutation("lookup: unitary Mamba shifted", "lookup", lookup_unitary_shifted, (_r("unitary-unshifted", "unitary", None, "drop/0.30", None),)),
     Mutation("mask: interval 0 read as dense", "retention_mask", mask_zero_is_dense, (_r("no-over-retention", "uniform", "replay", "drop/0.30", None),)),
-    Mutation("chunks: no stop at the last cache position", "chunk_end", chunks_skip_last, (_r("R1", "uniform", "replay", "drop/0.33", "oneshot"), _r("R2", "uniform", "replay", "drop/0.30", "oneshot"))),
+    Mutation("chunks: no stop at the last cache position", "chunk_end", chunks_skip_last, (_r("R2", "uniform", "replay", "drop/0.30", "oneshot"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
     Mutation("retention: no partial-tail checkpoint", "retained", no_tail_checkpoint, (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
 )
 MUTATION = {m.name: m for m in MUTATIONS}

@@ -206,6 +206,59 @@ def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = 
     return is_end
 
 
+def cacheable_tokens(g: Geo, mode: Mode, end: Count) -> Count:
+    """``reference.serial.cacheable_tokens`` without partial hash hits: how
+    far a cache call after a chunk ending at ``end`` reaches, the end
+    rounded down to S; an EAGLE group may add one Mamba block of its own."""
+    sp = g.sp
+    aligned = floor_to(end, g.S)
+    if mode.eagle_drop:
+        return sp.ite(aligned > 0, sp.min(end, aligned + g.M), aligned)
+    return aligned
+
+
+def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot") -> Callable[[Count], object]:
+    """A predicate: some cache call of the first request reaches exactly p
+    (``{cacheable_tokens(e) for e in chunk_ends(...)}``). With partial hash
+    hits a call reaches its chunk end, so this is ``chunk_end``. Without:
+
+    * ``mask`` (a chunk ends at every block): p in (0, N] with
+      ``cacheable_tokens(p) == p`` (an end beyond p reaches p only when p is
+      such a fixed point too);
+    * ``oneshot``: the ends are ``last`` (when 0 < last < N) and N;
+    * chunked (budget c*S): a chunk end ``lo + k*c*S`` reaches
+      ``cacheable(lo) + k*c*S`` (the cap moves with whole scheduler blocks),
+      so p is reached when it is a multiple of c*S below the first anchor,
+      or ``cacheable(last)`` plus a positive multiple of c*S whose end is
+      below N, or an anchor's own reach."""
+    sp = g.sp
+    ends = chunk_end(g, mode, rule, N, chunk, level)
+    if g.partial_hits is True:
+        return ends
+
+    def nonpartial(p: Count):
+        if level == "mask":
+            return AND(p > 0, p <= N, cacheable_tokens(g, mode, p) == p)
+        last = last_cache_position(g, mode, N)
+        in_last = AND(last > 0, last < N)
+        a1 = sp.ite(in_last, last, sp.zero)
+        alts = [cacheable_tokens(g, mode, N) == p, AND(in_last, cacheable_tokens(g, mode, a1) == p)]
+        if chunk is not None:
+            first = sp.ite(in_last, a1, N)
+            alts.append(AND(p > 0, p < first, sp.divisible(p, chunk)))
+            # the reach of a1 + k*c*S (k >= 1): whole blocks move the cap along
+            # (with the drop the cap is then always past 0: one block of M)
+            top = floor_to(a1, g.S)
+            base = top + sp.min(a1 - top, sp.zero + g.M) if mode.eagle_drop else top
+            step = p - base
+            alts.append(AND(in_last, step > 0, sp.divisible(step, chunk), a1 + step < N))
+        return OR(*alts)
+
+    if g.partial_hits is False:
+        return nonpartial
+    return lambda p: OR(AND(g.partial_hits, ends(p)), AND(NOT(g.partial_hits), nonpartial(p)))
+
+
 def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot", chunk=None, junction: Count | None = None, interval=0):
     """``reference.serial.retained_states`` for the first request (hit 0):
     (witnesses, keep). ``keep(p)``: the state after p tokens is kept;
@@ -214,12 +267,12 @@ def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot",
 
     Written: chunk ends at Mamba block boundaries within the hashed length
     (the promise: every Mamba block state and its boundaries); with partial
-    hash hits also the tail checkpoint when a chunk ended there (before
-    0.32.0 only when it is not a whole Mamba block). Kept: the written
-    states among the marks (sparse: ``interval`` 0; periodic: a z3 Int c,
-    interval c*S, c = 0 meaning sparse; dense: None), plus the tail, which is
-    keyed whatever the mask says."""
-    sp = g.sp
+    hash hits, or from 0.32.0 on, also the prompt's checkpoint (the tail)
+    when a cache call reaches exactly it (before 0.32.0 only when it is not
+    a whole Mamba block). Kept: the written states among the marks (sparse:
+    ``interval`` 0; periodic: a z3 Int c, interval c*S, c = 0 meaning
+    sparse; dense: None), plus the tail, which is keyed whatever the mask
+    says."""
     hashed = hashed_length(g, mode, N)
     bounds = rule_boundaries(g, mode, rule, N, junction)
     marks = [mark(g, rule, b) for b in bounds]
@@ -234,10 +287,12 @@ def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot",
     tail_kept = False
     witnesses = list(marks)
     tail = None
-    if g.partial_hits is not False and rule != "promise":
+    checkpoint = mode.tail_kind(rule) == "checkpoint"
+    applies = OR(g.partial_hits, checkpoint)
+    if applies is not False and rule != "promise":
         tail = tail_checkpoint(g, mode, rule, N)
-        whole_block_ok = mode.tail_kind(rule) == "checkpoint"
-        tail_kept = AND(g.partial_hits, tail > 0, ends(tail), OR(NOT(g.M.divides(tail)), whole_block_ok))
+        reach = covered(g, mode, rule, N, chunk, level)
+        tail_kept = AND(applies, tail > 0, tail <= hashed, reach(tail), OR(NOT(g.M.divides(tail)), checkpoint))
         witnesses.append(tail)
 
     def keep(p: Count):

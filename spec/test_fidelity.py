@@ -184,7 +184,7 @@ def _terms(geo: Concrete) -> list[str]:
                 if got != want:
                     bad.append(f"{geo.label()} {mode.name} {rule} N={n}: {got} != {want}")
                     continue
-                if geo.cls == "partial":
+                if geo.cls == "partial" or o.knobs.tail_checkpoint == "checkpoint":
                     if _int(R.tail_checkpoint(g, mode, rule, N)) != tail_checkpoint(n, geo.H, mode.eagle_drop, L, o.knobs.tail_checkpoint):
                         bad.append(f"{geo.label()} {mode.name} {rule} N={n}: tail")
                 ends = R.chunk_end(g, mode, rule, N)
