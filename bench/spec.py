@@ -46,11 +46,19 @@ def fmt(xs: list[float]) -> str:
     return f"min {min(xs) * 1000:7.1f} ms  median {statistics.median(xs) * 1000:7.1f} ms  max {max(xs) * 1000:7.1f} ms"
 
 
-def timed(cmd: list[str]) -> tuple[float, int, str]:
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, int, str]:
+    """Wall time, CPU time of the child (complete when it runs in one
+    process: KVSPEC_JOBS=1), exit code, last line."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tail = (p.stdout or p.stderr).strip().splitlines()[-1:] or [""]
-    return time.perf_counter() - t0, p.returncode, tail[0]
+    return wall, cpu, p.returncode, tail[0]
 
 
 def main() -> None:
@@ -69,9 +77,12 @@ def main() -> None:
     del cpu0
 
     python = sys.executable
-    wall, rc, tail = timed([python, "-m", "pytest", "spec", "-q", "-p", "no:cacheprovider", "-m", "not slow"])
-    print(f"pytest spec/ (not slow): {wall:.2f} s wall, exit {rc}: {tail}")
-    wall, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
+    pytest = [python, "-m", "pytest", "spec", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+    wall, _, rc, tail = timed(pytest)
+    print(f"pytest spec/ (not slow), one worker per CPU: {wall:.2f} s wall, exit {rc}: {tail}")
+    wall, cpu, rc, tail = timed(pytest, {"KVSPEC_JOBS": "1"})
+    print(f"pytest spec/ (not slow), one process: {wall:.2f} s wall, {cpu:.2f} s CPU (the work to share out over the cores), exit {rc}")
+    wall, _, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
     print(f"kvspec prove (full catalogue + minimal counterexamples): {wall:.2f} s wall, exit {rc}: {tail}")
     print(f"load average now {os.getloadavg()[0]:.2f}")
 

@@ -37,10 +37,11 @@ def _context():
 
 
 def pmap(fn: Callable[[T], R_], items: Iterable[T], jobs: int | None = None, chunksize: int = 2) -> list[R_]:
-    """``[fn(x) for x in items]``, in ``jobs`` processes (default: the CPUs,
-    at most 8); in-process for one job or a handful of items."""
+    """``[fn(x) for x in items]``, in ``jobs`` processes (default:
+    ``$KVSPEC_JOBS``, else the CPUs, at most 8); in-process for one job or a
+    handful of items."""
     items = list(items)
-    jobs = min(jobs or cpus(), 8)
+    jobs = min(jobs or int(os.environ.get("KVSPEC_JOBS", 0) or cpus()), 8)
     if jobs <= 1 or len(items) < 4:
         return [fn(x) for x in items]
     with _context().Pool(jobs) as pool:
