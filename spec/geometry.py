@@ -62,6 +62,15 @@ class Mode:
     def version_for(self, rule: str) -> str:
         return self.legacy_version if rule == "legacy" else self.version
 
+    def on_engine(self, rule: str) -> bool:
+        """Does some vLLM version run this rule with these knobs? (legacy is
+        vLLM <= 0.29.0: only the 0.29.0/0.30.0 modes; replay is 0.30.0-0.33.0;
+        the promise is kvspec's.) Other pairings are hypothetical: their
+        verdicts say what the rule would do, no engine can confirm them."""
+        if rule == "legacy":
+            return self.legacy_version == "0.29.0"
+        return rule == "replay"
+
     def tail_kind(self, rule: str) -> str:
         """``Knobs.tail_checkpoint`` of the version a rule is run as."""
         v = tuple(int(x) for x in self.version_for(rule).split("."))
