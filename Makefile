@@ -35,7 +35,7 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.33.0
 
 test: venv engines server-env
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 # Without engines or the live server: what runs in seconds.
 test-fast: venv

@@ -67,10 +67,13 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
 
 def signature(case: Case, div: Divergence, knobs: dict) -> str:
     """What makes two findings the same bug: oracle, version, the resolved
-    speculative knobs, retention mode, the diverging request's kind, whether
+    speculative knobs, the geometry class (uniform / mixed / partial hash
+    hits), retention mode, the diverging request's kind, whether
     its prompt is block-aligned, and the direction of the error."""
     parts = [div.oracle, div.version, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
     g = case.geometry
+    sizes = {x.block_size for x in g.groups}
+    parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
     parts.append({None: "dense", 0: "sparse"}.get(g.retention_interval, "periodic"))
     if div.first is not None and div.requests and div.oracle not in ("engine_error", "knobs"):
         i = div.first
