@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 KVSPEC := $(VENV)/bin/kvspec
 export KVSPEC_HOME ?= $(CURDIR)/.kvspec
 
-.PHONY: venv engines server-env check test test-fast prove bench clean
+.PHONY: venv engines server-env check test test-slow test-fast prove bench clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,14 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.29.0
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.33.0
 
+# The slow tier (one-shot proof rows, the larger fidelity domain: ~10 min)
+# runs with `make test-slow`; the full geometry sweep runs here via prove.
 test: venv engines server-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow"
+	$(KVSPEC) prove --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
+
+test-slow: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # Without engines or the live server: what runs in seconds.
 test-fast: venv

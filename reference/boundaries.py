@@ -41,7 +41,8 @@ def attention_lookup(candidate: int, reach: int, A: int, U: int, eagle_drop: boo
 
 def resend_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: str = "n_minus_1") -> int:
     """Where an identical resend of an N-token prompt resumes under dense
-    retention (uniform blocks of S, hits on S).
+    retention, for a uniform hybrid geometry only (A = M = S, hits on S);
+    ``serial.dense_hit`` states it for every geometry.
 
     Capped at N-1, floored to S; the EAGLE drop then backs off one block. With
     lookahead hashes a block counts only if L more tokens follow it. With the
@@ -56,7 +57,7 @@ def resend_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: st
 
 def extension_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0) -> int:
     """Where a longer sibling (a later prompt that extends this one) resumes
-    under dense retention: the last full block of the prompt (one that L more
+    under dense retention (uniform hybrid geometry, A = M = S): the last full block of the prompt (one that L more
     tokens follow), minus one block with the EAGLE drop."""
     reach = floor_to(N - L, S)
     if eagle_drop:
@@ -87,16 +88,18 @@ def replay_boundaries(N: int, S: int, eagle_drop: bool) -> tuple[int, ...]:
 
 
 def promise_boundaries(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: str = "n_minus_1") -> tuple[int, ...]:
-    """The promise: keep exactly where this prompt's identical resend and its
-    longer siblings resume under dense retention."""
+    """The promise for a uniform hybrid geometry (A = M = S): keep exactly
+    where this prompt's identical resend and its longer siblings resume under
+    dense retention. ``serial.promise_boundaries`` is the general form."""
     return tuple(sorted({resend_boundary(N, S, eagle_drop, L=L, ceiling=ceiling), extension_boundary(N, S, eagle_drop, L=L)}))
 
 
 def kept_state(boundary: int, U: int) -> int:
-    """The Mamba state a boundary keeps: the boundary aligned down to the hit
-    unit U. Without partial hash hits U = S, a multiple of M, so this is the
-    state in block ``floor(b/S)*S/M - 1``; with them, a state inside a Mamba
-    block is kept as a partial tail. 0 means nothing is kept."""
+    """The state a boundary marks: the boundary aligned down to the hit unit
+    U. Without partial hash hits U = S, a multiple of M, so this is the state
+    in block ``floor(b/S)*S/M - 1``. The promise keeps it as is; the vLLM
+    rules (``serial.retained_states``) floor it further to a Mamba block, and
+    keep sub-block states only as the prompt's tail checkpoint. 0: none."""
     return floor_to(max(boundary, 0), U)
 
 
