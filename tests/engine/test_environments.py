@@ -46,7 +46,7 @@ def test_failed_install_leaves_nothing_that_looks_ready(tmp_path, monkeypatch):
     (reqs / "vllm-0.30.0.txt").write_text("kvspec-no-such-package-for-tests==0.0.1\n")
     monkeypatch.setattr(environments, "REQUIREMENTS_DIR", reqs)
     lines = []
-    with pytest.raises(EngineError, match=r"^\[vllm==0.30.0\] `python -m pip install \.\.\.` failed"):
+    with pytest.raises(EngineError, match=r"^\[vllm==0.30.0\] `(python -m pip install|uv pip install --python) \.\.\.` failed"):
         environments.install("0.30.0", progress=lines.append)
     assert any("step 2/3" in x for x in lines)
     assert not environments.env_dir("0.30.0").exists()
