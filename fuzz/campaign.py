@@ -103,10 +103,6 @@ class Campaign:
             return False
         return True
 
-    def divergences(self, case: Case) -> tuple[dict, list[Divergence]]:
-        """Observation and divergences of a case (no confirmation, no writing)."""
-        return self._judge(case)
-
     def _signature(self, case: Case, div: Divergence, obs: dict) -> str:
         return F.signature(case, div, (obs.get("knobs") or {}))
 
