@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from reference.case import Case, prompt_tokens
-from reference.knobs import resolve_knobs
+from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 
 ORACLES = ("promise", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
@@ -52,12 +52,6 @@ class Divergence:
     @property
     def first(self) -> int | None:
         return self.requests[0] if self.requests else None
-
-
-def implemented_rule(version: str) -> str:
-    """The retention rule vLLM ``version`` implements."""
-    major_minor = tuple(int(x) for x in version.split(".")[:2])
-    return "legacy" if major_minor < (0, 30) else "replay"
 
 
 def request_kinds(case: Case) -> list[str]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from reference.case import Case
-from reference.knobs import resolve_knobs
+from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 
 from fuzz.findings import load_finding
-from fuzz.oracles import ORACLES, check_all, check_versions, implemented_rule, request_kinds
+from fuzz.oracles import ORACLES, check_all, check_versions, request_kinds
 
 
 def replay_case(case: Case, finding: dict, engine, other=None) -> dict:

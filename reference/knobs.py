@@ -70,6 +70,18 @@ def parse_version(text: str) -> str:
     return text
 
 
+def implemented_rule(version: str) -> str:
+    """The retention rule vLLM ``version`` implements: ``legacy`` before
+    0.30.0 (which added ``replay_boundaries``), ``replay`` from 0.30.0. A
+    version string that does not parse (a server's local build) counts as
+    newer."""
+    try:
+        major_minor = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return "replay"
+    return "legacy" if major_minor < (0, 30) else "replay"
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 

@@ -37,6 +37,7 @@ from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
 from reference.case import Case, load_json, parse_case, prompt_tokens
 from reference.errors import InvalidArgument, Unsupported, invalid
+from reference.knobs import implemented_rule
 from reference.serial import RULES
 
 REPRODUCED = "reproduced"
@@ -434,15 +435,6 @@ def redact_url(url: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-
-
-def implemented_rule(version: str) -> str:
-    """The retention rule vLLM ``version`` implements (as fuzz.oracles says)."""
-    try:
-        major_minor = tuple(int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return "replay"
-    return "legacy" if major_minor < (0, 30) else "replay"
 
 
 def _reference_hits(case: Case, version: str, rule: str = "promise") -> list[int]:

@@ -26,6 +26,7 @@ import sys
 
 from engine_adapter.versions import DEFAULT_ENGINE, parse_engine
 from reference.case import load_case
+from reference.knobs import implemented_rule
 
 HELP = "run a case on the real vLLM scheduler (CPU) and print the observed hits; --compare with the reference"
 
@@ -44,10 +45,6 @@ def configure(parser) -> None:
     parser.add_argument("--mode", choices=("auto", "inprocess", "worker"), default="auto", help="in-process (this interpreter's vLLM) or a worker in the version's environment (default: auto)")
     parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
-
-
-def default_rule(version: str) -> str:
-    return "legacy" if tuple(int(x) for x in version.split(".")) < (0, 30, 0) else "replay"
 
 
 def compare(reference: dict, observed: dict) -> list[dict]:
@@ -120,7 +117,7 @@ def main(args) -> int:
     version = parse_engine(args.engine, "--engine")
     case = load_case(args.case)
     reference = None
-    rule = default_rule(version) if args.rule == "auto" else args.rule
+    rule = implemented_rule(version) if args.rule == "auto" else args.rule
     if args.compare:
         from reference.predict import predict
 

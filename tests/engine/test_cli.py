@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from engine_adapter.home import REPO_ROOT
-from kvspec.commands.run import compare, default_rule
+from kvspec.commands.run import compare
+from reference.knobs import implemented_rule
 from reference.case import load_case
 from reference.predict import predict
 from tests.engine.conftest import ensure_env
@@ -40,7 +41,7 @@ def test_seed_agrees_with_the_rule_of_its_version(engines, version, hits):
     """What --compare computes: the reference with this version's knobs and
     rule (legacy for 0.29.0, replay after) against the engine."""
     case = load_case(SEED)
-    rule = default_rule(version)
+    rule = implemented_rule(version)
     assert rule == ("legacy" if version == "0.29.0" else "replay")
     reference = predict(case, f"vllm=={version}", rule)
     observed = engines(version).run(case)

@@ -159,3 +159,11 @@ def test_033_keeps_the_prompt_checkpoint_even_without_partial_hits():
     assert new["hits"] == [0, 0, 32, 64]
     old = predict(case, "0.30.0", "replay")
     assert old["explain"][0]["retained_mamba_blocks"]["16"] == []
+
+
+def test_implemented_rule_per_version():
+    from reference.knobs import implemented_rule
+
+    assert implemented_rule("0.29.0") == "legacy"
+    assert [implemented_rule(v) for v in ("0.30.0", "0.32.0", "0.33.0")] == ["replay"] * 3
+    assert implemented_rule("dev-build") == "replay"  # a server's unparsable version counts as newer
