@@ -40,7 +40,8 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
-from reference.errors import InvalidArgument, invalid
+from reference.deployment import Deployment, parse_deployment
+from reference.errors import InvalidArgument, Unsupported, invalid
 
 SCHEMA_VERSION = 1
 
@@ -122,10 +123,22 @@ class Request:
 
 @dataclass(frozen=True)
 class Case:
-    geometry: Geometry
+    """A hand case (geometry and speculative settings written out), a
+    deployment case (``deployment`` set, ``geometry`` None until an engine
+    resolves it), or a resolved one (both, and ``resolved_by``)."""
+
+    geometry: Geometry | None
     speculative: Speculative | None
     trace: tuple[Request, ...]
     name: str | None = None
+    deployment: Deployment | None = None
+    #: ``vllm==X`` whose resolution of ``deployment`` filled geometry and speculative.
+    resolved_by: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``hand`` (a geometry written by hand) or ``deployment``."""
+        return "hand" if self.deployment is None else "deployment"
 
 
 # ---------------------------------------------------------------- tokens
@@ -273,8 +286,18 @@ def parse_request(raw: Any, i: int) -> Request:
 
 
 def parse_case(raw: Any) -> Case:
-    """Validate a decoded JSON case; raises InvalidArgument with one line."""
-    _check_fields(raw, "case", ("schema", "name", "geometry", "speculative", "trace"), ("schema", "geometry", "trace"))
+    """Validate a decoded JSON case; raises InvalidArgument with one line.
+
+    Either ``geometry`` (a hand case, with ``speculative``) or ``deployment``
+    (resolved by an engine); a resolved case has both, ``speculative`` and
+    ``resolved_by``."""
+    _check_fields(raw, "case", ("schema", "name", "geometry", "speculative", "trace", "deployment", "resolved_by"), ("schema", "trace"))
+    if "deployment" in raw:
+        return _parse_deployment_case(raw)
+    if "geometry" not in raw:
+        raise InvalidArgument("case.geometry: missing; required field (or a deployment: see README)")
+    if "resolved_by" in raw:
+        raise invalid("resolved_by", raw["resolved_by"], "only with a deployment")
     if raw["schema"] != SCHEMA_VERSION:
         raise invalid("schema", raw["schema"], f"this kvspec reads schema {SCHEMA_VERSION}")
     name = raw.get("name")
@@ -291,14 +314,46 @@ def parse_case(raw: Any) -> Case:
     )
 
 
+def _parse_deployment_case(raw: dict) -> Case:
+    if raw["schema"] != SCHEMA_VERSION:
+        raise invalid("schema", raw["schema"], f"this kvspec reads schema {SCHEMA_VERSION}")
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        raise invalid("name", name, "must be a string or null")
+    deployment = parse_deployment(raw["deployment"])
+    trace = raw["trace"]
+    if not isinstance(trace, list) or not trace:
+        raise invalid("trace", trace, "must be a non-empty list of requests")
+    requests = tuple(parse_request(r, i) for i, r in enumerate(trace))
+    resolved_by = raw.get("resolved_by")
+    if resolved_by is None:
+        for key in ("geometry", "speculative"):
+            if raw.get(key) is not None:
+                raise invalid(key, raw[key], "with a deployment, vLLM resolves it; allowed: absent (or a resolved case with resolved_by)")
+        return Case(None, None, requests, name, deployment)
+    if not isinstance(resolved_by, str) or not re.match(r"^vllm==[0-9A-Za-z.+_-]{1,64}$", resolved_by):
+        raise invalid("resolved_by", resolved_by, "an engine name vllm==X")
+    if "geometry" not in raw:
+        raise InvalidArgument("geometry: missing; a resolved case (resolved_by) carries the geometry its engine resolved")
+    return Case(parse_geometry(raw["geometry"]), parse_speculative(raw.get("speculative")), requests, name, deployment, resolved_by)
+
+
 def case_to_dict(case: Case) -> dict:
     """The canonical JSON form of a case (resolved defaults written out)."""
+    if case.geometry is None:
+        assert case.deployment is not None
+        return {
+            "schema": SCHEMA_VERSION,
+            "name": case.name,
+            "deployment": case.deployment.as_dict(),
+            "trace": _trace_to_list(case),
+        }
     g = case.geometry
     spec = None
     if case.speculative is not None:
         spec = {"method": case.speculative.method, "num_speculative_tokens": case.speculative.num_speculative_tokens}
         spec.update(case.speculative.options)
-    return {
+    out = {
         "schema": SCHEMA_VERSION,
         "name": case.name,
         "geometry": {
@@ -310,11 +365,29 @@ def case_to_dict(case: Case) -> dict:
             "max_num_batched_tokens": g.max_num_batched_tokens,
         },
         "speculative": spec,
-        "trace": [
-            {"prompt": [{"segment": s.segment, "length": s.length} for s in r.prompt], "max_tokens": r.max_tokens}
-            for r in case.trace
-        ],
+        "trace": _trace_to_list(case),
     }
+    if case.deployment is not None:
+        out["deployment"] = case.deployment.as_dict()
+        out["resolved_by"] = case.resolved_by
+    return out
+
+
+def _trace_to_list(case: Case) -> list:
+    return [
+        {"prompt": [{"segment": s.segment, "length": s.length} for s in r.prompt], "max_tokens": r.max_tokens}
+        for r in case.trace
+    ]
+
+
+def require_geometry(case: Case) -> Geometry:
+    """The case's geometry; a deployment case must be resolved first."""
+    if case.geometry is None:
+        raise Unsupported(
+            f"case.deployment={case.deployment.model if case.deployment else None!r}: not resolved; "
+            "allowed: a hand geometry, or resolve it on an engine (kvspec resolve CASE --engine vllm==X, or pass --engine)"
+        )
+    return case.geometry
 
 
 def load_json(path: str | os.PathLike, what: str = "case file") -> Any:
@@ -332,7 +405,7 @@ def load_json(path: str | os.PathLike, what: str = "case file") -> Any:
 def load_case(path: str | os.PathLike) -> Case:
     """Load a case file, or the ``case`` inside a finding file."""
     raw = load_json(path)
-    if isinstance(raw, dict) and "case" in raw and "geometry" not in raw:
+    if isinstance(raw, dict) and "case" in raw and "geometry" not in raw and "deployment" not in raw:
         raw = raw["case"]
     return parse_case(raw)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from reference.case import Case
+from reference.case import Case, require_geometry
 from reference.errors import Unsupported, invalid
 
 #: Versions whose knob resolution this model states; others are unsupported.
@@ -98,7 +98,7 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     """Resolve the knobs of ``case`` the way vLLM ``version`` does."""
     version = parse_version(version)
     v = _version_tuple(version)
-    g = case.geometry
+    g = require_geometry(case)
     spec = case.speculative
     partial = partial_hash_hits(case)
     alignment = g.hash_block_size if partial else g.scheduler_block_size

@@ -1,0 +1,161 @@
+"""A deployment: what a user runs (a model config plus ``vllm serve`` flags),
+as opposed to a hand geometry.
+
+A case may carry ``"deployment"`` instead of ``"geometry"`` and
+``"speculative"``::
+
+    {"schema": 1, "name": "qwen3-next-tp2-fp8-mtp2",
+     "deployment": {"model": "qwen3_next",
+                    "model_overrides": {"num_hidden_layers": 8},
+                    "vllm_args": ["--tensor-parallel-size", "2",
+                                  "--kv-cache-dtype", "fp8",
+                                  "--speculative-config",
+                                  "{\\"method\\": \\"mtp\\", \\"num_speculative_tokens\\": 2}"],
+                    "platform": "cuda", "device": "h100"},
+     "trace": [...]}
+
+The geometry (block sizes, hash unit, retention, chunk budget) and the
+speculative settings are not written by hand: they are what vLLM's own code
+resolves for that deployment, in the engine environment of the version
+under test (``engine_adapter.resolve``). This module only checks the shape
+of the block (every rule names its field); whether vLLM accepts the flags is
+vLLM's answer, reported by the resolver in one line.
+
+A *resolved* case carries the deployment, the geometry and speculative
+settings one engine resolved, and ``"resolved_by": "vllm==X"``; the
+reference model reads the geometry directly when asked for that version, and
+any other version resolves the deployment again.
+
+``model`` is a model shipped with kvspec (``engine_adapter/models/``: the
+``transformers`` configuration class defaults of each architecture) or a
+path to a ``config.json`` (or a folder holding one). ``model_overrides``
+replaces top-level config fields (e.g. fewer layers, for speed; a test
+checks that the shipped overrides leave the resolved geometry unchanged).
+``platform`` is where vLLM would run (``cuda``, the default, or ``cpu``);
+``device`` names the GPU whose answers kvspec gives to vLLM's hardware
+queries (``cuda`` only; see ``DEVICES``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference.errors import InvalidArgument, invalid
+
+PLATFORMS = ("cuda", "cpu")
+#: GPUs kvspec can answer vLLM's hardware queries for: compute capability.
+DEVICES = {"a100": (8, 0), "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
+DEFAULT_DEVICE = "h100"
+MAX_VLLM_ARGS = 64
+MAX_ARG_CHARS = 4096
+MAX_OVERRIDES = 64
+_MODEL_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+#: Flags kvspec owns: the model comes from ``model``; the rest would start
+#: or describe a server, not a cache geometry.
+RESERVED_FLAGS = ("--model", "--host", "--port", "--api-key", "--served-model-name")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    vllm_args: tuple[str, ...] = ()
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    platform: str = "cuda"
+    device: str | None = DEFAULT_DEVICE
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "model_overrides": dict(self.model_overrides),
+            "vllm_args": list(self.vllm_args),
+            "platform": self.platform,
+            "device": self.device,
+        }
+
+    def key(self) -> str:
+        """A canonical text of the deployment (a cache key)."""
+        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+
+    def describe(self) -> str:
+        """One line: model, flags, platform."""
+        args = " ".join(self.vllm_args)
+        over = f" {self.model_overrides}" if self.model_overrides else ""
+        where = self.platform + (f"/{self.device}" if self.device else "")
+        return f"{self.model}{over} [{where}] {args}".rstrip()
+
+
+def _override_value(key: str, value: Any, depth: int = 0) -> Any:
+    where = f"deployment.model_overrides.{key}"
+    if depth > 4:
+        raise invalid(where, "...", "nesting deeper than 4 levels; allowed: JSON scalars, lists and objects up to 4 levels")
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str) and len(value) > MAX_ARG_CHARS:
+            raise invalid(where, value[:40] + "...", f"a string of at most {MAX_ARG_CHARS} characters")
+        return value
+    if isinstance(value, int):
+        if abs(value) > 2**31:
+            raise invalid(where, value, "an integer of magnitude at most 2**31")
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise invalid(where, value, "a finite number")
+        return value
+    if isinstance(value, list):
+        if len(value) > 4096:
+            raise invalid(where, f"<list of {len(value)}>", "a list of at most 4096 items")
+        return [_override_value(key, v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        if len(value) > MAX_OVERRIDES:
+            raise invalid(where, f"<object of {len(value)}>", f"an object of at most {MAX_OVERRIDES} fields")
+        return {str(k): _override_value(f"{key}.{k}", v, depth + 1) for k, v in value.items()}
+    raise invalid(where, value, "a JSON value")
+
+
+def parse_deployment(raw: Any) -> Deployment:
+    """Validate the ``deployment`` block of a case (shape only)."""
+    if not isinstance(raw, dict):
+        raise invalid("deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device")
+    allowed = ("model", "model_overrides", "vllm_args", "platform", "device")
+    for key in raw:
+        if key not in allowed:
+            raise invalid(f"deployment.{key}", raw[key], f"unknown field; allowed: {', '.join(allowed)}")
+    if "model" not in raw:
+        raise InvalidArgument("deployment.model: missing; required field (a shipped model name or a config.json path)")
+    model = raw["model"]
+    if not isinstance(model, str) or not model.strip() or len(model) > 1024 or "\0" in model:
+        raise invalid("deployment.model", model, "a shipped model name (kvspec resolve --models lists them) or a path to a config.json")
+    if "/" not in model and not model.endswith(".json") and not _MODEL_NAME.match(model):
+        raise invalid("deployment.model", model, "a shipped model name of [a-z0-9_] or a path to a config.json")
+    args = raw.get("vllm_args", [])
+    if not isinstance(args, list) or len(args) > MAX_VLLM_ARGS:
+        raise invalid("deployment.vllm_args", args, f"a list of at most {MAX_VLLM_ARGS} strings, as given to `vllm serve`")
+    for i, a in enumerate(args):
+        if not isinstance(a, str) or len(a) > MAX_ARG_CHARS or "\0" in a:
+            raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
+        flag = a.split("=", 1)[0]
+        if flag in RESERVED_FLAGS:
+            raise invalid(f"deployment.vllm_args[{i}]", a, f"{flag} is not a cache setting; allowed: flags other than {', '.join(RESERVED_FLAGS)} (the model is deployment.model)")
+    overrides = raw.get("model_overrides", {})
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict) or len(overrides) > MAX_OVERRIDES:
+        raise invalid("deployment.model_overrides", overrides, f"an object of at most {MAX_OVERRIDES} config fields")
+    clean = {}
+    for key, value in overrides.items():
+        if not _OVERRIDE_KEY.match(str(key)):
+            raise invalid(f"deployment.model_overrides.{key}", value, "a config field name of [A-Za-z0-9_]")
+        clean[key] = _override_value(key, value)
+    platform = raw.get("platform", "cuda")
+    if platform not in PLATFORMS:
+        raise invalid("deployment.platform", platform, f"allowed: {', '.join(PLATFORMS)}")
+    device = raw.get("device", DEFAULT_DEVICE if platform == "cuda" else None)
+    if platform == "cuda":
+        if device not in DEVICES:
+            raise invalid("deployment.device", device, f"allowed with platform cuda: {', '.join(DEVICES)}")
+    elif device is not None:
+        raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
+    return Deployment(model.strip(), tuple(args), clean, platform, device)
