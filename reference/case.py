@@ -25,15 +25,43 @@ tokens of the deterministic infinite stream named ``A``; a prompt is its
 segments concatenated. So ``A:5000`` is a prefix of ``A:11910`` and
 ``[A:5000, B:300]`` / ``[A:5000, C:300]`` are siblings diverging at 5000
 (the model always uses the real longest common prefix of the token lists).
+
+Limits (refused with one line naming the field; the README's case-file
+section states the same), at what vLLM itself accepts:
+
+* a prompt: 1 to ``MAX_PROMPT_TOKENS`` = 1,048,576 tokens. vLLM refuses a
+  prompt longer than ``max_model_len``, which it bounds by the model's
+  ``max_position_embeddings``; the hybrid models kvspec targets (Qwen3-Next,
+  Qwen3.5) have 262,144 natively and about one million with YaRN scaling.
+  ``max_tokens`` has the same bound (the output shares ``max_model_len``).
+* at most ``MAX_SEGMENTS`` = 256 segments per prompt, ``MAX_REQUESTS`` =
+  1,000 requests and ``MAX_CASE_TOKENS`` = 4,194,304 prompt tokens per case
+  (the model holds every prompt's token ids, about 50 bytes a token, and
+  compares each request with the earlier ones that share its first token);
+* block sizes (``block_size``, ``hash_block_size``, ``prefix_match_unit``,
+  ``scheduler_block_size``, the LCM of the group block sizes) at most
+  ``MAX_BLOCK_SIZE`` = 1,048,576 (no block can be longer than the longest
+  prompt), at most ``MAX_GROUPS`` = 256 KV cache groups in all (counts
+  summed), ``retention_interval`` and ``max_num_batched_tokens`` at most
+  1,048,576, ``num_speculative_tokens`` at most ``MAX_SPECULATIVE_TOKENS`` =
+  64 (far above what vLLM's MTP/EAGLE drafters propose);
+* ``schema`` is exactly the integer 1 (``true`` and ``1.0`` are not).
+
+A case or finding file is read as bytes: a regular file (no device, FIFO or
+folder) of at most ``MAX_FILE_BYTES`` = 8 MiB, strict UTF-8 without a
+byte-order mark, JSON nested at most ``MAX_JSON_DEPTH`` = 64 levels, integers
+of at most ``MAX_INT_DIGITS`` = 20 digits, and no ``NaN``/``Infinity``.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
 import random
 import re
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -41,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.deployment import Deployment, parse_deployment
-from reference.errors import InvalidArgument, Unsupported, invalid
+from reference.errors import InvalidArgument, KvspecError, Unsupported, invalid
 
 SCHEMA_VERSION = 1
 
@@ -55,6 +83,23 @@ SPECULATIVE_OPTIONS = ("disable_eagle_block_drop", "disable_lookahead_block_hash
 TOKEN_VOCAB = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+# Limits of a case (see the module docstring for why each is where it is).
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_MAX_TOKENS = 1 << 20
+MAX_SEGMENTS = 256
+MAX_REQUESTS = 1000
+MAX_CASE_TOKENS = 1 << 22
+MAX_BLOCK_SIZE = 1 << 20
+MAX_GROUPS = 256
+MAX_GROUP_COUNT = MAX_GROUPS
+MAX_SPECULATIVE_TOKENS = 64
+MAX_RETENTION_INTERVAL = 1 << 20
+MAX_BATCHED_TOKENS = 1 << 20
+# Limits of a case or finding file, read as bytes.
+MAX_FILE_BYTES = 8 << 20
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 20
 
 
 @dataclass(frozen=True)
@@ -181,14 +226,16 @@ def _check_fields(obj: Any, where: str, allowed: tuple[str, ...], required: tupl
         raise invalid(where, obj, "must be a JSON object")
     for key in obj:
         if key not in allowed:
-            raise invalid(f"{where}.{key}", obj[key], f"unknown field; allowed: {', '.join(allowed)}")
+            raise invalid(f"{where}.{_field_key(key)}", obj[key], f"unknown field; allowed: {', '.join(allowed)}")
     for key in required:
         if key not in obj:
             raise InvalidArgument(f"{where}.{key}: missing; required field")
     return obj
 
 
-def _int(obj: dict, key: str, where: str, *, minimum: int, default: Any = ..., nullable: bool = False) -> Any:
+def _int(obj: dict, key: str, where: str, *, minimum: int, maximum: int, default: Any = ..., nullable: bool = False) -> Any:
+    """``obj[key]`` as an int in [minimum, maximum] (a bool is not an int
+    here), ``default`` when absent, None when null and ``nullable``."""
     if key not in obj:
         if default is ...:
             raise InvalidArgument(f"{where}.{key}: missing; required field")
@@ -196,23 +243,31 @@ def _int(obj: dict, key: str, where: str, *, minimum: int, default: Any = ..., n
     value = obj[key]
     if value is None and nullable:
         return None
+    allowed = f"an integer in [{minimum:,}, {maximum:,}]" + (" or null" if nullable else "")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"{where}.{key}", value, f"must be an integer >= {minimum}" + (" or null" if nullable else ""))
-    if value < minimum:
-        raise invalid(f"{where}.{key}", value, f"must be an integer >= {minimum}")
+        raise invalid(f"{where}.{key}", value, f"must be {allowed}")
+    if not minimum <= value <= maximum:
+        raise invalid(f"{where}.{key}", value, f"must be {allowed}")
     return value
 
 
 def _parse_groups(raw: Any) -> tuple[Group, ...]:
     if not isinstance(raw, list) or not raw:
         raise invalid("geometry.groups", raw, "must be a non-empty list of groups")
+    if len(raw) > MAX_GROUPS:
+        raise invalid("geometry.groups", f"<{len(raw)} groups>", f"at most {MAX_GROUPS} groups")
     groups = []
+    total = 0
     for i, g in enumerate(raw):
         where = f"geometry.groups[{i}]"
         _check_fields(g, where, ("kind", "block_size", "count"), ("kind", "block_size"))
-        if g["kind"] not in GROUP_KINDS:
+        if not isinstance(g["kind"], str) or g["kind"] not in GROUP_KINDS:
             raise invalid(f"{where}.kind", g["kind"], f"allowed: {', '.join(GROUP_KINDS)}")
-        groups.append(Group(g["kind"], _int(g, "block_size", where, minimum=1), _int(g, "count", where, minimum=1, default=1)))
+        group = Group(g["kind"], _int(g, "block_size", where, minimum=1, maximum=MAX_BLOCK_SIZE), _int(g, "count", where, minimum=1, maximum=MAX_GROUP_COUNT, default=1))
+        total += group.count
+        if total > MAX_GROUPS:
+            raise invalid(f"{where}.count", group.count, f"at most {MAX_GROUPS} KV cache groups in all (counts summed)")
+        groups.append(group)
     return tuple(groups)
 
 
@@ -227,13 +282,15 @@ def parse_geometry(raw: Any) -> Geometry:
     groups = _parse_groups(raw["groups"])
     sizes = [g.block_size for g in groups]
     lcm = math.lcm(*sizes)
-    unit = _int(raw, "prefix_match_unit", "geometry", minimum=1, default=None, nullable=True)
+    if lcm > MAX_BLOCK_SIZE:
+        raise invalid("geometry.groups", sorted(set(sizes))[:8], f"the LCM of the block sizes ({lcm}) is the scheduler block; allowed: at most {MAX_BLOCK_SIZE:,}")
+    unit = _int(raw, "prefix_match_unit", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if unit is not None:
         for i, g in enumerate(groups):
             if g.block_size % unit:
                 raise invalid("geometry.prefix_match_unit", unit, f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}")
     default_hash = unit if unit is not None else (sizes[0] if len(groups) == 1 and groups[0].count == 1 else math.gcd(*sizes))
-    hash_block = _int(raw, "hash_block_size", "geometry", minimum=1, default=None, nullable=True)
+    hash_block = _int(raw, "hash_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if hash_block is None:
         hash_block = default_hash
     elif unit is not None and hash_block != unit:
@@ -241,15 +298,15 @@ def parse_geometry(raw: Any) -> Geometry:
     for i, g in enumerate(groups):
         if g.block_size % hash_block:
             raise invalid("geometry.hash_block_size", hash_block, f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}")
-    sched = _int(raw, "scheduler_block_size", "geometry", minimum=1, default=None, nullable=True)
+    sched = _int(raw, "scheduler_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if sched is None:
         sched = lcm
     elif sched % lcm:
         raise invalid("geometry.scheduler_block_size", sched, f"must be a multiple of every group block size (LCM {lcm})")
-    retention = _int(raw, "retention_interval", "geometry", minimum=0, default=0, nullable=True)
+    retention = _int(raw, "retention_interval", "geometry", minimum=0, maximum=MAX_RETENTION_INTERVAL, default=0, nullable=True)
     if retention and retention % sched:
         raise invalid("geometry.retention_interval", retention, f"must be null (dense), 0 (sparse) or a positive multiple of scheduler_block_size={sched}")
-    budget = _int(raw, "max_num_batched_tokens", "geometry", minimum=1, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    budget = _int(raw, "max_num_batched_tokens", "geometry", minimum=1, maximum=MAX_BATCHED_TOKENS, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     return Geometry(groups, hash_block, sched, unit, retention, budget)
 
 
@@ -257,9 +314,9 @@ def parse_speculative(raw: Any) -> Speculative | None:
     if raw is None:
         return None
     _check_fields(raw, "speculative", ("method", "num_speculative_tokens", *SPECULATIVE_OPTIONS), ("method", "num_speculative_tokens"))
-    if raw["method"] not in SPECULATIVE_METHODS:
+    if not isinstance(raw["method"], str) or raw["method"] not in SPECULATIVE_METHODS:
         raise invalid("speculative.method", raw["method"], f"allowed: {', '.join(SPECULATIVE_METHODS)}")
-    k = _int(raw, "num_speculative_tokens", "speculative", minimum=1)
+    k = _int(raw, "num_speculative_tokens", "speculative", minimum=1, maximum=MAX_SPECULATIVE_TOKENS)
     options = {}
     for name in SPECULATIVE_OPTIONS:
         if name in raw:
@@ -275,14 +332,35 @@ def parse_request(raw: Any, i: int) -> Request:
     prompt = raw["prompt"]
     if not isinstance(prompt, list) or not prompt:
         raise invalid(f"{where}.prompt", prompt, "must be a non-empty list of segments")
+    if len(prompt) > MAX_SEGMENTS:
+        raise invalid(f"{where}.prompt", f"<{len(prompt)} segments>", f"at most {MAX_SEGMENTS} segments per prompt")
     segments = []
+    tokens = 0
     for j, s in enumerate(prompt):
         sw = f"{where}.prompt[{j}]"
         _check_fields(s, sw, ("segment", "length"), ("segment", "length"))
         if not isinstance(s["segment"], str) or not _SEGMENT_NAME.match(s["segment"]):
             raise invalid(f"{sw}.segment", s["segment"], "must be 1-64 characters of [A-Za-z0-9_.-]")
-        segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1)))
-    return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, default=1))
+        segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1, maximum=MAX_PROMPT_TOKENS)))
+        tokens += segments[-1].length
+        if tokens > MAX_PROMPT_TOKENS:
+            raise invalid(f"{where}.prompt", f"<{tokens:,}+ tokens>", f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)")
+    return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1))
+
+
+def _parse_trace(trace: list) -> tuple[Request, ...]:
+    """The requests of a trace: at most MAX_REQUESTS of them, and at most
+    MAX_CASE_TOKENS prompt tokens in all."""
+    if len(trace) > MAX_REQUESTS:
+        raise invalid("trace", f"<{len(trace)} requests>", f"at most {MAX_REQUESTS:,} requests per case")
+    requests = []
+    tokens = 0
+    for i, r in enumerate(trace):
+        requests.append(parse_request(r, i))
+        tokens += requests[-1].num_prompt_tokens
+        if tokens > MAX_CASE_TOKENS:
+            raise invalid(f"trace[{i}]", f"<{tokens:,} prompt tokens so far>", f"a case has at most {MAX_CASE_TOKENS:,} prompt tokens in all")
+    return tuple(requests)
 
 
 def parse_case(raw: Any) -> Case:
@@ -298,7 +376,7 @@ def parse_case(raw: Any) -> Case:
         raise InvalidArgument("case.geometry: missing; required field (or a deployment: see README)")
     if "resolved_by" in raw:
         raise invalid("resolved_by", raw["resolved_by"], "only with a deployment")
-    if raw["schema"] != SCHEMA_VERSION:
+    if type(raw["schema"]) is not int or raw["schema"] != SCHEMA_VERSION:
         raise invalid("schema", raw["schema"], f"this kvspec reads schema {SCHEMA_VERSION}")
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
@@ -309,13 +387,13 @@ def parse_case(raw: Any) -> Case:
     return Case(
         parse_geometry(raw["geometry"]),
         parse_speculative(raw.get("speculative")),
-        tuple(parse_request(r, i) for i, r in enumerate(trace)),
+        _parse_trace(trace),
         name,
     )
 
 
 def _parse_deployment_case(raw: dict) -> Case:
-    if raw["schema"] != SCHEMA_VERSION:
+    if type(raw["schema"]) is not int or raw["schema"] != SCHEMA_VERSION:
         raise invalid("schema", raw["schema"], f"this kvspec reads schema {SCHEMA_VERSION}")
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
@@ -324,7 +402,7 @@ def _parse_deployment_case(raw: dict) -> Case:
     trace = raw["trace"]
     if not isinstance(trace, list) or not trace:
         raise invalid("trace", trace, "must be a non-empty list of requests")
-    requests = tuple(parse_request(r, i) for i, r in enumerate(trace))
+    requests = _parse_trace(trace)
     resolved_by = raw.get("resolved_by")
     if resolved_by is None:
         for key in ("geometry", "speculative"):
@@ -391,15 +469,190 @@ def require_geometry(case: Case) -> Geometry:
 
 
 def load_json(path: str | os.PathLike, what: str = "case file") -> Any:
-    """Read a JSON document, turning I/O and syntax errors into one line."""
+    """Read a JSON document within the file limits of the module docstring.
+
+    Every refusal is one line naming the file (unreadable, special, too big,
+    not UTF-8, not JSON) or the field where the document breaks a limit
+    (too deep, an oversized integer, NaN/Infinity)."""
+    name = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    data = read_bounded(path, what, name)
+    text = decode_utf8(data, what, name)
+    return parse_json(text, what, name)
+
+
+def _special_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def read_bounded(path: str | os.PathLike, what: str, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes.
+
+    Folders, devices, FIFOs and sockets are refused before they are opened
+    (a FIFO blocks an open, ``/dev/zero`` never ends); the file is then opened
+    non-blocking, checked again on the open descriptor (it may have been
+    swapped), and read at most ``limit + 1`` bytes."""
+    allowed = f"allowed: a regular file of at most {limit:,} bytes"
     try:
-        text = Path(path).read_text()
+        kind = _special_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise invalid(what, name, f"is {kind}; {allowed}")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except KvspecError:
+        raise
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise invalid(what, name, f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        st = os.fstat(fd)
+        kind = _special_kind(st.st_mode)
+        if kind is not None:
+            raise invalid(what, name, f"is {kind}; {allowed}")
+        if st.st_size > limit:
+            raise invalid(what, name, f"is {st.st_size:,} bytes; {allowed}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError as e:
-        raise invalid(what, str(path), f"cannot be read ({e.strerror or e})") from None
+        raise invalid(what, name, f"cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise invalid(what, name, f"is more than {limit:,} bytes; {allowed}")
+    return b"".join(chunks)
+
+
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF8, "UTF-8"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def decode_utf8(data: bytes, what: str, name: str) -> str:
+    """Strict UTF-8 without a byte-order mark. A NUL byte (binary data, or
+    UTF-16/32 without a mark) is refused too: no JSON text holds one."""
+    allowed = "allowed: UTF-8 JSON text without a byte-order mark"
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            raise invalid(what, name, f"starts with a {encoding} byte-order mark; {allowed}")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise invalid(what, name, f"has a NUL byte at offset {nul} (binary, or UTF-16/32); {allowed}")
     try:
-        return json.loads(text)
+        return data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise invalid(what, name, f"is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}: {e.reason}); {allowed}") from None
+
+
+class _Refused:
+    """A JSON number kvspec does not hold: an integer of more than
+    MAX_INT_DIGITS digits, NaN, Infinity, or a float that overflows."""
+
+    def __init__(self, text: str, rule: str):
+        self.text, self.rule = text, rule
+
+    def __repr__(self) -> str:
+        return self.text if len(self.text) <= 24 else f"<an integer of {len(self.text.lstrip('-'))} digits>"
+
+
+def _refuse_int(text: str) -> int | _Refused:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        return _Refused(text, f"too many digits; allowed: an integer of at most {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _refuse_float(text: str) -> float | _Refused:
+    value = float(text)
+    return value if math.isfinite(value) else _Refused(text, "overflows a float; allowed: a finite number")
+
+
+def _refuse_constant(text: str) -> _Refused:
+    return _Refused(text, "NaN and Infinity are not JSON; allowed: a finite number")
+
+
+def parse_json(text: str, what: str, name: str) -> Any:
+    """Decode JSON text: no NaN/Infinity, integers of at most MAX_INT_DIGITS
+    digits, nesting at most MAX_JSON_DEPTH levels; a refusal names the field."""
+    try:
+        doc = json.loads(text, parse_int=_refuse_int, parse_float=_refuse_float, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
-        raise invalid(what, str(path), f"is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+        raise invalid(what, name, f"is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise invalid(what, name, f"is nested too deeply; allowed: at most {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # a number the hooks let through (none known): still one line
+        raise invalid(what, name, f"is not valid JSON ({str(e)[:80]})") from None
+    if _nesting_exceeds(doc, MAX_JSON_DEPTH) or _holds_refused(doc):
+        where, value, rule = _first_problem(doc, "", 0) or (what, name, "is not valid JSON")
+        where = where if len(where) <= 100 else f"{where[:48]}...{where[-48:]}"
+        raise invalid(where or what, value, rule)
+    return doc
+
+
+def _nesting_exceeds(doc: Any, limit: int) -> bool:
+    """Whether any chain of nested arrays/objects is longer than ``limit``
+    (level by level, so deep input costs no recursion)."""
+    level = [doc] if isinstance(doc, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        children: list = []
+        for node in level:
+            children.extend(c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list)))
+        level = children
+    return False
+
+
+def _holds_refused(doc: Any) -> bool:
+    """Whether a decoded document (nesting already bounded) holds a _Refused."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _Refused):
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _field_key(key: str) -> str:
+    """A JSON key as it appears in a field path (quoted unless plain)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_]{1,64}", key) else repr(key[:40])
+
+
+def _first_problem(node: Any, path: str, depth: int) -> tuple[str, Any, str] | None:
+    """(field path, shown value, rule) of the first refused number or the
+    first container nested deeper than MAX_JSON_DEPTH; recursion is bounded
+    by MAX_JSON_DEPTH."""
+    if isinstance(node, _Refused):
+        return path, node, node.rule
+    if not isinstance(node, (dict, list)):
+        return None
+    if depth >= MAX_JSON_DEPTH:
+        return path, f"<{type(node).__name__} at depth {depth + 1}>", f"nested too deeply; allowed: at most {MAX_JSON_DEPTH} levels"
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, child in items:
+        if isinstance(child, (dict, list, _Refused)):
+            sub = (f"{path}.{_field_key(key)}" if path else _field_key(key)) if isinstance(node, dict) else f"{path}[{key}]"
+            found = _first_problem(child, sub, depth + 1)
+            if found:
+                return found
+    return None
 
 
 def load_case(path: str | os.PathLike) -> Case:

@@ -29,6 +29,21 @@ class EngineError(KvspecError):
     that is recorded as a finding)."""
 
 
+#: How much of a value's repr a message shows.
+MAX_SHOWN = 120
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to MAX_SHOWN characters (a refused value may be a
+    whole document); a repr is always one line."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        text = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
 def invalid(field: str, value: object, allowed: str) -> InvalidArgument:
-    """Build the one-line error ``field=value: allowed``."""
-    return InvalidArgument(f"{field}={value!r}: {allowed}")
+    """Build the one-line error ``field=value: allowed`` (the value's repr
+    cut to MAX_SHOWN characters)."""
+    return InvalidArgument(f"{field}={shown(value)}: {allowed}")

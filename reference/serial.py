@@ -65,6 +65,16 @@ def common_prefix(a: list[int], b: list[int], skip: int = 0) -> int:
     return i
 
 
+def related(index: dict[int, list[int]], tokens: list[int], n: int) -> list[int]:
+    """Positions (among ``n`` cached prompts, indexed by first token id) of
+    those that may share a prefix with ``tokens``: the ones with the same
+    first token. Any other shares no token, and a prompt sharing no token
+    reaches no cached state and no attention block, so leaving it out
+    changes no result; it only makes a trace of unrelated prompts cost
+    linear, not quadratic, time."""
+    return index.get(tokens[0], []) if tokens else []
+
+
 def known_common(a: tuple[Segment, ...], b: tuple[Segment, ...]) -> int:
     """Tokens two prompts share by construction: identical leading segments,
     then the shorter of a first differing pair from the same stream."""
@@ -279,13 +289,16 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
         raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
     g = case.geometry
     cache: list[Cached] = []
+    by_first: dict[int, list[int]] = {}  # first token id -> positions in cache
     steps = []
     for i, request in enumerate(case.trace):
         tokens = prompt_tokens(request)
         N = len(tokens)
-        shared = [common_prefix(e.tokens, tokens, known_common(e.prompt, request.prompt)) for e in cache]
-        look = lookup(N, shared, cache, g, knobs)
+        near = [cache[j] for j in related(by_first, tokens, len(cache))]
+        shared = [common_prefix(e.tokens, tokens, known_common(e.prompt, request.prompt)) for e in near]
+        look = lookup(N, shared, near, g, knobs)
         bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
+        by_first.setdefault(tokens[0], []).append(len(cache))
         cache.append(Cached(tokens, request.prompt, kept))
         steps.append(
             Step(
