@@ -11,6 +11,13 @@ boundary cases from ``spec/`` are encoded as literal inputs
 The worker runs in the engine's own environment when that environment
 exists (in-process engine, vLLM's ``vllm/v1/core`` instrumented); otherwise
 in this interpreter with the engine in a worker process.
+
+The deadline is the campaign's wall limit, start-up included: the workers
+are told to stop a second before it (``-max_total_time`` from their own
+start, see ``fuzz_engine``) and are stopped (SIGTERM, then SIGKILL) at it,
+``STOP_GRACE_S`` before the caller's deadline so the summary fits. Workers
+stay in this process's process group and get ``PR_SET_PDEATHSIG``: a
+``kill -9`` of the runner (or of its group) leaves none behind.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ import hashlib
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +39,12 @@ from fuzz.codec import encode
 
 TARGET = Path(__file__).resolve().parent / "fuzz_engine.py"
 ROOT = TARGET.parent.parent
-_PULSE = re.compile(r"^#(\d+)\s.*?cov: (\d+).*?exec/s: (\d+)")
+#: libFuzzer's status line; ``cov:`` is absent while nothing is covered.
+_PULSE = re.compile(r"^#(\d+)\s+[A-Z]*[a-z]*\b(?:.*?cov: (\d+))?.*?exec/s: (\d+)")
+_FINAL_EXECS = re.compile(r"^stat::number_of_executed_units: (\d+)")
+#: Seconds before the caller's deadline at which workers are stopped, so
+#: stopping them and printing the summary still end by the deadline.
+STOP_GRACE_S = 2.0
 
 
 @dataclass
@@ -44,8 +55,15 @@ class WorkerState:
     findings: list[tuple[float, str, str]] = field(default_factory=list)
     harness_errors: int = 0
     unsupported: int = 0
+    duplicates: int = 0
     lines: list[str] = field(default_factory=list)
     returncode: int | None = None
+    stopped: bool = False  # stopped by the runner (deadline, Ctrl-C)
+
+    @property
+    def died(self) -> bool:
+        """A worker died when it exited non-zero without being stopped."""
+        return self.returncode not in (0, None) and not self.stopped
 
 
 def write_seeds(cases: list[Case], folder: Path) -> int:
@@ -101,6 +119,19 @@ def worker_python(engine: str) -> tuple[str, bool]:
     return sys.executable, False
 
 
+def argv_with_deadline(argv: list[str], seconds_left: float | None) -> list[str]:
+    """libFuzzer counts ``-max_total_time`` from its own start, after the
+    engine was set up; the campaign's deadline counts from the runner's. So
+    the flag becomes the seconds left (at least 1: 0 would mean no limit)."""
+    if seconds_left is None:
+        return list(argv)
+    left = max(1, int(seconds_left))
+    out = [a for a in argv if not a.startswith("-max_total_time=")]
+    given = [int(a.split("=", 1)[1]) for a in argv if a.startswith("-max_total_time=") and a.split("=", 1)[1].isdigit()]
+    limit = min([left] + [g for g in given if g > 0])
+    return out[:1] + [f"-max_total_time={limit}"] + out[1:]
+
+
 def _reader(proc: subprocess.Popen, j: int, q: queue.Queue) -> None:
     for raw in proc.stderr:  # type: ignore[union-attr]
         q.put((j, raw.rstrip("\n")))
@@ -114,13 +145,35 @@ def _parse(line: str, st: WorkerState) -> None:
     elif line.startswith("kvspec-stats\t"):
         parts = line.split("\t")
         st.unsupported = int(parts[2])
+        if len(parts) > 4:
+            st.duplicates = int(parts[4])
     elif line.startswith("kvspec-harness-error"):
         st.harness_errors += 1
     else:
         m = _PULSE.match(line)
         if m:
-            st.execs, st.cov, st.exec_s = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            st.execs, st.exec_s = int(m.group(1)), int(m.group(3))
+            st.cov = int(m.group(2)) if m.group(2) else st.cov
+        final = _FINAL_EXECS.match(line)
+        if final:
+            st.execs = max(st.execs, int(final.group(1)))
         st.lines = (st.lines + [line])[-40:]
+
+
+def _stop(procs: list[subprocess.Popen], states: list[WorkerState], wait_s: float) -> None:
+    """Stop every worker still running: SIGTERM (libFuzzer prints its final
+    stats and exits 72), then SIGKILL after ``wait_s``; each wait bounded."""
+    for proc, st in zip(procs, states):
+        if proc.poll() is None:
+            st.stopped = True
+            proc.terminate()
+    end = time.monotonic() + wait_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.05, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def run_atheris(
@@ -136,10 +189,20 @@ def run_atheris(
     libfuzzer_args: list[str] = (),
     console=None,
     env_extra: dict[str, str] | None = None,
+    deadline: float | None = None,
+    emit=None,
+    progress_every: float = 10.0,
 ) -> dict:
-    """Run the campaign; return a summary dict (also shown as a table)."""
+    """Run the campaign until ``deadline`` (``time.monotonic()``; default
+    ``max_time`` from now), start-up included; return a summary dict. With
+    ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
+    progress line is passed to it every ``progress_every`` seconds."""
     from engine_adapter.home import contained_env
 
+    started = time.monotonic()
+    deadline = started + max_time if deadline is None else deadline
+    origin = deadline - max_time  # the caller's start: progress counts from there
+    stop_at = deadline - STOP_GRACE_S
     python, in_process = worker_python(engine)
     corpus.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,6 +212,8 @@ def run_atheris(
     env["KVSPEC_FUZZ_ENGINE"] = engine
     env["KVSPEC_FUZZ_OUT"] = str(out)
     env["KVSPEC_FUZZ_SEED"] = str(seed)
+    env["KVSPEC_FUZZ_PARENT"] = str(os.getpid())
+    env["KVSPEC_FUZZ_DEADLINE"] = repr(time.time() + (stop_at - time.monotonic()) - 1.0)
     if other:
         env["KVSPEC_FUZZ_OTHER"] = other
     dirs = [str(corpus)] + ([str(seed_dir)] if seed_dir else [])
@@ -156,23 +221,23 @@ def run_atheris(
     artifacts.mkdir(parents=True, exist_ok=True)
     q: queue.Queue = queue.Queue()
     procs, states = [], []
-    started = time.monotonic()
+    total = max(1, int(stop_at - time.monotonic()))  # an upper bound; the worker tightens it
     for j in range(jobs):
-        cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={int(max_time)}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", f"-artifact_prefix={artifacts}/", *libfuzzer_args, *dirs]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        procs.append(proc)
+        cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={total}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", f"-artifact_prefix={artifacts}/", *libfuzzer_args, *dirs]
+        # Same process group as this runner (no new session): a kill of the
+        # group reaches the workers; fuzz_engine also asks for PDEATHSIG.
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         states.append(WorkerState())
+    for j, proc in enumerate(procs):  # threads only after every fork
         threading.Thread(target=_reader, args=(proc, j, q), daemon=True).start()
 
     live = _live(console)
     open_streams = jobs
-    # libFuzzer checks -max_total_time only after the seed corpus has run;
-    # past this deadline the workers are stopped (SIGTERM: libFuzzer exits 72).
-    deadline = started + max_time + 30
+    last_emit = origin
     try:
-        while open_streams and time.monotonic() < deadline:
+        while open_streams and time.monotonic() < stop_at:
             try:
-                j, line = q.get(timeout=0.5)
+                j, line = q.get(timeout=min(0.5, max(0.01, stop_at - time.monotonic())))
             except queue.Empty:
                 line = ""
                 j = -1
@@ -180,22 +245,19 @@ def run_atheris(
                 open_streams -= 1
             elif j >= 0:
                 _parse(line, states[j])
+            now = time.monotonic()
             if live:
-                live.update(_progress(engine, states, time.monotonic() - started, in_process))
+                live.update(_progress(engine, states, now - started, in_process))
+            if emit is not None and now - last_emit >= progress_every:
+                last_emit = now
+                emit(_progress_line(states, now - origin))
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(procs, states, wait_s=max(0.5, min(1.5, deadline - time.monotonic() - 0.5)))
         if live:
             live.stop()
+    _drain(q, states)
     for proc, st in zip(procs, states):
         st.returncode = proc.returncode
     findings = sorted({(t, p, s) for st in states for (t, p, s) in st.findings})
@@ -211,10 +273,32 @@ def run_atheris(
         "harness_errors": sum(st.harness_errors for st in states),
         "findings": [{"at_s": t, "path": p, "summary": s} for t, p, s in findings],
         "first_finding_s": findings[0][0] if findings else None,
+        "duplicates": sum(st.duplicates for st in states),
         "worker_exit_codes": [st.returncode for st in states],
-        "stopped_at_deadline": any(st.returncode in (72, -signal.SIGTERM) for st in states),
+        "workers_died": sum(st.died for st in states),
+        "stopped_at_deadline": any(st.stopped for st in states),
         "worker_tail": states[0].lines[-5:] if states else [],
     }
+
+
+def _drain(q: queue.Queue, states: list[WorkerState]) -> None:
+    """Parse what the stopped workers wrote last (final stats, a last
+    finding line), waiting at most a fraction of a second."""
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        try:
+            j, line = q.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if line is not None:
+            _parse(line, states[j])
+
+
+def _progress_line(states: list[WorkerState], elapsed: float) -> str:
+    from fuzz.progress import progress_line
+
+    found = len({p for s in states for (_, p, _) in s.findings})
+    return progress_line(elapsed, sum(s.execs for s in states), sum(s.exec_s for s in states), max((s.cov for s in states), default=0) or None, found, sum(s.harness_errors for s in states))
 
 
 def _live(console):

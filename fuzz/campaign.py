@@ -12,13 +12,19 @@ plain random) repeats:
 4. it is shrunk (``fuzz.shrink``) with the predicate "the same oracle still
    fires with the same signature", and written atomically as a finding.
 
-An exception raised inside vLLM arrives as an observation with ``error`` and
-becomes an ``engine_error`` finding; the campaign goes on.
+An exception raised inside vLLM arrives as an observation with ``error`` of
+kind ``vllm`` and becomes an ``engine_error`` finding; the campaign goes on.
+Anything else that goes wrong is a *harness error*, never a finding: an
+observation whose error kind is not ``vllm`` (a worker that died or timed
+out, an ``internal`` adapter exception), an engine that cannot be reached,
+or an exception in kvspec's own code. It is counted (``Stats.harness_errors``),
+stored apart (``OUT/harness-errors/``) and never judged.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
@@ -45,6 +51,8 @@ class Stats:
     divergences: int = 0
     duplicates: int = 0
     not_reproduced: int = 0
+    harness_errors: int = 0
+    cut_at_deadline: int = 0
     findings: list[str] = field(default_factory=list)
     first_finding_s: float | None = None
     started: float = field(default_factory=time.monotonic)
@@ -52,6 +60,26 @@ class Stats:
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+
+class HarnessFailure(Exception):
+    """The harness, not vLLM, failed on a case: never judged, never a finding."""
+
+
+def harness_error_of(observation: dict) -> str | None:
+    """The rule: only an error of kind ``vllm`` (vLLM itself raised) is vLLM
+    behaviour. Any other error in an observation (``worker``: died or timed
+    out; ``internal``: an adapter exception; no kind at all) is a harness
+    error, returned as text; ``None`` when the observation may be judged."""
+    err = observation.get("error")
+    if err is None:
+        return None
+    if not isinstance(err, dict):
+        return f"malformed error in observation: {err!r}"[:2000]
+    if err.get("kind") == "vllm":
+        return None
+    head = f"{err.get('kind', 'unknown')} error: {err.get('message', '')}".strip()
+    return head + ("\n" + err["traceback"] if err.get("traceback") else "")
 
 
 class Campaign:
@@ -65,6 +93,8 @@ class Campaign:
         seed: int | None = None,
         shrink_calls: int = 200,
         on_finding: Callable[[Path, dict], None] | None = None,
+        on_harness_error: Callable[[Path], None] | None = None,
+        deadline: float | None = None,
     ):
         self.engine, self.other = engine, other
         self.out_dir = Path(out_dir)
@@ -72,6 +102,8 @@ class Campaign:
         self.seed = seed
         self.shrink_calls = shrink_calls
         self.on_finding = on_finding
+        self.on_harness_error = on_harness_error
+        self.deadline = deadline  # time.monotonic() past which shrinking stops
         self.stats = Stats()
         self.seen: set[str] = set()
         if self.out_dir.is_dir():  # resume: do not report again what is already there
@@ -81,18 +113,41 @@ class Campaign:
 
     # -------------------------------------------------------------- judging
 
-    def _judge(self, case: Case) -> tuple[dict, list[Divergence]]:
-        obs = self.engine.run(case)
+    def _observe(self, engine: Engine, case: Case) -> dict:
+        """Run ``case``; an observation carrying a harness error (see
+        ``harness_error_of``) raises HarnessFailure instead of being judged."""
+        obs = engine.run(case)
         self.stats.execs += 1
+        text = harness_error_of(obs)
+        if text is not None:
+            raise HarnessFailure(text)
+        return obs
+
+    def _judge(self, case: Case) -> tuple[dict, list[Divergence]]:
+        obs = self._observe(self.engine, case)
         divs = check_all(case, self.engine.version, obs, self._run_primary, self.oracles)
         if self.other is not None and "versions" in self.oracles and "error" not in obs:
-            other_obs = self.other.run(case)
+            other_obs = self._observe(self.other, case)
             divs += check_versions(case, self.engine.version, obs, self.other.version, other_obs)
         return obs, divs
 
     def _run_primary(self, case: Case) -> dict:
-        self.stats.execs += 1
-        return self.engine.run(case)
+        return self._observe(self.engine, case)
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _harness_error(self, case: Case, text: str) -> None:
+        """Count and store one harness error (atomically, under
+        ``OUT/harness-errors/``). One that happens past the deadline is a run
+        cut off by the campaign's own time limit: counted apart, not stored."""
+        if self.past_deadline():
+            self.stats.cut_at_deadline += 1
+            return
+        self.stats.harness_errors += 1
+        path = F.write_harness_error(case, text, self.out_dir)
+        if self.on_harness_error:
+            self.on_harness_error(path)
 
     def supported(self, case: Case) -> bool:
         try:
@@ -114,12 +169,30 @@ class Campaign:
             obs, divs = self._judge(case)
         except KvspecError:
             return False
+        except HarnessFailure as e:
+            self._harness_error(case, str(e))
+            return False
         return any(d.oracle == oracle and self._signature(case, d, obs) == sig for d in divs)
 
     # -------------------------------------------------------------- the step
 
     def check(self, case: Case) -> list[Path]:
-        """Judge one case; return the finding files written."""
+        """Judge one case; return the finding files written. A harness error
+        (HarnessFailure, an engine that cannot be reached, an exception in
+        kvspec's code) is recorded apart and yields no finding."""
+        try:
+            return self._check(case)
+        except HarnessFailure as e:
+            self._harness_error(case, str(e))
+        except Unsupported:  # the engine says this version cannot express it
+            self.stats.unsupported += 1
+        except KvspecError as e:  # e.g. EngineError: the engine cannot be reached
+            self._harness_error(case, f"{type(e).__name__}: {e}")
+        except Exception:  # noqa: BLE001 - a harness bug is recorded, never judged
+            self._harness_error(case, traceback.format_exc())
+        return []
+
+    def _check(self, case: Case) -> list[Path]:
         if not self.supported(case):
             self.stats.unsupported += 1
             return []
@@ -135,11 +208,15 @@ class Campaign:
                 self.stats.not_reproduced += 1
                 continue
             self.seen.add(sig)
-            small, _calls = shrink(case, lambda c, o=div.oracle, s=sig: self._fires(c, o, s), self.shrink_calls)
+            small, _calls = shrink(case, lambda c, o=div.oracle, s=sig: not self.past_deadline() and self._fires(c, o, s), self.shrink_calls)
             pinned = pin_speculative(small, self.engine.version)
             if pinned != small and self._fires(pinned, div.oracle, sig):
                 small = pinned
-            small_obs, small_divs = self._judge(small)
+            try:
+                small_obs, small_divs = self._judge(small)
+            except HarnessFailure as e:  # keep the confirmed original
+                self._harness_error(small, str(e))
+                small_obs, small_divs = obs, []
             final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small, d, small_obs) == sig), None)
             if final is None:  # cannot happen after a successful shrink; keep the original
                 small, small_obs, final = case, obs, div

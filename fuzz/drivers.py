@@ -22,6 +22,25 @@ from fuzz.campaign import Campaign, Stats
 from fuzz.generate import RandomChooser, build_case
 
 
+class BoundedEngine:
+    """An engine whose every run ends by ``deadline`` (``time.monotonic()``):
+    a worker engine gets the time left as its start-up and run timeouts (a
+    run cut off there comes back as a worker error, which the campaign,
+    past its deadline, counts as cut rather than as a harness error); an
+    in-process engine runs as is."""
+
+    def __init__(self, engine, deadline: float):
+        self.engine, self.deadline = engine, deadline
+        self.version = engine.version
+
+    def run(self, case: Case) -> dict:
+        if getattr(self.engine, "mode", None) != "worker":
+            return self.engine.run(case)
+        left = max(0.1, self.deadline - time.monotonic())
+        self.engine.start_timeout = min(self.engine.start_timeout, left)
+        return self.engine.run(case, timeout=left)
+
+
 def run_cases(campaign: Campaign, cases: Iterable[Case], *, max_time: float | None = None, stop_on_finding: bool = False) -> Stats:
     deadline = None if max_time is None else time.monotonic() + max_time
     for case in cases:

@@ -8,14 +8,20 @@ libFuzzer owns argv; kvspec's settings come from the environment:
 * ``KVSPEC_FUZZ_ENGINE``: the engine under test (default ``vllm==0.33.0``);
 * ``KVSPEC_FUZZ_OTHER``: a second engine for the ``versions`` oracle;
 * ``KVSPEC_FUZZ_OUT``: the findings folder (default ``$KVSPEC_HOME/findings``);
-* ``KVSPEC_FUZZ_SEED``: recorded in findings.
+* ``KVSPEC_FUZZ_SEED``: recorded in findings;
+* ``KVSPEC_FUZZ_PARENT``: the pid of the runner; this worker dies with it
+  (Linux ``PR_SET_PDEATHSIG``), so a ``kill -9`` of the runner leaves none;
+* ``KVSPEC_FUZZ_DEADLINE``: wall-clock time (``time.time()``) after which a
+  finding is no longer shrunk (the runner stops the worker soon after).
 
 When this interpreter can import the engine's vLLM (run from that version's
 environment), the engine runs in-process and only vLLM's ``vllm/v1/core``
 is instrumented, so its coverage guides the search. Otherwise the engine
 runs in a worker process and the reference model is instrumented instead,
 as a proxy. A finding is not a crash: it is written as a JSON file and the
-campaign goes on; so is an exception raised inside vLLM.
+campaign goes on; so is an exception raised inside vLLM. A harness error
+(kvspec's own bug, a dead engine worker) is stored apart and reported as
+``kvspec-harness-error``, never as a finding.
 
 Laid out for OSS-Fuzz / ClusterFuzzLite: one ``fuzz_*.py`` file, a ``main()``
 guard, ``atheris.Setup`` + ``atheris.Fuzz``.
@@ -24,12 +30,31 @@ guard, ``atheris.Setup`` + ``atheris.Fuzz``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
-import atheris
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this worker when the runner that
+    started it dies (``prctl(PR_SET_PDEATHSIG)``); if the runner is already
+    gone (it died before this line ran), exit now."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    parent = os.environ.get("KVSPEC_FUZZ_PARENT")
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        os._exit(0)
+
+
+_die_with_parent()
+
+import atheris  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
@@ -59,7 +84,21 @@ def _instrumented_engine(name: str):
 
 
 def _report(kind: str, *fields) -> None:
-    print("kvspec-" + kind, *fields, sep="\t", file=sys.stderr, flush=True)
+    """One tab-separated line for the runner. If the runner no longer reads
+    (a broken pipe), the campaign has no one to report to: exit at once."""
+    try:
+        print("kvspec-" + kind, *fields, sep="\t", file=sys.stderr, flush=True)
+    except OSError:
+        os._exit(0)
+
+
+def _deadline() -> float | None:
+    """KVSPEC_FUZZ_DEADLINE (wall clock) as a ``time.monotonic()`` value."""
+    raw = os.environ.get("KVSPEC_FUZZ_DEADLINE")
+    try:
+        return time.monotonic() + (float(raw) - time.time()) if raw else None
+    except ValueError:
+        return None
 
 
 def _setup() -> None:
@@ -83,6 +122,8 @@ def _setup() -> None:
         other=other,
         seed=int(seed) if seed else None,
         on_finding=lambda path, f: _report("finding", f"{CAMPAIGN.stats.elapsed:.3f}", path, f["summary"]),
+        on_harness_error=lambda path: _report("harness-error", path),
+        deadline=_deadline(),
     )
 
 
@@ -101,12 +142,15 @@ def TestOneInput(data: bytes) -> None:
     if now - _LAST_REPORT[0] > 1.0:
         _LAST_REPORT[0] = now
         s = CAMPAIGN.stats
-        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates)
+        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates, s.harness_errors)
 
 
 def main() -> None:
     _setup()
-    atheris.Setup(sys.argv, TestOneInput)
+    from fuzz.atheris_runner import argv_with_deadline
+
+    deadline = CAMPAIGN.deadline
+    atheris.Setup(argv_with_deadline(sys.argv, None if deadline is None else deadline - time.monotonic()), TestOneInput)
     atheris.Fuzz()
 
 

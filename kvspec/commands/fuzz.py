@@ -2,93 +2,208 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
+import time
 from pathlib import Path
 
 from reference.errors import invalid
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
-DRIVERS = ("atheris", "hypothesis", "random")
+DRIVERS = ("atheris", "hypothesis", "random", "cases")
+EPILOG = """\
+exit codes:
+  0  the campaign ran and wrote no finding
+  1  the campaign wrote at least one finding this run; a divergence already
+     on file in --out is not reported again and does not count (use a fresh
+     --out to count everything)
+  2  usage: a bad option or input (one line naming it)
+  3  the harness failed, so the verdict cannot be trusted: no execution at
+     all, a fuzzing worker died, the engine environment is missing or
+     unusable, or harness errors above --harness-error-limit (and at least
+     3); takes precedence over 1
+
+--max-time is the wall limit of the whole command, engine start-up included
+(workers are stopped at it; ~20 s of it go to starting the engine). Harness
+errors (kvspec's own bugs, a dead or hung engine worker) are never findings:
+they are counted and stored under OUT/harness-errors/. When stderr is not a
+terminal, a progress line is printed every ~10 s. At the end the findings in
+OUT are grouped into classes (see kvspec findings).
+"""
 
 
 def configure(parser) -> None:
+    from fuzz.outcome import HARNESS_ERROR_LIMIT
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--engine", action="append", default=None, help="engine under test (vllm==X); a second --engine adds the version-vs-version oracle (default: vllm==0.33.0)")
-    parser.add_argument("--max-time", type=float, default=60.0, help="seconds (default: %(default)s)")
+    parser.add_argument("--max-time", type=float, default=60.0, help="wall-clock limit in seconds, start-up included (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     parser.add_argument("--out", default=None, help="findings folder (default: $KVSPEC_HOME/findings)")
     parser.add_argument("--corpus", default=None, help="corpus folder to resume from and grow (atheris; default: $KVSPEC_HOME/corpus/<engine>)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel atheris workers (default: %(default)s)")
-    parser.add_argument("--driver", choices=DRIVERS, default="atheris", help="search driver (default: %(default)s)")
+    parser.add_argument("--driver", choices=DRIVERS, default="atheris", help="search driver; 'cases' runs only the z3 seeds and --case files, then stops (default: %(default)s)")
+    parser.add_argument("--case", action="append", default=[], metavar="FILE", help="a case or finding file to run first (repeatable; not with --driver atheris)")
+    parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
     parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --: flags passed to libFuzzer")
 
 
-def main(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
+def _say(line: str) -> None:
+    """One line to stderr; a closed stderr (the reader went away) is ignored."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
-    from engine_adapter.home import kvspec_home
-    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
 
-    engines = [engine_name(parse_engine(e, "--engine")) for e in (args.engine or [DEFAULT_ENGINE])]
+def _validate(args, engines: list[str]) -> None:
     if len(engines) > 2:
         raise invalid("--engine", engines, "give one engine under test and at most one more to compare with")
-    if args.max_time <= 0:
+    if not (math.isfinite(args.max_time) and args.max_time > 0):
         raise invalid("--max-time", args.max_time, "must be a positive number of seconds")
     if args.jobs < 1:
         raise invalid("--jobs", args.jobs, "must be at least 1")
+    if not 0 <= args.harness_error_limit <= 1:
+        raise invalid("--harness-error-limit", args.harness_error_limit, "must be a fraction from 0 to 1")
+    if args.case and args.driver == "atheris":
+        raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
+    if args.driver == "cases" and not args.case and args.no_z3_seeds:
+        raise invalid("--driver", "cases", "needs --case files or the z3 seeds (drop --no-z3-seeds)")
+
+
+def unusable_engine(engines: list[str]) -> str | None:
+    """The first engine that can run neither in this interpreter nor in a
+    ready environment, as a one-line message; None when all can."""
+    from engine_adapter import environments
+    from engine_adapter.engine import inprocess_vllm_version
+    from engine_adapter.versions import parse_engine
+
+    for name in engines:
+        version = parse_engine(name)
+        if inprocess_vllm_version() != version and not environments.is_ready(version):
+            state = environments.status(version)["state"]
+            return f"engine={name!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {name}"
+    return None
+
+
+def main(args) -> int:
+    from engine_adapter.home import kvspec_home
+    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from reference.errors import EngineError
+
+    from fuzz.findings import load_finding
+    from fuzz.outcome import EXIT_HARNESS, outcome
+    from fuzz.progress import resume_line
+
+    started = time.monotonic()
+    engines = [engine_name(parse_engine(e, "--engine")) for e in (args.engine or [DEFAULT_ENGINE])]
+    _validate(args, engines)
+    deadline = started + args.max_time
+    cases = [load_finding(path)[0] for path in args.case]
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
-    console = Console(stderr=True)
+    corpus = (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")) if args.driver == "atheris" else None
+    missing = unusable_engine(engines)
+    if missing:
+        _say(f"kvspec: {missing} (harness failed, exit 3)")
+        return EXIT_HARNESS
+    line = resume_line(out, corpus)
+    if line:
+        _say(line)
     from fuzz.seeds import load_seed_cases
     from fuzz.seeds import seed_dir as z3_seed_dir
 
     seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
-    if args.driver == "atheris":
-        from fuzz.atheris_runner import run_atheris
+    try:
+        if args.driver == "atheris":
+            from rich.console import Console
 
-        corpus = Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")
-        summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=console if sys.stderr.isatty() else None)
-    else:
-        summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [])
+            from fuzz.atheris_runner import run_atheris
+
+            tty = sys.stderr.isatty()
+            summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say)
+        else:
+            summary = _run_in_process(args, engines, out, (load_seed_cases(seed_dir) if seed_dir else []) + cases, started, deadline)
+    except EngineError as e:
+        _say(f"kvspec: {e} (harness failed, exit 3)")
+        return EXIT_HARNESS
+    code, reason = outcome(execs=summary["execs"], harness_errors=summary["harness_errors"], new_findings=len(summary["findings"]), workers_died=summary.get("workers_died", 0), limit=args.harness_error_limit)
+    summary["classes"], summary["malformed"] = _classes(out, summary)
+    summary["exit_code"], summary["outcome"] = code, reason
+    _print(summary, args, engines, out)
+    _say(f"kvspec fuzz: exit {code}: {reason}")
+    return code
+
+
+def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:
+    """Every finding in ``out`` grouped into classes, this run's marked new."""
+    from fuzz.triage import read_findings, triage
+
+    if not out.is_dir():
+        return [], []
+    described, malformed = read_findings(out)
+    new = {str(Path(f["path"])) for f in summary["findings"]}
+    return triage(described, new), [{"path": p, "reason": r} for p, r in malformed]
+
+
+def _print(summary: dict, args, engines: list[str], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvspec.commands.findings import render
+
     if args.json:
         print(json.dumps(summary, indent=2))
-    else:
-        table = Table(title=f"kvspec fuzz: {engines[0]}" + (f" vs {engines[1]}" if len(engines) > 1 else ""))
-        for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "findings", "first finding (s)"):
-            table.add_column(col, justify="right")
-        table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), str(summary.get("coverage", "-")), str(summary["unsupported"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
-        Console().print(table)
-        for f in summary["findings"]:
-            print(f"  {f['path']}\n    {f['summary']}")
-        if summary.get("harness_errors"):
-            print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'}")
-    return 0
+        return
+    table = Table(title=f"kvspec fuzz: {engines[0]}" + (f" vs {engines[1]}" if len(engines) > 1 else ""))
+    for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "harness errors", "new findings", "first finding (s)"):
+        table.add_column(col, justify="right")
+    cov = summary.get("coverage")
+    table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), "-" if cov is None else str(cov), str(summary["unsupported"]), str(summary["harness_errors"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
+    Console().print(table)
+    malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
+    print("\n".join(render(summary["classes"], malformed, str(out))))
+    if summary.get("harness_errors"):
+        print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'} (not findings)")
 
 
-def _run_in_process(args, engines, out, seeds) -> dict:
-    import time
-
+def _run_in_process(args, engines, out, seeds, started: float, deadline: float) -> dict:
     from engine_adapter import open_engine
 
+    from fuzz.atheris_runner import STOP_GRACE_S
     from fuzz.campaign import Campaign
-    from fuzz.drivers import run_cases, run_hypothesis, run_random
+    from fuzz.drivers import BoundedEngine, run_cases, run_hypothesis, run_random
+    from fuzz.progress import Heartbeat, progress_line
 
-    engine = open_engine(engines[0])
-    other = open_engine(engines[1]) if len(engines) > 1 else None
-    start = time.monotonic()
-    campaign = Campaign(engine, out, other=other, seed=args.seed)
-    run_cases(campaign, seeds, max_time=args.max_time)
-    left = max(0.0, args.max_time - (time.monotonic() - start))
-    if args.driver == "hypothesis":
-        run_hypothesis(campaign, args.seed, max_time=left)
-    else:
-        run_random(campaign, args.seed, max_time=left)
+    stop_at = deadline - STOP_GRACE_S
+    opened = [open_engine(name) for name in engines]
+    engine, other = BoundedEngine(opened[0], stop_at), (BoundedEngine(opened[1], stop_at) if len(opened) > 1 else None)
+    campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
     s = campaign.stats
+
+    def line() -> str:
+        elapsed = time.monotonic() - started
+        return progress_line(elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors)
+
+    try:
+        with Heartbeat(line, _say):
+            run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
+            left = max(0.0, stop_at - time.monotonic())
+            if args.driver == "hypothesis":
+                run_hypothesis(campaign, args.seed, max_time=left)
+            elif args.driver == "random":
+                run_random(campaign, args.seed, max_time=left)
+    finally:
+        for e in opened:
+            e.close()
     findings = []
     for path in s.findings:
         data = json.loads(Path(path).read_text())
         findings.append({"path": path, "summary": data["summary"]})
-    return {"engine": engines[0], "execs": s.execs, "exec_per_s": round(s.execs / max(s.elapsed, 1e-9), 1), "unsupported": s.unsupported, "findings": findings, "first_finding_s": s.first_finding_s, "elapsed_s": round(s.elapsed, 2)}
+    elapsed = time.monotonic() - started
+    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1), "coverage": None, "unsupported": s.unsupported, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}

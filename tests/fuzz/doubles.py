@@ -60,5 +60,38 @@ class RaisingDouble(ReferenceDouble):
         self.calls += 1
         for i, r in enumerate(case.trace):
             if r.num_prompt_tokens > self.limit:
-                return {"error": {"type": "ValueError", "message": f"prompt of {r.num_prompt_tokens} tokens exceeds {self.limit}", "traceback": "Traceback ...", "request": i}}
+                return {"error": {"kind": "vllm", "type": "ValueError", "message": f"prompt of {r.num_prompt_tokens} tokens exceeds {self.limit}", "traceback": "Traceback ...", "request": i}}
         return super().run(case)
+
+
+class BrokenHarnessDouble(ReferenceDouble):
+    """The legacy rule (its resend misses are real divergences) behind a
+    broken harness: every ``every``-th run comes back as ``WorkerEngine``
+    reports a dead worker or an adapter exception (error kind ``worker`` or
+    ``internal``, never ``vllm``)."""
+
+    def __init__(self, every: int, kind: str = "worker"):
+        super().__init__("0.29.0", "legacy")
+        self.every, self.kind, self.runs = every, kind, 0
+
+    def run(self, case: Case) -> dict:
+        self.runs += 1
+        if self.runs % self.every == 0:
+            return {"engine": "vllm==0.29.0", "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
+                "kind": self.kind, "phase": "worker", "request": None, "type": self.kind,
+                "message": "worker died (exit -9): (no stderr)", "traceback": None}}
+        return super().run(case)
+
+
+class UnreachableDouble(ReferenceDouble):
+    """An engine that cannot be reached: every run raises EngineError, as
+    ``WorkerEngine`` does when its worker does not start."""
+
+    def __init__(self):
+        super().__init__("0.33.0", "replay")
+
+    def run(self, case: Case) -> dict:
+        from reference.errors import EngineError
+
+        self.calls += 1
+        raise EngineError("engine='vllm==0.33.0': worker did not start within 180s or exited: (no stderr)")

@@ -1,0 +1,160 @@
+"""Triage: finding files grouped into classes, one minimal representative each.
+
+A class is (oracle, request kind, geometry class, root-cause hint):
+
+* request kind: the first diverging request's kind (``fresh``, ``resend``,
+  ``extension``, ``sibling``; ``-`` where no request diverges, e.g. knobs);
+* geometry class: ``uniform`` (one block size), ``mixed`` (attention and
+  Mamba blocks differ), ``partial`` (mixed, with partial hash hits);
+* hint: a short guess at the cause, derived from the finding alone: for a
+  hit divergence the request kind and direction (``resend low``), whether
+  the prompt is block-aligned, mixed attention/Mamba blocks, the EAGLE
+  drop; for ``engine_error`` the exception type (and the phase); for
+  ``knobs`` the knob names; for ``versions`` the other version.
+
+The representative is the smallest case of the class: fewest requests,
+then fewest prompt tokens (then the path, so the choice is stable). A file
+that cannot be read as a finding is listed apart with a one-line reason;
+reading never raises on a file's content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+from reference.case import Case, parse_case
+
+from fuzz.oracles import request_kinds
+
+#: Finding files larger than this are listed as malformed, not read.
+MAX_FINDING_BYTES = 16 << 20
+
+
+def geometry_class(case: Case, knobs: dict) -> str:
+    """``uniform``, ``mixed`` or ``partial`` (as in a finding's signature)."""
+    if len({g.block_size for g in case.geometry.groups}) == 1:
+        return "uniform"
+    return "partial" if knobs.get("partial_hash_hits") else "mixed"
+
+
+def first_kind(case: Case, first) -> str:
+    """The kind of the first diverging request, ``-`` if none."""
+    if not isinstance(first, int) or not 0 <= first < len(case.trace):
+        return "-"
+    return request_kinds(case)[first]
+
+
+def direction(finding: dict, first) -> str | None:
+    """``low`` / ``high``: the engine hit less / more than expected."""
+    exp = (finding.get("expected") or {}).get("hits") or []
+    obs = (finding.get("observed") or {}).get("hits") or []
+    if not isinstance(first, int) or not (0 <= first < len(exp) and first < len(obs)):
+        return None
+    if not isinstance(exp[first], int) or not isinstance(obs[first], int) or exp[first] == obs[first]:
+        return None
+    return "low" if obs[first] < exp[first] else "high"
+
+
+def hint(finding: dict, case: Case) -> str:
+    """A short root-cause hint (see the module docstring)."""
+    oracle = finding.get("oracle")
+    first = finding.get("first_divergence")
+    knobs = (finding.get("engine") or {}).get("knobs") or {}
+    detail = str((finding.get("expected") or {}).get("detail") or "")
+    if oracle == "engine_error":
+        err = (finding.get("observed") or {}).get("error") or {}
+        kind = str(err.get("type") or detail.split(":")[0] or "error")
+        return kind + (f" in {err['phase']}" if err.get("phase") else "")
+    if oracle == "knobs":
+        names = re.findall(r"(\w+) model=", detail)
+        return "knobs differ: " + (", ".join(names) if names else detail[:80])
+    parts = [" ".join(x for x in (first_kind(case, first), direction(finding, first)) if x and x != "-") or "hits differ"]
+    if isinstance(first, int) and 0 <= first < len(case.trace) and case.trace[first].num_prompt_tokens % case.geometry.scheduler_block_size == 0:
+        parts.append("block-aligned prompt")
+    if geometry_class(case, knobs) != "uniform":
+        parts.append("mixed attention/Mamba blocks")
+    if knobs.get("eagle_drop"):
+        parts.append("EAGLE drop")
+    if oracle == "versions" and detail:
+        parts.append(detail.replace("expected = ", "vs "))
+    return ", ".join(parts)
+
+
+def case_size(case: Case) -> tuple[int, int]:
+    """The order of representatives: requests, then prompt tokens."""
+    return len(case.trace), sum(r.num_prompt_tokens for r in case.trace)
+
+
+def describe(path: str, finding: dict) -> dict:
+    """One finding's class key and size; raises on a malformed finding."""
+    if not isinstance(finding, dict) or not isinstance(finding.get("oracle"), str) or "case" not in finding:
+        raise ValueError("not a finding (needs 'oracle' and 'case')")
+    case = parse_case(finding["case"])
+    knobs = (finding.get("engine") or {}).get("knobs") or {}
+    if not isinstance(knobs, dict):
+        raise ValueError("engine.knobs must be an object")
+    requests, tokens = case_size(case)
+    return {
+        "path": path,
+        "key": (finding["oracle"], first_kind(case, finding.get("first_divergence")), geometry_class(case, knobs), hint(finding, case)),
+        "requests": requests,
+        "tokens": tokens,
+        "summary": str(finding.get("summary", ""))[:300],
+    }
+
+
+def triage(described: list[dict], new: set[str] = frozenset()) -> list[dict]:
+    """Group described findings into classes, largest class first; each
+    with its count, how many of its files are in ``new``, and the smallest
+    finding as its representative."""
+    groups: dict[tuple, list[dict]] = {}
+    for d in described:
+        groups.setdefault(tuple(d["key"]), []).append(d)
+    classes = []
+    for key, members in groups.items():
+        rep = min(members, key=lambda d: (d["requests"], d["tokens"], d["path"]))
+        classes.append({
+            "oracle": key[0], "request_kind": key[1], "geometry": key[2], "hint": key[3],
+            "count": len(members), "new": sum(d["path"] in new for d in members),
+            "representative": {k: rep[k] for k in ("path", "requests", "tokens", "summary")},
+            "paths": sorted(d["path"] for d in members),
+        })
+    return sorted(classes, key=lambda c: (-c["count"], c["oracle"], c["request_kind"], c["geometry"], c["hint"]))
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text}"[:200]
+
+
+def read_bytes(path: Path, cap: int = MAX_FINDING_BYTES) -> bytes:
+    """A regular file's bytes, at most ``cap`` (else ValueError); special
+    files (FIFOs, devices, folders) are refused without being opened."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > cap:
+        raise ValueError(f"{st.st_size} bytes, over the {cap}-byte limit")
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise ValueError(f"over the {cap}-byte limit")
+    return data
+
+
+def read_findings(folder: Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The finding files (``*.json``, not recursive) in ``folder``,
+    described; and the malformed ones as (path, one-line reason)."""
+    described, malformed = [], []
+    for path in sorted(folder.glob("*.json")):
+        if path.name.startswith("."):
+            continue  # a temporary file of an atomic write
+        try:
+            described.append(describe(str(path), json.loads(read_bytes(path))))
+        except Exception as e:  # noqa: BLE001 - any content is listed, never raised
+            malformed.append((str(path), _one_line(e)))
+    return described, malformed
