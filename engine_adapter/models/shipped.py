@@ -1,0 +1,82 @@
+"""The model configs kvspec ships: real hybrid architectures, as
+``transformers``' configuration classes define them by default (their
+defaults mirror each architecture's reference checkpoint).
+
+Each shipped model is one ``<name>.json`` here: the ``config.json`` a
+checkpoint of that architecture carries (``architectures`` set to the vLLM
+class that serves it). They are generated once, by maintainers, with
+``python -m engine_adapter.models.shipped generate`` inside an engine environment
+(it needs ``transformers``), and committed, so every vLLM version resolves
+exactly the same config. This module never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: name -> (transformers configuration class, vLLM architecture, what it is)
+SHIPPED: dict[str, tuple[str, str, str]] = {
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", "Qwen3-Next-80B-A3B: Gated DeltaNet + full attention 3:1, MTP"),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", "Qwen3.5 (text): Gated DeltaNet + full attention 3:1, MTP"),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", "Nemotron-H: Mamba-2 + attention + MLP layers"),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", "Falcon-H1: Mamba-2 and attention in parallel in every layer"),
+    "bamba": ("BambaConfig", "BambaForCausalLM", "Bamba: Mamba-2 + attention"),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "Granite 4.0 MoE hybrid: Mamba-2 + attention"),
+    "jamba": ("JambaConfig", "JambaForCausalLM", "Jamba: Mamba-1 + attention 7:1, MoE"),
+}
+
+
+#: Fields the released checkpoints carry that the configuration classes
+#: leave unset: every one ships bfloat16 weights, and the Qwen hybrids carry
+#: one multi-token-prediction layer (served with ``--speculative-config
+#: '{"method": "mtp", ...}'``).
+CHECKPOINT_FIELDS: dict[str, dict] = {
+    "qwen3_next": {"torch_dtype": "bfloat16", "num_nextn_predict_layers": 1},
+    "qwen3_5": {"torch_dtype": "bfloat16", "num_nextn_predict_layers": 1},
+}
+DEFAULT_FIELDS = {"torch_dtype": "bfloat16"}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(SHIPPED)
+
+
+def config_path(name: str) -> Path:
+    return HERE / f"{name}.json"
+
+
+def load_config(name: str) -> dict:
+    """The shipped config.json of ``name`` (a dict)."""
+    return json.loads(config_path(name).read_text())
+
+
+def generate(out: Path = HERE) -> list[Path]:
+    """Write ``<name>.json`` for every shipped model from ``transformers``."""
+    import transformers
+
+    written = []
+    for name, (cls_name, arch, _what) in SHIPPED.items():
+        cfg = getattr(transformers, cls_name)()
+        data = cfg.to_dict()
+        data["architectures"] = [arch]
+        data.update(CHECKPOINT_FIELDS.get(name, DEFAULT_FIELDS))
+        data.pop("transformers_version", None)
+        data["_kvspec_source"] = f"transformers {transformers.__version__} {cls_name}() defaults"
+        path = out / f"{name}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["generate"]:
+        print("usage: python -m engine_adapter.models.shipped generate", file=sys.stderr)
+        sys.exit(2)
+    for p in generate():
+        print(p)
