@@ -29,10 +29,12 @@ prove: venv
 
 # The main job: the proofs, then a short differential campaign against the
 # pre-fix release and the newest one, and a summary of what was found.
+# `kvspec fuzz` exits 1 when it writes findings (expected here: 0.29.0 has
+# #53504) and 3 when the harness failed; only the latter stops `make check`.
 check: venv engines
 	$(KVSPEC) prove
-	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.29.0
-	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 60 --seed 1 --out .kvspec/check-findings/vllm-0.33.0
+	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.29.0 || [ $$? -eq 1 ]
+	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.33.0 || [ $$? -eq 1 ]
 
 # The slow tier (one-shot proof rows, the larger fidelity domain: ~10 min)
 # runs with `make test-slow`; the full geometry sweep runs here via prove.

@@ -20,6 +20,7 @@ from fuzz.findings import load_finding
 from fuzz.replay import replay_case
 from spec.seeds import boundary_cases
 from tests.engine.conftest import ensure_env
+from tests.fuzz.test_worker_lifecycle import fuzz_workers
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,11 @@ def test_engine_error_inside_vllm_is_recorded_and_the_campaign_goes_on(engines, 
     assert engine.run(good)["hits"] == [0, 32]  # the worker is still usable
 
 
+#: --max-time of the resumed run: the in-process engine's instrumented
+#: start-up (~20-45 s on 2 busy cores) plus some fuzzing.
+RESUME_S = 90
+
+
 def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
     return [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--max-time", str(seconds), "--seed", "1", "--out", str(out), "--corpus", str(corpus), "--json"]
 
@@ -74,20 +80,39 @@ def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
 def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     ensure_env("0.29.0")
     out, corpus = tmp_path / "findings", tmp_path / "corpus"
-    proc = subprocess.Popen(_fuzz_cmd(out, corpus, 120), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 240
+    proc = subprocess.Popen(_fuzz_cmd(out, corpus, 300), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(out.glob("promise-*.json")):
         time.sleep(1)
+    assert fuzz_workers(str(out)), "the libFuzzer worker should be running before the kill"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # The libFuzzer worker dies with the campaign's process group.
+    end = time.monotonic() + 10
+    while fuzz_workers(str(out)) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = fuzz_workers(str(out))
+    for pid in left:  # never leave one behind, even when failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"fuzz_engine.py workers outlived kill -9 of their group: {left}"
     found = list(out.glob("*.json"))
     assert any(p.name.startswith("promise-") for p in found)
     for path in found:  # every file written before the kill is whole
         json.loads(path.read_text())
     before = {p.name for p in corpus.iterdir()}
-    # Resume from the same corpus: a short run, nothing lost.
-    done = subprocess.run(_fuzz_cmd(out, corpus, 15), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # Resume from the same corpus, nothing lost; --max-time is the wall
+    # limit, start-up included; on a non-TTY it says what it resumes from
+    # and prints progress lines.
+    start = time.monotonic()
+    done = subprocess.run(_fuzz_cmd(out, corpus, RESUME_S), cwd=ROOT, capture_output=True, text=True, timeout=RESUME_S + 120)
+    wall = time.monotonic() - start
+    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: a signature not seen before
     summary = json.loads(done.stdout)
-    assert summary["harness_errors"] == 0
+    assert summary["harness_errors"] == 0 and summary["workers_died"] == 0 and summary["execs"] > 0
     assert before <= {p.name for p in corpus.iterdir()}
+    assert wall <= RESUME_S + 8, f"--max-time {RESUME_S} took {wall:.1f}s"
+    err = done.stderr.splitlines()
+    assert f"kvspec fuzz: resuming: {len(found)} prior finding(s) in {out} (not reported again), {len(before)} corpus input(s) in {corpus}" in err
+    assert sum(line.startswith("kvspec fuzz: ") and " execs " in line for line in err) >= RESUME_S // 10 - 2
+    # The summary triages every finding in --out into classes.
+    assert sum(c["count"] for c in summary["classes"]) == len(list(out.glob("*.json")))
