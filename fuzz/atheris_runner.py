@@ -86,14 +86,20 @@ def write_seeds(cases: list[Case], folder: Path) -> int:
 
 #: What a campaign needs inside an engine environment besides vLLM.
 FUZZ_TOOLS = ("atheris", "hypothesis", "sortedcontainers")
+#: Bounds on probing an engine environment and installing the tools into it.
+PROBE_TIMEOUT_S, INSTALL_TIMEOUT_S = 60.0, 300.0
 
 
-def ensure_fuzz_tools(python: str) -> bool:
+def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
     """Install the fuzzing tools (at this interpreter's versions, no
-    dependencies) into an engine environment that lacks them."""
+    dependencies) into an engine environment that lacks them; each step
+    bounded by its own limit and by ``timeout`` seconds."""
     from importlib.metadata import PackageNotFoundError, version
 
-    probe = subprocess.run([python, "-c", "import atheris, hypothesis"], capture_output=True)
+    try:
+        probe = subprocess.run([python, "-c", "import atheris, hypothesis"], capture_output=True, timeout=min(PROBE_TIMEOUT_S, timeout or PROBE_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        return False
     if probe.returncode == 0:
         return True
     try:
@@ -102,11 +108,14 @@ def ensure_fuzz_tools(python: str) -> bool:
         return False
     from engine_adapter.home import contained_env
 
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env())
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=min(INSTALL_TIMEOUT_S, timeout or INSTALL_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        return False
     return done.returncode == 0
 
 
-def worker_python(engine: str) -> tuple[str, bool]:
+def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
     from engine_adapter import environments
     from engine_adapter.versions import parse_engine
@@ -114,7 +123,7 @@ def worker_python(engine: str) -> tuple[str, bool]:
     version = parse_engine(engine)
     if environments.is_ready(version):
         python = str(environments.env_python(version))
-        if ensure_fuzz_tools(python):
+        if ensure_fuzz_tools(python, timeout):
             return python, True
     return sys.executable, False
 
@@ -203,7 +212,7 @@ def run_atheris(
     deadline = started + max_time if deadline is None else deadline
     origin = deadline - max_time  # the caller's start: progress counts from there
     stop_at = deadline - STOP_GRACE_S
-    python, in_process = worker_python(engine)
+    python, in_process = worker_python(engine, timeout=max(1.0, stop_at - time.monotonic()))
     corpus.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     env = contained_env()
