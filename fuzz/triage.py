@@ -8,9 +8,11 @@ A class is (oracle, request kind, geometry class, root-cause hint):
   Mamba blocks differ), ``partial`` (mixed, with partial hash hits);
 * hint: a short guess at the cause, derived from the finding alone: for a
   hit divergence the request kind and direction (``resend low``), whether
-  the prompt is block-aligned, mixed attention/Mamba blocks, the EAGLE
-  drop; for ``engine_error`` the exception type (and the phase); for
-  ``knobs`` the knob names; for ``versions`` the other version.
+  the prompt is block-aligned, mixed attention/Mamba blocks; for
+  ``engine_error`` the exception type (and the phase); for ``knobs`` the
+  knob names; for ``versions`` the other version. Finer distinctions (the
+  speculative knobs, the retention mode) stay in the finding's signature,
+  which deduplicates; a class is coarser on purpose.
 
 The representative is the smallest case of the class: fewest requests,
 then fewest prompt tokens (then the path, so the choice is stable). A file
@@ -77,8 +79,6 @@ def hint(finding: dict, case: Case) -> str:
         parts.append("block-aligned prompt")
     if geometry_class(case, knobs) != "uniform":
         parts.append("mixed attention/Mamba blocks")
-    if knobs.get("eagle_drop"):
-        parts.append("EAGLE drop")
     if oracle == "versions" and detail:
         parts.append(detail.replace("expected = ", "vs "))
     return ", ".join(parts)

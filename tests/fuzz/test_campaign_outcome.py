@@ -228,7 +228,7 @@ def test_findings_group_into_classes_with_the_smallest_representative(tmp_path):
     classes = triage(described)
     assert [(c["oracle"], c["request_kind"], c["geometry"], c["count"]) for c in classes] == [("promise", "resend", "uniform", 2), ("engine_error", "fresh", "uniform", 1)]
     promise, raised = classes
-    assert promise["hint"] == "resend low, block-aligned prompt, EAGLE drop"
+    assert promise["hint"] == "resend low, block-aligned prompt"
     assert promise["representative"]["path"].endswith("promise-small.json")
     assert (promise["representative"]["requests"], promise["representative"]["tokens"]) == (2, 96)
     assert raised["hint"] == "ValueError in config"
