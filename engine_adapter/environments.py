@@ -48,6 +48,7 @@ from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, parse_engin
 from reference.errors import EngineError, KvspecError
 
 HERE = Path(__file__).resolve().parent
+STUBS_DIR = HERE / "live" / "stubs"
 REQUIREMENTS_DIR = HERE / "requirements"
 MARKER_NAME = ".kvspec-ready.json"
 TORCH_PIN = "torch==2.13.0+cpu"
@@ -114,12 +115,18 @@ def is_ready(version: str) -> bool:
     return bool(marker) and marker.get("fingerprint") == fingerprint(version) and env_python(version).exists()
 
 
-def worker_env(version: str | None = None) -> dict[str, str]:
+def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, str]:
     """Environment for a process in an engine venv: caches contained, the repo
     on ``PYTHONPATH`` (for ``reference`` and ``engine_adapter``), no stray
-    site-packages from the user."""
+    site-packages from the user; the platform vLLM runs under
+    (``engine_adapter.platform``); and kvspec's torchvision stub, which lets
+    vLLM import the text-only Qwen3.5 model class beside the CPU torch
+    (``engine_adapter/live/stubs``)."""
     env = contained_env(vllm_version=version)
-    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(STUBS_DIR)])
+    env["KVSPEC_TORCHVISION_STUB"] = "1"
+    env["KVSPEC_PLATFORM"] = platform
+    env.pop("VLLM_TARGET_DEVICE", None)
     env["PYTHONNOUSERSITE"] = "1"
     env.pop("PYTHONHOME", None)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

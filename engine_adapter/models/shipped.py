@@ -37,6 +37,11 @@ SHIPPED: dict[str, tuple[str, str, str]] = {
 CHECKPOINT_FIELDS: dict[str, dict] = {
     "qwen3_next": {"torch_dtype": "bfloat16", "num_nextn_predict_layers": 1},
     "qwen3_5": {"torch_dtype": "bfloat16", "num_nextn_predict_layers": 1},
+    # GraniteMoeHybridConfig() lists only Mamba layers; the released Granite
+    # 4.0-H models are hybrids with 4 attention layers (IBM's model cards).
+    # kvspec places them at layers 5, 13, 21 and 29 of 32 (their positions do
+    # not change any block size, only the order of the KV cache groups).
+    "granitemoehybrid": {"torch_dtype": "bfloat16", "layer_types": ["full_attention" if i % 8 == 5 else "linear_attention" for i in range(32)]},
 }
 DEFAULT_FIELDS = {"torch_dtype": "bfloat16"}
 

@@ -1,0 +1,481 @@
+"""Resolve a deployment the way vLLM does, with vLLM's own code.
+
+A deployment (``reference.deployment``) is a model config plus ``vllm serve``
+flags and a platform. This module turns it into what vLLM would build, in
+the engine environment of the version under test, on this CPU machine:
+
+1. **Flags**: vLLM's own parser (``EngineArgs.add_cli_args``) reads
+   ``vllm_args``; ``EngineArgs.from_cli_args(...).create_engine_config(
+   UsageContext.OPENAI_API_SERVER)`` builds the ``VllmConfig`` as ``vllm
+   serve`` does (defaults, validation, the hybrid-model config step that
+   turns on Mamba align mode). A flag vLLM rejects is one line with vLLM's
+   message.
+2. **The worker's block-size step**: vLLM sets the final block size in each
+   worker, after the model is built (``Platform.update_block_size_for_backend``
+   -> ``_align_hybrid_block_size``). kvspec registers stand-in layers
+   (``engine_adapter.standins``) for the model's attention, Mamba and draft
+   layers and calls the platform's own method: the interface's on cuda (CUDA
+   does not override it), ``CpuPlatform``'s on cpu.
+3. **KV-cache groups**: the stand-ins' specs go through vLLM's grouping and
+   config functions (``get_global_kv_cache_groups`` / ``get_kv_cache_configs``,
+   ``generate_scheduler_kv_cache_config``) and, as ``EngineCore`` does,
+   ``cache_config.block_size`` = the smallest prefix-cacheable group block,
+   ``resolve_kv_cache_block_sizes`` and (0.32+)
+   ``resolve_cache_hit_alignment_tokens``.
+
+The answers kvspec gives to vLLM's hardware questions (``engine_adapter.platform``)
+and the attention backend it aligns with are reported as ``assumptions``.
+Only ``engine_adapter`` imports vLLM; this module observes, it does not judge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_adapter import platform as kplatform
+from engine_adapter.home import models_dir
+from engine_adapter.models import SHIPPED, load_config
+from reference.deployment import Deployment
+from reference.errors import InvalidArgument, KvspecError, Unsupported
+
+#: vLLM architecture -> the kind of its Mamba-like layers.
+MAMBA_KIND = {
+    "Qwen3NextForCausalLM": "gdn",
+    "Qwen3_5ForCausalLM": "gdn",
+    "Qwen3_5MoeForCausalLM": "gdn",
+    "NemotronHForCausalLM": "mamba2",
+    "FalconH1ForCausalLM": "mamba2",
+    "GraniteMoeHybridForCausalLM": "mamba2",
+    "BambaForCausalLM": "mamba2",
+    "JambaForCausalLM": "mamba1",
+}
+MAMBA_BACKEND = {"gdn": "GDN_ATTN", "mamba2": "MAMBA2", "mamba1": "MAMBA1"}
+#: Where the attention layers' backend is chosen on CUDA (vLLM's
+#: ``_get_backend_priorities``): FLASH_ATTN on SM80/SM90, FLASHINFER on SM100
+#: and for an fp8 KV cache on SM80. Every one of them has the same smallest
+#: kernel block (16) and preferred block (16) for these models, so the
+#: alignment uses ``FlashAttentionBackend``, which imports on CPU.
+ALIGNMENT_BACKEND = "FLASH_ATTN"
+#: Bytes of KV cache kvspec lets vLLM plan with: enough that nothing is ever
+#: evicted in a serial trace (checked per case), small enough for the block pool.
+MAX_BLOCKS = 200_000
+RESOLVER_VERSION = 1
+
+
+class VllmRejected(KvspecError):
+    """vLLM itself refused the deployment (its message, one line)."""
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- model dir
+
+
+def model_config_dict(dep: Deployment) -> dict:
+    """The config.json the deployment serves: a shipped one or the user's,
+    with ``model_overrides`` applied."""
+    if dep.model in SHIPPED:
+        cfg = load_config(dep.model)
+    else:
+        path = Path(dep.model).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise InvalidArgument(f"deployment.model={dep.model!r}: neither a shipped model ({', '.join(SHIPPED)}) nor a readable config.json")
+        try:
+            if path.stat().st_size > 4 << 20:
+                raise InvalidArgument(f"deployment.model={dep.model!r}: config.json above 4 MiB; allowed: a model config")
+            cfg = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise InvalidArgument(f"deployment.model={dep.model!r}: not a JSON config ({_one_line(e, 120)})") from None
+        if not isinstance(cfg, dict):
+            raise InvalidArgument(f"deployment.model={dep.model!r}: config.json must hold an object")
+    cfg = dict(cfg)
+    cfg.update(dep.model_overrides)
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise InvalidArgument(f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config")
+    return cfg
+
+
+def model_dir(cfg: dict) -> Path:
+    """A folder holding ``cfg`` as config.json, keyed by its content (written
+    atomically under kvspec's home)."""
+    text = json.dumps(cfg, indent=1, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = models_dir() / f"deploy-{digest}"
+    target = path / "config.json"
+    if target.is_file():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".config.json.", suffix=".tmp", dir=path)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, target)
+    return path
+
+
+# ---------------------------------------------------------------- resolution
+
+
+@dataclass
+class Resolution:
+    """What vLLM built for a deployment."""
+
+    deployment: Deployment
+    vllm_config: Any
+    specs: dict
+    kv_cache_config: Any  # the scheduler's
+    scheduler_block_size: int
+    hash_block_size: int
+    alignment_tokens: int | None
+    facts: dict = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def version(self) -> str:
+        import vllm
+
+        return vllm.__version__
+
+
+def _vllm_config(dep: Deployment, cfg_dir: Path):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # pragma: no cover
+        from vllm.utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve", exit_on_error=False) if _accepts_exit_on_error() else FlexibleArgumentParser(prog="vllm serve"))
+    argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *dep.vllm_args]
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit:
+        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser rejects them") from None
+    except Exception as e:
+        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM rejects them: {_one_line(e)}") from None
+    try:
+        args = EngineArgs.from_cli_args(ns)
+        return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    except KvspecError:
+        raise
+    except Exception as e:
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def _accepts_exit_on_error() -> bool:
+    import argparse
+    import inspect
+
+    return "exit_on_error" in inspect.signature(argparse.ArgumentParser.__init__).parameters
+
+
+def layer_kinds(vc) -> list[str]:
+    """``attention`` / ``mamba`` per decoder layer of the target model, read
+    from the config fields vLLM's model class builds its layers from
+    (vLLM 0.33.0: ``qwen3_next.py``/``qwen3_5.py``/``granitemoehybrid.py``
+    ``layer_types``, ``nemotron_h.py`` ``hybrid_override_pattern`` (M, *),
+    ``jamba.py`` ``layers_block_type``; ``falcon_h1.py`` runs attention and
+    Mamba side by side in every layer). Layers with neither (MLP, MoE) are
+    left out."""
+    hf = vc.model_config.hf_text_config
+    arch = vc.model_config.architecture
+    if arch == "FalconH1ForCausalLM":
+        return ["mamba", "attention"] * int(hf.num_hidden_layers)
+    if arch == "NemotronHForCausalLM":
+        pattern = getattr(hf, "hybrid_override_pattern", None) or ""
+        return [{"M": "mamba", "*": "attention"}[c] for c in pattern if c in "M*"]
+    for key in ("layer_types", "layers_block_type"):
+        types = getattr(hf, key, None)
+        if types:
+            out = []
+            for t in types:
+                if t in ("full_attention", "attention"):
+                    out.append("attention")
+                elif t in ("linear_attention", "mamba"):
+                    out.append("mamba")
+            return out
+    return []
+
+
+def _draft_attention_layers(vc) -> int:
+    spec = vc.speculative_config
+    if spec is None:
+        return 0
+    draft = getattr(spec, "draft_model_config", None)
+    if draft is None:
+        return 0
+    hf = draft.hf_config
+    for key in ("n_predict", "num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        n = getattr(hf, key, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return 1
+
+
+def _gdn_prefill_backend(vc, dep: Deployment) -> str:
+    """vLLM's choice of the Gated DeltaNet prefill kernel for this device."""
+    try:
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import _resolve_gdn_prefill_backend
+    except ImportError:
+        try:
+            from vllm.model_executor.models.qwen3_next import _resolve_gdn_prefill_backend  # type: ignore
+        except ImportError:
+            return "unknown"
+    if dep.platform != "cuda":
+        return _resolve_gdn_prefill_backend(vc)[1]
+    with kplatform.as_cuda():
+        return _resolve_gdn_prefill_backend(vc)[1]
+
+
+def _attention_backend(dep: Deployment):
+    if dep.platform == "cpu":
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        return AttentionBackendEnum.CPU_ATTN.get_class(), "CPU_ATTN"
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    return FlashAttentionBackend, ALIGNMENT_BACKEND
+
+
+def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) -> None:
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+    from engine_adapter.standins import CHECKPOINT_EXPORTERS, AttentionStandIn, MambaStandIn
+
+    arch = vc.model_config.architecture
+    kind = MAMBA_KIND.get(arch)
+    if kind is None:
+        raise Unsupported(f"deployment.model architecture={arch}: kvspec knows the Mamba layers of {', '.join(sorted(MAMBA_KIND))}")
+    kinds = layer_kinds(vc)
+    n_attention, n_mamba = kinds.count("attention"), kinds.count("mamba")
+    if n_mamba == 0 or n_attention == 0:
+        raise Unsupported(f"deployment.model architecture={arch}: {n_attention} attention and {n_mamba} Mamba layers in this config; kvspec checks hybrid models (both)")
+    backend, backend_name = _attention_backend(dep)
+    facts.update({"architecture": arch, "mamba_kind": kind, "attention_layers": n_attention, "mamba_layers": n_mamba, "attention_backend": backend_name})
+    mamba_type = getattr(MambaAttentionBackendEnum, MAMBA_BACKEND[kind])
+    alignment = None
+    extra = None
+    if kind == "gdn" and version >= (0, 30, 0) and "gdn_prefill_backend" not in facts:
+        facts["gdn_prefill_backend"] = _gdn_prefill_backend(vc, dep)
+    align_mode = vc.cache_config.mamba_cache_mode == "align"
+    if align_mode and kind in CHECKPOINT_EXPORTERS and version >= CHECKPOINT_EXPORTERS[kind]:
+        if kind == "mamba2":
+            extra = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1}
+        elif facts.get("gdn_prefill_backend") == "flashinfer":
+            from vllm.model_executor.layers.mamba.abstract import get_mamba_prefill_checkpoint_grid
+            from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+
+            alignment = FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+            extra = lambda cfg: {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": get_mamba_prefill_checkpoint_grid(cfg)}  # noqa: E731
+    ctx = vc.compilation_config.static_forward_context
+    ctx.clear()
+    # Layer order: as a decoder stack registers them; only the draft layers'
+    # position matters (vLLM 0.32.0 flags the group of the last-registered
+    # layer for MTP), and they come last, as the drafter loads after the model.
+    for i, kind in enumerate(kinds):
+        if kind == "mamba":
+            ctx[f"model.layers.{i}.mamba"] = MambaStandIn(vc, mamba_type, alignment, extra)
+        else:
+            ctx[f"model.layers.{i}.self_attn.attn"] = AttentionStandIn(backend)
+    n_draft = _draft_attention_layers(vc)
+    for j in range(n_draft):
+        ctx[f"mtp.layers.{j}.self_attn.attn"] = AttentionStandIn(backend, is_draft=True)
+    facts["draft_attention_layers"] = n_draft
+
+
+def _update_block_size(vc, dep: Deployment) -> None:
+    """The worker's step, with this platform's own method."""
+    if dep.platform == "cpu":
+        from vllm.platforms import current_platform
+
+        current_platform.update_block_size_for_backend(vc)
+        return
+    from vllm.platforms.interface import Platform
+
+    Platform.update_block_size_for_backend(vc)
+
+
+def _kv_cache_configs(vc, specs: dict, memory: int):
+    import vllm.v1.core.kv_cache_utils as ku
+
+    try:
+        import vllm.v1.core.kv_cache_planning as kp
+    except ImportError:
+        kp = None
+    if kp is not None and hasattr(kp, "get_global_kv_cache_groups"):
+        try:
+            from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+
+            classes = []
+            for layer in vc.compilation_config.static_forward_context.values():
+                b = layer.get_attn_backend()
+                if b not in classes:
+                    classes.append(b)
+            resolve_kv_cache_layout(vc, [[x.name for x in get_supported_kv_cache_layouts(classes)]], list(specs.values()))
+        except ImportError:
+            pass
+        groups = kp.get_global_kv_cache_groups(vc, [specs])
+        return kp.get_kv_cache_configs(vc, [specs], [memory], groups)
+    return ku.get_kv_cache_configs(vc, [specs], [memory])
+
+
+def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
+    """What vLLM builds for ``dep`` (enough KV cache for ``num_blocks`` blocks
+    per group). Raises VllmRejected / Unsupported / InvalidArgument, one line."""
+    import vllm
+
+    version = _version_tuple(vllm.__version__)
+    here = kplatform.process_platform()
+    if dep.platform != here:
+        raise Unsupported(f"deployment.platform={dep.platform}: this engine process runs the {here} platform; allowed: {here} (open the engine with platform={dep.platform})")
+    kplatform.set_device(dep.device)
+    cfg = model_config_dict(dep)
+    cfg_dir = model_dir(cfg)
+    facts: dict[str, Any] = {"platform": dep.platform, "device": dep.device, "vllm_version": vllm.__version__}
+    vc = _vllm_config(dep, cfg_dir)
+    cc = vc.cache_config
+    if not cc.enable_prefix_caching:
+        raise Unsupported(f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching")
+    if not getattr(vc.model_config, "is_hybrid", False):
+        raise Unsupported(f"deployment.model architecture={vc.model_config.architecture}: vLLM does not treat it as a hybrid model; kvspec checks hybrid attention/Mamba models")
+    try:
+        _install_layers(vc, dep, version, facts)
+        _update_block_size(vc, dep)
+        from engine_adapter.standins import kv_cache_specs
+
+        specs = kv_cache_specs(vc)
+        page = max(s.page_size_bytes for s in specs.values())
+        memory = page * len(specs) * min(max(num_blocks, 64), MAX_BLOCKS)
+        cfgs = _kv_cache_configs(vc, specs, memory)
+        import vllm.v1.core.kv_cache_utils as ku
+
+        kcfg = ku.generate_scheduler_kv_cache_config(cfgs)
+        groups = kcfg.kv_cache_groups
+        cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
+        cc.num_gpu_blocks = kcfg.num_blocks
+        cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
+        if hasattr(vc, "validate_block_size"):
+            vc.validate_block_size()
+        sbs, hbs = ku.resolve_kv_cache_block_sizes(kcfg, vc)
+        alignment = None
+        if hasattr(ku, "resolve_cache_hit_alignment_tokens"):
+            alignment = ku.resolve_cache_hit_alignment_tokens(kcfg, vc, sbs, hbs)
+            for c in (*cfgs, kcfg):
+                c.hash_block_size = hbs
+                c.cache_hit_alignment_tokens = alignment
+    except KvspecError:
+        raise
+    except Exception as e:
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM fails to build its KV cache: {type(e).__name__}: {_one_line(e)}") from None
+    facts.update({
+        "block_size": int(cc.block_size),
+        "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
+        "mamba_page_size_padded": cc.mamba_page_size_padded,
+        "mamba_cache_mode": cc.mamba_cache_mode,
+        "cache_dtype": cc.cache_dtype,
+        "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
+        "num_blocks": int(kcfg.num_blocks),
+        "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
+        "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
+        "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
+    })
+    assumptions = []
+    if dep.platform == "cuda":
+        assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
+        assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
+    return Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
+
+
+# ---------------------------------------------------------------- case form
+
+
+def _group_kind(spec) -> str:
+    name = type(spec).__name__
+    if name == "MambaSpec":
+        return "mamba"
+    if name == "FullAttentionSpec":
+        return "full_attention"
+    raise Unsupported(f"KV cache group of {name}: outside kvspec's model (full attention and Mamba groups only)")
+
+
+def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
+    """(geometry, speculative, checkpoint facts) in the case's own form."""
+    vc = res.vllm_config
+    groups: list[dict] = []
+    for g in res.kv_cache_config.kv_cache_groups:
+        kind = _group_kind(g.kv_cache_spec)
+        bs = int(g.kv_cache_spec.block_size)
+        if groups and groups[-1]["kind"] == kind and groups[-1]["block_size"] == bs:
+            groups[-1]["count"] += 1
+        else:
+            groups.append({"kind": kind, "block_size": bs, "count": 1})
+    kcfg = res.kv_cache_config
+    retention = getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", 0))
+    pmu = getattr(vc.cache_config, "prefix_match_unit", None)
+    geometry = {
+        "groups": groups,
+        "hash_block_size": res.hash_block_size,
+        "prefix_match_unit": pmu if pmu is not None and pmu != res.scheduler_block_size else None,
+        "scheduler_block_size": res.scheduler_block_size,
+        "retention_interval": retention,
+        "max_num_batched_tokens": int(getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens),
+    }
+    spec = None
+    sc = vc.speculative_config
+    if sc is not None:
+        method = sc.method
+        if method not in ("mtp", "eagle", "eagle3"):
+            raise Unsupported(f"speculative method={method}: outside kvspec's model (mtp, eagle, eagle3)")
+        spec = {"method": method, "num_speculative_tokens": int(sc.num_speculative_tokens)}
+        for name in ("disable_eagle_block_drop", "disable_lookahead_block_hashes"):
+            value = getattr(sc, name, None)
+            if isinstance(value, bool) and value:
+                spec[name] = True
+    checkpoints = {}
+    for g in res.kv_cache_config.kv_cache_groups:
+        s = g.kv_cache_spec
+        if type(s).__name__ == "MambaSpec" and getattr(s, "num_prefill_checkpoint_blocks", 0):
+            checkpoints = {"internal_prefill_checkpoints": True, "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None)}
+            break
+    return geometry, spec, checkpoints
+
+
+def summary(res: Resolution) -> dict:
+    """The resolution as JSON: geometry, speculative, facts, assumptions."""
+    geometry, spec, checkpoints = case_parts(res)
+    return {
+        "engine": f"vllm=={res.version}",
+        "deployment": res.deployment.as_dict(),
+        "geometry": geometry,
+        "speculative": spec,
+        "facts": {**res.facts, **checkpoints, "scheduler_block_size": res.scheduler_block_size, "hash_block_size": res.hash_block_size, "cache_hit_alignment_tokens": res.alignment_tokens},
+        "assumptions": res.assumptions,
+        "resolver": RESOLVER_VERSION,
+    }
+
+
+def needed_blocks(trace_tokens: list[int], block: int, k: int = 0) -> int:
+    """Blocks per group a serial trace needs without eviction."""
+    return 16 + sum(math.ceil((n + k + 2) / block) + k + 4 for n in trace_tokens)
