@@ -1,6 +1,6 @@
 """A bare loop over the same vLLM calls the driver makes, for bench/engine.py.
 
-Same setup (``VllmDriver._build``), same requests, same simulated model, but
+Same setup (``VllmDriver.build``), same requests, same simulated model, but
 no observation: no wrapped methods, no explain records, no block-pool scan.
 The difference in requests/s between this and ``VllmDriver.run`` is the
 adapter's overhead.
@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import time
 
-from engine_adapter.driver import SAMPLED_TOKEN, ModelRunnerOutput, SamplingParams, VllmDriver, VllmRequest
+from engine_adapter.driver import SAMPLED_TOKEN, VllmDriver  # first: it sets up vLLM's platform
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request as VllmRequest  # noqa: E402
 from reference.case import Case, prompt_tokens
 
 
 def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float]:
     """Returns (hits per request, setup seconds, loop seconds)."""
     t0 = time.perf_counter()
-    built = driver._build(case, {})
+    built = driver.build(case, {})
     t1 = time.perf_counter()
     s = built["scheduler"]
     hasher = built["hasher"]

@@ -77,6 +77,10 @@ class Engine:
     def run(self, case: Case | dict, options: dict | None = None) -> dict:
         raise NotImplementedError
 
+    def resolve(self, case: Case | dict) -> dict:
+        """vLLM's resolution of a deployment case: geometry, facts, assumptions."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -104,12 +108,18 @@ class InProcessEngine(Engine):
     def run(self, case: Case | dict, options: dict | None = None) -> dict:
         return self.driver.run(case if isinstance(case, Case) else parse_case(case), options)
 
+    def resolve(self, case: Case | dict) -> dict:
+        return self.driver.resolve(case if isinstance(case, Case) else parse_case(case))
 
-class WorkerEngine(Engine):
-    mode = "worker"
 
-    def __init__(self, version: str, *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
-        super().__init__(version)
+class WorkerProcess:
+    """One ``python -m engine_adapter.worker`` process of an engine
+    environment, under one platform (``engine_adapter.platform``)."""
+
+    def __init__(self, version: str, platform: str = "cuda", *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
+        self.version = version
+        self.engine = engine_name(version)
+        self.platform = platform
         self.python = python or str(environments.env_python(version))
         self.start_timeout = start_timeout
         self.run_timeout = run_timeout
@@ -136,7 +146,7 @@ class WorkerEngine(Engine):
             text=True,
             encoding="utf-8",
             bufsize=1,
-            env=environments.worker_env(self.version),
+            env=environments.worker_env(self.version, self.platform),
             cwd=str(environments.REPO_ROOT),
         )
         threading.Thread(target=self._pump, args=(self.proc.stdout, self._lines), daemon=True).start()
@@ -250,11 +260,7 @@ class WorkerEngine(Engine):
         if resp.get("ok"):
             return resp["result"]
         err = resp.get("error") or {}
-        if err.get("kind") == "kvspec":
-            cls = getattr(kvspec_errors, err.get("class", ""), None)
-            if isinstance(cls, type) and issubclass(cls, kvspec_errors.KvspecError):
-                raise cls(err.get("message", ""))
-            raise EngineError(err.get("message", ""))
+        self._raise_kvspec(err)
         if err.get("kind") in ("worker", "internal"):
             # a dead/hung worker or an adapter bug: a structured error result
             return {"engine": self.engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
@@ -262,6 +268,74 @@ class WorkerEngine(Engine):
                 "message": err.get("message", ""), "traceback": err.get("traceback"),
             }}
         raise EngineError(f"engine={self.engine!r}: {err.get('message', json.dumps(err))}")
+
+    def resolve(self, case: Case | dict, timeout: float | None = None) -> dict:
+        """vLLM's resolution of a deployment case (``driver.VllmDriver.resolve``)."""
+        resp = self.request("resolve", timeout or self.run_timeout, case=_as_case_dict(case))
+        if resp.get("ok"):
+            return resp["result"]
+        err = resp.get("error") or {}
+        self._raise_kvspec(err)
+        raise EngineError(f"engine={self.engine!r}: resolve failed ({err.get('kind')}): {err.get('message', json.dumps(err))[:400]}")
+
+    def _raise_kvspec(self, err: dict) -> None:
+        if err.get("kind") == "kvspec":
+            cls = getattr(kvspec_errors, err.get("class", ""), None)
+            if isinstance(cls, type) and issubclass(cls, kvspec_errors.KvspecError):
+                raise cls(err.get("message", ""))
+            raise kvspec_errors.KvspecError(err.get("message", ""))
+
+
+class WorkerEngine(Engine):
+    """An engine in its own environment: one worker process per platform a
+    case asks for (a hand geometry and a ``cuda`` deployment share one), all
+    of the same vLLM version."""
+
+    mode = "worker"
+
+    def __init__(self, version: str, *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
+        super().__init__(version)
+        self._options = {"python": python, "start_timeout": start_timeout, "run_timeout": run_timeout}
+        self.processes: dict[str, WorkerProcess] = {}
+        self.python = python or str(environments.env_python(version))
+        self.run_timeout = run_timeout
+
+    def process(self, platform: str = "cuda") -> WorkerProcess:
+        proc = self.processes.get(platform)
+        if proc is None:
+            proc = self.processes[platform] = WorkerProcess(self.version, platform, **self._options)
+        return proc
+
+    @property
+    def restarts(self) -> int:
+        return sum(p.restarts for p in self.processes.values())
+
+    @property
+    def hello(self) -> dict | None:
+        proc = self.processes.get("cuda")
+        return proc.hello if proc is not None else None
+
+    def start(self) -> dict:
+        return self.process("cuda").start()
+
+    def ping(self) -> dict:
+        return self.process("cuda").ping()
+
+    def run(self, case: Case | dict, options: dict | None = None, timeout: float | None = None) -> dict:
+        parsed = case if isinstance(case, Case) else parse_case(case)
+        return self.process(_platform_of(parsed)).run(parsed, options, timeout)
+
+    def resolve(self, case: Case | dict, timeout: float | None = None) -> dict:
+        parsed = case if isinstance(case, Case) else parse_case(case)
+        return self.process(_platform_of(parsed)).resolve(parsed, timeout)
+
+    def close(self) -> None:
+        for proc in self.processes.values():
+            proc.close()
+
+
+def _platform_of(case: Case) -> str:
+    return case.deployment.platform if case.deployment is not None else "cuda"
 
 
 def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None) -> Engine:

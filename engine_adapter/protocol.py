@@ -10,6 +10,7 @@ Worker -> parent, once at start::
 Parent -> worker, one request per line (``id`` is echoed back)::
 
     {"id": 1, "op": "run", "case": {...case_to_dict...}, "options": {}}
+    {"id": 2, "op": "resolve", "case": {...a deployment case...}}
     {"id": 2, "op": "ping"}
     {"id": 3, "op": "shutdown"}
 
@@ -36,7 +37,7 @@ import json
 from typing import Any
 
 PROTOCOL_VERSION = 1
-OPS = ("run", "ping", "shutdown")
+OPS = ("run", "resolve", "ping", "shutdown")
 
 
 def encode(obj: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ from engine_adapter import platform as kplatform
 from engine_adapter.home import models_dir
 from engine_adapter.models import SHIPPED, load_config
 from reference.deployment import Deployment
+from reference.errors import DeploymentRejected as VllmRejected
 from reference.errors import InvalidArgument, KvspecError, Unsupported
 
 #: vLLM architecture -> the kind of its Mamba-like layers.
@@ -68,10 +69,6 @@ ALIGNMENT_BACKEND = "FLASH_ATTN"
 #: evicted in a serial trace (checked per case), small enough for the block pool.
 MAX_BLOCKS = 200_000
 RESOLVER_VERSION = 1
-
-
-class VllmRejected(KvspecError):
-    """vLLM itself refused the deployment (its message, one line)."""
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:

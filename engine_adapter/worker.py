@@ -68,6 +68,8 @@ def serve(out, inp) -> int:
             elif op == "shutdown":
                 out.write(encode({"id": rid, "ok": True, "result": {"bye": True}}))
                 return 0
+            elif op == "resolve":
+                resp = {"ok": True, "result": driver.resolve(msg.get("case"))}
             else:
                 options = msg.get("options") or {}
                 if not isinstance(options, dict):

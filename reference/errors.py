@@ -24,6 +24,11 @@ class Unsupported(KvspecError):
     """
 
 
+class DeploymentRejected(InvalidArgument):
+    """vLLM itself refused a deployment (its flags, its model config): the
+    message carries vLLM's own words, in one line."""
+
+
 class EngineError(KvspecError):
     """An engine could not be set up or reached (not: vLLM raised on a case;
     that is recorded as a finding)."""

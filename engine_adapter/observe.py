@@ -1,0 +1,165 @@
+"""What kvspec observes of vLLM, per request, without changing it.
+
+* :class:`Recorder` wraps two *instance* methods (never vLLM's classes):
+  ``KVCacheManager.get_computed_blocks`` (the hit and the junction at
+  admission) and the first Mamba manager's ``cache_blocks`` (its
+  ``num_tokens`` and ``replay_boundaries``);
+* :func:`read_knobs` reads the knobs the built objects hold;
+* :class:`RetainedScan` lists, after a request finished, which of its prompt
+  states the block pool holds per Mamba group (``retained_mamba_blocks``);
+* :func:`explain` assembles the per-request record.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.scheduler import Scheduler
+
+SAMPLED_TOKEN = 1024
+
+
+class Recorder:
+    """What the wrapped vLLM methods were called with / returned, per request."""
+
+    def __init__(self) -> None:
+        self.lookups: dict[str, list[tuple[int, int]]] = {}
+        self.cache_calls: dict[str, list[dict]] = {}
+
+    def wrap(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
+        kvm = scheduler.kv_cache_manager
+        original_lookup = kvm.get_computed_blocks
+
+        def get_computed_blocks(request, *args, **kwargs):
+            out = original_lookup(request, *args, **kwargs)
+            try:
+                num_tokens = int(out[1])
+                spb = int(out[2]) if len(out) > 2 else None
+                self.lookups.setdefault(request.request_id, []).append((num_tokens, spb))
+            except Exception:  # observation must never change behaviour
+                pass
+            return out
+
+        kvm.get_computed_blocks = get_computed_blocks
+        managers = kvm.coordinator.single_type_managers
+        for gid in mamba_group_ids[:1]:  # every Mamba group gets the same calls
+            manager = managers[gid]
+            original_cache = manager.cache_blocks
+
+            def cache_blocks(request, num_tokens, *args, _orig=original_cache, **kwargs):
+                try:
+                    rb = kwargs.get("replay_boundaries")
+                    self.cache_calls.setdefault(request.request_id, []).append(
+                        {"num_tokens": int(num_tokens), "replay_boundaries": None if rb is None else [int(x) for x in rb]}
+                    )
+                except Exception:
+                    pass
+                return _orig(request, num_tokens, *args, **kwargs)
+
+            manager.cache_blocks = cache_blocks
+
+
+
+
+
+def read_knobs(version: str, built: dict) -> dict:
+    """The knobs as the built vLLM objects hold them (observed, never inferred)."""
+    s: Scheduler = built["scheduler"]
+    vc = built["vllm_config"]
+    kvm = s.kv_cache_manager
+    coord = kvm.coordinator
+    spec = vc.speculative_config
+    knobs = {
+        "version": version,
+        "eagle_drop": bool(kvm.use_eagle),
+        "scheduler_use_eagle": bool(getattr(s, "use_eagle", False)),
+        "hash_lookahead_tokens": int(getattr(s, "num_hash_lookahead_tokens", 0) or 0),
+        "scheduler_block_size": int(s.block_size),
+        "hash_block_size": int(getattr(s, "hash_block_size", built["hash_block_size"])),
+        "alignment": int(getattr(coord, "_cache_hit_alignment_tokens", s.block_size)),
+        "cache_hit_alignment_tokens": built["alignment_tokens"],
+        "partial_hash_hits": bool(getattr(coord, "enable_partial_hash_hits", False)),
+        "eagle_group_ids": sorted(int(i) for i in getattr(coord, "eagle_group_ids", ()) or ()),
+        "drop_eagle_group_ids": sorted(int(i) for i in getattr(coord, "drop_eagle_group_ids", ()) or ()) if hasattr(coord, "drop_eagle_group_ids") else None,
+        "mamba_drop_eagle_checkpoint_block": [bool(getattr(coord.single_type_managers[i], "drop_eagle_checkpoint_block", False)) for i in built["mamba_group_ids"]],
+        "retention_interval": getattr(coord, "retention_interval", None),
+        "cache_block_size": int(vc.cache_config.block_size),
+        "max_num_scheduled_tokens": int(s.max_num_scheduled_tokens),
+        "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
+        "num_lookahead_tokens": int(getattr(vc, "num_lookahead_tokens", 0) or 0),
+        "num_prefill_lookahead_tokens": int(getattr(vc, "num_prefill_lookahead_tokens", 0) or 0) if hasattr(vc, "num_prefill_lookahead_tokens") else None,
+        "use_eagle_block_drop": bool(spec.use_eagle_block_drop()) if spec is not None and hasattr(spec, "use_eagle_block_drop") else None,
+        "use_v2_model_runner": bool(getattr(s, "use_v2_model_runner", False)),
+        "coordinator": type(coord).__name__,
+        "num_blocks": built["num_blocks"],
+        "max_model_len": built["max_model_len"],
+        "ignored_options": built["ignored_options"],
+        "sampled_token": SAMPLED_TOKEN,
+    }
+    return knobs
+
+
+
+
+class RetainedScan:
+    """Which prompt states the block pool holds, per Mamba group.
+
+    vLLM keys a cached block by hash + group id; when that key is the hash
+    bytes followed by a fixed suffix (checked on a sample, per group), the
+    key is built inline: this scan runs over every hash of every request."""
+
+    def __init__(self, scheduler: Scheduler, built: dict) -> None:
+        pool = scheduler.kv_cache_manager.block_pool
+        self.pool = pool
+        self.hbs = built["hash_block_size"]
+        self.mamba_gids = built["mamba_group_ids"]
+        self.group_bs = {gid: built["groups"][gid].kv_cache_spec.block_size for gid in self.mamba_gids}
+        cache_map = getattr(getattr(pool, "cached_block_hash_to_block", None), "_cache", None)
+        self.make_key = getattr(kv_cache_utils, "make_block_hash_with_group_id", None)
+        if not isinstance(cache_map, dict) or self.make_key is None:
+            cache_map = None
+        self.cache_map = cache_map
+        self.key_suffix: dict[int, bytes] = {}
+        if cache_map is not None:
+            sample = b"kvspec-key-probe"
+            for gid in self.mamba_gids:
+                try:
+                    key = self.make_key(sample, gid)
+                    if isinstance(key, bytes) and key.startswith(sample) and self.make_key(b"x", gid) == b"x" + key[len(sample):]:
+                        self.key_suffix[gid] = bytes(key[len(sample):])
+                except Exception:
+                    pass
+
+    def positions(self, hashes: list) -> dict[int, list[int]]:
+        """{group id: token counts p (multiples of the hash block) whose state is held}."""
+        out = {}
+        hbs, cache_map = self.hbs, self.cache_map
+        for gid in self.mamba_gids:
+            if cache_map is not None:
+                suffix = self.key_suffix.get(gid)
+                if suffix is not None:
+                    out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if h + suffix in cache_map]
+                else:
+                    out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.make_key(h, gid) in cache_map]
+            else:
+                out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.pool.get_cached_block(h, [gid]) is not None]
+        return out
+
+    def retained(self, hashes: list) -> tuple[dict[str, list[int]], dict | None, dict | None]:
+        """(``retained_mamba_blocks`` by block size, ``retained_mamba_tokens``
+        when a held state is not a whole block or the groups disagree, the
+        per-group blocks when they disagree)."""
+        tokens = self.positions(hashes)
+        by_group = {gid: [p // self.group_bs[gid] - 1 for p in tokens[gid] if p % self.group_bs[gid] == 0] for gid in self.mamba_gids}
+        by_size: dict[str, list[int]] = {}
+        disagree = False
+        for gid in self.mamba_gids:
+            key = str(self.group_bs[gid])
+            if key in by_size and by_size[key] != by_group[gid]:
+                disagree = True
+                by_size[key] = sorted(set(by_size[key]) | set(by_group[gid]))
+            else:
+                by_size.setdefault(key, by_group[gid])
+        partial = any(p % self.group_bs[g] for g in self.mamba_gids for p in tokens[g])
+        tokens_out = {str(g): tokens[g] for g in self.mamba_gids} if (partial or disagree) else None
+        groups_out = {str(g): by_group[g] for g in self.mamba_gids} if disagree else None
+        return by_size, tokens_out, groups_out

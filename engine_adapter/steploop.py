@@ -1,0 +1,83 @@
+"""The serial step loop: one request at a time through vLLM's scheduler.
+
+Each request is added, then ``schedule()`` -> a ``ModelRunnerOutput`` that
+samples one token (``SAMPLED_TOKEN``, outside every case stream, so an
+output never extends a shared prefix) when a request's last prompt token
+has been computed -> ``update_from_output()``, until it finishes. No draft
+tokens are proposed. The step's ``prefix_cache_stats`` are summed (vLLM
+resets them every step): that is what ``vllm:prefix_cache_hits_total`` /
+``..._queries_total`` grow by. A request that makes no progress is a vLLM
+failure (``EngineStall``), bounded in steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request as VllmRequest
+
+from engine_adapter.failure import VllmFailure
+from engine_adapter.observe import SAMPLED_TOKEN
+
+#: Idle steps (nothing scheduled) before a request counts as stalled.
+MAX_IDLE_STEPS = 8
+
+
+@dataclass
+class Served:
+    """What one request's steps showed."""
+
+    request: object
+    hits: int = 0
+    queries: int = 0
+    preempted_hits: int = 0
+    preempted_queries: int = 0
+    chunk_ends: list[int] = field(default_factory=list)
+    steps: int = 0
+
+
+def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher) -> Served:
+    """Run one request to completion (the scheduler holds no other)."""
+    n = len(tokens)
+    rid = f"req-{index}"
+    try:
+        req = VllmRequest(request_id=rid, prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None, block_hasher=hasher)
+        scheduler.add_request(req)
+    except Exception as e:
+        raise VllmFailure("add_request", e, request=index) from None
+    out = Served(req)
+    idle = 0
+    max_steps = n + max_tokens + 64
+    while True:
+        try:
+            if not scheduler.has_unfinished_requests():
+                break
+            so = scheduler.schedule()
+            scheduled = dict(so.num_scheduled_tokens)
+            req_ids = list(scheduled)
+            sampled = []
+            for sid in req_ids:
+                r = scheduler.requests[sid]
+                sampled.append([SAMPLED_TOKEN] if r.num_computed_tokens >= r.num_tokens else [])
+            if rid in scheduled and req.num_computed_tokens <= n and (not out.chunk_ends or out.chunk_ends[-1] < req.num_computed_tokens) and req.num_output_tokens == 0:
+                out.chunk_ends.append(int(req.num_computed_tokens))
+            mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled)
+            outputs = scheduler.update_from_output(so, mro)
+        except Exception as e:
+            raise VllmFailure("step", e, request=index) from None
+        out.steps += 1
+        for eco in (outputs or {}).values():
+            stats = getattr(eco, "scheduler_stats", None)
+            pcs = getattr(stats, "prefix_cache_stats", None) if stats is not None else None
+            if pcs is not None:
+                out.hits += pcs.hits
+                out.queries += pcs.queries
+                out.preempted_hits += getattr(pcs, "preempted_hits", 0)
+                out.preempted_queries += getattr(pcs, "preempted_queries", 0)
+        idle = idle + 1 if not scheduled else 0
+        if idle > MAX_IDLE_STEPS or out.steps > max_steps:
+            raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {out.steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
+    return out
