@@ -22,21 +22,73 @@ def floor_to(x: int, unit: int) -> int:
 # ------------------------------------------------------------- the scheduler
 
 
-def attention_lookup(candidate: int, reach: int, A: int, U: int, eagle_drop: bool, ceiling: int) -> int:
-    """One full-attention group's answer to a candidate hit length.
+def attention_lookup(candidate: int, reach: int, A: int, U: int, eagle_drop: bool, ceiling: int, tails: tuple[int, ...] = (), H: int | None = None) -> int:
+    """One full-attention group's answer to a candidate hit length
+    (``FullAttentionManager.find_longest_cache_hit``, vLLM 0.29.0-0.33.0).
 
-    Without the EAGLE drop: the longest run of cached A-blocks not past the
-    candidate. With it: the lookup may match up to ``min(candidate + A,
-    ceiling)`` (vLLM 0.29.0+ ``eagle_margin``), then drops the last matched
-    block (``min(U, A)`` tokens) so the drafter's hidden state is recomputed.
-    ``reach`` is how far cached blocks go; ``ceiling`` is N-1 (0.29.0/0.30.0)
-    or the request's hashed length (0.33.0).
+    With the EAGLE drop the lookup may read one unit past the candidate,
+    ``min(candidate + min(U, A), ceiling)`` (``eagle_proof_margin``: a hash
+    unit when hits are finer than the block, else the block); without it, up
+    to the candidate. It matches the longest run of cached A-blocks within
+    that limit and ``reach`` (how far cached blocks go); with partial hash
+    hits (U < A) it then probes, inside the next block only, the earlier
+    prompts' partial tails (``tails``: hash boundaries not on the A grid,
+    each keyed by its own prompt) up to ``floor(limit/H)*H``. With the drop
+    it finally drops ``min(U, A)`` tokens so the drafter's hidden state is
+    recomputed. ``ceiling`` is N-1 (0.29.0/0.30.0) or the request's hashed
+    length (0.32.0+).
     """
-    limit = min(candidate + A, ceiling) if eagle_drop else candidate
+    unit = min(U, A)
+    limit = min(candidate + unit, ceiling) if eagle_drop else candidate
     matched = floor_to(max(min(limit, reach), 0), A)
+    if tails and H is not None and H < A:
+        top = min(matched + A - H, floor_to(max(limit, 0), H))
+        inside = [t for t in tails if matched < t <= top and t % A]
+        if inside:
+            matched = max(inside)
     if eagle_drop and matched > 0:
-        matched -= min(U, A)
+        matched -= unit
     return matched
+
+
+def fa_tail(N: int, H: int, L: int, eagle_drop: bool, rule: str) -> int:
+    """Where a prompt's full-attention partial tail is keyed, with partial
+    hash hits (``FullAttentionManager._cache_partial_tail_block``): the last
+    hash boundary at or below N (``n``: 0.29.0, 0.30.0), or below N-1 unless
+    the drop is on (``cap``: 0.32.0), also capped at the hashed length
+    floor((N-L)/H)*H (``cap_hashed``: 0.33.0). 0 for none."""
+    top = N if (rule == "n" or eagle_drop) else N - 1
+    t = floor_to(max(top, 0), H)
+    if rule == "cap_hashed":
+        t = min(t, floor_to(max(N - L, 0), H))
+    return max(t, 0)
+
+
+def mamba_checkpoint_position(N: int, unit: int, eagle_drop: bool, L: int = 0) -> int:
+    """vLLM 0.32.0+ ``get_mamba_prefill_checkpoint_position``: the last
+    ``unit`` boundary leaving a token to recompute and the lookahead the hash
+    covers (floor((N - max(1, L))/unit)*unit), or, under the drop, one unit
+    below floor(N/unit)*unit. Never below 0."""
+    if eagle_drop:
+        return max(floor_to(N, unit) - unit, 0)
+    return max(floor_to(N - max(1, L), unit), 0)
+
+
+def internal_checkpoint_valid(start: int, end: int, position: int, H: int, B: int, grid: int | None) -> bool:
+    """vLLM 0.32.0+ ``is_mamba_prefill_checkpoint_valid``: can the kernel
+    export the state at ``position`` from inside the chunk [start, end)? The
+    chunk starts on a hash boundary, reaches at least two Mamba blocks past
+    the one holding its initial state, the position lies strictly inside it
+    at least a hash unit past the start, on the grid counted from the start."""
+    if grid is None:
+        return False
+    return (
+        start % H == 0
+        and -(-end // B) - 2 > (start - 1) // B
+        and start + H <= position
+        and start < position < end
+        and (position - start) % grid == 0
+    )
 
 
 def resend_boundary(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling: str = "n_minus_1") -> int:

@@ -122,6 +122,12 @@ class Geometry:
     #: None = dense retention, 0 = sparse (vLLM's default), >0 = periodic.
     retention_interval: int | None = 0
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    #: Internal Mamba prefill checkpoints (a kernel exports the prompt's
+    #: checkpoint from inside a prefill): None = off, else the grid the
+    #: checkpoint offset must lie on (vLLM's ``prefill_checkpoint_alignment``).
+    prefill_checkpoint_grid: int | None = None
+    #: vLLM's ``--enable-mamba-shared-prefix-checkpoint`` (0.32.0+).
+    shared_prefix_checkpoint: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -276,7 +282,7 @@ def parse_geometry(raw: Any) -> Geometry:
     _check_fields(
         raw,
         "geometry",
-        ("groups", "hash_block_size", "prefix_match_unit", "scheduler_block_size", "retention_interval", "max_num_batched_tokens"),
+        ("groups", "hash_block_size", "prefix_match_unit", "scheduler_block_size", "retention_interval", "max_num_batched_tokens", "prefill_checkpoint_grid", "shared_prefix_checkpoint"),
         ("groups",),
     )
     groups = _parse_groups(raw["groups"])
@@ -307,7 +313,13 @@ def parse_geometry(raw: Any) -> Geometry:
     if retention and retention % sched:
         raise invalid("geometry.retention_interval", retention, f"must be null (dense), 0 (sparse) or a positive multiple of scheduler_block_size={sched}")
     budget = _int(raw, "max_num_batched_tokens", "geometry", minimum=1, maximum=MAX_BATCHED_TOKENS, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    return Geometry(groups, hash_block, sched, unit, retention, budget)
+    grid = _int(raw, "prefill_checkpoint_grid", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
+    if grid is not None and not any(g.kind == "mamba" for g in groups):
+        raise invalid("geometry.prefill_checkpoint_grid", grid, "needs a mamba group; allowed: null")
+    shared_ckpt = raw.get("shared_prefix_checkpoint", False)
+    if not isinstance(shared_ckpt, bool):
+        raise invalid("geometry.shared_prefix_checkpoint", shared_ckpt, "must be true or false")
+    return Geometry(groups, hash_block, sched, unit, retention, budget, grid, shared_ckpt)
 
 
 def parse_speculative(raw: Any) -> Speculative | None:
@@ -441,6 +453,8 @@ def case_to_dict(case: Case) -> dict:
             "scheduler_block_size": g.scheduler_block_size,
             "retention_interval": g.retention_interval,
             "max_num_batched_tokens": g.max_num_batched_tokens,
+            "prefill_checkpoint_grid": g.prefill_checkpoint_grid,
+            "shared_prefix_checkpoint": g.shared_prefix_checkpoint,
         },
         "speculative": spec,
         "trace": _trace_to_list(case),

@@ -10,15 +10,19 @@ Five numbers decide every prefix-cache boundary in this model:
 * ``tail_checkpoint``: with partial hash hits, where the prompt's own
   partial-tail state is kept (``boundaries.tail_checkpoint``: ``floor`` in
   0.29.0, ``floor_drop`` in 0.30.0, ``checkpoint`` from 0.32.0).
-* ``junction_back_off``: with the drop, 0.33.0 also keeps the state one
-  block below a shared-prefix junction (``MambaManager.cache_blocks``).
+* ``junction_back_off``: 0.33.0's ``MambaManager.cache_blocks`` also keeps
+  the state one block below a shared-prefix junction, but only in a Mamba
+  manager of an EAGLE group; vLLM flags the draft layer's (attention) group,
+  so it never fires for the models it serves (always False here).
 * ``hash_lookahead_tokens``: tokens after each hash block that its hash also
   covers (0.33.0 ``VllmConfig.num_hash_lookahead_tokens``: 1 for EAGLE and
   single-module MTP when the drop would otherwise be in force, unless
   ``disable_lookahead_block_hashes``; 0.29.0 to 0.32.0 have none).
 * ``alignment``: the unit hits land on (``_cache_hit_alignment_tokens``): the
   hash block when partial hash hits are on (an align-mode Mamba group whose
-  block is larger than the hash block), else the scheduler block.
+  block is larger than the hash block), else the scheduler block. Full
+  attention then matches whole blocks plus one earlier prompt's partial tail
+  (``fa_tail``), reads one hash unit past the candidate and drops one.
 * ``hit_cap``: a request of N prompt tokens can hit at most N-1 tokens (its
   last token is recomputed for logits; ``get_computed_blocks``).
 * ``eagle_lookup_ceiling``: how far past the candidate the EAGLE attention
@@ -55,6 +59,17 @@ class Knobs:
     tail_checkpoint: str
     #: Has this version ``replay_boundaries`` (0.30.0+)? Informational.
     has_replay_boundaries: bool
+    #: Where a prompt's full-attention partial tail is keyed, with partial
+    #: hash hits (``FullAttentionManager._cache_partial_tail_block``):
+    #: ``n`` (0.29.0, 0.30.0: floor(N/H)*H), ``cap`` (0.32.0: N under the
+    #: drop, else N-1, floored to H), ``cap_hashed`` (0.33.0: the same,
+    #: capped at the hashed length).
+    fa_tail: str = "cap_hashed"
+    #: Internal Mamba prefill checkpoints in force (the geometry's grid; 0.32.0+).
+    prefill_checkpoint_grid: int | None = None
+    #: ``--enable-mamba-shared-prefix-checkpoint`` in force (needs an EAGLE
+    #: group, partial hash hits and single-module MTP; 0.32.0+).
+    shared_prefix_checkpoint: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,8 +143,21 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     if g.scheduler_block_size != math.lcm(*(x.block_size for x in g.groups)):
         raise Unsupported(f"geometry.scheduler_block_size={g.scheduler_block_size}: vLLM {version} always uses the LCM of the group block sizes")
     for a in g.attention_block_sizes:
-        if a > alignment:
-            raise Unsupported(f"full_attention block_size={a} above the hit alignment {alignment}: fine-grained attention tails are outside this model")
+        if a > alignment and (not partial or a % g.hash_block_size):
+            raise Unsupported(f"full_attention block_size={a} above the hit alignment {alignment}: outside this model (allowed: partial hash hits with the hash block dividing it)")
+    grid = g.prefill_checkpoint_grid
+    if grid is not None and v < (0, 32, 0):
+        raise Unsupported(f"geometry.prefill_checkpoint_grid={grid}: vLLM {version}'s internal checkpoints (Kimi KDA only) follow another rule; allowed: null before 0.32.0")
+    if grid is not None and g.num_groups == 1:
+        raise Unsupported(f"geometry.prefill_checkpoint_grid={grid}: with a single KV cache group; allowed: null")
+    shared_ckpt = False
+    if g.shared_prefix_checkpoint:
+        if v < (0, 32, 0):
+            raise Unsupported(f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {version} (0.32.0+; 0.30.0 had --enable-mamba-fine-grained-prefix-cache)")
+        # KVCacheManager: only with an EAGLE group (any speculative method
+        # here; lookahead hashes keep the group flagged), partial hash hits
+        # and no multi-module MTP re-prefill.
+        shared_ckpt = spec is not None and partial
     return Knobs(
         version=version,
         eagle_drop=eagle_drop,
@@ -139,7 +167,12 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
         alignment=alignment,
         partial_hash_hits=partial,
         eagle_lookup_ceiling="hashed" if v >= (0, 32, 0) else "n_minus_1",
-        junction_back_off=eagle_drop and v >= (0, 33, 0),
+        # 0.33.0 keeps J - bs only when the Mamba manager itself is an EAGLE
+        # group's; vLLM flags the draft layer's (attention) group, never Mamba.
+        junction_back_off=False,
         tail_checkpoint="checkpoint" if v >= (0, 32, 0) else ("floor_drop" if v >= (0, 30, 0) else "floor"),
         has_replay_boundaries=v >= (0, 30, 0),
+        fa_tail="cap_hashed" if v >= (0, 33, 0) else ("cap" if v >= (0, 32, 0) else "n"),
+        prefill_checkpoint_grid=grid,
+        shared_prefix_checkpoint=shared_ckpt,
     )

@@ -33,9 +33,12 @@ from dataclasses import dataclass, field
 
 from reference.boundaries import (
     attention_lookup,
+    fa_tail,
     floor_to,
+    internal_checkpoint_valid,
     kept_state,
     legacy_boundaries,
+    mamba_checkpoint_position,
     replay_boundaries,
     tail_checkpoint,
 )
@@ -54,6 +57,8 @@ class Cached:
     prompt: tuple[Segment, ...]
     #: Mamba states kept, per Mamba block size: token counts p.
     states: dict[int, set[int]] = field(default_factory=dict)
+    #: Its full-attention partial tail (``boundaries.fa_tail``; 0: none).
+    fa_tail: int = 0
 
 
 def common_prefix(a: list[int], b: list[int], skip: int = 0) -> int:
@@ -96,18 +101,32 @@ class Lookup:
     junction: int
 
 
-def lookup(N: int, shared: list[int], cache: list[Cached], geometry: Geometry, knobs: Knobs) -> Lookup:
+def prompt_fa_tail(N: int, geometry: Geometry, knobs: Knobs) -> int:
+    """The full-attention partial tail an N-token prompt keys (0 without
+    partial hash hits: every hash boundary is then a block boundary)."""
+    if not knobs.partial_hash_hits:
+        return 0
+    return fa_tail(N, geometry.hash_block_size, knobs.hash_lookahead_tokens, knobs.eagle_drop, knobs.fa_tail)
+
+
+def lookup(N: int, shared: list[int], cache: list[Cached] | None, geometry: Geometry, knobs: Knobs, *, tails: tuple[int, ...] | None = None) -> Lookup:
     """Steps 1 of the module docstring. ``shared[i]`` is the common prefix of
-    R with ``cache[i]``; dense Mamba (every aligned state) when cache is None."""
+    R with ``cache[i]``; dense Mamba (every aligned state) when cache is None,
+    with ``tails`` the full-attention partial tails of the cached prompts."""
     L, U = knobs.hash_lookahead_tokens, knobs.alignment
+    H = geometry.hash_block_size
     cap = max(N - 1, 0)
     best = max(shared, default=0)
-    ceiling = floor_to(N - L, geometry.hash_block_size) if knobs.eagle_lookup_ceiling == "hashed" else cap
+    hashed = floor_to(max(N - L, 0), H)
+    ceiling = hashed if knobs.eagle_lookup_ceiling == "hashed" else cap
+    if tails is None:
+        tails = tuple(e.fa_tail for e, s in zip(cache or (), shared) if e.fa_tail and e.fa_tail + L <= s)
+    tails = tuple(t for t in tails if t <= hashed)
     c = cap
     longest = 0
     for A in dict.fromkeys(geometry.attention_block_sizes):
-        reach = floor_to(max(best - L, 0), A)
-        c = attention_lookup(c, reach, A, U, knobs.eagle_drop, ceiling)
+        reach = floor_to(max(min(best - L, hashed), 0), A)
+        c = attention_lookup(c, reach, A, U, knobs.eagle_drop, ceiling, tails, H)
         longest = max(longest, c)
     attention = c
     mamba_sizes = list(dict.fromkeys(geometry.mamba_block_sizes))
@@ -137,8 +156,12 @@ def _deepest_state(limit: int, N: int, M: int, U: int, L: int, shared: list[int]
 
 def dense_hit(N: int, shared: int, geometry: Geometry, knobs: Knobs) -> int:
     """Where a request of N tokens sharing ``shared`` tokens with a cached
-    prompt resumes under dense retention (every aligned state kept)."""
-    return lookup(N, [shared], None, geometry, knobs).hit  # type: ignore[arg-type]
+    prompt of ``shared`` tokens resumes under dense retention (every aligned
+    Mamba state kept; attention holds that prompt's full blocks and its own
+    partial tail, as vLLM caches them)."""
+    tail = prompt_fa_tail(shared, geometry, knobs)
+    usable = (tail,) if tail and tail + knobs.hash_lookahead_tokens <= shared else ()
+    return lookup(N, [shared], None, geometry, knobs, tails=usable).hit
 
 
 def promise_boundaries(N: int, geometry: Geometry, knobs: Knobs) -> tuple[int, ...]:
@@ -167,36 +190,71 @@ def rule_boundaries(rule: str, N: int, junction: int, geometry: Geometry, knobs:
     return out
 
 
-def chunk_ends(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs) -> list[int]:
-    """Step 2: where the prefill chunks of a request starting at ``start`` end."""
+@dataclass(frozen=True)
+class Chunk:
+    """One prefill chunk [start, end); ``internal`` is the prompt checkpoint
+    a kernel exported from inside it (0: none)."""
+
+    start: int
+    end: int
+    internal: int = 0
+
+
+def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs) -> list[Chunk]:
+    """Step 2: the prefill chunks of a request starting at ``start``
+    (``Scheduler._mamba_block_aligned_split``, with the Mamba manager's
+    internal checkpoint, 0.32.0+).
+
+    A chunk ends at the token budget (rounded down to the block), or earlier
+    at the first stop strictly inside it: the next block boundary when it
+    started mid-block, the last cacheable position, the prompt's checkpoint
+    (partial hash hits), the junction (block-floored from the start, or the
+    junction itself with the shared-prefix checkpoint). With internal
+    checkpoints a chunk that reaches the end of the prompt, and can export
+    the checkpoint (``boundaries.internal_checkpoint_valid``), has no stop
+    but the junction, and writes the checkpoint's state from inside."""
     bs = min(g.block_size for g in geometry.groups)  # cache_config.block_size
+    H = geometry.hash_block_size
     budget = geometry.max_num_batched_tokens
-    if knobs.eagle_drop:
+    L, drop = knobs.hash_lookahead_tokens, knobs.eagle_drop
+    if drop:
         last = floor_to(N, bs) - bs
     elif knobs.eagle_lookup_ceiling == "hashed":  # 0.32.0+: get_mamba_prefill_checkpoint_position
-        last = floor_to(N - max(1, knobs.hash_lookahead_tokens), bs)
+        last = floor_to(N - max(1, L), bs)
     else:
         last = floor_to(N, bs)
     tail = 0
     if knobs.partial_hash_hits:
-        tail = tail_checkpoint(N, geometry.hash_block_size, knobs.eagle_drop, knobs.hash_lookahead_tokens, knobs.tail_checkpoint)
-    ends = []
+        tail = tail_checkpoint(N, H, drop, L, knobs.tail_checkpoint)
+    grid = knobs.prefill_checkpoint_grid
+    checkpoint = mamba_checkpoint_position(N, H if knobs.partial_hash_hits else bs, drop, L) if grid is not None else 0
+    out: list[Chunk] = []
     while start < N:
         end = min(start + budget, N)
+        internal = end >= N and internal_checkpoint_valid(start, end, checkpoint, H, bs, grid)
         if end < N:
             aligned = floor_to(end, bs)
             if aligned > start or bs <= budget:
                 end = aligned
+        if knobs.shared_prefix_checkpoint and junction <= N:
+            junction_stop = junction
+        else:
+            junction_stop = start + floor_to(junction - start, bs)
         stops = [
-            floor_to(start, bs) + bs if start % bs else 0,
-            last,
-            tail if last < tail < N else 0,
-            start + floor_to(junction - start, bs) if start < junction < end else 0,
+            floor_to(start, bs) + bs if start % bs and not internal else 0,
+            0 if internal else last,
+            tail if (not internal and last < tail < N) else 0,
+            junction_stop if start < junction < end else 0,
         ]
-        end = min((s for s in stops if start < s < end), default=end)
-        ends.append(end)
+        end = min((x for x in stops if start < x < end), default=end)
+        out.append(Chunk(start, end, checkpoint if internal and end >= N else 0))
         start = end
-    return ends
+    return out
+
+
+def chunk_ends(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs) -> list[int]:
+    """Where the prefill chunks of a request starting at ``start`` end."""
+    return [c.end for c in chunks(N, start, junction, geometry, knobs)]
 
 
 @dataclass
@@ -213,6 +271,8 @@ class Step:
     boundaries: list[int]
     chunk_ends: list[int]
     retained: dict[int, list[int]]
+    #: Kept states as token counts, when one is not a whole Mamba block.
+    retained_tokens: dict[int, list[int]] | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -226,6 +286,7 @@ class Step:
             "boundaries": self.boundaries,
             "chunk_ends": self.chunk_ends,
             "retained_mamba_blocks": {str(m): v for m, v in self.retained.items()},
+            "retained_mamba_tokens": None if self.retained_tokens is None else {str(m): v for m, v in self.retained_tokens.items()},
         }
 
 
@@ -242,12 +303,46 @@ def cacheable_tokens(end: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
     return aligned
 
 
+def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: Knobs) -> set[int]:
+    """Under dense or periodic retention the Mamba manager also has the
+    kernel export a checkpoint from inside every other chunk that can
+    (vLLM 0.32.0+ ``MambaManager.get_num_blocks_to_allocate``: the prefill
+    end is ignored unless retention is sparse), at the chunk's own
+    checkpoint position, into a slot no chunk end filled."""
+    grid = knobs.prefill_checkpoint_grid
+    if grid is None or geometry.retention_interval == 0:
+        return set()
+    bs = min(g.block_size for g in geometry.groups)
+    H = geometry.hash_block_size
+    unit = H if knobs.partial_hash_hits else bs
+    ends = {c.end for c in parts}
+    out = set()
+    for c in parts:
+        if c.internal:
+            continue
+        p = mamba_checkpoint_position(c.end, unit, knobs.eagle_drop, knobs.hash_lookahead_tokens)
+        slot_end = (-(-c.end // bs) - 1) * bs  # the state slot cdiv(end, bs) - 2 holds
+        if p and internal_checkpoint_valid(c.start, c.end, p, H, bs, grid) and slot_end not in ends:
+            out.add(p)
+    return out
+
+
 def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geometry, knobs: Knobs) -> tuple[list[int], list[int], dict[int, set[int]]]:
-    """Step 3: the Mamba states a request keeps, per Mamba block size."""
+    """Step 3: the Mamba states a request keeps, per Mamba block size.
+
+    Written: states at chunk ends (within the hashed length), the prompt's
+    checkpoint when a cache call reaches exactly it (partial hash hits, or
+    0.32.0+), a checkpoint exported from inside a chunk, and with the
+    shared-prefix checkpoint the junction. The prompt's checkpoint and the
+    junction's are keyed whatever the retention mask says; every other
+    written state is kept where the rule's boundaries (sparse), also its
+    interval multiples (periodic), or everything (dense) say."""
     U, L, interval = knobs.alignment, knobs.hash_lookahead_tokens, geometry.retention_interval
     hashed = floor_to(max(N - L, 0), geometry.hash_block_size)
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
-    ends = chunk_ends(N, hit, junction, geometry, knobs)
+    parts = chunks(N, hit, junction, geometry, knobs)
+    ends = [c.end for c in parts]
+    interim = _interim_checkpoints(parts, N, geometry, knobs) if rule != "promise" else set()
     kept: dict[int, set[int]] = {}
     tails: set[int] = set()
     for M in dict.fromkeys(geometry.mamba_block_sizes):
@@ -269,6 +364,16 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
                 if tail > 0 and tail in covered and tail <= hashed and (tail % M or knobs.tail_checkpoint == "checkpoint"):
                     written.add(tail)
                     tails.add(tail)
+            for c in parts:
+                if c.internal and c.internal <= hashed:
+                    written.add(c.internal)
+                    tails.add(c.internal)
+            for p in interim:
+                if p <= hashed and (p % M == 0 or p == junction):
+                    written.add(p)
+            if knobs.shared_prefix_checkpoint and hit < junction <= N and junction in ends and junction <= hashed:
+                written.add(junction)
+                tails.add(junction)
         if interval is None:
             keep = written
         else:
@@ -299,7 +404,7 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
         look = lookup(N, shared, near, g, knobs)
         bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
         by_first.setdefault(tokens[0], []).append(len(cache))
-        cache.append(Cached(tokens, request.prompt, kept))
+        cache.append(Cached(tokens, request.prompt, kept, prompt_fa_tail(N, g, knobs)))
         steps.append(
             Step(
                 request=i,
@@ -311,7 +416,8 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
                 junction=look.junction,
                 boundaries=sorted(b for b in set(bounds) if b > 0),
                 chunk_ends=ends,
-                retained={M: sorted(p // M - 1 for p in s) for M, s in kept.items()},
+                retained={M: sorted(p // M - 1 for p in s if p % M == 0) for M, s in kept.items()},
+                retained_tokens={M: sorted(s) for M, s in kept.items()} if any(p % M for M, s in kept.items() for p in s) else None,
             )
         )
     return steps
