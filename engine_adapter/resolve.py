@@ -314,6 +314,22 @@ def _update_block_size(vc, dep: Deployment) -> None:
     Platform.update_block_size_for_backend(vc)
 
 
+def _resolve_layout(vc, specs: dict) -> None:
+    """``EngineCore``: resolve the KV cache layout before grouping (vLLM
+    versions that have ``resolve_kv_cache_layout``), from the backends of the
+    registered layers."""
+    try:
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    except ImportError:
+        return
+    classes = []
+    for layer in vc.compilation_config.static_forward_context.values():
+        b = layer.get_attn_backend()
+        if b not in classes:
+            classes.append(b)
+    resolve_kv_cache_layout(vc, [[x.name for x in get_supported_kv_cache_layouts(classes)]], list(specs.values()))
+
+
 def _kv_cache_configs(vc, specs: dict, memory: int):
     import vllm.v1.core.kv_cache_utils as ku
 
@@ -321,18 +337,8 @@ def _kv_cache_configs(vc, specs: dict, memory: int):
         import vllm.v1.core.kv_cache_planning as kp
     except ImportError:
         kp = None
+    _resolve_layout(vc, specs)
     if kp is not None and hasattr(kp, "get_global_kv_cache_groups"):
-        try:
-            from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-
-            classes = []
-            for layer in vc.compilation_config.static_forward_context.values():
-                b = layer.get_attn_backend()
-                if b not in classes:
-                    classes.append(b)
-            resolve_kv_cache_layout(vc, [[x.name for x in get_supported_kv_cache_layouts(classes)]], list(specs.values()))
-        except ImportError:
-            pass
         groups = kp.get_global_kv_cache_groups(vc, [specs])
         return kp.get_kv_cache_configs(vc, [specs], [memory], groups)
     return ku.get_kv_cache_configs(vc, [specs], [memory])
@@ -431,6 +437,10 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
     kcfg = res.kv_cache_config
     retention = getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", 0))
     pmu = getattr(vc.cache_config, "prefix_match_unit", None)
+    grids = {getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None) for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec" and getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0)}
+    mamba_groups = [g for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec"]
+    every = all(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) for g in mamba_groups)
+    grid = next(iter(grids)) if (every and len(grids) == 1) else None
     geometry = {
         "groups": groups,
         "hash_block_size": res.hash_block_size,
@@ -438,6 +448,8 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
         "scheduler_block_size": res.scheduler_block_size,
         "retention_interval": retention,
         "max_num_batched_tokens": int(getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens),
+        "prefill_checkpoint_grid": int(grid) if grid is not None else None,
+        "shared_prefix_checkpoint": bool(getattr(vc.cache_config, "enable_mamba_shared_prefix_checkpoint", False)),
     }
     spec = None
     sc = vc.speculative_config

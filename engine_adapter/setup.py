@@ -286,6 +286,10 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
             "mamba_cache_mode": "align",
             "prefix_cache_retention_interval": g.retention_interval,
         }
+        if g.shared_prefix_checkpoint:
+            if "enable_mamba_shared_prefix_checkpoint" not in caps.cache_fields:
+                raise Unsupported(f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {caps.version}'s CacheConfig")
+            cache_kwargs["enable_mamba_shared_prefix_checkpoint"] = True
         mamba_sizes = sorted({x.block_size for x in groups_flat if x.kind == "mamba"})
         if mamba_sizes:
             cache_kwargs["mamba_block_size"] = mamba_sizes[0]
@@ -321,6 +325,13 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     # -- the KV cache groups, as the GPU model runner reports them for this geometry
     try:
         draft_layer = "mtp.layers.0.self_attn.attn"
+        checkpoint_kwargs: dict[str, Any] = {}
+        if g.prefill_checkpoint_grid is not None:
+            mamba_fields = {f.name for f in dataclasses.fields(MambaSpec)}
+            if "prefill_checkpoint_alignment" not in mamba_fields:
+                raise Unsupported(f"geometry.prefill_checkpoint_grid={g.prefill_checkpoint_grid}: vLLM {caps.version}'s MambaSpec has no prefill_checkpoint_alignment")
+            # what a checkpoint-exporting Mamba layer's get_kv_cache_spec adds
+            checkpoint_kwargs = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": g.prefill_checkpoint_grid}
         groups: list = []
         layer_specs: dict[str, Any] = {}
         mamba_group_ids: list[int] = []
@@ -345,6 +356,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
                     dtypes=(torch.bfloat16, torch.float32),
                     mamba_cache_mode="align",
                     num_speculative_blocks=k,
+                    **checkpoint_kwargs,
                 )
                 layer_specs[layer] = layer_spec
                 mamba_group_ids.append(len(groups))

@@ -472,6 +472,14 @@ def _trace_to_list(case: Case) -> list:
     ]
 
 
+def with_resolution(case: Case, geometry: dict, speculative: dict | None, engine: str) -> Case:
+    """A deployment case with the geometry and speculative settings an
+    engine resolved for it (``resolved_by`` names the engine)."""
+    if case.deployment is None:
+        raise invalid("case.deployment", None, "only a deployment case can be resolved")
+    return Case(parse_geometry(geometry), parse_speculative(speculative), case.trace, case.name, case.deployment, engine)
+
+
 def require_geometry(case: Case) -> Geometry:
     """The case's geometry; a deployment case must be resolved first."""
     if case.geometry is None:
