@@ -1,13 +1,21 @@
 """The ``kvspec`` command: a thin layer that dispatches to kvspec/commands/.
 
 Errors raised on purpose (``reference.errors.KvspecError``) print one line
-``kvspec: <message>`` and exit 2; nothing else is caught here.
+``kvspec: <message>`` and exit 2 (a line break inside a message is printed
+as ``\\n``, so it stays one line); nothing else is caught here, except:
+
+* a closed stdout (``kvspec predict CASE | head -1``): the command stops
+  quietly, without a traceback, and exits 141 (128 + SIGPIPE, what a shell
+  reports for a tool killed by SIGPIPE, so ``set -o pipefail`` sees the same
+  as for ``cat``);
+* Ctrl-C: ``kvspec: interrupted``, exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -27,13 +35,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status when stdout was closed by the reader (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+
+
+def one_line(message: str) -> str:
+    """A message as one line: CR and LF shown as ``\\r`` and ``\\n``."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's
+    final flush of what is still buffered cannot raise BrokenPipeError again
+    (Python's documented recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (captured in tests)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args._main(args) or 0)
+        code = int(args._main(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KvspecError as e:
-        print(f"kvspec: {e}", file=sys.stderr)
+        print(f"kvspec: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvspec: interrupted", file=sys.stderr)

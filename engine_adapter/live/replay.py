@@ -13,9 +13,15 @@ Verdicts, and the rules that keep them honest (no false findings):
   that moved between our requests, requests running or waiting on the server
   before ours, a counter that went down or a new ``process_start_time``
   (restart), a timeout or HTTP error (after bounded retries), metrics that
-  did not settle, ``vllm:cache_config_info`` changing during the run, or a
-  server knob that differs from the case's (retention interval, number of
-  speculative tokens). An inconclusive run says nothing either way.
+  did not settle or could not be read once something was sent,
+  ``vllm:cache_config_info`` changing during the run, or a server knob that
+  differs from the case's (retention interval, number of speculative
+  tokens). An inconclusive run says nothing either way. A refusal (an
+  exception, exit 2) happens only before anything was sent.
+
+The API key never reaches a message or the report: the client redacts every
+body the server sends, and :func:`replay` redacts its report and any error
+it raises (:func:`engine_adapter.live.client.redact`).
 * **reproduced**: a clean run whose observed hit deltas equal the target —
   the finding's ``observed`` hits for a finding file, the reference model's
   prediction (at the server's vLLM version) for a bare case.
@@ -32,11 +38,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine_adapter.live.client import LiveClient, LiveError
+from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
 from reference.case import Case, load_json, parse_case, prompt_tokens
-from reference.errors import InvalidArgument, Unsupported, invalid
+from reference.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
 from reference.knobs import implemented_rule
 from reference.serial import RULES
 
@@ -281,12 +287,54 @@ def replay(
     """
     if rule not in RULES:
         raise invalid("--rule", rule, f"allowed: {', '.join(RULES)}")
-    if gap_s < 0 or gap_s > 3600:
-        raise invalid("--gap", gap_s, "must be between 0 and 3600 seconds")
-    if not timeout_s > 0 or timeout_s > 86400:
-        raise invalid("--timeout", timeout_s, "must be > 0 and <= 86400 seconds")
-    if not server.startswith(("http://", "https://")):
-        raise invalid("--server", server, "must be an http:// or https:// URL")
+    if not (isinstance(gap_s, (int, float)) and 0 <= gap_s <= 3600):  # NaN fails every comparison
+        raise invalid("--gap", gap_s, "must be a finite number of seconds between 0 and 3600")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 86400):
+        raise invalid("--timeout", timeout_s, "must be a finite number of seconds, > 0 and <= 86400")
+    check_base_url(server, "--server")
+    try:
+        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule)
+    except KvspecError as e:  # a server may echo the key into what a refusal quotes
+        raise type(e)(redact(str(e), api_key)) from None
+    return redact_report(report, api_key)
+
+
+def redact_report(report: Report, secret: str | None) -> Report:
+    """The report with the API key (and any ``Bearer`` token) replaced by
+    ``[redacted]`` in every string it holds: what is printed and what
+    ``--json`` writes."""
+    from dataclasses import fields, replace
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value, secret)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        if isinstance(value, Row):
+            return replace(value, **{f.name: clean(getattr(value, f.name)) for f in fields(value)})
+        return value
+
+    return replace(report, **{f.name: clean(getattr(report, f.name)) for f in fields(report)})
+
+
+def _replay(
+    target: Target,
+    server: str,
+    *,
+    api_key: str | None,
+    model: str | None,
+    gap_s: float,
+    timeout_s: float,
+    rescale: bool,
+    retries: int,
+    settle_s: float,
+    after_request: Callable[[int], None] | None,
+    predict_fn: Callable[[Case, str, str], list[int]] | None,
+    rule: str,
+) -> Report:
+    """replay() after its arguments were checked; the report unredacted."""
     predict_fn = predict_fn or _reference_hits
     notes: list[str] = []
     with LiveClient(server, api_key=api_key, timeout_s=timeout_s, retries=retries) as client:
@@ -357,8 +405,8 @@ def replay(
                 time.sleep(gap_s)
             try:
                 pre = client.metrics(info.model)
-            except LiveError as e:
-                row.issues.append(f"metrics before the request: {e}")
+            except EngineError as e:  # unreachable, timed out, or not Prometheus text
+                row.issues.append(f"metrics before the request unreadable: {e}")
                 break
             issue = _counter_issue(prev, pre, "between requests")
             if issue:
@@ -375,7 +423,7 @@ def replay(
             try:
                 row.sent = True
                 done = client.complete(info.model, tokens, req.max_tokens)
-            except LiveError as e:
+            except EngineError as e:
                 row.issues.append(str(e))
                 break
             row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
@@ -383,8 +431,8 @@ def replay(
                 notes.append(f"request {i}: sent {done.attempts} times (connection retries)")
             try:
                 post, settled = _settle(client, info.model, pre, len(tokens), min(settle_s, timeout_s))
-            except LiveError as e:
-                row.issues.append(f"metrics after the request: {e}")
+            except EngineError as e:  # something was sent: a verdict (inconclusive) with a report, not a refusal
+                row.issues.append(f"metrics after the request unreadable: {e}")
                 break
             issue = _counter_issue(pre, post, "during the request")
             if issue:

@@ -19,6 +19,11 @@ def configure(parser) -> None:
 def main(args) -> int:
     from rich.console import Console
 
+    from kvspec.options import output_file
+
+    if args.chart:
+        output_file("--chart", args.chart)  # before any engine work
+
     from engine_adapter import open_engine
     from engine_adapter.versions import engine_name, parse_engine
 

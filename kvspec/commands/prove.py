@@ -41,7 +41,19 @@ def _counterexample_work(row):
     return row, m.values, case, confirm(row, case)
 
 
+def _check_options(args) -> None:
+    """--timeout in [1 ms, one day], --jobs >= 1, --seed a z3 seed, --out writable."""
+    from kvspec.options import output_dir, whole
+
+    whole("--timeout", args.timeout, minimum=1, maximum=86_400_000)
+    whole("--jobs", args.jobs, minimum=1, maximum=1024, none_ok=True)
+    whole("--seed", args.seed, minimum=0, maximum=2**32 - 1)
+    if args.out:
+        output_dir("--out", args.out)
+
+
 def main(args) -> int:
+    _check_options(args)
     from reference.case import dump_case
     from spec.catalogue import MODE_NAMES, rows, run_rows
     from spec.parallel import pmap

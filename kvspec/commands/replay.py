@@ -5,10 +5,15 @@ OpenAI-compatible server, request by request, and compares the
 ``vllm:prefix_cache_hits_total`` deltas with the target: a finding's observed
 hits, or the reference prediction for a bare case.
 
-Exit status: 0 reproduced, 1 not reproduced, 3 inconclusive, 2 refused or
-bad input (one line on stderr). The API key is read only from the
-environment variable named by ``--api-key-env``; it is never printed or
-written.
+Exit status: 0 reproduced, 1 not reproduced, 3 inconclusive (also when
+something was sent and then the server's answers could not be read: a
+timeout, an HTTP error, unreadable ``/metrics``), 2 refused or bad input
+before anything was sent (one line on stderr). ``--timeout`` bounds each
+request (a completion or a metrics scrape, retries included) in wall-clock
+time. The API key is read only from the environment variable named by
+``--api-key-env``; it is never printed or written: the key, and any
+``Bearer`` token, is replaced by ``[redacted]`` in every message and report,
+even when the server echoes it.
 
 ``--engine vllm==X`` (in-process replay) is delegated to
 ``fuzz.replay.replay_on_engine(path, engine) -> dict`` and
@@ -80,12 +85,18 @@ def _engine_replay(args) -> int:
 
         write_json_atomic(args.json, result)
     verdict = result.get("verdict")
-    if verdict not in ENGINE_EXIT:
+    if not isinstance(verdict, str) or verdict not in ENGINE_EXIT:
         raise Unsupported(f"verdict={verdict!r}: unknown to kvspec replay; allowed: {', '.join(ENGINE_EXIT)}")
     return ENGINE_EXIT[verdict]
 
 
 def main(args) -> int:
+    from kvspec.options import output_file, seconds
+
+    seconds("--gap", args.gap, zero_ok=True, maximum=3600)
+    seconds("--timeout", args.timeout)
+    if args.json:
+        output_file("--json", args.json)
     if args.engine is not None:
         for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--rule", None if args.rule == "promise" else args.rule)):
             if value is not None:
@@ -100,5 +111,8 @@ def main(args) -> int:
     report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule)
     render(report)
     if args.json:
-        write_json_atomic(args.json, report.as_dict())
+        try:
+            write_json_atomic(args.json, report.as_dict())
+        except OSError as e:
+            raise invalid("--json", args.json, f"cannot be written ({e.strerror or e}); allowed: a writable path") from None
     return EXIT[report.verdict]

@@ -25,6 +25,7 @@ import json
 import sys
 
 from engine_adapter.versions import DEFAULT_ENGINE, parse_engine
+from kvspec.options import seconds
 from reference.case import load_case
 from reference.knobs import implemented_rule
 
@@ -114,6 +115,7 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
 
 
 def main(args) -> int:
+    seconds("--timeout", args.timeout)
     version = parse_engine(args.engine, "--engine")
     case = load_case(args.case)
     reference = None

@@ -11,6 +11,7 @@ when the test ends; every wait in it is bounded.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 MODEL = "stub-model"
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up (a deadline, a test that stops early) is not
+    an error worth a traceback on the test's stderr."""
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def cache_config_labels(**over) -> dict[str, str]:
@@ -47,6 +58,10 @@ class Faults:
     metrics_status: int | None = None  # answer /metrics with this status
     metrics_lag_s: float = 0.0  # counters appear this long after the stream ends
     drop_connection: set[int] = field(default_factory=set)  # close the socket before answering
+    trickle_s: dict[str, float] = field(default_factory=dict)  # path -> pause before each byte of its body
+    status_body: dict[int, str] = field(default_factory=dict)  # i -> body of the injected error status
+    metrics_garbage_after: int | None = None  # /metrics answers 200 + garbage once this many completions arrived
+    metrics_garbage: str = "<html>this is not Prometheus text</html>\n"
 
 
 class StubVllm:
@@ -81,7 +96,7 @@ class StubVllm:
         self.seen_auth: list[str | None] = []
         self._pending: list[tuple[float, float, float]] = []  # (due, queries, hits); +1 finished
         self._status_left: dict[int, list[int]] = {k: list(v) for k, v in self.faults.status.items()}
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd = _QuietServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -204,7 +219,20 @@ class StubVllm:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self._write(body)
+
+            def _write(self, data: bytes) -> None:
+                pause = stub.faults.trickle_s.get(self.path.split("?")[0])
+                if not pause:
+                    self.wfile.write(data)
+                    return
+                try:  # one byte at a time, until the client gives up
+                    for k in range(len(data)):
+                        time.sleep(pause)
+                        self.wfile.write(data[k : k + 1])
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    self.close_connection = True
 
             def _authorized(self) -> bool:
                 auth = self.headers.get("Authorization")
@@ -220,6 +248,10 @@ class StubVllm:
                 if self.path == "/metrics":
                     if stub.faults.metrics_status:
                         self._send(stub.faults.metrics_status, b"boom", "text/plain")
+                        return
+                    after = stub.faults.metrics_garbage_after
+                    if after is not None and stub.completions >= after:
+                        self._send(200, stub.faults.metrics_garbage.encode(), "text/plain")
                         return
                     self._send(200, stub.metrics_text().encode(), "text/plain; version=0.0.4")
                 elif self.path == "/v1/models":
@@ -251,7 +283,8 @@ class StubVllm:
                     self.connection.shutdown(2)
                     return
                 if status is not None:
-                    self._send(status, json.dumps({"error": {"message": f"injected {status}"}}).encode())
+                    body = f.status_body.get(i) or json.dumps({"error": {"message": f"injected {status}"}})
+                    self._send(status, body.encode())
                     # A retried index keeps its number: the next attempt is the same request.
                     with stub.lock:
                         stub.completions -= 1
@@ -291,7 +324,7 @@ class StubVllm:
 
             def _chunk(self, text: str) -> None:
                 data = text.encode()
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self._write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
         return Handler
