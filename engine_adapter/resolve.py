@@ -403,6 +403,9 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
         "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
         "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
+        "max_model_len": int(vc.model_config.max_model_len),
+        "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
+        "long_prefill_token_threshold": int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0),
     })
     assumptions = []
     if dep.platform == "cuda":
@@ -426,6 +429,9 @@ def _group_kind(spec) -> str:
 def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
     """(geometry, speculative, checkpoint facts) in the case's own form."""
     vc = res.vllm_config
+    threshold = int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0)
+    if threshold > 0:
+        raise Unsupported(f"long_prefill_token_threshold={threshold}: a second prefill chunk limit is outside kvspec's model; allowed: 0 (vLLM's default)")
     groups: list[dict] = []
     for g in res.kv_cache_config.kv_cache_groups:
         kind = _group_kind(g.kv_cache_spec)

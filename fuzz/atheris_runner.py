@@ -201,6 +201,7 @@ def run_atheris(
     deadline: float | None = None,
     emit=None,
     progress_every: float = 10.0,
+    synthetic: bool = False,
 ) -> dict:
     """Run the campaign until ``deadline`` (``time.monotonic()``; default
     ``max_time`` from now), start-up included; return a summary dict. With
@@ -225,7 +226,20 @@ def run_atheris(
     env["KVSPEC_FUZZ_DEADLINE"] = repr(time.time() + (stop_at - time.monotonic()) - 1.0)
     if other:
         env["KVSPEC_FUZZ_OTHER"] = other
-    dirs = [str(corpus)] + ([str(seed_dir)] if seed_dir else [])
+    if synthetic:
+        env["KVSPEC_FUZZ_SYNTHETIC"] = "1"
+        dirs = [str(corpus)] + ([str(seed_dir)] if seed_dir else [])
+    else:
+        # The workers map the z3 boundary cases onto real deployments (they
+        # hold the engine that resolves them) into this folder, before
+        # libFuzzer reads it.
+        dirs = [str(corpus)]
+        if seed_dir:
+            mapped = seed_dir.parent / f"{seed_dir.name}-on-{engine.replace('==', '-')}"
+            mapped.mkdir(parents=True, exist_ok=True)
+            env["KVSPEC_FUZZ_Z3_SEEDS"] = str(seed_dir)
+            env["KVSPEC_FUZZ_MAPPED_SEEDS"] = str(mapped)
+            dirs.append(str(mapped))
     artifacts = out / "libfuzzer-artifacts"  # slow units and the like, never in the work tree
     artifacts.mkdir(parents=True, exist_ok=True)
     q: queue.Queue = queue.Queue()

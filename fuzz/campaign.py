@@ -34,7 +34,7 @@ from reference.errors import KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
-from fuzz.oracles import ORACLES, Divergence, check_all, check_versions
+from fuzz.oracles import ORACLES, Divergence, check_all, check_versions, resolved
 from fuzz.shrink import shrink
 
 
@@ -106,6 +106,7 @@ class Campaign:
         self.deadline = deadline  # time.monotonic() past which shrinking stops
         self.stats = Stats()
         self.seen: set[str] = set()
+        self._resolved: dict[str, dict | None] = {}
         if self.out_dir.is_dir():  # resume: do not report again what is already there
             for path in self.out_dir.glob("*.json"):
                 sig = path.stem.rsplit("-", 1)[-1]
@@ -123,16 +124,46 @@ class Campaign:
             raise HarnessFailure(text)
         return obs
 
-    def _judge(self, case: Case) -> tuple[dict, list[Divergence]]:
+    def _judge(self, case: Case) -> tuple[Case, dict, list[Divergence]]:
+        """Run and judge ``case``: (the case as judged, the observation, the
+        divergences). A deployment case is judged with the geometry the
+        engine resolved for it (``oracles.resolved``); one the model does
+        not cover raises Unsupported."""
         obs = self._observe(self.engine, case)
-        divs = check_all(case, self.engine.version, obs, self._run_primary, self.oracles)
+        judged = resolved(case, obs, self.engine.version)
+        if judged.geometry is not None and "error" not in obs:
+            resolve_knobs(judged, self.engine.version)  # Unsupported: outside the model
+        divs = check_all(judged, self.engine.version, obs, self._run_primary, self.oracles)
         if self.other is not None and "versions" in self.oracles and "error" not in obs:
             other_obs = self._observe(self.other, case)
-            divs += check_versions(case, self.engine.version, obs, self.other.version, other_obs)
-        return obs, divs
+            divs += check_versions(judged, self.engine.version, obs, self.other.version, other_obs)
+        return judged, obs, divs
 
     def _run_primary(self, case: Case) -> dict:
         return self._observe(self.engine, case)
+
+    def resolver(self, deployment: dict) -> dict | None:
+        """What the engine under test resolves a drawn deployment to: its
+        block, hash block, max_model_len and default max_num_seqs (for the
+        generator to draw a trace on), or None when vLLM rejects it or the
+        model cannot judge it. Cached per deployment."""
+        import json
+
+        from reference.case import parse_case
+
+        key = json.dumps(deployment, sort_keys=True)
+        if key in self._resolved:
+            return self._resolved[key]
+        info = None
+        try:
+            probe = parse_case({"schema": 1, "deployment": deployment, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+            r = self.engine.resolve(probe)
+            g, facts = r["geometry"], r.get("facts", {})
+            info = {"block": g["scheduler_block_size"], "hash": g["hash_block_size"], "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
+        except KvspecError:
+            info = None
+        self._resolved[key] = info
+        return info
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -150,6 +181,10 @@ class Campaign:
             self.on_harness_error(path)
 
     def supported(self, case: Case) -> bool:
+        """Can the model judge ``case`` on these engines' versions? A
+        deployment is known only once an engine resolved it (checked then)."""
+        if case.geometry is None:
+            return True
         try:
             resolve_knobs(case, self.engine.version)
             if self.other is not None:
@@ -166,13 +201,13 @@ class Campaign:
         if not self.supported(case):
             return False
         try:
-            obs, divs = self._judge(case)
+            judged, obs, divs = self._judge(case)
         except KvspecError:
             return False
         except HarnessFailure as e:
             self._harness_error(case, str(e))
             return False
-        return any(d.oracle == oracle and self._signature(case, d, obs) == sig for d in divs)
+        return any(d.oracle == oracle and self._signature(judged, d, obs) == sig for d in divs)
 
     # -------------------------------------------------------------- the step
 
@@ -196,11 +231,11 @@ class Campaign:
         if not self.supported(case):
             self.stats.unsupported += 1
             return []
-        obs, divs = self._judge(case)
+        judged, obs, divs = self._judge(case)
         written = []
         for div in divs:
             self.stats.divergences += 1
-            sig = self._signature(case, div, obs)
+            sig = self._signature(judged, div, obs)
             if sig in self.seen:
                 self.stats.duplicates += 1
                 continue
@@ -213,14 +248,14 @@ class Campaign:
             if pinned != small and self._fires(pinned, div.oracle, sig):
                 small = pinned
             try:
-                small_obs, small_divs = self._judge(small)
+                small_judged, small_obs, small_divs = self._judge(small)
             except HarnessFailure as e:  # keep the confirmed original
                 self._harness_error(small, str(e))
-                small_obs, small_divs = obs, []
-            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small, d, small_obs) == sig), None)
+                small_judged, small_obs, small_divs = judged, obs, []
+            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == sig), None)
             if final is None:  # cannot happen after a successful shrink; keep the original
-                small, small_obs, final = case, obs, div
-            finding = F.make_finding(small, final, small_obs, seed=self.seed)
+                small_judged, small_obs, final = judged, obs, div
+            finding = F.make_finding(small_judged, final, small_obs, seed=self.seed)
             finding["signature"] = sig
             path = F.write_finding(finding, self.out_dir)
             written.append(path)

@@ -1,13 +1,17 @@
 """Fuzzer bytes <-> cases. Every byte string decodes to a valid case.
 
-Two layouts, chosen by the first byte's low bit:
+Three layouts, chosen by the first byte's low two bits:
 
-* ``0``: *generated*: the rest feeds ``fuzz.generate.build_case`` as a
+* ``x0``: *generated*: the rest feeds ``fuzz.generate.build_case`` as a
   stream of choices (structure-aware: resends, siblings, aligned lengths).
-* ``1``: *literal*: the bytes spell a case field by field, so any case in
-  the literal domain (uniform or mixed 16-multiple blocks, up to 8 requests
-  of up to 4 segments) can be written as a corpus entry: this is how the
-  z3 boundary cases from ``spec/`` seed a campaign.
+* ``01``: *literal*: the bytes spell a hand-geometry case field by field, so
+  any case in the literal domain (uniform or mixed 16-multiple blocks, up to
+  8 requests of up to 4 segments) can be written as a corpus entry: this is
+  how the z3 boundary cases from ``spec/`` seed a synthetic campaign.
+* ``11``: *deployment literal*: the rest is a deployment case as compact
+  JSON (the z3 boundary cases mapped onto real deployments,
+  ``fuzz.seeds.on_deployment``); a mutation that breaks it decodes as a
+  generated input.
 
 Saved findings are cases (JSON), never these bytes; the bytes only live in
 the fuzzer's corpus.
@@ -15,6 +19,7 @@ the fuzzer's corpus.
 
 from __future__ import annotations
 
+import json
 import struct
 
 from reference.case import Case, case_to_dict, parse_case
@@ -25,6 +30,7 @@ from fuzz.generate import SPECULATIVE, BytesChooser, build_case
 _NAMES = "ABCDEFGHIJKLMNOP"
 _RETENTION = ("sparse", "dense", "periodic")
 MAX_LITERAL_TOKENS = 1 << 16
+MAX_DEPLOYMENT_LITERAL = 1 << 16
 
 
 class _Reader:
@@ -66,20 +72,43 @@ def _decode_literal(r: _Reader) -> Case:
     })
 
 
-def decode(data: bytes) -> Case:
-    """Bytes -> a valid case (never raises on any input)."""
-    if data[:1] and data[0] & 1:
+def decode(data: bytes, resolver=None) -> Case:
+    """Bytes -> a valid case (never raises on any input). Generated inputs
+    are deployments when a ``resolver`` is given (``fuzz.generate``);
+    literal inputs are hand geometries (the z3 seeds)."""
+    if data[:1] and data[0] & 3 == 3:
+        try:
+            raw = json.loads(data[1 : 1 + MAX_DEPLOYMENT_LITERAL].decode("utf-8"))
+            case = parse_case(raw)
+            if case.deployment is not None and case.geometry is None:
+                return case
+        except (ValueError, UnicodeDecodeError, RecursionError, KvspecError):
+            pass
+    elif data[:1] and data[0] & 1:
         try:
             return _decode_literal(_Reader(data[1:]))
         except KvspecError:
             pass  # e.g. a budget the validator refuses: fall back to generated
-    return build_case(BytesChooser(data[1:]))
+    return build_case(BytesChooser(data[1:]), resolver=resolver)
+
+
+def encode_deployment(case: Case) -> bytes:
+    """A deployment case -> bytes ``decode`` maps back to it."""
+    if case.deployment is None or case.geometry is not None:
+        raise ValueError("a deployment literal holds an unresolved deployment case")
+    text = json.dumps(case_to_dict(case), separators=(",", ":"), sort_keys=True).encode()
+    if len(text) > MAX_DEPLOYMENT_LITERAL:
+        raise ValueError(f"deployment literals hold at most {MAX_DEPLOYMENT_LITERAL} bytes of JSON")
+    return b"\x03" + text
 
 
 def encode(case: Case) -> bytes:
-    """A case in the literal domain -> bytes that ``decode`` maps back to it.
+    """A case in the literal domain -> bytes that ``decode`` maps back to it
+    (a deployment case: a deployment literal).
 
     Raises ``ValueError`` for a case outside the literal domain."""
+    if case.deployment is not None:
+        return encode_deployment(case)
     raw = case_to_dict(case)
     g = raw["geometry"]
     groups = g["groups"]

@@ -37,8 +37,14 @@ class BoundedEngine:
         if getattr(self.engine, "mode", None) != "worker":
             return self.engine.run(case)
         left = max(0.1, self.deadline - time.monotonic())
-        self.engine.start_timeout = min(self.engine.start_timeout, left)
+        for proc in getattr(self.engine, "processes", {}).values():
+            proc.start_timeout = min(proc.start_timeout, left)
         return self.engine.run(case, timeout=left)
+
+    def resolve(self, case: Case) -> dict:
+        if getattr(self.engine, "mode", None) != "worker":
+            return self.engine.resolve(case)
+        return self.engine.resolve(case, timeout=max(0.1, self.deadline - time.monotonic()))
 
 
 def run_cases(campaign: Campaign, cases: Iterable[Case], *, max_time: float | None = None, stop_on_finding: bool = False) -> Stats:
@@ -58,8 +64,12 @@ def random_cases(seed: int, **pinned) -> Iterable[Case]:
         yield build_case(RandomChooser(rng), **pinned)
 
 
-def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_execs: int | None = None, stop_on_finding: bool = False, **pinned) -> Stats:
+def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_execs: int | None = None, stop_on_finding: bool = False, synthetic: bool = False, **pinned) -> Stats:
+    """Seeded random cases: deployments the engine resolves (default), or
+    hand geometries with ``synthetic``."""
     deadline = time.monotonic() + max_time
+    if not synthetic and "resolver" not in pinned:
+        pinned["resolver"] = campaign.resolver
     for case in random_cases(seed, **pinned):
         if time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs):
             break
@@ -68,7 +78,7 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     return campaign.stats
 
 
-def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_examples: int = 10_000, stop_on_finding: bool = False, batch: int = 100) -> Stats:
+def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_examples: int = 10_000, stop_on_finding: bool = False, batch: int = 100, synthetic: bool = False) -> Stats:
     """Hypothesis generation in seeded batches of ``batch`` examples until
     the time or example budget is spent. The step never raises, so
     Hypothesis never replays or shrinks: a finding is shrunk by ours."""
@@ -90,7 +100,7 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     n = 0
     while not done[1] and done[0] < max_examples and time.monotonic() < deadline:
         run = hseed(seed * 1_000_003 + n)(
-            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases())(step))
+            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver))(step))
         )
         run()
         n += 1

@@ -70,7 +70,7 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     speculative knobs, the geometry class (uniform / mixed / partial hash
     hits), retention mode, the diverging request's kind, whether
     its prompt is block-aligned, and the direction of the error."""
-    parts = [div.oracle, div.version, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
+    parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
     g = case.geometry
     sizes = {x.block_size for x in g.groups}
     parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
@@ -88,8 +88,15 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
-def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True) -> dict:
+def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True, platform: str = "cuda") -> dict:
+    """The finding record. ``case`` is the case as judged (a deployment case
+    with the geometry its engine resolved). A deployment is reachable by
+    construction; a hand geometry is labelled ``synthetic`` with whether it
+    breaks a rule every vLLM deployment obeys (``reference.reachability``)."""
+    from reference.reachability import reachability
+
     knobs = (observation.get("knobs") or {})
+    reach = reachability(case, div.version, case.deployment.platform if case.deployment else platform)
     return {
         "kvspec_finding": FINDING_SCHEMA,
         "summary": summary(case, div, observation.get("explain")),
@@ -104,6 +111,10 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
         "reproduced_twice": reproduced,
         "seed": seed,
         "found_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "case_kind": reach["kind"],
+        "reachable": reach["reachable"],
+        "reachability": reach["reason"],
+        "resolution": observation.get("resolution"),
         "case": case_to_dict(case),
     }
 
@@ -128,11 +139,20 @@ def render(finding: dict) -> str:
     """The finding as text, like an Alive2 counterexample: the inputs first,
     then model vs engine per request, the first divergence marked."""
     case = finding["case"]
-    g = case["geometry"]
     lines = [f"finding {finding['signature']} [{finding['oracle']}] on vllm=={finding['engine']['version']}", f"  {finding['summary']}", "", "inputs:"]
-    groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])
-    lines.append(f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}")
-    lines.append(f"  speculative: {json.dumps(case['speculative'])}")
+    if case.get("deployment"):
+        d = case["deployment"]
+        lines.append(f"  deployment: {d['model']} on {d['platform']}" + (f"/{d['device']}" if d.get("device") else "") + f": vllm serve {' '.join(d['vllm_args'])}")
+    elif finding.get("case_kind") == "synthetic":
+        lines.append(f"  SYNTHETIC geometry (written by hand; reachable={finding.get('reachable')}: {finding.get('reachability')})")
+    g = case.get("geometry")
+    if g is None:
+        lines.append("  geometry: not resolved (vLLM raised before it built one)")
+    else:
+        groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])
+        extra = (f", prefill checkpoint grid {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else "") + (", shared-prefix checkpoint" if g.get("shared_prefix_checkpoint") else "")
+        lines.append(f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}{extra}")
+    lines.append(f"  speculative: {json.dumps(case.get('speculative'))}")
     lines.append(f"  engine knobs: {json.dumps(finding['engine']['knobs'], sort_keys=True)}")
     for i, r in enumerate(case["trace"]):
         lines.append(f"  request {i}: " + " + ".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]))
@@ -148,10 +168,11 @@ def render(finding: dict) -> str:
     return "\n".join(lines)
 
 
-def write_harness_error(case: Case, trace: str, out_dir: str | Path) -> Path:
+def write_harness_error(case: Case | None, trace: str, out_dir: str | Path) -> Path:
     """A bug in kvspec itself, recorded (atomically) instead of crashing a
-    campaign; ``kvspec fuzz`` lists these apart from findings."""
+    campaign; ``kvspec fuzz`` lists these apart from findings. ``case`` is
+    None when the failure came before any case existed."""
     digest = hashlib.sha256(trace.encode()).hexdigest()[:16]
     path = Path(out_dir) / "harness-errors" / f"{digest}.json"
-    write_json_atomic(path, {"traceback": trace, "case": case_to_dict(case)})
+    write_json_atomic(path, {"traceback": trace, "case": None if case is None else case_to_dict(case)})
     return path

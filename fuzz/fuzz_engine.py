@@ -9,6 +9,8 @@ libFuzzer owns argv; kvspec's settings come from the environment:
 * ``KVSPEC_FUZZ_OTHER``: a second engine for the ``versions`` oracle;
 * ``KVSPEC_FUZZ_OUT``: the findings folder (default ``$KVSPEC_HOME/findings``);
 * ``KVSPEC_FUZZ_SEED``: recorded in findings;
+* ``KVSPEC_FUZZ_SYNTHETIC``: ``1`` draws hand geometries instead of
+  deployments (``kvspec fuzz --synthetic-geometry``);
 * ``KVSPEC_FUZZ_PARENT``: the pid of the runner; this worker dies with it
   (Linux ``PR_SET_PDEATHSIG``), so a ``kill -9`` of the runner leaves none;
 * ``KVSPEC_FUZZ_DEADLINE``: wall-clock time (``time.time()``) after which a
@@ -125,18 +127,39 @@ def _setup() -> None:
         on_harness_error=lambda path: _report("harness-error", path),
         deadline=_deadline(),
     )
+    _map_seeds()
+
+
+def _map_seeds() -> None:
+    """Deployment mode: write the z3 boundary cases, mapped onto real
+    deployments by this worker's engine, into ``KVSPEC_FUZZ_MAPPED_SEEDS``
+    (content-named, atomically) before libFuzzer reads that folder."""
+    src, dst = os.environ.get("KVSPEC_FUZZ_Z3_SEEDS"), os.environ.get("KVSPEC_FUZZ_MAPPED_SEEDS")
+    if not src or not dst or os.environ.get("KVSPEC_FUZZ_SYNTHETIC") == "1":
+        return
+    from fuzz.atheris_runner import write_seeds
+    from fuzz.seeds import load_seed_cases, on_deployments
+
+    try:
+        write_seeds(on_deployments(load_seed_cases(Path(src)), CAMPAIGN.resolver), Path(dst))
+    except Exception:  # a harness bug: record it, fuzz without the mapped seeds
+        from fuzz.findings import write_harness_error
+
+        _report("harness-error", write_harness_error(None, traceback.format_exc(), CAMPAIGN.out_dir))
 
 
 def TestOneInput(data: bytes) -> None:
     from fuzz.codec import decode
 
-    case = decode(data)
+    synthetic = os.environ.get("KVSPEC_FUZZ_SYNTHETIC") == "1"
+    case = None
     try:
+        case = decode(data, None if synthetic else CAMPAIGN.resolver)
         CAMPAIGN.check(case)
     except Exception:  # a harness bug: record it, keep fuzzing
         from fuzz.findings import write_harness_error
 
-        path = write_harness_error(case, traceback.format_exc(), CAMPAIGN.out_dir)
+        path = write_harness_error(case, traceback.format_exc(), CAMPAIGN.out_dir)  # case may be None
         _report("harness-error", path)
     now = time.monotonic()
     if now - _LAST_REPORT[0] > 1.0:

@@ -2,18 +2,30 @@
 
 Both drivers feed the same builder through a ``Chooser`` (``integer(lo, hi)``
 and ``choice(seq)``), so a Hypothesis example and an atheris input describe
-the same space: production-like and random geometries, retention dense / 0 /
-periodic, speculative off / MTP with and without the block drop, several
-chunk budgets, and serial traces made of identical resends, longer siblings,
-siblings diverging at any point, interleaved conversations, short prompts
-and block-aligned prompts (nB-1, nB, nB+1).
+the same space.
+
+By default a case is a **deployment** (``draw_deployment``): a shipped model
+x tensor parallel {1, 2, 4, 8} x KV-cache dtype {auto, fp8} x speculative
+{off, MTP 1-3, MTP with the block drop} x GPU {h100, a100}, then the flags
+that leave the block size alone: chunk budget, prefix match unit, retention
+(sparse / dense / periodic). The engine resolves it with vLLM's own code
+(``resolver``: deployment -> its block, hash block and max_model_len, or
+None when vLLM rejects it), so the trace can be drawn on the real block.
+
+With ``synthetic=True`` a case is a hand geometry instead (production-like
+and random block sizes): kvspec's choice, labelled synthetic in findings.
+
+Traces are identical resends, longer siblings, siblings diverging at any
+point, interleaved conversations, short prompts and block-aligned prompts
+(nB-1, nB, nB+1, and the same around hash-unit boundaries).
 
 What comes out is a semantic case (``reference.case.Case``), never bytes.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import json
+from typing import Callable, Protocol, Sequence
 
 from reference.case import Case, case_to_dict, parse_case
 
@@ -34,6 +46,17 @@ SPECULATIVE = (
 )
 MAX_REQUESTS = 6
 SEGMENT_NAMES = "ABCDEFGH"
+
+#: Shipped models a deployment draws from; those with an MTP layer.
+DEPLOYMENT_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba")
+MTP_MODELS = ("qwen3_next", "qwen3_5")
+DEVICES = ("h100", "a100")
+#: The longest prompt a drawn trace may hold (tokens; the engine's cost).
+MAX_DRAWN_PROMPT = 24_000
+#: A resolver: a deployment dict -> {"block", "hash", "max_model_len"} or None.
+Resolver = Callable[[dict], "dict | None"]
+#: When every drawn deployment is rejected: one vLLM always builds.
+FALLBACK_DEPLOYMENT = {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"}
 
 
 class Chooser(Protocol):
@@ -62,23 +85,29 @@ def _geometry(c: Chooser) -> dict:
     return geometry
 
 
-def _length(c: Chooser, block: int, bias: bool = True) -> int:
-    """A prompt length, biased to block boundaries (kB-1, kB, kB+1) unless
-    ``bias`` is off (plain uniform lengths, for comparison)."""
+def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> int:
+    """A prompt length, biased to block boundaries (kB-1, kB, kB+1) and, with
+    a smaller hash ``unit``, to its boundaries too, unless ``bias`` is off
+    (plain uniform lengths, for comparison); at most ``cap``."""
+    top = 8 * block + block // 2 if cap is None else max(1, min(8 * block + block // 2, cap))
     if bias and c.integer(0, 2):
         k = c.integer(1, 8)
-        return max(1, k * block + c.integer(-1, 1))
-    return c.integer(1, 8 * block + block // 2)
+        if unit is not None and unit < block and c.integer(0, 1):
+            base = k * block + unit * c.integer(1, block // unit - 1) if block // unit > 1 else k * block
+        else:
+            base = k * block
+        return max(1, min(base + c.integer(-1, 1), top))
+    return c.integer(1, top)
 
 
-def _trace(c: Chooser, block: int, bias: bool = True) -> list[dict]:
+def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> list[dict]:
     prompts: list[list[dict]] = []
     fresh = iter(SEGMENT_NAMES)
     for _ in range(c.integer(1, MAX_REQUESTS)):
         op = c.choice(("fresh", "resend", "resend", "extend", "sibling")) if prompts else "fresh"
         if op == "fresh":
             name = next(fresh, None) or c.choice(SEGMENT_NAMES)
-            prompt = [{"segment": name, "length": _length(c, block, bias)}]
+            prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap)}]
         else:
             base = c.choice(prompts)
             if op == "resend":
@@ -93,7 +122,7 @@ def _trace(c: Chooser, block: int, bias: bool = True) -> list[dict]:
                     prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES), "length": tail})
             else:  # a sibling diverging inside the base prompt
                 total = sum(s["length"] for s in base)
-                cut = _length(c, block, bias) if c.integer(0, 1) else c.integer(1, max(1, total))
+                cut = _length(c, block, bias, unit, cap) if c.integer(0, 1) else c.integer(1, max(1, total))
                 cut = min(max(cut, 1), total)
                 prompt, left = [], cut
                 for s in base:
@@ -102,13 +131,86 @@ def _trace(c: Chooser, block: int, bias: bool = True) -> list[dict]:
                     prompt.append({"segment": s["segment"], "length": min(s["length"], left)})
                     left -= s["length"]
                 prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)})
+        if cap is not None:
+            prompt = _fit(prompt, cap)
         prompts.append(prompt)
     return [{"prompt": p} for p in prompts]
 
 
-def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw") -> Case:
-    """Draw one case. Every draw is valid by construction. ``geometry`` and
-    ``speculative`` pin those parts instead of drawing them."""
+def _fit(prompt: list[dict], cap: int) -> list[dict]:
+    """Cut a prompt to at most ``cap`` tokens (keeping its prefix)."""
+    out, left = [], cap
+    for seg in prompt:
+        if left <= 0:
+            break
+        out.append({"segment": seg["segment"], "length": min(seg["length"], left)})
+        left -= seg["length"]
+    return out
+
+
+def draw_deployment(c: Chooser) -> dict:
+    """A deployment's model, parallelism, KV-cache dtype, speculative
+    decoding and GPU (the choices that move the block size)."""
+    model = c.choice(DEPLOYMENT_MODELS)
+    args = ["--enable-prefix-caching", "--tensor-parallel-size", str(c.choice((1, 2, 4, 8))), "--kv-cache-dtype", c.choice(("auto", "fp8"))]
+    if model in MTP_MODELS:
+        spec = c.choice((None, None, 1, 2, 3, "drop"))
+        if spec is not None:
+            config = {"method": "mtp", "num_speculative_tokens": 2 if spec == "drop" else spec}
+            if spec == "drop":
+                config["disable_lookahead_block_hashes"] = True
+            args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return {"model": model, "vllm_args": args, "platform": "cuda", "device": c.choice(DEVICES)}
+
+
+def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
+    """Flags that leave the block size alone: budget, match unit, retention."""
+    args: list[str] = []
+    budget = c.choice((None, 2048, 8192, 16384, block * c.integer(1, 4)))
+    if budget is not None:
+        args += ["--max-num-batched-tokens", str(budget)]
+        if budget < defaults.get("max_num_seqs", 256):
+            args += ["--max-num-seqs", str(max(1, min(budget, 16)))]
+    units = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
+    if units and c.integer(0, 2) == 0:
+        args += ["--prefix-match-unit", str(c.choice(units))]
+    retention = c.choice(("0", "0", "0", "None", "periodic"))
+    if retention == "periodic":
+        retention = str(block * c.integer(1, 3))
+    args += ["--prefix-cache-retention-interval", retention]
+    return args
+
+
+def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
+    """Draw a deployment case: a deployment vLLM builds (``resolver`` says
+    which ones it rejects; up to four draws, then a fallback), then a trace
+    on its resolved block."""
+    dep, info = None, None
+    for _ in range(4):
+        dep = draw_deployment(c)
+        info = resolver(dep)
+        if info:
+            break
+    if not info:
+        dep = dict(FALLBACK_DEPLOYMENT)
+        info = resolver(dep) or {"block": 544, "hash": 544, "max_model_len": 32768}
+    block = int(info["block"])
+    args = list(dep["vllm_args"]) + _deployment_flags(c, block, info)
+    unit = None
+    if "--prefix-match-unit" in args:
+        unit = int(args[args.index("--prefix-match-unit") + 1])
+    cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
+    raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": _trace(c, block, boundary_bias, unit, cap)}
+    return parse_case(raw)
+
+
+def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None) -> Case:
+    """Draw one case. Every draw is valid by construction. With a
+    ``resolver`` a deployment case; without, a hand (synthetic) geometry,
+    where ``geometry`` and ``speculative`` pin those parts instead of
+    drawing them."""
+    if resolver is not None:
+        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias)
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
@@ -169,24 +271,27 @@ class RandomChooser:
         return options[self._rng.randrange(len(options))]
 
 
-def case_from_bytes(data: bytes) -> Case:
-    return build_case(BytesChooser(data))
+def case_from_bytes(data: bytes, resolver: Resolver | None = None) -> Case:
+    return build_case(BytesChooser(data), resolver=resolver)
 
 
-def hypothesis_cases():
-    """A Hypothesis strategy of cases."""
+def hypothesis_cases(resolver: Resolver | None = None):
+    """A Hypothesis strategy of cases (deployments with a ``resolver``)."""
     from hypothesis import strategies as st
 
     @st.composite
     def cases(draw):
-        return build_case(HypothesisChooser(draw))
+        return build_case(HypothesisChooser(draw), resolver=resolver)
 
     return cases()
 
 
 def describe(case: Case) -> str:
-    """A one-line description: geometry, speculative, requests."""
+    """A one-line description: geometry (or deployment), speculative, requests."""
     raw = case_to_dict(case)
+    if raw.get("geometry") is None:
+        reqs = " ".join("+".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]) for r in raw["trace"])
+        return f"{case.deployment.describe()} | {reqs}"
     g = raw["geometry"]
     groups = "+".join(f"{x['kind'][0]}{x['block_size']}x{x['count']}" for x in g["groups"])
     spec = raw["speculative"] or {}

@@ -23,12 +23,13 @@ An observation is the dict an engine returns (``hits``, ``queries``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
-from reference.case import Case, prompt_tokens
+from reference.case import Case, prompt_tokens, with_resolution
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
+from reference.variants import has_speculative, with_retention, without_speculative
 
 ORACLES = ("promise", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: Knob names both the model and the engine report.
@@ -118,10 +119,20 @@ def check_reference(case: Case, version: str, obs: dict) -> list[Divergence]:
     return [Divergence("reference", version, bad, expected["hits"], obs["hits"], f"rule={rule}", {"model_explain": expected["explain"]})]
 
 
+def resolved(case: Case, obs: dict, version: str) -> Case:
+    """The case the model judges: a deployment case with the geometry the
+    engine resolved for it (the observation's ``resolution``); a hand case
+    as it is."""
+    if case.deployment is None or obs.get("resolution") is None:
+        return case
+    r = obs["resolution"]
+    return with_resolution(case, r["geometry"], r["speculative"], f"vllm=={version}")
+
+
 def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
-    if case.geometry.retention_interval != 0:
+    if case.geometry is None or case.geometry.retention_interval != 0:
         return []
-    dense_case = replace(case, geometry=replace(case.geometry, retention_interval=None))
+    dense_case = with_retention(case, None)
     dense = run(dense_case)
     if "error" in dense:
         return check_engine_error(dense_case, version, dense)
@@ -132,16 +143,19 @@ def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Di
 
 
 def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
-    if case.speculative is None:
+    if not has_speculative(case):
         return []
     kinds = request_kinds(case)
     first = next((i for i, k in enumerate(kinds) if k == "resend"), None)
     if first is None:
         return []
-    off_case = replace(case, speculative=None)
+    off_case = without_speculative(case)
     off = run(off_case)
     if "error" in off:
         return check_engine_error(off_case, version, off)
+    off_case = resolved(off_case, off, version)
+    if case.deployment is not None and off_case.geometry is not None and case.geometry is not None and off_case.geometry.scheduler_block_size != case.geometry.scheduler_block_size:
+        return []  # the speculative tokens moved the block size: hits are not comparable
     model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
     model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
     if off["hits"][first] != model_off:
@@ -157,10 +171,21 @@ def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Div
 def check_versions(case: Case, version: str, obs: dict, other_version: str, other: dict) -> list[Divergence]:
     if "error" in other or "error" in obs:
         return []
+    if comparable_resolutions(obs, other) is False:
+        return []  # the versions built different geometries: hits differ by construction
     bad = _diff(other["hits"], obs["hits"])
     if not bad:
         return []
     return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = vllm=={other_version}", {"other_version": other_version})]
+
+
+def comparable_resolutions(a: dict, b: dict) -> bool | None:
+    """Did two engines resolve a deployment to the same geometry and
+    speculative settings? None for hand cases (nothing resolved)."""
+    ra, rb = a.get("resolution"), b.get("resolution")
+    if ra is None or rb is None:
+        return None
+    return ra.get("geometry") == rb.get("geometry") and ra.get("speculative") == rb.get("speculative")
 
 
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from reference.case import Case
+import json
+
+from reference.boundaries import rescale_length
+from reference.case import Case, Request, Segment, parse_case
 
 from fuzz.codec import decode
 
@@ -43,3 +46,79 @@ def seed_dir(home: Path) -> Path:
 
 def load_seed_cases(folder: Path) -> list[Case]:
     return [decode(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != "READY" and not p.name.endswith(".tmp")]
+
+
+#: Deployments the z3 boundary cases are mapped onto, per speculative mode:
+#: a real model and flags whose resolved geometry is uniform (attention =
+#: Mamba = scheduler block B), the class the boundary cases are proved on.
+SEED_DEPLOYMENTS = {
+    "off": (
+        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"},
+        {"model": "nemotron_h", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"},
+        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"], "platform": "cuda", "device": "h100"},
+    ),
+    "drop": (
+        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}'], "platform": "cuda", "device": "a100"},
+    ),
+    "lookahead": (
+        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}'], "platform": "cuda", "device": "a100"},
+    ),
+}
+
+
+def _mode(case: Case) -> str | None:
+    spec = case.speculative
+    if spec is None:
+        return "off"
+    if spec.method != "mtp":
+        return None
+    return "drop" if spec.option("disable_lookahead_block_hashes") else "lookahead"
+
+
+def on_deployment(case: Case, index: int, resolver) -> Case | None:
+    """A z3 boundary case (a uniform hand geometry) mapped onto a real
+    deployment: every length q*S + r becomes q*B + r' with r' in the same
+    boundary class (0, +-1, +-2, else proportional), the chunk budget and a
+    periodic interval scale with the block, the speculative mode is the
+    deployment's. None when the case is not uniform, its speculative mode
+    has no deployment, or vLLM rejects every candidate."""
+    g = case.geometry
+    if g is None or case.deployment is not None:
+        return None
+    sizes = {x.block_size for x in g.groups}
+    mode = _mode(case)
+    if len(sizes) != 1 or g.prefix_match_unit is not None or mode is None or g.prefill_checkpoint_grid is not None:
+        return None
+    (S,) = sizes
+    choices = SEED_DEPLOYMENTS[mode]
+    dep = choices[index % len(choices)]
+    info = resolver(dep)
+    if not info:
+        return None
+    B = int(info["block"])
+    trace = tuple(Request(tuple(Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt), r.max_tokens) for r in case.trace)
+    longest = max(r.num_prompt_tokens + r.max_tokens for r in trace)
+    if info.get("max_model_len") and longest + 64 > int(info["max_model_len"]):
+        return None
+    args = list(dep["vllm_args"])
+    budget = g.max_num_batched_tokens
+    if budget != 8192:
+        budget = max(B, budget // S * B) if budget % S == 0 else max(B, round(budget * B / S))
+    args += ["--max-num-batched-tokens", str(budget)]
+    if budget < int(info.get("max_num_seqs") or 256):
+        args += ["--max-num-seqs", str(max(1, min(16, budget)))]
+    interval = g.retention_interval
+    args += ["--prefix-cache-retention-interval", "None" if interval is None else str(interval // S * B if interval else 0)]
+    raw = {"schema": 1, "name": (case.name or "seed") + f"@{dep['model']}", "deployment": {**dep, "vllm_args": args},
+           "trace": [{"prompt": [{"segment": x.segment, "length": x.length} for x in r.prompt], "max_tokens": r.max_tokens} for r in trace]}
+    return parse_case(json.loads(json.dumps(raw)))
+
+
+def on_deployments(cases: list[Case], resolver) -> list[Case]:
+    """Every boundary case that maps onto a deployment (see ``on_deployment``)."""
+    out = []
+    for i, case in enumerate(cases):
+        mapped = on_deployment(case, i, resolver)
+        if mapped is not None:
+            out.append(mapped)
+    return out

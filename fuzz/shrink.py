@@ -30,17 +30,30 @@ Predicate = Callable[[Case], bool]
 
 
 def size(case: Case) -> tuple:
-    """The shrink order: fewer requests, smaller blocks, fewer tokens, simpler."""
-    g = case.geometry
+    """The shrink order: fewer requests, smaller blocks, fewer tokens, simpler.
+    A deployment's geometry is vLLM's to resolve, so only its trace counts."""
+    g = case.geometry if case.deployment is None else None
     return (
         len(case.trace),
-        g.scheduler_block_size,
+        g.scheduler_block_size if g else 0,
         sum(r.num_prompt_tokens for r in case.trace),
-        sum(x.count for x in g.groups),
-        g.max_num_batched_tokens != 8192,
-        case.speculative.num_speculative_tokens if case.speculative else 0,
+        sum(x.count for x in g.groups) if g else 0,
+        (g.max_num_batched_tokens != 8192) if g else False,
+        case.speculative.num_speculative_tokens if (case.speculative and g) else 0,
         sum(len(r.prompt) for r in case.trace),
     )
+
+
+def _block(case: Case) -> int | None:
+    """The scheduler block to shorten by: the geometry's (a resolved
+    deployment's too), None for an unresolved deployment."""
+    return case.geometry.scheduler_block_size if case.geometry is not None else None
+
+
+def _steps(block: int | None) -> list[int]:
+    if block is None:
+        return [4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 2, 1]
+    return [k * block for k in (8, 4, 2, 1)] + [block // 2, block // 4, 8, 2, 1]
 
 
 def _valid(case: Case) -> Case | None:
@@ -68,6 +81,10 @@ def _map_lengths(case: Case, fn: Callable[[str, int], int]) -> Case:
 
 
 def _simplify_geometry(case: Case) -> Iterator[Case]:
+    if case.deployment is not None:  # vLLM resolves a deployment's geometry
+        if any(r.max_tokens != 1 for r in case.trace):
+            yield replace(case, trace=tuple(replace(r, max_tokens=1) for r in case.trace))
+        return
     g = case.geometry
     if any(x.count > 1 for x in g.groups):
         yield replace(case, geometry=replace(g, groups=tuple(replace(x, count=1) for x in g.groups)))
@@ -98,10 +115,9 @@ def _simplify_geometry(case: Case) -> Iterator[Case]:
 
 def _shorten_segments(case: Case) -> Iterator[Case]:
     names = list(dict.fromkeys(s.segment for r in case.trace for s in r.prompt))
-    block = case.geometry.scheduler_block_size
+    steps = _steps(_block(case))
     for name in names:
         shortest = min(s.length for r in case.trace for s in r.prompt if s.segment == name)
-        steps = [k * block for k in (8, 4, 2, 1)] + [block // 2, block // 4, 8, 2, 1]
         for d in steps:
             if 0 < d < shortest:
                 yield _map_lengths(case, lambda n, length, d=d, name=name: length - d if n == name else length)
@@ -110,7 +126,7 @@ def _shorten_segments(case: Case) -> Iterator[Case]:
 def _shorten_one_request(case: Case) -> Iterator[Case]:
     """Shorten the last segment of one request alone (a longer sibling's
     tail, say), halving first, then by whole blocks."""
-    block = case.geometry.scheduler_block_size
+    block = _block(case) or 256
     for i, request in enumerate(case.trace):
         last = request.prompt[-1]
         for new in (last.length // 2, last.length - 4 * block, last.length - block, last.length - 1):
@@ -121,7 +137,7 @@ def _shorten_one_request(case: Case) -> Iterator[Case]:
 
 def _simplify_speculative(case: Case) -> Iterator[Case]:
     spec = case.speculative
-    if spec is not None and spec.num_speculative_tokens > 1:
+    if case.deployment is None and spec is not None and spec.num_speculative_tokens > 1:
         yield replace(case, speculative=replace(spec, num_speculative_tokens=1))
 
 

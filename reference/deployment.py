@@ -159,3 +159,45 @@ def parse_deployment(raw: Any) -> Deployment:
     elif device is not None:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
     return Deployment(model.strip(), tuple(args), clean, platform, device)
+
+
+# ------------------------------------------------------------- flag edits
+
+
+def _flag_positions(args: tuple[str, ...], flag: str) -> list[int]:
+    return [i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")]
+
+
+def get_flag(args: tuple[str, ...], flag: str) -> str | None:
+    """The value of the last ``flag`` in ``args`` (``--f v`` or ``--f=v``)."""
+    value = None
+    for i in _flag_positions(args, flag):
+        a = args[i]
+        if "=" in a:
+            value = a.split("=", 1)[1]
+        elif i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def drop_flag(args: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """``args`` without ``flag`` and its value."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return tuple(out)
+
+
+def set_flag(args: tuple[str, ...], flag: str, value: str | None) -> tuple[str, ...]:
+    """``args`` with ``flag`` set to ``value`` (dropped when None)."""
+    rest = drop_flag(args, flag)
+    return rest if value is None else (*rest, flag, value)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from reference.boundaries import rescale_length
 from reference.case import Case, Geometry, Group, Request, Segment
 from reference.errors import Unsupported
 
@@ -155,20 +156,7 @@ def _fmt_ret(value) -> str:
 # ---------------------------------------------------------------- rescale
 
 
-def _rescale_length(length: int, old: int, new: int) -> int:
-    """Map ``q*old + r`` to ``q*new + r'`` keeping the boundary class of r:
-    0 stays 0, +1/+2 stay +1/+2, -1/-2 (old-1, old-2) stay -1/-2, anything
-    else moves proportionally, kept clear of those classes."""
-    q, r = divmod(length, old)
-    if r == 0:
-        r2 = 0
-    elif r <= 2:
-        r2 = r
-    elif old - r <= 2:
-        r2 = new - (old - r)
-    else:
-        r2 = min(max(round(r * new / old), 3), new - 3)
-    return q * new + r2
+_rescale_length = rescale_length
 
 
 def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:

@@ -49,6 +49,7 @@ def configure(parser) -> None:
     parser.add_argument("--case", action="append", default=[], metavar="FILE", help="a case or finding file to run first (repeatable; not with --driver atheris)")
     parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
     parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
+    parser.add_argument("--synthetic-geometry", action="store_true", help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --: flags passed to libFuzzer")
 
@@ -126,7 +127,7 @@ def main(args) -> int:
             from fuzz.atheris_runner import run_atheris
 
             tty = sys.stderr.isatty()
-            summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say)
+            summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say, synthetic=args.synthetic_geometry)
         else:
             summary = _run_in_process(args, engines, out, (load_seed_cases(seed_dir) if seed_dir else []) + cases, started, deadline)
     except EngineError as e:
@@ -185,6 +186,11 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
     engine, other = BoundedEngine(opened[0], stop_at), (BoundedEngine(opened[1], stop_at) if len(opened) > 1 else None)
     campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
     s = campaign.stats
+    synthetic = args.synthetic_geometry
+    if not synthetic:  # the z3 boundary cases, mapped onto real deployments
+        from fuzz.seeds import on_deployments
+
+        seeds = on_deployments([c for c in seeds if c.deployment is None], campaign.resolver) + [c for c in seeds if c.deployment is not None]
 
     def line() -> str:
         elapsed = time.monotonic() - started
@@ -195,9 +201,9 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
             run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
             left = max(0.0, stop_at - time.monotonic())
             if args.driver == "hypothesis":
-                run_hypothesis(campaign, args.seed, max_time=left)
+                run_hypothesis(campaign, args.seed, max_time=left, synthetic=synthetic)
             elif args.driver == "random":
-                run_random(campaign, args.seed, max_time=left)
+                run_random(campaign, args.seed, max_time=left, synthetic=synthetic)
     finally:
         for e in opened:
             e.close()
