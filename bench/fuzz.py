@@ -79,9 +79,9 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
         while not done() and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             if driver == "hypothesis":
-                run_hypothesis(campaign, seed + int(time.monotonic() * 1000) % 1000, max_time=min(left, 2.0), stop_on_finding=True)
+                run_hypothesis(campaign, seed + int(time.monotonic() * 1000) % 1000, max_time=min(left, 2.0), stop_on_finding=True, synthetic=True)
             else:
-                run_random(campaign, seed, max_time=min(left, 2.0), stop_on_finding=True)
+                run_random(campaign, seed, max_time=min(left, 2.0), stop_on_finding=True, synthetic=True)
                 seed += 1000
         return round(time.monotonic() - start, 2) if done() else None
 
@@ -129,9 +129,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as out:
         campaign = Campaign(engine, out, seed=1)
-        run_random(campaign, 1, max_time=min(30.0, args.soak))
+        run_random(campaign, 1, max_time=min(30.0, args.soak), synthetic=True)
         rss0 = _rss_mb()
-        run_random(campaign, 2, max_time=args.soak)
+        run_random(campaign, 2, max_time=args.soak, synthetic=True)
         rss1 = _rss_mb()
     print(f"# RSS: {rss0:.0f} MB after warm-up, {rss1:.0f} MB after {args.soak:.0f}s more ({campaign.stats.execs} execs); growth {100 * (rss1 - rss0) / rss0:+.1f}%")
 

@@ -68,6 +68,7 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     """Seeded random cases: deployments the engine resolves (default), or
     hand geometries with ``synthetic``."""
     deadline = time.monotonic() + max_time
+    synthetic = synthetic or "geometry" in pinned or "speculative" in pinned  # a pinned hand geometry
     if not synthetic and "resolver" not in pinned:
         pinned["resolver"] = campaign.resolver
     for case in random_cases(seed, **pinned):

@@ -34,7 +34,7 @@ def test_promise_oracle_fires_on_legacy_and_not_on_promise():
 def test_random_campaign_finds_shrinks_and_writes_a_replayable_finding(tmp_path):
     engine = ReferenceDouble("0.29.0", "legacy")
     campaign = Campaign(engine, tmp_path, oracles=("promise",), seed=1)
-    stats = run_random(campaign, seed=1, max_time=30, max_execs=3000, stop_on_finding=True)
+    stats = run_random(campaign, seed=1, max_time=30, max_execs=3000, stop_on_finding=True, synthetic=True)
     assert stats.findings, "the legacy rule's resend miss must be found"
     case, finding = load_finding(stats.findings[0])
     assert finding["oracle"] == "promise" and finding["reproduced_twice"]
@@ -76,7 +76,7 @@ def test_engine_exception_is_a_finding_and_the_campaign_continues(tmp_path):
 
 def test_hypothesis_driver_uses_the_same_oracles(tmp_path):
     campaign = Campaign(ReferenceDouble("0.29.0", "legacy"), tmp_path, oracles=("promise",))
-    stats = run_hypothesis(campaign, seed=3, max_time=60, max_examples=500, stop_on_finding=True)
+    stats = run_hypothesis(campaign, seed=3, max_time=60, max_examples=500, stop_on_finding=True, synthetic=True)
     assert stats.findings
 
 
