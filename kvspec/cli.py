@@ -56,6 +56,14 @@ def _silence_stdout() -> None:
         pass
 
 
+def _say(line: str) -> None:
+    """One line on stderr; a closed stderr (``2>&1 | head -1``) is no error."""
+    try:
+        print(line, file=sys.stderr)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -67,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except KvspecError as e:
-        print(f"kvspec: {one_line(str(e))}", file=sys.stderr)
+        _say(f"kvspec: {one_line(str(e))}")
         return 2
     except KeyboardInterrupt:
-        print("kvspec: interrupted", file=sys.stderr)
+        _say("kvspec: interrupted")
         return 130
 
 

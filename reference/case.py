@@ -590,17 +590,21 @@ class _Refused:
 
 
 def _refuse_int(text: str) -> int | _Refused:
+    """json's parse_int: the int, or _Refused beyond MAX_INT_DIGITS digits
+    (never calls int() on a long string: Python refuses 4,301+ digits)."""
     if len(text) - text.startswith("-") > MAX_INT_DIGITS:
         return _Refused(text, f"too many digits; allowed: an integer of at most {MAX_INT_DIGITS} digits")
     return int(text)
 
 
 def _refuse_float(text: str) -> float | _Refused:
+    """json's parse_float: the float, or _Refused when it overflows (1e999)."""
     value = float(text)
     return value if math.isfinite(value) else _Refused(text, "overflows a float; allowed: a finite number")
 
 
 def _refuse_constant(text: str) -> _Refused:
+    """json's parse_constant: NaN, Infinity and -Infinity are refused."""
     return _Refused(text, "NaN and Infinity are not JSON; allowed: a finite number")
 
 

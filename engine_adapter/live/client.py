@@ -191,6 +191,7 @@ class LiveClient:
     # ------------------------------------------------------------- plumbing
 
     def _redact(self, text: str) -> str:
+        """``text`` without this client's API key (:func:`redact`)."""
         return redact(text, self._secret)
 
     @contextmanager
