@@ -1,0 +1,201 @@
+"""kvspec resolve CASE --engine vllm==X [--json] | --model M [--platform P] [--device D] --engine vllm==X -- FLAGS | --table [--engine ...] [--markdown]
+
+What vLLM builds for a deployment, resolved by vLLM's own code in the engine
+environment of that version (``engine_adapter.resolve``): the geometry
+(groups, scheduler / hash / Mamba block, retention, chunk budget, internal
+prefill checkpoints), the speculative settings, the knobs the reference
+model reads, the facts behind them (attention backend, GDN prefill kernel,
+padded Mamba page, ...) and the assumptions kvspec made (the hardware
+answers). A hand-geometry case gets its reachability instead: whether it
+breaks a rule every vLLM deployment obeys (``reference.reachability``).
+
+``--table`` resolves every shipped model x tensor parallel {1, 2, 4, 8} x KV
+dtype {auto, fp8} x MTP {off, 2 tokens} (MTP only for models with an MTP
+layer) on each ``--engine``, on an H100 unless ``--device`` says otherwise.
+
+Exit status: 0 resolved (or a reachable / not contradicted hand geometry);
+1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the
+deployment (vLLM's own message, one line).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from reference.errors import KvspecError, invalid
+
+HELP = "what vLLM builds for a deployment (model + vllm serve flags), or whether a hand geometry is reachable"
+
+TABLE_TP = (1, 2, 4, 8)
+TABLE_DTYPES = ("auto", "fp8")
+TABLE_SPEC = '{"method":"mtp","num_speculative_tokens":2}'
+
+
+def configure(parser) -> None:
+    import argparse
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
+    parser.add_argument("case", nargs="?", help="a case or finding file (a deployment case, or a hand geometry for its reachability)")
+    parser.add_argument("--engine", action="append", default=None, metavar="vllm==X", help="vLLM version(s) to resolve with (default: vllm==0.33.0)")
+    parser.add_argument("--model", help="a shipped model name or a config.json path (instead of CASE); flags after --")
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="with --model: where vLLM would run (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)")
+    parser.add_argument("--table", action="store_true", help="the shipped models x TP x KV dtype x MTP table")
+    parser.add_argument("--markdown", action="store_true", help="with --table: a markdown table")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
+
+
+def _deployment_case(args):
+    from reference.case import parse_case
+
+    dep = {"model": args.model, "vllm_args": list(args.flags), "platform": args.platform}
+    if args.device is not None:
+        dep["device"] = args.device
+    return parse_case({"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+
+
+def main(args) -> int:
+    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+
+    engines = [engine_name(parse_engine(e, "--engine")) for e in (args.engine or [DEFAULT_ENGINE])]
+    if args.table:
+        if args.case or args.model:
+            raise invalid("--table", True, "takes no CASE and no --model")
+        return _table(engines, args)
+    if args.model is not None and args.case is not None:  # argparse put the first flag after -- here
+        args.flags = [args.case, *(args.flags or [])]
+        args.case = None
+    if (args.case is None) == (args.model is None):
+        raise invalid("CASE", args.case, "give a case file or --model (with vllm serve flags after --), not both")
+    if args.case is None and args.flags is None:
+        args.flags = []
+    if args.case is not None and args.flags:
+        raise invalid("flags", args.flags, "vllm serve flags go with --model only")
+    if args.case is not None:
+        from fuzz.findings import load_finding
+
+        case, _ = load_finding(args.case)
+    else:
+        case = _deployment_case(args)
+    if case.deployment is None:
+        return _reachability(case, engines, args)
+    from engine_adapter import open_engine
+
+    results = []
+    for name in engines:
+        with open_engine(name) as engine:
+            results.append(engine.resolve(case))
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+        return 0
+    for r in results:
+        _render(r)
+    return 0
+
+
+def _render(r: dict) -> None:
+    g, f = r["geometry"], r["facts"]
+    groups = ", ".join(f"{x['count']}x {x['kind']} {x['block_size']}" for x in g["groups"])
+    print(f"{r['engine']}  {r['deployment']['model']} on {f['platform']}" + (f"/{f['device']}" if f.get("device") else ""))
+    print(f"  groups:            {groups}")
+    print(f"  scheduler block:   {g['scheduler_block_size']}   hash block: {g['hash_block_size']}   hit alignment: {f.get('cache_hit_alignment_tokens')}")
+    print(f"  Mamba block:       {f.get('mamba_block_size')}   padded Mamba page: {f.get('mamba_page_size_padded')}   mode: {f.get('mamba_cache_mode')}")
+    print(f"  retention:         {g['retention_interval']}   chunk budget: {g['max_num_batched_tokens']}   max_model_len: {f.get('max_model_len')}")
+    print(f"  prefill checkpoints: {g.get('prefill_checkpoint_grid')}   shared-prefix checkpoint: {g.get('shared_prefix_checkpoint')}")
+    print(f"  speculative:       {json.dumps(r['speculative'])}   hash lookahead: {f.get('num_hash_lookahead_tokens')}")
+    print(f"  attention backend: {f.get('attention_backend')}   GDN prefill: {f.get('gdn_prefill_backend')}   TP: {f.get('tensor_parallel_size')}   KV dtype: {f.get('cache_dtype')}")
+    print("  reachable:         yes (vLLM built it)")
+    for a in r.get("assumptions", []):
+        print(f"  assumption:        {a}")
+
+
+def _reachability(case, engines, args) -> int:
+    from engine_adapter.versions import parse_engine
+    from reference.reachability import reachability
+
+    rows = [{"engine": e, **reachability(case, parse_engine(e), args.platform)} for e in engines]
+    if args.json:
+        print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
+    else:
+        for r in rows:
+            verdict = {True: "reachable", False: "NOT reachable", None: "not contradicted"}[r["reachable"]]
+            print(f"{r['engine']}: hand geometry {verdict}: {r['reason']}")
+    return 1 if any(r["reachable"] is False for r in rows) else 0
+
+
+def table_deployments(device: str | None) -> list[dict]:
+    """The table's deployments: shipped model x TP x KV dtype x MTP."""
+    from engine_adapter.models import SHIPPED, load_config
+
+    rows = []
+    for model in SHIPPED:
+        mtp = bool(load_config(model).get("num_nextn_predict_layers"))
+        for tp in TABLE_TP:
+            for dtype in TABLE_DTYPES:
+                for spec in ((False, True) if mtp else (False,)):
+                    args = ["--enable-prefix-caching", "--tensor-parallel-size", str(tp), "--kv-cache-dtype", dtype]
+                    if spec:
+                        args += ["--speculative-config", TABLE_SPEC]
+                    dep = {"model": model, "vllm_args": args, "platform": "cuda"}
+                    if device:
+                        dep["device"] = device
+                    rows.append({"model": model, "tp": tp, "dtype": dtype, "mtp": spec, "deployment": dep})
+    return rows
+
+
+def _table(engines: list[str], args) -> int:
+    from engine_adapter import open_engine
+    from reference.case import parse_case
+
+    plan = table_deployments(args.device)
+    cells: dict[tuple, dict] = {}
+    for name in engines:
+        with open_engine(name) as engine:
+            for row in plan:
+                case = parse_case({"schema": 1, "deployment": row["deployment"], "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+                key = (name, row["model"], row["tp"], row["dtype"], row["mtp"])
+                try:
+                    r = engine.resolve(case)
+                    g, f = r["geometry"], r["facts"]
+                    cells[key] = {"scheduler": g["scheduler_block_size"], "hash": g["hash_block_size"], "mamba": f.get("mamba_block_size"), "alignment": f.get("cache_hit_alignment_tokens") or g["scheduler_block_size"], "grid": g.get("prefill_checkpoint_grid")}
+                except KvspecError as e:
+                    cells[key] = {"error": " ".join(str(e).split())[:160]}
+    if args.json:
+        print(json.dumps([{"engine": k[0], "model": k[1], "tp": k[2], "kv_dtype": k[3], "mtp": k[4], **v} for k, v in cells.items()], indent=2))
+        return 0
+    header = ["model", "TP", "KV dtype", "MTP", *engines]
+    lines = []
+    for row in plan:
+        cols = [row["model"], str(row["tp"]), row["dtype"], "2" if row["mtp"] else "off"]
+        for name in engines:
+            c = cells[(name, row["model"], row["tp"], row["dtype"], row["mtp"])]
+            if "error" in c:
+                cols.append("rejected")
+            else:
+                text = f"{c['scheduler']}/{c['hash']}/{c['mamba']}/{c['alignment']}"
+                if c.get("grid"):
+                    text += f" ckpt {c['grid']}"
+                cols.append(text)
+        lines.append(cols)
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for cols in lines:
+            print("| " + " | ".join(cols) + " |")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"scheduler/hash/Mamba block/hit alignment ({args.device or 'h100'}); 'ckpt g': internal prefill checkpoints on grid g")
+        for h in header:
+            t.add_column(h)
+        for cols in lines:
+            t.add_row(*cols)
+        Console(width=200 if not sys.stdout.isatty() else None).print(t)
+    rejected = sorted({(k[0], k[1], v["error"]) for k, v in cells.items() if "error" in v})
+    for engine, model, err in rejected[:10]:
+        print(f"  {engine} {model}: {err}")
+    return 0
