@@ -62,8 +62,11 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
             for sid in req_ids:
                 r = scheduler.requests[sid]
                 sampled.append([SAMPLED_TOKEN] if r.num_computed_tokens >= r.num_tokens else [])
-            if rid in scheduled and req.num_computed_tokens <= n and (not out.chunk_ends or out.chunk_ends[-1] < req.num_computed_tokens) and req.num_output_tokens == 0:
-                out.chunk_ends.append(int(req.num_computed_tokens))
+            # A prefill chunk's end; the last one may carry draft-token slots
+            # past the prompt (MTP with lookahead hashes), so it counts as N.
+            computed = min(int(req.num_computed_tokens), n)
+            if rid in scheduled and (not out.chunk_ends or out.chunk_ends[-1] < computed) and req.num_output_tokens == 0:
+                out.chunk_ends.append(computed)
             mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled)
             outputs = scheduler.update_from_output(so, mro)
         except Exception as e:
