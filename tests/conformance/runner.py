@@ -171,19 +171,10 @@ def knob_failures(entry: dict, knobs: dict, case: Case, engine: bool, options: d
 
 
 def engine_chunk_ends(explain: dict) -> list[int]:
-    """The engine's chunk ends with the prompt's end restored.
-
-    ``engine_adapter.steploop.serve`` records a chunk end only while the
-    computed count is within the prompt; when the prompt's last chunk is
-    scheduled together with draft-token slots (MTP after a hit of N-1, seen
-    on 0.33.0 with lookahead hashes) the count passes the prompt in that
-    step and the end N goes unrecorded. Every prefill ends at N, so it is
-    put back here (an observation gap of the adapter, not of the model)."""
-    ends = [int(x) for x in explain["chunk_ends"]]
-    n = int(explain["prompt_tokens"])
-    if not ends or ends[-1] != n:
-        ends.append(n)
-    return ends
+    """The engine's chunk ends (``engine_adapter.steploop.serve`` records the
+    prompt's last one as N even when vLLM schedules draft-token slots past
+    the prompt with it)."""
+    return [int(x) for x in explain["chunk_ends"]]
 
 
 def compare(ref: dict, eng: dict) -> list[str]:

@@ -75,8 +75,6 @@ def render(engine_runs: EngineRuns) -> str:
         d = runner.compare(runner.reference(path), engine_runs.run(path))
         if d:
             diffs[path] = d
-    restored = [path for path in runner.case_paths()
-                if any(not ex["chunk_ends"] or ex["chunk_ends"][-1] != ex["prompt_tokens"] for ex in engine_runs.run(path)["explain"])]
     flagged = [e for e in expressed if e["engine_options"]]
     same_flags = sum(not runner.compare(engine_runs.run(e["case"]), engine_runs.run(e["case"], e["engine_options"])) for e in flagged)
     n_cases = len(runner.case_paths())
@@ -109,10 +107,6 @@ def render(engine_runs: EngineRuns) -> str:
         " on hits, junctions, chunk ends and the first request's kept states.",
         f"- Engine run the test's way (every group flagged EAGLE, {{'eagle_groups': 'all'}}) vs as a 0.33.0 engine builds it (the draft"
         f" layer's attention group only): identical on {same_flags}/{len(flagged)} entries that set it.",
-        f"- Engine chunk ends: in {len(restored)} case(s) the adapter did not record a prompt's last chunk (vLLM scheduled it"
-        " together with draft-token slots, so the computed count passed the prompt in that step: MTP with lookahead hashes"
-        " after a hit of N-1); every prefill ends at N, so `runner.engine_chunk_ends` restores it before comparing"
-        + (f" ({', '.join(f'`{p}`' for p in restored)})." if restored else "."),
         "",
     ]
     if diffs:
