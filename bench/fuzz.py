@@ -37,7 +37,7 @@ def _reexec_in_engine_env() -> None:
         return
     if not environments.is_ready(VERSION):
         sys.exit(f"bench/fuzz.py: run `kvspec engines install vllm=={VERSION}` first")
-    from engine_adapter.home import kvspec_home
+    from kvspec.home import kvspec_home
 
     from fuzz.seeds import seed_dir
 
@@ -95,7 +95,7 @@ def main() -> None:
     _reexec_in_engine_env()
 
     from engine_adapter.engine import open_engine
-    from engine_adapter.home import kvspec_home
+    from kvspec.home import kvspec_home
 
     from fuzz.drivers import random_cases
     from fuzz.seeds import load_seed_cases, seed_dir

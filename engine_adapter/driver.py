@@ -26,18 +26,25 @@ What is observed, per request (``explain``):
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
 kvspec's own groups.
+
+Every result also says what ran it: ``vllm_files_sha256``, a digest of the
+vLLM files under test (:func:`vllm_files_sha256`, computed once per
+process) and ``harness.platform``, the platform this process runs vLLM under
+(the engine adds ``harness.mode``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from engine_adapter import platform as _platform
-from engine_adapter.home import contain_this_process
+from kvspec.home import contain_this_process
 
 contain_this_process()
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -55,6 +62,32 @@ VLLM_VERSION = vllm.__version__
 #: Version of the result layout (``hits``, ``queries``, ``knobs``, ``explain``).
 RESULT_SCHEMA = 1
 __all__ = ["SAMPLED_TOKEN", "VLLM_VERSION", "VllmDriver", "VllmFailure", "get_driver", "selftest_case"]
+
+
+#: The vLLM files whose behaviour kvspec tests: the scheduler and KV cache
+#: manager, the config classes, and the platform interface (block sizes).
+VLLM_FILES_UNDER_TEST = ("v1/core/**/*.py", "config/*.py", "platforms/interface.py")
+_FILES_SHA256: str | None = None
+
+
+def vllm_files_sha256(root: str | os.PathLike | None = None) -> str:
+    """sha256 over the vLLM files under test (:data:`VLLM_FILES_UNDER_TEST`,
+    relative to the ``vllm`` package folder ``root``, default the imported
+    one): each file's relative path, a NUL, its bytes and a NUL, in path
+    order. Computed once per process for the imported vLLM."""
+    global _FILES_SHA256
+    if root is None and _FILES_SHA256 is not None:
+        return _FILES_SHA256
+    base = Path(root if root is not None else os.path.dirname(vllm.__file__))
+    files = sorted({p for pattern in VLLM_FILES_UNDER_TEST for p in base.glob(pattern) if p.is_file()})
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(base).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    digest = h.hexdigest()
+    if root is None:
+        _FILES_SHA256 = digest
+    return digest
 
 
 class VllmDriver:
@@ -89,7 +122,8 @@ class VllmDriver:
         options = dict(options or {})
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
         t0 = time.perf_counter()
-        result: dict[str, Any] = {"engine": f"vllm=={self.version}", "hits": [], "queries": [], "knobs": None, "explain": []}
+        result: dict[str, Any] = {"engine": f"vllm=={self.version}", "hits": [], "queries": [], "knobs": None, "explain": [],
+                                  "vllm_files_sha256": vllm_files_sha256(), "harness": {"platform": self.platform}}
         setup = 0.0
         try:
             built = self.build(case, options)

@@ -11,7 +11,9 @@
 Both return the same result dict from ``run(case)``::
 
     {"engine": "vllm==X", "hits": [...], "queries": [...], "knobs": {...},
-     "explain": [...], "timing": {...}}                   # and, if vLLM raised,
+     "explain": [...], "timing": {...}, "vllm_files_sha256": "...",
+     "harness": {"mode": "inprocess" | "worker", "platform": "cuda" | "cpu"}}
+                                                          # and, if vLLM raised,
     "error": {"kind": "vllm", "phase", "request", "type", "message", "traceback"}
 
 kvspec's own errors are raised (one line): InvalidArgument for a bad case
@@ -106,7 +108,7 @@ class InProcessEngine(Engine):
             raise EngineError(f"engine={self.engine!r}: this interpreter imports vLLM {self.driver.version}")
 
     def run(self, case: Case | dict, options: dict | None = None) -> dict:
-        return self.driver.run(case if isinstance(case, Case) else parse_case(case), options)
+        return _tag(self.driver.run(case if isinstance(case, Case) else parse_case(case), options), self.mode)
 
     def resolve(self, case: Case | dict) -> dict:
         return self.driver.resolve(case if isinstance(case, Case) else parse_case(case))
@@ -258,7 +260,7 @@ class WorkerProcess:
         case_dict = _as_case_dict(case)
         resp = self.request("run", timeout or self.run_timeout, case=case_dict, options=options or {})
         if resp.get("ok"):
-            return resp["result"]
+            return _tag(resp["result"], "worker")
         err = resp.get("error") or {}
         self._raise_kvspec(err)
         if err.get("kind") in ("worker", "internal"):
@@ -332,6 +334,15 @@ class WorkerEngine(Engine):
     def close(self) -> None:
         for proc in self.processes.values():
             proc.close()
+
+
+def _tag(result: dict, mode: str) -> dict:
+    """The run result with the harness mode that ran it (``harness.mode``:
+    ``inprocess`` or ``worker``; the driver reports ``harness.platform``)."""
+    if isinstance(result, dict):
+        harness = result.get("harness")
+        result["harness"] = {**(harness if isinstance(harness, dict) else {}), "mode": mode}
+    return result
 
 
 def _platform_of(case: Case) -> str:

@@ -33,16 +33,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shlex
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine_adapter import platform as kplatform
-from engine_adapter.home import models_dir
+from kvspec.home import models_dir
 from engine_adapter.models import SHIPPED, load_config
+from reference.case import write_text_atomic
 from reference.deployment import Deployment
 from reference.errors import DeploymentRejected as VllmRejected
 from reference.errors import InvalidArgument, KvspecError, Unsupported
@@ -123,11 +122,7 @@ def model_dir(cfg: dict) -> Path:
     target = path / "config.json"
     if target.is_file():
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config.json.", suffix=".tmp", dir=path)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, target)
+    write_text_atomic(target, text)
     return path
 
 

@@ -22,8 +22,6 @@ import dataclasses
 import inspect
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +49,8 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_adapter.failure import VllmFailure
-from engine_adapter.home import models_dir
-from reference.case import Case
+from kvspec.home import models_dir
+from reference.case import Case, write_text_atomic
 from reference.errors import KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
@@ -206,11 +204,7 @@ def model_dir(num_attention: int, num_mamba: int) -> Path:
             return path
     except OSError:
         pass
-    path.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config.json.", suffix=".tmp", dir=path)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, cfg_path)
+    write_text_atomic(cfg_path, text)
     return path
 
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference.case import Case
+from reference.case import Case, write_bytes_atomic
 
 from fuzz.codec import encode
 
@@ -77,9 +77,7 @@ def write_seeds(cases: list[Case], folder: Path) -> int:
             continue
         path = folder / hashlib.sha1(data).hexdigest()
         if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_bytes_atomic(path, data)
         n += 1
     return n
 
@@ -106,7 +104,7 @@ def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
         pins = [f"{name}=={version(name)}" for name in FUZZ_TOOLS]
     except PackageNotFoundError:
         return False
-    from engine_adapter.home import contained_env
+    from kvspec.home import contained_env
 
     try:
         done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=min(INSTALL_TIMEOUT_S, timeout or INSTALL_TIMEOUT_S))
@@ -207,7 +205,7 @@ def run_atheris(
     ``max_time`` from now), start-up included; return a summary dict. With
     ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
     progress line is passed to it every ``progress_every`` seconds."""
-    from engine_adapter.home import contained_env
+    from kvspec.home import contained_env
 
     started = time.monotonic()
     deadline = started + max_time if deadline is None else deadline

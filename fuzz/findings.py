@@ -7,6 +7,24 @@ signature for deduplication and a one-line summary in #53504's terms::
 
     request 1 (resend) hit 0, spec says 9600; mask kept block 6, scheduler needed block 5
 
+Finding schema 2 (``"kvspec_finding": 2``) also records everything involved:
+
+* ``engine``: the engine under test: ``name`` (``vllm==X``), ``version``,
+  ``vllm_files_sha256`` (the vLLM files under test, hashed by the engine:
+  ``engine_adapter.driver.vllm_files_sha256``), ``knobs``;
+* ``other_engine``: for a ``versions`` finding the engine it was compared
+  with (``name``, ``version``, ``vllm_files_sha256`` when its observation
+  was at hand), else null;
+* ``kvspec``: ``version`` (the package's) and ``commit`` (the git commit of
+  the checkout, when there is one; ``dirty`` when it had local changes);
+* ``harness``: ``mode`` (``inprocess`` / ``worker``) and ``platform``;
+* the deployment and reachability fields: ``case_kind``, ``reachable``,
+  ``reachability``, ``resolution``.
+
+Schema 1 files still load (:func:`load_finding` upgrades them in memory:
+the missing fields are null, a ``versions`` finding's other engine is read
+from its detail ``expected = vllm==Y``).
+
 Files are written atomically and named by signature, so a campaign killed at
 any point leaves whole findings only, and a rediscovered bug overwrites its
 own file instead of adding another.
@@ -14,6 +32,7 @@ own file instead of adding another.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -24,7 +43,9 @@ from reference.errors import invalid
 
 from fuzz.oracles import Divergence, request_kinds
 
-FINDING_SCHEMA = 1
+FINDING_SCHEMA = 2
+#: Finding schemas this kvspec reads.
+READS_SCHEMAS = (1, 2)
 
 
 def _mamba_blocks(explain: list, request: int) -> list[int] | None:
@@ -88,21 +109,59 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
-def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True, platform: str = "cuda") -> dict:
-    """The finding record. ``case`` is the case as judged (a deployment case
-    with the geometry its engine resolved). A deployment is reachable by
-    construction; a hand geometry is labelled ``synthetic`` with whether it
-    breaks a rule every vLLM deployment obeys (``reference.reachability``)."""
+def _engine_record(version: str, observation: dict | None) -> dict:
+    observation = observation or {}
+    return {"name": f"vllm=={version}", "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
+
+
+@functools.lru_cache(maxsize=1)
+def kvspec_version() -> dict:
+    """This kvspec: the package version, and the git commit of the checkout
+    when it is one (``dirty``: tracked files changed since). Once per process."""
+    import importlib.metadata
+    import subprocess
+
+    from kvspec.home import REPO_ROOT
+
+    try:
+        version = importlib.metadata.version("kvspec")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    commit = dirty = None
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            commit = out.stdout.strip()
+            st = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+            dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"version": version, "commit": commit, "dirty": dirty}
+
+
+def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True, platform: str = "cuda", other_observation: dict | None = None) -> dict:
+    """The finding record (schema 2). ``case`` is the case as judged (a
+    deployment case with the geometry its engine resolved). A deployment is
+    reachable by construction; a hand geometry is labelled ``synthetic``
+    with whether it breaks a rule every vLLM deployment obeys
+    (``reference.reachability``). ``other_observation``: the other engine's
+    run of a ``versions`` finding (for its files' digest)."""
     from reference.reachability import reachability
 
     knobs = (observation.get("knobs") or {})
+    harness = observation.get("harness") if isinstance(observation.get("harness"), dict) else {}
+    run_platform = harness.get("platform") or (case.deployment.platform if case.deployment else platform)
     reach = reachability(case, div.version, case.deployment.platform if case.deployment else platform)
+    other_version = div.context.get("other_version") if div.oracle == "versions" else None
     return {
         "kvspec_finding": FINDING_SCHEMA,
         "summary": summary(case, div, observation.get("explain")),
         "oracle": div.oracle,
         "signature": signature(case, div, knobs),
-        "engine": {"version": div.version, "knobs": knobs},
+        "engine": {**_engine_record(div.version, observation), "knobs": knobs},
+        "other_engine": _engine_record(other_version, other_observation) if other_version else None,
+        "kvspec": kvspec_version(),
+        "harness": {"mode": harness.get("mode"), "platform": run_platform},
         "first_divergence": div.first,
         "diverging_requests": div.requests,
         "expected": {"hits": div.expected, "detail": div.detail},
@@ -125,13 +184,37 @@ def write_finding(finding: dict, out_dir: str | Path) -> Path:
     return path
 
 
+def upgrade(finding: dict) -> dict:
+    """A finding of any schema this kvspec reads, in schema 2's shape (in
+    memory; the file is untouched): fields schema 1 lacks are null, and a
+    ``versions`` finding's other engine is read from its detail. A schema
+    this kvspec does not read is one line."""
+    schema = finding.get("kvspec_finding", 1)
+    if type(schema) is not int or schema not in READS_SCHEMAS:
+        raise invalid("kvspec_finding", schema, f"this kvspec reads finding schemas {', '.join(map(str, READS_SCHEMAS))}")
+    if schema == FINDING_SCHEMA:
+        return finding
+    from fuzz.verdict import other_engine_version
+
+    out = dict(finding)
+    engine = out.get("engine") if isinstance(out.get("engine"), dict) else {}
+    version = engine.get("version")
+    out["engine"] = {**({"name": f"vllm=={version}", "version": version, "vllm_files_sha256": None} if version else {}), **engine}
+    other = other_engine_version(finding)
+    out.setdefault("other_engine", {"name": f"vllm=={other}", "version": other, "vllm_files_sha256": None} if other else None)
+    for key in ("kvspec", "harness", "case_kind", "reachable", "reachability", "resolution"):
+        out.setdefault(key, None)
+    return out
+
+
 def load_finding(path: str | Path) -> tuple[Case, dict]:
-    """A finding file (or a bare case file) -> (case, finding fields)."""
+    """A finding file (or a bare case file) -> (case, finding fields, in
+    schema 2's shape: :func:`upgrade`); ``{}`` for a bare case."""
     raw = load_json(path, "finding file")
     if not isinstance(raw, dict):
         raise invalid("finding file", str(path), "must hold a JSON object (a finding or a case)")
     if "case" in raw:
-        return parse_case(raw["case"]), raw
+        return parse_case(raw["case"]), upgrade(raw)
     return parse_case(raw), {}
 
 
@@ -154,6 +237,14 @@ def render(finding: dict) -> str:
         lines.append(f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}{extra}")
     lines.append(f"  speculative: {json.dumps(case.get('speculative'))}")
     lines.append(f"  engine knobs: {json.dumps(finding['engine']['knobs'], sort_keys=True)}")
+    for role, e in (("engine", finding.get("engine")), ("other engine", finding.get("other_engine"))):
+        if isinstance(e, dict) and e.get("vllm_files_sha256"):
+            lines.append(f"  {role}: {e.get('name')} (vLLM files under test sha256 {e['vllm_files_sha256'][:16]})")
+        elif isinstance(e, dict) and role == "other engine":
+            lines.append(f"  {role}: {e.get('name')}")
+    h, k = finding.get("harness") or {}, finding.get("kvspec") or {}
+    if h or k:
+        lines.append(f"  harness: {h.get('mode') or '?'} on {h.get('platform') or '?'}; kvspec {k.get('version') or '?'}" + (f" at {k['commit'][:12]}" + ("+dirty" if k.get("dirty") else "") if k.get("commit") else ""))
     for i, r in enumerate(case["trace"]):
         lines.append(f"  request {i}: " + " + ".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]))
     lines += ["", "request  expected  observed"]

@@ -105,7 +105,7 @@ def _deadline() -> float | None:
 
 def _setup() -> None:
     global CAMPAIGN
-    from engine_adapter.home import kvspec_home
+    from kvspec.home import kvspec_home
 
     from fuzz.campaign import Campaign
 

@@ -5,6 +5,14 @@ bug report.
 A pattern reads like the #53504 report: ``miss/hit/hit``, with the hit
 tokens beside it (``0/9600/9600``). Under each case the reference model's
 promise is shown for comparison.
+
+Each cell also carries the judge's verdict (:mod:`fuzz.verdict`): for a
+finding file, whether that engine reproduces it (a ``versions`` finding
+needs its other engine among the matrix's); for a bare case, whether it
+agrees with every oracle. A deployment case resolves per version, so each
+cell shows the scheduler block that version resolved beside its hits
+(``[block 1600]``), and the promise is that of the first engine's
+resolution (per cell in the JSON rows).
 """
 
 from __future__ import annotations
@@ -24,32 +32,65 @@ def pattern(hits: list[int]) -> str:
     return "/".join("hit" if h else "miss" for h in hits)
 
 
+def _promise(case: Case, version: str) -> list[int] | None:
+    if case.geometry is None:
+        return None
+    try:
+        return predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
+    except Unsupported:
+        return None
+
+
 def run_matrix(paths: list[str], engines: list) -> list[dict]:
-    """Every case on every engine. ``engines``: objects with ``version`` and
-    ``run(case)``."""
+    """Every case on every engine, each cell judged. ``engines``: objects
+    with ``version`` and ``run(case)``."""
+    from fuzz.verdict import Claim, observe_and_judge
+
+    by_version = {e.version: e for e in engines}
     rows = []
     for path in paths:
-        case, _ = load_finding(path)
+        case, finding = load_finding(path)
+        claim = Claim.of(finding) if finding else None
         cells = {}
         for engine in engines:
-            obs = engine.run(case)
+            c, other = claim, None
+            if claim is not None and claim.oracle == "versions":
+                if claim.other_version == engine.version:
+                    c = claim.swapped()
+                    other = by_version.get(str((finding.get("engine") or {}).get("version")))
+                else:
+                    other = by_version.get(claim.other_version)
+            judged = observe_and_judge(case, c, engine, other)
+            obs = judged.observation
+            cell: dict = {"verdict": judged.verdict.verdict, "reasons": judged.verdict.reasons}
             if "error" in obs:
-                cells[engine.version] = {"error": f"{obs['error'].get('type')}: {obs['error'].get('message')}"}
+                cell["error"] = f"{obs['error'].get('type')}: {obs['error'].get('message')}"
             else:
-                cells[engine.version] = {"hits": obs["hits"], "pattern": pattern(obs["hits"])}
-        try:
-            promise = predict_with_knobs(case, resolve_knobs(case, engines[0].version), "promise")["hits"]
-        except Unsupported as e:
-            promise = None
-            cells["promise"] = {"error": str(e)}
-        rows.append({"case": str(path), "name": case.name or Path(path).stem, "requests": len(case.trace), "cells": cells, "promise": promise, "_case": case})
+                cell.update({"hits": obs["hits"], "pattern": pattern(obs["hits"])})
+            res = obs.get("resolution")
+            if res is not None:
+                cell["block"] = res["geometry"]["scheduler_block_size"]
+                cell["hash_block"] = res["geometry"]["hash_block_size"]
+            cell["promise"] = _promise(judged.case, engine.version)
+            cells[engine.version] = cell
+        first = cells[engines[0].version]
+        promise = first.get("promise")
+        if promise is None and case.geometry is not None:
+            try:
+                promise = predict_with_knobs(case, resolve_knobs(case, engines[0].version), "promise")["hits"]
+            except Unsupported as e:
+                cells["promise"] = {"error": str(e)}
+        rows.append({"case": str(path), "name": case.name or Path(path).stem, "requests": len(case.trace), "cells": cells, "promise": promise, "finding": claim.oracle if claim else None, "_case": case})
     return rows
 
 
 def _cell_text(cell: dict) -> str:
-    if "error" in cell:
-        return "error: " + cell["error"]
-    return f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+    text = ("error: " + cell["error"]) if "error" in cell else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+    if cell.get("block") is not None:
+        text += f" [block {cell['block']}]"
+    if cell.get("verdict"):
+        text += f" {cell['verdict']}"
+    return text
 
 
 def to_markdown(rows: list[dict], versions: list[str]) -> str:
@@ -109,10 +150,13 @@ def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
         ax.set_xticks(x)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    import io
+
+    from reference.case import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    path = Path(path)
+    write_bytes_atomic(path, buf.getvalue())
     return path

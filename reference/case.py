@@ -689,16 +689,17 @@ def load_case(path: str | os.PathLike) -> Case:
     return parse_case(raw)
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON so that a kill at any moment leaves the old file or the new
-    one, never a torn one (temp file in the same folder, fsync, rename)."""
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` so that a kill at any moment leaves the old file or the
+    new one, never a torn one (temp file ``.NAME.*.tmp`` in the same folder,
+    fsync, rename). kvspec's one atomic writer: every file it writes goes
+    through here (or :func:`write_text_atomic` / :func:`write_json_atomic`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -708,6 +709,16 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` in UTF-8."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
+    """:func:`write_text_atomic` of ``obj`` as JSON and a final newline."""
+    write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
 
 def dump_case(case: Case, path: str | os.PathLike) -> None:

@@ -19,13 +19,18 @@ Verdicts, and the rules that keep them honest (no false findings):
   tokens). An inconclusive run says nothing either way. A refusal (an
   exception, exit 2) happens only before anything was sent.
 
+* A clean run (none of the above) is judged by kvspec's one judge,
+  :func:`fuzz.verdict.judge`, on the observed hit deltas (a server yields
+  hits only). A finding is **reproduced** when the hits equal the finding's
+  observed hits at every request and differ from its expected hits at its
+  first divergence, else **not reproduced** (a ``knobs`` finding, or one
+  without expected hits there, is inconclusive). A bare case **agrees**
+  when every request's hits equal the reference model's prediction (at the
+  server's vLLM version, under ``--rule``), else it **diverges**.
+
 The API key never reaches a message or the report: the client redacts every
 body the server sends, and :func:`replay` redacts its report and any error
 it raises (:func:`engine_adapter.live.client.redact`).
-* **reproduced**: a clean run whose observed hit deltas equal the target —
-  the finding's ``observed`` hits for a finding file, the reference model's
-  prediction (at the server's vLLM version) for a bare case.
-* **not reproduced**: a clean run whose hits differ from the target.
 
 Knobs the server does not expose (``max_num_batched_tokens``, the number of
 KV cache groups, the speculative method and options) are listed as
@@ -46,9 +51,7 @@ from reference.errors import EngineError, InvalidArgument, KvspecError, Unsuppor
 from reference.knobs import implemented_rule
 from reference.serial import RULES
 
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced"
-INCONCLUSIVE = "inconclusive"
+from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED  # noqa: F401 - the judge's words, re-exported
 
 DEFAULT_GAP_S = 1.0
 #: How long to wait for the counters to show a finished request.
@@ -67,9 +70,11 @@ class Target:
     case: Case
     kind: str  # "case" | "finding"
     expected: list[int] | None  # reference hits (finding's, or predicted)
-    target: list[int] | None  # the hits that count as "reproduced"
+    target: list[int] | None  # a finding's observed hits (a bare case's: the prediction, filled in by replay)
     source_engine: str | None = None
     oracle: str | None = None
+    #: A finding's first diverging request (what the judge checks the oracle at).
+    first: int | None = None
 
 
 def _hits_list(value: Any, where: str, n: int) -> list[int]:
@@ -99,10 +104,14 @@ def load_target(path: str) -> Target:
             expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
         except InvalidArgument:
             expected = None  # partial expectations: the reference model fills in
+        from fuzz.findings import upgrade
+        from fuzz.verdict import Claim
+
+        claim = Claim.of(upgrade(raw))  # one line on a malformed oracle or first divergence
         engine = raw.get("engine")
         if isinstance(engine, dict):
             engine = engine.get("version") or engine.get("name")
-        return Target(case, "finding", expected, observed, str(engine) if engine else None, raw.get("oracle") if isinstance(raw.get("oracle"), str) else None)
+        return Target(case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first)
     return Target(parse_case(raw), "case", None, None)
 
 
@@ -124,6 +133,8 @@ class Row:
     sent: bool = False
     #: The prediction under the rule the server's vLLM version implements.
     implemented: int | None = None
+    #: A finding's own expected hits (what the judge checks its oracle against).
+    finding_expected: int | None = None
 
 
 @dataclass
@@ -176,8 +187,15 @@ class Report:
         }
 
 
-def decide(rows: list[Row], differences: list[str], global_issues: list[str]) -> tuple[str, list[str]]:
-    """The verdict from the rows; any doubt makes it inconclusive."""
+def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: Target | None = None, rule: str | None = None) -> tuple[str, list[str]]:
+    """The verdict from the rows. Any doubt about the run makes it
+    inconclusive (the rules of the module docstring); a clean run is judged
+    by :func:`fuzz.verdict.judge` on its hit deltas: a finding against its
+    claim (``target.target`` are its observed hits, ``row.expected`` its
+    expected ones), a bare case against the prediction (``row.target``)."""
+    from fuzz.verdict import Claim, judge
+    from fuzz.verdict import Target as Prediction
+
     reasons = list(global_issues)
     reasons += [f"server knob differs: {d}" for d in differences]
     for r in rows:
@@ -188,10 +206,14 @@ def decide(rows: list[Row], differences: list[str], global_issues: list[str]) ->
         return INCONCLUSIVE, reasons
     if any(r.target is None for r in rows):
         return INCONCLUSIVE, ["no target hits to compare against"]
-    bad = [r for r in rows if r.hits != r.target]
-    if bad:
-        return NOT_REPRODUCED, [f"request {r.index}: observed hits {_n(r.hits)}, target {r.target}" for r in bad]
-    return REPRODUCED, ["every request's hit delta equals the target"]
+    observation = {"hits": [r.hits for r in rows]}
+    if target is not None and target.kind == "finding":
+        expected = [r.finding_expected for r in rows]
+        claim = Claim(target.oracle or "reference", target.first, [r.target for r in rows], None if any(e is None for e in expected) else expected)
+        verdict = judge(claim, observation)
+    else:
+        verdict = judge(Prediction([r.target for r in rows], rule), observation)
+    return verdict.verdict, verdict.reasons
 
 
 def _n(x: float | None) -> str:
@@ -362,6 +384,7 @@ def _replay(
                 case = new_case
             notes.append(note)
         check = check_case(case, info)
+        finding_expected = expected if target.kind == "finding" else None
         predicted = None
         if target.kind == "case":
             predicted = ref(case)
@@ -389,6 +412,7 @@ def _replay(
                 expected[i] if expected else None,
                 goal[i] if goal else None,
                 implemented=implemented[i] if implemented else None,
+                finding_expected=finding_expected[i] if finding_expected else None,
             )
             for i, r in enumerate(case.trace)
         ]
@@ -453,7 +477,7 @@ def _replay(
             prev = post
             if after_request is not None:
                 after_request(i)
-        verdict, reasons = decide(rows, check.differences, global_issues)
+        verdict, reasons = decide(rows, check.differences, global_issues, target, rule)
     return Report(
         name=case.name,
         kind=target.kind,
@@ -539,9 +563,8 @@ def render(report: Report, console=None) -> None:
         console.print(f"note: {n}", highlight=False)
     for u in report.unverified:
         console.print(f"assumed (unverified): {u}", highlight=False)
-    style = {REPRODUCED: "bold red", NOT_REPRODUCED: "bold green", INCONCLUSIVE: "bold yellow"}[report.verdict]
-    if report.kind == "case":
-        style = {REPRODUCED: "bold green", NOT_REPRODUCED: "bold red", INCONCLUSIVE: "bold yellow"}[report.verdict]
+    # a reproduced finding is a bug present; a bare case that diverges is one too
+    style = {REPRODUCED: "bold red", NOT_REPRODUCED: "bold green", AGREES: "bold green", DIVERGES: "bold red", INCONCLUSIVE: "bold yellow"}[report.verdict]
     console.print(f"verdict: [{style}]{report.verdict}[/]")
     for reason in report.reasons[:20]:
         console.print(f"  - {reason}", highlight=False)

@@ -93,7 +93,7 @@ def unusable_engine(engines: list[str]) -> str | None:
 
 
 def main(args) -> int:
-    from engine_adapter.home import kvspec_home
+    from kvspec.home import kvspec_home
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
     from reference.errors import EngineError
 

@@ -1,14 +1,16 @@
 """kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--timeout S] [--rescale] [--rule R] [--json PATH]
 
 Replays a case (or the case inside a finding) against a running vLLM
-OpenAI-compatible server, request by request, and compares the
-``vllm:prefix_cache_hits_total`` deltas with the target: a finding's observed
-hits, or the reference prediction for a bare case.
+OpenAI-compatible server, request by request, and judges the
+``vllm:prefix_cache_hits_total`` deltas with kvspec's one judge
+(:mod:`fuzz.verdict`): a finding is reproduced / not reproduced, a bare case
+agrees / diverges with the reference prediction.
 
-Exit status: 0 reproduced, 1 not reproduced, 3 inconclusive (also when
-something was sent and then the server's answers could not be read: a
-timeout, an HTTP error, unreadable ``/metrics``), 2 refused or bad input
-before anything was sent (one line on stderr). ``--timeout`` bounds each
+Exit status: 0 reproduced (a finding) or agrees (a bare case), 1 not
+reproduced or diverges, 3 inconclusive (also when something was sent and
+then the server's answers could not be read: a timeout, an HTTP error,
+unreadable ``/metrics``; in-process: the engine did not run the case), 2
+refused or bad input before anything was sent (one line on stderr). ``--timeout`` bounds each
 request (a completion or a metrics scrape, retries included) in wall-clock
 time. The API key is read only from the environment variable named by
 ``--api-key-env``; it is never printed or written: the key, and any
@@ -18,8 +20,8 @@ even when the server echoes it.
 ``--engine vllm==X`` (in-process replay) is delegated to
 ``fuzz.replay.replay_on_engine(path, engine) -> dict`` and
 ``fuzz.replay.render_replay(result, console)`` when that module provides
-them (verdicts reproduced / not reproduced, or diverges / agrees for a bare
-case).
+them (the same judge and verdicts). A ``versions`` finding runs on
+``--engine`` and on the other engine the finding names.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ import importlib
 import os
 import re
 
+from fuzz.verdict import EXIT as VERDICT_EXIT
 from reference.errors import InvalidArgument, Unsupported, invalid
 
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
 
-EXIT = {"reproduced": 0, "not reproduced": 1, "inconclusive": 3}
-#: In-process verdicts of fuzz.replay for a bare case.
-ENGINE_EXIT = {**EXIT, "agrees": 0, "diverges": 1}
+#: The judge's verdicts and their exit codes, for --server and --engine alike.
+EXIT = ENGINE_EXIT = VERDICT_EXIT
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 

@@ -11,12 +11,17 @@ plus ``"error": {...}`` when vLLM raised on the case (a finding: exit 1).
 ``--compare`` also runs the reference model with the same version's knobs
 (``kvspec predict --as vllm==X --rule R``; R defaults to the variant that
 states what that version implements: ``legacy`` for 0.29.x, ``replay`` for
-0.30.0 and later) and prints both side by side per request; it exits 1 if
-any request's hits or queries differ, or a shared knob does. ``--json``
-prints the comparison as JSON instead of a table.
+0.30.0 and later) and prints both side by side per request. A deployment
+case is predicted on the geometry this engine resolved for it (the run's
+``resolution``). The verdict is kvspec's one judge's (:mod:`fuzz.verdict`)
+for a bare case against a target: it *agrees* when every request's hits and
+queries equal the prediction and every shared knob does, else it
+*diverges*. ``--json`` prints the comparison as JSON instead of a table.
 
-Exit status: 0 ran (and, with --compare, agreed); 1 vLLM raised, or
---compare found a mismatch; 2 bad input or engine not available (one line).
+Exit status: 0 ran (and, with --compare, agrees); 1 vLLM raised, or
+--compare diverges; 2 bad input or engine not available (one line); 3 the
+engine did not run the case (a worker that died or timed out, an adapter
+exception: kvspec's own failure, never vLLM's; one line).
 """
 
 from __future__ import annotations
@@ -111,7 +116,10 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     if observed.get("error"):
         e = observed["error"]
         console.print(f"[red]vLLM raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
-    console.print(f"[red]{len(mismatches)} mismatch(es)[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
+    if observed.get("resolution"):
+        g = observed["resolution"]["geometry"]
+        console.print(f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}", highlight=False)
+    console.print(f"[red]{len(mismatches)} mismatch(es): diverges[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
 
 
 def main(args) -> int:
@@ -120,9 +128,9 @@ def main(args) -> int:
     case = load_case(args.case)
     reference = None
     rule = implemented_rule(version) if args.rule == "auto" else args.rule
-    if args.compare:
-        from reference.predict import predict
+    from reference.predict import predict
 
+    if args.compare and case.geometry is not None and case.deployment is None:
         reference = predict(case, f"vllm=={version}", rule)  # its one-line errors exit 2 before any engine work
     from engine_adapter.engine import open_engine
 
@@ -132,13 +140,32 @@ def main(args) -> int:
             observed = engine.run(case, options, timeout=args.timeout)
         else:
             observed = engine.run(case, options)
+    from fuzz.campaign import harness_error_of
+
+    harness = harness_error_of(observed)
+    if harness is not None:
+        print(json.dumps(observed, indent=2))
+        sys.stdout.flush()
+        print(f"kvspec: engine=vllm=={version}: did not run the case (kvspec's own failure, not vLLM's): {' '.join(harness.split())[:300]}", file=sys.stderr)
+        return 3
     if not args.compare:
         print(json.dumps(observed, indent=2))
         return 1 if observed.get("error") else 0
+    from fuzz.oracles import resolved
+    from fuzz.verdict import Target, judge
+
+    judged = resolved(case, observed, version)
+    if reference is None:
+        if judged.geometry is None:  # vLLM raised before it resolved the deployment
+            reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
+        else:
+            reference = predict(judged, f"vllm=={version}", rule)
     mismatches = compare(reference, observed)
+    rk = reference.get("knobs") or {}
+    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}), observed)
     if args.json:
-        print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
+        print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:
         _render(reference, observed, mismatches, f"vllm=={version}", rule)
     sys.stdout.flush()
-    return 1 if mismatches else 0
+    return verdict.exit_code

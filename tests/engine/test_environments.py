@@ -8,7 +8,7 @@ import time
 import pytest
 
 from engine_adapter import environments
-from engine_adapter.home import kvspec_home
+from kvspec.home import kvspec_home
 from reference.errors import EngineError
 from tests.engine.conftest import ensure_env
 

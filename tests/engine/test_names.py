@@ -61,7 +61,7 @@ def test_open_engine_rejects_before_any_work(tmp_path, monkeypatch):
 def test_cli_one_line_errors(argv, needle, tmp_path):
     import os
 
-    from engine_adapter.home import REPO_ROOT
+    from kvspec.home import REPO_ROOT
 
     env = dict(os.environ, KVSPEC_HOME=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120)

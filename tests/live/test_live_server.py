@@ -16,7 +16,7 @@ import threading
 import httpx
 import pytest
 
-from engine_adapter.live.replay import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, replay
+from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, Target, load_target, replay
 from reference.case import case_to_dict, prompt_tokens
 from reference.errors import Unsupported
 from reference.predict import predict
@@ -64,11 +64,11 @@ def test_a_reproduces_the_reference_pattern(live_server, seg, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert report["verdict"] == REPRODUCED
+    assert report["verdict"] == AGREES
     assert [r["hits"] for r in report["requests"]] == exp
     assert [r["queries"] for r in report["requests"]] == [300, 300, 700, 700, 200]
     assert all(r["ttft_s"] > 0 and r["latency_s"] >= r["ttft_s"] for r in report["requests"])
-    assert "verdict: reproduced" in proc.stdout
+    assert "verdict: agrees" in proc.stdout
 
 
 def test_a_rescaled_seed_reproduces(live_server, seg):
@@ -76,7 +76,7 @@ def test_a_rescaled_seed_reproduces(live_server, seg):
     a = seg("A")
     seed = make_case(hybrid(1600, 1600), [[(a, 11910)]] * 3, name="seed-53504-spec-off")
     rep = replay(Target(seed, "case", None, None), live_server.url, gap_s=GAP, rescale=True)
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
     assert [r.prompt_tokens for r in rep.rows] == [953, 953, 953]
     assert [r.hits for r in rep.rows] == [0, 896, 896]
 
@@ -164,13 +164,13 @@ def test_b_a_block_aligned_extension_departs_from_the_promise(live_server, seg):
     e = seg("E")
     case = make_case(hybrid(128, 128), [[(e, 1280)], [(e, 1281)]], name="aligned-extension")
     rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP)
-    assert rep.verdict == NOT_REPRODUCED, rep.reasons
+    assert rep.verdict == DIVERGES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, 1152]
     assert [r.target for r in rep.rows] == [0, 1280] and [r.implemented for r in rep.rows] == [0, 1152]
     f = seg("F")
     case = make_case(hybrid(128, 128), [[(f, 1280)], [(f, 1281)]], name="aligned-extension-replay-rule")
     rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
 
 
 def test_d_a_foreign_request_that_skips_the_prefix_cache_is_seen(live_server, seg):

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from engine_adapter.live.geometry import rescale_case
-from engine_adapter.live.replay import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
+from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
 from reference.errors import InvalidArgument, KvspecError, Unsupported
@@ -43,25 +43,25 @@ def run(stub, case, **kw):
 # ---------------------------------------------------------------- verdicts
 
 
-def test_clean_run_matching_the_prediction_is_reproduced():
+def test_clean_run_matching_the_prediction_agrees():
     case = repeat_case()
     exp = predicted(case)
     assert exp == [0, 256, 256]
     with StubVllm(follows(exp)) as stub:
         rep = run(stub, case)
         assert stub.admitted == [prompt_tokens(r) for r in case.trace]  # token ids, in order
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, 256, 256]
     assert [r.queries for r in rep.rows] == [300, 300, 1000]
     assert all(r.ttft_s is not None and r.latency_s >= r.ttft_s for r in rep.rows)
     assert rep.model == "stub-model" and rep.server_version == "0.32.0"
 
 
-def test_clean_run_with_other_hits_is_not_reproduced():
+def test_clean_run_with_other_hits_diverges():
     case = repeat_case()
     with StubVllm(follows([0, 128, 256])) as stub:
         rep = run(stub, case)
-    assert rep.verdict == NOT_REPRODUCED
+    assert rep.verdict == DIVERGES
     assert rep.reasons == ["request 1: observed hits 128, target 256"]
 
 
@@ -73,7 +73,7 @@ def test_gap_is_respected_between_requests():
         t0 = time.monotonic()
         rep = run(stub, case, gap_s=0.3)
         assert time.monotonic() - t0 >= 0.6
-    assert rep.verdict == REPRODUCED
+    assert rep.verdict == AGREES
 
 
 # ---------------------------------------------------------------- no false findings
@@ -95,7 +95,7 @@ def test_503_is_retried_a_bounded_number_of_times():
     case = repeat_case()
     with StubVllm(follows(predicted(case)), faults=Faults(status={1: [503]})) as stub:
         rep = run(stub, case)
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
     assert any("sent 2 times" in n for n in rep.notes)
     with StubVllm(follows(predicted(case)), faults=Faults(status={0: [503, 503, 503, 503]})) as stub:
         rep = run(stub, case, retries=2)
@@ -192,7 +192,7 @@ def test_metrics_that_lag_behind_the_stream_are_waited_for():
     case = repeat_case()
     with StubVllm(follows(predicted(case)), faults=Faults(metrics_lag_s=0.3)) as stub:
         rep = run(stub, case)
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
 
 
 def test_metrics_that_never_settle():
@@ -270,7 +270,7 @@ def test_model_choice():
             run(stub, case)
         with pytest.raises(InvalidArgument, match=r"^--model='c': not served; allowed: a, b"):
             run(stub, case, model="c")
-        assert run(stub, case, model="a").verdict == REPRODUCED
+        assert run(stub, case, model="a").verdict == AGREES
 
 
 def test_soft_knob_difference_runs_but_is_inconclusive():
@@ -286,7 +286,7 @@ def test_spec_case_on_spec_server_lists_what_cannot_be_checked():
     case = make_case(hybrid(128, 128), [[("A", 300)], [("A", 300)]], MTP)
     with StubVllm(follows(predicted(case)), spec_positions=2) as stub:
         rep = run(stub, case)
-    assert rep.verdict == REPRODUCED, rep.reasons
+    assert rep.verdict == AGREES, rep.reasons
     assert any(u.startswith("speculative.method=mtp") for u in rep.unverified)
     assert any(u.startswith("max_num_batched_tokens=8192") for u in rep.unverified)
     with StubVllm(follows(predicted(case)), spec_positions=3) as stub:
@@ -325,7 +325,7 @@ def test_rescale_through_replay_matches_a_server():
             run(stub, seed)
         rep = run(stub, seed, rescale=True)
         assert [len(p) for p in stub.admitted] == [953, 953, 953]
-    assert rep.verdict == REPRODUCED
+    assert rep.verdict == AGREES
     assert any(n.startswith("rescaled block 1600 -> 128") for n in rep.notes)
 
 
@@ -386,9 +386,9 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     with StubVllm(follows(predicted(case))) as stub:
         assert cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "verdict: reproduced" in out and "target = reference prediction, rule promise, as vLLM 0.32.0" in " ".join(out.split())
+    assert "verdict: agrees" in out and "target = reference prediction, rule promise, as vLLM 0.32.0" in " ".join(out.split())
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["verdict"] == "reproduced" and [r["hits"] for r in report["requests"]] == [0, 256, 256]
+    assert report["verdict"] == "agrees" and [r["hits"] for r in report["requests"]] == [0, 256, 256]
     with StubVllm(follows([0, 0, 0])) as stub:
         assert cli_main(["replay", path, "--server", stub.url, "--gap", "0"]) == 1
     with StubVllm(follows(predicted(case)), faults=Faults(extra_queries_during={0: 5})) as stub:
@@ -492,11 +492,11 @@ def test_rule_of_the_target_and_the_implemented_rule_beside_it():
     assert predict(case, as_version="0.32.0", rule="replay")["hits"] == [0, 1152]
     with StubVllm(follows([0, 1152])) as stub:
         rep = run(stub, case)
-        assert rep.verdict == NOT_REPRODUCED and rep.implemented_rule == "replay"
+        assert rep.verdict == DIVERGES and rep.implemented_rule == "replay"
         assert [r.implemented for r in rep.rows] == [0, 1152] and [r.target for r in rep.rows] == [0, 1280]
     with StubVllm(follows([0, 1152])) as stub:
         rep = run(stub, case, rule="replay")
-        assert rep.verdict == REPRODUCED and rep.implemented_rule is None
+        assert rep.verdict == AGREES and rep.implemented_rule is None
         with pytest.raises(InvalidArgument, match=r"^--rule='bogus'"):
             run(stub, case, rule="bogus")
         assert len(stub.admitted) == 2

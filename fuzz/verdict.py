@@ -1,0 +1,359 @@
+"""The one judge: does an observation reproduce a finding (or agree with a
+bare case's target)?
+
+Every kvspec command that prints a verdict takes it from :func:`judge`:
+in-process replay (``kvspec replay FINDING --engine``, :mod:`fuzz.replay`),
+live replay (``kvspec replay FINDING --server``,
+:mod:`engine_adapter.live.replay`, which first applies its own rules for a
+noisy server), ``kvspec run --compare`` and ``kvspec matrix``. So
+"reproduced" means one thing everywhere.
+
+**A finding is reproduced** when, on the observation, *the same oracle fires,
+at the same first diverging request, with the same observed hits*:
+
+* with the oracles evaluated on the observation (an engine that reports
+  knobs and explain, i.e. an in-process or worker engine;
+  :func:`divergences` evaluates the finding's oracle on the case as judged,
+  a deployment with the geometry this engine resolved): the finding's oracle
+  is among the divergences; its first diverging request equals the finding's
+  ``first_divergence`` (``None`` for ``knobs``, the request that raised for
+  ``engine_error``, which also needs the same exception type); and the
+  observed hits equal the finding's observed hits at every request. For a
+  ``versions`` finding both engines' hits are observed: the engine under
+  test's must equal the finding's ``observed`` hits and the other engine's
+  the finding's ``expected`` hits (the finding names the other engine);
+* with hits only (a live server, whose Prometheus counters give nothing
+  else), "the same oracle fires" reads: the observed hits equal the
+  finding's observed hits at every request, and differ from the finding's
+  expected hits at its first divergence. A ``knobs`` finding, or one that
+  states no expected hits there, cannot be judged from hits: inconclusive.
+
+Otherwise it is **not reproduced**, with the reasons (the oracle does not
+fire; it fires first at another request; request i hit a, the finding b;
+vLLM raised now). It is **inconclusive** when the observation is not vLLM's
+behaviour: an error of any kind but ``vllm`` (a worker that died or timed
+out, an exception in kvspec's adapter) in either engine's observation
+(:func:`fuzz.campaign.harness_error_of`: kvspec's own failures are never
+vLLM's). Live replay adds its own inconclusive rules before asking the
+judge (foreign traffic, restarts, knobs that differ, ...). A case the
+reference model cannot judge on that version (``Unsupported``) is
+inconclusive too.
+
+**A bare case** (no finding) **agrees** or **diverges**:
+
+* against a :class:`Target` (the hits a reference rule predicts, and
+  optionally the queries and knobs; ``kvspec run --compare``, a bare case
+  replayed live): it agrees when every request's observed hits (and queries)
+  equal the target's and every knob both report is equal; vLLM raising
+  diverges;
+* with the oracles evaluated (``kvspec replay CASE --engine``,
+  ``kvspec matrix``): it agrees when no oracle fires.
+
+Exit codes (:data:`EXIT`): 0 reproduced / agrees, 1 not reproduced /
+diverges, 3 inconclusive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reference.case import Case
+from reference.errors import Unsupported, invalid
+
+from fuzz.oracles import ORACLES, Divergence, check_all, check_versions
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive"
+AGREES = "agrees"
+DIVERGES = "diverges"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, AGREES, DIVERGES)
+EXIT = {REPRODUCED: 0, AGREES: 0, NOT_REPRODUCED: 1, DIVERGES: 1, INCONCLUSIVE: 3}
+#: Oracles judged on one engine's observation (``versions`` needs two).
+SINGLE_ENGINE_ORACLES = tuple(o for o in ORACLES if o != "versions")
+
+
+def _hits(value, where: str) -> list | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        raise invalid(where, value, "must be a list of hit counts")
+    return list(value)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a finding claims, in the judge's terms."""
+
+    oracle: str
+    #: The first diverging request (None for ``knobs``).
+    first: int | None
+    #: The hits the engine under test showed.
+    observed: list | None
+    #: The finding's expected hits (the model's, or the other engine's for ``versions``).
+    expected: list | None
+    #: ``engine_error``: the exception type vLLM raised.
+    error_type: str | None = None
+    #: ``versions``: the other engine's version.
+    other_version: str | None = None
+
+    @classmethod
+    def of(cls, finding: dict) -> Claim:
+        """The claim of a finding (schema 1 or 2); a malformed one is one line."""
+        oracle = finding.get("oracle")
+        if not isinstance(oracle, str) or oracle not in ORACLES:
+            raise invalid("finding.oracle", oracle, f"allowed: {', '.join(ORACLES)}")
+        observed_part = finding.get("observed") or {}
+        expected_part = finding.get("expected") or {}
+        if not isinstance(observed_part, dict) or not isinstance(expected_part, dict):
+            raise invalid("finding.observed", observed_part, "must be an object with 'hits'")
+        observed = _hits(observed_part.get("hits"), "finding.observed.hits")
+        expected = None if oracle == "knobs" else _hits(expected_part.get("hits"), "finding.expected.hits")
+        if "first_divergence" in finding:
+            first = finding["first_divergence"]
+            if first is not None and (not isinstance(first, int) or isinstance(first, bool) or first < 0):
+                raise invalid("finding.first_divergence", first, "must be a request index or null")
+        else:  # an older or hand-written finding: where observed and expected part
+            first = next((i for i, (o, e) in enumerate(zip(observed or [], expected or [])) if o != e), None)
+        err = observed_part.get("error")
+        error_type = err.get("type") if isinstance(err, dict) else None
+        return cls(oracle, first, observed, expected, error_type, other_engine_version(finding))
+
+    def swapped(self) -> Claim:
+        """A ``versions`` claim seen from the other engine: its observed
+        hits are the finding's expected ones and the other way round."""
+        return Claim(self.oracle, self.first, self.expected, self.observed, self.error_type, None)
+
+
+def other_engine_version(finding: dict) -> str | None:
+    """The other engine of a ``versions`` finding: schema 2's
+    ``other_engine``, else (schema 1) the detail ``expected = vllm==Y``."""
+    other = finding.get("other_engine")
+    if isinstance(other, dict):
+        other = other.get("version") or other.get("name")
+    if isinstance(other, str) and other:
+        return other.removeprefix("vllm==")
+    detail = (finding.get("expected") or {}).get("detail") if isinstance(finding.get("expected"), dict) else None
+    if finding.get("oracle") == "versions" and isinstance(detail, str) and detail.startswith("expected = vllm=="):
+        return detail[len("expected = vllm==") :].split()[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bare case's target: the hits a reference rule predicts, and
+    optionally the queries and knobs (compared on the keys both report)."""
+
+    hits: list
+    rule: str | None = None
+    queries: list | None = None
+    knobs: dict | None = None
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    #: The oracle judged (a finding's), or None.
+    oracle: str | None = None
+    #: The first diverging request now (the judged oracle's, or the first divergence).
+    first: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.verdict]
+
+    def as_dict(self) -> dict:
+        return {"verdict": self.verdict, "reasons": self.reasons, "oracle": self.oracle, "first_divergence": self.first}
+
+
+def _n(x) -> str:
+    if x is None:
+        return "-"
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _hit_differences(observed: list, claimed: list, what: str) -> list[str]:
+    out = []
+    for i in range(max(len(observed), len(claimed))):
+        o = observed[i] if i < len(observed) else None
+        c = claimed[i] if i < len(claimed) else None
+        if o is None or c is None or o != c:
+            out.append(f"request {i}: observed hits {_n(o)}, {what} {_n(c)}")
+    return out
+
+
+def _harness_error(observation: dict | None) -> str | None:
+    if observation is None:
+        return None
+    from fuzz.campaign import harness_error_of
+
+    text = harness_error_of(observation)
+    return None if text is None else text.splitlines()[0][:300]
+
+
+def judge(
+    claim: dict | Claim | Target | None,
+    observation: dict,
+    divergences: list[Divergence] | None = None,
+    *,
+    other_observation: dict | None = None,
+) -> Verdict:
+    """The verdict on ``observation`` (the engine's result dict, or
+    ``{"hits": [...]}`` from a live server) for a finding (its dict or
+    :class:`Claim`), a :class:`Target`, or a bare case (``None``).
+
+    ``divergences``: the oracles' divergences on the observation
+    (:func:`divergences`), or ``None`` when only hits were observed (live).
+    ``other_observation``: the other engine's, for a ``versions`` finding.
+    See the module docstring for the definition."""
+    for obs, whose in ((observation, "the engine"), (other_observation, "the other engine")):
+        text = _harness_error(obs)
+        if text is not None:
+            return Verdict(INCONCLUSIVE, [f"{whose} did not run the case (kvspec's own failure, not vLLM's): {text}"])
+    observed = list(observation.get("hits") or [])
+    err = observation.get("error")
+    if isinstance(claim, dict):
+        claim = Claim.of(claim)
+    if isinstance(claim, Target):
+        return _judge_target(claim, observation, observed, err)
+    if claim is None:
+        if divergences is None:
+            raise ValueError("a bare case needs a Target or the oracles' divergences")
+        if not divergences:
+            return Verdict(AGREES, ["no oracle fires"])
+        first = divergences[0]
+        return Verdict(DIVERGES, [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences], first.oracle, first.first)
+    if divergences is None:
+        return _judge_hits_only(claim, observed)
+    return _judge_oracles(claim, observation, observed, err, divergences)
+
+
+def _judge_target(target: Target, observation: dict, observed: list, err) -> Verdict:
+    reasons = []
+    if err:
+        reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
+    reasons += _hit_differences(observed, list(target.hits), "target")
+    if target.queries is not None and observation.get("queries") is not None and not err:
+        q = list(observation["queries"])
+        reasons += [f"request {i}: observed queries {_n(a)}, target {_n(b)}" for i, (a, b) in enumerate(zip(q, target.queries)) if a != b]
+    knobs = observation.get("knobs") or {}
+    for k, v in (target.knobs or {}).items():
+        if k in knobs and knobs[k] != v:
+            reasons.append(f"knob {k}: observed {knobs[k]}, target {v}")
+    if reasons:
+        return Verdict(DIVERGES, reasons)
+    return Verdict(AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")])
+
+
+def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
+    if claim.oracle in ("knobs", "engine_error"):
+        return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
+    if claim.observed is None:
+        return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)
+    i = claim.first
+    if i is None or claim.expected is None or i >= len(claim.expected) or i >= len(claim.observed):
+        return Verdict(INCONCLUSIVE, ["the finding states no expected hits at its first divergence: the oracle cannot be checked from hits"], claim.oracle)
+    differences = _hit_differences(observed, claim.observed, "the finding observed")
+    if differences:
+        return Verdict(NOT_REPRODUCED, differences, claim.oracle, i)
+    if observed[i] == claim.expected[i]:
+        return Verdict(NOT_REPRODUCED, [f"request {i}: observed hits {_n(observed[i])} equal the finding's expected hits: {claim.oracle} does not fire there"], claim.oracle, i)
+    return Verdict(REPRODUCED, [f"every request's hits equal the finding's observed hits, and request {i} differs from its expected {_n(claim.expected[i])}"], claim.oracle, i)
+
+
+def _judge_oracles(claim: Claim, observation: dict, observed: list, err, divergences: list[Divergence]) -> Verdict:
+    reasons: list[str] = []
+    if err and claim.oracle != "engine_error":
+        reasons.append(f"vLLM raised now at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
+    same = [d for d in divergences if d.oracle == claim.oracle]
+    first = same[0].first if same else None
+    if not same:
+        reasons.append(f"{claim.oracle} does not fire")
+    elif first != claim.first:
+        reasons.append(f"{claim.oracle} fires first at request {first}, the finding at request {claim.first}")
+    if claim.oracle == "engine_error" and same and claim.error_type is not None:
+        now = (err or {}).get("type")
+        if now != claim.error_type:
+            reasons.append(f"vLLM raised {now}, the finding {claim.error_type}")
+    if claim.observed is not None:
+        reasons += _hit_differences(observed, claim.observed, "the finding observed")
+    if claim.oracle == "versions" and same and claim.expected is not None:
+        reasons += [r.replace("observed hits", "the other engine hit", 1) for r in _hit_differences(list(same[0].expected), claim.expected, "the finding's other engine")]
+    if reasons:
+        return Verdict(NOT_REPRODUCED, reasons, claim.oracle, first)
+    where = "no request (knobs)" if claim.first is None else f"request {claim.first}"
+    return Verdict(REPRODUCED, [f"{claim.oracle} fires first at {where} with the finding's observed hits"], claim.oracle, first)
+
+
+Run = Callable[[Case], dict]
+
+
+class HarnessFailure(Exception):
+    """A run the judge needed came back with a harness error."""
+
+
+def divergences(case: Case, version: str, observation: dict, oracle: str | None = None, *, run: Run | None = None, other_version: str | None = None, other_observation: dict | None = None) -> list[Divergence]:
+    """The divergences the judge weighs: a finding's ``oracle`` alone, or
+    every single-engine oracle for a bare case (``oracle`` None), on
+    ``case`` as judged (a deployment resolved by this engine:
+    :func:`fuzz.oracles.resolved`). ``run`` runs a variant of the case on
+    the same engine (``sparse_dense``, ``spec_on_off``); a variant that
+    comes back with a harness error raises :class:`HarnessFailure` (never
+    judged as vLLM's). An observation carrying a harness error is never
+    judged (empty)."""
+    if _harness_error(observation) is not None:
+        return []
+    if oracle == "versions":
+        if other_observation is None or other_version is None or _harness_error(other_observation) is not None:
+            return []
+        return check_versions(case, version, observation, other_version, other_observation)
+    oracles = (oracle,) if oracle in ORACLES else SINGLE_ENGINE_ORACLES
+
+    def checked(variant: Case) -> dict:
+        obs = run(variant)
+        text = _harness_error(obs)
+        if text is not None:
+            raise HarnessFailure(f"a variant of the case did not run (kvspec's own failure, not vLLM's): {text}")
+        return obs
+
+    return check_all(case, version, observation, checked if run is not None else None, oracles)
+
+
+@dataclass
+class Judged:
+    """One case judged on an engine: the case as judged (a deployment with
+    this engine's resolution), both observations, the divergences and the
+    verdict."""
+
+    case: Case
+    observation: dict
+    divergences: list[Divergence]
+    verdict: Verdict
+    other_observation: dict | None = None
+
+
+def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None) -> Judged:
+    """Run ``case`` on ``engine`` (and, for a ``versions`` claim, on
+    ``other``), evaluate the claim's oracle (every single-engine oracle for
+    a bare case) on the case as this engine resolved it, and judge. A
+    ``versions`` claim without ``other`` is inconclusive."""
+    from fuzz.oracles import resolved
+
+    if isinstance(claim, dict):
+        claim = Claim.of(claim)
+    obs = engine.run(case)
+    judged = case if _harness_error(obs) is not None else resolved(case, obs, engine.version)
+    other_obs = None
+    if claim is not None and claim.oracle == "versions":
+        if other is None:
+            return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [f"a versions finding needs its other engine (vllm=={claim.other_version or '?'}) beside vllm=={engine.version}"], "versions"))
+        other_obs = other.run(case)
+    try:
+        divs = divergences(judged, engine.version, obs, claim.oracle if claim else None, run=engine.run, other_version=other.version if other is not None else None, other_observation=other_obs)
+    except HarnessFailure as e:
+        return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [str(e)], claim.oracle if claim else None), other_obs)
+    except Unsupported as e:  # kvspec's model cannot judge it: says nothing about vLLM
+        return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [f"the reference model cannot judge this case on vllm=={engine.version}: {e}"], claim.oracle if claim else None), other_obs)
+    return Judged(judged, obs, divs, judge(claim, obs, divs, other_observation=other_obs), other_obs)
