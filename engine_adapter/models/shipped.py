@@ -63,6 +63,8 @@ def generate(out: Path = HERE) -> list[Path]:
     """Write ``<name>.json`` for every shipped model from ``transformers``."""
     import transformers
 
+    from reference.case import write_json_atomic
+
     written = []
     for name, (cls_name, arch, _what) in SHIPPED.items():
         cfg = getattr(transformers, cls_name)()
@@ -72,9 +74,7 @@ def generate(out: Path = HERE) -> list[Path]:
         data.pop("transformers_version", None)
         data["_kvspec_source"] = f"transformers {transformers.__version__} {cls_name}() defaults"
         path = out / f"{name}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
+        write_json_atomic(path, data, indent=1, sort_keys=True)
         written.append(path)
     return written
 

@@ -10,11 +10,9 @@ atomically. ``test_committed_table_is_current`` checks the committed file.
 from __future__ import annotations
 
 import collections
-import os
 import sys
-import tempfile
-from pathlib import Path
 
+from reference.case import write_text_atomic
 from tests.conformance import runner
 from tests.conformance.build import SDIST_TESTS
 from tests.conformance.runner import EngineRuns
@@ -125,23 +123,6 @@ def render(engine_runs: EngineRuns) -> str:
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
     return "\n".join(out)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def main() -> int:

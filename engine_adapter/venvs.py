@@ -1,0 +1,82 @@
+"""One manager for the virtual environments kvspec builds: the engine
+environments (``engine_adapter.environments``, one per vLLM version) and the
+live server's (``engine_adapter.live.env``).
+
+What they share:
+
+* **the ready marker**: a venv ``ROOT`` is ready when
+  ``ROOT/.kvspec-ready.json`` exists and records what it was built from
+  (each caller checks its own fingerprint). The marker is written last and
+  atomically (:func:`reference.case.write_json_atomic`), so a killed or
+  failed install leaves none and the next install starts over;
+* **the install lock**: an ``flock`` on ``.ROOT-NAME.lock`` beside the venv
+  serializes installs of one venv; a second installer waits, polling, for at
+  most ``wait_s`` seconds, then gives up with one line (EngineError).
+
+This module never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from reference.case import write_json_atomic
+from reference.errors import EngineError
+
+MARKER_NAME = ".kvspec-ready.json"
+
+
+def marker_path(root: Path) -> Path:
+    return Path(root) / MARKER_NAME
+
+
+def read_marker(root: Path) -> dict | None:
+    """The ready marker of the venv at ``root`` (None when absent or unreadable)."""
+    try:
+        marker = json.loads(marker_path(root).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def write_marker(root: Path, payload: dict) -> None:
+    """Mark the venv at ``root`` ready (atomically; call it last)."""
+    write_json_atomic(marker_path(root), payload)
+
+
+def lock_path(root: Path) -> Path:
+    root = Path(root)
+    return root.parent / f".{root.name}.lock"
+
+
+@contextlib.contextmanager
+def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[str], None] | None = None, poll_s: float = 1.0) -> Iterator[None]:
+    """Hold the install lock of the venv at ``root``; wait (polling every
+    ``poll_s``) at most ``wait_s`` seconds for another installer.
+    ``label`` names the venv in the one-line error."""
+    path = lock_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress is not None:
+                progress(f"[{label}] another install holds {path}; waiting")
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise EngineError(f"{label}: install lock {path} held by another install for over {wait_s:.0f} s; allowed: a free lock") from None
+                    time.sleep(poll_s)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
