@@ -83,6 +83,21 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def vllm_message(e: BaseException) -> str:
+    """vLLM's own words for an exception, on one line: a pydantic validation
+    error gives its first message (and field), anything else its text."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            msg = str(first.get("msg", "")).removeprefix("Value error, ")
+            loc = ".".join(str(x) for x in first.get("loc", ()) if x not in ("__root__",))
+            return _one_line(f"{loc}: {msg}" if loc else msg)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    return _one_line(f"{type(e).__name__}: {e}")
+
+
 # ---------------------------------------------------------------- model dir
 
 
@@ -159,28 +174,28 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     except ImportError:  # pragma: no cover
         from vllm.utils import FlexibleArgumentParser
 
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve", exit_on_error=False) if _accepts_exit_on_error() else FlexibleArgumentParser(prog="vllm serve"))
+    import contextlib
+    import io
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
     argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *dep.vllm_args]
+    said = io.StringIO()
     try:
-        ns = parser.parse_args(argv)
+        with contextlib.redirect_stderr(said):
+            ns = parser.parse_args(argv)
     except SystemExit:
-        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser rejects them") from None
+        lines = [x for x in said.getvalue().splitlines() if x.strip()]
+        reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
+        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {_one_line(reason, 300)}") from None
     except Exception as e:
-        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM rejects them: {_one_line(e)}") from None
+        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {vllm_message(e)}") from None
     try:
         args = EngineArgs.from_cli_args(ns)
         return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except KvspecError:
         raise
     except Exception as e:
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it: {type(e).__name__}: {_one_line(e)}") from None
-
-
-def _accepts_exit_on_error() -> bool:
-    import argparse
-    import inspect
-
-    return "exit_on_error" in inspect.signature(argparse.ArgumentParser.__init__).parameters
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it: {vllm_message(e)}") from None
 
 
 def layer_kinds(vc) -> list[str]:
@@ -386,7 +401,7 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     except KvspecError:
         raise
     except Exception as e:
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM fails to build its KV cache: {type(e).__name__}: {_one_line(e)}") from None
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM fails to build its KV cache: {vllm_message(e)}") from None
     facts.update({
         "block_size": int(cc.block_size),
         "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
@@ -406,7 +421,42 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     if dep.platform == "cuda":
         assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
         assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
+    _engine_core_handshake(vc, dep, facts, assumptions)
     return Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
+
+
+def _engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[str]) -> None:
+    """``vllm serve`` runs its engine core in a process of its own
+    (``EngineCoreProc``), which re-runs ``VllmConfig.__post_init__()`` once
+    the KV cache and the scheduler are built, at the end of its start-up
+    handshake (``_perform_handshakes``, vLLM 0.29.0-0.33.0). The scheduler
+    reads ``cache_config.block_size`` again at every align-mode chunk split
+    (``_mamba_block_aligned_split``), so that re-run is part of what serves.
+
+    It changes nothing on cuda, nor on cpu from 0.33.0 or with
+    ``--block-size`` given; on cpu up to 0.32.0 ``CpuPlatform.
+    check_and_update_config`` resets a block size the user did not set to
+    its default 128, below a hybrid-aligned KV block (256 for the live
+    server's model on a CPU with AVX512-BF16): chunks then end on 128-token
+    boundaries while the KV cache blocks stay 256 (seen on the live server:
+    an identical resend of a 1,470-token prompt misses once). The KV-cache
+    geometry is unchanged; ``facts["chunk_split_block_size"]`` says which
+    block the split uses."""
+    cc = vc.cache_config
+    before = int(cc.block_size)
+    try:
+        vc.__post_init__()
+    except KvspecError:
+        raise
+    except Exception as e:
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step: {type(e).__name__}: {_one_line(e)}") from None
+    after = int(cc.block_size)
+    facts["chunk_split_block_size"] = after
+    if after != before:
+        assumptions.append(
+            f"engine core: VllmConfig.__post_init__ after the scheduler is built resets cache_config.block_size {before} -> {after} "
+            f"(as `vllm serve` runs it); the align-mode prefill chunk split uses {after}, the KV cache blocks stay {before}"
+        )
 
 
 # ---------------------------------------------------------------- case form

@@ -1,0 +1,159 @@
+"""Deployments resolved with vLLM's own code, in the real engine environments.
+
+The figures are what vLLM builds for the shipped configs (and what vLLM's own
+``tests/v1/worker/test_gpu_model_runner.py`` asserts for a Qwen3.5 GDN
+model: 544 on Triton GDN, 576 with FlashInfer's 64-token checkpoint grid).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from engine_adapter import environments
+from reference.case import load_case, parse_case
+from reference.errors import DeploymentRejected, InvalidArgument, Unsupported
+
+pytestmark = pytest.mark.engine
+
+MTP2 = '{"method":"mtp","num_speculative_tokens":2}'
+
+
+def deployment(model="qwen3_next", *flags, device="a100", platform="cuda", overrides=None):
+    dep = {"model": model, "vllm_args": ["--enable-prefix-caching", *flags], "platform": platform}
+    if platform == "cuda":
+        dep["device"] = device
+    if overrides:
+        dep["model_overrides"] = overrides
+    return parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})
+
+
+def block(result: dict) -> int:
+    return result["geometry"]["scheduler_block_size"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "expected"),
+    [
+        ((), "a100", 544),
+        (("--speculative-config", MTP2), "a100", 560),
+        (("--kv-cache-dtype", "fp8"), "a100", 1072),
+        (("--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8", "--speculative-config", MTP2), "a100", 1104),
+        (("--tensor-parallel-size", "4"), "a100", 272),
+        (("--tensor-parallel-size", "8"), "a100", 144),
+        ((), "h100", 576),  # FlashInfer GDN prefill: 64-token checkpoint grid
+        (("--gdn-prefill-backend", "triton"), "h100", 544),
+    ],
+)
+def test_qwen3_next_blocks_on_033(engine_033, flags, device, expected):
+    r = engine_033.resolve(deployment("qwen3_next", *flags, device=device))
+    assert block(r) == expected
+    g = r["geometry"]
+    assert {x["block_size"] for x in g["groups"]} == {expected}  # attention = Mamba = scheduler block
+    assert g["hash_block_size"] == expected
+    assert [x["kind"] for x in g["groups"]] == ["mamba", "full_attention"] and g["groups"][0]["count"] == 3
+
+
+def test_h100_gdn_exports_checkpoints_and_a100_does_not(engine_033):
+    h = engine_033.resolve(deployment("qwen3_next", device="h100"))
+    a = engine_033.resolve(deployment("qwen3_next", device="a100"))
+    assert h["facts"]["gdn_prefill_backend"] == "flashinfer" and h["geometry"]["prefill_checkpoint_grid"] == 576
+    assert a["facts"]["gdn_prefill_backend"] == "triton" and a["geometry"]["prefill_checkpoint_grid"] is None
+
+
+def test_mtp_on_033_uses_lookahead_hashes_not_the_drop(engine_033):
+    r = engine_033.resolve(deployment("qwen3_next", "--speculative-config", MTP2))
+    assert r["speculative"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert r["facts"]["num_hash_lookahead_tokens"] == 1
+
+
+def test_the_53504_deployment_resolves_to_1600_and_1568(engine_029):
+    """#53504: a Qwen3.x 27B hybrid, TP 2, fp8 KV cache: 1600 with MTP, 1568 without."""
+    case = load_case("examples/seed-53504-deployment.json")
+    assert block(engine_029.resolve(case)) == 1600
+    args = list(case.deployment.vllm_args)
+    i = args.index("--speculative-config")
+    off = parse_case({**json.loads(json.dumps({"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})), "deployment": {**case.deployment.as_dict(), "vllm_args": args[:i] + args[i + 2:]}})
+    assert block(engine_029.resolve(off)) == 1568
+
+
+def test_the_53504_deployment_misses_twice_on_029_and_not_on_033(engine_029, engine_033):
+    case = load_case("examples/seed-53504-deployment.json")
+    assert engine_029.run(case)["hits"] == [0, 0, 9600]
+    assert engine_033.run(case)["hits"] == [0, 11200, 11200]
+
+
+@pytest.mark.parametrize("model", ["qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba"])
+def test_every_shipped_hybrid_resolves_to_one_block_size(engine_033, model):
+    r = engine_033.resolve(deployment(model))
+    sizes = {x["block_size"] for x in r["geometry"]["groups"]}
+    assert len(sizes) == 1 and sizes == {block(r)}
+    assert {x["kind"] for x in r["geometry"]["groups"]} == {"mamba", "full_attention"}
+
+
+def test_fewer_layers_leave_the_geometry_unchanged(engine_033):
+    """model_overrides may shrink the layer count (same attention:Mamba
+    ratio) without changing what vLLM resolves."""
+    full = engine_033.resolve(deployment("qwen3_next"))
+    small = engine_033.resolve(deployment("qwen3_next", overrides={"num_hidden_layers": 8, "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]}))
+    assert small["geometry"] == full["geometry"]
+
+
+def test_bamba_is_refused_as_vllm_serves_it(engine_033):
+    with pytest.raises(Unsupported, match="not treat it as a hybrid"):
+        engine_033.resolve(deployment("bamba"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--tensor-parallel-size", "3"), "must be divisible by tensor parallel size"),
+        (("--bogus-flag", "1"), "unrecognized arguments: --bogus-flag"),
+        (("--kv-cache-dtype", "fp9"), "Invalid kv_cache_dtype"),
+        (("--prefix-match-unit", "100"), "prefix_match_unit"),
+    ],
+)
+def test_a_deployment_vllm_rejects_is_one_line_with_vllms_words(engine_033, flags, message):
+    with pytest.raises(DeploymentRejected) as e:
+        engine_033.resolve(deployment("qwen3_next", *flags))
+    text = str(e.value)
+    assert message in text and "\n" not in text and text.startswith("deployment")
+
+
+def test_an_unknown_model_names_the_field():
+    with pytest.raises(InvalidArgument, match="deployment.model"):
+        from engine_adapter.resolve import model_config_dict
+
+        model_config_dict(deployment("no_such_model").deployment)
+
+
+def test_cli_resolve_rejection_is_exit_2_one_line(tmp_path):
+    p = subprocess.run([".venv/bin/kvspec", "resolve", "--model", "qwen3_next", "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching", "--tensor-parallel-size", "3"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvspec: deployment=") and "divisible" in lines[0]
+
+
+def test_layer_checkpoint_facts_still_match_vllms_source():
+    """engine_adapter.standins.CHECKPOINT_EXPORTERS restates which Mamba layers
+    export internal prefill checkpoints; check vLLM 0.33.0's source still
+    says so (a drift guard, run in that engine's interpreter)."""
+    code = (
+        "import inspect\n"
+        "from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2\n"
+        "from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as g\n"
+        "from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT as A\n"
+        "src = inspect.getsource(MambaMixer2.get_kv_cache_spec)\n"
+        "assert 'num_prefill_checkpoint_blocks=1' in src and 'prefill_checkpoint_alignment=1' in src, src\n"
+        "gsrc = inspect.getsource(g)\n"
+        "assert 'FLASHINFER_GDN_CHECKPOINT_ALIGNMENT' in gsrc and 'get_mamba_prefill_checkpoint_grid' in gsrc\n"
+        "assert A == 64\n"
+        "print('ok')\n"
+    )
+    env = environments.worker_env("0.33.0")
+    p = subprocess.run([str(environments.env_python("0.33.0")), "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
+    ours = (environments.REPO_ROOT / "engine_adapter" / "standins.py").read_text()
+    assert 'CHECKPOINT_EXPORTERS = {"mamba2": (0, 32, 0), "gdn": (0, 33, 0)}' in ours
