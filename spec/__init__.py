@@ -6,7 +6,21 @@ The promise (issue 4), for a prompt of N tokens under sparse retention
 * **R1**: the Mamba state block that an identical resend's EAGLE-adjusted
   boundary lands on is one the retention rule keeps (so the first repeat
   hits at least that block, where dense retention would);
-* **R2**: the same for the boundary a longer sibling resumes at.
+* **R2**: the same for the boundary a longer sibling resumes at;
+
+and at junctions (issue 10): a sibling that diverges inside an earlier prompt
+is promised a hit at the divergence point only once that junction has been
+observed:
+
+* **junction-observed**: a request whose lookup reached the attention
+  junction J with no Mamba state splits its prefill at J, so the state a
+  later sibling diverging at J needs (T = floor_to(J, M)) is written and
+  kept, under sparse, periodic and dense retention, one-shot or chunked;
+* **junction-unobserved**: before that, the promise keeps the state at a
+  divergence point only if a prefill chunk ended there (on the Mamba grid)
+  or it is one of its own boundaries: it no longer assumes every Mamba block
+  written (0/0/640 for three siblings diverging at 700 at block 128, as
+  vLLM, not 0/640/640).
 
 Layout (same letters as ``reference/``: N, S, A, M, H, U, L):
 
@@ -20,21 +34,29 @@ Layout (same letters as ``reference/``: N, S, A, M, H, U, L):
   ``replay_boundaries``, ``legacy_boundaries``, ``promise_boundaries``,
   ``kept_state``, ``chunk_end``, ``retained``, ``retention_mask``, ...);
 * ``properties``: R1/R2 at three levels (``mask``: every state written;
-  ``oneshot``: only prefill chunk ends are written; ``chunked``) and the
-  other properties (chunked prefill, EAGLE off, unitary Mamba not shifted,
-  no over-retention at interval 0, a sibling's length does not matter);
-* ``catalogue``: every row with its expected verdict, written out by hand;
+  ``oneshot``: only prefill chunk ends are written; ``chunked``), the
+  junction properties (one-shot and chunked, sparse / periodic / dense) and
+  the other properties (chunked prefill, EAGLE off, unitary Mamba not
+  shifted, no over-retention at interval 0, a sibling's length does not
+  matter);
+* ``catalogue``: every row with its expected verdict, written out by hand,
+  and the tiers (the default sample, ``kvspec prove``, ``--all``);
 * ``solve``: seeded solvers with a timeout, vacuity check, verdicts
-  proved / refuted / unknown / error;
+  proved / refuted / unknown / error (a nonlinear row is built in a fresh
+  z3 context, so its verdict does not depend on what ran before it);
 * ``oracle`` and ``fidelity``: the reference's answers and the
-  interval-splitting comparison; ``mutations``: planted slips, each caught;
+  interval-splitting comparison (R1/R2 over N; the junction properties over
+  N and J); ``mutations``: planted slips, each caught;
 * ``minimal``: minimal counterexamples (z3 Optimize) and their case files;
   ``sweep``: every S = 16k <= 4096 with every valid A, M; ``seeds``:
   ``boundary_cases()`` for the fuzzer.
 
-Run: ``pytest spec/`` (``-m slow`` adds the one-shot rows, the full sweep and
-the larger fidelity domain), ``kvspec prove [--json] [--sweep]``,
-``python bench/spec.py``.
+Run: ``pytest spec/`` (the default tier, seconds: a representative sample of
+rows, the verdict machinery, a small fidelity sample); ``pytest spec/ --slow``
+(or ``-m slow``) runs everything: every row, the larger fidelity domain, the
+full sweep. ``kvspec prove [--json] [--sweep] [--all]`` runs the catalogue
+(``--all``: also chunked prefill per rule and the chunked junction rows);
+``python bench/spec.py`` times them.
 
 Findings (refuted rows; each minimal counterexample is replayed on the
 reference serial model and becomes a case file for ``kvspec run``):
@@ -51,5 +73,17 @@ reference serial model and becomes a case file for ``kvspec run``):
 * one-shot prefill (a state only where a chunk ends): replay under the
   0.30.0 drop misses N = 3S at 1600 (N = 4800), and every rule but the
   promise misses when M < A (the last cache position is aligned to M, hits
-  to S).
+  to S);
+* junctions: replay and legacy keep the state a sibling needs after an
+  observed junction on uniform and aligned geometries (J is on the Mamba
+  grid), under every retention; with partial hash hits (A < M) a junction
+  off the Mamba grid writes no state at T = floor_to(J, M) (A16/M32, three
+  siblings diverging at 50: replay hits 0/0/0 where T = 32; the reference
+  serial model agrees), the promise keeps J itself.
+
+Not covered yet: the reference (2243658) now also supports vLLM's align-mode
+layout (partial hash hits with an attention block above the hit unit, full
+attention matching an earlier prompt's partial tail); no geometry class
+restates it (``test_every_supported_geometry_is_in_a_class`` is a strict
+xfail until one does).
 """

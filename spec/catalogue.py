@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from spec import properties as P
 from spec.geometry import MODE, MODES, NAMED_BY, Concrete, Geo
+from spec.radix import fresh_context
 from spec.solve import DEFAULT_TIMEOUT_MS, decide
 
 MODE_NAMES = tuple(m.name for m in MODES)
@@ -88,14 +89,53 @@ WITHIN_REPLAY: dict[str, dict[str, str]] = {
 
 CLASSES = ("uniform", "aligned", "partial", "unitary")
 
+#: junction-observed (issue 10): after a request whose lookup reached the
+#: attention junction J with no Mamba state split its prefill at J, the
+#: state a later sibling diverging at J needs (T = floor_to(J, M), J being a
+#: multiple of A = U) is written and kept. Per class, rule: verdicts per
+#: mode, the same for every level (one-shot, chunked c*S) and retention
+#: (sparse, periodic c*S, dense), as written out in ``rows``:
+#:
+#: * uniform and aligned: proved everywhere. J is a multiple of A, hence of
+#:   M: the junction's own chunk end is a Mamba block boundary, written, and
+#:   marked by every rule (the junction is a retention boundary of each).
+#: * partial (A < M): the promise keeps its junction as a partial state (its
+#:   own boundaries are written by definition): proved. replay and legacy
+#:   keep only Mamba-block states (and the tail checkpoint), and with J off
+#:   the Mamba grid (M does not divide J) the state at T = floor_to(J, M) is
+#:   written only if a chunk happens to end there: refuted at every level and
+#:   retention. The reference agrees (``spec.test_fidelity`` checks the rows
+#:   against ``reference.serial.retained_states`` over N and J;
+#:   ``spec.test_minimal`` pins one instance on the serial model: A16/M32,
+#:   siblings [A:50,B:30], [A:50,C:30], [A:50,D:30], 0.33.0, dense: replay
+#:   hits 0/0/0 where T = 32, the promise 0/0/48): a finding about vLLM's
+#:   junction retention with partial hash hits, not a broken row. legacy
+#:   gives the same verdicts as replay (its junction mark is the same).
+#:
+#: unitary: no attention group, hence no junction (no rows).
+JUNCTION_OBSERVED: dict[str, dict[str, str]] = {
+    "uniform": {"promise": "PPPPP", "replay": "PPPPP", "legacy": "PPPPP"},
+    "aligned": {"promise": "PPPPP", "replay": "PPPPP", "legacy": "PPPPP"},
+    "partial": {"promise": "PPPPP", "replay": "RRRRR", "legacy": "RRRRR"},
+}
+#: junction-unobserved: before the junction is observed the promise keeps
+#: the state at a divergence point only if a chunk of the first request
+#: ended there on the Mamba grid or it is a promise boundary. Proved for
+#: every hybrid class, mode, level and retention (the promise no longer
+#: assumes every Mamba block written; ``spec.mutations`` plants that slip).
+JUNCTION_UNOBSERVED: dict[str, str] = {"uniform": "PPPPP", "aligned": "PPPPP", "partial": "PPPPP"}
+#: The (level, retention) pairs of both junction properties.
+JUNCTION_SETTINGS = tuple((level, retention) for level in ("oneshot", "chunked") for retention in ("sparse", "periodic", "dense"))
+HYBRID = ("uniform", "aligned", "partial")
+
 
 @dataclass(frozen=True)
 class Row:
-    prop: str  # R1, R2, chunked, sibling-any-length, eagle-off, unitary-unshifted, no-over-retention, within-replay
+    prop: str  # R1, R2, chunked, sibling-any-length, eagle-off, unitary-unshifted, no-over-retention, within-replay, junction-observed, junction-unobserved
     geometry: str  # a class of spec.geometry, or "named:<name>"
     mode: str
     rule: str | None = None
-    level: str | None = None  # R1/R2: mask | oneshot; chunked: R1 | R2 | ends
+    level: str | None = None  # R1/R2: mask | oneshot; chunked: R1 | R2 | ends; junction-*: <oneshot|chunked>/<sparse|periodic|dense>
     expect: str = "proved"
     slow: bool = False
 
@@ -129,6 +169,12 @@ class Row:
             return P.no_over_retention(g, mode, self.rule)
         if self.prop == "within-replay":
             return P.no_over_retention(g, mode, self.rule, against="replay")
+        if self.prop == "junction-observed":
+            level, retention = self.level.split("/")
+            return P.junction_observed(g, mode, self.rule, level, retention)
+        if self.prop == "junction-unobserved":
+            level, retention = self.level.split("/")
+            return P.junction_unobserved(g, mode, level, retention)
         raise ValueError(self.prop)
 
 
@@ -169,15 +215,64 @@ def expected_named(prop: str, level: str, name: str, rule: str, mode: str) -> st
     return _letter(EXPECT[level][geo.cls][(prop, rule)][MODE_NAMES.index(mode)])
 
 
+# ------------------------------------------------------------------ tiers
+#: The default tier (``pytest spec/``, seconds) is a representative sample:
+#: one row per class, property and rule in FAST_MODE (vLLM #53504's serving
+#: mode, where the rules differ most), every mode on the #53504 geometry
+#: (FAST_NAMED), R1 on each other named geometry, and the junction rows of
+#: the issue 10 server (JUNCTION_FAST: no speculative decoding, 0.32.0+,
+#: dense retention, per class and rule) plus the partial named geometry,
+#: where replay's refutation shows. Every other row (every mode per class,
+#: the one-shot and chunked levels, within-replay in the other modes, the
+#: other retentions) is in the slow tier: ``kvspec prove`` (``--all``) and
+#: ``pytest spec/ --slow``.
+FAST_MODE = "drop/0.30"
+FAST_NAMED = "1600"
+JUNCTION_FAST = ("plain/0.33", "oneshot/dense")
+JUNCTION_FAST_NAMED = ("A16/M32", "drop/0.33", "oneshot/sparse")
+
+
+def _junction_rows() -> list[Row]:
+    out: list[Row] = []
+    for cls in HYBRID:
+        for level, retention in JUNCTION_SETTINGS:
+            setting = f"{level}/{retention}"
+            for mode_i, mode in enumerate(MODE_NAMES):
+                fast = (mode, setting) == JUNCTION_FAST
+                for rule in RULE_NAMES:
+                    v = JUNCTION_OBSERVED[cls][rule][mode_i]
+                    out.append(Row("junction-observed", cls, mode, rule, setting, _letter(v), slow=not fast))
+                out.append(Row("junction-unobserved", cls, mode, "promise", setting, _letter(JUNCTION_UNOBSERVED[cls][mode_i]), slow=not fast))
+    for name, geo in NAMED_BY.items():
+        if geo.cls == "unitary":
+            continue
+        for mode in MODE_NAMES:
+            for rule in RULE_NAMES:
+                v = JUNCTION_OBSERVED[geo.cls][rule][MODE_NAMES.index(mode)]
+                for setting in ("oneshot/sparse", "oneshot/dense"):
+                    fast = (name, mode, setting) == JUNCTION_FAST_NAMED
+                    out.append(Row("junction-observed", f"named:{name}", mode, rule, setting, _letter(v), slow=not fast))
+    return out
+
+
+def _chunked_per_rule(r: Row) -> bool:
+    """Rows only ``kvspec prove --all`` (and ``pytest spec/ --slow``) runs:
+    chunked prefill per rule (a symbolic chunk budget: nonlinear)."""
+    if r.prop == "chunked":
+        return r.level in ("R1", "R2")
+    return r.prop.startswith("junction-") and r.level.startswith("chunked/")
+
+
 def rows(tier: str = "full") -> list[Row]:
     """The catalogue.
 
-    ``tier="fast"``: what ``pytest spec/`` runs by default (R1/R2 with every
-    state written, per class and per named geometry, and the other
-    properties); ``"full"``: also the one-shot-prefill level, within-replay
-    and the mamba-only named geometry (``kvspec prove``; pytest ``slow``);
-    ``"all"``: also chunked prefill per rule (nonlinear, about half a second
-    a row; ``kvspec prove --all``)."""
+    ``tier="fast"``: what ``pytest spec/`` runs by default (see FAST_MODE);
+    ``"full"``: every row but chunked prefill per rule: R1/R2 with every
+    state written and with one-shot prefill in every mode, on every class
+    and named geometry, the other properties, and the one-shot junction rows
+    under every retention (``kvspec prove``); ``"all"``: also chunked prefill
+    per rule and the chunked junction rows (nonlinear, up to a second or two a
+    row; ``kvspec prove --all``). ``pytest spec/ --slow`` runs every row."""
     if tier not in ("fast", "full", "all"):
         raise ValueError(tier)
     out: list[Row] = []
@@ -185,33 +280,35 @@ def rows(tier: str = "full") -> list[Row]:
         for cls in CLASSES:
             for (prop, rule), verdicts in EXPECT[level][cls].items():
                 for mode, v in zip(MODE_NAMES, verdicts):
-                    out.append(Row(prop, cls, mode, rule, level, _letter(v), slow=level == "oneshot"))
-    for name, geo in NAMED_BY.items():
+                    out.append(Row(prop, cls, mode, rule, level, _letter(v), slow=level == "oneshot" or mode != FAST_MODE))
+    for name in NAMED_BY:
         for level in ("mask", "oneshot"):
             for prop in ("R1", "R2"):
                 for rule in RULE_NAMES:
                     for mode in MODE_NAMES:
-                        slow = level == "oneshot" or geo.cls == "unitary" or prop == "R2"
-                        out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode), slow=slow))
+                        fast = level == "mask" and (name == FAST_NAMED or (prop == "R1" and mode == FAST_MODE))
+                        out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode), slow=not fast))
     for cls in CLASSES:
         for mode in MODE_NAMES:
-            out.append(Row("sibling-any-length", cls, mode))
+            slow = mode != FAST_MODE
+            out.append(Row("sibling-any-length", cls, mode, slow=slow))
             drop = MODE[mode].eagle_drop
-            out.append(Row("eagle-off", cls, mode, expect="refuted" if drop else "proved"))
+            out.append(Row("eagle-off", cls, mode, expect="refuted" if drop else "proved", slow=slow))
             if drop:
-                out.append(Row("unitary-unshifted", cls, mode, expect="proved" if cls == "unitary" else "refuted"))
+                out.append(Row("unitary-unshifted", cls, mode, expect="proved" if cls == "unitary" else "refuted", slow=slow))
             for rule in RULE_NAMES:
-                out.append(Row("no-over-retention", cls, mode, rule, slow=rule != "replay"))
+                out.append(Row("no-over-retention", cls, mode, rule, slow=slow))
                 if rule != "replay":
-                    out.append(Row("within-replay", cls, mode, rule, expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)]), slow=True))
+                    out.append(Row("within-replay", cls, mode, rule, expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)]), slow=slow))
             for rule in ("replay", "legacy"):
-                out.append(Row("chunked", cls, mode, rule, "ends", slow=rule == "legacy"))
+                out.append(Row("chunked", cls, mode, rule, "ends", slow=slow))
                 for which in ("R1", "R2"):
                     out.append(Row("chunked", cls, mode, rule, which, slow=True))
+    out += _junction_rows()
     if tier == "fast":
         return [r for r in out if not r.slow]
     if tier == "full":
-        return [r for r in out if not (r.prop == "chunked" and r.level in ("R1", "R2"))]
+        return [r for r in out if not _chunked_per_rule(r)]
     return out
 
 
@@ -219,8 +316,17 @@ def rows(tier: str = "full") -> list[Row]:
 
 
 def run_row(row: Row, seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Result:
+    """Build and decide one row. A nonlinear row (a symbolic chunk budget or
+    retention interval) is rebuilt in a fresh z3 context, so that its time,
+    and so its verdict at the timeout, depend on the row and the seed only,
+    not on what the process (a pool worker) built before: in a shared
+    context such rows took from 0.02 s to the 5 s timeout depending on
+    their predecessors."""
     t0 = time.perf_counter()
     q = row.build()
+    if q.g.sp.nonlinear:
+        fresh_context()
+        q = row.build()
     out = decide(q.premises, q.claim, seed=seed, timeout_ms=timeout_ms)
     cex = None
     if out.model is not None:

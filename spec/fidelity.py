@@ -140,3 +140,92 @@ def compare_batch(geo, mode, levels, n_max: int, *, rules=("promise", "replay", 
     model = s.model()
     n = model.eval(Nt).as_long()
     return [BatchDisagreement(name, n, truths[name][n - 1]) for name, w in zip(claims, wrong) if z3.is_true(model.eval(w, model_completion=True))]
+
+
+# ------------------------------------------------------------- the junction
+
+
+@dataclass
+class JunctionDisagreement:
+    claim: str
+    N: int
+    J: int
+    reference: bool
+
+    def __str__(self) -> str:
+        return f"{self.claim}: at N={self.N}, J={self.J} the reference says {'holds' if self.reference else 'fails'}, the encoding the opposite"
+
+
+def _cells(table: dict[int, list[bool]], Nt, Jt, want: bool) -> z3.BoolRef:
+    """The (N, J) cells of a truth table whose value is ``want``, as runs of
+    N per J."""
+    out = []
+    for j, values in table.items():
+        spans = [(lo, hi) for lo, hi, v in runs(values) if v == want]
+        if spans:
+            out.append(z3.And(Jt == j, z3.Or(*[z3.And(Nt >= lo, Nt <= hi) for lo, hi in spans])))
+    return z3.Or(*out) if out else z3.BoolVal(False)
+
+
+def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, rules=("promise", "replay", "legacy"), timeout_ms: int = 60000) -> list[JunctionDisagreement]:
+    """junction-observed (every rule) and junction-unobserved (the promise)
+    on one concrete hybrid geometry and mode against the reference
+    (``Oracle.junction_holds`` / ``unobserved_holds``), for every N in
+    [1, n_max] and every junction J (a multiple of A in (0, N-1]), at both
+    levels (one-shot; chunks of ``chunk`` scheduler blocks) and every
+    retention (sparse; periodic every ``period`` scheduler blocks; dense),
+    in one solver call: the claims are built over the same symbolic N and J
+    (the chunk budget and the interval pinned), and a model is a cell where
+    some claim disagrees with the reference."""
+    from spec import properties as P
+    from spec.oracle import Oracle
+    from spec.solve import solver
+
+    g = geo.geo(f"fidj{geo.cls}{geo.m}x{geo.u}")
+    if g.A is None:
+        raise ValueError("no junction without an attention group")
+    S, A = geo.S, geo.A
+    settings = [(level, retention) for level in ("oneshot", "chunked") for retention in P.RETENTIONS]
+    interval_tokens = {"sparse": 0, "periodic": period * S, "dense": None}
+    claims: dict[str, z3.BoolRef] = {}
+    truths: dict[str, dict[int, list[bool]]] = {}
+    premises: list = []
+    pins: dict[str, z3.ArithRef] = {}
+
+    def add(name: str, q, truth) -> None:
+        claims[name] = q.claim
+        premises.extend(q.base)
+        pins.update(q.ints)
+        # table[J] = truth at N = 1..n_max (False padding where J > N-1: those
+        # cells are outside the premises)
+        truths[name] = {j: [n - 1 >= j and truth(n, j) for n in range(1, n_max + 1)] for j in range(A, n_max, A)}
+
+    for level, retention in settings:
+        c = chunk if level == "chunked" else None
+        iv = interval_tokens[retention]
+        for rule in rules:
+            o = Oracle(geo, mode, rule)
+            q = P.junction_observed(g, mode, rule, level, retention)
+            add(f"junction-observed/{level}/{retention} {rule}", q, lambda n, j, o=o, lv=level, c=c, iv=iv: o.junction_holds(n, j, lv, c, iv))
+        o = Oracle(geo, mode, "promise")
+        q = P.junction_unobserved(g, mode, level, retention)
+        add(f"junction-unobserved/{level}/{retention}", q, lambda n, j, o=o, lv=level, c=c, iv=iv: o.unobserved_holds(n, j, lv, c, iv))
+    N, J, D = (g.sp.count(f"{g.sp.tag}.{x}") for x in ("N", "J", "D"))
+    q = Query("junction-batch", None, mode, g, z3.BoolVal(True), [], {"N": N})
+    Nt, Jt, Dt = tokens(q, N), tokens(q, J), tokens(q, D)
+    fixed = [pins[k] == v for k, v in (("chunk_blocks", chunk), ("interval_blocks", period)) if k in pins]
+    wrong = []
+    for name, claim in claims.items():
+        point = Dt if name.startswith("junction-unobserved") else Jt
+        holds = _cells(truths[name], Nt, point, True)
+        wrong.append(z3.If(holds, z3.Not(claim), claim))
+    s = solver(0, timeout_ms)  # the pins make every product linear; solve-eqs substitutes them
+    s.add(*premises, *g.premises, *g.sp.side, *fixed, Nt >= 1, Nt <= n_max, Dt == Jt, z3.Or(*wrong))
+    res = s.check()
+    if res == z3.unsat:
+        return []
+    if res == z3.unknown:
+        return [JunctionDisagreement("solver: " + s.reason_unknown(), -1, -1, True)]
+    model = s.model()
+    n, j = model.eval(Nt).as_long(), model.eval(Jt).as_long()
+    return [JunctionDisagreement(name, n, j, truths[name][j][n - 1]) for name, w in zip(claims, wrong) if z3.is_true(model.eval(w, model_completion=True))]

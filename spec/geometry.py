@@ -89,7 +89,9 @@ MODES = (
     Mode("plain/0.30", False, 0, "n_minus_1", "0.30.0", "0.29.0", None, False, "no speculative decoding, vLLM 0.29.0/0.30.0"),
     Mode("plain/0.33", False, 0, "hashed", "0.33.0", "0.33.0", None, False, "no speculative decoding, vLLM 0.32.0/0.33.0"),
     Mode("drop/0.30", True, 0, "n_minus_1", "0.30.0", "0.29.0", MTP_DROP, False, "EAGLE/MTP with the block drop, lookup ceiling N-1 (0.29.0/0.30.0)"),
-    Mode("drop/0.33", True, 0, "hashed", "0.33.0", "0.33.0", MTP_DROP, True, "EAGLE/MTP with the block drop, ceiling = hashed length (0.33.0 disable_lookahead_block_hashes; 0.32.0 MTP)"),
+    # junction_back_off False everywhere: 0.33.0 keeps J - bs only in an EAGLE
+    # group's Mamba manager, which vLLM's models never have (reference 2243658).
+    Mode("drop/0.33", True, 0, "hashed", "0.33.0", "0.33.0", MTP_DROP, False, "EAGLE/MTP with the block drop, ceiling = hashed length (0.33.0 disable_lookahead_block_hashes; 0.32.0 MTP)"),
     Mode("lookahead/0.33", False, 1, "hashed", "0.33.0", "0.33.0", MTP, False, "EAGLE/MTP with lookahead block hashes, no drop (0.33.0 default)"),
 )
 MODE = {m.name: m for m in MODES}

@@ -19,7 +19,7 @@ from spec.geometry import Geo, Mode
 from spec.radix import AND, OR, Count
 
 #: The real rules, taken before any mutant is planted.
-_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained")}
+_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained", "chunk_end")}
 
 # ------------------------------------------------------------- the mutants
 
@@ -116,7 +116,7 @@ def mask_zero_is_dense(g: Geo, rule: str, marks: list[Count], hashed: Count, int
     return keep
 
 
-def chunks_skip_last(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot"):
+def chunks_skip_last(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction=None):
     """chunk_ends that never stops at the last cache position."""
     if level == "mask":
         return lambda p: AND(p > 0, p <= N)
@@ -135,6 +135,21 @@ def no_tail_checkpoint(g: Geo, mode: Mode, rule: str, N: Count, **kw):
         return real(g, replace(mode, version="0.31.0", legacy_version="0.31.0"), rule, N, **kw)
     finally:
         g.partial_hits = saved
+
+
+def chunks_skip_junction(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction=None):
+    """chunk_ends without the stop at the junction (the prefill is not split
+    where the sibling diverged)."""
+    return _REAL["chunk_end"](g, mode, rule, N, chunk, level)
+
+
+def promise_every_block_written(g: Geo, mode: Mode, rule: str, N: Count, **kw):
+    """retained_states as before issue 10: the promise assumes every Mamba
+    block state written, not only the chunk ends (so under dense or periodic
+    retention it claims a divergence point no request has observed)."""
+    if rule == "promise":
+        kw = {**kw, "level": "mask", "chunk": None}
+    return _REAL["retained"](g, mode, rule, N, **kw)
 
 
 # ------------------------------------------------------------- the catalogue
@@ -166,6 +181,8 @@ MUTATIONS = (
     Mutation("mask: interval 0 read as dense", "retention_mask", mask_zero_is_dense, (_r("no-over-retention", "uniform", "replay", "drop/0.30", None),)),
     Mutation("chunks: no stop at the last cache position", "chunk_end", chunks_skip_last, (_r("R2", "uniform", "replay", "drop/0.30", "oneshot"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
     Mutation("retention: no partial-tail checkpoint", "retained", no_tail_checkpoint, (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
+    Mutation("chunks: no stop at the junction", "chunk_end", chunks_skip_junction, (_r("junction-observed", "uniform", "replay", "plain/0.33", "oneshot/sparse"), _r("junction-observed", "aligned", "legacy", "drop/0.30", "oneshot/dense"))),
+    Mutation("promise: every Mamba block written (issue 10)", "retained", promise_every_block_written, (_r("junction-unobserved", "uniform", "promise", "plain/0.33", "oneshot/dense"), _r("junction-unobserved", "aligned", "promise", "drop/0.33", "oneshot/periodic"))),
 )
 MUTATION = {m.name: m for m in MUTATIONS}
 

@@ -18,7 +18,13 @@ from functools import lru_cache
 
 from reference.boundaries import floor_to, kept_state
 from reference.knobs import Knobs, resolve_knobs
-from reference.serial import dense_hit, lookup, retained_states, rule_boundaries
+from reference.serial import (
+    chunk_ends,
+    dense_hit,
+    lookup,
+    retained_states,
+    rule_boundaries,
+)
 from spec.geometry import MODE, Concrete, Mode
 
 
@@ -91,3 +97,23 @@ class Oracle:
 
         case = self.geo.case([[("A", N)]] * 2, self.mode.speculative_for(self.geo.S), budget=budget or max(N, 1))
         return simulate(case, self.knobs, self.rule)[1].hit
+
+    # -- the junction (issue 10) ---------------------------------------
+    def junction_holds(self, N: int, J: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0) -> bool:
+        """junction-observed: a request of N tokens with hit 0 and junction
+        J keeps a state p with T <= p <= kept_state(J), T the Mamba block of
+        kept_state(J) (or T = 0). ``interval`` in tokens (0 sparse, None
+        dense)."""
+        reach = kept_state(J, self.knobs.alignment)
+        T = floor_to(reach, self.geo.M)
+        return T == 0 or any(T <= p <= reach for p in self.kept(N, level, chunk, junction=J, interval=interval))
+
+    def unobserved_holds(self, N: int, D: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0) -> bool:
+        """junction-unobserved (the promise): the first request keeps the
+        state at D only if a chunk of its prefill ended there on the Mamba
+        grid or D is a promise boundary."""
+        if D not in self.kept(N, level, chunk, rule="promise", interval=interval):
+            return True
+        geometry = replace(self.geometry, max_num_batched_tokens=self.budget(N, level, chunk))
+        on_grid = D % self.geo.M == 0 and D in chunk_ends(N, 0, 0, geometry, self.knobs)
+        return on_grid or D in rule_boundaries("promise", N, 0, self.geometry, self.knobs)

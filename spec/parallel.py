@@ -36,12 +36,19 @@ def _context():
         return multiprocessing.get_context("spawn")
 
 
+#: Processes when neither the caller nor ``$KVSPEC_JOBS`` says (None: the
+#: CPUs). ``spec/conftest.py`` sets 1 for the default tier of ``pytest
+#: spec/``: its few seconds of work cost less in one process than starting a
+#: pool does on a loaded 2-core machine (``bench/spec.py`` times both).
+DEFAULT_JOBS: int | None = None
+
+
 def pmap(fn: Callable[[T], R_], items: Iterable[T], jobs: int | None = None, chunksize: int = 2) -> list[R_]:
     """``[fn(x) for x in items]``, in ``jobs`` processes (default:
-    ``$KVSPEC_JOBS``, else the CPUs, at most 8); in-process for one job or a
-    handful of items."""
+    ``$KVSPEC_JOBS``, else ``DEFAULT_JOBS``, else the CPUs, at most 8);
+    in-process for one job or a handful of items."""
     items = list(items)
-    jobs = min(jobs or int(os.environ.get("KVSPEC_JOBS", 0) or cpus()), 8)
+    jobs = min(jobs or int(os.environ.get("KVSPEC_JOBS", 0) or DEFAULT_JOBS or cpus()), 8)
     if jobs <= 1 or len(items) < 4:
         return [fn(x) for x in items]
     with _context().Pool(jobs) as pool:

@@ -29,6 +29,14 @@ is not shifted by the EAGLE flag), ``no_over_retention`` (at interval 0 a
 cache call keeps only the rule's own boundaries plus junctions) and
 ``within_replay`` (what the rule keeps is among the replay boundaries plus
 junctions: the promise costs no more than vLLM's rule).
+
+The junction properties (issue 10), for a request with hit 0, one-shot or
+chunked prefill, under sparse, periodic (symbolic c >= 1) or dense
+retention: ``junction_observed`` (after a request split its prefill at the
+junction J, the state a sibling diverging at J needs is kept) and
+``junction_unobserved`` (before that, the promise keeps the state at a
+divergence point only where a chunk ended on the Mamba grid or at its own
+boundaries).
 """
 
 from __future__ import annotations
@@ -234,3 +242,99 @@ def no_over_retention(g: Geo, mode: Mode, rule: str, against: str | None = None)
     claim = z3.Implies(to_z3(kept(p)), to_z3(OR(*[p == k for k in allowed])))
     name = "within-replay" if against else "no-over-retention"
     return Query(name, rule, mode, g, claim, base, {"N": N, "J": J, "p": p})
+
+
+# ------------------------------------------------------------- the junction
+
+RETENTIONS = ("sparse", "periodic", "dense")
+
+
+def _chunking(g: Geo, base: list, level: str) -> tuple[Any, dict]:
+    """The chunk budget of a level: None (one-shot prefill) or a z3 Int
+    c >= 1 (budget c*S, ``level="chunked"``)."""
+    if level == "oneshot":
+        return None, {}
+    if level != "chunked":
+        raise ValueError(f"level {level!r}: oneshot or chunked")
+    chunk = z3.Int(f"{g.sp.tag}.chunk")
+    base.append(chunk >= 1)
+    return chunk, {"chunk_blocks": chunk}
+
+
+def _retention(g: Geo, base: list, retention: str) -> tuple[Any, dict]:
+    """The retention interval argument of ``rules.retained``: ``sparse`` 0
+    (a literal, so the query stays linear; ``no_over_retention`` checks the
+    mask's handling of a symbolic c = 0), ``periodic`` a symbolic c >= 1
+    (interval c*S), ``dense`` None."""
+    if retention == "dense":
+        return None, {}
+    if retention == "sparse":
+        return 0, {}
+    if retention != "periodic":
+        raise ValueError(f"retention {retention!r}: one of {RETENTIONS}")
+    c = z3.Int(f"{g.sp.tag}.interval")
+    base.append(c >= 1)
+    return c, {"interval_blocks": c}
+
+
+def _divergence(g: Geo, N: Count, base: list, name: str) -> Count:
+    """A divergence point on the attention grid inside the prompt: a
+    multiple of A in (0, N-1] (what a later sibling's attention lookup, or
+    this request's own, can stop at). Hybrid classes only: a unitary layout
+    has no attention group, hence no junction."""
+    if g.A is None:
+        raise ValueError("a unitary Mamba layout has no attention group: no junction")
+    J = g.sp.count(f"{g.sp.tag}.{name}")
+    base.append(to_z3(AND(J > 0, J <= N - 1, g.A.divides(J))))
+    return J
+
+
+def junction_observed(g: Geo, mode: Mode, rule: str, level: str = "oneshot", retention: str = "sparse") -> Query:
+    """Junction observed (issue 10): a request of N tokens whose lookup
+    reached the attention junction J (0 < J <= N-1, a multiple of A) with no
+    Mamba state (hit 0) splits its prefill at J, so the state a later sibling
+    with the same divergence point needs is written and kept: T = 0, or the
+    rule keeps a state p with T <= p <= kept_state(J), where T =
+    floor_to(kept_state(J), M) is the Mamba block that sibling's
+    dense-retention hit lands on (R1/R2's target; the sibling's attention
+    lookup stops at J, and its Mamba lookup takes the deepest kept state
+    <= J).
+
+    Candidates for p: the rule's marks and tail checkpoint (``retained``'s
+    witnesses) plus T and kept_state(J) themselves. That is every state that
+    can be kept in [T, kept_state(J)]: U = A divides J, so kept_state(J) =
+    J, and the only Mamba-block boundary in [T, J] is T (a periodic multiple
+    or a dense retention's written state is one); any other kept state is a
+    promise boundary (a mark) or the tail."""
+    N, base = _start(g)
+    J = _divergence(g, N, base, "J")
+    chunk, ints = _chunking(g, base, level)
+    interval, more = _retention(g, base, retention)
+    witnesses, keep = R.retained(g, mode, rule, N, level="oneshot", chunk=chunk, junction=J, interval=interval)
+    reach = R.kept_state(g, J)
+    T = _target(g, J)
+    candidates = {k.key: k for k in [T, reach, *witnesses]}.values()
+    claim = to_z3(OR(T == 0, *[AND(T <= k, k <= reach, keep(k)) for k in candidates]))
+    return Query(f"junction-observed/{level}/{retention}", rule, mode, g, claim, base, {"N": N, "J": J, "target": T}, {**ints, **more})
+
+
+def junction_unobserved(g: Geo, mode: Mode, level: str = "oneshot", retention: str = "dense") -> Query:
+    """Before the junction is observed the promise does not claim the
+    divergence point: for the first request of N tokens (no junction yet) and
+    any divergence point D (a multiple of A in (0, N-1]) where a later
+    sibling's attention lookup stops, the promise keeps the state at D only
+    if this request wrote it (a prefill chunk ended at D on the Mamba grid)
+    or D is one of the promise's own boundaries. So the first sibling's
+    promised hit is the deepest state actually written at or below D, as in
+    vLLM (issue 10: 0/0/640, not 0/640/640); before the fix the promise
+    assumed every Mamba block written and claimed D under dense and periodic
+    retention."""
+    N, base = _start(g)
+    D = _divergence(g, N, base, "D")
+    chunk, ints = _chunking(g, base, level)
+    interval, more = _retention(g, base, retention)
+    _, keep = R.retained(g, mode, "promise", N, level="oneshot", chunk=chunk, interval=interval)
+    ends = R.chunk_end(g, mode, "promise", N, chunk)
+    own = R.promise_boundaries(g, mode, N)
+    claim = z3.Implies(to_z3(keep(D)), to_z3(OR(AND(g.M.divides(D), ends(D)), *[D == b for b in own])))
+    return Query(f"junction-unobserved/{level}/{retention}", "promise", mode, g, claim, base, {"N": N, "D": D}, {**ints, **more})

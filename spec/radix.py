@@ -58,6 +58,21 @@ _CTX = z3.main_ctx()
 _INTS: dict[int, z3.ArithRef] = {}
 
 
+def fresh_context() -> None:
+    """Start a new z3 main context (and drop the numeral cache) so that the
+    next query is built from scratch: z3 numbers its terms in creation order,
+    and that order steers the solver's search, so without this a query's
+    running time (and, at the timeout, its verdict) would depend on which
+    queries the same process built before it. ``spec.catalogue.run_row``
+    rebuilds every nonlinear row in a fresh context (linear rows take
+    milliseconds whatever the order; a context costs about 7 ms). Terms of
+    an earlier context must not be mixed into the new one."""
+    global _CTX
+    z3.z3._main_ctx = z3.Context()
+    _CTX = z3.main_ctx()
+    _INTS.clear()
+
+
 def _ast(x):
     if isinstance(x, int):
         v = _INTS.get(x)
@@ -185,6 +200,9 @@ class Space:
         self._k = 0
         self._memo: dict = {}
         self.zero = Count(self, 0, 0, 0)
+        #: Set once a divisibility by a symbolic multiple of S is built (the
+        #: only product of two unknowns): the query is then nonlinear.
+        self.nonlinear = False
 
     # -- naming ----------------------------------------------------------
     def fresh(self, name: str) -> z3.ArithRef:
@@ -261,6 +279,7 @@ class Space:
             return AND(eq(x.j, 0), eq(x.s, 0))
 
         def build():
+            self.nonlinear = True
             q, r = self.fresh("q"), self.fresh("r")
             self.side.append(z3.Implies(c >= 1, z3.And(x.n == q * c + r, 0 <= r, r < c)))
             return r

@@ -6,12 +6,13 @@ written (``spec.radix``): ``floor_to(x, g.S)`` instead of ``x // S * S``,
 ``sp.max(a, b)`` instead of ``max(a, b)``. ``spec.test_fidelity`` checks
 every one of them against the Python functions on a small domain.
 
-Scope (what the first request of a trace does, from an empty cache): the
+Scope (what a request with hit 0 does: the first of a trace, or one whose
+lookup found attention blocks up to a junction J but no Mamba state): the
 lookup is ``reference.serial.lookup`` with one attention group and dense,
 ideal Mamba (``dense_hit``); retention is ``reference.serial.retained_states``
 for a request with hit 0; prefill chunk ends are ``reference.serial.chunk_ends``
-from token 0 with no junction, for a one-shot prefill (budget >= N) or a
-chunk budget that is any positive multiple of S.
+from token 0, with or without a junction stop, for a one-shot prefill
+(budget >= N) or a chunk budget that is any positive multiple of S.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 import z3
 
 from spec.geometry import Geo, Mode
-from spec.radix import AND, NOT, OR, Count, Unit
+from spec.radix import AND, NOT, OR, Count, Unit, _key
 
 RULES = ("promise", "replay", "legacy")
 
@@ -170,37 +171,69 @@ def last_cache_position(g: Geo, mode: Mode, N: Count) -> Count:
     return floor_to(N, g.bs)
 
 
-def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot") -> Callable[[Count], object]:
-    """A predicate: p is where a prefill chunk of the first request ends
-    (``reference.serial.chunk_ends(N, 0, 0, ...)``).
+def chunk_anchors(g: Geo, mode: Mode, rule: str, N: Count, junction: Count | None = None) -> list[tuple[object, Count]]:
+    """The stops of ``reference.serial.chunk_ends`` from token 0 (hit 0) that
+    do not depend on where the chunk started, as (present, position) pairs:
+    ``last`` (present when 0 < last < N), the tail checkpoint (partial hash
+    hits, when last < tail < N) and the junction J (when 0 < J < N; J is a
+    multiple of A, hence of bs, so ``start + floor_to(J - start, bs)`` is J
+    itself). Every anchor is a multiple of bs, so no chunk starts mid-block
+    and the mid-block stop never applies."""
+    last = last_cache_position(g, mode, N)
+    out: list[tuple[object, Count]] = [(AND(last > 0, last < N), last)]
+    if g.partial_hits is not False:
+        tail = tail_checkpoint(g, mode, rule, N)
+        out.append((AND(g.partial_hits, tail > 0, last < tail, tail < N), tail))
+    if junction is not None:
+        out.append((AND(junction > 0, junction < N), junction))
+    return out
 
-    The loop stops at ``last`` (when 0 < last < N), then at the tail
-    checkpoint (partial hash hits, when last < tail < N), then at N.
-    ``level="oneshot"``: budget >= N, so those are the ends. ``chunk`` a z3
-    Int c >= 1: budget c*S, and between those anchors the chunks end every
-    c*S tokens counted from the previous anchor (closed form of the loop: the
-    budget and the anchors are multiples of bs, so no rounding or mid-block
-    stop applies). ``level="mask"``: a chunk ends at every block (budget bs),
-    i.e. at every multiple of bs up to N (the callers only ask at such p)."""
+
+def _after(anchors: list[tuple[object, Count]], i: int | None, lo: Count, e: Count):
+    """No present anchor other than the i-th lies strictly between lo and e:
+    a chunk run that starts at lo reaches e unbroken."""
+    return AND(*[NOT(AND(c, lo < a, a < e)) for k, (c, a) in enumerate(anchors) if k != i])
+
+
+def run_start(g: Geo, anchors: list[tuple[object, Count]], p: Count) -> Count:
+    """Where the run of c*S-token chunks that may end at p starts: the
+    greatest present anchor below p, or 0. Built once per (p, anchors), so
+    every caller asking about the same p shares one divisibility term."""
+    sp = g.sp
+
+    def build() -> Count:
+        lo = sp.zero
+        for c, a in anchors:
+            lo = sp.ite(AND(c, a < p, lo < a), a, lo)
+        return lo
+
+    key = ("run-start", p.key, tuple((_key(c), a.key) for c, a in anchors))
+    return sp.memo(key, build)
+
+
+def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None) -> Callable[[Count], object]:
+    """A predicate: p is where a prefill chunk of a request with hit 0 ends
+    (``reference.serial.chunk_ends(N, 0, J, ...)``; ``junction`` None is J = 0).
+
+    The loop stops at every present anchor (``chunk_anchors``: ``last``, the
+    tail checkpoint, the junction) and at N. ``level="oneshot"``: budget >= N,
+    so those are the ends. ``chunk`` a z3 Int c >= 1: budget c*S, and between
+    consecutive anchors the chunks end every c*S tokens counted from the
+    anchor before (closed form of the loop: the budget and the anchors are
+    multiples of bs, so no rounding or mid-block stop applies): p < N is an
+    end when p - lo is a positive multiple of c*S for an anchor lo (or 0)
+    with no present anchor strictly between lo and p. ``level="mask"``: a
+    chunk ends at every block (budget bs), i.e. at every multiple of bs up
+    to N (the callers only ask at such p)."""
     sp = g.sp
     if level == "mask":
         return lambda p: AND(p > 0, p <= N)
-    last = last_cache_position(g, mode, N)
-    in_last = AND(last > 0, last < N)
-    a1 = sp.ite(in_last, last, sp.zero)
-    anchors = [(in_last, a1)]
-    if g.partial_hits is not False and rule != "promise":
-        tail = tail_checkpoint(g, mode, rule, N)
-        in_tail = AND(g.partial_hits, tail > 0, last < tail, tail < N)
-        a2 = sp.ite(in_tail, tail, a1)
-        anchors.append((in_tail, a2))
+    anchors = chunk_anchors(g, mode, rule, N, junction)
 
     def is_end(p: Count):
         alts = [p == N] + [AND(c, p == a) for c, a in anchors]
         if chunk is not None:
-            bounds = [sp.zero] + [a for _, a in anchors] + [N]
-            for lo, hi in zip(bounds, bounds[1:]):
-                alts.append(AND(p > lo, p < hi, sp.divisible(p - lo, chunk)))
+            alts.append(AND(p > 0, p < N, sp.divisible(p - run_start(g, anchors, p), chunk)))
         return OR(*alts)
 
     return is_end
@@ -217,41 +250,43 @@ def cacheable_tokens(g: Geo, mode: Mode, end: Count) -> Count:
     return aligned
 
 
-def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot") -> Callable[[Count], object]:
-    """A predicate: some cache call of the first request reaches exactly p
+def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None) -> Callable[[Count], object]:
+    """A predicate: some cache call of a request with hit 0 reaches exactly p
     (``{cacheable_tokens(e) for e in chunk_ends(...)}``). With partial hash
     hits a call reaches its chunk end, so this is ``chunk_end``. Without:
 
     * ``mask`` (a chunk ends at every block): p in (0, N] with
       ``cacheable_tokens(p) == p`` (an end beyond p reaches p only when p is
       such a fixed point too);
-    * ``oneshot``: the ends are ``last`` (when 0 < last < N) and N;
-    * chunked (budget c*S): a chunk end ``lo + k*c*S`` reaches
-      ``cacheable(lo) + k*c*S`` (the cap moves with whole scheduler blocks),
-      so p is reached when it is a multiple of c*S below the first anchor,
-      or ``cacheable(last)`` plus a positive multiple of c*S whose end is
-      below N, or an anchor's own reach."""
+    * ``oneshot``: the ends are the present anchors (``last``, the junction)
+      and N;
+    * chunked (budget c*S): a chunk end ``lo + k*c*S`` (k >= 1, lo an anchor
+      or 0, no anchor in between) reaches ``base(lo) + k*c*S``, base(lo)
+      being ``cacheable_tokens(lo)`` without the ``aligned > 0`` guard (the
+      cap moves with whole scheduler blocks; with the drop the cap is then
+      always past 0: one block of M), so p is reached when p - base(lo) is a
+      positive multiple of c*S whose end is below N and unbroken by another
+      anchor, or p is an anchor's or N's own reach."""
     sp = g.sp
-    ends = chunk_end(g, mode, rule, N, chunk, level)
+    ends = chunk_end(g, mode, rule, N, chunk, level, junction)
     if g.partial_hits is True:
         return ends
+
+    def base(lo: Count) -> Count:
+        top = floor_to(lo, g.S)
+        return top + sp.min(lo - top, sp.zero + g.M) if mode.eagle_drop else top
 
     def nonpartial(p: Count):
         if level == "mask":
             return AND(p > 0, p <= N, cacheable_tokens(g, mode, p) == p)
-        last = last_cache_position(g, mode, N)
-        in_last = AND(last > 0, last < N)
-        a1 = sp.ite(in_last, last, sp.zero)
-        alts = [cacheable_tokens(g, mode, N) == p, AND(in_last, cacheable_tokens(g, mode, a1) == p)]
+        anchors = chunk_anchors(g, mode, rule, N, junction)
+        alts = [cacheable_tokens(g, mode, N) == p] + [AND(c, cacheable_tokens(g, mode, a) == p) for c, a in anchors]
         if chunk is not None:
-            first = sp.ite(in_last, a1, N)
-            alts.append(AND(p > 0, p < first, sp.divisible(p, chunk)))
-            # the reach of a1 + k*c*S (k >= 1): whole blocks move the cap along
-            # (with the drop the cap is then always past 0: one block of M)
-            top = floor_to(a1, g.S)
-            base = top + sp.min(a1 - top, sp.zero + g.M) if mode.eagle_drop else top
-            step = p - base
-            alts.append(AND(in_last, step > 0, sp.divisible(step, chunk), a1 + step < N))
+            starts = [(True, sp.zero, None)] + [(c, a, i) for i, (c, a) in enumerate(anchors)]
+            for c, lo, i in starts:
+                step = p - base(lo)
+                end = lo + step
+                alts.append(AND(c, step > 0, sp.divisible(step, chunk), end < N, _after(anchors, i, lo, end)))
         return OR(*alts)
 
     if g.partial_hits is False:
@@ -260,28 +295,34 @@ def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "o
 
 
 def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot", chunk=None, junction: Count | None = None, interval=0):
-    """``reference.serial.retained_states`` for the first request (hit 0):
+    """``reference.serial.retained_states`` for a request with hit 0:
     (witnesses, keep). ``keep(p)``: the state after p tokens is kept;
     ``witnesses``: every p that can be kept apart from periodic multiples
-    (the marks and the tail checkpoint).
+    and, at denser retention, other written states (the marks and the tail
+    checkpoint).
 
-    Written: chunk ends at Mamba block boundaries within the hashed length
-    (the promise: every Mamba block state and its boundaries); with partial
-    hash hits, or from 0.32.0 on, also the prompt's checkpoint (the tail)
-    when a cache call reaches exactly it (before 0.32.0 only when it is not
-    a whole Mamba block). Kept: the written states among the marks (sparse:
-    ``interval`` 0; periodic: a z3 Int c, interval c*S, c = 0 meaning
-    sparse; dense: None), plus the tail, which is keyed whatever the mask
-    says."""
+    Written: chunk ends (``chunk_end``, with the junction's stop) at Mamba
+    block boundaries within the hashed length; the promise also writes its
+    own boundaries (the junction among them), by definition, and nothing
+    else: a state exists only where a prefill chunk ended, under every
+    retention, so a sibling diverging inside an earlier prompt is promised
+    the divergence point only once a request has split its prefill there.
+    For replay and legacy, with partial hash hits or from 0.32.0 on, also
+    the prompt's checkpoint (the tail) when a cache call reaches exactly it
+    (before 0.32.0 only when it is not a whole Mamba block). Kept: the
+    written states among the marks (sparse: ``interval`` 0; periodic: a z3
+    Int c, interval c*S, c = 0 meaning sparse; dense: None), plus the tail,
+    which is keyed whatever the mask says."""
     hashed = hashed_length(g, mode, N)
     bounds = rule_boundaries(g, mode, rule, N, junction)
     marks = [mark(g, rule, b) for b in bounds]
-    ends = chunk_end(g, mode, rule, N, chunk, level)
+    ends = chunk_end(g, mode, rule, N, chunk, level, junction)
 
     def written(p: Count):
+        on_grid = AND(g.M.divides(p), ends(p))
         if rule == "promise":
-            return AND(p > 0, p <= hashed, OR(g.M.divides(p), *[p == b for b in bounds]))
-        return AND(p > 0, p <= hashed, g.M.divides(p), ends(p))
+            return AND(p > 0, p <= hashed, OR(on_grid, *[p == b for b in bounds]))
+        return AND(p > 0, p <= hashed, on_grid)
 
     mask = retention_mask(g, rule, marks, hashed, interval)
     tail_kept = False
@@ -291,7 +332,7 @@ def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot",
     applies = OR(g.partial_hits, checkpoint)
     if applies is not False and rule != "promise":
         tail = tail_checkpoint(g, mode, rule, N)
-        reach = covered(g, mode, rule, N, chunk, level)
+        reach = covered(g, mode, rule, N, chunk, level, junction)
         tail_kept = AND(applies, tail > 0, tail <= hashed, reach(tail), OR(NOT(g.M.divides(tail)), checkpoint))
         witnesses.append(tail)
 

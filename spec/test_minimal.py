@@ -7,6 +7,7 @@ import pytest
 
 from reference.case import case_to_dict, parse_case
 from spec.catalogue import Row
+from spec.geometry import NAMED_BY
 from spec.minimal import case_for, confirm, minimal, tokens
 from spec.solve import decide
 
@@ -54,3 +55,68 @@ def test_findings_minimal_and_confirmed(row: Row, expected: int) -> None:
     assert m.N == expected, m.values
     ref = confirm(row, case_for(row, m.values))
     assert ref["confirmed"], ref
+
+
+# Issue 10 on the reference serial model, and the same instances in z3.
+ISSUE_10 = [[("A", 700), (x, 300)] for x in "BCD"]  # siblings diverging at 700, block 128
+
+
+@pytest.mark.parametrize("interval", [0, 128, None], ids=["sparse", "periodic", "dense"])
+def test_issue_10_siblings_on_the_serial_model(interval) -> None:
+    """Three siblings [A:700,B:300], [A:700,C:300], [A:700,D:300] at block 128
+    (the issue 10 server: no speculative decoding, 0.32.0+): the first
+    sibling finds no state at 640 and splits its prefill there, so only the
+    next one hits 640, under every retention (0/0/640, as vLLM); and in z3
+    the promise's first request (N = 1000) does not keep the divergence point
+    640 (junction-unobserved at that instance), which the pre-issue-10
+    promise (every Mamba block written) did under dense and periodic
+    retention."""
+    from reference.knobs import resolve_knobs
+    from reference.serial import simulate
+    from spec import properties as P
+    from spec.geometry import MODE, Concrete
+    from spec.mutations import MUTATION, planted
+
+    geo = Concrete.from_blocks(128, 128)
+    mode = MODE["plain/0.33"]
+    case = geo.case(ISSUE_10, None, interval=interval)
+    knobs = resolve_knobs(case, mode.version)
+    for rule in ("promise", "replay"):
+        assert [s.hit for s in simulate(case, knobs, rule)] == [0, 0, 640], rule
+    retention = {0: "sparse", 128: "periodic", None: "dense"}[interval]
+
+    def verdict() -> str:
+        q = P.junction_unobserved(geo.geo(), mode, "oneshot", retention)
+        pins = [tokens(q, q.counts["N"]) == 1000, tokens(q, q.counts["D"]) == 640]
+        if "interval_blocks" in q.ints:
+            pins.append(q.ints["interval_blocks"] == 1)
+        return decide([*q.premises, *pins], q.claim).verdict
+
+    assert verdict() == "proved"
+    with planted(MUTATION["promise: every Mamba block written (issue 10)"]):
+        assert verdict() == ("proved" if interval == 0 else "refuted")
+
+
+def test_partial_junction_refutation_on_the_serial_model() -> None:
+    """junction-observed is refuted for replay with partial hash hits
+    (A16/M32): siblings [A:50,B:30], [A:50,C:30], [A:50,D:30], 0.33.0, dense
+    retention: the second request (N = 80) reaches the junction 48, off the
+    Mamba grid, and splits there, but no chunk ends at T = 32, so the third
+    hits 0 where the promise (which keeps its junction) hits 48. The z3 row
+    is refuted at exactly that instance (N = 80, J = 48) and proved for the
+    promise."""
+    from reference.knobs import resolve_knobs
+    from reference.serial import simulate
+    from spec.geometry import MODE
+
+    geo = NAMED_BY["A16/M32"]
+    mode = MODE["plain/0.33"]
+    case = geo.case([[("A", 50), (x, 30)] for x in "BCD"], None, interval=None)
+    knobs = resolve_knobs(case, mode.version)
+    replay, promise = simulate(case, knobs, "replay"), simulate(case, knobs, "promise")
+    assert [(s.hit, s.junction) for s in replay] == [(0, 0), (0, 48), (0, 48)]
+    assert [s.hit for s in promise] == [0, 0, 48]
+    for rule, want in (("replay", "refuted"), ("promise", "proved")):
+        q = Row("junction-observed", "named:A16/M32", "plain/0.33", rule, "oneshot/dense").build()
+        pins = [tokens(q, q.counts["N"]) == 80, tokens(q, q.counts["J"]) == 48]
+        assert decide([*q.premises, *pins], q.claim).verdict == want, rule
