@@ -36,11 +36,16 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.29.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.33.0 || [ $$? -eq 1 ]
 
-# The slow tier (one-shot proof rows, the larger fidelity domain: ~10 min)
-# runs with `make test-slow`; the full geometry sweep runs here via prove.
+# spec/ in CI: the default tier with the rest; then every catalogue row (--all:
+# also the chunked-prefill and chunked junction rows) and the full geometry
+# sweep via prove (~1 min on 2 cores); then spec/'s slow fidelity domain
+# (the encodings against reference/ over every small geometry; ~5 min of CPU,
+# 12 min wall on a 2-core machine shared with engine runs). `make test-slow`
+# runs every slow test (spec/'s: `pytest spec/ --slow`, ~13 min).
 test: venv engines server-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow"
-	$(KVSPEC) prove --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
+	$(KVSPEC) prove --all --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -m slow spec/test_fidelity.py spec/test_seeds.py
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
