@@ -3,13 +3,19 @@
 * the unbounded proof (replay keeps the identical resend's state, every
   geometry with hits on S, no bounds): solver time min/median/max over 8
   seeds, build time beside it;
-* ``pytest spec/`` without the slow tests, wall time of a fresh process;
 * the full concrete sweep (2,932 geometries, 120 rows);
-* ``kvspec prove`` (the full catalogue plus its minimal counterexamples).
+* ``pytest spec/`` (the default tier), wall time of a fresh process, with
+  one worker per CPU (KVSPEC_JOBS = the CPUs) and in one process (the
+  default, KVSPEC_JOBS=1, whose CPU time is then the whole work), alternated
+  REPS times so that both see the same load: medians and their ratio;
+* ``kvspec prove`` (the full catalogue plus its minimal counterexamples)
+  and ``kvspec prove --all`` (also chunked prefill per rule and the chunked
+  junction rows);
+* with ``--slow``: ``pytest spec/ --slow`` (everything), once.
 
-Targets (issue 4, on 2 cores): the unbounded proof <= 0.1 s, stable over
-seeds; pytest spec/ <= 10 s; the full sweep <= 10 s. The load average is
-printed with the numbers: on a shared machine wall times scale with it.
+Targets (issues 4 and 10, on 2 cores): the unbounded proof <= 0.1 s, stable
+over seeds; pytest spec/ <= 10 s; the full sweep <= 10 s. The load average
+is printed with the numbers: on a shared machine wall times scale with it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 # Run as a script, bench/ would be first on sys.path: put the repository root there.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)
+REPS = 3
 
 
 def unbounded(cls: str, seeds=range(8)) -> tuple[list[float], list[float], set[str]]:
@@ -77,13 +84,26 @@ def main() -> None:
     del cpu0
 
     python = sys.executable
-    pytest = [python, "-m", "pytest", "spec", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
-    wall, _, rc, tail = timed(pytest)
-    print(f"pytest spec/ (not slow), one worker per CPU: {wall:.2f} s wall, exit {rc}: {tail}")
-    wall, cpu, rc, tail = timed(pytest, {"KVSPEC_JOBS": "1"})
-    print(f"pytest spec/ (not slow), one process: {wall:.2f} s wall, {cpu:.2f} s CPU (the work to share out over the cores), exit {rc}")
+    pytest = [python, "-m", "pytest", "spec", "-q", "-p", "no:cacheprovider"]
+    pool, one, cpus, tails = [], [], [], set()
+    for _ in range(REPS):
+        wall, _, rc, tail = timed(pytest, {"KVSPEC_JOBS": str(min(os.cpu_count() or 1, 8))})
+        pool.append(wall)
+        tails.add(f"exit {rc}: {tail}")
+        wall, cpu, rc, tail = timed(pytest, {"KVSPEC_JOBS": "1"})
+        one.append(wall)
+        cpus.append(cpu)
+        tails.add(f"exit {rc}: {tail}")
+    med = statistics.median
+    print(f"pytest spec/ (default tier), {REPS} runs each, alternated: a pool of one worker per CPU median {med(pool):.2f} s wall (min {min(pool):.2f}, max {max(pool):.2f}); "
+          f"one process (the default) median {med(one):.2f} s wall (min {min(one):.2f}, max {max(one):.2f}), {med(cpus):.2f} s CPU; pool / one process {med(pool) / med(one):.2f}; {sorted(tails)}")
     wall, _, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
     print(f"kvspec prove (full catalogue + minimal counterexamples): {wall:.2f} s wall, exit {rc}: {tail}")
+    wall, _, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--all", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
+    print(f"kvspec prove --all (also chunked prefill per rule and the chunked junction rows): {wall:.2f} s wall, exit {rc}: {tail}")
+    if "--slow" in sys.argv[1:]:
+        wall, _, rc, tail = timed([*pytest, "--slow"])
+        print(f"pytest spec/ --slow (everything): {wall:.2f} s wall, exit {rc}: {tail}")
     print(f"load average now {os.getloadavg()[0]:.2f}")
 
 

@@ -38,8 +38,9 @@ def _context():
 
 #: Processes when neither the caller nor ``$KVSPEC_JOBS`` says (None: the
 #: CPUs). ``spec/conftest.py`` sets 1 for the default tier of ``pytest
-#: spec/``: its few seconds of work cost less in one process than starting a
-#: pool does on a loaded 2-core machine (``bench/spec.py`` times both).
+#: spec/``: for its ~6 s of CPU a pool (forkserver start, preloaded imports)
+#: gains little at moderate load and loses under heavy load on a shared
+#: 2-core machine (``bench/spec.py`` times both side by side).
 DEFAULT_JOBS: int | None = None
 
 
