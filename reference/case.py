@@ -62,7 +62,9 @@ import os
 import random
 import re
 import stat
+import sys
 import tempfile
+from array import array
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from pathlib import Path
@@ -211,9 +213,38 @@ def segment_tokens(name: str, length: int) -> list[int]:
         stream = _STREAMS[name] = []
         _RNGS[name] = random.Random(seed)
     if len(stream) < length:
-        rng = _RNGS[name]
-        stream.extend(1 + rng.randrange(TOKEN_VOCAB - 1) for _ in range(length - len(stream)))
+        stream.extend(draw_tokens(_RNGS[name], length - len(stream)))
     return stream[:length]
+
+
+#: ``randrange(TOKEN_VOCAB - 1)`` reads the top this-many bits of one 32-bit
+#: output of the generator per try, and retries a value >= TOKEN_VOCAB - 1.
+_TOKEN_BITS = (TOKEN_VOCAB - 1).bit_length()
+
+
+def draw_tokens(rng: random.Random, count: int) -> list[int]:
+    """``[1 + rng.randrange(TOKEN_VOCAB - 1) for _ in range(count)]``, drawn
+    in bulk, leaving ``rng`` in the same state.
+
+    ``randrange(n)`` takes ``getrandbits(k)`` (k = n's bit length: the top k
+    bits of one 32-bit output) until it is below n; ``getrandbits(32 * m)``
+    returns m outputs, the first one in the lowest bits. So m outputs give
+    the tokens of the m tries, minus the rejected ones; the rejected ones are
+    drawn again, exactly as many as were rejected, so no output is consumed
+    that the one-by-one loop would not have consumed
+    (``tests/reference/test_token_draw.py`` compares both)."""
+    out: list[int] = []
+    shift, reject = 32 - _TOKEN_BITS, TOKEN_VOCAB - 1
+    while len(out) < count:
+        m = count - len(out)
+        words = array("I")
+        if words.itemsize != 4:  # pragma: no cover - every platform CPython supports has a 4-byte unsigned int
+            return out + [1 + rng.randrange(TOKEN_VOCAB - 1) for _ in range(m)]
+        words.frombytes(rng.getrandbits(32 * m).to_bytes(4 * m, "little"))
+        if sys.byteorder != "little":  # pragma: no cover
+            words.byteswap()
+        out.extend([1 + v for v in (w >> shift for w in words) if v < reject])
+    return out
 
 
 def prompt_tokens(request: Request) -> list[int]:

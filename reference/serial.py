@@ -45,6 +45,7 @@ from reference.boundaries import (
 from reference.case import Case, Geometry, Segment, prompt_tokens
 from reference.errors import invalid
 from reference.knobs import Knobs
+from reference.radix import TOKEN_BYTES, PrefixIndex, prompt_bytes
 
 RULES = ("promise", "replay", "legacy")
 
@@ -388,8 +389,77 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
     return bounds, ends, kept
 
 
-def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
-    """Run the serial model over the case's trace."""
+def _explained(bounds: list[int], ends: list[int], kept: dict[int, set[int]]) -> tuple:
+    """The explain fields that depend only on what a request wrote and kept:
+    (boundaries, chunk ends, retained blocks, retained tokens or None)."""
+    return (
+        sorted(b for b in set(bounds) if b > 0),
+        ends,
+        {M: sorted(p // M - 1 for p in s if p % M == 0) for M, s in kept.items()},
+        {M: sorted(s) for M, s in kept.items()} if any(p % M for M, s in kept.items() for p in s) else None,
+    )
+
+
+def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple) -> Step:
+    """The explain record of request ``i`` (its own copies of the lists)."""
+    boundaries, ends, retained, tokens = explained
+    return Step(
+        request=i,
+        prompt_tokens=N,
+        shared_prefix=shared,
+        hit_cap=look.cap,
+        scheduler_boundary=look.attention,
+        hit=look.hit,
+        junction=look.junction,
+        boundaries=list(boundaries),
+        chunk_ends=list(ends),
+        retained={M: list(v) for M, v in retained.items()},
+        retained_tokens=None if tokens is None else {M: list(v) for M, v in tokens.items()},
+    )
+
+
+def simulate(case: Case, knobs: Knobs, rule: str = "promise", *, index: PrefixIndex | None = None) -> list[Step]:
+    """Run the serial model over the case's trace.
+
+    The cache is a radix tree of the earlier prompts (``reference.radix``):
+    one walk down a request's tokens gives its longest shared prefix and
+    every kept state and partial tail it can reach, so a trace whose
+    requests share a system prompt costs time linear in its requests, not
+    quadratic. The answers are exactly :func:`simulate_pairwise`'s (the
+    definition; ``tests/reference/test_serial_radix.py`` checks them on
+    seeded cases). ``index``: an empty :class:`~reference.radix.PrefixIndex`
+    to fill (the caller may read it afterwards, e.g. its state count)."""
+    if rule not in RULES:
+        raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
+    g = case.geometry
+    if index is None:
+        index = PrefixIndex(knobs.hash_lookahead_tokens)
+    elif index.prompts or index.lookahead != knobs.hash_lookahead_tokens:
+        raise invalid("index", index.prompts, f"must be an empty PrefixIndex with lookahead {knobs.hash_lookahead_tokens}")
+    steps = []
+    written: dict[tuple[int, int, int], tuple] = {}  # retained_states is pure: once per (N, hit, junction)
+    for i, request in enumerate(case.trace):
+        data = prompt_bytes(request)
+        N = len(data) // TOKEN_BYTES
+        match = index.query(data)
+        reach = Cached([], (), match.states)  # every reachable state, as one entry sharing `shared`
+        look = lookup(N, [match.shared], [reach], g, knobs, tails=tuple(match.tails))
+        key = (N, look.hit, look.junction)
+        memo = written.get(key)
+        if memo is None:
+            bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
+            memo = written[key] = (kept, prompt_fa_tail(N, g, knobs), _explained(bounds, ends, kept))
+        kept, tail, explained = memo
+        index.insert(data, match, kept, tail)
+        steps.append(_step(i, N, match.shared, look, explained))
+    return steps
+
+
+def simulate_pairwise(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
+    """The serial model by its definition: each request compared token by
+    token with every earlier prompt sharing its first token (quadratic over
+    a trace sharing a system prompt). :func:`simulate` gives the same answers
+    faster."""
     if rule not in RULES:
         raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
     g = case.geometry
@@ -405,19 +475,5 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise") -> list[Step]:
         bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
         by_first.setdefault(tokens[0], []).append(len(cache))
         cache.append(Cached(tokens, request.prompt, kept, prompt_fa_tail(N, g, knobs)))
-        steps.append(
-            Step(
-                request=i,
-                prompt_tokens=N,
-                shared_prefix=max(shared, default=0),
-                hit_cap=look.cap,
-                scheduler_boundary=look.attention,
-                hit=look.hit,
-                junction=look.junction,
-                boundaries=sorted(b for b in set(bounds) if b > 0),
-                chunk_ends=ends,
-                retained={M: sorted(p // M - 1 for p in s if p % M == 0) for M, s in kept.items()},
-                retained_tokens={M: sorted(s) for M, s in kept.items()} if any(p % M for M, s in kept.items() for p in s) else None,
-            )
-        )
+        steps.append(_step(i, N, max(shared, default=0), look, _explained(bounds, ends, kept)))
     return steps

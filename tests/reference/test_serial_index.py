@@ -1,4 +1,5 @@
-"""The first-token index of reference/serial.py is a pure speed-up.
+"""The first-token index of reference/serial.py's pairwise definition
+(``simulate_pairwise``) is a pure speed-up.
 
 ``serial.related`` leaves out the cached prompts whose first token differs
 from the request's; the model's answers (hits, queries, every explain field)
@@ -60,8 +61,11 @@ def _random_case(rng: random.Random, names: list[str]):
 
 
 def _everything(case, version, rule):
-    r = predict(case, version, rule)
-    return r["hits"], r["queries"], r["explain"]
+    """The pairwise definition's answers (``simulate`` itself walks a radix
+    tree instead: tests/reference/test_serial_radix.py)."""
+    from reference.knobs import resolve_knobs
+
+    return [s.as_dict() for s in serial.simulate_pairwise(case, resolve_knobs(case, version), rule)]
 
 
 def test_index_changes_no_prediction(monkeypatch):
