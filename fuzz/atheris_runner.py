@@ -55,6 +55,7 @@ class WorkerState:
     findings: list[tuple[float, str, str]] = field(default_factory=list)
     harness_errors: int = 0
     unsupported: int = 0
+    rejected: int = 0
     duplicates: int = 0
     lines: list[str] = field(default_factory=list)
     returncode: int | None = None
@@ -152,6 +153,8 @@ def _parse(line: str, st: WorkerState) -> None:
     elif line.startswith("kvspec-stats\t"):
         parts = line.split("\t")
         st.unsupported = int(parts[2])
+        if len(parts) > 6:
+            st.rejected = int(parts[6])
         if len(parts) > 4:
             st.duplicates = int(parts[4])
     elif line.startswith("kvspec-harness-error"):
@@ -291,6 +294,7 @@ def run_atheris(
         "exec_per_s": sum(st.exec_s for st in states),
         "coverage": max((st.cov for st in states), default=0),
         "unsupported": sum(st.unsupported for st in states),
+        "rejected": sum(st.rejected for st in states),
         "harness_errors": sum(st.harness_errors for st in states),
         "findings": [{"at_s": t, "path": p, "summary": s} for t, p, s in findings],
         "first_finding_s": findings[0][0] if findings else None,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from reference.case import Case
-from reference.errors import KvspecError, Unsupported
+from reference.errors import DeploymentRejected, KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
@@ -52,6 +52,9 @@ class Stats:
     duplicates: int = 0
     not_reproduced: int = 0
     harness_errors: int = 0
+    #: Deployments vLLM itself refused (a mutated flag, say): neither a
+    #: finding nor a harness error.
+    rejected: int = 0
     cut_at_deadline: int = 0
     findings: list[str] = field(default_factory=list)
     first_finding_s: float | None = None
@@ -219,6 +222,8 @@ class Campaign:
             return self._check(case)
         except HarnessFailure as e:
             self._harness_error(case, str(e))
+        except DeploymentRejected:  # vLLM refuses the deployment: an invalid input
+            self.stats.rejected += 1
         except Unsupported:  # the engine says this version cannot express it
             self.stats.unsupported += 1
         except KvspecError as e:  # e.g. EngineError: the engine cannot be reached

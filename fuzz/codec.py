@@ -25,7 +25,7 @@ import struct
 from reference.case import Case, case_to_dict, parse_case
 from reference.errors import KvspecError
 
-from fuzz.generate import SPECULATIVE, BytesChooser, build_case
+from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, BytesChooser, build_case
 
 _NAMES = "ABCDEFGHIJKLMNOP"
 _RETENTION = ("sparse", "dense", "periodic")
@@ -80,7 +80,7 @@ def decode(data: bytes, resolver=None) -> Case:
         try:
             raw = json.loads(data[1 : 1 + MAX_DEPLOYMENT_LITERAL].decode("utf-8"))
             case = parse_case(raw)
-            if case.deployment is not None and case.geometry is None:
+            if case.deployment is not None and case.geometry is None and case.deployment.model in DEPLOYMENT_MODELS:
                 return case
         except (ValueError, UnicodeDecodeError, RecursionError, KvspecError):
             pass

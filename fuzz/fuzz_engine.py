@@ -165,7 +165,7 @@ def TestOneInput(data: bytes) -> None:
     if now - _LAST_REPORT[0] > 1.0:
         _LAST_REPORT[0] = now
         s = CAMPAIGN.stats
-        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates, s.harness_errors)
+        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates, s.harness_errors, s.rejected)
 
 
 def main() -> None:

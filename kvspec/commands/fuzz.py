@@ -162,10 +162,10 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
         print(json.dumps(summary, indent=2))
         return
     table = Table(title=f"kvspec fuzz: {engines[0]}" + (f" vs {engines[1]}" if len(engines) > 1 else ""))
-    for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "harness errors", "new findings", "first finding (s)"):
+    for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "rejected by vLLM", "harness errors", "new findings", "first finding (s)"):
         table.add_column(col, justify="right")
     cov = summary.get("coverage")
-    table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), "-" if cov is None else str(cov), str(summary["unsupported"]), str(summary["harness_errors"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
+    table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), "-" if cov is None else str(cov), str(summary["unsupported"]), str(summary.get("rejected", 0)), str(summary["harness_errors"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
     Console().print(table)
     malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
     print("\n".join(render(summary["classes"], malformed, str(out))))
@@ -212,4 +212,4 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
         data = json.loads(Path(path).read_text())
         findings.append({"path": path, "summary": data["summary"]})
     elapsed = time.monotonic() - started
-    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1), "coverage": None, "unsupported": s.unsupported, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}
+    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}
