@@ -201,7 +201,7 @@ class Chunk:
     internal: int = 0
 
 
-def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs) -> list[Chunk]:
+def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs, *, block_stop_always: bool = False) -> list[Chunk]:
     """Step 2: the prefill chunks of a request starting at ``start``
     (``Scheduler._mamba_block_aligned_split``, with the Mamba manager's
     internal checkpoint, 0.32.0+).
@@ -242,7 +242,7 @@ def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs) 
         else:
             junction_stop = start + floor_to(junction - start, bs)
         stops = [
-            floor_to(start, bs) + bs if start % bs and not internal else 0,
+            floor_to(start, bs) + bs if start % bs and (block_stop_always or not internal) else 0,
             0 if internal else last,
             tail if (not internal and last < tail < N) else 0,
             junction_stop if start < junction < end else 0,
@@ -341,7 +341,7 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
     U, L, interval = knobs.alignment, knobs.hash_lookahead_tokens, geometry.retention_interval
     hashed = floor_to(max(N - L, 0), geometry.hash_block_size)
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
-    parts = chunks(N, hit, junction, geometry, knobs)
+    parts = chunks(N, hit, junction, geometry, knobs, block_stop_always=rule == "promise")
     ends = [c.end for c in parts]
     interim = _interim_checkpoints(parts, N, geometry, knobs) if rule != "promise" else set()
     kept: dict[int, set[int]] = {}
