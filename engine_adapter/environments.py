@@ -3,10 +3,11 @@
 Layout: ``$KVSPEC_HOME/engines/vllm-X/`` is a plain venv (default
 ``<repo>/.kvspec/engines/vllm-X``). It is *ready* when
 ``vllm-X/.kvspec-ready.json`` exists and records the sha256 of the
-requirement file it was built from. That marker is written last (temp file,
-fsync, ``os.replace``), after a self-test that drives the real scheduler, so
-a killed or failed install leaves no marker; the next install wipes the
-half-built directory and starts over. An ``flock`` beside the venv makes
+requirement file it was built from. The ready marker and the install lock
+are :mod:`engine_adapter.venvs`' (shared with the live server's env): the
+marker is written last and atomically, after a self-test that drives the
+real scheduler, so a killed or failed install leaves no marker and the next
+install wipes the half-built directory and starts over; the lock makes
 concurrent installers wait for one another instead of racing.
 
 Each version's requirement file, ``engine_adapter/requirements/vllm-X.txt``,
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -43,14 +43,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine_adapter.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
+from engine_adapter import venvs
 from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, parse_engine
+from kvspec.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
+from reference.case import write_text_atomic
 from reference.errors import EngineError, KvspecError
 
 HERE = Path(__file__).resolve().parent
 STUBS_DIR = HERE / "live" / "stubs"
 REQUIREMENTS_DIR = HERE / "requirements"
-MARKER_NAME = ".kvspec-ready.json"
+MARKER_NAME = venvs.MARKER_NAME
 TORCH_PIN = "torch==2.13.0+cpu"
 #: Bound for the one pip step; a cold install of one version took ~2 min here.
 PIP_TIMEOUT_S = 1200
@@ -96,7 +98,7 @@ def env_python(version: str) -> Path:
 
 
 def marker_path(version: str) -> Path:
-    return env_dir(version) / MARKER_NAME
+    return venvs.marker_path(env_dir(version))
 
 
 def fingerprint(version: str) -> str:
@@ -104,10 +106,7 @@ def fingerprint(version: str) -> str:
 
 
 def read_marker(version: str) -> dict | None:
-    try:
-        return json.loads(marker_path(version).read_text())
-    except (OSError, ValueError):
-        return None
+    return venvs.read_marker(env_dir(version))
 
 
 def is_ready(version: str) -> bool:
@@ -133,44 +132,10 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
     return env
 
 
-def _atomic_write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 @contextlib.contextmanager
 def _install_lock(version: str, progress: Progress) -> Iterator[None]:
-    engines_dir().mkdir(parents=True, exist_ok=True)
-    path = engines_dir() / f".vllm-{version}.lock"
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"[{engine_name(version)}] another install holds {path}; waiting")
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise EngineError(f"engine={engine_name(version)!r}: install lock {path} held for over {LOCK_WAIT_S}s") from None
-                    time.sleep(1)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with venvs.install_lock(env_dir(version), wait_s=LOCK_WAIT_S, label=engine_name(version), progress=progress):
+        yield
 
 
 _NOISE = ("WARNING: Location 'file://", "is ignored: it is neither a file nor a directory")
@@ -268,7 +233,7 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             "size_bytes": _dir_size(target),
             "selftest": selftest,
         }
-        _atomic_write_json(marker_path(version), marker)
+        venvs.write_marker(env_dir(version), marker)
         progress(f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}")
         return marker
 
@@ -446,9 +411,7 @@ def lock(version: str, *, wheel: str | None = None, progress: Progress = _stderr
         f"{body}\n"
     )
     out = requirements_file(version)
-    tmpf = out.with_suffix(".txt.tmp")
-    tmpf.write_text(text)
-    os.replace(tmpf, out)
+    write_text_atomic(out, text)
     progress(f"{prefix} wrote {out} ({len(lines) + 2} pins)")
     return out
 

@@ -1,0 +1,126 @@
+"""Structure (issue 10): kvspec's home in a neutral module, one atomic
+writer, one venv manager (its install lock and ready marker)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
+from reference.errors import EngineError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_home_is_neutral_and_engine_adapter_home_re_exports_it():
+    import engine_adapter.home
+    import engine_adapter.live.paths
+    import kvspec.home
+
+    for name in ("REPO_ROOT", "kvspec_home", "engines_dir", "contained_env", "models_dir", "cache_dir", "contain_this_process"):
+        assert getattr(engine_adapter.home, name) is getattr(kvspec.home, name), name
+    assert engine_adapter.live.paths.contained_env is kvspec.home.contained_env
+    assert kvspec.home.REPO_ROOT == ROOT
+    # importing it pulls in neither vLLM nor the engine adapter
+    code = "import sys, kvspec.home; print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'engine_adapter', 'fuzz', 'reference')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_atomic_writers_replace_whole_files_and_leave_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "f.json"
+    write_json_atomic(path, {"a": [1, 2]})
+    assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ]\n}\n'
+    write_json_atomic(path, {"b": 1}, indent=None, sort_keys=True)
+    assert path.read_text() == '{"b": 1}\n'
+    write_text_atomic(path, "é\n")
+    assert path.read_bytes() == "é\n".encode()
+    write_bytes_atomic(path, b"\x89PNG")
+    assert path.read_bytes() == b"\x89PNG"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["f.json"]
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "f.json"
+    write_json_atomic(path, {"old": True})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"bad": object()})
+    assert path.read_text() == '{\n  "old": true\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+#: Hand-written temp-file-and-rename writers (there is one: reference.case).
+_WRITER = re.compile(r"mkstemp\(|os\.replace\(|\.replace\((?:path|target|out|cfg_path)\)|\.rename\(")
+
+
+def test_every_atomic_write_goes_through_the_one_helper():
+    offenders = []
+    for folder in ("reference", "engine_adapter", "fuzz", "kvspec", "spec", "bench", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path in (ROOT / "reference" / "case.py", Path(__file__).resolve()):
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if _WRITER.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+# ---------------------------------------------------------------- the venv manager
+
+
+def test_the_install_lock_makes_a_second_installer_wait_then_gives_up_in_one_line(tmp_path):
+    from engine_adapter import venvs
+
+    root = tmp_path / "engines" / "vllm-9.9.9"
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with venvs.install_lock(root, wait_s=5, label="vllm==9.9.9"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    lines: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"^vllm==9\.9\.9: install lock .*\.vllm-9\.9\.9\.lock held by another install for over 0 s; allowed: a free lock$"):
+        with venvs.install_lock(root, wait_s=0.3, label="vllm==9.9.9", progress=lines.append, poll_s=0.05):
+            pass
+    assert 0.3 <= time.monotonic() - t0 < 3
+    assert lines == [f"[vllm==9.9.9] another install holds {venvs.lock_path(root)}; waiting"]
+    # it waits for the holder, and gets the lock once released
+    threading.Timer(0.2, release.set).start()
+    with venvs.install_lock(root, wait_s=5, label="vllm==9.9.9", poll_s=0.05):
+        assert release.is_set()
+    t.join(5)
+
+
+def test_the_ready_marker_is_written_atomically_and_read_back(tmp_path):
+    from engine_adapter import venvs
+
+    root = tmp_path / "venv"
+    assert venvs.read_marker(root) is None
+    venvs.write_marker(root, {"fingerprint": "f" * 64})
+    assert venvs.read_marker(root) == {"fingerprint": "f" * 64}
+    venvs.marker_path(root).write_text("[1, 2]")  # not an object: not a marker
+    assert venvs.read_marker(root) is None
+    assert os.listdir(root) == [venvs.MARKER_NAME]
+
+
+def test_both_venv_kinds_use_the_shared_manager():
+    from engine_adapter import environments, venvs
+    from engine_adapter.live import env as live_env
+
+    for module in (environments, live_env):
+        text = Path(module.__file__).read_text()
+        assert "fcntl" not in text and "venvs." in text, module.__name__
+    assert live_env.marker_path() == venvs.marker_path(live_env.env_dir())
+    assert environments.marker_path("0.33.0") == venvs.marker_path(environments.env_dir("0.33.0"))
