@@ -110,6 +110,7 @@ class Campaign:
         self.stats = Stats()
         self.seen: set[str] = set()
         self._resolved: dict[str, dict | None] = {}
+        self.last_other: dict | None = None  # the other engine's last observation
         if self.out_dir.is_dir():  # resume: do not report again what is already there
             for path in self.out_dir.glob("*.json"):
                 sig = path.stem.rsplit("-", 1)[-1]
@@ -137,8 +138,10 @@ class Campaign:
         if judged.geometry is not None and "error" not in obs:
             resolve_knobs(judged, self.engine.version)  # Unsupported: outside the model
         divs = check_all(judged, self.engine.version, obs, self._run_primary, self.oracles)
+        self.last_other = None
         if self.other is not None and "versions" in self.oracles and "error" not in obs:
             other_obs = self._observe(self.other, case)
+            self.last_other = other_obs
             divs += check_versions(judged, self.engine.version, obs, self.other.version, other_obs)
         return judged, obs, divs
 
@@ -260,7 +263,7 @@ class Campaign:
             final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == sig), None)
             if final is None:  # cannot happen after a successful shrink; keep the original
                 small_judged, small_obs, final = judged, obs, div
-            finding = F.make_finding(small_judged, final, small_obs, seed=self.seed)
+            finding = F.make_finding(small_judged, final, small_obs, seed=self.seed, other_observation=self.last_other if final.oracle == "versions" else None)
             finding["signature"] = sig
             path = F.write_finding(finding, self.out_dir)
             written.append(path)
