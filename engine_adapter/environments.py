@@ -70,6 +70,7 @@ LIGHT_PACKAGES = (
 )
 LIGHT_EXTRA = {
     "0.30.0": ("fastapi", "starlette", "opentelemetry-api", "partial-json-parser"),
+    "0.32.0": ("fastapi", "starlette", "opentelemetry-api", "partial-json-parser"),
     "0.33.0": ("fastapi", "starlette", "opentelemetry-api", "partial-json-parser"),
 }
 #: Known-good pins that override vLLM's looser ones.

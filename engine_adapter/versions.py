@@ -11,7 +11,7 @@ import re
 from reference.errors import InvalidArgument, Unsupported
 
 #: vLLM releases with a shipped requirement file (engine_adapter/requirements/).
-SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.33.0")
+SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
 DEFAULT_VERSION = "0.33.0"
 DEFAULT_ENGINE = f"vllm=={DEFAULT_VERSION}"
 

@@ -27,6 +27,7 @@ import httpx
 from engine_adapter.live.env import STUBS_DIR, ensure_server_env
 from engine_adapter.live.model import MODEL_NAME, tiny_model_dir
 from engine_adapter.live.paths import contained_env, logs_dir
+from reference.deployment import RESERVED_FLAGS
 from reference.errors import EngineError, invalid
 
 HOST = "127.0.0.1"
@@ -82,6 +83,52 @@ class ServerConfig:
         if self.speculative_config is not None:
             a += ["--speculative-config", self.speculative_config]
         return a + list(self.extra_args)
+
+    def deployment(self) -> dict:
+        """This server as a kvspec deployment (:func:`server_deployment`)."""
+        return server_deployment(self)
+
+
+#: Flags of the server command line that are no cache setting: where it
+#: listens, what it is called, and the model (the deployment's ``model``).
+#: Each takes one value (``--flag V`` or ``--flag=V``).
+_SERVER_ONLY_FLAGS = frozenset(RESERVED_FLAGS)
+
+
+def server_deployment(config: ServerConfig | None = None) -> dict:
+    """The CPU server started with ``config``, as a kvspec deployment::
+
+        {"model": "<the tiny model's directory>", "model_overrides": {},
+         "vllm_args": [...], "platform": "cpu", "device": None}
+
+    ``vllm_args`` are the very flags :meth:`ServerConfig.args` starts the
+    server with (``BASE_FLAGS``, ``--max-model-len``,
+    ``--max-num-batched-tokens``, ``--block-size`` if set,
+    ``--prefix-cache-retention-interval`` unless left to vLLM,
+    ``--speculative-config`` if set, ``extra_args``), minus the ones that are
+    not cache settings (``--host``, ``--port``, ``--model``,
+    ``--served-model-name``, ``--api-key``). So ``kvspec resolve`` of this
+    deployment on ``vllm==0.32.0`` (platform ``cpu``: vLLM's own
+    ``CpuPlatform``) resolves what the server built, and a case carrying it
+    runs in-process on the same configuration. The server's environment
+    (``VLLM_CPU_KVCACHE_SPACE``: the pool size; ``config.env``) is not part of
+    a deployment: it sizes the KV cache, it does not shape it."""
+    config = config or ServerConfig()
+    model_dir = config.model_dir or tiny_model_dir()
+    argv = config.args(model_dir, 0)
+    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"], argv[:2]
+    argv = argv[2:]
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, _ = arg.partition("=")
+        if flag in _SERVER_ONLY_FLAGS:
+            i += 1 if eq else 2
+            continue
+        out.append(arg)
+        i += 1
+    return {"model": str(model_dir), "model_overrides": {}, "vllm_args": out, "platform": "cpu", "device": None}
 
 
 class Server:

@@ -11,7 +11,7 @@ from engine_adapter.engine import open_engine
 from engine_adapter.versions import parse_engine
 from reference.errors import EngineError, InvalidArgument, Unsupported
 
-ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.33.0"
+ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0"
 
 
 @pytest.mark.parametrize("name", ["vllm==0.33.0", "0.33.0", " vllm==0.29.0 "])
