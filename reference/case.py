@@ -66,6 +66,7 @@ import sys
 import tempfile
 from array import array
 from dataclasses import dataclass, field
+from functools import cached_property
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -131,15 +132,16 @@ class Geometry:
     #: vLLM's ``--enable-mamba-shared-prefix-checkpoint`` (0.32.0+).
     shared_prefix_checkpoint: bool = False
 
-    @property
+    # Derived from ``groups`` once per geometry (the model asks per request).
+    @cached_property
     def num_groups(self) -> int:
         return sum(g.count for g in self.groups)
 
-    @property
+    @cached_property
     def mamba_block_sizes(self) -> tuple[int, ...]:
         return tuple(g.block_size for g in self.groups if g.kind == "mamba")
 
-    @property
+    @cached_property
     def attention_block_sizes(self) -> tuple[int, ...]:
         return tuple(g.block_size for g in self.groups if g.kind == "full_attention")
 
@@ -234,7 +236,8 @@ def draw_tokens(rng: random.Random, count: int) -> list[int]:
     that the one-by-one loop would not have consumed
     (``tests/reference/test_token_draw.py`` compares both)."""
     out: list[int] = []
-    shift, reject = 32 - _TOKEN_BITS, TOKEN_VOCAB - 1
+    shift = 32 - _TOKEN_BITS
+    limit = (TOKEN_VOCAB - 1) << shift  # w >> shift < TOKEN_VOCAB - 1
     while len(out) < count:
         m = count - len(out)
         words = array("I")
@@ -243,7 +246,7 @@ def draw_tokens(rng: random.Random, count: int) -> list[int]:
         words.frombytes(rng.getrandbits(32 * m).to_bytes(4 * m, "little"))
         if sys.byteorder != "little":  # pragma: no cover
             words.byteswap()
-        out.extend([1 + v for v in (w >> shift for w in words) if v < reject])
+        out.extend([1 + (w >> shift) for w in words if w < limit])
     return out
 
 

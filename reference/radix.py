@@ -60,29 +60,48 @@ def prompt_bytes(request: Request) -> bytes:
 @dataclass(eq=False)
 class _Node:
     """The end of an edge: ``label`` (bytes) leads here from the parent; the
-    node sits at token ``depth``. ``states[M]`` holds the kept states p
-    (block size M) whose mark depth p + L lies on this edge, ``tails`` the
-    partial tails t with t + L on it."""
+    node sits at token ``depth``. Per channel (one per simulation sharing
+    the tree): ``states[channel][M]`` holds the kept states p (block size M)
+    whose mark depth p + L lies on this edge, ``tails[channel]`` the partial
+    tails t with t + L on it."""
 
     label: bytes
     depth: int
     children: dict[bytes, _Node] = field(default_factory=dict)
-    states: dict[int, set[int]] = field(default_factory=dict)
-    tails: set[int] = field(default_factory=set)
+    states: dict[int, dict[int, set[int]]] = field(default_factory=dict)
+    tails: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass
 class Match:
     """What one walk found: ``shared`` (the longest common prefix with any
-    cached prompt), the reachable ``states`` per Mamba block size, the
-    reachable ``tails``, and where the walk stopped (for :meth:`PrefixIndex.insert`)."""
+    cached prompt), per channel the reachable states per Mamba block size
+    and the reachable tails, and where the walk stopped (for
+    :meth:`PrefixIndex.place`)."""
 
     shared: int
-    states: dict[int, set[int]]
-    tails: list[int]
+    channel_states: list[dict[int, set[int]]]
+    channel_tails: list[list[int]]
     path: list[_Node]
     #: The edge the walk stopped inside (None: it stopped on a node).
     partial: _Node | None = None
+
+    @property
+    def states(self) -> dict[int, set[int]]:
+        return self.channel_states[0]
+
+    @property
+    def tails(self) -> list[int]:
+        return self.channel_tails[0]
+
+
+@dataclass
+class Placed:
+    """A prompt's path in the tree once placed: its nodes and their depths."""
+
+    path: list[_Node]
+    depths: list[int]
+    tokens: int
 
 
 def _lcp_bytes(a: bytes, b: bytes) -> int:
@@ -101,19 +120,22 @@ def _lcp_bytes(a: bytes, b: bytes) -> int:
 
 
 class PrefixIndex:
-    """The cached prompts of a serial trace with their marks (module docstring)."""
+    """The cached prompts of a serial trace with their marks (module
+    docstring), for ``channels`` simulations that share the prompts (e.g. one
+    per retention setting) and differ in what they kept."""
 
-    def __init__(self, lookahead: int = 0) -> None:
+    def __init__(self, lookahead: int = 0, channels: int = 1) -> None:
         self.lookahead = lookahead
+        self.channels = channels
         self.root = _Node(b"", 0)
         self.prompts = 0
 
     def query(self, data: bytes) -> Match:
-        """Walk ``data`` (a prompt's bytes) down the tree; collect the marks
-        at depths it shares."""
+        """Walk ``data`` (a prompt's bytes) down the tree; collect, per
+        channel, the marks at depths it shares."""
         node, pos = self.root, 0
-        states: dict[int, set[int]] = {}
-        tails: list[int] = []
+        states: list[dict[int, set[int]]] = [{} for _ in range(self.channels)]
+        tails: list[list[int]] = [[] for _ in range(self.channels)]
         path = [node]
         partial = None
         L = self.lookahead
@@ -129,16 +151,15 @@ class PrefixIndex:
                 node, pos = child, child.depth
                 path.append(child)
                 continue
-            shared = _lcp_bytes(piece, label) // TOKEN_BYTES
-            pos += shared
+            pos += _lcp_bytes(piece, label) // TOKEN_BYTES
             _collect(child, states, tails, pos, L)
             partial = child
             break
         return Match(pos, states, tails, path, partial)
 
-    def insert(self, data: bytes, match: Match, states: dict[int, set[int]], tail: int) -> None:
-        """Add a prompt (``data``, walked by ``match``) with the states it
-        kept and its full-attention partial tail (0: none)."""
+    def place(self, data: bytes, match: Match) -> Placed:
+        """Add a prompt (``data``, walked by ``match``) to the tree: split the
+        edge the walk stopped inside, hang its own tokens below."""
         n = len(data) // TOKEN_BYTES
         path = list(match.path)
         parent = path[-1]
@@ -150,15 +171,23 @@ class PrefixIndex:
             leaf = _Node(data[pos * TOKEN_BYTES :], n)
             parent.children[leaf.label[:TOKEN_BYTES]] = leaf
             path.append(leaf)
-        depths = [x.depth for x in path]
-        L = self.lookahead
+        self.prompts += 1
+        return Placed(path, [x.depth for x in path], n)
+
+    def mark(self, placed: Placed, channel: int, states: dict[int, set[int]], tail: int) -> None:
+        """Record, in one channel, the states a placed prompt kept and its
+        full-attention partial tail (0: none)."""
+        path, depths, L = placed.path, placed.depths, self.lookahead
         for M, kept in states.items():
             for p in kept:
                 node = path[bisect_left(depths, p + L)]
-                node.states.setdefault(M, set()).add(p)
-        if tail and tail + L <= n:
-            path[bisect_left(depths, tail + L)].tails.add(tail)
-        self.prompts += 1
+                node.states.setdefault(channel, {}).setdefault(M, set()).add(p)
+        if tail and tail + L <= placed.tokens:
+            path[bisect_left(depths, tail + L)].tails.setdefault(channel, set()).add(tail)
+
+    def insert(self, data: bytes, match: Match, states: dict[int, set[int]], tail: int) -> None:
+        """:meth:`place` the prompt and :meth:`mark` channel 0."""
+        self.mark(self.place(data, match), 0, states, tail)
 
     def _split(self, parent: _Node, child: _Node, depth: int) -> _Node:
         """Cut the edge parent -> child at token ``depth``; the marks at or
@@ -169,40 +198,40 @@ class PrefixIndex:
         parent.children[mid.label[:TOKEN_BYTES]] = mid
         mid.children[child.label[:TOKEN_BYTES]] = child
         L = self.lookahead
-        for M, kept in child.states.items():
-            up = {p for p in kept if p + L <= depth}
-            if up:
-                mid.states[M] = up
-                kept -= up
-        up_tails = {t for t in child.tails if t + L <= depth}
-        mid.tails = up_tails
-        child.tails -= up_tails
+        for channel, by_size in child.states.items():
+            for M, kept in by_size.items():
+                up = {p for p in kept if p + L <= depth}
+                if up:
+                    mid.states.setdefault(channel, {})[M] = up
+                    kept -= up
+        for channel, tails in child.tails.items():
+            up_tails = {t for t in tails if t + L <= depth}
+            if up_tails:
+                mid.tails[channel] = up_tails
+                tails -= up_tails
         return mid
 
-    def state_count(self) -> dict[int, int]:
-        """Distinct kept states per Mamba block size, over the whole tree."""
+    def state_count(self, channel: int = 0) -> dict[int, int]:
+        """Distinct kept states per Mamba block size in one channel."""
         out: dict[int, int] = {}
         stack = [self.root]
         while stack:
             node = stack.pop()
-            for M, kept in node.states.items():
+            for M, kept in node.states.get(channel, {}).items():
                 out[M] = out.get(M, 0) + len(kept)
             stack.extend(node.children.values())
         return out
 
 
-def _collect(node: _Node, states: dict[int, set[int]], tails: list[int], limit: int | None, L: int) -> None:
-    """Add a node's marks to the walk's collection: all of them, or, when
-    the walk stopped inside the node's edge at token ``limit``, those whose
-    mark depth (p + L, t + L) is at most ``limit``."""
-    if limit is None:
-        for M, kept in node.states.items():
-            if kept:
-                states.setdefault(M, set()).update(kept)
-        tails.extend(node.tails)
-        return
-    for M, kept in node.states.items():
-        reach = {p for p in kept if p + L <= limit}
-        if reach:
-            states.setdefault(M, set()).update(reach)
-    tails.extend(t for t in node.tails if t + L <= limit)
+def _collect(node: _Node, states: list[dict[int, set[int]]], tails: list[list[int]], limit: int | None, L: int) -> None:
+    """Add a node's marks to the walk's collection, per channel: all of
+    them, or, when the walk stopped inside the node's edge at token
+    ``limit``, those whose mark depth (p + L, t + L) is at most ``limit``."""
+    for channel, by_size in node.states.items():
+        into = states[channel]
+        for M, kept in by_size.items():
+            reach = kept if limit is None else {p for p in kept if p + L <= limit}
+            if reach:
+                into.setdefault(M, set()).update(reach)
+    for channel, marks in node.tails.items():
+        tails[channel].extend(marks if limit is None else (t for t in marks if t + L <= limit))

@@ -29,7 +29,7 @@ shared with the request that cached it and R has p + L tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reference.boundaries import (
     attention_lookup,
@@ -429,29 +429,43 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise", *, index: PrefixIn
     definition; ``tests/reference/test_serial_radix.py`` checks them on
     seeded cases). ``index``: an empty :class:`~reference.radix.PrefixIndex`
     to fill (the caller may read it afterwards, e.g. its state count)."""
-    if rule not in RULES:
-        raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
-    g = case.geometry
+    return simulate_many(case, knobs, [(case.geometry.retention_interval, rule)], index=index)[0]
+
+
+def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], *, index: PrefixIndex | None = None) -> list[list[Step]]:
+    """Several runs of the model over one trace that differ only in the
+    retention interval and the rule (``runs``: (interval, rule) pairs), in
+    one pass: the radix tree of the prompts is shared, each run marks its
+    kept states in a channel of its own. Run r's answers are exactly
+    :func:`simulate`'s for the case under interval r (the knobs do not
+    depend on the interval). ``index``: an empty PrefixIndex with a channel
+    per run."""
+    for _, rule in runs:
+        if rule not in RULES:
+            raise invalid("rule", rule, f"allowed: {', '.join(RULES)}")
+    geometries = [replace(case.geometry, retention_interval=interval) for interval, _ in runs]
     if index is None:
-        index = PrefixIndex(knobs.hash_lookahead_tokens)
-    elif index.prompts or index.lookahead != knobs.hash_lookahead_tokens:
-        raise invalid("index", index.prompts, f"must be an empty PrefixIndex with lookahead {knobs.hash_lookahead_tokens}")
-    steps = []
-    written: dict[tuple[int, int, int], tuple] = {}  # retained_states is pure: once per (N, hit, junction)
+        index = PrefixIndex(knobs.hash_lookahead_tokens, len(runs))
+    elif index.prompts or index.lookahead != knobs.hash_lookahead_tokens or index.channels != len(runs):
+        raise invalid("index", index.prompts, f"must be an empty PrefixIndex with lookahead {knobs.hash_lookahead_tokens} and {len(runs)} channel(s)")
+    steps: list[list[Step]] = [[] for _ in runs]
+    written: list[dict[tuple[int, int, int], tuple]] = [{} for _ in runs]  # retained_states is pure: once per (N, hit, junction)
     for i, request in enumerate(case.trace):
         data = prompt_bytes(request)
         N = len(data) // TOKEN_BYTES
         match = index.query(data)
-        reach = Cached([], (), match.states)  # every reachable state, as one entry sharing `shared`
-        look = lookup(N, [match.shared], [reach], g, knobs, tails=tuple(match.tails))
-        key = (N, look.hit, look.junction)
-        memo = written.get(key)
-        if memo is None:
-            bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
-            memo = written[key] = (kept, prompt_fa_tail(N, g, knobs), _explained(bounds, ends, kept))
-        kept, tail, explained = memo
-        index.insert(data, match, kept, tail)
-        steps.append(_step(i, N, match.shared, look, explained))
+        placed = index.place(data, match)  # the marks below are this request's own: none is read before the next request
+        for r, (g, (_, rule)) in enumerate(zip(geometries, runs)):
+            reach = Cached([], (), match.channel_states[r])  # every reachable state, as one entry sharing `shared`
+            look = lookup(N, [match.shared], [reach], g, knobs, tails=tuple(match.channel_tails[r]))
+            key = (N, look.hit, look.junction)
+            memo = written[r].get(key)
+            if memo is None:
+                bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
+                memo = written[r][key] = (kept, prompt_fa_tail(N, g, knobs), _explained(bounds, ends, kept))
+            kept, tail, explained = memo
+            index.mark(placed, r, kept, tail)
+            steps[r].append(_step(i, N, match.shared, look, explained))
     return steps
 
 

@@ -147,3 +147,30 @@ def test_prompt_bytes_are_the_tokens():
 
     (request,) = case.trace
     assert array("H", prompt_bytes(request)).tolist() == prompt_tokens(request)
+
+
+def test_one_pass_over_many_settings_equals_one_simulation_each():
+    """``simulate_many`` shares the tree between runs that differ in the
+    retention interval and the rule; each run answers as ``simulate`` alone."""
+    rng = random.Random(99)
+    names = ["A", "B", "C"]
+    checked = 0
+    for _ in range(120):
+        case = _random_case(rng, names)
+        version = rng.choice(SUPPORTED_VERSIONS)
+        try:
+            knobs = resolve_knobs(case, version)
+        except Exception:
+            continue
+        S = case.geometry.scheduler_block_size
+        runs = [(rng.choice([None, 0, S, 2 * S]), rng.choice(serial.RULES)) for _ in range(rng.randint(1, 4))]
+        if case.geometry.prefix_match_unit is not None or any(g.block_size != S for g in case.geometry.groups):
+            runs = [(i if i in (None, 0) else 0, r) for i, r in runs]
+        many = serial.simulate_many(case, knobs, runs)
+        from dataclasses import replace
+
+        for (interval, rule), got in zip(runs, many):
+            alone = serial.simulate(replace(case, geometry=replace(case.geometry, retention_interval=interval)), knobs, rule)
+            assert _explain(got) == _explain(alone), (version, runs, case)
+        checked += 1
+    assert checked >= 80
