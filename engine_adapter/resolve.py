@@ -406,6 +406,8 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         "block_size": int(cc.block_size),
         "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
         "mamba_page_size_padded": cc.mamba_page_size_padded,
+        # bytes of one Mamba layer's state page as the KV cache holds it (padding included)
+        "mamba_page_size_bytes": max((int(s.page_size_bytes) for s in specs.values() if type(s).__name__ == "MambaSpec"), default=None),
         "mamba_cache_mode": cc.mamba_cache_mode,
         "cache_dtype": cc.cache_dtype,
         "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
@@ -501,6 +503,7 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
         "max_num_batched_tokens": int(getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens),
         "prefill_checkpoint_grid": int(grid) if grid is not None else None,
         "shared_prefix_checkpoint": bool(getattr(vc.cache_config, "enable_mamba_shared_prefix_checkpoint", False)),
+        "split_block_size": _split_block(res),
     }
     spec = None
     sc = vc.speculative_config
@@ -520,6 +523,13 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
             checkpoints = {"internal_prefill_checkpoints": True, "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None)}
             break
     return geometry, spec, checkpoints
+
+
+def _split_block(res: Resolution) -> int | None:
+    """The align-mode split's block when it is not the smallest group block."""
+    split = res.facts.get("chunk_split_block_size")
+    smallest = min(int(g.kv_cache_spec.block_size) for g in res.kv_cache_config.kv_cache_groups)
+    return int(split) if split and int(split) != smallest else None
 
 
 def summary(res: Resolution) -> dict:

@@ -131,6 +131,16 @@ class Geometry:
     prefill_checkpoint_grid: int | None = None
     #: vLLM's ``--enable-mamba-shared-prefix-checkpoint`` (0.32.0+).
     shared_prefix_checkpoint: bool = False
+    #: The block the align-mode prefill split works in (``cache_config.
+    #: block_size`` as the scheduler reads it); None = the smallest group
+    #: block. vLLM's CPU engine core resets it to 128 below a larger KV block
+    #: up to 0.32.0 (``engine_adapter.resolve._engine_core_handshake``).
+    split_block_size: int | None = None
+
+    @property
+    def split_block(self) -> int:
+        """The block ``Scheduler._mamba_block_aligned_split`` splits on."""
+        return self.split_block_size or min(g.block_size for g in self.groups)
 
     # Derived from ``groups`` once per geometry (the model asks per request).
     @cached_property
@@ -316,7 +326,7 @@ def parse_geometry(raw: Any) -> Geometry:
     _check_fields(
         raw,
         "geometry",
-        ("groups", "hash_block_size", "prefix_match_unit", "scheduler_block_size", "retention_interval", "max_num_batched_tokens", "prefill_checkpoint_grid", "shared_prefix_checkpoint"),
+        ("groups", "hash_block_size", "prefix_match_unit", "scheduler_block_size", "retention_interval", "max_num_batched_tokens", "prefill_checkpoint_grid", "shared_prefix_checkpoint", "split_block_size"),
         ("groups",),
     )
     groups = _parse_groups(raw["groups"])
@@ -353,7 +363,12 @@ def parse_geometry(raw: Any) -> Geometry:
     shared_ckpt = raw.get("shared_prefix_checkpoint", False)
     if not isinstance(shared_ckpt, bool):
         raise invalid("geometry.shared_prefix_checkpoint", shared_ckpt, "must be true or false")
-    return Geometry(groups, hash_block, sched, unit, retention, budget, grid, shared_ckpt)
+    split = _int(raw, "split_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
+    if split is not None and any(g.block_size % split for g in groups):
+        raise invalid("geometry.split_block_size", split, "must divide every group block size (the prefill split's block)")
+    if split == min(g.block_size for g in groups):
+        split = None
+    return Geometry(groups, hash_block, sched, unit, retention, budget, grid, shared_ckpt, split)
 
 
 def parse_speculative(raw: Any) -> Speculative | None:
@@ -489,6 +504,7 @@ def case_to_dict(case: Case) -> dict:
             "max_num_batched_tokens": g.max_num_batched_tokens,
             "prefill_checkpoint_grid": g.prefill_checkpoint_grid,
             "shared_prefix_checkpoint": g.shared_prefix_checkpoint,
+            "split_block_size": g.split_block_size,
         },
         "speculative": spec,
         "trace": _trace_to_list(case),

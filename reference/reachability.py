@@ -21,7 +21,10 @@ code by ``engine_adapter.resolve``; the lines cited are vLLM 0.33.0's):
   them: Mamba-2 layers (0.32.0+, grid 1) and Qwen Gated DeltaNet layers on
   the FlashInfer prefill kernel (0.33.0 on CUDA, grid ``lcm(H, 64)`` with a
   prefix match unit, else B, and B a multiple of 64);
-* ``--enable-mamba-shared-prefix-checkpoint`` exists from 0.32.0.
+* ``--enable-mamba-shared-prefix-checkpoint`` exists from 0.32.0;
+* the prefill split works in the KV block, except on CPU up to 0.32.0 where
+  the engine core resets an unset block size to 128 after the KV cache is
+  built (a split block below the KV block).
 
 :func:`reachability` answers ``False`` with the first rule a geometry breaks,
 or ``None`` when it breaks none (no contradiction; whether a shipped model
@@ -69,6 +72,8 @@ def geometry_reachability(g: Geometry, version: str, platform: str = "cuda") -> 
             allowed.add(math.lcm(g.prefix_match_unit, GDN_CHECKPOINT_ALIGNMENT) if g.prefix_match_unit else B)
         if ckpt not in allowed:
             return False, f"prefill_checkpoint_grid={ckpt}: vLLM {version} layers export internal checkpoints on grids {sorted(allowed) or 'none'} for this geometry"
+    if g.split_block_size is not None and not (platform == "cpu" and v <= (0, 32, 0) and g.split_block_size == 128):
+        return False, f"split_block_size={g.split_block_size}: only vLLM's CPU engine core (up to 0.32.0) splits prefills on a block (its default 128) below the KV block"
     if g.shared_prefix_checkpoint and v < (0, 32, 0):
         return False, f"shared_prefix_checkpoint: no such option in vLLM {version}"
     return None, "breaks none of vLLM's rules for a deployment's geometry"

@@ -214,7 +214,7 @@ def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs, 
     checkpoints a chunk that reaches the end of the prompt, and can export
     the checkpoint (``boundaries.internal_checkpoint_valid``), has no stop
     but the junction, and writes the checkpoint's state from inside."""
-    bs = min(g.block_size for g in geometry.groups)  # cache_config.block_size
+    bs = geometry.split_block  # cache_config.block_size, as the split reads it
     H = geometry.hash_block_size
     budget = geometry.max_num_batched_tokens
     L, drop = knobs.hash_lookahead_tokens, knobs.eagle_drop
@@ -313,7 +313,7 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
     grid = knobs.prefill_checkpoint_grid
     if grid is None or geometry.retention_interval == 0:
         return set()
-    bs = min(g.block_size for g in geometry.groups)
+    bs = geometry.split_block
     H = geometry.hash_block_size
     unit = H if knobs.partial_hash_hits else bs
     ends = {c.end for c in parts}
@@ -362,7 +362,10 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
                 # before 0.32.0 only a partial one (a full block takes the mask).
                 tail = tail_checkpoint(N, geometry.hash_block_size, knobs.eagle_drop, L, knobs.tail_checkpoint)
                 covered = {cacheable_tokens(e, M, geometry, knobs) for e in ends}
-                if tail > 0 and tail in covered and tail <= hashed and (tail % M or knobs.tail_checkpoint == "checkpoint"):
+                # ... and only where a prefill chunk ended: align mode writes a
+                # state nowhere else (a split block below the KV block, vLLM's
+                # CPU engine core up to 0.32.0, ends chunks off the block grid).
+                if tail > 0 and tail in covered and tail in ends and tail <= hashed and (tail % M or knobs.tail_checkpoint == "checkpoint"):
                     written.add(tail)
                     tails.add(tail)
             for c in parts:
