@@ -458,9 +458,14 @@ def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], 
         N = len(data) // TOKEN_BYTES
         match = index.query(data)
         placed = index.place(data, match)  # the marks below are this request's own: none is read before the next request
+        looked: list[tuple[dict, list, Lookup]] = []  # the lookup reads no retention: runs that reach the same states share it
         for r, (g, (_, rule)) in enumerate(zip(geometries, runs)):
-            reach = Cached([], (), match.channel_states[r])  # every reachable state, as one entry sharing `shared`
-            look = lookup(N, [match.shared], [reach], g, knobs, tails=tuple(match.channel_tails[r]))
+            states, tails = match.channel_states[r], match.channel_tails[r]
+            look = next((x for s, t, x in looked if s == states and t == tails), None)
+            if look is None:
+                reach = Cached([], (), states)  # every reachable state, as one entry sharing `shared`
+                look = lookup(N, [match.shared], [reach], g, knobs, tails=tuple(tails))
+                looked.append((states, tails, look))
             key = (N, look.hit, look.junction)
             memo = written[r].get(key)
             if memo is None:
