@@ -118,32 +118,43 @@ class VllmDriver:
     def run(self, case_or_dict: Case | dict, options: dict | None = None) -> dict:
         """Run a case. Returns the result dict; vLLM exceptions come back as
         ``{"error": {...}}`` (with the requests that finished before it);
-        kvspec's own errors (InvalidArgument/Unsupported) are raised."""
+        kvspec's own errors (InvalidArgument/Unsupported) are raised.
+
+        ``options``: ``eagle_groups`` (hand geometries: ``auto``, ``all``,
+        ``draft``); ``retained`` (default true): ``false`` skips the
+        block-pool scan after each request, for a campaign whose oracles
+        read only hits, queries and knobs; ``retained_mamba_blocks`` and
+        ``retained_mamba_tokens`` are then null."""
         options = dict(options or {})
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result: dict[str, Any] = {"engine": f"vllm=={self.version}", "hits": [], "queries": [], "knobs": None, "explain": [],
                                   "vllm_files_sha256": vllm_files_sha256(), "harness": {"platform": self.platform}}
-        setup = 0.0
+        setup = setup_cpu = 0.0
         try:
             built = self.build(case, options)
             if built.get("resolution") is not None:
                 result["resolution"] = built["resolution"]
             result["knobs"] = read_knobs(self.version, built)
-            setup = time.perf_counter() - t0
-            self._trace(case, built, result)
+            setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
+            self._trace(case, built, result, options)
         except VllmFailure as f:
             result["error"] = f.as_dict()
-            setup = setup or time.perf_counter() - t0
-        result["timing"] = {"setup_s": round(setup, 4), "total_s": round(time.perf_counter() - t0, 4)}
+            if not setup:
+                setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
+        # wall and CPU seconds (this process's), of the setup and in all
+        result["timing"] = {"setup_s": round(setup, 6), "total_s": round(time.perf_counter() - t0, 6),
+                            "setup_cpu_s": round(setup_cpu, 6), "total_cpu_s": round(time.process_time() - c0, 6)}
         return result
 
-    def _trace(self, case: Case, built: dict, result: dict) -> None:
+    def _trace(self, case: Case, built: dict, result: dict, options: dict) -> None:
         s = built["scheduler"]
         rec = Recorder()
+        scan = None
         try:
             rec.wrap(s, built["mamba_group_ids"])
-            scan = RetainedScan(s, built)
+            if options.get("retained", True):
+                scan = RetainedScan(s, built)
         except Exception as e:
             raise VllmFailure("setup", e) from None
         for i, creq in enumerate(case.trace):
@@ -151,11 +162,10 @@ class VllmDriver:
             served = serve(s, i, tokens, creq.max_tokens, built["hasher"])
             rid = f"req-{i}"
             lookups = rec.lookups.get(rid, [])
-            calls = rec.cache_calls.get(rid, [])
-            boundaries = None
-            if any(c["replay_boundaries"] is not None for c in calls):
-                boundaries = sorted({b for c in calls for b in (c["replay_boundaries"] or ()) if b > 0})
-            by_size, tokens_held, by_group = scan.retained(list(served.request.block_hashes))
+            cache_blocks, boundaries = rec.cache_blocks_of(rid)
+            by_size = tokens_held = by_group = None
+            if scan is not None:
+                by_size, tokens_held, by_group = scan.retained(list(served.request.block_hashes))
             explain = {
                 "request": i,
                 "prompt_tokens": len(tokens),
@@ -167,7 +177,7 @@ class VllmDriver:
                 "lookups": len(lookups),
                 "boundaries": boundaries,
                 "chunk_ends": served.chunk_ends,
-                "cache_blocks": [c["num_tokens"] for c in calls],
+                "cache_blocks": cache_blocks,
                 "retained_mamba_blocks": by_size,
                 "retained_mamba_tokens": tokens_held,
                 "steps": served.steps,

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -23,7 +25,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lookups: dict[str, list[tuple[int, int]]] = {}
-        self.cache_calls: dict[str, list[dict]] = {}
+        self.cache_calls: dict[str, list[tuple]] = {}
 
     def wrap(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
         kvm = scheduler.kv_cache_manager
@@ -44,21 +46,29 @@ class Recorder:
         for gid in mamba_group_ids[:1]:  # every Mamba group gets the same calls
             manager = managers[gid]
             original_cache = manager.cache_blocks
+            calls = self.cache_calls
 
             def cache_blocks(request, num_tokens, *args, _orig=original_cache, **kwargs):
+                # Record the raw values (converted once per request, in
+                # ``cache_blocks_of``): this runs on every step.
                 try:
                     rb = kwargs.get("replay_boundaries")
-                    self.cache_calls.setdefault(request.request_id, []).append(
-                        {"num_tokens": int(num_tokens), "replay_boundaries": None if rb is None else [int(x) for x in rb]}
-                    )
+                    calls.setdefault(request.request_id, []).append((num_tokens, None if rb is None else tuple(rb)))
                 except Exception:
                     pass
                 return _orig(request, num_tokens, *args, **kwargs)
 
             manager.cache_blocks = cache_blocks
 
-
-
+    def cache_blocks_of(self, request_id: str) -> tuple[list[int], list[int] | None]:
+        """(``num_tokens`` of each Mamba ``cache_blocks`` call of the request,
+        the positive ``replay_boundaries`` handed to them, sorted, or None
+        when no call carried any: vLLM before 0.30.0)."""
+        calls = self.cache_calls.get(request_id, ())
+        boundaries = None
+        if any(rb is not None for _, rb in calls):
+            boundaries = sorted({int(b) for _, rb in calls for b in (rb or ()) if b > 0})
+        return [int(n) for n, _ in calls], boundaries
 
 
 def read_knobs(version: str, built: dict) -> dict:
@@ -98,14 +108,41 @@ def read_knobs(version: str, built: dict) -> dict:
     return knobs
 
 
+_SUFFIXES: dict[tuple, bytes | None] = {}
+
+
+def _key_suffix(make_key, gid: int) -> bytes | None:
+    """The bytes vLLM's ``make_block_hash_with_group_id`` appends to a hash
+    for group ``gid``, when its key is hash + a fixed suffix (probed once
+    per process and group)."""
+    memo = (make_key, gid)
+    if memo not in _SUFFIXES:
+        suffix = None
+        sample = b"kvspec-key-probe"
+        try:
+            key = make_key(sample, gid)
+            if isinstance(key, bytes) and key.startswith(sample) and make_key(b"x", gid) == b"x" + key[len(sample):]:
+                suffix = bytes(key[len(sample):])
+        except Exception:
+            pass
+        _SUFFIXES[memo] = suffix
+    return _SUFFIXES[memo]
 
 
 class RetainedScan:
     """Which prompt states the block pool holds, per Mamba group.
 
-    vLLM keys a cached block by hash + group id; when that key is the hash
-    bytes followed by a fixed suffix (checked on a sample, per group), the
-    key is built inline: this scan runs over every hash of every request."""
+    vLLM keys a cached block by hash + group id. When that key is the hash
+    bytes followed by a fixed suffix per group (checked on a sample), the
+    scan keeps its own index of the Mamba groups' cached hashes, updated by
+    wrapping the *instance* methods through which vLLM inserts and removes
+    keys (``BlockHashToBlockMap.insert`` / ``.pop``, 0.29.0-0.33.0): one
+    cheap step per key vLLM caches, instead of building a key for every
+    hash of every request. The index is trusted only while the map is the
+    same object and holds as many keys as the index counted (a
+    ``reset_prefix_cache``, or a write past ``insert``/``pop`` in some
+    version, breaks that); otherwise, and where the key layout differs, the
+    scan asks the map for each key."""
 
     def __init__(self, scheduler: Scheduler, built: dict) -> None:
         pool = scheduler.kv_cache_manager.block_pool
@@ -113,33 +150,93 @@ class RetainedScan:
         self.hbs = built["hash_block_size"]
         self.mamba_gids = built["mamba_group_ids"]
         self.group_bs = {gid: built["groups"][gid].kv_cache_spec.block_size for gid in self.mamba_gids}
-        cache_map = getattr(getattr(pool, "cached_block_hash_to_block", None), "_cache", None)
+        sizes = set(self.group_bs.values())
+        self.uniform_bs = sizes.pop() if len(sizes) == 1 else None
+        self.map_obj = getattr(pool, "cached_block_hash_to_block", None)
+        cache_map = getattr(self.map_obj, "_cache", None)
         self.make_key = getattr(kv_cache_utils, "make_block_hash_with_group_id", None)
         if not isinstance(cache_map, dict) or self.make_key is None:
             cache_map = None
         self.cache_map = cache_map
         self.key_suffix: dict[int, bytes] = {}
         if cache_map is not None:
-            sample = b"kvspec-key-probe"
             for gid in self.mamba_gids:
-                try:
-                    key = self.make_key(sample, gid)
-                    if isinstance(key, bytes) and key.startswith(sample) and self.make_key(b"x", gid) == b"x" + key[len(sample):]:
-                        self.key_suffix[gid] = bytes(key[len(sample):])
-                except Exception:
-                    pass
+                suffix = _key_suffix(self.make_key, gid)
+                if suffix is not None:
+                    self.key_suffix[gid] = suffix
+        self.held: dict[int, set] | None = None
+        self._index()
+
+    def _index(self) -> None:
+        """Start the incremental index (see the class note) when every Mamba
+        group's key is hash + a suffix of one length."""
+        cache_map = self.cache_map
+        lengths = {len(x) for x in self.key_suffix.values()}
+        if cache_map is None or set(self.key_suffix) != set(self.mamba_gids) or len(lengths) != 1 or 0 in lengths:
+            return
+        insert, pop = getattr(self.map_obj, "insert", None), getattr(self.map_obj, "pop", None)
+        if not callable(insert) or not callable(pop):
+            return
+        cut = -lengths.pop()
+        by_suffix = {suffix: gid for gid, suffix in self.key_suffix.items()}
+        held: dict[int, set] = {gid: set() for gid in self.mamba_gids}
+        count = [len(cache_map)]
+        for key in list(cache_map):
+            gid = by_suffix.get(key[cut:]) if isinstance(key, bytes) else None
+            if gid is not None:
+                held[gid].add(key[:cut])
+
+        def on_insert(key, *args, **kwargs):
+            new = key not in cache_map
+            out = insert(key, *args, **kwargs)
+            try:
+                if new and key in cache_map:
+                    count[0] += 1
+                    gid = by_suffix.get(key[cut:])
+                    if gid is not None:
+                        held[gid].add(key[:cut])
+            except Exception:  # observation must never change behaviour
+                self.held = None
+            return out
+
+        def on_pop(key, *args, **kwargs):
+            had = key in cache_map
+            out = pop(key, *args, **kwargs)
+            try:
+                if had and key not in cache_map:
+                    count[0] -= 1
+                    gid = by_suffix.get(key[cut:])
+                    if gid is not None:
+                        held[gid].discard(key[:cut])
+            except Exception:
+                self.held = None
+            return out
+
+        self.map_obj.insert, self.map_obj.pop = on_insert, on_pop
+        self.held, self._count = held, count
+
+    def _index_valid(self) -> bool:
+        return self.held is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj and len(self.cache_map) == self._count[0]
 
     def positions(self, hashes: list) -> dict[int, list[int]]:
-        """{group id: token counts p (multiples of the hash block) whose state is held}."""
+        """{group id: token counts p (multiples of the hash block) whose state is held}.
+
+        The membership tests run in C (``map``, ``compress``)."""
         out = {}
         hbs, cache_map = self.hbs, self.cache_map
+        steps = range(hbs, (len(hashes) + 1) * hbs, hbs)  # (j + 1) * hbs
+        if self._index_valid():
+            for gid in self.mamba_gids:
+                out[gid] = list(compress(steps, map(self.held[gid].__contains__, hashes)))
+            return out
         for gid in self.mamba_gids:
-            if cache_map is not None:
+            if cache_map is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj:
                 suffix = self.key_suffix.get(gid)
                 if suffix is not None:
-                    out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if h + suffix in cache_map]
+                    keys = map(bytes.__add__, hashes, repeat(suffix, len(hashes)))
                 else:
-                    out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.make_key(h, gid) in cache_map]
+                    keys = (self.make_key(h, gid) for h in hashes)
+                out[gid] = list(compress(steps, map(cache_map.__contains__, keys)))
             else:
                 out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.pool.get_cached_block(h, [gid]) is not None]
         return out
@@ -149,6 +246,13 @@ class RetainedScan:
         when a held state is not a whole block or the groups disagree, the
         per-group blocks when they disagree)."""
         tokens = self.positions(hashes)
+        gids = self.mamba_gids
+        if self.uniform_bs is not None:  # one Mamba block size: usually every group holds the same
+            first = tokens[gids[0]]
+            if all(tokens[g] == first for g in gids[1:]):
+                bs = self.uniform_bs
+                partial = any(p % bs for p in first)
+                return {str(bs): [p // bs - 1 for p in first if p % bs == 0]}, ({str(g): tokens[g] for g in gids} if partial else None), None
         by_group = {gid: [p // self.group_bs[gid] - 1 for p in tokens[gid] if p % self.group_bs[gid] == 0] for gid in self.mamba_gids}
         by_size: dict[str, list[int]] = {}
         disagree = False

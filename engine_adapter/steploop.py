@@ -40,7 +40,11 @@ class Served:
 
 
 def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher) -> Served:
-    """Run one request to completion (the scheduler holds no other)."""
+    """Run one request to completion (the scheduler holds no other).
+
+    The loop makes the bare loop's vLLM calls (``engine_adapter.baseline``)
+    and adds only what is observed: the chunk end of each prefill step and
+    the summed ``prefix_cache_stats`` (names bound once, no copies)."""
     n = len(tokens)
     rid = f"req-{index}"
     try:
@@ -49,38 +53,46 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     except Exception as e:
         raise VllmFailure("add_request", e, request=index) from None
     out = Served(req)
-    idle = 0
+    chunk_ends = out.chunk_ends
+    requests = scheduler.requests
+    schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
+    sampled_one = [SAMPLED_TOKEN]
+    hits = queries = preempted_hits = preempted_queries = steps = idle = 0
+    last_end = -1
     max_steps = n + max_tokens + 64
     while True:
         try:
-            if not scheduler.has_unfinished_requests():
+            if not unfinished():
                 break
-            so = scheduler.schedule()
-            scheduled = dict(so.num_scheduled_tokens)
+            so = schedule()
+            scheduled = so.num_scheduled_tokens
             req_ids = list(scheduled)
             sampled = []
             for sid in req_ids:
-                r = scheduler.requests[sid]
-                sampled.append([SAMPLED_TOKEN] if r.num_computed_tokens >= r.num_tokens else [])
+                r = requests[sid]
+                sampled.append(sampled_one if r.num_computed_tokens >= r.num_tokens else [])
             # A prefill chunk's end; the last one may carry draft-token slots
             # past the prompt (MTP with lookahead hashes), so it counts as N.
-            computed = min(int(req.num_computed_tokens), n)
-            if rid in scheduled and (not out.chunk_ends or out.chunk_ends[-1] < computed) and req.num_output_tokens == 0:
-                out.chunk_ends.append(computed)
-            mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled)
-            outputs = scheduler.update_from_output(so, mro)
+            if rid in scheduled and req.num_output_tokens == 0:
+                computed = min(int(req.num_computed_tokens), n)
+                if last_end < computed:
+                    chunk_ends.append(computed)
+                    last_end = computed
+            outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
         except Exception as e:
             raise VllmFailure("step", e, request=index) from None
-        out.steps += 1
-        for eco in (outputs or {}).values():
-            stats = getattr(eco, "scheduler_stats", None)
-            pcs = getattr(stats, "prefix_cache_stats", None) if stats is not None else None
-            if pcs is not None:
-                out.hits += pcs.hits
-                out.queries += pcs.queries
-                out.preempted_hits += getattr(pcs, "preempted_hits", 0)
-                out.preempted_queries += getattr(pcs, "preempted_queries", 0)
+        steps += 1
+        if outputs:
+            for eco in outputs.values():
+                stats = eco.scheduler_stats
+                pcs = stats.prefix_cache_stats if stats is not None else None
+                if pcs is not None:
+                    hits += pcs.hits
+                    queries += pcs.queries
+                    preempted_hits += getattr(pcs, "preempted_hits", 0)
+                    preempted_queries += getattr(pcs, "preempted_queries", 0)
         idle = idle + 1 if not scheduled else 0
-        if idle > MAX_IDLE_STEPS or out.steps > max_steps:
-            raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {out.steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
+        if idle > MAX_IDLE_STEPS or steps > max_steps:
+            raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
+    out.hits, out.queries, out.preempted_hits, out.preempted_queries, out.steps = hits, queries, preempted_hits, preempted_queries, steps
     return out
