@@ -48,7 +48,7 @@ def stream_bytes(name: str, length: int) -> bytes:
     need = length * TOKEN_BYTES
     if len(have) < need:
         grow = max(length, 2 * len(have) // TOKEN_BYTES)
-        have = _STREAM_BYTES[name] = array("H", segment_tokens(name, grow)).tobytes()
+        have = _STREAM_BYTES[name] = have + array("H", segment_tokens(name, grow)[len(have) // TOKEN_BYTES :]).tobytes()
     return have[:need]
 
 

@@ -1,0 +1,246 @@
+"""kvspec advise (--model M [--platform P] [--device D] | CASE.json) [--engine vllm==X] [-- FLAGS] | --server URL
+                (--workload resend|chat|agent|rag|interleaved [sizes] | --trace FILE) [--confirm | --no-confirm] [--out DIR] [--json]
+
+What a deployment will hit on a workload, before it ships: the geometry
+vLLM resolves for it (``--model`` and ``vllm serve`` flags after ``--``, or
+a case file's deployment; resolved with vLLM's own code in the engine
+environment of ``--engine``, cached on disk), or a running server's
+(``--server``, read from its ``/metrics``); then, with the reference model:
+
+1. the resolved geometry and the minimum cacheable prefix (the shortest
+   prompt whose identical resend hits, under the deployment's retention and
+   under the promise);
+2. per request: hits under the rule the version implements and under the
+   promise (dense retention); the lost reuse, in tokens and as a share of
+   prefill;
+3. the failure classes this deployment is exposed to, each with its
+   shortest canonical case;
+4. for sparse, periodic k x block and dense retention: the hit share and
+   the Mamba states kept at the end (count and memory), and the cheapest
+   setting within 1% of the best hit share;
+5. a PNG chart of the hit share per request for each setting.
+
+The numbers of 2 and 4 are confirmed on the real in-process scheduler of
+that version (``--confirm``; on by default up to 200 requests and 2,000,000
+prompt tokens, see ``advise.confirm``); every disagreement is printed and
+written as a ``reference`` finding under ``OUT/findings/``.
+
+Workload sizes: ``--requests``, ``--prompt-tokens``, ``--turn-tokens``,
+``--system-tokens``, ``--turns``, ``--conversations``, ``--documents``,
+``--seed`` (defaults per shape: ``advise.workloads``). Without
+``--workload``/``--trace`` a case file's own trace is the workload.
+
+Writes ``OUT/advice.json`` and ``OUT/advice.png`` (``--out``, default
+``.kvspec/advise``). Exit status: 0 advice given (confirmed, or not
+confirmed); 1 the engine disagreed with the model (findings written);
+2 bad input (one line); 3 the engine did not run a setting (kvspec's own
+failure, never vLLM's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from reference.errors import invalid
+
+HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
+
+
+def configure(parser) -> None:
+    import argparse
+
+    from advise.workloads import OPTIONS, WORKLOADS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "exit status: 0 advice given; 1 the engine disagreed with the model (findings written); 2 bad input; 3 the engine did not run a setting"
+    parser.add_argument("case", nargs="?", help="a case or finding file: its deployment (and its trace, without --workload/--trace)")
+    parser.add_argument("--model", help="a shipped model name or a config.json path; vllm serve flags after --")
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="with --model: where vLLM would run (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)")
+    parser.add_argument("--engine", default=None, metavar="vllm==X", help="the vLLM version whose rules and resolution apply (default: vllm==0.33.0; with --server: the server's)")
+    parser.add_argument("--server", metavar="URL", help="read the geometry from a running server's /metrics instead")
+    parser.add_argument("--api-key", default=None, help="with --server: its API key (never printed or saved)")
+    parser.add_argument("--served-model", default=None, help="with --server: the served model name (when it serves several)")
+    parser.add_argument("--workload", metavar="|".join(WORKLOADS), help="a built-in workload shape")
+    for flag in OPTIONS:
+        parser.add_argument(flag, type=int, default=None, metavar="N", help=f"workload size: {OPTIONS[flag].replace('_', ' ')}")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    parser.add_argument("--trace", metavar="FILE", help="a recorded trace: JSON lines (advise.workloads)")
+    confirm = parser.add_mutually_exclusive_group()
+    confirm.add_argument("--confirm", dest="confirm", action="store_true", default=None, help="confirm on the engine (default: up to 200 requests / 2,000,000 prompt tokens)")
+    confirm.add_argument("--no-confirm", dest="confirm", action="store_false", help="predict only")
+    parser.add_argument("--out", default=None, metavar="DIR", help="where advice.json, advice.png and findings/ go (default: .kvspec/advise)")
+    parser.add_argument("--chart", default=None, metavar="FILE", help="the PNG chart (default: OUT/advice.png)")
+    parser.add_argument("--json", action="store_true", help="print the advice as JSON instead of tables")
+    parser.add_argument("--fresh", action="store_true", help="resolve the deployment again (ignore the resolution cache)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds one engine run (or a server request) may take (default: %(default)s)")
+    parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def check_options(args) -> None:
+    """Every option value checked before any work (one line each)."""
+    from kvspec.options import output_dir, output_file, seconds
+
+    seconds("--timeout", args.timeout)
+    if args.model is not None and args.case is not None and args.case.startswith("-"):  # argparse put the first flag after -- here
+        args.flags = [args.case, *(args.flags or [])]
+        args.case = None
+    sources = [x for x in (args.case, args.model, args.server) if x is not None]
+    if len(sources) != 1:
+        raise invalid("source", sources, "give exactly one of: a case file, --model M (flags after --), --server URL")
+    if args.flags and args.model is None:
+        raise invalid("flags", args.flags, "vllm serve flags go with --model only")
+    if args.server is not None and args.engine is not None:
+        raise invalid("--engine", args.engine, "with --server the server's own vLLM version applies; allowed: no --engine")
+    if args.server is None and (args.api_key is not None or args.served_model is not None):
+        raise invalid("--api-key" if args.api_key is not None else "--served-model", "...", "only with --server")
+    if args.workload is not None and args.trace is not None:
+        raise invalid("--trace", args.trace, "give --workload or --trace, not both")
+    if args.workload is None and args.trace is None and args.case is None:
+        raise invalid("--workload", None, "give a workload: --workload resend|chat|agent|rag|interleaved or --trace FILE (or a case file's trace)")
+    from advise.workloads import OPTIONS
+
+    if args.workload is None:
+        for flag, key in OPTIONS.items():
+            if getattr(args, key) is not None:
+                raise invalid(flag, getattr(args, key), "a size of a built-in workload; allowed: with --workload")
+    if args.out is not None:
+        output_dir("--out", args.out)
+    if args.chart is not None:
+        output_file("--chart", args.chart)
+
+
+def build_workload(args, case):
+    from advise import workloads
+
+    if args.trace is not None:
+        return workloads.load_trace(args.trace)
+    if args.workload is not None:
+        given = {key: getattr(args, key) for key in workloads.OPTIONS.values()}
+        return workloads.build(args.workload, given, args.seed)
+    workload = workloads.Workload("case", {"file": args.case}, case.trace)
+    workloads.check(workload)
+    return workload
+
+
+def _deployment_case(args):
+    from reference.case import parse_case
+
+    dep = {"model": args.model, "vllm_args": list(args.flags or []), "platform": args.platform}
+    if args.device is not None:
+        dep["device"] = args.device
+    return parse_case({"schema": 1, "name": "advise", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+
+
+class LazyEngine:
+    """The engine, opened on first use (resolution or confirmation) and
+    closed at the end."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.engine = None
+
+    def __call__(self):
+        if self.engine is None:
+            from engine_adapter.engine import open_engine
+
+            _say(f"kvspec advise: starting the {self.name} engine (about half a minute) ...")
+            self.engine = open_engine(self.name)
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def main(args) -> int:
+    from advise import model, source as sources
+    from advise.chart import chart
+    from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
+    from advise.render import render, report
+    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from kvspec.home import kvspec_home
+    from reference.case import write_json_atomic
+
+    check_options(args)
+    case = None
+    if args.case is not None:
+        from fuzz.findings import load_finding
+
+        case, _ = load_finding(args.case)
+    elif args.model is not None:
+        case = _deployment_case(args)
+    workload = build_workload(args, case)
+    if args.confirm:
+        check_explicit(workload.requests)
+    out = Path(args.out) if args.out is not None else kvspec_home() / "advise"
+    lazy = None
+    try:
+        if args.server is not None:
+            src = sources.from_server(args.server, api_key=args.api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0))
+        else:
+            name = engine_name(parse_engine(args.engine or DEFAULT_ENGINE, "--engine"))
+            lazy = LazyEngine(name)
+            if case.deployment is not None:
+                src = sources.from_deployment(case, name, lazy, use_cache=not args.fresh)
+            else:
+                src = sources.Source("hand", name, case.geometry, case.speculative, {}, ["a hand geometry: no deployment resolved it (kvspec resolve CASE says whether one reaches it)"], describe=case.name or str(args.case))
+        if lazy is None:
+            lazy = LazyEngine(src.engine)
+        version = parse_engine(src.engine)
+        _check_lengths(workload, src.facts.get("max_model_len"))
+        resolved = src.case(workload.requests, workload.name)
+        advice = model.advise(resolved, version, src.facts)
+        confirmed = None
+        skipped = None
+        if args.confirm is False:
+            skipped = "--no-confirm"
+        else:
+            why = None if args.confirm else too_big(workload.requests, explicit=False)
+            if why:
+                skipped = f"the workload has {why} (--confirm to run it anyway)"
+            elif src.kind == "server":
+                from engine_adapter import environments
+
+                if not environments.is_ready(version):
+                    if args.confirm:
+                        from reference.errors import EngineError
+
+                        raise EngineError(f"engine={src.engine!r}: not installed; run: kvspec engines install {src.engine}")
+                    skipped = f"the server's engine {src.engine} is not installed (kvspec engines install {src.engine})"
+            if skipped is None:
+                confirmed = confirm(src, resolved, advice, lazy(), out, timeout=min(args.timeout, RUN_TIMEOUT_S), progress=_say)
+        chart_path = Path(args.chart) if args.chart else out / "advice.png"
+        title = f"{src.describe} on {src.engine}: workload {workload.name} ({len(workload.requests):,} requests)"
+        chart(advice, title[:330], chart_path)
+        files = {"json": str(out / "advice.json"), "chart": str(chart_path), "findings": str(out / "findings") if confirmed and confirmed["findings"] else None}
+        doc = report(advice, src.as_dict(), workload.as_dict(), confirmed, files)
+        if skipped:
+            doc["confirm_skipped"] = skipped
+        write_json_atomic(out / "advice.json", doc)
+    finally:
+        if lazy is not None:
+            lazy.close()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        render(doc)
+    if confirmed is None:
+        return 0
+    return {"confirmed": 0, "disagrees": 1, "inconclusive": 3}[confirmed["status"]]
+
+
+def _check_lengths(workload, max_model_len: int | None) -> None:
+    """A request vLLM would refuse (longer than max_model_len): one line."""
+    if not max_model_len:
+        return
+    for i, r in enumerate(workload.requests):
+        need = r.num_prompt_tokens + r.max_tokens
+        if need > max_model_len:
+            raise invalid(f"workload request {i}", f"<{need:,} tokens with max_tokens>", f"above the deployment's max_model_len={max_model_len:,}; allowed: shorter prompts (or --max-model-len)")

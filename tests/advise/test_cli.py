@@ -1,0 +1,85 @@
+"""``kvspec advise`` on the command line: a hand geometry end to end
+without an engine (--no-confirm), and bad input as one line with exit 2
+before any engine starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvspec.cli import main
+
+SEED = "examples/seed-53504.json"  # a hand geometry: no engine needed to resolve it
+
+
+def _run(capsys, *argv):
+    code = main(["advise", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_hand_geometry_without_engine_writes_json_and_chart(capsys, tmp_path):
+    code, out, err = _run(capsys, SEED, "--engine", "vllm==0.29.0", "--no-confirm", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["implemented"] for r in doc["requests"]] == [0, 0, 9600]  # the case's own trace: 11910 x 3 (#53504)
+    assert doc["confirm"] is None and doc["confirm_skipped"] == "--no-confirm"
+    assert json.loads((tmp_path / "advice.json").read_text()) == doc
+    assert (tmp_path / "advice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rich_output_names_the_recommendation(capsys, tmp_path):
+    code, out, err = _run(capsys, SEED, "--engine", "vllm==0.29.0", "--workload", "resend", "--requests", "3", "--prompt-tokens", "11910", "--no-confirm", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "Recommended: --prefix-cache-retention-interval 3200" in out
+    assert "Lost reuse: 9,600 tokens" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ((SEED, "--workload", "chats"), "kvspec: --workload='chats': allowed: resend, chat, agent, rag, interleaved"),
+    ((SEED, "--workload", "chat", "--documents", "2"), "kvspec: --documents=2: not an option of --workload chat"),
+    ((SEED, "--workload", "resend", "--requests", "5000", "--confirm"), "kvspec: --confirm=True: the workload has 5,000 requests; confirmed at most 1,000"),
+    (("--model", "qwen3_next"), "kvspec: --workload=None: give a workload"),
+    (("--server", "http://127.0.0.1:9", "--engine", "vllm==0.33.0", "--workload", "resend"), "kvspec: --engine='vllm==0.33.0': with --server the server's own vLLM version applies"),
+    ((SEED, "--model", "qwen3_next", "--workload", "resend"), "kvspec: source="),
+    ((SEED, "--workload", "resend", "--timeout", "nan"), "kvspec: --timeout=nan: must be a finite number of seconds"),
+    ((SEED, "--engine", "vllm==0.31.0", "--workload", "resend", "--no-confirm"), "kvspec: --engine='vllm==0.31.0': vLLM 0.31.0 has no kvspec engine environment"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message):
+    code, out, err = _run(capsys, *argv, "--out", str(tmp_path))
+    assert code == 2
+    assert err.startswith(message), err
+    assert err.count("\n") == 1 and out == ""
+
+
+def test_malformed_trace_file(capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"tokens": 100}\n{"tokens": 50, "shares": {"request": 0, "tokens": 80}}\n')
+    code, out, err = _run(capsys, SEED, "--trace", str(trace), "--out", str(tmp_path))
+    assert code == 2
+    assert err == "kvspec: --trace line 2.shares.tokens=80: must be an integer in [0, 50]\n"
+
+
+def test_server_unreachable(capsys, tmp_path):
+    code, out, err = _run(capsys, "--server", "http://127.0.0.1:9", "--workload", "resend", "--timeout", "5", "--out", str(tmp_path))
+    assert code == 2
+    assert err.startswith("kvspec: --server=http://127.0.0.1:9: ") and "refused" in err
+    assert err.count("\n") == 1
+
+
+def test_a_prompt_longer_than_max_model_len(capsys, tmp_path, monkeypatch):
+    """A request vLLM would refuse is refused here too (the server's or the
+    deployment's max_model_len)."""
+    from advise import source
+
+    real = source.Source
+
+    def fake_server(url, **kw):
+        case = __import__("reference.case", fromlist=["load_case"]).load_case(SEED)
+        return real("server", "vllm==0.33.0", case.geometry, case.speculative, {"max_model_len": 4096}, [], describe="stub")
+
+    monkeypatch.setattr(source, "from_server", fake_server)
+    code, out, err = _run(capsys, "--server", "http://127.0.0.1:9", "--workload", "resend", "--no-confirm")
+    assert code == 2
+    assert err.startswith("kvspec: workload request 0='<8,001 tokens with max_tokens>': above the deployment's max_model_len=4,096")
