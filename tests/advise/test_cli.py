@@ -83,3 +83,20 @@ def test_a_prompt_longer_than_max_model_len(capsys, tmp_path, monkeypatch):
     code, out, err = _run(capsys, "--server", "http://127.0.0.1:9", "--workload", "resend", "--no-confirm")
     assert code == 2
     assert err.startswith("kvspec: workload request 0='<8,001 tokens with max_tokens>': above the deployment's max_model_len=4,096")
+
+
+def test_a_server_geometry_end_to_end(capsys, tmp_path):
+    """``--server``: the geometry read from a (stub) server's /metrics, its
+    version from /version; what the server does not expose is listed as
+    assumed; no engine when --no-confirm."""
+    from tests.live.stub_server import StubVllm, cache_config_labels
+
+    with StubVllm(cache_config=cache_config_labels(block_size="256", prefix_cache_retention_interval="0"), version="0.33.0") as stub:
+        code, out, err = _run(capsys, "--server", stub.url, "--workload", "resend", "--prompt-tokens", "1000", "--no-confirm", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["source"]["kind"] == "server" and doc["source"]["engine"] == "vllm==0.33.0"
+    assert doc["source"]["geometry"]["scheduler_block_size"] == 256
+    assert any("max_num_batched_tokens" in a for a in doc["source"]["assumptions"])
+    assert [r["implemented"] for r in doc["requests"]] == [0, 768, 768]
+    assert doc["retention"]["memory"]["per_gpu"] is None  # a server exposes no Mamba page
