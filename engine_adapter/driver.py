@@ -102,6 +102,10 @@ class VllmDriver:
         """What ``EngineCore`` builds for the case (deployment or hand)."""
         if case.deployment is not None:
             return build_deployment(self.caps, case, options)
+        # A hand geometry is built under the default GPU's answers, whatever
+        # deployment this process resolved before (a long-lived worker runs
+        # case after case; each must build as in a fresh process).
+        _platform.set_device(None)
         return build_hand(self.caps, case, options)
 
     def resolve(self, case_or_dict: Case | dict) -> dict:

@@ -6,7 +6,11 @@
 * **worker** (:class:`WorkerEngine`): any other version runs in its own
   environment (``kvspec engines install vllm==X``) as a long-lived
   ``python -m engine_adapter.worker`` subprocess spoken to over
-  :mod:`engine_adapter.protocol`.
+  :mod:`engine_adapter.protocol`;
+* **warm** (:class:`WarmEngine`): the same worker, started once and shared
+  by later commands over a Unix socket until it has been idle for a while
+  (:mod:`engine_adapter.warm`); ``run``, ``replay --engine``, ``resolve``
+  and ``matrix`` use it unless ``KVSPEC_WARM=0``.
 
 Both return the same result dict from ``run(case)``::
 
@@ -44,7 +48,7 @@ from reference import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
 from reference.errors import EngineError, InvalidArgument
 
-MODES = ("auto", "inprocess", "worker")
+MODES = ("auto", "inprocess", "worker", "warm")
 #: Seconds a worker may take to import vLLM and say hello.
 START_TIMEOUT_S = 180.0
 #: Default seconds one case may take in a worker.
@@ -257,35 +261,49 @@ class WorkerProcess:
         return resp["result"]
 
     def run(self, case: Case | dict, options: dict | None = None, timeout: float | None = None) -> dict:
-        case_dict = _as_case_dict(case)
-        resp = self.request("run", timeout or self.run_timeout, case=case_dict, options=options or {})
-        if resp.get("ok"):
-            return _tag(resp["result"], "worker")
-        err = resp.get("error") or {}
-        self._raise_kvspec(err)
-        if err.get("kind") in ("worker", "internal"):
-            # a dead/hung worker or an adapter bug: a structured error result
-            return {"engine": self.engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
-                "kind": err["kind"], "phase": "worker", "request": None, "type": err["kind"],
-                "message": err.get("message", ""), "traceback": err.get("traceback"),
-            }}
-        raise EngineError(f"engine={self.engine!r}: {err.get('message', json.dumps(err))}")
+        resp = self.request("run", timeout or self.run_timeout, case=_as_case_dict(case), options=options or {})
+        return _run_result(self.engine, resp)
 
     def resolve(self, case: Case | dict, timeout: float | None = None) -> dict:
         """vLLM's resolution of a deployment case (``driver.VllmDriver.resolve``)."""
         resp = self.request("resolve", timeout or self.run_timeout, case=_as_case_dict(case))
-        if resp.get("ok"):
-            return resp["result"]
-        err = resp.get("error") or {}
-        self._raise_kvspec(err)
-        raise EngineError(f"engine={self.engine!r}: resolve failed ({err.get('kind')}): {err.get('message', json.dumps(err))[:400]}")
+        return _resolve_result(self.engine, resp)
 
-    def _raise_kvspec(self, err: dict) -> None:
-        if err.get("kind") == "kvspec":
-            cls = getattr(kvspec_errors, err.get("class", ""), None)
-            if isinstance(cls, type) and issubclass(cls, kvspec_errors.KvspecError):
-                raise cls(err.get("message", ""))
-            raise kvspec_errors.KvspecError(err.get("message", ""))
+
+def _raise_kvspec(err: dict) -> None:
+    """Raise the kvspec error a worker reported (``kind: "kvspec"``)."""
+    if err.get("kind") == "kvspec":
+        cls = getattr(kvspec_errors, err.get("class", ""), None)
+        if isinstance(cls, type) and issubclass(cls, kvspec_errors.KvspecError):
+            raise cls(err.get("message", ""))
+        raise kvspec_errors.KvspecError(err.get("message", ""))
+
+
+def _run_result(engine: str, resp: dict, **harness) -> dict:
+    """A worker's response to ``run`` as a run result: the result, a
+    structured error result for a dead or hung worker or an adapter bug
+    (kvspec's failure, never vLLM's), or the kvspec error it reported."""
+    if resp.get("ok"):
+        result = _tag(resp["result"], "worker")
+        if harness and isinstance(result, dict):
+            result["harness"].update(harness)
+        return result
+    err = resp.get("error") or {}
+    _raise_kvspec(err)
+    if err.get("kind") in ("worker", "internal"):
+        return {"engine": engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
+            "kind": err["kind"], "phase": "worker", "request": None, "type": err["kind"],
+            "message": err.get("message", ""), "traceback": err.get("traceback"),
+        }}
+    raise EngineError(f"engine={engine!r}: {err.get('message', json.dumps(err))}")
+
+
+def _resolve_result(engine: str, resp: dict) -> dict:
+    if resp.get("ok"):
+        return resp["result"]
+    err = resp.get("error") or {}
+    _raise_kvspec(err)
+    raise EngineError(f"engine={engine!r}: resolve failed ({err.get('kind')}): {err.get('message', json.dumps(err))[:400]}")
 
 
 class WorkerEngine(Engine):
@@ -336,6 +354,55 @@ class WorkerEngine(Engine):
             proc.close()
 
 
+class WarmEngine(Engine):
+    """An engine in its own environment, served by a warm engine
+    (:mod:`engine_adapter.warm`): one long-lived worker per version and
+    platform, shared by every command until it has been idle for its idle
+    timeout. ``close`` leaves it running. Results say ``harness.mode:
+    worker`` (a worker ran them) and ``harness.warm: true``."""
+
+    mode = "warm"
+
+    def __init__(self, version: str, *, idle_timeout: float | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S, directory=None) -> None:
+        super().__init__(version)
+        from engine_adapter import warm
+
+        self._warm = warm
+        self._options = {"idle_timeout": idle_timeout, "start_timeout": start_timeout, "directory": directory}
+        self.clients: dict = {}
+        self.run_timeout = run_timeout
+
+    def client(self, platform: str = "cuda"):
+        c = self.clients.get(platform)
+        if c is None:
+            c = self.clients[platform] = self._warm.WarmClient(self.version, platform, **self._options)
+        return c
+
+    @property
+    def restarts(self) -> int:
+        return sum(c.restarts for c in self.clients.values())
+
+    def start(self, platform: str = "cuda") -> dict:
+        """Make sure the warm engine runs (started if needed); its ping."""
+        return self.ping(platform)
+
+    def ping(self, platform: str = "cuda") -> dict:
+        resp = self.client(platform).request("ping", 30 + self.client(platform).start_timeout)
+        if not resp.get("ok"):
+            raise EngineError(f"engine={self.engine!r}: {(resp.get('error') or {}).get('message', '')}")
+        return resp["result"]
+
+    def run(self, case: Case | dict, options: dict | None = None, timeout: float | None = None) -> dict:
+        parsed = case if isinstance(case, Case) else parse_case(case)
+        resp = self.client(_platform_of(parsed)).request("run", timeout or self.run_timeout, case=case_to_dict(parsed), options=options or {})
+        return _run_result(self.engine, resp, warm=True)
+
+    def resolve(self, case: Case | dict, timeout: float | None = None) -> dict:
+        parsed = case if isinstance(case, Case) else parse_case(case)
+        resp = self.client(_platform_of(parsed)).request("resolve", timeout or self.run_timeout, case=case_to_dict(parsed))
+        return _resolve_result(self.engine, resp)
+
+
 def _tag(result: dict, mode: str) -> dict:
     """The run result with the harness mode that ran it (``harness.mode``:
     ``inprocess`` or ``worker``; the driver reports ``harness.platform``)."""
@@ -349,12 +416,16 @@ def _platform_of(case: Case) -> str:
     return case.deployment.platform if case.deployment is not None else "cuda"
 
 
-def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None) -> Engine:
+def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None, warm: bool = False) -> Engine:
     """An Engine for ``spec`` (``vllm==X``).
 
     ``mode="auto"`` runs in-process when this interpreter imports vLLM X,
     else in X's environment (installed first if ``install``; otherwise a
-    missing environment is an EngineError naming the install command)."""
+    missing environment is an EngineError naming the install command): on
+    the warm engine when ``warm`` (the commands pass
+    ``engine_adapter.warm.enabled()``), else in a worker of its own.
+    ``mode="warm"`` asks for the warm engine, ``mode="worker"`` for a
+    worker of its own."""
     version = parse_engine(spec)
     if mode not in MODES:
         raise InvalidArgument(f"mode={mode!r}: allowed: {', '.join(MODES)}")
@@ -369,4 +440,6 @@ def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool
         else:
             state = environments.status(version)["state"]
             raise EngineError(f"engine={engine_name(version)!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {engine_name(version)}")
+    if mode == "warm" or (mode == "auto" and warm):
+        return WarmEngine(version)
     return WorkerEngine(version)

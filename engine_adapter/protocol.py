@@ -19,6 +19,14 @@ Worker -> parent, one response per request::
     {"id": 1, "ok": true, "result": {...}}
     {"id": 1, "ok": false, "error": {"kind": "kvspec", "class": "Unsupported", "message": "..."}}
 
+The same lines serve a **warm engine** (``engine_adapter.warm``): a
+worker listening on a Unix socket, one request per connection (the client
+sends one line, reads one line, closes), requests served one at a time.
+A warm request also carries ``"fingerprint"`` (the client's sources); a
+server running other sources answers ``{"ok": false, "error": {"kind":
+"stale"}}`` without running anything. ``status`` (warm only) reports the
+server's pid, fingerprint and idle seconds left without counting as use.
+
 ``ok: true`` means the request was carried out. A ``run`` whose case made
 vLLM raise is still ``ok: true``: its result carries
 ``"error": {"kind": "vllm", "phase", "request", "type", "message", "traceback"}``
@@ -37,7 +45,7 @@ import json
 from typing import Any
 
 PROTOCOL_VERSION = 1
-OPS = ("run", "resolve", "ping", "shutdown")
+OPS = ("run", "resolve", "ping", "shutdown", "status")
 
 
 def encode(obj: dict[str, Any]) -> str:

@@ -36,15 +36,44 @@ def _error(kind: str, message: str, cls: str | None = None, tb: str | None = Non
     return err
 
 
-def serve(out, inp) -> int:
-    from engine_adapter.protocol import OPS, PROTOCOL_VERSION, decode, encode
-
-    t0 = time.perf_counter()
-    from engine_adapter.driver import get_driver  # imports vLLM
+def handle(driver, msg: dict, fingerprint: str | None = None) -> dict:
+    """Carry out one decoded request (``run``, ``resolve``, ``ping``); the
+    response without its ``id``. A warm server (``fingerprint`` set) refuses
+    a request that names another fingerprint (``kind: "stale"``): the client
+    then starts a server of its own sources."""
+    from engine_adapter.protocol import OPS
     from reference.errors import KvspecError
 
-    driver = get_driver()
-    out.write(encode({
+    try:
+        op = msg.get("op")
+        want = msg.get("fingerprint")
+        if fingerprint is not None and want is not None and want != fingerprint:
+            return {"ok": False, "error": _error("stale", f"this warm server runs fingerprint {fingerprint[:12]}, the client {str(want)[:12]}")}
+        if op not in OPS:
+            return {"ok": False, "error": _error("protocol", f"op={op!r}: allowed: {', '.join(OPS)}")}
+        if op == "ping":
+            pong = {"pong": True, "vllm_version": driver.version}
+            if fingerprint is not None:
+                pong.update(pid=os.getpid(), fingerprint=fingerprint)
+            return {"ok": True, "result": pong}
+        if op == "resolve":
+            return {"ok": True, "result": driver.resolve(msg.get("case"))}
+        if op == "run":
+            options = msg.get("options") or {}
+            if not isinstance(options, dict):
+                raise TypeError("options must be an object")
+            return {"ok": True, "result": driver.run(msg.get("case"), options)}
+        return {"ok": False, "error": _error("protocol", f"op={op!r}: not served here")}
+    except KvspecError as e:
+        return {"ok": False, "error": _error("kvspec", str(e), type(e).__name__)}
+    except Exception as e:  # an adapter bug: report it, keep serving
+        return {"ok": False, "error": _error("internal", f"{type(e).__name__}: {e}", tb=traceback.format_exc())}
+
+
+def _hello(driver, t0: float) -> dict:
+    from engine_adapter.protocol import PROTOCOL_VERSION
+
+    return {
         "protocol": PROTOCOL_VERSION,
         "event": "hello",
         "engine": f"vllm=={driver.version}",
@@ -52,35 +81,31 @@ def serve(out, inp) -> int:
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "import_s": round(time.perf_counter() - t0, 3),
-    }))
+    }
+
+
+def serve(out, inp) -> int:
+    from engine_adapter.protocol import decode, encode
+
+    t0 = time.perf_counter()
+    from engine_adapter.driver import get_driver  # imports vLLM
+
+    driver = get_driver()
+    out.write(encode(_hello(driver, t0)))
     for line in inp:
         if not line.strip():
             continue
         rid = None
         try:
             msg = decode(line)
-            rid = msg.get("id")
-            op = msg.get("op")
-            if op not in OPS:
-                resp = {"ok": False, "error": _error("protocol", f"op={op!r}: allowed: {', '.join(OPS)}")}
-            elif op == "ping":
-                resp = {"ok": True, "result": {"pong": True, "vllm_version": driver.version}}
-            elif op == "shutdown":
-                out.write(encode({"id": rid, "ok": True, "result": {"bye": True}}))
-                return 0
-            elif op == "resolve":
-                resp = {"ok": True, "result": driver.resolve(msg.get("case"))}
-            else:
-                options = msg.get("options") or {}
-                if not isinstance(options, dict):
-                    raise TypeError("options must be an object")
-                resp = {"ok": True, "result": driver.run(msg.get("case"), options)}
-        except KvspecError as e:
-            resp = {"ok": False, "error": _error("kvspec", str(e), type(e).__name__)}
         except ValueError as e:
             resp = {"ok": False, "error": _error("protocol", f"bad request line: {e}")}
-        except Exception as e:  # an adapter bug: report it, keep serving
-            resp = {"ok": False, "error": _error("internal", f"{type(e).__name__}: {e}", tb=traceback.format_exc())}
+        else:
+            rid = msg.get("id")
+            if msg.get("op") == "shutdown":
+                out.write(encode({"id": rid, "ok": True, "result": {"bye": True}}))
+                return 0
+            resp = handle(driver, msg)
         resp["id"] = rid
         try:
             out.write(encode(resp))
@@ -128,7 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine_adapter.worker")
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument("--expect-version")
+    parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.warm)")
+    parser.add_argument("--state", help="with --socket: the state file to write")
+    parser.add_argument("--fingerprint", help="with --socket: the sources' fingerprint (engine_adapter.warm.fingerprint)")
+    parser.add_argument("--idle-timeout", type=float, default=600.0, help="with --socket: exit after this many idle seconds")
     args = parser.parse_args(argv)
+    if args.socket:
+        from engine_adapter.warm import serve_socket
+
+        return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout)
     out = _claim_stdout()
     if args.selftest:
         return selftest(args.expect_version, out)

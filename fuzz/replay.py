@@ -78,13 +78,19 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
     }
 
 
-def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | None = None) -> dict:
+def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | None = None, warm: bool | None = None) -> dict:
     """Load a finding/case file and replay it on ``engine_name``; a
     ``versions`` finding also on the other engine it names (or
     ``other_name``): the finding's own engine when ``engine_name`` is the
-    other one."""
+    other one. ``warm``: on the versions' warm engines
+    (``engine_adapter.warm``) or on workers of this call's own; default as
+    ``kvspec replay --engine`` does (warm unless ``KVSPEC_WARM=0``)."""
     from engine_adapter import open_engine
+    from engine_adapter import warm as warm_engines
     from engine_adapter.versions import engine_name as name_of, parse_engine
+
+    if warm is None:
+        warm = warm_engines.enabled()
 
     case, finding = load_finding(path)
     version = parse_engine(engine_name, "--engine")
@@ -100,11 +106,11 @@ def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | No
             other_version = under_test
         if other_version is None:
             raise Unsupported(f"finding.other_engine={claim.other_version!r}: a versions finding names the engine it was compared with; allowed: a finding that names it (schema 2), beside --engine")
-    engine = open_engine(name_of(version))
+    engine = open_engine(name_of(version), warm=warm)
     other = None
     try:
         if other_version is not None:
-            other = open_engine(name_of(other_version))
+            other = open_engine(name_of(other_version), warm=warm)
         return replay_case(case, finding, engine, other)
     finally:
         for e in (engine, other):

@@ -6,6 +6,36 @@ import pytest
 
 from reference.case import parse_case
 
+@pytest.fixture(scope="session", autouse=True)
+def _warm_engines_of_this_session():
+    """Warm engines (engine_adapter.warm) that the tests' commands start live
+    in a folder of this session under kvspec's home, never beside the
+    user's, and are stopped when the session ends (had it been killed,
+    they still exit after their idle timeout)."""
+    import os
+    import shutil
+
+    from kvspec.home import kvspec_home
+
+    keys = ("KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
+    before = {k: os.environ.get(k) for k in keys}
+    folder = kvspec_home() / f"warm-tests-{os.getpid()}"
+    os.environ["KVSPEC_WARM_DIR"] = str(folder)
+    os.environ["KVSPEC_WARM_IDLE_S"] = "300"
+    try:
+        yield folder
+    finally:
+        from engine_adapter import warm
+
+        warm.stop(directory=folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 MTP_DROP = {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True}
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 

@@ -24,13 +24,13 @@ def main(args) -> int:
     if args.chart:
         output_file("--chart", args.chart)  # before any engine work
 
-    from engine_adapter import open_engine
+    from engine_adapter import open_engine, warm
     from engine_adapter.versions import engine_name, parse_engine
 
     from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
 
     versions = [parse_engine(e, "--engine") for e in args.engine]
-    engines = [open_engine(engine_name(v)) for v in versions]
+    engines = [open_engine(engine_name(v), warm=warm.enabled()) for v in versions]
     try:
         rows = run_matrix(args.cases, engines)
     finally:

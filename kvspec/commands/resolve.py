@@ -82,11 +82,11 @@ def main(args) -> int:
         case = _deployment_case(args)
     if case.deployment is None:
         return _reachability(case, engines, args)
-    from engine_adapter import open_engine
+    from engine_adapter import open_engine, warm
 
     results = []
     for name in engines:
-        with open_engine(name) as engine:
+        with open_engine(name, warm=warm.enabled()) as engine:
             results.append(engine.resolve(case))
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
@@ -147,13 +147,13 @@ def table_deployments(device: str | None) -> list[dict]:
 
 
 def _table(engines: list[str], args) -> int:
-    from engine_adapter import open_engine
+    from engine_adapter import open_engine, warm
     from reference.case import parse_case
 
     plan = table_deployments(args.device)
     cells: dict[tuple, dict] = {}
     for name in engines:
-        with open_engine(name) as engine:
+        with open_engine(name, warm=warm.enabled()) as engine:
             for row in plan:
                 case = parse_case({"schema": 1, "deployment": row["deployment"], "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
                 key = (name, row["model"], row["tp"], row["dtype"], row["mtp"])

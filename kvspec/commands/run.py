@@ -48,7 +48,7 @@ def configure(parser) -> None:
     parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements)")
     parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
     parser.add_argument("--install", action="store_true", help="install the engine environment first if missing")
-    parser.add_argument("--mode", choices=("auto", "inprocess", "worker"), default="auto", help="in-process (this interpreter's vLLM) or a worker in the version's environment (default: auto)")
+    parser.add_argument("--mode", choices=("auto", "inprocess", "worker", "warm"), default="auto", help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)")
     parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
 
@@ -132,11 +132,12 @@ def main(args) -> int:
 
     if args.compare and case.geometry is not None and case.deployment is None:
         reference = predict(case, f"vllm=={version}", rule)  # its one-line errors exit 2 before any engine work
+    from engine_adapter import warm
     from engine_adapter.engine import open_engine
 
-    with open_engine(f"vllm=={version}", mode=args.mode, install=args.install) as engine:
+    with open_engine(f"vllm=={version}", mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
         options = {"eagle_groups": args.eagle_groups}
-        if engine.mode == "worker":
+        if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
             observed = engine.run(case, options)

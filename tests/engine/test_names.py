@@ -38,7 +38,7 @@ def test_open_engine_rejects_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path))
     with pytest.raises(Unsupported):
         open_engine("vllm==0.31.0")
-    with pytest.raises(InvalidArgument, match=r"^mode='gpu': allowed: auto, inprocess, worker$"):
+    with pytest.raises(InvalidArgument, match=r"^mode='gpu': allowed: auto, inprocess, worker, warm$"):
         open_engine("vllm==0.33.0", mode="gpu")
     # a supported version whose environment is missing names the install command
     with pytest.raises(EngineError, match=r"environment missing at .*; run: kvspec engines install vllm==0.30.0$"):

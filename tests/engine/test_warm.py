@@ -1,0 +1,115 @@
+"""Warm engines on the REAL vLLM 0.33.0 scheduler: a warm engine observes
+what a worker of one's own observes, case for case (hand geometries and
+deployments, in another order, so that nothing of one case leaks into the
+next), concurrent clients each get their own answers, and the commands
+reuse one warm engine (``KVSPEC_WARM=0``: a worker of their own).
+tests/engine/test_warm_lifecycle.py covers the lifecycle on a stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from engine_adapter import warm
+from engine_adapter.engine import WarmEngine
+from fuzz.campaign import Campaign
+from fuzz.generate import RandomChooser, build_case
+from kvspec.home import REPO_ROOT
+from reference.case import case_to_dict, load_case
+from tests.engine.conftest import ensure_env
+
+pytestmark = pytest.mark.engine
+
+EXAMPLES = sorted((REPO_ROOT / "examples").glob("**/*.json"))
+
+
+def comparable(result: dict) -> dict:
+    """A result without what may differ between two processes: timing and
+    which harness ran it."""
+    return {k: v for k, v in result.items() if k not in ("timing", "harness")}
+
+
+@pytest.fixture(scope="module")
+def cases(engine_033, tmp_path_factory):
+    """The examples (hand and deployment), 12 random hand geometries and 12
+    random deployments (drawn on what the cold engine resolves)."""
+    out = [load_case(p) for p in EXAMPLES]
+    rng = random.Random(14)
+    out += [build_case(RandomChooser(rng)) for _ in range(12)]
+    resolver = Campaign(engine_033, tmp_path_factory.mktemp("resolver")).resolver
+    out += [build_case(RandomChooser(rng), resolver=resolver) for _ in range(12)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cold(engine_033, cases):
+    return [comparable(engine_033.run(c)) for c in cases]
+
+
+@pytest.fixture(scope="module")
+def warm_033():
+    ensure_env("0.33.0")
+    engine = WarmEngine("0.33.0")
+    engine.start()
+    return engine
+
+
+def test_warm_and_cold_observe_the_same(warm_033, cases, cold):
+    assert any(c.deployment is not None for c in cases) and any(c.deployment is None for c in cases)
+    order = list(reversed(range(len(cases))))  # another order than the cold run's
+    warm_results = {i: warm_033.run(cases[i]) for i in order}
+    for i, case in enumerate(cases):
+        got = warm_results[i]
+        assert got["harness"] == {"platform": "cuda", "mode": "worker", "warm": True}
+        assert comparable(got) == cold[i], f"case {i} ({case.name}): {json.dumps(case_to_dict(case))[:300]}"
+
+
+def test_two_concurrent_clients_both_get_their_answers(warm_033, cases, cold):
+    halves = {0: list(range(0, len(cases), 2)), 1: list(range(1, len(cases), 2))}
+    got: dict[int, dict] = {}
+    failed: list[BaseException] = []
+
+    def client(which: int) -> None:
+        try:
+            engine = WarmEngine("0.33.0")  # a client of its own, as another command
+            for i in halves[which]:
+                got[i] = comparable(engine.run(cases[i]))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failed.append(e)
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in halves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not failed, failed
+    assert sorted(got) == list(range(len(cases)))
+    for i in got:
+        assert got[i] == cold[i], f"case {i}"
+
+
+def kvspec(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env=env or dict(os.environ))
+
+
+def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
+    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0"]
+    seed = str(REPO_ROOT / "examples" / "seed-53504.json")
+    deployment = str(REPO_ROOT / "examples" / "seed-53504-deployment.json")
+    run = kvspec("run", seed, "--engine", "vllm==0.33.0")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["harness"] == {"platform": "cuda", "mode": "worker", "warm": True}
+    assert kvspec("resolve", deployment, "--engine", "vllm==0.33.0", "--json").returncode == 0
+    assert kvspec("replay", seed, "--engine", "vllm==0.33.0").returncode in (0, 1)
+    chart = tmp_path / "m.png"
+    assert kvspec("matrix", seed, "--engine", "vllm==0.33.0", "--chart", str(chart)).returncode == 0 and chart.exists()
+    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0"]
+    assert after["pid"] == server["pid"]  # every command used the same warm engine
+    cold_run = kvspec("run", seed, "--engine", "vllm==0.33.0", env={**os.environ, "KVSPEC_WARM": "0"})
+    assert cold_run.returncode == 0 and json.loads(cold_run.stdout)["harness"] == {"platform": "cuda", "mode": "worker"}
