@@ -484,6 +484,15 @@ def _paths_of_state(path: Path) -> Paths:
     return Paths.named(path.with_name(path.name.removesuffix(".json")))
 
 
+def _version_of(path: Path, state: dict) -> str:
+    """The engine version a state file is named after (``vllm-X-PLATFORM.json``;
+    a build's ``X+LABEL.HASH`` as the client named it), else the server's vLLM."""
+    stem, platform = path.name.removesuffix(".json"), str(state.get("platform"))
+    if stem.startswith("vllm-") and stem.endswith("-" + platform):
+        return stem[len("vllm-"):-len(platform) - 1]
+    return str(state.get("version"))
+
+
 def list_warm(directory: Path | None = None) -> list[dict]:
     """The warm engines now running (a dead one's files are removed):
     engine, platform, pid, idle seconds left, whether it runs this
@@ -504,7 +513,7 @@ def list_warm(directory: Path | None = None) -> list[dict]:
         except OSError:
             last_used = state.get("started", now)
         idle = float(state.get("idle_timeout_s") or IDLE_TIMEOUT_S)
-        version, platform = str(state.get("version")), str(state.get("platform"))
+        version, platform = _version_of(path, state), str(state.get("platform"))
         try:
             current = state.get("fingerprint") == fingerprint(version, platform, state.get("python"))
         except Exception:  # noqa: BLE001 - an unknown version's files
@@ -528,7 +537,7 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
     for path in _state_files(directory):
         paths = _paths_of_state(path)
         state = read_state(paths)
-        if state is None or (version is not None and state.get("version") != version):
+        if state is None or (version is not None and _version_of(path, state) != version):
             continue
         pid = state.get("pid")
         how = "gone"
@@ -547,7 +556,7 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
                     how = "SIGKILL"
                     _kill(paths, pid, signal.SIGKILL, 5.0)
         _clean(paths, pid)
-        stopped.append({"engine": f"vllm=={state.get('version')}", "platform": state.get("platform"), "pid": pid, "how": how})
+        stopped.append({"engine": f"vllm=={_version_of(path, state)}", "platform": state.get("platform"), "pid": pid, "how": how})
     return stopped
 
 
