@@ -165,7 +165,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
             lines.append(f"| {row['engine']} | {row.get('hits', row.get('error'))} |")
         lines.append("")
     if live:
-        lines += ["## Live server", "", f"Replayed against a running `{live.get('server_version', 'vLLM')}` OpenAI server: verdict **{live.get('verdict')}**; observed hits {live.get('observed_hits')}.", ""]
+        lines += _live_section(live)
     lines += ["## Where it goes wrong", ""]
     if cls:
         at = vllm_line(version, *cls["where"])
@@ -183,6 +183,72 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["## Reproduce", "", "```sh", f"pytest test_{_name(finding)}.py            # vLLM {version}: fails; with fix.diff applied: passes",
               f"kvspec replay {finding_path} --engine vllm=={version}   # kvspec's judge", "```", ""]
     return "\n".join(lines)
+
+
+def live_summary(raw, path: str, requests: int) -> dict:
+    """The parts of a live replay report (``kvspec replay --server URL --json
+    REPORT.json``: ``engine_adapter.live.replay.Report.as_dict``) that
+    ISSUE.md quotes; a document of another shape is one line."""
+    from reference.errors import invalid
+
+    shape = "a JSON object written by kvspec replay --server --json"
+    if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list) or not isinstance(raw.get("verdict"), str):
+        raise invalid("--live", path, shape)
+    rows = raw["requests"]
+    if len(rows) != requests or not all(isinstance(r, dict) for r in rows):
+        raise invalid("--live", path, f"{shape}, for the finding's case ({requests} requests; the report has {len(rows)})")
+
+    def column(key: str) -> list:
+        return [r.get(key) for r in rows]
+
+    return {
+        "verdict": raw["verdict"],
+        "kind": raw.get("kind"),
+        "name": raw.get("name"),
+        "server_version": raw.get("server_version"),
+        "model": raw.get("model"),
+        "server_knobs": raw.get("server_knobs") if isinstance(raw.get("server_knobs"), dict) else {},
+        "rule": raw.get("rule"),
+        "prompt_tokens": column("prompt_tokens"),
+        "observed_hits": column("hits"),
+        "target_hits": column("target"),
+        "expected_hits": column("expected"),
+        "reasons": [str(x) for x in raw.get("reasons") or []],
+        "unverified": [str(x) for x in raw.get("unverified") or []],
+    }
+
+
+def _live_section(live: dict) -> list[str]:
+    """The live replay (``kvspec report --live REPORT.json``): the server, the
+    verdict of kvspec's one judge, the hits per request, what the server
+    does not expose."""
+    knobs = live.get("server_knobs") or {}
+    shown = ", ".join(f"{k}={knobs[k]}" for k in ("block_size", "hash_block_size", "retention_interval", "mamba_cache_mode", "num_speculative_tokens") if k in knobs)
+    lines = ["## Live server", ""]
+    lines.append(
+        f"Replayed against a running vLLM {live.get('server_version') or '(version unknown)'} OpenAI server"
+        + (f" (model `{live['model']}`" + (f"; {shown}" if shown else "") + ")" if live.get("model") else "")
+        + ", one request at a time, hits read from `vllm:prefix_cache_hits_total`:"
+        + f" verdict **{live.get('verdict')}**"
+        + (" (the server shows the finding's observed hits at every request)" if live.get("verdict") == "reproduced" else "")
+        + "."
+    )
+    observed, target, expected, tokens = (live.get(k) or [] for k in ("observed_hits", "target_hits", "expected_hits", "prompt_tokens"))
+
+    def cell(xs: list, j: int) -> str:
+        x = xs[j] if j < len(xs) else None
+        return "-" if x is None else str(int(x)) if float(x).is_integer() else str(x)
+
+    if observed:
+        lines += ["", "| request | tokens | expected hits | finding's observed hits | live hits |", "|---|---|---|---|---|"]
+        for j in range(len(observed)):
+            lines.append(f"| {j} | {cell(tokens, j)} | {cell(expected, j)} | {cell(target, j)} | {cell(observed, j)} |")
+    if live.get("unverified"):
+        assumed = [u.replace(" (not exposed by the server)", "").replace("; not exposed by the server)", ")") for u in live["unverified"]]
+        lines += ["", "Not exposed by the server, assumed as the case states: " + "; ".join(assumed) + "."]
+    if live.get("reasons") and live.get("verdict") not in ("reproduced", "agrees"):
+        lines += ["", "Reasons: " + "; ".join(live["reasons"][:10]) + "."]
+    return lines + [""]
 
 
 # ------------------------------------------------------------- the test

