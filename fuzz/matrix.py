@@ -1,6 +1,7 @@
 """The version matrix: hit patterns per case x engine version, as a table
 (terminal, markdown or HTML) and a hits-per-request chart (PNG) to drop in a
-bug report.
+bug report: per request, grouped bars (one per engine) with the promise as
+a mark across the group.
 
 A pattern reads like the #53504 report: ``miss/hit/hit``, with the hit
 tokens beside it (``0/9600/9600``). Under each case the reference model's
@@ -126,34 +127,61 @@ def to_rich(rows: list[dict], versions: list[str]):
     return table
 
 
-def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
-    """One panel per case: hit tokens per request, one line per version and
-    the promise dashed."""
+#: Requests up to which each bar is labelled with its hit tokens.
+LABEL_BARS_UP_TO = 12
+
+
+def figure(rows: list[dict], versions: list[str]):
+    """The matrix chart as a matplotlib figure (Agg), one panel per case:
+    per request a group of bars, one per engine, its height the hit tokens
+    (a miss is a labelled zero), and the promise as a black mark across
+    the group. Requests are discrete, so nothing joins one to the next."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = len(rows)
-    fig, axes = plt.subplots(n, 1, figsize=(7, 2.6 * n), squeeze=False)
+    most = max((r["requests"] for r in rows), default=1)
+    width = min(20.0, max(6.0, 0.35 * most * max(1, len(versions)) + 2.0))
+    fig, axes = plt.subplots(n, 1, figsize=(width, 2.8 * n), squeeze=False)
+    group = 0.8  # of the space between two requests
+    bar = group / max(1, len(versions))
+    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0", "C1", "C2", "C3"])
     for ax, r in zip(axes[:, 0], rows):
         x = list(range(r["requests"]))
-        for v in versions:
+        for j, v in enumerate(versions):
             cell = r["cells"][v]
-            if "hits" in cell:
-                ax.plot(x, cell["hits"], marker="o", label=f"vllm=={v}")
+            label = f"vllm=={v}" + (f" [block {cell['block']}]" if cell.get("block") is not None else "")
+            if "hits" not in cell:
+                ax.bar([], [], width=bar, color=colors[j % len(colors)], label=f"{label}: {cell.get('error', 'no hits')}"[:80])
+                continue
+            offset = -group / 2 + bar * (j + 0.5)
+            bars = ax.bar([i + offset for i in x], cell["hits"], width=bar, color=colors[j % len(colors)], label=label)
+            if r["requests"] <= LABEL_BARS_UP_TO:
+                ax.bar_label(bars, labels=[str(h) if h else "miss" for h in cell["hits"]], fontsize=7, padding=1)
         if r["promise"]:
-            ax.plot(x, r["promise"], linestyle="--", color="black", label="promise")
+            ax.hlines(r["promise"], [i - group / 2 for i in x], [i + group / 2 for i in x], colors="black", linewidths=2, label="promise", zorder=3)
         ax.set_title(r["name"], fontsize=10)
         ax.set_xlabel("request")
         ax.set_ylabel("hit tokens")
         ax.set_xticks(x)
-        ax.legend(fontsize=8)
+        ax.set_xlim(-0.6, max(0, r["requests"] - 1) + 0.6)
+        ax.margins(y=0.15)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.0)
     fig.tight_layout()
+    return fig
+
+
+def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
+    """Write :func:`figure` as a PNG (atomically) to ``path``."""
     import io
+
+    import matplotlib.pyplot as plt
 
     from reference.case import write_bytes_atomic
 
+    fig = figure(rows, versions)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
