@@ -43,7 +43,7 @@ from typing import Any
 
 from engine_adapter import environments
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.versions import engine_name, parse_engine
+from engine_adapter.versions import engine_name, parse_engine, release_of
 from reference import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
 from reference.errors import EngineError, InvalidArgument
@@ -62,9 +62,15 @@ def _as_case_dict(case: Case | dict) -> dict:
 
 
 def inprocess_vllm_version() -> str | None:
-    """The vLLM version importable here, without importing it."""
+    """The vLLM version importable here, without importing it (in a build's
+    environment: the build, ``X+LABEL.HASH``; ``engine_adapter.builds``)."""
     if importlib.util.find_spec("vllm") is None:
         return None
+    from engine_adapter.builds import inprocess_build_version
+
+    build = inprocess_build_version()
+    if build is not None:
+        return build
     try:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -108,7 +114,7 @@ class InProcessEngine(Engine):
         from engine_adapter.driver import get_driver  # imports vLLM here
 
         self.driver = get_driver()
-        if self.driver.version != version:
+        if self.driver.version != release_of(version):
             raise EngineError(f"engine={self.engine!r}: this interpreter imports vLLM {self.driver.version}")
 
     def run(self, case: Case | dict, options: dict | None = None) -> dict:
@@ -164,7 +170,7 @@ class WorkerProcess:
         if msg.get("protocol") != PROTOCOL_VERSION or msg.get("event") != "hello":
             self._kill()
             raise EngineError(f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}")
-        if msg.get("vllm_version") != self.version:
+        if msg.get("vllm_version") != release_of(self.version):
             self._kill()
             raise EngineError(f"engine={self.engine!r}: worker environment has vLLM {msg.get('vllm_version')}")
         self.hello = msg

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engine_adapter import venvs
-from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, parse_engine
+from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
 from kvspec.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
 from reference.case import write_text_atomic
 from reference.errors import EngineError, KvspecError
@@ -111,6 +111,10 @@ def read_marker(version: str) -> dict | None:
 
 
 def is_ready(version: str) -> bool:
+    if is_build(version):  # a patched / local / wheel build of a release
+        from engine_adapter import builds
+
+        return builds.is_ready(version)
     marker = read_marker(version)
     return bool(marker) and marker.get("fingerprint") == fingerprint(version) and env_python(version).exists()
 
@@ -122,7 +126,8 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
     (``engine_adapter.platform``); and kvspec's torchvision stub, which lets
     vLLM import the text-only Qwen3.5 model class beside the CPU torch
     (``engine_adapter/live/stubs``)."""
-    env = contained_env(vllm_version=version)
+    # a build shares its release's vLLM cache (the same model classes)
+    env = contained_env(vllm_version=release_of(version) if version else version)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(STUBS_DIR)])
     env["KVSPEC_TORCHVISION_STUB"] = "1"
     env["KVSPEC_PLATFORM"] = platform
@@ -184,6 +189,12 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
     Idempotent: a ready environment built from the current requirement file
     is left as is (unless ``force``)."""
     version = parse_engine(version)
+    if is_build(version):
+        from engine_adapter import builds
+
+        if builds.is_ready(version) and not force:
+            return builds.read_marker(version) or {}
+        raise EngineError(f"engine={engine_name(version)!r}: {builds.status(version)['state']}: a build is made from its sources: --engine vllm=={release_of(version)} --patch FILE.diff, --engine path:DIR or --engine wheel:FILE.whl")
     prefix = f"[{engine_name(version)}]"
     req = requirements_file(version)
     if not req.exists():
@@ -282,7 +293,7 @@ def _uv_index_args() -> list[str]:
 
 def _selftest(version: str) -> dict:
     """Import the stack and run one tiny MTP case through the worker."""
-    cmd = [str(env_python(version)), "-m", "engine_adapter.worker", "--selftest", "--expect-version", version]
+    cmd = [str(env_python(version)), "-m", "engine_adapter.worker", "--selftest", "--expect-version", release_of(version)]
     try:
         proc = subprocess.run(cmd, env=worker_env(version), capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -298,6 +309,10 @@ def _selftest(version: str) -> dict:
 
 def remove(version: str, *, progress: Progress = _stderr_progress) -> bool:
     version = parse_engine(version)
+    if is_build(version):
+        from engine_adapter import builds
+
+        return builds.remove(version, progress=progress)
     with _install_lock(version, progress):
         target = env_dir(version)
         if not target.exists():
@@ -310,6 +325,10 @@ def remove(version: str, *, progress: Progress = _stderr_progress) -> bool:
 
 def status(version: str, *, size: bool = False) -> dict:
     """One row of ``kvspec engines list``."""
+    if is_build(version):
+        from engine_adapter import builds
+
+        return builds.status(version)
     target = env_dir(version)
     marker = read_marker(version)
     if marker and is_ready(version):
@@ -336,7 +355,10 @@ def status(version: str, *, size: bool = False) -> dict:
 
 
 def list_engines(*, size: bool = False) -> list[dict]:
-    return [status(v, size=size) for v in SUPPORTED_VERSIONS]
+    """Every supported release's row, then every build's (``engine_adapter.builds``)."""
+    from engine_adapter import builds
+
+    return [status(v, size=size) for v in SUPPORTED_VERSIONS] + [status(v) for v in builds.list_builds()]
 
 
 # ---------------------------------------------------------------- lock (maintainers)

@@ -110,8 +110,16 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
 
 
 def _engine_record(version: str, observation: dict | None) -> dict:
+    """An engine in a finding. A build (``X+LABEL.HASH``: a patched,
+    local-tree or wheel engine) also records what it is made of: its
+    release, sources (each patch's path and sha256) and replaced files."""
     observation = observation or {}
-    return {"name": f"vllm=={version}", "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
+    record = {"name": f"vllm=={version}", "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
+    if "+" in version:
+        from engine_adapter.builds import describe
+
+        record["build"] = describe(version)
+    return record
 
 
 @functools.lru_cache(maxsize=1)

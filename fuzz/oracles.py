@@ -15,6 +15,9 @@ says which requests diverge.
   hit only by the documented EAGLE drop (the model's difference); judged
   only where the spec-off run keeps the promise.
 * ``versions``: two engine versions agree on every request.
+* ``junction`` (only when asked: ``kvspec check-build``): under sparse
+  retention a sibling diverging inside an earlier prompt hits at least what
+  the promise predicts, capped by its dense-retention hit on the same engine.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -32,6 +35,18 @@ from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
 ORACLES = ("promise", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+#: The oracles that judge a build of a release (a patched, local-tree or
+#: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
+#: compare with the rule the *release* implements, which a patch is meant
+#: to change, so they are left out.
+BUILD_ORACLES = ("promise", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+#: Oracles a campaign runs only when asked (``kvspec check-build``):
+#: ``junction``: under sparse retention a sibling diverging inside an earlier
+#: prompt hits at least its promised hit (the divergence point once the
+#: junction was observed), capped by the same engine's dense-retention hit.
+EXTRA_ORACLES = ("junction",)
+#: Every oracle a finding may name.
+KNOWN_ORACLES = ORACLES + EXTRA_ORACLES
 #: Knob names both the model and the engine report.
 COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment")
 
@@ -188,6 +203,56 @@ def comparable_resolutions(a: dict, b: dict) -> bool | None:
     return ra.get("geometry") == rb.get("geometry") and ra.get("speculative") == rb.get("speculative")
 
 
+def check_junction(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+    """Under sparse retention, a sibling (a prompt that shares a prefix with
+    an earlier one and diverges inside it) hits at least what the promise
+    predicts for it (its divergence point once an earlier request observed
+    that junction), capped by what the same engine hits under dense
+    retention (a state no prefill wrote is promised by no retention rule)."""
+    if case.geometry is None or case.geometry.retention_interval != 0:
+        return []
+    siblings = [i for i, k in enumerate(request_kinds(case)) if k == "sibling"]
+    if not siblings:
+        return []
+    promise = predict_with_knobs(case, resolve_knobs(case, version), "promise")
+    dense_case = with_retention(case, None)
+    dense = run(dense_case)
+    if "error" in dense:
+        return check_engine_error(dense_case, version, dense)
+    expected = list(obs["hits"])
+    bad = []
+    for i in siblings:
+        if i < len(obs["hits"]) and i < len(dense["hits"]):
+            floor = min(promise["hits"][i], dense["hits"][i])
+            if obs["hits"][i] < floor:
+                expected[i] = floor
+                bad.append(i)
+    if not bad:
+        return []
+    return [Divergence("junction", version, bad, expected, obs["hits"], "expected = the promise at a junction, capped by the same engine under dense retention", {"model_explain": promise["explain"]})]
+
+
+def _memo(run: Run) -> Run:
+    """``run`` that runs each variant once (variants are compared by value)."""
+    seen: dict = {}
+
+    def once(variant: Case) -> dict:
+        key = repr(variant)
+        if key not in seen:
+            seen[key] = run(variant)
+        return seen[key]
+
+    return once
+
+
+def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, ...]:
+    """The oracles that judge engine ``version``: all of ``oracles`` for a
+    release, :data:`BUILD_ORACLES` among them for a build (``X+LABEL.HASH``)."""
+    if "+" not in version:
+        return oracles
+    return tuple(o for o in oracles if o in BUILD_ORACLES)
+
+
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it."""
     if "error" in obs:
@@ -199,8 +264,12 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
         out += check_promise(case, version, obs)
     if "reference" in oracles:
         out += check_reference(case, version, obs)
+    if run is not None and "sparse_dense" in oracles and "junction" in oracles:
+        run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:
         out += check_sparse_dense(case, version, obs, run)
+    if run is not None and "junction" in oracles:
+        out += check_junction(case, version, obs, run)
     if run is not None and "spec_on_off" in oracles:
         out += check_spec_on_off(case, version, obs, run)
     return out

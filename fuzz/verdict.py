@@ -61,7 +61,7 @@ from typing import Callable
 from reference.case import Case
 from reference.errors import Unsupported, invalid
 
-from fuzz.oracles import ORACLES, Divergence, check_all, check_versions
+from fuzz.oracles import KNOWN_ORACLES, ORACLES, Divergence, check_all, check_versions, oracles_for
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -102,8 +102,8 @@ class Claim:
     def of(cls, finding: dict) -> Claim:
         """The claim of a finding (schema 1 or 2); a malformed one is one line."""
         oracle = finding.get("oracle")
-        if not isinstance(oracle, str) or oracle not in ORACLES:
-            raise invalid("finding.oracle", oracle, f"allowed: {', '.join(ORACLES)}")
+        if not isinstance(oracle, str) or oracle not in KNOWN_ORACLES:
+            raise invalid("finding.oracle", oracle, f"allowed: {', '.join(KNOWN_ORACLES)}")
         observed_part = finding.get("observed") or {}
         expected_part = finding.get("expected") or {}
         if not isinstance(observed_part, dict) or not isinstance(expected_part, dict):
@@ -309,7 +309,7 @@ def divergences(case: Case, version: str, observation: dict, oracle: str | None 
         if other_observation is None or other_version is None or _harness_error(other_observation) is not None:
             return []
         return check_versions(case, version, observation, other_version, other_observation)
-    oracles = (oracle,) if oracle in ORACLES else SINGLE_ENGINE_ORACLES
+    oracles = (oracle,) if oracle in KNOWN_ORACLES else oracles_for(version, SINGLE_ENGINE_ORACLES)
 
     def checked(variant: Case) -> dict:
         obs = run(variant)

@@ -76,10 +76,14 @@ class Knobs:
 
 
 def parse_version(text: str) -> str:
-    """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``."""
+    """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``. A build of
+    a release (a PEP 440 local version, ``0.33.0+fix.1a2b3c``: a patched
+    engine) is that release: the model states the rule the release
+    implements."""
     raw = text
     if text.startswith("vllm=="):
         text = text[len("vllm==") :]
+    text = text.split("+", 1)[0]
     if text not in SUPPORTED_VERSIONS:
         raise invalid("version", raw, f"supported: {', '.join('vllm==' + v for v in SUPPORTED_VERSIONS)}")
     return text

@@ -43,7 +43,7 @@ GDN_CHECKPOINT_ALIGNMENT = 64
 
 
 def _v(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".")[:3])
+    return tuple(int(x) for x in version.split("+", 1)[0].split(".")[:3])
 
 
 def geometry_reachability(g: Geometry, version: str, platform: str = "cuda") -> tuple[bool | None, str]:

@@ -26,7 +26,12 @@ exit codes:
      3); takes precedence over 1
 
 --max-time is the wall limit of the whole command, engine start-up included
-(workers are stopped at it; ~20 s of it go to starting the engine). Harness
+(workers are stopped at it; ~20 s of it go to starting the engine); building
+a build's environment (--patch, path:, wheel:; ~30 s once) comes first, before
+the clock starts. A build is judged by the promise, sparse_dense,
+spec_on_off, engine_error and versions oracles: the reference and knobs
+oracles state the rule of its release, which a patch is meant to change.
+Harness
 errors (kvspec's own bugs, a dead or hung engine worker) are never findings:
 they are counted and stored under OUT/harness-errors/. When stderr is not a
 terminal, a progress line is printed every ~10 s. At the end the findings in
@@ -39,7 +44,9 @@ def configure(parser) -> None:
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--engine", action="append", default=None, help="engine under test (vllm==X); a second --engine adds the version-vs-version oracle (default: vllm==0.33.0)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, help="engine under test: vllm==X, a build vllm==X+LABEL.HASH, vllm==X --patch FILE.diff, path:DIR or wheel:FILE.whl; a second --engine adds the version-vs-version oracle (default: vllm==0.33.0)")
     parser.add_argument("--max-time", type=float, default=60.0, help="wall-clock limit in seconds, start-up included (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     parser.add_argument("--out", default=None, help="findings folder (default: $KVSPEC_HOME/findings)")
@@ -100,10 +107,16 @@ def main(args) -> int:
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS, outcome
     from fuzz.progress import resume_line
+    from kvspec.engine_options import engine_names
 
+    _validate(args, list(args.engine or []))  # options first, before any build
+    # a build (--patch, path:, wheel:) is built before the clock starts
+    try:
+        engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE, progress=_say)]
+    except EngineError as e:  # a build's environment could not be made (its self-test failed, say)
+        _say(f"kvspec: {e} (harness failed, exit 3)")
+        return EXIT_HARNESS
     started = time.monotonic()
-    engines = [engine_name(parse_engine(e, "--engine")) for e in (args.engine or [DEFAULT_ENGINE])]
-    _validate(args, engines)
     deadline = started + args.max_time
     cases = [load_finding(path)[0] for path in args.case]
     home = kvspec_home()

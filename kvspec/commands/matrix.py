@@ -9,7 +9,9 @@ HELP = "hit patterns per case x vLLM version, as a table and a chart"
 
 def configure(parser) -> None:
     parser.add_argument("cases", nargs="+", help="case or finding files")
-    parser.add_argument("--engine", action="append", required=True, help="vllm==X (repeat)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, required=True, metavar="vllm==X", help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
     fmt.add_argument("--html", action="store_true", help="print an HTML table")
@@ -29,7 +31,9 @@ def main(args) -> int:
 
     from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
 
-    versions = [parse_engine(e, "--engine") for e in args.engine]
+    from kvspec.engine_options import engine_names
+
+    versions = [parse_engine(e, "--engine") for e in engine_names(args)]
     engines = [open_engine(engine_name(v), warm=warm.enabled()) for v in versions]
     try:
         rows = run_matrix(args.cases, engines)

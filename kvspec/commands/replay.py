@@ -44,7 +44,9 @@ def configure(parser) -> None:
     parser.add_argument("file", metavar="FINDING_OR_CASE", help="a case file (schema 1) or a finding file")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", metavar="URL", help="base URL of a vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000")
-    where.add_argument("--engine", metavar="vllm==X", help="replay in-process on an installed engine instead (see fuzz.replay)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, group=where, metavar="vllm==X", help="replay in-process on an installed engine instead (see fuzz.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
     parser.add_argument("--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key")
     parser.add_argument("--model", metavar="NAME", help="served model name (default: the only one the server serves)")
     parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
@@ -80,7 +82,11 @@ def _engine_replay(args) -> int:
         raise Unsupported(f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL")
     from rich.console import Console
 
-    result = fn(args.file, args.engine)
+    from kvspec.engine_options import engine_names
+
+    if len(args.engine) > 1:
+        raise invalid("--engine", args.engine, "replay takes one engine (a versions finding names its other engine)")
+    result = fn(args.file, engine_names(args)[0])
     show(result, Console())
     if args.json:
         from reference.case import write_json_atomic
@@ -104,6 +110,9 @@ def main(args) -> int:
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
+    for flag, value in (("--patch", args.engine_patches), ("--base", args.engine_bases)):
+        if value:
+            raise invalid(flag, next(iter(value.values())), "applies to --engine only (a build runs in-process, a server is what it is)")
 
     from engine_adapter.live.replay import load_target, render, replay
     from reference.case import write_json_atomic

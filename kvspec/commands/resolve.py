@@ -38,7 +38,9 @@ def configure(parser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
     parser.add_argument("case", nargs="?", help="a case or finding file (a deployment case, or a hand geometry for its reachability)")
-    parser.add_argument("--engine", action="append", default=None, metavar="vllm==X", help="vLLM version(s) to resolve with (default: vllm==0.33.0)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, metavar="vllm==X", help="vLLM version(s) to resolve with (default: vllm==0.33.0); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
     parser.add_argument("--model", help="a shipped model name or a config.json path (instead of CASE); flags after --")
     parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="with --model: where vLLM would run (default: %(default)s)")
     parser.add_argument("--device", default=None, help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)")
@@ -60,7 +62,9 @@ def _deployment_case(args):
 def main(args) -> int:
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
 
-    engines = [engine_name(parse_engine(e, "--engine")) for e in (args.engine or [DEFAULT_ENGINE])]
+    from kvspec.engine_options import engine_names
+
+    engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE)]
     if args.table:
         if args.case or args.model:
             raise invalid("--table", True, "takes no CASE and no --model")

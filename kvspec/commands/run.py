@@ -43,9 +43,11 @@ RULE_CHOICES = ("auto", "promise", "replay", "legacy")
 
 def configure(parser) -> None:
     parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
-    parser.add_argument("--engine", default=DEFAULT_ENGINE, metavar="vllm==X", help="vLLM version to run (default: %(default)s)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, help=f"vLLM version to run (default: {DEFAULT_ENGINE}), a build vllm==X+LABEL.HASH, path:DIR or wheel:FILE.whl")
     parser.add_argument("--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch")
-    parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements)")
+    parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)")
     parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
     parser.add_argument("--install", action="store_true", help="install the engine environment first if missing")
     parser.add_argument("--mode", choices=("auto", "inprocess", "worker", "warm"), default="auto", help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)")
@@ -123,11 +125,17 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
 
 
 def main(args) -> int:
+    from kvspec.engine_options import engine_names
+    from reference.errors import invalid
+
     seconds("--timeout", args.timeout)
-    version = parse_engine(args.engine, "--engine")
+    if args.engine and len(args.engine) > 1:
+        raise invalid("--engine", args.engine, "run takes one engine")
     case = load_case(args.case)
+    version = parse_engine(engine_names(args, default=DEFAULT_ENGINE)[0], "--engine")
     reference = None
-    rule = implemented_rule(version) if args.rule == "auto" else args.rule
+    # a build is compared with kvspec's promise: the implemented rule is its release's
+    rule = ("promise" if "+" in version else implemented_rule(version)) if args.rule == "auto" else args.rule
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:

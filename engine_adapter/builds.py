@@ -1,0 +1,656 @@
+"""Builds of a vLLM release: patched, local-tree and wheel engines.
+
+A *build* is a release's engine environment with some of vLLM's Python files
+replaced. Three sources:
+
+* ``--engine vllm==X --patch FILE.diff [--patch ...]``: unified diffs against
+  release X's ``vllm/`` tree (paths ``a/vllm/v1/core/...``), applied in
+  order by kvspec's own strict applier (exact context, a hunk may move, never
+  fuzz);
+* ``--engine path:/src/vllm`` (or its checkout root): a local vLLM source
+  tree; its Python files that differ from the release's overlay it (the
+  compiled parts stay the release's). The release is read from the tree's
+  ``vllm/_version.py`` or given with ``--base vllm==X``;
+* ``--engine wheel:FILE.whl``: the Python files of a vLLM wheel, the same way
+  (release from the wheel's version, or ``--base``).
+
+Each build gets its own environment, ``$KVSPEC_HOME/engines/vllm-X+LABEL.HASH``,
+named ``vllm==X+LABEL.HASH`` (a PEP 440 local version of X: LABEL from the
+patch files' names, ``local`` or ``wheel``; HASH the first 6 hex digits of
+the sha256 of the release and the overlay's files). It is built in seconds
+from the release's ready environment:
+
+1. a hard-link copy of the release environment (``os.link`` per file,
+   symlinks re-created; the release's ready marker is not copied);
+2. the overlay's files written as *new* files (:func:`reference.case.write_bytes_atomic`
+   writes a temporary file and renames it over the link), so the release's
+   files are never touched; their stale ``__pycache__`` entries are unlinked
+   in the build only;
+3. the self-test (the worker drives the real scheduler once);
+4. the ready marker, written last and atomically (:mod:`engine_adapter.venvs`),
+   with what the build is made of (release, sources and their sha256, the
+   files it replaces and their sha256).
+
+A patch that does not apply is one line naming the patch, the file and the
+hunk (InvalidArgument, exit 2). The reference model judges a build by its
+release's rule (``reference.knobs.parse_version`` reads ``X+LABEL`` as X),
+so the ``reference`` and ``knobs`` oracles describe the release, not the
+build (:func:`fuzz.oracles.oracles_for`).
+
+This module never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_adapter import venvs
+from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
+from kvspec.home import engines_dir
+from reference.case import write_bytes_atomic
+from reference.errors import EngineError, InvalidArgument, KvspecError, invalid
+
+Progress = Callable[[str], None]
+#: Bound for waiting on another build of the same name (link copy + self-test).
+LOCK_WAIT_S = 900.0
+#: The longest patch file, source file or wheel member kvspec reads.
+MAX_PATCH_BYTES = 16 * 2**20
+#: Hex digits of the content hash in a build's name.
+HASH_DIGITS = 6
+KINDS = ("patch", "path", "wheel")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ names
+
+
+def env_dir(version: str) -> Path:
+    return engines_dir() / f"vllm-{version}"
+
+
+def env_python(version: str) -> Path:
+    return env_dir(version) / "bin" / "python"
+
+
+def site_packages(root: Path) -> Path | None:
+    found = sorted(Path(root).glob("lib/python3*/site-packages"))
+    return found[0] if found else None
+
+
+def _label(text: str) -> str:
+    """A name part for a build label: lower-case letters, digits and dashes."""
+    text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return text or "build"
+
+
+def patch_label(path: str | os.PathLike, release: str) -> str:
+    """``fixes/vllm-0.33.0-longer-sibling-of-aligned-prompt.diff`` ->
+    ``longer-sibling`` (the release prefix dropped, two words kept)."""
+    stem = Path(path).name
+    for suffix in (".diff", ".patch"):
+        stem = stem.removesuffix(suffix)
+    stem = re.sub(rf"^vllm-?{re.escape(release)}-?", "", stem)
+    words = [w for w in _label(stem).split("-") if w]
+    return "-".join(words[:2]) or "patch"
+
+
+# ------------------------------------------------------------------ overlays
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """What a build replaces in its release: ``files`` maps a path relative to
+    site-packages (``vllm/...``) to its new bytes, or None for a file the
+    build deletes."""
+
+    release: str
+    kind: str
+    label: str
+    files: dict[str, bytes | None]
+    sources: list[dict] = field(default_factory=list)
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256(f"vllm=={self.release}\0".encode())
+        for rel in sorted(self.files):
+            data = self.files[rel]
+            h.update(rel.encode() + b"\0" + (b"D" if data is None else b"F" + hashlib.sha256(data).digest()) + b"\0")
+        return h.hexdigest()
+
+    @property
+    def version(self) -> str:
+        return f"{self.release}+{self.label}.{self.digest[:HASH_DIGITS]}"
+
+    @property
+    def name(self) -> str:
+        return engine_name(self.version)
+
+    def describe(self) -> dict:
+        return {
+            "release": self.release,
+            "kind": self.kind,
+            "sources": self.sources,
+            "files": {rel: (None if data is None else hashlib.sha256(data).hexdigest()) for rel, data in sorted(self.files.items())},
+            "digest": self.digest,
+        }
+
+
+def _release_env(release: str) -> Path:
+    """The release's ready environment's site-packages (a build starts there)."""
+    from engine_adapter import environments
+
+    if not environments.is_ready(release):
+        state = environments.status(release)["state"]
+        raise EngineError(f"engine={engine_name(release)!r}: environment {state} at {environments.env_dir(release)}; a build starts from the release's ready environment; run: kvspec engines install {engine_name(release)}")
+    sp = site_packages(environments.env_dir(release))
+    if sp is None:
+        raise EngineError(f"engine={engine_name(release)!r}: no lib/python3*/site-packages under {environments.env_dir(release)}")
+    return sp
+
+
+def _read_limited(path: Path, flag: str) -> bytes:
+    try:
+        if not path.is_file():
+            raise invalid(flag, str(path), "is not a file; allowed: a readable regular file")
+        if path.stat().st_size > MAX_PATCH_BYTES:
+            raise invalid(flag, str(path), f"is larger than {MAX_PATCH_BYTES} bytes")
+        return path.read_bytes()
+    except OSError as e:
+        raise invalid(flag, str(path), f"cannot be read ({e.strerror or e}); allowed: a readable regular file") from None
+
+
+def _check_rel(rel: str, where: str) -> str:
+    parts = rel.split("/")
+    if not rel.startswith("vllm/") or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise InvalidArgument(f"{where}: path {rel!r} is not a file of vLLM's vllm/ tree; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py")
+    return rel
+
+
+# ---- unified diffs
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass
+class Hunk:
+    header: str
+    old_start: int
+    body: list[tuple[str, str]]  # (" " | "-" | "+", line with its newline)
+
+    @property
+    def old(self) -> list[str]:
+        return [text for tag, text in self.body if tag in " -"]
+
+    @property
+    def new(self) -> list[str]:
+        return [text for tag, text in self.body if tag in " +"]
+
+
+@dataclass
+class FilePatch:
+    old: str | None  # None: /dev/null (a new file)
+    new: str | None  # None: /dev/null (a deleted file)
+    hunks: list[Hunk] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return self.new or self.old or "?"
+
+
+def _header_path(text: str, where: str) -> str | None:
+    text = text.rstrip("\r\n").split("\t", 1)[0].strip()
+    if text == "/dev/null":
+        return None
+    if text.startswith(("a/", "b/")):
+        text = text[2:]
+    return _check_rel(text, where)
+
+
+def parse_patch(text: str, flag: str) -> list[FilePatch]:
+    """The file patches of a unified diff (git's or diff -u's); lines outside
+    a file's hunks (``diff --git``, ``index``, prose) are ignored."""
+    lines = text.splitlines(keepends=True)
+    files: list[FilePatch] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            files.append(FilePatch(_header_path(line[4:], flag), _header_path(lines[i + 1][4:], flag)))
+            i += 2
+            continue
+        m = _HUNK.match(line)
+        if not m:
+            i += 1
+            continue
+        if not files:
+            raise InvalidArgument(f"{flag}: {line.strip()!r} comes before any '--- a/...' / '+++ b/...' file header; allowed: a unified diff")
+        fp = files[-1]
+        old_len = 1 if m.group(2) is None else int(m.group(2))
+        new_len = 1 if m.group(4) is None else int(m.group(4))
+        hunk = Hunk(line.strip(), int(m.group(1)), [])
+        seen_old = seen_new = 0
+        i += 1
+        while i < len(lines) and (seen_old < old_len or seen_new < new_len):
+            body = lines[i]
+            if body.startswith("\\"):  # "\ No newline at end of file"
+                if hunk.body:
+                    tag, prev = hunk.body[-1]
+                    hunk.body[-1] = (tag, prev.rstrip("\r\n"))
+                i += 1
+                continue
+            tag = body[:1]
+            if body in ("\n", "\r\n"):  # an empty context line whose space an editor ate
+                tag, body = " ", " " + body
+            if tag not in (" ", "-", "+"):
+                break
+            seen_old += tag in " -"
+            seen_new += tag in " +"
+            hunk.body.append((tag, body[1:]))
+            i += 1
+        if i < len(lines) and lines[i].startswith("\\") and hunk.body:
+            tag, prev = hunk.body[-1]
+            hunk.body[-1] = (tag, prev.rstrip("\r\n"))
+            i += 1
+        if seen_old != old_len or seen_new != new_len:
+            raise InvalidArgument(f"{flag}: hunk {len(fp.hunks) + 1} of {fp.path} ({hunk.header}) is cut short: {seen_old}/{old_len} old and {seen_new}/{new_len} new lines; allowed: a complete unified diff")
+        fp.hunks.append(hunk)
+    return files
+
+
+def _apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str) -> list[str]:
+    out = list(lines)
+    delta = 0  # how far earlier hunks moved the file
+    floor = 0  # a hunk applies after the one before it
+    for k, hunk in enumerate(fp.hunks, 1):
+        old, new = hunk.old, hunk.new
+        want = max(0, hunk.old_start - 1 + delta) if old else max(0, hunk.old_start + delta - (1 if hunk.old_start else 0))
+        if not old:
+            at = min(max(want, floor), len(out))
+        else:
+            n = len(old)
+            found = [p for p in range(floor, len(out) - n + 1) if out[p] == old[0] and out[p : p + n] == old]
+            if not found:
+                first = next((t for tag, t in hunk.body if tag in " -"), "").strip()
+                raise InvalidArgument(
+                    f"{flag}: hunk {k} of {fp.path} ({hunk.header}) does not apply to vLLM {release}: its context and removed lines are not in the file"
+                    f" (first: {first[:80]!r}); allowed: a unified diff against vLLM {release}'s vllm/ tree"
+                )
+            at = min(found, key=lambda p: (abs(p - want), p))
+        out[at : at + len(old)] = new
+        delta += len(new) - len(old)
+        floor = at + len(new)
+    return out
+
+
+def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
+    """Apply ``patches`` in order to release's vLLM files; the overlay is the
+    files that end up different from the release's."""
+    release = release_of(parse_engine(release, "--engine"))
+    if not patches:
+        raise invalid(flag, [], "give at least one patch file")
+    sp = _release_env(release)
+    state: dict[str, list[str] | None] = {}
+    sources, labels = [], []
+
+    def current(rel: str) -> list[str] | None:
+        if rel not in state:
+            path = sp / rel
+            state[rel] = path.read_bytes().decode("utf-8").splitlines(keepends=True) if path.is_file() else None
+        return state[rel]
+
+    for p in patches:
+        where = f"{flag}={str(p)!r}"
+        raw = _read_limited(Path(p), flag)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise invalid(flag, str(p), f"is not UTF-8 text (byte {e.start}); allowed: a unified diff") from None
+        fps = parse_patch(text, where)
+        if not fps:
+            raise invalid(flag, str(p), "holds no file patch ('--- a/vllm/...' / '+++ b/vllm/...' with hunks); allowed: a unified diff against vLLM's vllm/ tree")
+        for fp in fps:
+            if fp.old is None:  # a new file
+                if current(fp.new) is not None:
+                    raise InvalidArgument(f"{where}: {fp.new} is created by the patch but exists in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
+                lines: list[str] = []
+            else:
+                lines = current(fp.old)
+                if lines is None:
+                    raise InvalidArgument(f"{where}: {fp.old}: no such file in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
+            result = _apply_hunks(lines, fp, where, release)
+            if fp.new is None:
+                state[fp.old] = None
+            else:
+                if fp.old is not None and fp.old != fp.new:
+                    state[fp.old] = None
+                state[fp.new] = result
+        sources.append({"kind": "patch", "path": str(p), "sha256": hashlib.sha256(raw).hexdigest()})
+        labels.append(patch_label(p, release))
+    files: dict[str, bytes | None] = {}
+    for rel, lines in state.items():
+        orig = sp / rel
+        if lines is None:
+            if orig.is_file():
+                files[rel] = None
+            continue
+        data = "".join(lines).encode("utf-8")
+        if not orig.is_file() or orig.read_bytes() != data:
+            files[rel] = data
+    label = ".".join(dict.fromkeys(labels))
+    return Overlay(release, "patch", label, files, sources)
+
+
+# ---- local trees and wheels
+
+
+_VERSION_LINE = re.compile(r"""^\s*(?:__version__|version)\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", re.M)
+_RELEASE = re.compile(r"^(\d+\.\d+\.\d+)")
+
+
+def _pick_release(found: str | None, base: str | None, what: str, flag: str) -> str:
+    if base is not None:
+        return release_of(parse_engine(base, "--base"))
+    m = _RELEASE.match(found or "")
+    if m is None:
+        raise invalid(flag, what, f"its vLLM release is unknown (version {found!r}); allowed: --base vllm==X naming the release it is based on")
+    if m.group(1) not in SUPPORTED_VERSIONS:
+        raise invalid(flag, what, f"vLLM {found} is based on no release kvspec has an environment for; allowed: --base vllm==X with X one of {', '.join(SUPPORTED_VERSIONS)}")
+    return m.group(1)
+
+
+def _overlay_of(release: str, kind: str, label: str, members: dict[str, bytes], source: dict) -> Overlay:
+    sp = _release_env(release)
+    files = {}
+    for rel, data in members.items():
+        orig = sp / rel
+        if not orig.is_file() or orig.read_bytes() != data:
+            files[rel] = data
+    return Overlay(release, kind, label, files, [source])
+
+
+def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
+    """The Python files of a local vLLM source tree (its ``vllm`` package
+    folder, or the checkout holding it) that differ from the release's."""
+    root = Path(path).expanduser()
+    what = f"path:{path}"
+    if (root / "vllm" / "__init__.py").is_file():
+        pkg = root / "vllm"
+    elif root.name == "vllm" and (root / "__init__.py").is_file():
+        pkg = root
+    else:
+        raise invalid(flag, what, "is not a vLLM source tree (no vllm/__init__.py there); allowed: path:/src/vllm or the checkout holding it")
+    found = None
+    version_file = pkg / "_version.py"
+    if version_file.is_file():
+        m = _VERSION_LINE.search(version_file.read_text(errors="replace"))
+        found = m.group(1) if m else None
+    release = _pick_release(found, base, what, flag)
+    members: dict[str, bytes] = {}
+    for f in sorted(pkg.rglob("*.py")):
+        if "__pycache__" in f.parts or not f.is_file():
+            continue
+        members["vllm/" + f.relative_to(pkg).as_posix()] = _read_limited(f, flag)
+    h = hashlib.sha256()
+    for rel in sorted(members):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(members[rel]).digest())
+    return _overlay_of(release, "path", "local", members, {"kind": "path", "path": str(pkg.resolve()), "version": found, "sha256": h.hexdigest()})
+
+
+def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
+    """The Python files of a vLLM wheel that differ from the release's."""
+    whl = Path(path).expanduser()
+    what = f"wheel:{path}"
+    if not whl.is_file():
+        raise invalid(flag, what, "is not a file; allowed: wheel:FILE.whl, a vLLM wheel")
+    parts = whl.name.split("-")
+    if not whl.name.endswith(".whl") or len(parts) < 3 or parts[0].lower() != "vllm":
+        raise invalid(flag, what, "is not a vLLM wheel (vllm-VERSION-...whl); allowed: wheel:FILE.whl, a vLLM wheel")
+    members: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(whl) as z:
+            for info in z.infolist():
+                name = info.filename
+                if name.startswith("vllm/") and name.endswith(".py") and "/__pycache__/" not in name and ".." not in name.split("/"):
+                    if info.file_size > MAX_PATCH_BYTES:
+                        raise invalid(flag, what, f"member {name} is larger than {MAX_PATCH_BYTES} bytes")
+                    members[name] = z.read(info)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise invalid(flag, what, f"cannot be read as a wheel ({e}); allowed: wheel:FILE.whl, a vLLM wheel") from None
+    if "vllm/__init__.py" not in members:
+        raise invalid(flag, what, "holds no vllm/__init__.py; allowed: wheel:FILE.whl, a vLLM wheel")
+    release = _pick_release(parts[1], base, what, flag)
+    digest = hashlib.sha256(whl.read_bytes()).hexdigest()
+    return _overlay_of(release, "wheel", "wheel", members, {"kind": "wheel", "path": str(whl.resolve()), "version": parts[1], "sha256": digest})
+
+
+# ------------------------------------------------------------------ environments
+
+
+def read_marker(version: str) -> dict | None:
+    return venvs.read_marker(env_dir(version))
+
+
+def is_ready(version: str) -> bool:
+    """A build is ready when its marker names it and was made from the
+    release environment as it is now (the same requirement lock)."""
+    from engine_adapter import environments
+
+    marker = read_marker(version)
+    if not marker or marker.get("engine") != engine_name(version) or not env_python(version).exists():
+        return False
+    release = release_of(version)
+    return environments.requirements_file(release).exists() and marker.get("base_fingerprint") == environments.fingerprint(release)
+
+
+def status(version: str) -> dict:
+    """One row of ``kvspec engines list`` for a build."""
+    target = env_dir(version)
+    marker = read_marker(version)
+    if marker and is_ready(version):
+        state = "ready"
+    elif marker:
+        state = "stale"  # its release environment was rebuilt from another lock
+    elif target.exists():
+        state = "incomplete"
+    else:
+        state = "missing"
+    row = {"engine": engine_name(version), "state": state, "path": str(target), "installed": state in ("ready", "stale"), "base": engine_name(release_of(version))}
+    if marker:
+        build = marker.get("build") or {}
+        row.update({"created": marker.get("created"), "install_seconds": marker.get("build_seconds"), "size_bytes": marker.get("own_bytes"),
+                    "kind": build.get("kind"), "sources": [s.get("path") for s in build.get("sources", [])], "files": sorted(build.get("files", {}))})
+    return row
+
+
+def list_builds() -> list[str]:
+    """The versions of every build environment under the engines folder."""
+    root = engines_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        name = d.name
+        if d.is_dir() and name.startswith("vllm-") and "+" in name:
+            try:
+                out.append(parse_engine(name[len("vllm-") :]))
+            except KvspecError:  # not a build kvspec named
+                continue
+    return out
+
+
+def link_tree(src: Path, dst: Path, *, skip_top: tuple[str, ...] = ()) -> int:
+    """Hard-link every file of ``src`` into ``dst`` (symlinks re-created as
+    they are); return the number of files linked."""
+    n = 0
+    src, dst = Path(src), Path(dst)
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        target = dst if rel == "." else dst / rel
+        target.mkdir(parents=True, exist_ok=True)
+        for d in list(dirs):
+            s = os.path.join(root, d)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), target / d)
+                dirs.remove(d)
+        for f in files:
+            if rel == "." and f in skip_top:
+                continue
+            s = os.path.join(root, f)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), target / f)
+            else:
+                os.link(s, target / f)
+                n += 1
+    return n
+
+
+def _selftest(version: str) -> dict:
+    from engine_adapter import environments
+
+    return environments._selftest(version)
+
+
+def build(overlay: Overlay, *, force: bool = False, progress: Progress = _say) -> dict:
+    """Build (or find) the environment of ``overlay``; returns its marker."""
+    from engine_adapter import environments
+
+    version = overlay.version
+    name = engine_name(version)
+    prefix = f"[{name}]"
+    target = env_dir(version)
+    with venvs.install_lock(target, wait_s=LOCK_WAIT_S, label=name, progress=progress):
+        if is_ready(version) and not force:
+            return read_marker(version) or {}
+        if target.exists():
+            progress(f"{prefix} removing incomplete or stale build {target}")
+            shutil.rmtree(target)
+        start = time.monotonic()
+        release = overlay.release
+        try:
+            with venvs.install_lock(environments.env_dir(release), wait_s=environments.LOCK_WAIT_S, label=engine_name(release), progress=progress):
+                _release_env(release)  # still ready under its lock
+                try:
+                    linked = link_tree(environments.env_dir(release), target, skip_top=(venvs.MARKER_NAME,))
+                except OSError as e:
+                    raise EngineError(f"engine={name!r}: cannot hard-link {environments.env_dir(release)} into {target} ({e.strerror or e}); allowed: an engines folder on one file system") from None
+            link_s = time.monotonic() - start
+            sp = site_packages(target)
+            own = 0
+            for rel, data in sorted(overlay.files.items()):
+                path = sp / rel
+                cache = path.parent / "__pycache__"
+                for pyc in cache.glob(f"{path.stem}.*.pyc") if cache.is_dir() else ():
+                    pyc.unlink()
+                if data is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                    continue
+                mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+                write_bytes_atomic(path, data)  # a new file: the release's stays as it was
+                path.chmod(mode)
+                own += len(data)
+            progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
+            progress(f"{prefix} self-test (drives the real scheduler once)")
+            selftest = _selftest(version)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        marker = {
+            "engine": name,
+            "version": version,
+            "build": overlay.describe(),
+            "base_fingerprint": environments.fingerprint(release),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "python": sys.version.split()[0],
+            "link_seconds": round(link_s, 2),
+            "build_seconds": round(time.monotonic() - start, 1),
+            "own_bytes": own,
+            "selftest": selftest,
+        }
+        venvs.write_marker(target, marker)
+        progress(f"{prefix} ready in {marker['build_seconds']}s at {target}")
+        return marker
+
+
+def remove(version: str, *, progress: Progress = _say) -> bool:
+    target = env_dir(version)
+    with venvs.install_lock(target, wait_s=LOCK_WAIT_S, label=engine_name(version), progress=progress):
+        if not target.exists():
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            venvs.marker_path(target).unlink()  # not ready from this instant on
+        shutil.rmtree(target)
+        return True
+
+
+def describe(version: str) -> dict | None:
+    """What a build is made of (its marker's ``build``), or None."""
+    marker = read_marker(version) if is_build(version) else None
+    return (marker or {}).get("build")
+
+
+# ------------------------------------------------------------------ engine specs
+
+
+def prepare(spec: str, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", progress: Progress = _say) -> str:
+    """An engine spec from the command line -> an engine name, building the
+    build it names first: ``vllm==X`` (with ``patches``: the patched build),
+    ``vllm==X+LABEL.HASH`` (a build made earlier), ``path:DIR``,
+    ``wheel:FILE.whl`` (``base``: the release they are based on)."""
+    patches = list(patches or [])
+    text = spec.strip() if isinstance(spec, str) else spec
+    if isinstance(text, str) and text.startswith(("path:", "wheel:")):
+        if patches:
+            raise invalid("--patch", patches[0], f"applies to a release (--engine vllm==X --patch FILE), not to {text}")
+        kind, _, where = text.partition(":")
+        if not where:
+            raise invalid(flag, text, f"{kind}: needs a {'folder' if kind == 'path' else 'wheel file'} after the colon")
+        overlay = overlay_from_tree(where, base, flag=flag) if kind == "path" else overlay_from_wheel(where, base, flag=flag)
+    else:
+        version = parse_engine(text, flag)
+        if base is not None:
+            raise invalid("--base", base, "goes with --engine path:DIR or wheel:FILE.whl")
+        if not patches:
+            return engine_name(version)
+        if is_build(version):
+            raise invalid("--patch", patches[0], f"applies to a release (vllm=={release_of(version)}), not to the build {engine_name(version)}")
+        overlay = overlay_from_patches(version, patches)
+    if not overlay.files:
+        progress(f"[{overlay.name}] note: the overlay changes no vLLM file: the build equals {engine_name(overlay.release)}")
+    build(overlay, progress=progress)
+    return overlay.name
+
+
+def inprocess_build_version(prefix: str | None = None) -> str | None:
+    """The build whose environment this interpreter runs in (``sys.prefix``),
+    or None: there the vLLM importable in-process is that build, not its
+    release."""
+    root = Path(prefix or sys.prefix)
+    if "+" not in root.name or not root.name.startswith("vllm-"):
+        return None
+    marker = venvs.read_marker(root)
+    version = (marker or {}).get("version")
+    return version if isinstance(version, str) and is_build(version) else None
+
+
+def run_python(version: str, args: list[str], *, timeout: float, platform: str = "cuda") -> subprocess.CompletedProcess:
+    """Run the build's (or release's) interpreter with kvspec's worker
+    environment, bounded by ``timeout``."""
+    from engine_adapter import environments
+
+    return subprocess.run([str(environments.env_python(version)), *args], env=environments.worker_env(version, platform), capture_output=True, text=True, timeout=timeout, cwd=str(environments.REPO_ROOT))

@@ -1,0 +1,248 @@
+"""The custom-build guard behind ``kvspec check-build``: does a vLLM build
+(a release, a patched release, a local tree, a wheel) keep kvspec's promises?
+
+It runs, on the one engine, in this order until the time is spent:
+
+1. the examples that name a deployment or a block-aligned longer sibling
+   (``examples/*deployment*.json``, ``examples/r2-*.json``);
+2. the proofs' boundary cases (``spec.seeds.boundary_cases``: z3's
+   counterexamples and witnesses per geometry class), mapped onto real
+   deployments (``fuzz.seeds.on_deployments``), interleaved by speculative
+   mode so every mode is reached early;
+3. a short random campaign over deployments (``fuzz.drivers.run_random``).
+
+Every case is judged by the oracles that judge a build
+(``fuzz.oracles.oracles_for``: promise, sparse_dense, spec_on_off,
+engine_error) plus ``junction``; never by the release's own rule. Each
+finding is sorted into the promise it breaks (:func:`promise_of`):
+
+* ``R1`` an identical resend resumes where dense retention would;
+* ``R2`` a longer sibling (an earlier prompt is its prefix) does too;
+* ``junction`` a sibling diverging inside an earlier prompt hits its
+  divergence point once the junction was observed (the promise's prediction);
+* ``no-stale`` no request hits more than the Mamba states a prefill wrote
+  allow (any hit above the expected one);
+* ``errors`` vLLM raises on no case the model accepts.
+
+The verdict: 0 every promise held, 1 a promise failed (its first
+counterexample rendered), 3 the harness failed (the engine could not start,
+nothing ran, or harness errors above the limit).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reference.case import Case, parse_case
+
+from fuzz.oracles import request_kinds
+
+ROOT = Path(__file__).resolve().parent.parent
+#: (id, short name, what is promised)
+PROMISES = (
+    ("R1", "identical resend", "an identical resend resumes where dense retention would, with or without speculative decoding"),
+    ("R2", "longer sibling", "a prompt that extends an earlier one resumes where dense retention would"),
+    ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
+    ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
+    ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
+)
+EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
+
+
+def promise_of(finding: dict) -> str:
+    """The promise a finding breaks (one of :data:`PROMISES`' ids)."""
+    oracle = finding.get("oracle")
+    if oracle == "engine_error":
+        return "errors"
+    case = parse_case(finding["case"])
+    i = finding.get("first_divergence")
+    exp = (finding.get("expected") or {}).get("hits") or []
+    obs = (finding.get("observed") or {}).get("hits") or []
+    if i is None or i >= len(exp) or i >= len(obs):
+        return "errors"
+    if obs[i] > exp[i]:
+        return "no-stale"
+    kind = request_kinds(case)[i]
+    if oracle == "junction" or kind == "sibling":
+        return "junction"
+    return {"resend": "R1", "extension": "R2"}.get(kind, "no-stale")
+
+
+def example_cases(root: Path = ROOT) -> list[tuple[str, Case]]:
+    """The examples check-build runs first: every deployment example and every
+    block-aligned longer-sibling example."""
+    from fuzz.findings import load_finding
+
+    paths = sorted({*root.glob("examples/*deployment*.json"), *root.glob("examples/r2-*.json")})
+    return [(str(p.relative_to(root)), load_finding(p)[0]) for p in paths]
+
+
+def interleave(cases: list[Case]) -> list[Case]:
+    """Round-robin over the cases' speculative modes (the deployment's
+    ``--speculative-config``), so a short run reaches each mode early."""
+    groups: dict[str, list[Case]] = {}
+    for c in cases:
+        key = "off"
+        if c.deployment is not None:
+            args = list(c.deployment.vllm_args)
+            if "--speculative-config" in args:
+                key = args[args.index("--speculative-config") + 1]
+        elif c.speculative is not None:
+            key = c.speculative.method
+        groups.setdefault(key, []).append(c)
+    out: list[Case] = []
+    queues = list(groups.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+@dataclass
+class Report:
+    engine: str
+    rows: list[dict] = field(default_factory=list)
+    counterexamples: dict[str, str] = field(default_factory=dict)  # promise id -> finding path
+    phases: list[dict] = field(default_factory=list)
+    execs: int = 0
+    harness_errors: int = 0
+    rejected: int = 0
+    unsupported: int = 0
+    elapsed_s: float = 0.0
+    first_failure_s: float | None = None
+    exit_code: int = EXIT_PASS
+    reason: str = ""
+    out: str = ""
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("engine", "exit_code", "reason", "rows", "counterexamples", "phases", "execs", "harness_errors", "rejected", "unsupported", "elapsed_s", "first_failure_s", "out")}
+
+
+def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_time: float = 240.0, seed: int = 1, fail_fast: bool = False,
+                shrink_calls: int = 12, progress=None, harness_error_limit: float | None = None, started: float | None = None) -> Report:
+    """Run check-build on ``engine_name`` (a ready engine) and return the report."""
+    from engine_adapter import open_engine
+    from kvspec.home import kvspec_home
+    from reference.errors import EngineError
+
+    from fuzz.campaign import Campaign
+    from fuzz.drivers import BoundedEngine, run_random
+    from fuzz.oracles import ORACLES
+    from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
+    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+
+    say = progress or (lambda line: None)
+    started = time.monotonic() if started is None else started
+    report = Report(engine_name, out=str(out))
+    deadline = started + cases_time + max_time
+    try:
+        engine = open_engine(engine_name)
+    except EngineError as e:
+        report.exit_code, report.reason = EXIT_HARNESS, f"the engine cannot be opened: {e}"
+        return report
+    findings_order: list[str] = []
+
+    def on_finding(path: Path, finding: dict) -> None:
+        findings_order.append(str(path))
+        pid = promise_of(finding)
+        if pid not in report.counterexamples:
+            report.counterexamples[pid] = str(path)
+            if report.first_failure_s is None:
+                report.first_failure_s = round(time.monotonic() - started, 1)
+            say(f"[check-build] {pid}: FAIL at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
+
+    bounded = BoundedEngine(engine, deadline)
+    campaign = Campaign(bounded, out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline)
+
+    def stop() -> bool:
+        return time.monotonic() >= deadline or (fail_fast and bool(report.counterexamples))
+
+    try:
+        say(f"[check-build] {engine_name}: starting the engine")
+        if hasattr(engine, "start"):
+            engine.start()
+        t = time.monotonic()
+        examples = example_cases()
+        n = 0
+        for _name, case in examples:
+            if stop():
+                break
+            campaign.check(case)
+            n += 1
+        report.phases.append({"phase": "examples", "cases": n, "of": len(examples), "seconds": round(time.monotonic() - t, 1)})
+        say(f"[check-build] examples: {n} cases in {time.monotonic() - t:.0f}s")
+        t = time.monotonic()
+        seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
+        mapped = interleave(on_deployments(seeds, campaign.resolver))
+        cases_end = min(deadline, started + cases_time)
+        n = 0
+        for case in mapped:
+            if stop() or time.monotonic() >= cases_end:
+                break
+            campaign.check(case)
+            n += 1
+        report.phases.append({"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)})
+        say(f"[check-build] boundary cases on deployments: {n} of {len(mapped)} in {time.monotonic() - t:.0f}s")
+        t = time.monotonic()
+        before = campaign.stats.execs
+        if not stop():
+            left = max(0.0, min(max_time, deadline - time.monotonic()))
+            if fail_fast:
+                run_random(campaign, seed, max_time=left, stop_on_finding=True)
+            else:
+                run_random(campaign, seed, max_time=left)
+        report.phases.append({"phase": "campaign", "driver": "random", "runs": campaign.stats.execs - before, "seconds": round(time.monotonic() - t, 1)})
+        say(f"[check-build] campaign (random, deployments): {campaign.stats.execs - before} runs in {time.monotonic() - t:.0f}s")
+    finally:
+        engine.close()
+    s = campaign.stats
+    report.execs, report.harness_errors, report.rejected, report.unsupported = s.execs, s.harness_errors, s.rejected, s.unsupported
+    report.elapsed_s = round(time.monotonic() - started, 1)
+    failed = set(report.counterexamples)
+    stopped_early = fail_fast and bool(failed)
+    for pid, name, what in PROMISES:
+        verdict = "FAIL" if pid in failed else ("not checked" if stopped_early else "pass")
+        report.rows.append({"promise": pid, "name": name, "what": what, "verdict": verdict, "counterexample": report.counterexamples.get(pid)})
+    code, why = outcome(execs=s.execs, harness_errors=s.harness_errors, new_findings=len(s.findings), workers_died=0,
+                        limit=HARNESS_ERROR_LIMIT if harness_error_limit is None else harness_error_limit)
+    if code == 3:
+        report.exit_code, report.reason = EXIT_HARNESS, f"harness failed: {why}"
+    elif failed:
+        report.exit_code = EXIT_FAIL
+        report.reason = "promise(s) broken: " + ", ".join(pid for pid, _n, _w in PROMISES if pid in failed)
+    else:
+        report.exit_code, report.reason = EXIT_PASS, "every promise held"
+    return report
+
+
+def render(report: Report) -> list[str]:
+    """The report as text: one row per promise, then each failing promise's
+    first counterexample (the finding, rendered)."""
+    from fuzz.findings import render as render_finding
+
+    lines = [f"kvspec check-build: {report.engine}"]
+    for p in report.phases:
+        if p["phase"] == "campaign":
+            lines.append(f"  {p['phase']}: {p['runs']} runs ({p['driver']}, deployments) in {p['seconds']}s")
+        else:
+            lines.append(f"  {p['phase']}: {p['cases']} of {p['of']} cases in {p['seconds']}s")
+    lines.append(f"  runs {report.execs}, rejected by vLLM {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s")
+    lines.append("")
+    width = max(len(n) for _p, n, _w in PROMISES)
+    for row in report.rows:
+        lines.append(f"  {row['promise']:<9} {row['name']:<{width}}  {row['verdict']}")
+    for pid, _n, _w in PROMISES:
+        path = report.counterexamples.get(pid)
+        if path is None:
+            continue
+        lines += ["", f"first counterexample for {pid} ({path}):"]
+        try:
+            lines += ["  " + x for x in render_finding(json.loads(Path(path).read_text())).splitlines()]
+        except (OSError, ValueError) as e:
+            lines.append(f"  (cannot read it: {e})")
+    lines += ["", f"verdict: exit {report.exit_code}: {report.reason}"]
+    return lines

@@ -1,0 +1,78 @@
+"""``--engine`` with ``--patch`` and ``--base``: the engine options every
+command that runs an engine shares (run, fuzz, replay, matrix, resolve,
+report --matrix, check-build).
+
+* ``--engine vllm==X``: a release; ``--engine vllm==X+LABEL.HASH``: a build
+  made earlier (``kvspec engines list``);
+* ``--engine vllm==X --patch FILE.diff [--patch ...]``: release X with the
+  patches applied, in order (a ``--patch`` belongs to the ``--engine`` before
+  it; before any ``--engine``, to the first one, or the default);
+* ``--engine path:/src/vllm`` / ``--engine wheel:FILE.whl`` ``[--base vllm==X]``:
+  a local source tree's or a wheel's Python files over release X.
+
+:func:`engine_names` turns them into engine names, building each build's
+environment first (``engine_adapter.builds``: seconds from the release's).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"
+BASE_HELP = "the release a path: or wheel: engine is based on (default: read from its version)"
+NOTE = ("a build (--patch, path:, wheel:) is judged by the promise, sparse_dense, spec_on_off, engine_error "
+        "and versions oracles: the reference and knobs oracles state its release's rule, not the build's")
+
+
+class _EngineAction(argparse.Action):
+    """Append an engine spec; a later --patch / --base attaches to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = list(getattr(namespace, self.dest) or [])
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
+class _AttachAction(argparse.Action):
+    """--patch / --base: attach to the latest engine of ``engines_dest``."""
+
+    def __init__(self, option_strings, dest, engines_dest: str = "engine", many: bool = True, **kwargs):
+        self.engines_dest, self.many = engines_dest, many
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        index = max(0, len(getattr(namespace, self.engines_dest) or []) - 1)
+        table = dict(getattr(namespace, self.dest) or {})
+        if self.many:
+            table[index] = [*table.get(index, []), values]
+        else:
+            table[index] = values
+        setattr(namespace, self.dest, table)
+
+
+def add_engine_arguments(parser, *, dest: str = "engine", flag: str = "--engine", help: str, required: bool = False, group=None, metavar: str = "ENGINE") -> None:
+    """``flag`` (repeatable; see the module docstring), ``--patch``, ``--base``."""
+    target = group if group is not None else parser
+    target.add_argument(flag, dest=dest, action=_EngineAction, default=None, required=required, metavar=metavar, help=help)
+    parser.add_argument("--patch", dest=f"{dest}_patches", action=_AttachAction, engines_dest=dest, default=None, metavar="FILE.diff", help=PATCH_HELP)
+    parser.add_argument("--base", dest=f"{dest}_bases", action=_AttachAction, engines_dest=dest, many=False, default=None, metavar="vllm==X", help=BASE_HELP)
+
+
+def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[str]:
+    """The engine names the options give, each build built first. A
+    ``--patch`` / ``--base`` with no engine to attach to applies to
+    ``default``."""
+    from engine_adapter.builds import prepare
+    from reference.errors import invalid
+
+    specs = list(getattr(args, dest, None) or ([] if default is None else [default]))
+    patches = dict(getattr(args, f"{dest}_patches", None) or {})
+    bases = dict(getattr(args, f"{dest}_bases", None) or {})
+    if not specs and (patches or bases):
+        raise invalid("--patch" if patches else "--base", (patches or bases).get(0), f"needs {flag} vllm==X (or path:DIR / wheel:FILE.whl) to apply to")
+    kwargs = {} if progress is None else {"progress": progress}
+    return [prepare(spec, patches.get(i), bases.get(i), flag=flag, **kwargs) for i, spec in enumerate(specs)]
+
+
+def has_build_options(args, dest: str = "engine") -> bool:
+    return bool(getattr(args, f"{dest}_patches", None) or getattr(args, f"{dest}_bases", None))
