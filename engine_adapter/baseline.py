@@ -18,11 +18,11 @@ from vllm.v1.request import Request as VllmRequest  # noqa: E402
 from reference.case import Case, prompt_tokens
 
 
-def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float]:
-    """Returns (hits per request, setup seconds, loop seconds)."""
+def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float, float]:
+    """Returns (hits per request, setup seconds, loop seconds, loop CPU seconds)."""
     t0 = time.perf_counter()
     built = driver.build(case, {})
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     s = built["scheduler"]
     hasher = built["hasher"]
     hits: list[int] = []
@@ -38,4 +38,4 @@ def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float]:
                 if eco.scheduler_stats is not None and eco.scheduler_stats.prefix_cache_stats is not None:
                     h += eco.scheduler_stats.prefix_cache_stats.hits
         hits.append(h)
-    return hits, t1 - t0, time.perf_counter() - t1
+    return hits, t1 - t0, time.perf_counter() - t1, time.process_time() - c1

@@ -169,7 +169,7 @@ class VllmDriver:
             cache_blocks, boundaries = rec.cache_blocks_of(rid)
             by_size = tokens_held = by_group = None
             if scan is not None:
-                by_size, tokens_held, by_group = scan.retained(list(served.request.block_hashes))
+                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes)
             explain = {
                 "request": i,
                 "prompt_tokens": len(tokens),

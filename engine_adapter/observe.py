@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import inspect
 from itertools import compress, repeat
 
 from vllm.v1.core import kv_cache_utils
@@ -108,6 +109,20 @@ def read_knobs(version: str, built: dict) -> dict:
     return knobs
 
 
+_PARAMETERS: dict = {}
+
+
+def _parameters(fn) -> list[str] | None:
+    """The parameter names of a (bound) method, read once per function."""
+    func = getattr(fn, "__func__", fn)
+    if func not in _PARAMETERS:
+        try:
+            _PARAMETERS[func] = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            _PARAMETERS[func] = None
+    return _PARAMETERS[func]
+
+
 _SUFFIXES: dict[tuple, bytes | None] = {}
 
 
@@ -132,17 +147,22 @@ def _key_suffix(make_key, gid: int) -> bytes | None:
 class RetainedScan:
     """Which prompt states the block pool holds, per Mamba group.
 
-    vLLM keys a cached block by hash + group id. When that key is the hash
+    vLLM keys a cached block by hash + group id; when that key is the hash
     bytes followed by a fixed suffix per group (checked on a sample), the
-    scan keeps its own index of the Mamba groups' cached hashes, updated by
-    wrapping the *instance* methods through which vLLM inserts and removes
-    keys (``BlockHashToBlockMap.insert`` / ``.pop``, 0.29.0-0.33.0): one
-    cheap step per key vLLM caches, instead of building a key for every
-    hash of every request. The index is trusted only while the map is the
-    same object and holds as many keys as the index counted (a
+    key is built inline. Asking the map for every hash of every request
+    costs in proportion to all the tokens of the trace, so once a trace has
+    asked for :data:`INDEX_AFTER` keys, the scan builds its own index of the
+    Mamba groups' cached hashes and keeps it up to date by wrapping the
+    *instance* methods through which vLLM inserts and removes keys
+    (``BlockHashToBlockMap.insert`` / ``.pop``, 0.29.0-0.33.0): one cheap
+    step per block vLLM caches. The index is trusted only while the map is
+    the same object and holds as many keys as the index counted (a
     ``reset_prefix_cache``, or a write past ``insert``/``pop`` in some
     version, breaks that); otherwise, and where the key layout differs, the
     scan asks the map for each key."""
+
+    #: Keys asked for one by one before the scan switches to its index.
+    INDEX_AFTER = 1500
 
     def __init__(self, scheduler: Scheduler, built: dict) -> None:
         pool = scheduler.kv_cache_manager.block_pool
@@ -165,55 +185,62 @@ class RetainedScan:
                 if suffix is not None:
                     self.key_suffix[gid] = suffix
         self.held: dict[int, set] | None = None
-        self._index()
+        self._count = [0]
+        self.asked = 0  # keys asked for one by one
+        self.indexable = True
 
     def _index(self) -> None:
         """Start the incremental index (see the class note) when every Mamba
         group's key is hash + a suffix of one length."""
+        self.indexable = False  # one try
         cache_map = self.cache_map
         lengths = {len(x) for x in self.key_suffix.values()}
         if cache_map is None or set(self.key_suffix) != set(self.mamba_gids) or len(lengths) != 1 or 0 in lengths:
             return
         insert, pop = getattr(self.map_obj, "insert", None), getattr(self.map_obj, "pop", None)
-        if not callable(insert) or not callable(pop):
+        if not callable(insert) or not callable(pop) or _parameters(insert) != ["key", "block"] or _parameters(pop) != ["key", "block_id"]:
             return
         cut = -lengths.pop()
         by_suffix = {suffix: gid for gid, suffix in self.key_suffix.items()}
         held: dict[int, set] = {gid: set() for gid in self.mamba_gids}
-        count = [len(cache_map)]
         for key in list(cache_map):
             gid = by_suffix.get(key[cut:]) if isinstance(key, bytes) else None
             if gid is not None:
                 held[gid].add(key[:cut])
+        count = self._count
+        count[0] = len(cache_map)
+        scan = self
 
-        def on_insert(key, *args, **kwargs):
-            new = key not in cache_map
-            out = insert(key, *args, **kwargs)
-            try:
-                if new and key in cache_map:
+        # vLLM 0.29.0-0.33.0's signatures (checked above); these run for every
+        # block vLLM caches or drops, so they are kept flat.
+        def on_insert(key, block):
+            before = len(cache_map)
+            out = insert(key, block)
+            if len(cache_map) != before:
+                try:
                     count[0] += 1
                     gid = by_suffix.get(key[cut:])
                     if gid is not None:
                         held[gid].add(key[:cut])
-            except Exception:  # observation must never change behaviour
-                self.held = None
+                except Exception:  # observation must never change behaviour
+                    scan.held = None
             return out
 
-        def on_pop(key, *args, **kwargs):
-            had = key in cache_map
-            out = pop(key, *args, **kwargs)
-            try:
-                if had and key not in cache_map:
+        def on_pop(key, block_id):
+            before = len(cache_map)
+            out = pop(key, block_id)
+            if len(cache_map) != before:
+                try:
                     count[0] -= 1
                     gid = by_suffix.get(key[cut:])
                     if gid is not None:
                         held[gid].discard(key[:cut])
-            except Exception:
-                self.held = None
+                except Exception:
+                    scan.held = None
             return out
 
         self.map_obj.insert, self.map_obj.pop = on_insert, on_pop
-        self.held, self._count = held, count
+        self.held = held
 
     def _index_valid(self) -> bool:
         return self.held is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj and len(self.cache_map) == self._count[0]
@@ -223,33 +250,43 @@ class RetainedScan:
 
         The membership tests run in C (``map``, ``compress``)."""
         out = {}
-        hbs, cache_map = self.hbs, self.cache_map
-        steps = range(hbs, (len(hashes) + 1) * hbs, hbs)  # (j + 1) * hbs
+        hbs, cache_map, n = self.hbs, self.cache_map, len(hashes)
+        steps = range(hbs, (n + 1) * hbs, hbs)  # (j + 1) * hbs
         if self._index_valid():
+            held = self.held
             for gid in self.mamba_gids:
-                out[gid] = list(compress(steps, map(self.held[gid].__contains__, hashes)))
+                out[gid] = list(compress(steps, map(held[gid].__contains__, hashes)))
             return out
+        self.asked += n * len(self.mamba_gids)
+        same_map = cache_map is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj
         for gid in self.mamba_gids:
-            if cache_map is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj:
+            if same_map:
                 suffix = self.key_suffix.get(gid)
                 if suffix is not None:
-                    keys = map(bytes.__add__, hashes, repeat(suffix, len(hashes)))
+                    keys = map(bytes.__add__, hashes, repeat(suffix, n))
                 else:
                     keys = (self.make_key(h, gid) for h in hashes)
                 out[gid] = list(compress(steps, map(cache_map.__contains__, keys)))
             else:
                 out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.pool.get_cached_block(h, [gid]) is not None]
+        if self.indexable and self.asked >= self.INDEX_AFTER:
+            self._index()
         return out
 
     def retained(self, hashes: list) -> tuple[dict[str, list[int]], dict | None, dict | None]:
         """(``retained_mamba_blocks`` by block size, ``retained_mamba_tokens``
         when a held state is not a whole block or the groups disagree, the
         per-group blocks when they disagree)."""
-        tokens = self.positions(hashes)
         gids = self.mamba_gids
-        if self.uniform_bs is not None:  # one Mamba block size: usually every group holds the same
+        tokens = self.positions(hashes)
+        if self.uniform_bs is not None:
+            # the usual case, kept short (it runs after every request): one
+            # Mamba block size and every group holding the same states
             first = tokens[gids[0]]
-            if all(tokens[g] == first for g in gids[1:]):
+            for g in gids[1:]:
+                if tokens[g] != first:
+                    break
+            else:
                 bs = self.uniform_bs
                 partial = any(p % bs for p in first)
                 return {str(bs): [p // bs - 1 for p in first if p % bs == 0]}, ({str(g): tokens[g] for g in gids} if partial else None), None
