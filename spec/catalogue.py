@@ -46,6 +46,35 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
             ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRPP", ("R1", "legacy"): "PPRPP",
             ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
         },
+        # hashed (A = M = S = B, hits on H < B): derived by hand from the
+        # reference's closed forms (``.kvspec/notes/partial-hits.md`` §1.4; f_X
+        # is floor_to X), r the resend's and e the sibling's dense boundary,
+        # T_r = f_B(r), T_e = f_B(e) the targets, t the prompt's checkpoint
+        # (``tail_checkpoint``), kept as a (partial) state by replay and
+        # legacy whatever the mask says from 0.32.0 on, only off the block
+        # grid before:
+        # * plain/0.30 (fa_tail f_H(N), t = f_H(N)): r = f_H(N), or f_B(N-1)
+        #   when H | N (the tail N is past the N-1 cap); e = f_H(N). Replay
+        #   and legacy mark f_B(N-1) and keep t off the grid: R1 proved; R2
+        #   refuted when B | N (e = N = t on the grid; N - B marked): N = B.
+        # * plain/0.33 (fa_tail f_H(N-1) = t): r = f_H(N-1) = t, kept; e = t,
+        #   or N when B | N (attention reaches the full block N; sparse keeps
+        #   N - B and N - H): R1 proved, R2 refuted at N = B.
+        # * drop/0.30 (margin and drop one hash unit, ceiling N-1): r =
+        #   f_H(N) - H (f_B(N-1) - H when H | N), e = f_H(N) - H. Replay
+        #   marks f_B(N-1) - B, f_B(N) - B and keeps t = f_H(N) - H only off
+        #   the grid: r = e = B at N = B + H + 1 is lost (R1 and R2 refuted).
+        #   Legacy marks f_B(N-1) and keeps f_H(N) off the grid: R1 refuted
+        #   at N = 2B + 1 (r = 2B - H, T_r = B, nothing kept in [B, 2B - H]),
+        #   R2 refuted (N = 2B + 1 too).
+        # * drop/0.33: r = e = f_H(N) - H = t, kept whatever the mask: proved.
+        # * lookahead/0.33: r = e = f_H(N-1) = t (a block counts only with
+        #   one more token: the full block N is out of reach), kept: proved.
+        # The same letters as ``partial``: hits on H, states on the block.
+        "hashed": {
+            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRPP", ("R1", "legacy"): "PPRPP",
+            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+        },
         "unitary": {
             ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRRP", ("R1", "legacy"): "PPPPP",
             ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRRP", ("R2", "legacy"): "RRRRP",
@@ -62,6 +91,18 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
             ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRRR", ("R2", "legacy"): "RRRRR",
         },
         "partial": {
+            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRPP", ("R1", "legacy"): "RPRPP",
+            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+        },
+        # hashed, one-shot: the chunk ends are P = the last cache position
+        # (f_B(N) without the drop before 0.32.0, f_B(N-1) from 0.32.0,
+        # f_B(N) - B with the drop), t when P < t < N, the next block
+        # boundary after a mid-block t (drop, N mod B below H), and N. The
+        # mask-level refutations stay; plain/0.30 adds R1 at N = 2B: the
+        # prefill is one chunk (P = t = N), N is written but not marked, and
+        # r = f_B(N-1) = B has no state. From 0.32.0 P = f_B(N-1) is the
+        # mark and t an end: kept {P, t}, as vLLM (partial-hits.md §2.2).
+        "hashed": {
             ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRPP", ("R1", "legacy"): "RPRPP",
             ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
         },
@@ -84,10 +125,15 @@ WITHIN_REPLAY: dict[str, dict[str, str]] = {
     "uniform": {"promise": "RRPPP", "replay": "PPPPP", "legacy": "PPRRP"},
     "aligned": {"promise": "RRPPP", "replay": "PPPPP", "legacy": "PPRRP"},
     "partial": {"promise": "RRRRR", "replay": "PPPPP", "legacy": "PPRRP"},
+    # hashed: the promise keeps a junction J off the block grid (a partial
+    # tail, or a block minus H under the drop) where replay marks f_B(J),
+    # in every mode; legacy keeps f_B(N-1) where replay's drop marks one
+    # block lower (and, 0.29.0, the tail f_H(N) where 0.30.0 keeps f_H(N) - H).
+    "hashed": {"promise": "RRRRR", "replay": "PPPPP", "legacy": "PPRRP"},
     "unitary": {"promise": "RRRRP", "replay": "PPPPP", "legacy": "PPRRP"},
 }
 
-CLASSES = ("uniform", "aligned", "partial", "unitary")
+CLASSES = ("uniform", "aligned", "partial", "hashed", "unitary")
 
 #: junction-observed (issue 10): after a request whose lookup reached the
 #: attention junction J with no Mamba state split its prefill at J, the
@@ -112,21 +158,32 @@ CLASSES = ("uniform", "aligned", "partial", "unitary")
 #:   junction retention with partial hash hits, not a broken row. legacy
 #:   gives the same verdicts as replay (its junction mark is the same).
 #:
+#: * hashed (A = M = B, H < B): J is any multiple of H (a partial tail,
+#:   or a block or tail minus H under the drop). vLLM floors the junction
+#:   stop to the block, so the prefill ends at T = floor_to(J, B), a block
+#:   boundary every rule marks (replay's and legacy's junction mark is
+#:   floor_to(J, B)): proved for every rule, mode, level and retention.
+#:   The target is T, the Mamba block J lands on (as R1/R2's), so this says
+#:   nothing of the H-granular rest: the next sibling diverging at J hits
+#:   T, not J (vLLM's --enable-mamba-shared-prefix-checkpoint keeps J; not
+#:   encoded), while the promise keeps J itself.
+#:
 #: unitary: no attention group, hence no junction (no rows).
 JUNCTION_OBSERVED: dict[str, dict[str, str]] = {
     "uniform": {"promise": "PPPPP", "replay": "PPPPP", "legacy": "PPPPP"},
     "aligned": {"promise": "PPPPP", "replay": "PPPPP", "legacy": "PPPPP"},
     "partial": {"promise": "PPPPP", "replay": "RRRRR", "legacy": "RRRRR"},
+    "hashed": {"promise": "PPPPP", "replay": "PPPPP", "legacy": "PPPPP"},
 }
 #: junction-unobserved: before the junction is observed the promise keeps
 #: the state at a divergence point only if a chunk of the first request
 #: ended there on the Mamba grid or it is a promise boundary. Proved for
 #: every hybrid class, mode, level and retention (the promise no longer
 #: assumes every Mamba block written; ``spec.mutations`` plants that slip).
-JUNCTION_UNOBSERVED: dict[str, str] = {"uniform": "PPPPP", "aligned": "PPPPP", "partial": "PPPPP"}
+JUNCTION_UNOBSERVED: dict[str, str] = {"uniform": "PPPPP", "aligned": "PPPPP", "partial": "PPPPP", "hashed": "PPPPP"}
 #: The (level, retention) pairs of both junction properties.
 JUNCTION_SETTINGS = tuple((level, retention) for level in ("oneshot", "chunked") for retention in ("sparse", "periodic", "dense"))
-HYBRID = ("uniform", "aligned", "partial")
+HYBRID = ("uniform", "aligned", "partial", "hashed")
 
 
 @dataclass(frozen=True)
@@ -219,7 +276,8 @@ def expected_named(prop: str, level: str, name: str, rule: str, mode: str) -> st
 #: The default tier (``pytest spec/``, seconds) is a representative sample:
 #: one row per class, property and rule in FAST_MODE (vLLM #53504's serving
 #: mode, where the rules differ most), every mode on the #53504 geometry
-#: (FAST_NAMED), R1 on each other named geometry, and the junction rows of
+#: (FAST_NAMED), R1 on issue 4's other named geometries and on one of issue
+#: 9's (FAST_R1_NAMED), and the junction rows of
 #: the issue 10 server (JUNCTION_FAST: no speculative decoding, 0.32.0+,
 #: dense retention, per class and rule) plus the partial named geometry,
 #: where replay's refutation shows. Every other row (every mode per class,
@@ -228,6 +286,9 @@ def expected_named(prop: str, level: str, name: str, rule: str, mode: str) -> st
 #: ``pytest spec/ --slow``.
 FAST_MODE = "drop/0.30"
 FAST_NAMED = "1600"
+#: The named geometries whose R1 rows (FAST_MODE, every state written) are in
+#: the default tier: issue 4's and one deployment of issue 9.
+FAST_R1_NAMED = ("1600", "1568", "A32/M16", "A16/M32", "mamba-only 1600", "qwen3-next a100 544/16")
 JUNCTION_FAST = ("plain/0.33", "oneshot/dense")
 JUNCTION_FAST_NAMED = ("A16/M32", "drop/0.33", "oneshot/sparse")
 
@@ -286,8 +347,14 @@ def rows(tier: str = "full") -> list[Row]:
             for prop in ("R1", "R2"):
                 for rule in RULE_NAMES:
                     for mode in MODE_NAMES:
-                        fast = level == "mask" and (name == FAST_NAMED or (prop == "R1" and mode == FAST_MODE))
+                        fast = level == "mask" and (name == FAST_NAMED or (prop == "R1" and mode == FAST_MODE and name in FAST_R1_NAMED))
                         out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode), slow=not fast))
+    # The other properties, the same on every class (hashed derived by hand
+    # as the others: the sibling's boundary is f_H(N - L) or a partial tail
+    # of this prompt, independent of N2; replay and legacy differ only in
+    # the drop's marks and the 0.29.0/0.30.0 tail; the drop moves every
+    # hybrid lookup; kept states are marks or the tail; a one-shot end is a
+    # chunked one, the mid-block tail and the block after it included).
     for cls in CLASSES:
         for mode in MODE_NAMES:
             slow = mode != FAST_MODE

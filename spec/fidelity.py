@@ -10,7 +10,7 @@ answers per run (formula and negation), a few dozen runs per property.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import z3
@@ -171,7 +171,8 @@ def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, 
     """junction-observed (every rule) and junction-unobserved (the promise)
     on one concrete hybrid geometry and mode against the reference
     (``Oracle.junction_holds`` / ``unobserved_holds``), for every N in
-    [1, n_max] and every junction J (a multiple of A in (0, N-1]), at both
+    [1, n_max] and every junction J (a multiple of A in (0, N-1]; of H in
+    ``hashed``), at both
     levels (one-shot; chunks of ``chunk`` scheduler blocks) and every
     retention (sparse; periodic every ``period`` scheduler blocks; dense),
     in one solver call: the claims are built over the same symbolic N and J
@@ -184,7 +185,9 @@ def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, 
     g = geo.geo(f"fidj{geo.cls}{geo.m}x{geo.u}")
     if g.A is None:
         raise ValueError("no junction without an attention group")
-    S, A = geo.S, geo.A
+    # Junctions lie on A, which is U in every class but ``hashed``, where
+    # full attention also stops at a partial tail: on U = H.
+    S, A = geo.S, geo.U
     settings = [(level, retention) for level in ("oneshot", "chunked") for retention in P.RETENTIONS]
     interval_tokens = {"sparse": 0, "periodic": period * S, "dense": None}
     claims: dict[str, z3.BoolRef] = {}
@@ -229,3 +232,112 @@ def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, 
     model = s.model()
     n, j = model.eval(Nt).as_long(), model.eval(Jt).as_long()
     return [JunctionDisagreement(name, n, j, truths[name][j][n - 1]) for name, w in zip(claims, wrong) if z3.is_true(model.eval(w, model_completion=True))]
+
+
+# ------------------------------------------------------------------ terms
+
+#: The prompt lengths ``term_disagreements`` compares at.
+SAMPLE_N = tuple(range(1, 72))
+
+
+def _int(c: Count) -> int:
+    """The token count of a Count whose digits folded to Python ints."""
+    assert all(isinstance(d, int) for d in (c.n, c.j, c.s)), c
+    return c.n * c.sp.m * c.sp.u + c.j * c.sp.u + c.s
+
+
+def _bool(b) -> bool:
+    assert isinstance(b, bool), b
+    return b
+
+
+def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, modes=None, *, kept: bool = True, first: bool = False) -> list[str]:
+    """Each encoded function of ``spec.rules`` against its reference function
+    on one concrete geometry, at concrete N (every digit folds to a Python
+    int, so no solver is involved), for every N in ``sample`` and every mode:
+    the resend and sibling boundaries, the hashed length, the last cache
+    position, every rule's boundaries, the tail checkpoint, the
+    full-attention partial tail (``hashed``), and from token 0 with no
+    junction and with junctions J (a multiple of the junction grid below N:
+    the lowest two, the middle one and the highest): the one-shot chunk ends
+    (at every junction for N below ``every_junction_below``) and
+    (``kept``) the states each rule keeps at the one-shot level (sparse).
+    Compared on the hash-unit
+    grid (u: every chunk end and kept state lies on it, and so do the
+    callers' queries). Returns the disagreements (``first``: only the
+    first one found)."""
+    from spec import rules as R
+    from spec.geometry import MODES
+    from spec.oracle import Oracle
+    from reference.boundaries import floor_to, tail_checkpoint
+    from reference.serial import chunk_ends, prompt_fa_tail
+
+    u = geo.u
+    bad = []
+    for mode in modes or MODES:
+        for rule in ("replay", "legacy"):
+            o = Oracle(geo, mode, rule)
+            L, bs = o.knobs.hash_lookahead_tokens, o.bs
+            for n in sample:
+                g = geo.geo()
+
+                def count(x: int) -> Count:
+                    return Count(g.sp, x // geo.S, (x % geo.S) // u, x % u)
+
+                N = count(n)
+                got = {
+                    "resend": _int(R.resend_boundary(g, mode, N)),
+                    "sibling": _int(R.extension_boundary(g, mode, N)),
+                    "hashed": _int(R.hashed_length(g, mode, N)),
+                    "last": _int(R.last_cache_position(g, mode, N)),
+                    "bounds": sorted({_int(b) for b in R.rule_boundaries(g, mode, rule, N)}),
+                    "promise": sorted({_int(b) for b in R.rule_boundaries(g, mode, "promise", N)}),
+                }
+                if mode.eagle_drop:
+                    last = floor_to(n, bs) - bs
+                elif mode.ceiling == "hashed":
+                    last = floor_to(n - max(1, L), bs)
+                else:
+                    last = floor_to(n, bs)
+                want = {
+                    "resend": o.resend(n),
+                    "sibling": o.sibling(n),
+                    "hashed": floor_to(max(n - L, 0), geo.H),
+                    "last": last,
+                    "bounds": sorted(set(o.boundaries(n))),
+                    "promise": sorted(set(o.boundaries(n, rule="promise"))),
+                }
+                if geo.cls == "hashed":
+                    got["fa_tail"] = _int(R.fa_tail(g, mode, N))
+                    want["fa_tail"] = prompt_fa_tail(n, o.geometry, o.knobs)
+                if first and bad:
+                    return bad[:1]
+                if got != want:
+                    bad.append(f"{geo.label()} {mode.name} {rule} N={n}: {got} != {want}")
+                    continue
+                if geo.cls in ("partial", "hashed") or o.knobs.tail_checkpoint == "checkpoint":
+                    if _int(R.tail_checkpoint(g, mode, rule, N)) != tail_checkpoint(n, geo.H, mode.eagle_drop, L, o.knobs.tail_checkpoint):
+                        bad.append(f"{geo.label()} {mode.name} {rule} N={n}: tail")
+                grid = geo.U  # the junction grid: A, or H in ``hashed``
+                junctions = [0] if geo.A is None else [0, *range(grid, n, grid)]
+                some = sorted(set(junctions[:2] + junctions[len(junctions) // 2 :][:1] + junctions[-1:]))
+                if n >= every_junction_below:
+                    junctions = some
+                points = range(u, n + 1, u)
+                for j in junctions:
+                    J = None if j == 0 else count(j)
+                    ends = R.chunk_end(g, mode, rule, N, junction=J)
+                    ref_ends = set(chunk_ends(n, 0, j, replace(o.geometry, max_num_batched_tokens=n), o.knobs))
+                    got_ends = {p for p in points if _bool(ends(count(p)))}
+                    if got_ends != {p for p in ref_ends if p % u == 0} or not ref_ends <= set(points) | {n}:
+                        bad.append(f"{geo.label()} {mode.name} {rule} N={n} J={j}: chunk ends {sorted(got_ends)} != {sorted(ref_ends)}")
+                        continue
+                    for kept_rule in ("promise", rule) if kept and j in some else ():
+                        witnesses, keep = R.retained(g, mode, kept_rule, N, level="oneshot", junction=J)
+                        ref_kept = o.kept(n, "oneshot", rule=kept_rule, junction=j)
+                        # keep(p) can hold only on the Mamba grid or at a witness (a mark, the tail)
+                        candidates = set(range(geo.M, n + 1, geo.M)) | {_int(w) for w in witnesses} | ref_kept
+                        got_kept = {p for p in candidates if p > 0 and _bool(keep(count(p)))}
+                        if got_kept != ref_kept:
+                            bad.append(f"{geo.label()} {mode.name} {kept_rule} N={n} J={j}: kept {sorted(got_kept)} != {sorted(ref_kept)}")
+    return bad[:1] if first else bad

@@ -7,10 +7,10 @@ what the Mamba prefill split aligns to).
 
 **Geometry classes.** One attention group of block A and one Mamba block size
 M (any number of Mamba groups), hash block H dividing both, ``S = lcm(A, M)``
-(``reference.knobs.resolve_knobs`` refuses any other S). ``resolve_knobs``
-also refuses an attention block above the hit unit U. Together these leave
-exactly two hybrid shapes (``spec.test_geometry`` checks this against
-``resolve_knobs`` on every small geometry):
+(``reference.knobs.resolve_knobs`` refuses any other S). Without partial
+hash hits ``resolve_knobs`` also refuses an attention block above the hit
+unit U. That leaves these hybrid shapes (``spec.test_fidelity`` checks this
+against ``resolve_knobs`` on every small geometry):
 
 * ``uniform``: ``A = M = S = H = U`` (``m = 1``): the production layouts
   (1600, 1568), every block a scheduler block.
@@ -19,13 +19,33 @@ exactly two hybrid shapes (``spec.test_geometry`` checks this against
 * ``partial``: ``A`` divides ``M`` strictly: partial hash hits are on,
   ``A = H = U = u``, ``M = S = m*u`` (``m >= 2``), ``bs = u``.
 
+With partial hash hits the attention block may also exceed the hit unit, if
+the hash block divides it (reference 2243658: full attention then matches
+whole blocks plus an earlier prompt's partial tail). Of those geometries
+vLLM's deployments build one shape (Mamba align mode: every group has the
+block B, ``reference.reachability``), the fourth hybrid class:
+
+* ``hashed``: ``A = M = S = B = m*u``, ``H = U = u`` with ``m >= 2``
+  (``--prefix-match-unit`` H below the block), ``bs = B``: Qwen3-Next on an
+  A100 at 544 with a match unit of 16 or 32. Full attention matches whole
+  blocks, then the prompt's own partial tail inside the next block
+  (``rules.fa_tail``), reads one hash unit past the candidate and drops one
+  under the EAGLE drop; hits land on H; Mamba states are kept at block
+  boundaries and at the prompt's checkpoint (the tail, on H).
+
+The geometries ``resolve_knobs`` supports outside every class are hand
+geometries no deployment reaches: two block sizes and a hash block below
+both (``spec.test_fidelity`` lists them).
+
 plus ``unitary``: a single Mamba group (UnitaryKVCacheCoordinator), ``M = S =
 H = U = bs`` (``m = 1``), no attention group. ``hybrid`` is aligned or partial
 with the choice left to the solver (uniform, aligned or partial).
 
 **Serving modes.** What a vLLM version resolves from the speculative settings
 (``reference.knobs``): the EAGLE drop on or off, the lookahead tokens L, and
-the EAGLE lookup ceiling (``n_minus_1``: 0.29.0/0.30.0; ``hashed``: 0.32.0+).
+the EAGLE lookup ceiling (``n_minus_1``: 0.29.0/0.30.0; ``hashed``: 0.32.0+)
+and, with partial hash hits, where a prompt's full-attention partial tail is
+keyed (``Mode.fa_tail_kind``).
 """
 
 from __future__ import annotations
@@ -40,7 +60,7 @@ from spec.radix import Space, Unit, to_z3
 MTP_DROP = {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True}
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 
-CLASSES = ("uniform", "aligned", "partial", "unitary", "hybrid")
+CLASSES = ("uniform", "aligned", "partial", "hashed", "unitary", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,13 @@ class Mode:
         """``Knobs.tail_checkpoint`` of the version a rule is run as."""
         v = tuple(int(x) for x in self.version_for(rule).split("."))
         return "checkpoint" if v >= (0, 32, 0) else ("floor_drop" if v >= (0, 30, 0) else "floor")
+
+    @property
+    def fa_tail_kind(self) -> str:
+        """``Knobs.fa_tail`` of this mode's versions (legacy's 0.29.0 and
+        replay's 0.30.0 agree: ``n``; 0.33.0 ``cap_hashed``)."""
+        v = tuple(int(x) for x in self.version.split("."))
+        return "cap_hashed" if v >= (0, 33, 0) else ("cap" if v >= (0, 32, 0) else "n")
 
     def speculative_for(self, S: int) -> dict | None:
         """The speculative settings of a case; K=2 as the fuzzer's, or K=1
@@ -115,8 +142,14 @@ class Geo:
         self.premises: list[z3.BoolRef] = [to_z3(self.sp.m >= 1), to_z3(self.sp.u >= 1)]
         self.partial_flag = None
         #: Partial hash hits (U = H < M): False, True or the solver's choice.
-        self.partial_hits = cls == "partial"
-        if cls in ("aligned", "uniform"):
+        self.partial_hits = cls in ("partial", "hashed")
+        #: Full attention above the hit unit (``hashed``): whole blocks plus
+        #: the prompt's partial tail, margin and drop of one hash unit.
+        self.fine = cls == "hashed"
+        if cls == "hashed":
+            a_is_S = None
+            self.premises.append(to_z3(self.sp.m >= 2))
+        elif cls in ("aligned", "uniform"):
             a_is_S = True
             if cls == "aligned":
                 self.premises.append(to_z3(self.sp.m >= 2))
@@ -131,10 +164,13 @@ class Geo:
         else:
             a_is_S = None
         self.S = Unit("S", True)
-        self.bs = Unit("bs", self.unitary)  # u, or S (= u) when unitary
+        self.bs = Unit("bs", self.unitary or self.fine)  # u; S when unitary (= u) or hashed (every block B)
         if self.unitary:
             self.A = None
             self.M = self.H = self.U = Unit("S", True)
+        elif self.fine:
+            self.A, self.M = Unit("A", True), Unit("M", True)
+            self.U, self.H = Unit("U", False), Unit("H", False)
         else:
             self.A = Unit("A", a_is_S)
             self.U = Unit("U", a_is_S)  # U = A in every supported hybrid
@@ -173,7 +209,12 @@ class Concrete:
 
     @property
     def U(self) -> int:
-        return self.u if self.cls == "partial" else self.S
+        return self.u if self.cls in ("partial", "hashed") else self.S
+
+    @property
+    def bs(self) -> int:
+        """The smallest group block (``cache_config.block_size``)."""
+        return self.S if self.cls == "hashed" else self.u
 
     @classmethod
     def from_class(cls_, cls: str, m: int, u: int, name: str = "") -> "Concrete":
@@ -182,15 +223,29 @@ class Concrete:
             return cls_(cls, m * u, u, m, u, name)
         if cls == "partial":
             return cls_(cls, u, m * u, m, u, name)
+        if cls == "hashed":
+            if m < 2:
+                raise ValueError("hashed: the hash unit is below the block (m >= 2)")
+            return cls_(cls, m * u, m * u, m, u, name)
         if cls == "unitary":
             return cls_(cls, None, u, 1, u, name)
         raise ValueError(cls)
 
     @classmethod
-    def from_blocks(cls_, A: int | None, M: int, name: str = "") -> "Concrete":
-        """Attention block A (None: a single Mamba group) and Mamba block M."""
+    def hashed(cls_, B: int, H: int, name: str = "") -> "Concrete":
+        """Attention = Mamba = scheduler block B, hash unit (``prefix_match_unit``) H < B dividing it."""
+        if H >= B or B % H:
+            raise ValueError(f"B={B}, H={H}: the hash unit must divide the block and be smaller")
+        return cls_("hashed", B, B, B // H, H, name)
+
+    @classmethod
+    def from_blocks(cls_, A: int | None, M: int, name: str = "", H: int | None = None) -> "Concrete":
+        """Attention block A (None: a single Mamba group), Mamba block M and,
+        for A = M, a hash unit H below the block (the ``hashed`` class)."""
         if A is None:
             return cls_("unitary", None, M, 1, M, name)
+        if A == M and H is not None and H != A:
+            return cls_.hashed(A, H, name)
         if A == M:
             return cls_("uniform", A, M, 1, M, name)
         if A % M == 0:
@@ -202,12 +257,17 @@ class Concrete:
     def label(self) -> str:
         if self.name:
             return self.name
+        if self.cls == "hashed":
+            return f"B{self.S}/H{self.H}"
         return f"M{self.M}" if self.A is None else f"A{self.A}/M{self.M}"
 
     def geometry_dict(self, *, mamba_count: int = 1, budget: int = 8192, interval: int | None = 0) -> dict:
         groups = [] if self.A is None else [{"kind": "full_attention", "block_size": self.A}]
         groups.append({"kind": "mamba", "block_size": self.M, "count": mamba_count if self.A is not None else 1})
-        return {"groups": groups, "retention_interval": interval, "max_num_batched_tokens": budget}
+        out = {"groups": groups, "retention_interval": interval, "max_num_batched_tokens": budget}
+        if self.cls == "hashed":
+            out["prefix_match_unit"] = self.H
+        return out
 
     def case(self, prompts: list[list[tuple[str, int]]], speculative: dict | None, *, name: str | None = None, budget: int = 8192, mamba_count: int = 1, interval: int | None = 0) -> Case:
         return parse_case({
@@ -223,22 +283,38 @@ class Concrete:
         return Geo(self.cls, self.m, self.u, tag or f"{self.cls}{self.m}x{self.u}")
 
 
-#: The named geometries of issue 4 (and the fuzzer's NAMED_GEOMETRIES).
+#: The named geometries of issue 4 (and the fuzzer's NAMED_GEOMETRIES), and
+#: the deployments of issue 9 that resolve to a block with a smaller hash unit
+#: (``kvspec resolve --model qwen3_next --device D -- --enable-prefix-caching
+#: --prefix-match-unit H``, vLLM 0.33.0): Qwen3-Next on an A100 (TP 1/2, KV
+#: auto) at B = 544 with H = 16 or 32, no internal prefill checkpoints; on an
+#: H100 at 576 (H = 576 by default, or 32), where vLLM 0.33.0's FlashInfer
+#: GDN prefill adds internal checkpoints (grid 576, or lcm(H, 64) = 64) that
+#: the z3 encoding leaves out (``spec.test_fidelity`` checks on the reference
+#: that they do not change R1/R2 there).
 NAMED = (
     Concrete.from_blocks(1600, 1600, "1600"),
     Concrete.from_blocks(1568, 1568, "1568"),
     Concrete.from_blocks(32, 16, "A32/M16"),
     Concrete.from_blocks(16, 32, "A16/M32"),
     Concrete.from_blocks(None, 1600, "mamba-only 1600"),
+    Concrete.hashed(544, 16, "qwen3-next a100 544/16"),
+    Concrete.hashed(544, 32, "qwen3-next a100 544/32"),
+    Concrete.from_blocks(576, 576, "qwen3-next h100 576"),
+    Concrete.hashed(576, 32, "qwen3-next h100 576/32"),
 )
 NAMED_BY = {g.name: g for g in NAMED}
+#: The named geometries of issue 4, the ones the fuzzer's literal cases can
+#: hold (no ``prefix_match_unit``): ``spec.seeds.boundary_cases``' default.
+ISSUE_4_NAMED = ("1600", "1568", "A32/M16", "A16/M32", "mamba-only 1600")
 
 
-def sweep_geometries(limit: int = 4096, step: int = 16, classes=("uniform", "aligned", "partial", "unitary")) -> list[Concrete]:
+def sweep_geometries(limit: int = 4096, step: int = 16, classes=("uniform", "aligned", "partial", "hashed", "unitary")) -> list[Concrete]:
     """Every S that is a multiple of ``step`` up to ``limit`` with every valid
     (A, M) whose blocks are multiples of ``step``: uniform (A = M = S),
-    aligned (A = S, M | S, M < S), partial (M = S, A | S, A < S) and unitary
-    (a single Mamba group of S)."""
+    aligned (A = S, M | S, M < S), partial (M = S, A | S, A < S), hashed
+    (A = M = S, a hash unit H | S, H < S, a multiple of ``step``) and
+    unitary (a single Mamba group of S)."""
     out = []
     for S in range(step, limit + 1, step):
         divs = [d for d in range(step, S + 1, step) if S % d == 0]
@@ -248,6 +324,8 @@ def sweep_geometries(limit: int = 4096, step: int = 16, classes=("uniform", "ali
             out += [Concrete("aligned", S, d, S // d, d) for d in divs if d < S]
         if "partial" in classes:
             out += [Concrete("partial", d, S, S // d, d) for d in divs if d < S]
+        if "hashed" in classes:
+            out += [Concrete("hashed", S, S, S // d, d) for d in divs if d < S]
         if "unitary" in classes:
             out.append(Concrete("unitary", None, S, 1, S))
     return out

@@ -56,7 +56,7 @@ def geometry_of(row: Row, values: dict[str, Any]) -> Concrete:
     if row.geometry.startswith("named:"):
         return NAMED_BY[row.geometry[6:]]
     cls, S = values["class"], values["S"]
-    u = values["M"] if cls == "aligned" else (values["A"] if cls == "partial" else S)
+    u = {"aligned": values["M"], "partial": values["A"], "hashed": values["H"]}.get(cls, S)
     return Concrete.from_class(cls, S // u, u)
 
 
@@ -73,7 +73,7 @@ def case_for(row: Row, values: dict[str, Any]) -> Case:
     version = mode.version_for(row.rule or "replay")
     label = geo.label().replace("/", "-").replace(" ", "-")
     name = f"spec-{row.prop}-{row.level}-{row.rule}-vllm{version}-{mode.name.split('/')[0]}-{label}-N{N}"
-    mamba_count = 3 if geo.cls == "uniform" else 1
+    mamba_count = 3 if geo.cls in ("uniform", "hashed") else 1  # a deployment's shape (Qwen3-Next: 3 Mamba groups)
     return geo.case(prompts, mode.speculative_for(geo.S), name=name, budget=budget, mamba_count=mamba_count)
 
 

@@ -4,7 +4,12 @@ Each mutation is a copy of one rule of ``spec.rules`` with a plausible slip
 (the kind the vLLM history has: N instead of N-1, a missing EAGLE shift, one
 boundary instead of two, interval 0 read as dense). ``planted`` swaps it in
 for the duration of a ``with`` block; the rows listed with it are proved
-with the real rules and must come out refuted with the mutant.
+with the real rules and must come out refuted with the mutant. A slip no
+row can see (R1/R2 target the Mamba block a boundary lands on, so a
+``hashed`` boundary one hash unit lower often keeps the same verdict) lists
+instead the (geometry, mode) pairs on which ``spec.fidelity``'s comparison
+of the terms with the reference must find it (and finds nothing with the
+real rules).
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from typing import Callable, Iterator
 
 from spec import rules as R
 from spec.catalogue import Row
-from spec.geometry import Geo, Mode
-from spec.radix import AND, OR, Count
+from spec.geometry import Concrete, Geo, Mode
+from spec.radix import AND, NOT, OR, Count
 
 #: The real rules, taken before any mutant is planted.
-_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained", "chunk_end")}
+_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained", "chunk_end", "attention_lookup", "chunk_anchors")}
 
 # ------------------------------------------------------------- the mutants
 
@@ -65,8 +70,9 @@ def legacy_N(g: Geo, N: Count) -> list[Count]:
     return [N]
 
 
-def attention_no_drop(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count) -> Count:
-    """attention_lookup that forgets to drop the last block."""
+def attention_no_drop(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail=None) -> Count:
+    """attention_lookup that forgets to drop the last block (and, in
+    ``hashed``, the partial tail)."""
     sp = g.sp
     limit = sp.min(candidate + g.A, ceiling) if eagle_drop else candidate
     return R.floor_to(sp.max(sp.min(limit, reach), sp.zero), g.A)
@@ -81,7 +87,7 @@ def lookup_cap_N(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Co
     else:
         ceiling = R.floor_to(N - L, g.H) if mode.ceiling == "hashed" else cap
         reach = R.floor_to(sp.max(shared - L, sp.zero), g.A)
-        c = R.attention_lookup(g, cap, reach, mode.eagle_drop, ceiling)
+        c = R.attention_lookup(g, cap, reach, mode.eagle_drop, ceiling)  # no partial tail: an issue 4 class slip
     hit = R.floor_to(sp.max(sp.min(sp.min(c, shared - L), N - L), sp.zero), g.U)
     return c, hit
 
@@ -152,6 +158,59 @@ def promise_every_block_written(g: Geo, mode: Mode, rule: str, N: Count, **kw):
     return _REAL["retained"](g, mode, rule, N, **kw)
 
 
+# ------------------------------------------- the hashed class (issue 9)
+
+
+def fine_lookup_no_drop(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail=None) -> Count:
+    """attention_lookup with partial hash hits (``hashed``) that reads one
+    hash unit past the candidate, as vLLM's margin does, but forgets to drop
+    it again."""
+    if not g.fine:
+        return _REAL["attention_lookup"](g, candidate, reach, eagle_drop, ceiling, tail)
+    sp = g.sp
+    limit = sp.min(candidate + g.U, ceiling) if eagle_drop else candidate
+    matched = R.floor_to(sp.max(sp.min(limit, reach), sp.zero), g.A)
+    if tail is not None:
+        usable, t = tail
+        top = sp.min(matched + g.A - g.H, R.floor_to(sp.max(limit, sp.zero), g.H))
+        matched = sp.ite(AND(usable, matched < t, t <= top, NOT(g.A.divides(t))), t, matched)
+    return matched
+
+
+def fine_lookup_whole_blocks(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail=None) -> Count:
+    """attention_lookup (``hashed``) that matches whole blocks only, as
+    without partial hash hits: the cached prompt's partial tail is never
+    probed."""
+    return _REAL["attention_lookup"](g, candidate, reach, eagle_drop, ceiling, None)
+
+
+def fa_tail_uncapped(g: Geo, mode: Mode, N: Count) -> Count:
+    """fa_tail keyed at floor(N/H)*H in every version (0.29.0/0.30.0's key;
+    0.32.0+ keys floor((N-1)/H)*H without the drop)."""
+    return R.floor_to(N, g.H)
+
+
+def anchors_no_following_block(g: Geo, mode: Mode, rule: str, N: Count, junction=None):
+    """chunk_anchors (``hashed``) without the stop at the block boundary that
+    follows a mid-block tail checkpoint (a chunk starting mid-block runs on
+    to the budget)."""
+    out = _REAL["chunk_anchors"](g, mode, rule, N, junction)
+    if not g.fine:
+        return out
+    return out[:2] + out[3:]  # last, tail, [following], [junction]
+
+
+def anchors_junction_unfloored(g: Geo, mode: Mode, rule: str, N: Count, junction=None):
+    """chunk_anchors (``hashed``) stopping at the junction J itself, as with
+    every junction on the block grid, where vLLM floors it to the block
+    (``start + floor_to(J - start, B)``; J itself only with the
+    shared-prefix checkpoint)."""
+    out = _REAL["chunk_anchors"](g, mode, rule, N, None)
+    if junction is not None:
+        out.append((AND(junction > 0, junction < N), junction))
+    return out
+
+
 # ------------------------------------------------------------- the catalogue
 
 
@@ -161,10 +220,17 @@ class Mutation:
     target: str  # the spec.rules function replaced
     mutant: Callable
     catches: tuple[Row, ...]  # rows proved with the real rule, refuted with the mutant
+    #: (geometry, mode name) pairs where ``spec.fidelity.term_disagreements``
+    #: finds the mutant (and nothing with the real rule).
+    terms: tuple[tuple[Concrete, str], ...] = ()
 
 
 def _r(prop: str, geometry: str, rule: str | None, mode: str, level: str | None = "mask") -> Row:
     return Row(prop, geometry, mode, rule, level)
+
+
+#: The hashed geometry the term comparisons of the issue 9 mutations run on.
+HASHED = Concrete.hashed(32, 8)
 
 
 MUTATIONS = (
@@ -183,6 +249,12 @@ MUTATIONS = (
     Mutation("retention: no partial-tail checkpoint", "retained", no_tail_checkpoint, (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
     Mutation("chunks: no stop at the junction", "chunk_end", chunks_skip_junction, (_r("junction-observed", "uniform", "replay", "plain/0.33", "oneshot/sparse"), _r("junction-observed", "aligned", "legacy", "drop/0.30", "oneshot/dense"))),
     Mutation("promise: every Mamba block written (issue 10)", "retained", promise_every_block_written, (_r("junction-unobserved", "uniform", "promise", "plain/0.33", "oneshot/dense"), _r("junction-unobserved", "aligned", "promise", "drop/0.33", "oneshot/periodic"))),
+    # issue 9: the hashed class (attention = Mamba = B above the hash unit H)
+    Mutation("fine lookup: the hash unit read past the candidate is not dropped", "attention_lookup", fine_lookup_no_drop, (_r("R1", "hashed", "replay", "drop/0.33"), _r("R2", "hashed", "legacy", "drop/0.33", "oneshot")), ((HASHED, "drop/0.30"),)),
+    Mutation("fine lookup: whole blocks only (no partial tail)", "attention_lookup", fine_lookup_whole_blocks, (), ((HASHED, "plain/0.33"), (HASHED, "lookahead/0.33"))),
+    Mutation("fine lookup: partial tail keyed at floor(N/H)*H from 0.32.0 on", "fa_tail", fa_tail_uncapped, (), ((HASHED, "plain/0.33"),)),
+    Mutation("chunks: no stop at the block after a mid-block tail", "chunk_anchors", anchors_no_following_block, (), ((HASHED, "drop/0.33"),)),
+    Mutation("chunks: junction stop not floored to the block", "chunk_anchors", anchors_junction_unfloored, (_r("junction-observed", "hashed", "replay", "plain/0.33", "oneshot/sparse"), _r("junction-observed", "hashed", "legacy", "drop/0.30", "chunked/dense")), ((HASHED, "plain/0.30"),)),
 )
 MUTATION = {m.name: m for m in MUTATIONS}
 

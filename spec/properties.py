@@ -179,11 +179,19 @@ def sibling_any_length(g: Geo, mode: Mode) -> Query:
     return Query("sibling-any-length", None, mode, g, claim, base, {"N": N, "N2": N2})
 
 
+def junction_grid(g: Geo):
+    """The unit an attention junction lies on: A (= U) in every class but
+    ``hashed``, where full attention also stops at a partial tail, minus one
+    hash unit under the drop: any multiple of H = U."""
+    return g.U if g.fine else g.A
+
+
 def _junction(g: Geo, N: Count, base: list) -> Count:
-    """A junction J: 0, or a multiple of A in (0, N-1] (the attention hit of
-    this request when the Mamba hit fell short)."""
+    """A junction J: 0, or a multiple of the junction grid (A; H in
+    ``hashed``) in (0, N-1] (the attention hit of this request when the
+    Mamba hit fell short)."""
     J = g.sp.count(f"{g.sp.tag}.J")
-    base.append(to_z3(OR(J == 0, AND(J > 0, J <= N - 1, g.A.divides(J) if g.A is not None else J == 0))))
+    base.append(to_z3(OR(J == 0, AND(J > 0, J <= N - 1, junction_grid(g).divides(J) if g.A is not None else J == 0))))
     return J
 
 
@@ -279,19 +287,20 @@ def _retention(g: Geo, base: list, retention: str) -> tuple[Any, dict]:
 
 def _divergence(g: Geo, N: Count, base: list, name: str) -> Count:
     """A divergence point on the attention grid inside the prompt: a
-    multiple of A in (0, N-1] (what a later sibling's attention lookup, or
-    this request's own, can stop at). Hybrid classes only: a unitary layout
-    has no attention group, hence no junction."""
+    multiple of A (of H in ``hashed``) in (0, N-1] (what a later sibling's
+    attention lookup, or this request's own, can stop at). Hybrid classes
+    only: a unitary layout has no attention group, hence no junction."""
     if g.A is None:
         raise ValueError("a unitary Mamba layout has no attention group: no junction")
     J = g.sp.count(f"{g.sp.tag}.{name}")
-    base.append(to_z3(AND(J > 0, J <= N - 1, g.A.divides(J))))
+    base.append(to_z3(AND(J > 0, J <= N - 1, junction_grid(g).divides(J))))
     return J
 
 
 def junction_observed(g: Geo, mode: Mode, rule: str, level: str = "oneshot", retention: str = "sparse") -> Query:
     """Junction observed (issue 10): a request of N tokens whose lookup
-    reached the attention junction J (0 < J <= N-1, a multiple of A) with no
+    reached the attention junction J (0 < J <= N-1, a multiple of A; of H in
+    ``hashed``) with no
     Mamba state (hit 0) splits its prefill at J, so the state a later sibling
     with the same divergence point needs is written and kept: T = 0, or the
     rule keeps a state p with T <= p <= kept_state(J), where T =
@@ -302,10 +311,12 @@ def junction_observed(g: Geo, mode: Mode, rule: str, level: str = "oneshot", ret
 
     Candidates for p: the rule's marks and tail checkpoint (``retained``'s
     witnesses) plus T and kept_state(J) themselves. That is every state that
-    can be kept in [T, kept_state(J)]: U = A divides J, so kept_state(J) =
-    J, and the only Mamba-block boundary in [T, J] is T (a periodic multiple
-    or a dense retention's written state is one); any other kept state is a
-    promise boundary (a mark) or the tail."""
+    can be kept in [T, kept_state(J)]: U divides J (U = A; in ``hashed`` J
+    is a multiple of H = U, and T = floor_to(J, B) is where the prefill
+    split), so kept_state(J) = J, and the only Mamba-block boundary in
+    [T, J] is T (a periodic multiple or a dense retention's written state
+    is one); any other kept state is a promise boundary (a mark) or the
+    tail."""
     N, base = _start(g)
     J = _divergence(g, N, base, "J")
     chunk, ints = _chunking(g, base, level)
@@ -321,7 +332,8 @@ def junction_observed(g: Geo, mode: Mode, rule: str, level: str = "oneshot", ret
 def junction_unobserved(g: Geo, mode: Mode, level: str = "oneshot", retention: str = "dense") -> Query:
     """Before the junction is observed the promise does not claim the
     divergence point: for the first request of N tokens (no junction yet) and
-    any divergence point D (a multiple of A in (0, N-1]) where a later
+    any divergence point D (a multiple of A, of H in ``hashed``, in
+    (0, N-1]) where a later
     sibling's attention lookup stops, the promise keeps the state at D only
     if this request wrote it (a prefill chunk ended at D on the Mamba grid)
     or D is one of the promise's own boundaries. So the first sibling's

@@ -381,7 +381,11 @@ class Count:
         return sp.memo(("addu", k, self.key), build)
 
     def add_S(self, k: int) -> "Count":
-        return Count(self.sp, self.sp.let(add(self.n, k), "n"), self.j, self.s)
+        """Add k blocks of S tokens (memoised like every other digit
+        operation, so that a rule built twice, e.g. the chunk anchors of two
+        predicates over the same prompt, names the same digits)."""
+        sp = self.sp
+        return sp.memo(("addS", k, self.key), lambda: Count(sp, sp.let(add(self.n, k), "n"), self.j, self.s))
 
     def _add(self, o: "Count") -> "Count":
         sp = self.sp

@@ -13,6 +13,17 @@ ideal Mamba (``dense_hit``); retention is ``reference.serial.retained_states``
 for a request with hit 0; prefill chunk ends are ``reference.serial.chunk_ends``
 from token 0, with or without a junction stop, for a one-shot prefill
 (budget >= N) or a chunk budget that is any positive multiple of S.
+
+The ``hashed`` class (A = M = S = B above the hash unit H = U): the
+attention lookup of ``reference.boundaries.attention_lookup`` with partial
+hash hits (whole blocks, then the cached prompt's own partial tail
+``fa_tail`` inside the next block; margin and drop of one hash unit), the
+prompt's checkpoint (``tail_checkpoint``, on H) as a chunk stop followed by
+the next block boundary (a chunk that starts mid-block ends there), and the
+junction stop floored to the block. Left out: internal prefill checkpoints
+(``Geometry.prefill_checkpoint_grid``: a kernel exporting the checkpoint
+from inside the last chunk, ``reference.serial.chunks``) and the
+shared-prefix checkpoint; the rules here are the reference's with both off.
 """
 
 from __future__ import annotations
@@ -35,21 +46,49 @@ def floor_to(x: Count, unit: Unit) -> Count:
 # ------------------------------------------------------------- the scheduler
 
 
-def attention_lookup(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count) -> Count:
+def attention_lookup(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail: tuple[object, Count] | None = None) -> Count:
     """``reference.boundaries.attention_lookup`` for the attention block A.
 
-    ``min(U, A)`` is A: ``resolve_knobs`` refuses an attention block above U."""
+    ``unit`` is ``min(U, A)``: A in every other class (U = A there), the
+    hash unit H in ``hashed``, where the lookup also probes the
+    cached prompt's partial tail: ``tail`` = (usable, t), t taken when it
+    lies past the whole blocks matched, within the next block and the hash
+    floor of the limit, and off the block grid (``reference``'s ``tails``,
+    here the one prompt ``dense_hit`` caches)."""
     sp = g.sp
-    limit = sp.min(candidate + g.A, ceiling) if eagle_drop else candidate
+    unit = g.U if g.fine else g.A
+    limit = sp.min(candidate + unit, ceiling) if eagle_drop else candidate
     matched = floor_to(sp.max(sp.min(limit, reach), sp.zero), g.A)
+    if tail is not None and g.fine:
+        usable, t = tail
+        top = sp.min(matched + g.A - g.H, floor_to(sp.max(limit, sp.zero), g.H))
+        matched = sp.ite(AND(usable, matched < t, t <= top, NOT(g.A.divides(t))), t, matched)
     if eagle_drop:
-        matched = sp.ite(matched > 0, matched - g.A, matched)
+        matched = sp.ite(matched > 0, matched - unit, matched)
     return matched
 
 
+def fa_tail(g: Geo, mode: Mode, N: Count) -> Count:
+    """``reference.boundaries.fa_tail`` (``hashed``): where an N-token
+    prompt keys its full-attention partial tail, by the mode's kind
+    (``Mode.fa_tail_kind``): the hash floor of N (``n``: 0.29.0, 0.30.0),
+    of N-1 unless the drop is on (``cap``: 0.32.0), also capped at the
+    hashed length (``cap_hashed``: 0.33.0). 0: none."""
+    sp, H = g.sp, g.H
+    kind = mode.fa_tail_kind
+    top = N if (kind == "n" or mode.eagle_drop) else N - 1
+    t = floor_to(sp.max(top, sp.zero), H)
+    if kind == "cap_hashed":
+        t = sp.min(t, floor_to(sp.max(N - mode.L, sp.zero), H))
+    return sp.max(t, sp.zero)
+
+
 def lookup(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
-    """``reference.serial.lookup`` against one cached prompt sharing
-    ``shared`` tokens, dense ideal Mamba (``cache=None``): (attention, hit).
+    """``reference.serial.lookup`` against one cached prompt of ``shared``
+    tokens sharing all of them, dense ideal Mamba (``cache=None``; the
+    ``tails`` of ``reference.serial.dense_hit``: that prompt's own
+    full-attention partial tail, usable when its hash covers the L tokens
+    after it and within the request's hashed length): (attention, hit).
 
     N >= 1, so the cap ``max(N-1, 0)`` is N-1. The Mamba fixed point settles
     after one pass (``_deepest_state`` is idempotent)."""
@@ -57,6 +96,12 @@ def lookup(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple[Count, Count]:
     cap = N - 1
     if g.unitary:
         c = cap
+    elif g.fine:
+        hashed = hashed_length(g, mode, N)
+        ceiling = hashed if mode.ceiling == "hashed" else cap
+        reach = floor_to(sp.max(sp.min(shared - L, hashed), sp.zero), g.A)
+        t = fa_tail(g, mode, shared)
+        c = attention_lookup(g, cap, reach, mode.eagle_drop, ceiling, (AND(t > 0, t + L <= shared, t <= hashed), t))
     else:
         ceiling = floor_to(N - L, g.H) if mode.ceiling == "hashed" else cap
         reach = floor_to(sp.max(shared - L, sp.zero), g.A)
@@ -173,19 +218,37 @@ def last_cache_position(g: Geo, mode: Mode, N: Count) -> Count:
 
 def chunk_anchors(g: Geo, mode: Mode, rule: str, N: Count, junction: Count | None = None) -> list[tuple[object, Count]]:
     """The stops of ``reference.serial.chunk_ends`` from token 0 (hit 0) that
-    do not depend on where the chunk started, as (present, position) pairs:
+    do not depend on the chunk budget, as (present, position) pairs:
     ``last`` (present when 0 < last < N), the tail checkpoint (partial hash
     hits, when last < tail < N) and the junction J (when 0 < J < N; J is a
     multiple of A, hence of bs, so ``start + floor_to(J - start, bs)`` is J
-    itself). Every anchor is a multiple of bs, so no chunk starts mid-block
-    and the mid-block stop never applies."""
+    itself). Every anchor is then a multiple of bs, so no chunk starts
+    mid-block and the mid-block stop never applies.
+
+    ``hashed`` (bs = B above H): the tail checkpoint may lie mid-block; the
+    chunk that starts there ends at the next block boundary (the mid-block
+    stop; every budget end from there is past it), an anchor when it is
+    below N. J is a multiple of H; its stop is ``floor_to(J, B)``, present
+    when that is past 0 and J < N: the chunk holding J starts on the block
+    grid below it (a chunk starting at the mid-block tail ends within the
+    tail's block, and budget ends are on the block grid), so either an
+    earlier stop ends that chunk, and the next one again starts on the grid
+    at or below ``floor_to(J, B)``, or the junction stop ends it there."""
     last = last_cache_position(g, mode, N)
     out: list[tuple[object, Count]] = [(AND(last > 0, last < N), last)]
     if g.partial_hits is not False:
         tail = tail_checkpoint(g, mode, rule, N)
-        out.append((AND(g.partial_hits, tail > 0, last < tail, tail < N), tail))
+        present = AND(g.partial_hits, tail > 0, last < tail, tail < N)
+        out.append((present, tail))
+        if g.fine:
+            following = floor_to(tail, g.bs) + g.bs
+            out.append((AND(present, NOT(g.bs.divides(tail)), following < N), following))
     if junction is not None:
-        out.append((AND(junction > 0, junction < N), junction))
+        if g.fine:
+            stop = floor_to(junction, g.bs)
+            out.append((AND(stop > 0, junction < N), stop))
+        else:
+            out.append((AND(junction > 0, junction < N), junction))
     return out
 
 
@@ -220,11 +283,13 @@ def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = 
     so those are the ends. ``chunk`` a z3 Int c >= 1: budget c*S, and between
     consecutive anchors the chunks end every c*S tokens counted from the
     anchor before (closed form of the loop: the budget and the anchors are
-    multiples of bs, so no rounding or mid-block stop applies): p < N is an
-    end when p - lo is a positive multiple of c*S for an anchor lo (or 0)
+    multiples of bs, so no rounding or mid-block stop applies; in
+    ``hashed`` the one mid-block anchor, the tail, is followed by the next
+    block boundary or N, and p - tail is never a multiple of S): p < N is
+    an end when p - lo is a positive multiple of c*S for an anchor lo (or 0)
     with no present anchor strictly between lo and p. ``level="mask"``: a
     chunk ends at every block (budget bs), i.e. at every multiple of bs up
-    to N (the callers only ask at such p)."""
+    to N, and at the tail checkpoint (the callers only ask at such p)."""
     sp = g.sp
     if level == "mask":
         return lambda p: AND(p > 0, p <= N)

@@ -1,9 +1,10 @@
 """The concrete sweep: every S that is a multiple of 16 up to 4096, with every
 valid (A, M) of 16-multiples, and symbolic N.
 
-2,932 geometries: 256 uniform (A = M = S), 1,210 aligned (A = S, M | S,
-M < S), 1,210 partial (M = S, A | S, A < S) and 256 unitary (a single Mamba
-group). One solver call per row covers a whole class: the geometry digits
+4,142 geometries: 256 uniform (A = M = S), 1,210 aligned (A = S, M | S,
+M < S), 1,210 partial (M = S, A | S, A < S), 1,210 hashed (A = M = S, a hash
+unit H | S, H < S) and 256 unitary (a single Mamba group). One solver call
+per row covers a whole class: the geometry digits
 ``(m, u)`` are constrained to the swept set (``u = 16*d`` and
 ``m <= 256 // d``, a disjunction over d, so everything stays linear).
 
@@ -28,7 +29,7 @@ from spec.catalogue import CLASSES, EXPECT, MODE_NAMES, Row, _letter
 from spec.geometry import sweep_geometries
 
 LIMIT, STEP = 4096, 16
-MIN_M = {"uniform": 1, "aligned": 2, "partial": 2, "unitary": 1}
+MIN_M = {"uniform": 1, "aligned": 2, "partial": 2, "hashed": 2, "unitary": 1}
 
 
 def domain(g, cls: str, limit: int = LIMIT, step: int = STEP) -> z3.BoolRef:

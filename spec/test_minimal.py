@@ -49,6 +49,15 @@ def test_seed_11910_is_a_counterexample() -> None:
     (Row("R1", "named:mamba-only 1600", "drop/0.30", "replay", "mask", "refuted"), 1601),
     # One-shot prefill writes no state at (k-2)S: 0.30.0 drop, N = 3S.
     (Row("R1", "named:1600", "drop/0.30", "replay", "oneshot", "refuted"), 4800),
+    # Qwen3-Next on an A100 with --prefix-match-unit 16 (B = 544, H = 16):
+    # the longer sibling of a block-aligned prompt resumes at N under dense
+    # retention; sparse keeps N - H and N - B (0.33.0: the sibling hits 528).
+    (Row("R2", "named:qwen3-next a100 544/16", "plain/0.33", "replay", "mask", "refuted"), 544),
+    # 0.30.0 drop: the resend lands on f_H(N) - H = B, a block boundary the
+    # marks (one block lower) miss and the 0.30.0 tail rule refuses: N = B + H + 1.
+    (Row("R1", "named:qwen3-next a100 544/16", "drop/0.30", "replay", "mask", "refuted"), 561),
+    # 0.30.0 without speculative decoding, one chunk: N = 2B writes only N.
+    (Row("R1", "named:qwen3-next a100 544/32", "plain/0.30", "replay", "oneshot", "refuted"), 1088),
 ])
 def test_findings_minimal_and_confirmed(row: Row, expected: int) -> None:
     m = minimal(row)
@@ -120,3 +129,32 @@ def test_partial_junction_refutation_on_the_serial_model() -> None:
         q = Row("junction-observed", "named:A16/M32", "plain/0.33", rule, "oneshot/dense").build()
         pins = [tokens(q, q.counts["N"]) == 80, tokens(q, q.counts["J"]) == 48]
         assert decide([*q.premises, *pins], q.claim).verdict == want, rule
+
+
+def test_hashed_closed_forms_on_the_serial_model() -> None:
+    """The hashed class (Qwen3-Next on an A100, B = 544, --prefix-match-unit
+    16), vLLM 0.33.0 without speculative decoding, on the reference serial
+    model, as ``.kvspec/notes/partial-hits.md`` §1.4 states and the
+    catalogue's R1/R2 rows encode: an identical resend of N resumes at
+    T = f_H(N-1), which sparse retention keeps (R1 proved); a longer sibling
+    of a block-aligned prompt resumes at N under dense retention, while
+    sparse keeps N - H (R2 refuted, the promise keeps N). In z3 the R2 row is
+    refuted at exactly N = 1088 and holds at N = 1000."""
+    from reference.knobs import resolve_knobs
+    from reference.serial import simulate
+    from spec.geometry import MODE
+
+    geo = NAMED_BY["qwen3-next a100 544/16"]
+    resend = geo.case([[("A", 1000)]] * 2, None)
+    knobs = resolve_knobs(resend, "0.33.0")
+    assert [s.hit for s in simulate(resend, knobs, "replay")] == [0, 992]
+    for interval, want in ((0, 1072), (None, 1088)):
+        sibling = geo.case([[("A", 1088)], [("A", 1200)]], None, interval=interval)
+        assert [s.hit for s in simulate(sibling, resolve_knobs(sibling, "0.33.0"), "replay")] == [0, want], interval
+    sparse = geo.case([[("A", 1088)], [("A", 1200)]], None)
+    assert [s.hit for s in simulate(sparse, knobs, "promise")] == [0, 1088]
+    row = Row("R2", "named:qwen3-next a100 544/16", "plain/0.33", "replay", "mask", "refuted")
+    q = row.build()
+    assert MODE[row.mode].version == "0.33.0"
+    for n, want in ((1088, "refuted"), (1000, "proved")):
+        assert decide([*q.premises, tokens(q, q.counts["N"]) == n], q.claim).verdict == want, n

@@ -35,7 +35,7 @@ def test_slow_row(slow_row: Row, slow_proof_results) -> None:
 
 def test_catalogue_covers_issue_4() -> None:
     """R1 and R2, for promise/replay/legacy, with and without the EAGLE drop,
-    both lookup ceilings, on every geometry class, are all in the catalogue
+    both lookup ceilings, on every geometry class (issue 9's hashed too), are all in the catalogue
     (``kvspec prove``, which CI runs); the fast tier has each of them per
     class in #53504's mode, and in every mode on the #53504 geometry."""
     from spec.catalogue import FAST_MODE, FAST_NAMED
@@ -46,9 +46,9 @@ def test_catalogue_covers_issue_4() -> None:
         for rule in ("promise", "replay", "legacy"):
             for mode in MODE:
                 assert (prop, rule, mode, f"named:{FAST_NAMED}") in fast
-                for cls in ("uniform", "aligned", "partial", "unitary"):
+                for cls in ("uniform", "aligned", "partial", "hashed", "unitary"):
                     assert (prop, rule, mode, cls) in full
-            for cls in ("uniform", "aligned", "partial", "unitary"):
+            for cls in ("uniform", "aligned", "partial", "hashed", "unitary"):
                 assert (prop, rule, FAST_MODE, cls) in fast
     assert {m.eagle_drop for m in MODE.values()} == {True, False}
     assert {m.ceiling for m in MODE.values() if m.eagle_drop} == {"n_minus_1", "hashed"}
@@ -64,7 +64,7 @@ def test_catalogue_covers_issue_10() -> None:
     have = {(r.prop, r.rule, r.mode, r.geometry, r.level) for r in rows("all") if r.prop.startswith("junction-")}
     fast = {(r.prop, r.rule, r.mode, r.geometry, r.level) for r in FAST if r.prop.startswith("junction-")}
     mode, setting = JUNCTION_FAST
-    for cls in ("uniform", "aligned", "partial"):
+    for cls in ("uniform", "aligned", "partial", "hashed"):
         for m in MODE:
             for level in ("oneshot", "chunked"):
                 for retention in ("sparse", "periodic", "dense"):
@@ -92,3 +92,20 @@ def test_refutations_are_real_models() -> None:
     result = run_row(Row("R1", "uniform", "drop/0.30", "legacy", "mask", "refuted"))
     c = result.counterexample
     assert c and c["N"] >= 1 and c["S"] >= 1 and c["resend"] > 0
+
+
+def test_catalogue_covers_issue_9() -> None:
+    """The hashed class (attention = Mamba = B above the hash unit) has every
+    property the other hybrid classes have (R1/R2 at both levels, chunked
+    prefill, the other properties, both junction properties at every level
+    and retention), and ``kvspec prove`` reports the deployments that
+    resolve to it (Qwen3-Next on an A100 at 544 with a match unit of 16 or
+    32, on an H100 at 576/32) and the H100's default 576."""
+    from spec.geometry import NAMED_BY
+
+    props = {cls: {(r.prop, r.level, r.rule, r.mode) for r in rows("all") if r.geometry == cls} for cls in ("partial", "hashed")}
+    assert props["hashed"] == props["partial"]
+    named = {r.geometry for r in rows("full")}
+    for name in ("qwen3-next a100 544/16", "qwen3-next a100 544/32", "qwen3-next h100 576/32"):
+        assert NAMED_BY[name].cls == "hashed" and f"named:{name}" in named
+    assert NAMED_BY["qwen3-next h100 576"].cls == "uniform" and "named:qwen3-next h100 576" in named
