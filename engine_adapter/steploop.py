@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.sampling_params import SamplingParams
+from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
@@ -24,6 +25,8 @@ from engine_adapter.observe import SAMPLED_TOKEN
 
 #: Idle steps (nothing scheduled) before a request counts as stalled.
 MAX_IDLE_STEPS = 8
+#: Whether this vLLM's prefix-cache stats count preempted requests apart (0.29.0+).
+HAS_PREEMPTED = all(hasattr(PrefixCacheStats, f) for f in ("preempted_hits", "preempted_queries"))
 
 
 @dataclass
@@ -67,10 +70,7 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
             so = schedule()
             scheduled = so.num_scheduled_tokens
             req_ids = list(scheduled)
-            sampled = []
-            for sid in req_ids:
-                r = requests[sid]
-                sampled.append(sampled_one if r.num_computed_tokens >= r.num_tokens else [])
+            sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             # A prefill chunk's end; the last one may carry draft-token slots
             # past the prompt (MTP with lookahead hashes), so it counts as N.
             if rid in scheduled and req.num_output_tokens == 0:
@@ -89,8 +89,9 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                 if pcs is not None:
                     hits += pcs.hits
                     queries += pcs.queries
-                    preempted_hits += getattr(pcs, "preempted_hits", 0)
-                    preempted_queries += getattr(pcs, "preempted_queries", 0)
+                    if HAS_PREEMPTED:
+                        preempted_hits += pcs.preempted_hits
+                        preempted_queries += pcs.preempted_queries
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
             raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)

@@ -573,8 +573,11 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
     from engine_adapter.driver import get_driver  # imports vLLM
     from engine_adapter.venvs import marker_path
 
+    from engine_adapter.worker import settle
+
     t0 = time.time()
     driver = get_driver()
+    settle()
     sock_file = Path(sock_path)
     state_file = Path(state_path) if state_path else sock_file.with_name(sock_file.name.removesuffix(".sock") + ".json")
     marker = marker_path(Path(sys.prefix))
