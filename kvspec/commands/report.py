@@ -22,7 +22,9 @@ HELP = "write an upstream-ready report (ISSUE.md, a vLLM regression test, the fi
 def configure(parser) -> None:
     parser.add_argument("finding", help="a finding file")
     parser.add_argument("--out", default=None, help="folder to write (default: report-<signature> beside the finding)")
-    parser.add_argument("--matrix", action="append", default=[], metavar="vllm==X", help="also run the case on this engine (repeatable)")
+    from kvspec.engine_options import add_engine_arguments
+
+    add_engine_arguments(parser, dest="matrix", flag="--matrix", metavar="vllm==X", help="also run the case on this engine (repeatable); also a build: vllm==X --patch FILE.diff (the --patch after it), vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
     parser.add_argument("--live", default=None, metavar="REPORT.json", help="a live replay report to quote")
 
 
@@ -39,17 +41,18 @@ def main(args) -> int:
         from engine_adapter import open_engine
         from engine_adapter.versions import engine_name, parse_engine
 
-        for name in args.matrix:
+        from kvspec.engine_options import engine_names
+
+        for name in engine_names(args, dest="matrix", flag="--matrix"):
             engine = engine_name(parse_engine(name, "--matrix"))
             with open_engine(engine) as e:
                 obs = e.run(case)
             matrix.append({"engine": engine, "hits": obs.get("hits"), "error": (obs.get("error") or {}).get("message")})
     live = None
     if args.live:
-        raw = load_json(args.live, "--live")
-        if not isinstance(raw, dict):
-            raise invalid("--live", args.live, "a JSON object written by kvspec replay --server --json")
-        live = {"verdict": raw.get("verdict"), "observed_hits": [r.get("observed") for r in raw.get("rows", [])], "server_version": raw.get("server", {}).get("version") if isinstance(raw.get("server"), dict) else None}
+        from fuzz.report import live_summary
+
+        live = live_summary(load_json(args.live, "--live"), args.live, len(case.trace))
     out = Path(args.out) if args.out else Path(args.finding).with_name(f"report-{finding.get('signature', 'finding')}")
     files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
     for name, text in files.items():

@@ -19,7 +19,13 @@ HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
 VERSION = "0.33.0"
 REPO_ROOT = HERE.parents[1]
-SDIST = REPO_ROOT / ".kvspec" / "src" / f"vllm-{VERSION}"
+
+
+def sdist() -> Path:
+    """vLLM {VERSION}'s unpacked sdist (fetched from PyPI on first use)."""
+    from engine_adapter.sources import sdist_dir
+
+    return sdist_dir(VERSION)
 
 
 @lru_cache(maxsize=1)

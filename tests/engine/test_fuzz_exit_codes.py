@@ -30,7 +30,7 @@ def _fuzz_cases(case: str, out: Path) -> tuple[subprocess.CompletedProcess, floa
 
 def test_a_campaign_that_finds_a_033_discrepancy_exits_1_with_one_class(tmp_path):
     # vLLM 0.33.0 misses the resend of a 49-token prompt at attention 32 / Mamba 16.
-    done, wall = _fuzz_cases("mixed-a32-m16-resend.json", tmp_path)
+    done, wall = _fuzz_cases("synthetic/mixed-a32-m16-resend.json", tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["exit_code"] == 1 and summary["harness_errors"] == 0

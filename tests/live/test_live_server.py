@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -212,10 +213,21 @@ def test_d_foreign_traffic_overlapping_a_request_is_inconclusive(live_server, li
         httpx.post(f"{live_server.url}/v1/completions", json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1}, timeout=120)
 
     def intruder(i):
-        if i == 0:  # starts in the gap, still running when request 1 goes out
+        if i == 0:  # starts in the gap; request 1 goes out once the server has it
+            from engine_adapter.live.metrics import parse_metrics
+
+            before = counters(live_server)
             t = threading.Thread(target=send, daemon=True)
             t.start()
             threads.append(t)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # bounded: the server took it (running, waiting or counted)
+                snap = parse_metrics(httpx.get(f"{live_server.url}/metrics", timeout=10).text)
+                if snap.running or snap.waiting or (snap.queries, snap.hits) != before:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("the foreign request never reached the server")
 
     rep = replay(Target(case, "case", None, None), live_server.url, gap_s=0.0, after_request=intruder)
     for t in threads:
