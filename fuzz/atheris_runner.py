@@ -49,7 +49,9 @@ STOP_GRACE_S = 2.0
 
 @dataclass
 class WorkerState:
-    execs: int = 0
+    execs: int = 0  # libFuzzer's inputs
+    engine_runs: int = 0  # the campaign's engine runs (a case and its variants)
+    cases: int = 0  # the campaign's cases checked
     cov: int = 0
     exec_s: int = 0
     findings: list[tuple[float, str, str]] = field(default_factory=list)
@@ -60,6 +62,7 @@ class WorkerState:
     lines: list[str] = field(default_factory=list)
     returncode: int | None = None
     stopped: bool = False  # stopped by the runner (deadline, Ctrl-C)
+    ready_at: float | None = None  # time.monotonic() when the worker's start-up was done
 
     @property
     def died(self) -> bool:
@@ -152,13 +155,18 @@ def _parse(line: str, st: WorkerState) -> None:
         st.findings.append((float(elapsed or 0), path, summary))
     elif line.startswith("kvspec-stats\t"):
         parts = line.split("\t")
+        st.engine_runs = int(parts[1])
         st.unsupported = int(parts[2])
+        if len(parts) > 7:
+            st.cases = int(parts[7])
         if len(parts) > 6:
             st.rejected = int(parts[6])
         if len(parts) > 4:
             st.duplicates = int(parts[4])
     elif line.startswith("kvspec-harness-error"):
         st.harness_errors += 1
+    elif line.startswith("kvspec-ready"):
+        st.ready_at = time.monotonic()
     else:
         m = _PULSE.match(line)
         if m:
@@ -285,6 +293,9 @@ def run_atheris(
     for proc, st in zip(procs, states):
         st.returncode = proc.returncode
     findings = sorted({(t, p, s) for st in states for (t, p, s) in st.findings})
+    ended = time.monotonic()
+    ready = [st.ready_at for st in states if st.ready_at is not None]
+    fuzz_s = max(1e-9, ended - max(ready)) if ready else None
     return {
         "engine": engine,
         "in_process": in_process,
@@ -292,6 +303,13 @@ def run_atheris(
         "elapsed_s": round(time.monotonic() - started, 2),
         "execs": sum(st.execs for st in states),
         "exec_per_s": sum(st.exec_s for st in states),
+        "engine_runs": sum(st.engine_runs for st in states),
+        "cases": sum(st.cases for st in states),
+        # start-up (vLLM's import, the seeds mapped) apart from fuzzing;
+        # the rates are per second of fuzzing, all workers together
+        "startup_s": round(max(ready) - started, 2) if ready else None,
+        "cases_per_s": round(sum(st.cases for st in states) / fuzz_s, 2) if fuzz_s else None,
+        "engine_runs_per_s": round(sum(st.engine_runs for st in states) / fuzz_s, 2) if fuzz_s else None,
         "coverage": max((st.cov for st in states), default=0),
         "unsupported": sum(st.unsupported for st in states),
         "rejected": sum(st.rejected for st in states),

@@ -46,6 +46,9 @@ class Engine(Protocol):
 
 @dataclass
 class Stats:
+    #: Cases checked (``Campaign.check`` calls); ``execs`` counts engine runs
+    #: (a case runs once, plus its variants and the confirmation of a finding).
+    cases: int = 0
     execs: int = 0
     unsupported: int = 0
     divergences: int = 0
@@ -222,6 +225,7 @@ class Campaign:
         """Judge one case; return the finding files written. A harness error
         (HarnessFailure, an engine that cannot be reached, an exception in
         kvspec's code) is recorded apart and yields no finding."""
+        self.stats.cases += 1
         try:
             return self._check(case)
         except HarnessFailure as e:

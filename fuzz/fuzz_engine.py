@@ -14,11 +14,20 @@ libFuzzer owns argv; kvspec's settings come from the environment:
 * ``KVSPEC_FUZZ_PARENT``: the pid of the runner; this worker dies with it
   (Linux ``PR_SET_PDEATHSIG``), so a ``kill -9`` of the runner leaves none;
 * ``KVSPEC_FUZZ_DEADLINE``: wall-clock time (``time.time()``) after which a
-  finding is no longer shrunk (the runner stops the worker soon after).
+  finding is no longer shrunk (the runner stops the worker soon after);
+* ``KVSPEC_FUZZ_INSTRUMENT``: ``core`` instruments all of ``vllm.v1.core``
+  (the default instruments the functions under test only);
+* ``KVSPEC_FUZZ_GENERATOR``: ``random`` checks the random driver's cases
+  instead of decoding the input, ``KVSPEC_FUZZ_GENERATOR_CASES`` of them at
+  most (bench/fuzz.py: the random driver's coverage, counted by libFuzzer
+  under the same instrumentation).
 
 When this interpreter can import the engine's vLLM (run from that version's
-environment), the engine runs in-process and only vLLM's ``vllm/v1/core``
-is instrumented, so its coverage guides the search. Otherwise the engine
+environment), the engine runs in-process and only the vLLM functions under
+test are instrumented (``engine_adapter.coverage``: lookup, boundaries,
+retention, the align-mode split, block-size resolution; not all of
+``vllm/v1/core``: ``KVSPEC_FUZZ_INSTRUMENT=core`` brings that back), so
+their coverage guides the search. Otherwise the engine
 runs in a worker process and the reference model is instrumented instead,
 as a proxy. A finding is not a crash: it is written as a JSON file and the
 campaign goes on; so is an exception raised inside vLLM. A harness error
@@ -66,20 +75,37 @@ CAMPAIGN = None
 _LAST_REPORT = [0.0]
 
 
+#: ``KVSPEC_FUZZ_INSTRUMENT``: ``under-test`` (default) instruments only the
+#: vLLM functions under test (``engine_adapter.coverage``); ``core`` all of
+#: ``vllm.v1.core`` (5x slower per execution; kept for comparison).
+INSTRUMENT_MODES = ("under-test", "core")
+
+
 def _instrumented_engine(name: str):
-    """Open the engine; instrument vllm/v1/core if it runs in this process."""
+    """Open the engine; if it runs in this process, instrument the vLLM
+    functions under test (``engine_adapter.coverage.UNDER_TEST``: lookup,
+    boundaries, retention, the align-mode split, block-size resolution), so
+    that their coverage, and only theirs, guides the search."""
     from engine_adapter.engine import inprocess_vllm_version, open_engine
     from engine_adapter.versions import parse_engine
 
     if inprocess_vllm_version() == parse_engine(name):
-        with atheris.instrument_imports(include=["vllm.v1.core"]):
-            import vllm.v1.core.block_pool  # noqa: F401
-            import vllm.v1.core.kv_cache_coordinator  # noqa: F401
-            import vllm.v1.core.kv_cache_manager  # noqa: F401
-            import vllm.v1.core.kv_cache_utils  # noqa: F401
-            import vllm.v1.core.sched.scheduler  # noqa: F401
-            import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
-        return open_engine(name, mode="inprocess")
+        if os.environ.get("KVSPEC_FUZZ_INSTRUMENT") == "core":
+            with atheris.instrument_imports(include=["vllm.v1.core"]):
+                import vllm.v1.core.block_pool  # noqa: F401
+                import vllm.v1.core.kv_cache_coordinator  # noqa: F401
+                import vllm.v1.core.kv_cache_manager  # noqa: F401
+                import vllm.v1.core.kv_cache_utils  # noqa: F401
+                import vllm.v1.core.sched.scheduler  # noqa: F401
+                import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
+            return open_engine(name, mode="inprocess")
+        engine = open_engine(name, mode="inprocess")  # imports vLLM
+        from engine_adapter.coverage import functions_under_test
+
+        funcs, _missing = functions_under_test()
+        for func in funcs:
+            atheris.instrument_func(func)
+        return engine
     with atheris.instrument_imports(include=["reference"]):
         import reference.serial  # noqa: F401
     return open_engine(name, mode="worker")
@@ -148,13 +174,43 @@ def _map_seeds() -> None:
         _report("harness-error", write_harness_error(None, traceback.format_exc(), CAMPAIGN.out_dir))
 
 
+_GENERATED = None
+
+
+def _generated_cases():
+    """``KVSPEC_FUZZ_GENERATOR=random``: the cases ``kvspec fuzz --driver
+    random --seed N`` checks, in its order (the z3 seeds mapped onto
+    deployments, then seeded random cases), one per libFuzzer input, the
+    input's bytes ignored. bench/fuzz.py counts the coverage the random
+    driver reaches this way, under the same instrumentation as atheris."""
+    from fuzz.drivers import random_cases
+    from fuzz.seeds import load_seed_cases, on_deployments
+
+    synthetic = os.environ.get("KVSPEC_FUZZ_SYNTHETIC") == "1"
+    src = os.environ.get("KVSPEC_FUZZ_Z3_SEEDS")
+    seeds = load_seed_cases(Path(src)) if src else []
+    if not synthetic:
+        seeds = on_deployments([c for c in seeds if c.deployment is None], CAMPAIGN.resolver) + [c for c in seeds if c.deployment is not None]
+    yield from seeds
+    yield from random_cases(int(os.environ.get("KVSPEC_FUZZ_SEED") or 1), **({} if synthetic else {"resolver": CAMPAIGN.resolver}))
+
+
 def TestOneInput(data: bytes) -> None:
+    global _GENERATED
     from fuzz.codec import decode
 
     synthetic = os.environ.get("KVSPEC_FUZZ_SYNTHETIC") == "1"
     case = None
     try:
-        case = decode(data, None if synthetic else CAMPAIGN.resolver)
+        if os.environ.get("KVSPEC_FUZZ_GENERATOR") == "random":
+            limit = os.environ.get("KVSPEC_FUZZ_GENERATOR_CASES")
+            if limit and CAMPAIGN.stats.cases >= int(limit):
+                return  # as many cases as the random driver checked: nothing more to count
+            if _GENERATED is None:
+                _GENERATED = _generated_cases()
+            case = next(_GENERATED)
+        else:
+            case = decode(data, None if synthetic else CAMPAIGN.resolver)
         CAMPAIGN.check(case)
     except Exception:  # a harness bug: record it, keep fuzzing
         from fuzz.findings import write_harness_error
@@ -165,7 +221,7 @@ def TestOneInput(data: bytes) -> None:
     if now - _LAST_REPORT[0] > 1.0:
         _LAST_REPORT[0] = now
         s = CAMPAIGN.stats
-        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates, s.harness_errors, s.rejected)
+        _report("stats", s.execs, s.unsupported, len(s.findings), s.duplicates, s.harness_errors, s.rejected, s.cases)
 
 
 def main() -> None:
@@ -174,6 +230,7 @@ def main() -> None:
 
     deadline = CAMPAIGN.deadline
     atheris.Setup(argv_with_deadline(sys.argv, None if deadline is None else deadline - time.monotonic()), TestOneInput)
+    _report("ready")  # start-up done: the runner counts the fuzzing time from here
     atheris.Fuzz()
 
 

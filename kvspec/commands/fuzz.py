@@ -51,7 +51,9 @@ def configure(parser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     parser.add_argument("--out", default=None, help="findings folder (default: $KVSPEC_HOME/findings)")
     parser.add_argument("--corpus", default=None, help="corpus folder to resume from and grow (atheris; default: $KVSPEC_HOME/corpus/<engine>)")
-    parser.add_argument("--jobs", type=int, default=1, help="parallel atheris workers (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel campaign workers, worker j with seed --seed + j: libFuzzer processes here (atheris), Ray tasks with --ray (any driver) (default: %(default)s)")
+    parser.add_argument("--ray", default=None, metavar="local|auto|HOST:PORT", help="run the --jobs workers on Ray: 'local' starts a cluster of --jobs CPUs on 127.0.0.1, 'auto' joins the one `ray start` started, HOST:PORT a cluster's GCS; one corpus, one findings folder (docs/distribute.md)")
+    parser.add_argument("--ray-retries", type=int, default=2, help="with --ray: times a worker whose process died is run again (default: %(default)s)")
     parser.add_argument("--driver", choices=DRIVERS, default="atheris", help="search driver; 'cases' runs only the z3 seeds and --case files, then stops (default: %(default)s)")
     parser.add_argument("--case", action="append", default=[], metavar="FILE", help="a case or finding file to run first (repeatable; not with --driver atheris)")
     parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
@@ -76,6 +78,8 @@ def _validate(args, engines: list[str]) -> None:
         raise invalid("--max-time", args.max_time, "must be a positive number of seconds")
     if args.jobs < 1:
         raise invalid("--jobs", args.jobs, "must be at least 1")
+    if getattr(args, "ray", None) is not None and not 0 <= args.ray_retries <= 100:
+        raise invalid("--ray-retries", args.ray_retries, "must be an integer from 0 to 100")
     if not 0 <= args.harness_error_limit <= 1:
         raise invalid("--harness-error-limit", args.harness_error_limit, "must be a fraction from 0 to 1")
     if args.case and args.driver == "atheris":
@@ -134,7 +138,11 @@ def main(args) -> int:
 
     seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
     try:
-        if args.driver == "atheris":
+        if getattr(args, "ray", None) is not None:
+            from kvspec.fuzz_ray import run_on_ray
+
+            summary = run_on_ray(args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say)
+        elif args.driver == "atheris":
             from rich.console import Console
 
             from fuzz.atheris_runner import run_atheris
@@ -142,7 +150,7 @@ def main(args) -> int:
             tty = sys.stderr.isatty()
             summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say, synthetic=args.synthetic_geometry)
         else:
-            summary = _run_in_process(args, engines, out, (load_seed_cases(seed_dir) if seed_dir else []) + cases, started, deadline)
+            summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [], cases, started, deadline)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
@@ -186,8 +194,12 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
         print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'} (not findings)")
 
 
-def _run_in_process(args, engines, out, seeds, started: float, deadline: float) -> dict:
+def _run_in_process(args, engines, out, seeds, given, started: float, deadline: float) -> dict:
+    """``seeds``: the z3 boundary cases (mapped onto deployments unless
+    --synthetic-geometry); ``given``: the user's --case files, run as they
+    are (a hand geometry among them is labelled synthetic in its finding)."""
     from engine_adapter import open_engine
+    from reference.errors import EngineError
 
     from fuzz.atheris_runner import STOP_GRACE_S
     from fuzz.campaign import Campaign
@@ -196,6 +208,16 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
 
     stop_at = deadline - STOP_GRACE_S
     opened = [open_engine(name) for name in engines]
+    for e in opened:  # start a worker now (within the deadline), so its start-up is measured apart
+        procs = getattr(e, "processes", None)
+        if procs is not None and hasattr(e, "process"):
+            proc = e.process("cuda")
+            proc.start_timeout = min(proc.start_timeout, max(0.1, stop_at - time.monotonic()))
+            try:
+                proc.start()
+            except EngineError:
+                pass  # the first run reports it (a harness error)
+    ready = time.monotonic()
     engine, other = BoundedEngine(opened[0], stop_at), (BoundedEngine(opened[1], stop_at) if len(opened) > 1 else None)
     campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
     s = campaign.stats
@@ -204,6 +226,7 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
         from fuzz.seeds import on_deployments
 
         seeds = on_deployments([c for c in seeds if c.deployment is None], campaign.resolver) + [c for c in seeds if c.deployment is not None]
+    seeds = list(seeds) + list(given)
 
     def line() -> str:
         elapsed = time.monotonic() - started
@@ -224,5 +247,8 @@ def _run_in_process(args, engines, out, seeds, started: float, deadline: float) 
     for path in s.findings:
         data = json.loads(Path(path).read_text())
         findings.append({"path": path, "summary": data["summary"]})
-    elapsed = time.monotonic() - started
-    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}
+    end = time.monotonic()
+    elapsed = end - started
+    fuzzing = max(end - ready, 1e-9)
+    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
+            "cases": s.cases, "startup_s": round(ready - started, 2), "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}
