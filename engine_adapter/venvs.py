@@ -9,6 +9,10 @@ What they share:
   (each caller checks its own fingerprint). The marker is written last and
   atomically (:func:`reference.case.write_json_atomic`), so a killed or
   failed install leaves none and the next install starts over;
+* **tools from kvspec's interpreter** (:func:`ensure_tools`): pytest,
+  atheris, coverage... installed into a venv that lacks them at the
+  versions kvspec's own interpreter has, without dependencies, each step
+  bounded in time;
 * **the install lock**: an ``flock`` on ``.ROOT-NAME.lock`` beside the venv
   serializes installs of one venv; a second installer waits, polling, for at
   most ``wait_s`` seconds, then gives up with one line (EngineError).
@@ -21,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,3 +86,37 @@ def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[s
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+#: Bounds of :func:`ensure_tools`: the import probe, the install.
+PROBE_TIMEOUT_S, INSTALL_TIMEOUT_S = 60.0, 300.0
+
+
+def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], timeout: float | None = None) -> bool:
+    """Make ``import`` of every one of ``modules`` work in the venv of
+    ``python``: nothing is installed when they already import; otherwise
+    ``dists`` at the versions kvspec's own interpreter has, without
+    dependencies (pip's cache under kvspec's home). Each step is bounded by
+    its own limit and by ``timeout`` seconds; False when it did not work."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kvspec.home import contained_env
+
+    def bound(limit: float) -> float:
+        return min(limit, timeout) if timeout else limit
+
+    try:
+        probe = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=bound(PROBE_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        return False
+    if probe.returncode == 0:
+        return True
+    try:
+        pins = [f"{name}=={version(name)}" for name in dists]
+    except PackageNotFoundError:
+        return False
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=bound(INSTALL_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0

@@ -88,33 +88,15 @@ def write_seeds(cases: list[Case], folder: Path) -> int:
 
 #: What a campaign needs inside an engine environment besides vLLM.
 FUZZ_TOOLS = ("atheris", "hypothesis", "sortedcontainers")
-#: Bounds on probing an engine environment and installing the tools into it.
-PROBE_TIMEOUT_S, INSTALL_TIMEOUT_S = 60.0, 300.0
 
 
 def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
     """Install the fuzzing tools (at this interpreter's versions, no
-    dependencies) into an engine environment that lacks them; each step
-    bounded by its own limit and by ``timeout`` seconds."""
-    from importlib.metadata import PackageNotFoundError, version
+    dependencies) into an engine environment that lacks them; bounded by
+    ``timeout`` seconds (``engine_adapter.venvs.ensure_tools``)."""
+    from engine_adapter.venvs import ensure_tools
 
-    try:
-        probe = subprocess.run([python, "-c", "import atheris, hypothesis"], capture_output=True, timeout=min(PROBE_TIMEOUT_S, timeout or PROBE_TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        return False
-    if probe.returncode == 0:
-        return True
-    try:
-        pins = [f"{name}=={version(name)}" for name in FUZZ_TOOLS]
-    except PackageNotFoundError:
-        return False
-    from kvspec.home import contained_env
-
-    try:
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=min(INSTALL_TIMEOUT_S, timeout or INSTALL_TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        return False
-    return done.returncode == 0
+    return ensure_tools(python, ("atheris", "hypothesis"), FUZZ_TOOLS, timeout)
 
 
 def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]:
