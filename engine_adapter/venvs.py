@@ -106,7 +106,7 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
         return min(limit, timeout) if timeout else limit
 
     try:
-        probe = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=bound(PROBE_TIMEOUT_S))
+        probe = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=bound(PROBE_TIMEOUT_S), check=False)
     except subprocess.TimeoutExpired:
         return False
     if probe.returncode == 0:
@@ -116,7 +116,7 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     except PackageNotFoundError:
         return False
     try:
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=bound(INSTALL_TIMEOUT_S))
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=bound(INSTALL_TIMEOUT_S), check=False)
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0

@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference.case import Case, write_bytes_atomic
-
 from fuzz.codec import encode
+from reference.case import Case, write_bytes_atomic
 
 TARGET = Path(__file__).resolve().parent / "fuzz_engine.py"
 ROOT = TARGET.parent.parent

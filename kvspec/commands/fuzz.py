@@ -104,14 +104,13 @@ def unusable_engine(engines: list[str]) -> str | None:
 
 
 def main(args) -> int:
-    from kvspec.home import kvspec_home
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
-    from reference.errors import EngineError
-
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS, outcome
     from fuzz.progress import resume_line
     from kvspec.engine_options import engine_names
+    from kvspec.home import kvspec_home
+    from reference.errors import EngineError
 
     _validate(args, list(args.engine or []))  # options first, before any build
     # a build (--patch, path:, wheel:) is built before the clock starts
@@ -199,12 +198,11 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
     --synthetic-geometry); ``given``: the user's --case files, run as they
     are (a hand geometry among them is labelled synthetic in its finding)."""
     from engine_adapter import open_engine
-    from reference.errors import EngineError
-
     from fuzz.atheris_runner import STOP_GRACE_S
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_cases, run_hypothesis, run_random
     from fuzz.progress import Heartbeat, progress_line
+    from reference.errors import EngineError
 
     stop_at = deadline - STOP_GRACE_S
     opened = [open_engine(name) for name in engines]
