@@ -1,0 +1,227 @@
+"""``kvspec fuzz --jobs N --ray local|auto|HOST:PORT``: N campaign workers as
+Ray tasks (:mod:`fuzz.distribute`), one findings folder.
+
+Worker ``j`` runs the campaign ``kvspec fuzz`` runs here (the same driver,
+engines and oracles) with seed ``--seed + j``, the seeds libFuzzer's
+``--jobs`` workers get locally, until the command's deadline
+(``--max-time`` counts from the command's start, Ray's start-up included).
+Each worker is one Ray task taking one CPU; with ``atheris`` it runs one
+libFuzzer process, exactly as ``--jobs 1`` does here.
+
+* **One corpus, one findings folder.** When a worker sees the driver's
+  folders (same machine or a shared filesystem: it finds the run's marker
+  file ``OUT/.kvspec-ray-<run>``), it fuzzes from and into ``--corpus``
+  (libFuzzer reloads the folder, so the workers share what each adds) and
+  writes findings straight into ``--out``. Elsewhere it works in
+  ``$KVSPEC_HOME/ray-staging/<run>/<job>/`` on its node and sends its
+  findings, harness errors and new corpus inputs back with its result; the
+  driver writes them into ``--out`` and ``--corpus`` (atomically; a file
+  already there is kept).
+* **Deduplicated by the judge.** A finding file is named by its oracle and
+  signature (``fuzz.findings.signature``, the judge's notion of "the same
+  bug"), so two workers finding one bug, or a retried worker finding it
+  again, leave one file. The findings of this run are the files in
+  ``--out`` that were not there before it, counted once each.
+* **Retried.** A worker whose process died (killed, out of memory, its node
+  lost) is run again by Ray with the same seed until the same deadline
+  (``--ray-retries``, default 2). A worker that raised (a harness error:
+  the engine could not start) is not retried; nor one lost past its
+  retries: both count as a dead worker (exit 3).
+* **The summary** adds up the workers' execs, engine runs, cases,
+  unsupported, rejected, duplicates and harness errors, the best coverage,
+  and the earliest finding; ``ray_tasks`` lists each worker's status,
+  attempt, host and pid; the task envelopes are kept in
+  ``OUT/ray-tasks/<run>/``. Exit codes are ``kvspec fuzz``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import inspect
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
+
+#: Seconds before the command's deadline at which workers are told to end,
+#: so their results come back and are merged by the deadline.
+COLLECT_S = 3.0
+#: Caps on what one remote worker sends back (bytes of corpus inputs; files).
+MAX_CORPUS_BYTES = 8 << 20
+MAX_FILES = 1000
+_SUMS = ("execs", "engine_runs", "cases", "unsupported", "rejected", "harness_errors", "duplicates", "workers_died")
+
+
+def _findings(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob("*.json") if not p.name.startswith(".")} if folder.is_dir() else set()
+
+
+def _files(folder: Path | None) -> set[str]:
+    if folder is None or not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")}
+
+
+# ------------------------------------------------------------ on the worker
+
+
+def campaign_task(task: dict) -> dict:
+    """One campaign worker (a Ray task): the campaign of ``task`` until
+    ``task["deadline_unix"]``; returns its summary, and, when it could not
+    see the driver's folders, what it found (see the module's docstring)."""
+    from kvspec.home import kvspec_home
+
+    if task.get("kvspec_home") and Path(task["kvspec_home"]).is_dir():
+        os.environ["KVSPEC_HOME"] = task["kvspec_home"]
+    started_unix = time.time()
+    out, corpus = Path(task["out"]), (Path(task["corpus"]) if task.get("corpus") else None)
+    shared = (out / f".kvspec-ray-{task['run']}").is_file()
+    if not shared:
+        stage = kvspec_home() / "ray-staging" / task["run"] / task["id"]
+        out, corpus = stage / "findings", (stage / "corpus" if corpus is not None else None)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus_before = _files(corpus)
+    seed_dir = None
+    if task.get("z3_seeds"):
+        from fuzz.seeds import seed_dir as z3_seed_dir
+
+        given = Path(task["seed_dir"]) if task.get("seed_dir") else None
+        seed_dir = given if shared and given is not None and (given / "READY").exists() else z3_seed_dir(kvspec_home())
+    left = task["deadline_unix"] - time.time()
+    summary = _empty(task) if left < 1.0 else _campaign(task, out, corpus, seed_dir, left)
+    result = {"summary": summary, "shared": shared, "started_unix": started_unix, "host": socket.gethostname(), "pid": os.getpid(), "findings": [], "harness_errors": [], "corpus": []}
+    if not shared:  # send back what this worker's node holds
+        result["findings"] = [{"name": p.name, "data": json.loads(p.read_text())} for p in sorted(out.glob("*.json"))[:MAX_FILES]]
+        herr = out / "harness-errors"
+        result["harness_errors"] = [{"name": p.name, "text": p.read_text(errors="replace")} for p in sorted(herr.glob("*"))[:MAX_FILES] if p.is_file()] if herr.is_dir() else []
+        size = 0
+        for name in sorted(_files(corpus) - corpus_before)[:MAX_FILES]:
+            data = (corpus / name).read_bytes()
+            size += len(data)
+            if size > MAX_CORPUS_BYTES:
+                break
+            result["corpus"].append({"name": name, "b64": base64.b64encode(data).decode()})
+    return result
+
+
+def _empty(task: dict) -> dict:
+    return {"engine": task["engine"], "driver": task["driver"], "elapsed_s": 0.0, "execs": 0, "exec_per_s": 0, "findings": [], "first_finding_s": None, "harness_errors": 0, "unsupported": 0, "rejected": 0, "duplicates": 0, "workers_died": 0, "coverage": None}
+
+
+def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> dict:
+    started = time.monotonic()
+    deadline = started + left
+    engines = [task["engine"]] + ([task["other"]] if task.get("other") else [])
+    if task["driver"] == "atheris":
+        from fuzz.atheris_runner import run_atheris
+
+        return run_atheris(task["engine"], out=out, corpus=corpus, seed_dir=seed_dir, seed=task["seed"], max_time=left, jobs=1, other=task.get("other"), libfuzzer_args=list(task.get("libfuzzer") or []), deadline=deadline, synthetic=bool(task.get("synthetic")))
+    from fuzz.findings import load_finding
+    from fuzz.seeds import load_seed_cases
+    from kvspec.commands.fuzz import _run_in_process
+
+    args = argparse.Namespace(driver=task["driver"], seed=task["seed"], synthetic_geometry=bool(task.get("synthetic")))
+    seeds = load_seed_cases(seed_dir) if seed_dir else []
+    given = [load_finding(p)[0] for p in task.get("cases") or []]
+    if "given" in inspect.signature(_run_in_process).parameters:  # the z3 seeds and the --case files apart
+        return _run_in_process(args, engines, out, seeds, given, started, deadline)
+    return _run_in_process(args, engines, out, seeds + given, started, deadline)
+
+
+# ------------------------------------------------------------ on the driver
+
+
+def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed_dir: Path | None, started: float, deadline: float, say) -> dict:
+    """Run ``args.jobs`` campaign workers on Ray (``args.ray``) until
+    ``deadline`` (``time.monotonic()``); the summary ``kvspec fuzz`` prints."""
+    from fuzz.atheris_runner import STOP_GRACE_S
+    from fuzz.distribute import run_tasks
+    from fuzz.progress import Heartbeat, count_files
+    from kvspec.home import kvspec_home
+
+    run = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
+    out.mkdir(parents=True, exist_ok=True)  # paths in the summary as given (triage marks the new ones by path)
+    if corpus is not None:
+        corpus = corpus.resolve()
+        corpus.mkdir(parents=True, exist_ok=True)
+    marker = out / f".kvspec-ray-{run}"
+    write_text_atomic(marker, run + "\n")
+    before = _findings(out)
+    started_unix = time.time() - (time.monotonic() - started)
+    end = deadline - STOP_GRACE_S  # results merged and the summary printed by the deadline
+    tasks = [{
+        "id": f"job-{j}", "run": run, "engine": engines[0], "other": engines[1] if len(engines) > 1 else None,
+        "driver": args.driver, "seed": args.seed + j, "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
+        "out": str(out.resolve()), "corpus": str(corpus) if corpus is not None else None,
+        "z3_seeds": seed_dir is not None, "seed_dir": str(seed_dir) if seed_dir is not None else None,
+        "cases": [str(Path(p).resolve()) for p in args.case], "synthetic": bool(args.synthetic_geometry),
+        "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
+    } for j in range(args.jobs)]
+    done: list[dict] = []
+
+    def line() -> str:
+        elapsed = time.monotonic() - started
+        return f"kvspec fuzz: {elapsed:7.1f}s  ray {args.ray}: {args.jobs - len(done)} worker(s) running, {len(done)} done  findings {max(0, count_files(out, '*.json') - len(before))}"
+
+    say(f"kvspec fuzz: {args.jobs} worker(s) on Ray ({args.ray}), seeds {args.seed}..{args.seed + args.jobs - 1}, findings into {out}")
+    try:
+        with Heartbeat(line, say):
+            results = run_tasks(campaign_task, tasks, ray_address=args.ray, out=out / "ray-tasks" / run, retries=args.ray_retries, timeout_s=max(1.0, end - time.monotonic()), num_cpus=args.jobs, resume=False, progress=done.append)
+    finally:
+        try:
+            marker.unlink()
+        except OSError:
+            pass
+    return _merge(results, args, engines, out, corpus, before, started, started_unix)
+
+
+def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Path | None, before: set[str], started: float, started_unix: float) -> dict:
+    """Write what remote workers sent back, then add up the summaries."""
+    totals = {k: 0 for k in _SUMS}
+    rate, coverage, firsts, tasks, failed = 0.0, None, [], [], 0
+    for env in results:
+        res = env.get("result") or {}
+        s = res.get("summary") or {}
+        for f in res.get("findings", []):
+            if not (out / f["name"]).exists():
+                write_json_atomic(out / f["name"], f["data"])
+        for h in res.get("harness_errors", []):
+            if not (out / "harness-errors" / h["name"]).exists():
+                write_text_atomic(out / "harness-errors" / h["name"], h["text"])
+        if corpus is not None:
+            for c in res.get("corpus", []):
+                if not (corpus / c["name"]).exists():
+                    write_bytes_atomic(corpus / c["name"], base64.b64decode(c["b64"]))
+        for k in _SUMS:
+            totals[k] += int(s.get(k) or 0)
+        rate += float(s.get("exec_per_s") or 0)
+        if s.get("coverage") is not None:
+            coverage = max(coverage or 0, int(s["coverage"]))
+        if s.get("first_finding_s") is not None and res.get("started_unix"):
+            firsts.append(res["started_unix"] - started_unix + float(s["first_finding_s"]))
+        if env["status"] != "ok":
+            failed += 1
+        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.get("execs"), "findings_reported": len(s.get("findings") or []), "harness_errors": s.get("harness_errors"), "error": env.get("error")})
+    new = sorted(_findings(out) - before)
+    findings = []
+    for name in new:
+        try:
+            summary = json.loads((out / name).read_text()).get("summary")
+        except (OSError, ValueError):
+            summary = None
+        findings.append({"path": str(out / name), "summary": summary})
+    elapsed = time.monotonic() - started
+    return {
+        "engine": engines[0], "driver": args.driver, "ray": args.ray, "jobs": args.jobs,
+        "elapsed_s": round(elapsed, 2), "execs": totals["execs"], "exec_per_s": round(rate, 1),
+        "engine_runs": totals["engine_runs"], "cases": totals["cases"], "coverage": coverage,
+        "unsupported": totals["unsupported"], "rejected": totals["rejected"], "harness_errors": totals["harness_errors"],
+        "duplicates": totals["duplicates"], "workers_died": totals["workers_died"] + failed,
+        "findings": findings, "first_finding_s": round(min(firsts), 2) if firsts else None,
+        "ray_tasks": tasks, "ray_retried": sum(1 for t in tasks if (t["attempt"] or 0) > 0),
+        "ray_nodes": sorted({t["host"] for t in tasks if t["host"]}),
+    }
