@@ -50,7 +50,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_adapter.failure import VllmFailure
 from kvspec.home import models_dir
-from reference.case import Case, write_text_atomic
+from reference.case import Case, write_text_if_changed
 from reference.errors import KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
@@ -198,13 +198,7 @@ def model_dir(num_attention: int, num_mamba: int) -> Path:
         "bos_token_id": VOCAB_SIZE - 2,
         "eos_token_id": VOCAB_SIZE - 1,
     }
-    text = json.dumps(config, indent=2) + "\n"
-    try:
-        if cfg_path.read_text() == text:
-            return path
-    except OSError:
-        pass
-    write_text_atomic(cfg_path, text)
+    write_text_if_changed(cfg_path, json.dumps(config, indent=2) + "\n")
     return path
 
 

@@ -766,6 +766,17 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def write_text_if_changed(path: str | os.PathLike, text: str) -> None:
+    """:func:`write_text_atomic`, unless the file already holds ``text``
+    (a config many processes read stays untouched, its mtime too)."""
+    try:
+        if Path(path).read_text() == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_text_atomic(path, text)
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
     """:func:`write_text_atomic` of ``obj`` as JSON and a final newline."""
     write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")

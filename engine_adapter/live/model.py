@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from engine_adapter.live.paths import models_dir
-from reference.case import write_text_atomic
+from reference.case import write_text_if_changed
 
 MODEL_NAME = "kvspec-tiny-qwen3_5-hybrid"
 
@@ -122,11 +122,5 @@ def tiny_model_dir(name: str = MODEL_NAME) -> Path:
     root = models_dir() / name
     root.mkdir(parents=True, exist_ok=True)
     path = root / "config.json"
-    text = json.dumps(TINY_MODELS[name], indent=2, sort_keys=True) + "\n"
-    try:
-        if path.read_text() == text:
-            return root
-    except OSError:
-        pass
-    write_text_atomic(path, text)
+    write_text_if_changed(path, json.dumps(TINY_MODELS[name], indent=2, sort_keys=True) + "\n")
     return root
