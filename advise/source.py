@@ -159,16 +159,7 @@ def short_describe(dep) -> str:
 def server_geometry(info) -> tuple[Geometry, Speculative | None, list[str]]:
     """The geometry a server's ``/metrics`` shows (``ServerInfo``), with the
     assumptions for what it does not. One line when it cannot be advised."""
-    cc = info.cache_config
-    if not cc:
-        raise Unsupported("server vllm:cache_config_info=absent: cannot read the server's cache geometry; allowed: a vLLM server exposing /metrics")
-    if not info.prefix_caching:
-        raise Unsupported(f"server enable_prefix_caching={cc.get('enable_prefix_caching')}: nothing is cached; allowed: a server with --enable-prefix-caching")
-    block = info.block_size
-    if block is None:
-        raise Unsupported(f"server block_size={cc.get('block_size')!r}: unreadable; allowed: an integer label")
-    if info.mamba_cache_mode != "align":
-        raise Unsupported(f"server mamba_cache_mode={info.mamba_cache_mode}: kvspec models align mode; allowed: a hybrid server with --mamba-cache-mode align")
+    block = info.cached_block("advice")
     unit = info.prefix_match_unit
     retention = info.retention_interval
     assumptions = [

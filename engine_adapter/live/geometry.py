@@ -85,6 +85,23 @@ class ServerInfo:
             return "unknown"
         return _int_label(raw)
 
+    def cached_block(self, needs: str, *, hybrid: bool = True) -> int:
+        """The server's block, once it is known to cache: raise Unsupported
+        (one line; ``needs`` says what for) when ``/metrics`` shows no cache
+        geometry, prefix caching off, an unreadable block, or (``hybrid``)
+        a Mamba cache mode other than align."""
+        cc = self.cache_config
+        if not cc:
+            raise Unsupported("server vllm:cache_config_info=absent: cannot read the server's cache geometry; allowed: a vLLM server exposing /metrics")
+        if not self.prefix_caching:
+            raise Unsupported(f"server enable_prefix_caching={cc.get('enable_prefix_caching')}: {needs} needs prefix caching; allowed: True (--enable-prefix-caching)")
+        block = self.block_size
+        if block is None:
+            raise Unsupported(f"server block_size={cc.get('block_size')!r}: unreadable; allowed: an integer label")
+        if hybrid and self.mamba_cache_mode != "align":
+            raise Unsupported(f"server mamba_cache_mode={self.mamba_cache_mode}: {needs} models align mode; allowed: a hybrid server with --mamba-cache-mode align")
+        return block
+
     def knobs(self) -> dict:
         return {
             "block_size": self.block_size,
@@ -109,16 +126,7 @@ def check_case(case: Case, info: ServerInfo) -> GeometryCheck:
     """Raise Unsupported (one line) when the server cannot run ``case``;
     return the soft differences and unverified knobs otherwise."""
     g = case.geometry
-    cc = info.cache_config
-    if not cc:
-        raise Unsupported("server vllm:cache_config_info=absent: cannot read the server's cache geometry; allowed: a vLLM server exposing /metrics")
-    if not info.prefix_caching:
-        raise Unsupported(f"server enable_prefix_caching={cc.get('enable_prefix_caching')}: the case needs prefix caching; allowed: True (--enable-prefix-caching)")
-    block = info.block_size
-    if block is None:
-        raise Unsupported(f"server block_size={cc.get('block_size')!r}: unreadable; allowed: an integer label")
-    if g.mamba_block_sizes and info.mamba_cache_mode != "align":
-        raise Unsupported(f"server mamba_cache_mode={info.mamba_cache_mode}: the case has Mamba groups; allowed: align (--mamba-cache-mode align)")
+    block = info.cached_block("the case", hybrid=bool(g.mamba_block_sizes))
     for i, grp in enumerate(g.groups):
         if grp.block_size != block:
             raise Unsupported(
