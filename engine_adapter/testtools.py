@@ -15,3 +15,10 @@ TEST_TOOLS = ("pytest", "pluggy", "iniconfig")
 def ensure_pytest(python: str, timeout: float | None = None) -> bool:
     """Make ``import pytest`` work in the environment of ``python``."""
     return ensure_tools(python, ("pytest",), TEST_TOOLS, timeout)
+
+
+
+def ensure_coverage(python: str, timeout: float | None = None) -> bool:
+    """Make ``import coverage`` work in the environment of ``python``
+    (``kvspec mutate``'s branch coverage of vLLM's functions)."""
+    return ensure_tools(python, ("coverage",), ("coverage",), timeout)

@@ -1,0 +1,214 @@
+"""One mutant, one task: its build, kvspec's kill, vLLM's tests' kill.
+
+The rule (``run_mutant``): pure in and out (a JSON-able mutant, budget and
+options in; a JSON-able result out), idempotent (a finished mutant's
+``result.json`` is returned as it is, so a retried task is never counted
+twice), and every file it writes goes under ``OUT/mutants/<id>/``
+atomically. The verdicts:
+
+* ``status``: ``ran`` (both checks ran), ``crash`` (the build's self-test
+  failed: the mutant breaks vLLM's import or its first scheduler run;
+  counted apart, never a kill), ``harness`` (kvspec itself failed: the build
+  could not be made, the engine could not start, harness errors above the
+  limit; counted apart, never a kill);
+* ``kvspec.killed``: the oracles that judge a build (``promise``,
+  ``sparse_dense``, ``spec_on_off``, ``engine_error``, plus ``junction``;
+  never the release's own rule), given ``budget`` seconds from the engine's
+  start (the examples and the proofs' boundary cases on deployments,
+  :func:`fixed_cases`, then seeded random cases over deployments), found a
+  finding, vLLM raising included (``engine_error``); ``seconds_to_kill``
+  from the engine being ready to the first finding, with its promise
+  (``fuzz.checkbuild.promise_of``), oracle and case;
+* ``vllm_tests.killed``: :func:`mutate.vllm_tests.run_for_mutant`.
+
+The build (``vllm==X+mutant-<id>.HASH``) is removed afterwards unless
+``options["keep_build"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from reference.case import write_json_atomic, write_text_atomic
+from reference.errors import EngineError, KvspecError
+
+#: Share of the budget spent on the examples and boundary cases; the rest is random cases.
+CASES_SHARE = 0.6
+RESULT_SCHEMA = 1
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def result_path(out: Path, mid: str) -> Path:
+    return Path(out) / "mutants" / mid / "result.json"
+
+
+def read_result(out: Path, mid: str) -> dict | None:
+    path = result_path(out, mid)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("schema") == RESULT_SCHEMA else None
+
+
+def _build(mutant: dict, release: str, diff_path: Path) -> tuple[str | None, dict | None]:
+    """(engine name, None) or (None, the crash/harness verdict)."""
+    from engine_adapter.builds import prepare
+
+    try:
+        return prepare(f"vllm=={release}", patches=[str(diff_path)], progress=_quiet), None
+    except EngineError as e:
+        msg = str(e)
+        if "self-test failed" in msg or "self-test timed out" in msg:
+            return None, {"status": "crash", "reason": msg[:400]}
+        return None, {"status": "harness", "reason": f"build: {msg[:400]}"}
+    except KvspecError as e:
+        return None, {"status": "harness", "reason": f"build: {str(e)[:400]}"}
+
+
+def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
+    """The cases every mutant is checked on first, in order, written once
+    per run to ``OUT/cases.json``: the examples check-build runs, then the
+    proofs' boundary cases mapped onto deployments (resolved by the
+    release), interleaved by speculative mode."""
+    from engine_adapter import open_engine
+    from kvspec.home import kvspec_home
+    from reference.case import case_to_dict
+
+    from fuzz.campaign import Campaign
+    from fuzz.checkbuild import example_cases, interleave
+    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+
+    path = Path(out) / "cases.json"
+    if path.exists():
+        return path
+    say = progress or _quiet
+    cases = [c for _n, c in example_cases()]
+    engine = open_engine(f"vllm=={release}")
+    try:
+        say("[mutate] mapping the proofs' boundary cases onto deployments")
+        seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
+        campaign = Campaign(engine, Path(out) / "cases-probe", seed=1)
+        cases += interleave(on_deployments(seeds, campaign.resolver))
+    finally:
+        engine.close()
+    write_json_atomic(path, [case_to_dict(c) for c in cases])
+    return path
+
+
+def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_path: Path | None) -> dict:
+    """The fixed cases, then seeded random cases over deployments, until the
+    first finding or ``budget`` seconds after the engine started."""
+    from engine_adapter import open_engine
+    from reference.case import parse_case
+
+    from fuzz.campaign import Campaign
+    from fuzz.checkbuild import promise_of
+    from fuzz.drivers import BoundedEngine, run_random
+    from fuzz.oracles import ORACLES
+    from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
+
+    t0 = time.monotonic()
+    try:
+        engine = open_engine(engine_name)
+        if hasattr(engine, "start"):
+            engine.start()
+    except KvspecError as e:
+        return {"killed": False, "harness": True, "reason": f"the engine cannot be started: {str(e)[:300]}"}
+    start_s = time.monotonic() - t0
+    ready = time.monotonic()
+    deadline = ready + budget
+    first: list[tuple[float, Path, dict]] = []
+
+    def on_finding(path: Path, finding: dict) -> None:
+        if not first:
+            first.append((time.monotonic() - ready, path, finding))
+
+    campaign = Campaign(BoundedEngine(engine, deadline), out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=0, on_finding=on_finding, deadline=deadline)
+    fixed = 0
+    try:
+        cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []
+        for case in cases:
+            if first or time.monotonic() >= deadline:
+                break
+            campaign.check(case)
+            fixed += 1
+        if not first and time.monotonic() < deadline:
+            run_random(campaign, seed, max_time=max(0.0, deadline - time.monotonic()), stop_on_finding=True)
+    finally:
+        engine.close()
+    s = campaign.stats
+    res = {"engine_start_s": round(start_s, 1), "fixed_cases": fixed, "execs": s.execs, "harness_errors": s.harness_errors,
+           "rejected": s.rejected, "unsupported": s.unsupported, "cut_at_deadline": getattr(s, "cut_at_deadline", 0)}
+    if first:
+        secs, path, finding = first[0]
+        res.update({"killed": True, "seconds_to_kill": round(secs, 2), "promise": promise_of(finding), "oracle": finding.get("oracle"),
+                    "summary": (finding.get("summary") or "")[:300], "finding": str(path), "case": (finding.get("case") or {}).get("name")})
+        return res
+    code, why = outcome(execs=s.execs, harness_errors=s.harness_errors, new_findings=0, workers_died=0, limit=HARNESS_ERROR_LIMIT)
+    res["killed"] = False
+    if code == 3:
+        res.update({"harness": True, "reason": f"harness failed: {why}"})
+    return res
+
+
+def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
+    """Judge one mutant (see the module's rule); returns its result dict.
+
+    ``options``: ``out`` (the run's folder), ``release`` (``0.33.0``),
+    ``seed``, ``vllm_tests`` (bool: run them), ``baseline`` (path of the
+    vLLM tests' baseline JSON), ``keep_build``."""
+    out = Path(options["out"])
+    mid = mutant["id"]
+    done = read_result(out, mid)
+    if done is not None:
+        return done
+    folder = out / "mutants" / mid
+    release = options.get("release", "0.33.0")
+    diff_path = folder / "mutant.diff"
+    write_text_atomic(diff_path, mutant["diff"])
+    fields = {k: mutant.get(k) for k in ("id", "area", "file", "function", "operator", "occurrence", "line", "before", "after")}
+    result: dict = {"schema": RESULT_SCHEMA, **fields, "budget_s": budget}
+    t0 = time.monotonic()
+    engine, verdict = _build(mutant, release, diff_path)
+    result["build_s"] = round(time.monotonic() - t0, 1)
+    if verdict is not None:
+        result.update(verdict)
+        write_json_atomic(result_path(out, mid), result)
+        return result
+    result["engine"] = engine
+    try:
+        cases = options.get("cases")
+        kv = _kvspec_kill(engine, budget, folder / "kvspec", int(options.get("seed", 1)), Path(cases) if cases else None)
+        result["kvspec"] = kv
+        if kv.get("harness"):
+            result.update({"status": "harness", "reason": f"kvspec: {kv.get('reason')}"})
+        else:
+            result["status"] = "ran"
+        if options.get("vllm_tests", True) and result["status"] == "ran":
+            from mutate.vllm_tests import files_for, run_for_mutant
+
+            base = json.loads(Path(options["baseline"]).read_text())
+            files = files_for(base, mutant["file"], int(mutant["line"]))
+            result["vllm_tests"] = run_for_mutant(engine, base, files, junit=folder / "vllm-tests.xml")
+    finally:
+        if not options.get("keep_build"):
+            from engine_adapter.builds import remove
+
+            try:
+                remove(engine.split("==", 1)[1], progress=_quiet)
+            except (KvspecError, OSError):
+                pass
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    write_json_atomic(result_path(out, mid), result)
+    return result
+
+
+def run_mutant_task(task: dict) -> dict:
+    """``fuzz.distribute``'s task form: ``{"id", "mutant", "budget", "options"}``."""
+    return run_mutant(task["mutant"], float(task["budget"]), task["options"])
