@@ -11,7 +11,7 @@ export KVSPEC_HOME ?= $(CURDIR)/.kvspec
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,fuzz,dist]'
+	$(PY) -m pip install -q -e '.[test,fuzz,dist,mutate]'
 	touch $@
 
 venv: $(VENV)/.ready

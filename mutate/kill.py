@@ -208,7 +208,3 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     write_json_atomic(result_path(out, mid), result)
     return result
 
-
-def run_mutant_task(task: dict) -> dict:
-    """``fuzz.distribute``'s task form: ``{"id", "mutant", "budget", "options"}``."""
-    return run_mutant(task["mutant"], float(task["budget"]), task["options"])

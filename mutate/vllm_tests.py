@@ -20,8 +20,9 @@ The rules:
   *killed by vLLM's tests* when one of them fails or errors, or when the run
   outlives its bound (a hang fails CI too).
 
-pytest runs with the sdist's root first on ``PYTHONPATH`` (vLLM's tests
-import ``tests.v1.core...``) and ``--confcutdir tests/v1/core`` (the sdist's
+pytest runs in a folder holding only a link to the sdist's ``tests``
+(:func:`run_root`: vLLM's tests import ``tests.v1.core...``, and the sdist's
+own ``vllm/`` sources must not shadow the build under test) and ``--confcutdir tests/v1/core`` (the sdist's
 top ``tests/conftest.py`` imports test-only packages the engine environment
 lacks and none of these files needs). Nothing here imports vLLM.
 """
@@ -36,7 +37,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from reference.case import write_json_atomic
+from reference.case import write_json_atomic, write_text_if_changed
 from reference.errors import EngineError
 
 SUBDIR = "tests/v1/core"
@@ -46,7 +47,7 @@ RELEVANT = re.compile(r"kv_cache_coordinator|single_type_kv_cache_manager|sched\
 FILE_TIMEOUT_S = 900.0
 #: A mutant's run is bounded by this many times the baseline seconds of its files, at least MIN_RUN_S.
 RUN_FACTOR, MIN_RUN_S = 3.0, 120.0
-BASELINE_SCHEMA = 1
+BASELINE_SCHEMA = 2
 
 
 def sdist_root(release: str) -> Path:
@@ -66,6 +67,41 @@ def test_files(root: Path) -> list[str]:
         if RELEVANT.search(path.read_text(errors="replace")):
             out.append(str(path.relative_to(root)))
     return out
+
+
+def run_root(sdist: Path) -> Path:
+    """The folder pytest runs in: only a link ``tests`` to the sdist's
+    tests, so ``tests.v1.core...`` imports while ``vllm`` comes from the
+    engine environment (the sdist's own ``vllm/`` source tree must never
+    shadow the build under test)."""
+    from kvspec.home import kvspec_home
+
+    root = kvspec_home() / "mutate" / "run-roots" / Path(sdist).name
+    link = root / "tests"
+    if not link.is_symlink() or link.resolve() != (Path(sdist) / "tests").resolve():
+        root.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(Path(sdist).resolve() / "tests")
+    write_text_if_changed(root / "pytest.ini", _pytest_ini(Path(sdist)))
+    return root
+
+
+def _pytest_ini(sdist: Path) -> str:
+    """The sdist's own pytest settings (``[tool.pytest.ini_options]`` of its
+    pyproject.toml: its markers) as the run folder's ``pytest.ini``, which
+    also makes that folder pytest's rootdir."""
+    import tomllib
+
+    opts = tomllib.loads((sdist / "pyproject.toml").read_text()).get("tool", {}).get("pytest", {}).get("ini_options", {})
+    lines = ["[pytest]"]
+    for key, value in opts.items():
+        if isinstance(value, list):
+            lines.append(f"{key} =")
+            lines += [f"    {v}" for v in value]
+        else:
+            lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
 
 
 def pytest_env(version: str, root: Path) -> dict[str, str]:
@@ -150,8 +186,9 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
     say = progress or (lambda line: None)
     out = Path(out or kvspec_home() / "mutate" / f"vllm-tests-{release}")
     cache = out / "baseline.json"
-    root = sdist_root(release)
-    files = files or test_files(root)
+    sdist = sdist_root(release)
+    files = files or test_files(sdist)
+    root = run_root(sdist)
     if cache.exists() and not refresh:
         data = json.loads(cache.read_text())
         if data.get("schema") == BASELINE_SCHEMA and set(files) <= set(data.get("files", {})):
@@ -159,7 +196,7 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
     python = _python(release)
     if not ensure_pytest(python) or not ensure_coverage(python):
         raise EngineError(f"engine=vllm=={release}: cannot install pytest and coverage in its environment; allowed: an environment pip can install into")
-    result = {"schema": BASELINE_SCHEMA, "release": release, "sdist": str(root), "files": {}}
+    result = {"schema": BASELINE_SCHEMA, "release": release, "sdist": str(sdist), "root": str(root), "files": {}}
     if cache.exists():
         result["files"] = json.loads(cache.read_text()).get("files", {})
     prefix = str(Path(target_paths(release)[0]).parents[len(Path("v1/core/x.py").parts) - 1])  # .../site-packages/vllm
@@ -182,13 +219,15 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
         tests = _junit(junit)
         lines: dict[str, list[int]] = {}
         arcs: dict[str, list[list[int]]] = {}
+        missing: dict[str, list[list[int]]] = {}
         if data.exists():
             for path, info in _coverage_json(release, data, cov, root).get("files", {}).items():
                 rel = os.path.relpath(path, prefix)
                 lines[rel] = info.get("executed_lines", [])
                 arcs[rel] = info.get("executed_branches", [])
+                missing[rel] = info.get("missing_branches", [])
         result["files"][f] = {"rc": rc, "seconds": seconds, "last_line": tail[0][:300] if tail else "", "tests": tests,
-                              "executed_lines": lines, "executed_branches": arcs}
+                              "executed_lines": lines, "executed_branches": arcs, "missing_branches": missing}
         say(f"[mutate]   rc={rc} {sum(v == 'passed' for v in tests.values())} passed, {sum(v != 'passed' for v in tests.values())} not usable, {seconds}s")
         write_json_atomic(cache, result)
     return result
@@ -222,7 +261,7 @@ def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, pr
     fails, errors or the run outlives its bound."""
     if not files:
         return {"killed": False, "files": [], "seconds": 0.0, "reason": "no usable test executes the mutated line"}
-    root = Path(base["sdist"])
+    root = run_root(Path(base["sdist"]))
     deselect = [n for f in files for n, s in base["files"][f]["tests"].items() if s != "passed"]
     bound = max(MIN_RUN_S, RUN_FACTOR * sum(base["files"][f]["seconds"] for f in files))
     t = time.monotonic()

@@ -1,0 +1,99 @@
+"""kvspec mutate --engine vllm==X [--mutants N | --only ID ...] [--budget S] [--out DIR] [--report] [--coverage S] [--ray auto|ADDRESS]
+
+How strong is kvspec? Faults planted in vLLM's boundary code (Cosmic Ray's
+operators, one mutant = one patched build), each judged by kvspec (a fixed
+budget of cases per mutant) and by vLLM's own tests/v1/core (from the sdist,
+run in the build's environment); the score of each, side by side
+(``mutate/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+NAME = "mutate"
+HELP = "mutation score of kvspec vs vLLM's own tests on vLLM's boundary code (Cosmic Ray mutants as patched builds)"
+EPILOG = """\
+  kvspec mutate --engine vllm==0.33.0 --mutants 40 --budget 30      # run, then write the report
+  kvspec mutate --list                                              # every candidate mutant position
+  kvspec mutate --only replay-82bcea0f --budget 20 --out DIR        # chosen mutants
+  kvspec mutate --report --out DIR                                  # the report of a run (table, JSON, PNG)
+  kvspec mutate --coverage 600 --out DIR                            # branch coverage: campaign vs vLLM's tests
+  kvspec mutate --ray auto ...                                      # the mutants as tasks on a Ray cluster
+
+exit codes: 0 done; 2 usage (one line); 3 the harness failed before any mutant ran.
+"""
+
+
+def configure(parser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--engine", default="vllm==0.33.0", help="the release whose code is mutated (default: %(default)s)")
+    parser.add_argument("--mutants", type=int, default=20, metavar="N", help="how many mutants, picked round-robin over the areas (default: %(default)s)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="ID", help="run these mutant ids (see --list)")
+    parser.add_argument("--budget", type=float, default=30.0, metavar="S", help="kvspec's seconds per mutant, from the engine being ready (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="selection and case seed (default: %(default)s)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: $KVSPEC_HOME/mutate/runs/<time>); a folder of an earlier run resumes it")
+    parser.add_argument("--no-vllm-tests", action="store_true", help="judge with kvspec only")
+    parser.add_argument("--keep-builds", action="store_true", help="keep each mutant's build environment")
+    parser.add_argument("--report", action="store_true", help="only write the report of the run in --out")
+    parser.add_argument("--list", action="store_true", help="print every candidate mutant position (id, function, line, operator) and exit")
+    parser.add_argument("--coverage", type=float, default=None, metavar="S", help="only measure branch coverage of the target functions: an S-second campaign vs vLLM's tests")
+    parser.add_argument("--ray", default=None, metavar="auto|local|ADDRESS", help="run the mutants as tasks on a Ray cluster (fuzz.distribute)")
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def main(args) -> int:
+    from engine_adapter.versions import is_build, parse_engine
+    from kvspec.home import kvspec_home
+    from kvspec.options import output_dir, seconds, whole
+    from reference.errors import EngineError, invalid
+
+    release = parse_engine(args.engine, "--engine")
+    if is_build(release):
+        raise invalid("--engine", args.engine, "mutate plants faults in a release (vllm==X), not in a build")
+    seconds("--budget", args.budget)
+    whole("--mutants", args.mutants, minimum=1, maximum=5000)
+    if args.coverage is not None:
+        seconds("--coverage", args.coverage)
+    if args.report and not args.out:
+        raise invalid("--report", True, "needs --out DIR, the run to report on")
+    out = output_dir("--out", args.out) if args.out else kvspec_home() / "mutate" / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    if args.list:
+        from mutate.generate import positions
+        from mutate.targets import release_vllm_root
+
+        for p in positions(release_vllm_root(release)):
+            print(f"{p['id']}\t{p['function']}\t{p['line']}\t{p['operator'].removeprefix('core/')}")
+        return 0
+    if args.coverage is not None:
+        from mutate.coverage import compare
+
+        result = compare(release, out=out, campaign_s=args.coverage, seed=args.seed, progress=_say)
+        print(json.dumps(result["summary"], indent=2))
+        return 0
+    from mutate import report
+
+    if not args.report:
+        from mutate.run import run
+
+        try:
+            run(release, out=out, budget=args.budget, n=args.mutants, only=args.only, seed=args.seed, vllm_tests=not args.no_vllm_tests,
+                keep_builds=args.keep_builds, ray=args.ray, progress=_say)
+        except EngineError as e:
+            _say(f"kvspec: {e} (harness failed, exit 3)")
+            return 3
+    s = report.write(out)
+    print(report.markdown(s).split("\n## Per file")[0])
+    print(f"report: {out / 'report.md'}, {out / 'report.json'}, {out / 'report.png'}")
+    return 0

@@ -1,0 +1,164 @@
+"""Branch coverage of the target functions: a kvspec campaign against
+vLLM's own tests, side by side (issue 12, item 3).
+
+The rules:
+
+* **Under kvspec**: the cases of a campaign of ``campaign_s`` seconds on the
+  release (the fixed cases of :func:`mutate.kill.fixed_cases`, then seeded
+  random cases over deployments, judged by the build oracles as in
+  ``kvspec mutate``) are recorded, then replayed in the release's engine
+  environment under ``coverage run --branch`` restricted to the target
+  files (:mod:`mutate.replay_cases`, the in-process engine): a case runs
+  the same vLLM code whether judged or replayed.
+* **Under vLLM's tests**: the union over the relevant test files of what
+  their baseline run executed (:func:`mutate.vllm_tests.baseline`).
+* **Per function**: a line or branch counts for the target function whose
+  body holds it (a branch by its source line); a function's branches are
+  those coverage.py found in its lines (executed + missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from reference.case import write_json_atomic
+
+from mutate.targets import Span, spans
+
+
+def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progress=None) -> Path:
+    """Run a campaign of ``seconds`` on the release and record its cases."""
+    from engine_adapter import open_engine
+    from reference.case import case_to_dict, parse_case
+
+    from fuzz.campaign import Campaign
+    from fuzz.drivers import BoundedEngine, run_random
+    from fuzz.oracles import ORACLES
+
+    from mutate.kill import fixed_cases
+
+    say = progress or (lambda line: None)
+    cases_path = fixed_cases(release, out, progress=say)
+    engine = open_engine(f"vllm=={release}")
+    if hasattr(engine, "start"):
+        engine.start()
+    deadline = time.monotonic() + seconds
+    campaign = Campaign(BoundedEngine(engine, deadline), out / "coverage-campaign", oracles=ORACLES + ("junction",), seed=seed, shrink_calls=0, deadline=deadline)
+    ran: list[dict] = []
+    check = campaign.check
+
+    def recording(case):
+        ran.append(case_to_dict(case))
+        return check(case)
+
+    campaign.check = recording
+    try:
+        for raw in json.loads(Path(cases_path).read_text()):
+            if time.monotonic() >= deadline:
+                break
+            campaign.check(parse_case(raw))
+        if time.monotonic() < deadline:
+            run_random(campaign, seed, max_time=max(0.0, deadline - time.monotonic()))
+    finally:
+        engine.close()
+    say(f"[mutate] coverage campaign: {len(ran)} cases in {seconds:g}s")
+    path = out / "coverage-cases.json"
+    write_json_atomic(path, ran, indent=None)
+    return path
+
+
+def replay_coverage(release: str, cases: Path, out: Path) -> dict:
+    """coverage.py's JSON (files keyed by ``vllm/<file>``) of the cases
+    replayed in the release's environment."""
+    from engine_adapter.environments import REPO_ROOT, env_python, worker_env
+    from engine_adapter.testtools import ensure_coverage
+    from reference.errors import EngineError
+
+    from mutate.vllm_tests import target_paths
+
+    python = str(env_python(release))
+    if not ensure_coverage(python):
+        raise EngineError(f"engine=vllm=={release}: cannot install coverage in its environment; allowed: an environment pip can install into")
+    data, report = out / "campaign.coverage", out / "campaign.cov.json"
+    env = worker_env(release, "cuda")
+    run = subprocess.run([python, "-m", "coverage", "run", "--branch", f"--data-file={data}", f"--include={','.join(target_paths(release))}", "-m", "mutate.replay_cases", str(cases), release],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    if run.returncode != 0:
+        raise EngineError(f"engine=vllm=={release}: replaying the campaign's cases under coverage failed: {(run.stderr.strip().splitlines() or [''])[-1][:300]}")
+    subprocess.run([python, "-m", "coverage", "json", f"--data-file={data}", "-o", str(report), "--quiet"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    prefix = Path(target_paths(release)[0]).parents[2]  # .../site-packages/vllm
+    files = {}
+    for path, info in json.loads(report.read_text()).get("files", {}).items():
+        files[os.path.relpath(path, prefix)] = info
+    return {"replay": json.loads(run.stdout.strip().splitlines()[-1]), "files": files}
+
+
+def per_function(all_spans: list[Span], executed: dict[str, set], executed_arcs: dict[str, set], all_arcs: dict[str, set]) -> dict:
+    """function -> lines, executed lines, branches, executed branches."""
+    out = {}
+    for s in all_spans:
+        body = range(s.body_start, s.end + 1)
+        arcs = {a for a in all_arcs.get(s.file, set()) if a[0] in body}
+        out[s.function] = {"file": s.file, "branches": len(arcs), "branches_executed": len(arcs & executed_arcs.get(s.file, set())),
+                           "lines_executed": len(set(body) & executed.get(s.file, set()))}
+    return out
+
+
+def _table(funcs: dict) -> dict:
+    tot = sum(v["branches"] for v in funcs.values())
+    ex = sum(v["branches_executed"] for v in funcs.values())
+    return {"branches": tot, "executed": ex, "share": round(ex / tot, 3) if tot else None}
+
+
+def compare(release: str, *, out: Path, campaign_s: float, seed: int = 1, progress=None) -> dict:
+    """Branch coverage of the target functions under a ``campaign_s``
+    campaign and under vLLM's tests; written to ``OUT/coverage.json`` and
+    ``OUT/coverage.md``."""
+    from reference.case import write_text_atomic
+
+    from mutate.targets import release_vllm_root
+    from mutate.vllm_tests import baseline
+
+    out = Path(out)
+    say = progress or (lambda line: None)
+    all_spans = spans(release_vllm_root(release))
+    cases = campaign_cases(release, seconds=campaign_s, seed=seed, out=out, progress=say)
+    camp = replay_coverage(release, cases, out)
+    tuple_set = lambda xs: {tuple(x) for x in xs}  # noqa: E731
+    all_arcs: dict[str, set] = {}
+    c_lines, c_arcs = {}, {}
+    for f, info in camp["files"].items():
+        c_lines[f] = set(info.get("executed_lines", []))
+        c_arcs[f] = tuple_set(info.get("executed_branches", []))
+        all_arcs[f] = c_arcs[f] | tuple_set(info.get("missing_branches", []))
+    base = baseline(release, progress=say)
+    t_lines: dict[str, set] = {}
+    t_arcs: dict[str, set] = {}
+    for info in base["files"].values():
+        for f, xs in info.get("executed_lines", {}).items():
+            t_lines.setdefault(f, set()).update(xs)
+        for f, xs in info.get("executed_branches", {}).items():
+            t_arcs.setdefault(f, set()).update(tuple_set(xs))
+        for f, xs in info.get("missing_branches", {}).items():
+            all_arcs.setdefault(f, set()).update(tuple_set(xs))
+    for f in list(all_arcs):
+        all_arcs[f] |= t_arcs.get(f, set()) | c_arcs.get(f, set())
+    kv = per_function(all_spans, c_lines, c_arcs, all_arcs)
+    vt = per_function(all_spans, t_lines, t_arcs, all_arcs)
+    summary = {"release": release, "campaign_s": campaign_s, "campaign_cases": camp["replay"].get("ran"), "kvspec": _table(kv), "vllm_tests": _table(vt),
+               "union": _table({k: {"branches": kv[k]["branches"], "branches_executed": len({a for a in all_arcs.get(kv[k]["file"], set()) if a in c_arcs.get(kv[k]["file"], set()) | t_arcs.get(kv[k]["file"], set()) and a[0] in range(s.body_start, s.end + 1)})} for k, s in ((s.function, s) for s in all_spans)})}
+    result = {"summary": summary, "per_function": {f: {"kvspec": kv[f], "vllm_tests": vt[f]} for f in kv}}
+    write_json_atomic(out / "coverage.json", result)
+    lines = ["# Branch coverage of the target functions", "", f"vllm=={release}; kvspec: a {campaign_s:g}s campaign ({summary['campaign_cases']} cases) replayed under coverage.py --branch; vLLM's tests: tests/v1/core (the relevant files, CPU).", "",
+             f"- kvspec: {summary['kvspec']['executed']}/{summary['kvspec']['branches']} branches ({summary['kvspec']['share']})",
+             f"- vLLM's tests: {summary['vllm_tests']['executed']}/{summary['vllm_tests']['branches']} branches ({summary['vllm_tests']['share']})",
+             f"- either: {summary['union']['executed']}/{summary['union']['branches']} ({summary['union']['share']})", "",
+             "| function | branches | kvspec | vLLM tests |", "|---|---|---|---|"]
+    for f in kv:
+        lines.append(f"| `{f}` | {kv[f]['branches']} | {kv[f]['branches_executed']} | {vt[f]['branches_executed']} |")
+    write_text_atomic(out / "coverage.md", "\n".join(lines) + "\n")
+    return result

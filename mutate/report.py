@@ -1,0 +1,149 @@
+"""The report of a ``kvspec mutate`` run: a table (markdown and JSON) and a
+PNG of mutants x {kvspec, vLLM tests, both, neither}.
+
+The rules of the count:
+
+* a mutant whose build's self-test failed (``crash``: vLLM no longer
+  imports or runs its first case) and one where kvspec's harness failed
+  (``harness``) are listed apart and are in no score;
+* a mutant on the reviewed equivalent list (``mutate/equivalent.json``) is
+  listed apart and is in no score;
+* every other mutant is *scored*: killed by kvspec, by vLLM's tests, by
+  both, or by neither; a score is killed / scored, per file, per function
+  and overall; ``both + kvspec only + vLLM only + neither == scored``;
+* kvspec's median time to kill: over the mutants kvspec killed, seconds
+  from the engine being ready to the first finding;
+* the survivors (neither killed them) are listed one by one: each is a
+  candidate for a new oracle, generator bias or seed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from pathlib import Path
+
+from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
+
+from mutate.equivalent import reviewed
+
+CLASSES = ("both", "kvspec only", "vLLM tests only", "neither")
+
+
+def load_results(out: Path) -> list[dict]:
+    """Every judged mutant's result under ``OUT/mutants``, by id."""
+    from mutate.kill import read_result
+
+    folder = Path(out) / "mutants"
+    out_list = []
+    for d in sorted(folder.iterdir()) if folder.is_dir() else ():
+        res = read_result(Path(out), d.name)
+        if res is not None:
+            out_list.append(res)
+    return out_list
+
+
+def classify(res: dict, equivalent: dict[str, dict]) -> str:
+    """``crash``, ``harness``, ``equivalent`` or one of :data:`CLASSES`."""
+    if res.get("status") in ("crash", "harness"):
+        return res["status"]
+    if res["id"] in equivalent:
+        return "equivalent"
+    k = bool((res.get("kvspec") or {}).get("killed"))
+    v = bool((res.get("vllm_tests") or {}).get("killed"))
+    return CLASSES[0] if k and v else CLASSES[1] if k else CLASSES[2] if v else CLASSES[3]
+
+
+def _score(rows: list[dict]) -> dict:
+    scored = [r for r in rows if r["class"] in CLASSES]
+    n = len(scored)
+    k = sum(r["class"] in ("both", "kvspec only") for r in scored)
+    v = sum(r["class"] in ("both", "vLLM tests only") for r in scored)
+    return {"scored": n, "kvspec_killed": k, "vllm_tests_killed": v, "kvspec_score": round(k / n, 3) if n else None, "vllm_tests_score": round(v / n, 3) if n else None}
+
+
+def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) -> dict:
+    equivalent = reviewed() if equivalent is None else equivalent
+    rows = []
+    for r in results:
+        kv = r.get("kvspec") or {}
+        rows.append({"id": r["id"], "area": r.get("area"), "file": r.get("file"), "function": r.get("function"), "line": r.get("line"),
+                     "operator": (r.get("operator") or "").removeprefix("core/"), "before": r.get("before"), "after": r.get("after"),
+                     "class": classify(r, equivalent), "seconds_to_kill": kv.get("seconds_to_kill"), "promise": kv.get("promise"),
+                     "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test"), "reason": r.get("reason")})
+    counts = {c: sum(r["class"] == c for r in rows) for c in (*CLASSES, "equivalent", "crash", "harness")}
+    times = [r["seconds_to_kill"] for r in rows if r["class"] in ("both", "kvspec only") and r["seconds_to_kill"] is not None]
+    by_file = {f: _score([r for r in rows if r["file"] == f]) for f in sorted({r["file"] for r in rows if r["file"]})}
+    by_function = {f: _score([r for r in rows if r["function"] == f]) for f in sorted({r["function"] for r in rows if r["function"]})}
+    return {"mutants": len(rows), "counts": counts, **_score(rows), "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
+            "by_file": by_file, "by_function": by_function, "survivors": [r for r in rows if r["class"] == "neither"], "rows": rows}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def markdown(s: dict) -> str:
+    c = s["counts"]
+    lines = ["# kvspec mutate", "",
+             f"{s['mutants']} mutants: {s['scored']} scored, {c['equivalent']} equivalent, {c['crash']} import/self-test crashes, {c['harness']} harness failures (none of these scored).", "",
+             "| | kvspec kills | vLLM tests kill |", "|---|---|---|",
+             f"| **kvspec** kills | both: {c['both']} | kvspec only: {c['kvspec only']} |",
+             f"| **kvspec** misses | vLLM tests only: {c['vLLM tests only']} | neither: {c['neither']} |", "",
+             f"- mutation score: kvspec {s['kvspec_killed']}/{s['scored']} ({_pct(s['kvspec_score'])}), vLLM's tests {s['vllm_tests_killed']}/{s['scored']} ({_pct(s['vllm_tests_score'])})",
+             f"- kvspec's median time to kill: {s['median_seconds_to_kill']} s", "",
+             "## Per file", "", "| file | scored | kvspec | vLLM tests |", "|---|---|---|---|"]
+    for f, v in s["by_file"].items():
+        lines.append(f"| `{f}` | {v['scored']} | {v['kvspec_killed']} ({_pct(v['kvspec_score'])}) | {v['vllm_tests_killed']} ({_pct(v['vllm_tests_score'])}) |")
+    lines += ["", "## Per function", "", "| function | scored | kvspec | vLLM tests |", "|---|---|---|---|"]
+    for f, v in s["by_function"].items():
+        lines.append(f"| `{f}` | {v['scored']} | {v['kvspec_killed']} ({_pct(v['kvspec_score'])}) | {v['vllm_tests_killed']} ({_pct(v['vllm_tests_score'])}) |")
+    lines += ["", "## Survivors (candidates for a new oracle)", ""]
+    if not s["survivors"]:
+        lines.append("none")
+    for r in s["survivors"]:
+        lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`")
+    lines += ["", "## Every mutant", "", "| id | function | line | operator | class | kvspec: s to kill, promise | vLLM test that killed it |", "|---|---|---|---|---|---|---|"]
+    for r in s["rows"]:
+        kv = f"{r['seconds_to_kill']} s, {r['promise']}" if r["seconds_to_kill"] is not None else ""
+        lines.append(f"| `{r['id']}` | {r['function']} | {r['line']} | {r['operator']} | {r['class']} | {kv} | {r['killing_test'] or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(s: dict):
+    """Stacked bars per area: both / kvspec only / vLLM tests only / neither."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    areas = sorted({r["area"] for r in s["rows"] if r["class"] in CLASSES})
+    colors = {"both": "#2b8a3e", "kvspec only": "#74c476", "vLLM tests only": "#6baed6", "neither": "#d62728"}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottom = [0] * len(areas)
+    for c in CLASSES:
+        vals = [sum(r["class"] == c and r["area"] == a for r in s["rows"]) for a in areas]
+        ax.bar(areas, vals, bottom=bottom, label=c, color=colors[c])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("mutants (scored)")
+    ax.set_title(f"kvspec {_pct(s['kvspec_score'])} vs vLLM tests {_pct(s['vllm_tests_score'])} of {s['scored']} mutants; median kill {s['median_seconds_to_kill']} s")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def write(out: Path) -> dict:
+    """Write ``OUT/report.md``, ``OUT/report.json`` and ``OUT/report.png``."""
+    out = Path(out)
+    s = summarize(load_results(out))
+    write_json_atomic(out / "report.json", s)
+    write_text_atomic(out / "report.md", markdown(s))
+    fig = figure(s)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    write_bytes_atomic(out / "report.png", buf.getvalue())
+    return s
