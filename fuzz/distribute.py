@@ -4,7 +4,8 @@ The rule
 --------
 A *task* is a JSON-able dict with a unique ``"id"`` (letters, digits,
 ``.``, ``_``, ``-``), run by a *top-level importable function*
-``fn(task) -> dict`` whose result is JSON-able. :func:`run_tasks` runs every
+``fn(task) -> dict`` whose result is JSON-able (or, when the task has
+``"kwargs"``, ``fn(**task["kwargs"])``). :func:`run_tasks` runs every
 task once and writes its result, atomically, to ``OUT/<id>.json``: the file
 is keyed by the task id, so a task that ran twice (its worker died, Ray ran
 it again) still has one result file and is counted once; only the driver
@@ -63,10 +64,19 @@ longer ``$KVSPEC_HOME`` is refused in one line (workaround: a shorter
 The API for callers (``kvspec fuzz --ray``, ``kvspec mutate --ray``)::
 
     from fuzz.distribute import run_tasks
-    results = run_tasks(run_mutant_task, [{"id": "m-0001", "mutant": {...}, "budget": 60.0, "options": {}}, ...],
-                        ray_address=args.ray, out=out / "tasks", retries=2, timeout_s=3600)
+    from mutate.kill import run_mutant       # run_mutant(mutant: dict, budget: float, options: dict) -> dict
+    tasks = [{"id": m["id"], "kwargs": {"mutant": m, "budget": 60.0, "options": opts}} for m in mutants]
+    results = run_tasks(run_mutant, tasks, ray_address=args.ray,   # None: here, one after another
+                        out=out / "tasks", retries=2, timeout_s=len(tasks) * 120 + 60,
+                        num_cpus=2, task_cpus=1, progress=lambda env: print(env["id"], env["status"]))
     for r in results:   # one envelope per task, in the tasks' order
         if r["status"] == "ok": use(r["result"])
+        else: count_apart(r)   # "error" (raised, one line), "lost" (worker died > retries), "timeout"
+
+A task is counted by its id: the result file ``OUT/<id>.json`` is written
+once per call, by the driver, and a rerun with ``resume=True`` skips the
+ids already ``ok`` (an interrupted ``kvspec mutate`` goes on where it
+stopped).
 """
 
 from __future__ import annotations
@@ -223,6 +233,26 @@ def _enable_cluster(value: bool | None) -> bool | None:
     return before
 
 
+def _ray_messages_to_stderr(restore=None):
+    """Ray's driver prints the raylet's messages (a worker died, a task is
+    retried) to stdout, where kvspec prints its JSON: send them to stderr
+    (``restore``: put Ray's printer back). Returns Ray's printer."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return None
+    if restore is not None:
+        worker.print_to_stdstream = restore
+        return None
+    original = worker.print_to_stdstream
+
+    def to_stderr(data, ignore_prefix):
+        original({**data, "is_err": True}, ignore_prefix)
+
+    worker.print_to_stdstream = to_stderr
+    return original
+
+
 class RaySession:
     """``with RaySession(address, num_cpus=N):`` Ray initialised in this
     process (started for ``"local"``, connected otherwise), shut down after
@@ -238,6 +268,7 @@ class RaySession:
         self.owned = False
         self._env: dict[str, str | None] = {}
         self._cluster_flag: bool | None = None
+        self._printer = None
 
     def __enter__(self):
         try:
@@ -257,7 +288,8 @@ class RaySession:
             kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True)
             if local:
                 temp.mkdir(parents=True, exist_ok=True)
-                ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, _temp_dir=str(temp), _node_ip_address="127.0.0.1", **kwargs)
+                # address="local": a new cluster, never the one `ray start` left in ray_current_cluster
+                ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count() or 1, _temp_dir=str(temp), _node_ip_address="127.0.0.1", **kwargs)
             else:
                 kwargs.pop("include_dashboard")
                 ray.init(address=target, **kwargs)
@@ -268,6 +300,7 @@ class RaySession:
                 raise
             raise invalid("--ray", self.address, f"Ray could not {'start a local cluster' if local else 'connect'}: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
         self.owned = True
+        self._printer = _ray_messages_to_stderr()
         return self
 
     def __exit__(self, *exc):
@@ -276,6 +309,9 @@ class RaySession:
 
             ray.shutdown()
             self.owned = False
+            if self._printer is not None:
+                _ray_messages_to_stderr(restore=self._printer)
+                self._printer = None
         _restore_env(self._env)
         self._env = {}
         _reload_ray_config()
@@ -314,7 +350,7 @@ def invoke(module: str, name: str, task: dict, mode: str = "inline") -> dict:
     envelope = {"id": task["id"], "status": "ok", "result": None, "error": None, "error_type": None, "attempt": _attempt() if mode == "ray" else None, "pid": os.getpid(), "host": socket.gethostname(), "elapsed_s": None, "mode": mode}
     try:
         fn = getattr(importlib.import_module(module), name)
-        result = fn(task)
+        result = fn(**task["kwargs"]) if "kwargs" in task else fn(task)
         json.dumps(result)  # JSON-able, or an error here rather than in the driver
         envelope["result"] = result
     except Exception as e:
@@ -504,11 +540,68 @@ def _run_on_ray(module: str, name: str, todo: list[dict], record, deadline: floa
         record(_missing(task["id"], "timeout", "still running at the deadline; cancelled", "ray"))
 
 
-if __name__ == "__main__":  # python -m fuzz.distribute env: the Ray variables, as shell exports
-    if sys.argv[1:] in (["env"], ["env", "--loopback"]):
-        env = cluster_env({}, start=True, loopback=sys.argv[2:] == ["--loopback"])
-        for key in sorted(env):
-            print(f"export {key}={env[key]}")
-    else:
-        print("usage: python -m fuzz.distribute env [--loopback]", file=sys.stderr)
-        sys.exit(2)
+def start_head(*, port: int = 6379, num_cpus: int | None = None, loopback: bool = True, say=print) -> int:
+    """``ray start --head --block`` in kvspec's Ray environment (its folder
+    and token under ``$KVSPEC_HOME/ray``; ``loopback``: on 127.0.0.1 only),
+    in a process group of its own; SIGINT/SIGTERM stop that group (SIGKILL)
+    and nothing else (``ray stop`` would stop every Ray of this user on the
+    machine). Returns ray's exit status."""
+    import signal
+    import subprocess
+
+    check_temp_dir()
+    env = cluster_env(start=True, loopback=loopback)
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", str(num_cpus or os.cpu_count() or 1), "--include-dashboard=false", "--disable-usage-stats", "--block"]
+    if loopback:
+        cmd += ["--node-ip-address", "127.0.0.1"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    address_file = ray_temp_dir() / "ray_current_cluster"
+
+    def stop(*_):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:  # what `ray stop` does: --ray auto no longer names this head
+            if address_file.read_text().strip().endswith(f":{port}"):
+                address_file.unlink()
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    say(f"kvspec: Ray head {'127.0.0.1' if loopback else 'on this node'}:{port} (folder {ray_temp_dir()}, token {env.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN')}); join with --ray auto; Ctrl-C stops it")
+    try:
+        return proc.wait()
+    finally:
+        stop()
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fuzz.distribute", description="kvspec's Ray environment")
+    sub = parser.add_subparsers(dest="what", required=True)
+    env = sub.add_parser("env", help="print the Ray variables as shell exports (no secret: the token's path)")
+    env.add_argument("--loopback", action="store_true", help="a one-node cluster on 127.0.0.1")
+    head = sub.add_parser("head", help="start a Ray head in kvspec's environment until Ctrl-C")
+    head.add_argument("--port", type=int, default=6379)
+    head.add_argument("--num-cpus", type=int, default=None)
+    head.add_argument("--all-interfaces", action="store_true", help="reachable from other nodes (default: 127.0.0.1 only)")
+    args = parser.parse_args(argv)
+    if args.what == "env":
+        values = cluster_env({}, start=True, loopback=args.loopback)
+        for key in sorted(values):
+            print(f"export {key}={values[key]}")
+        return 0
+    try:
+        return start_head(port=args.port, num_cpus=args.num_cpus, loopback=not args.all_interfaces)
+    except KvspecError as e:
+        print(f"kvspec: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -45,7 +45,7 @@ import socket
 import time
 from pathlib import Path
 
-from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
+from reference.case import load_json, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 #: Seconds before the command's deadline at which workers are told to end,
 #: so their results come back and are merged by the deadline.
@@ -120,13 +120,13 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
         from fuzz.atheris_runner import run_atheris
 
         return run_atheris(task["engine"], out=out, corpus=corpus, seed_dir=seed_dir, seed=task["seed"], max_time=left, jobs=1, other=task.get("other"), libfuzzer_args=list(task.get("libfuzzer") or []), deadline=deadline, synthetic=bool(task.get("synthetic")))
-    from fuzz.findings import load_finding
     from fuzz.seeds import load_seed_cases
+    from reference.case import parse_case
     from kvspec.commands.fuzz import _run_in_process
 
     args = argparse.Namespace(driver=task["driver"], seed=task["seed"], synthetic_geometry=bool(task.get("synthetic")))
     seeds = load_seed_cases(seed_dir) if seed_dir else []
-    given = [load_finding(p)[0] for p in task.get("cases") or []]
+    given = [parse_case(raw["case"] if "case" in raw else raw) for raw in task.get("cases") or []]  # the files' JSON, sent with the task
     if "given" in inspect.signature(_run_in_process).parameters:  # the z3 seeds and the --case files apart
         return _run_in_process(args, engines, out, seeds, given, started, deadline)
     return _run_in_process(args, engines, out, seeds + given, started, deadline)
@@ -158,7 +158,7 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
         "driver": args.driver, "seed": args.seed + j, "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
         "out": str(out.resolve()), "corpus": str(corpus) if corpus is not None else None,
         "z3_seeds": seed_dir is not None, "seed_dir": str(seed_dir) if seed_dir is not None else None,
-        "cases": [str(Path(p).resolve()) for p in args.case], "synthetic": bool(args.synthetic_geometry),
+        "cases": [load_json(p, "case file") for p in args.case], "synthetic": bool(args.synthetic_geometry),
         "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
     } for j in range(args.jobs)]
     done: list[dict] = []
@@ -183,6 +183,7 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
     """Write what remote workers sent back, then add up the summaries."""
     totals = {k: 0 for k in _SUMS}
     rate, coverage, firsts, tasks, failed = 0.0, None, [], [], 0
+    runs_per_s, cases_per_s, ready = 0.0, 0.0, []
     for env in results:
         res = env.get("result") or {}
         s = res.get("summary") or {}
@@ -199,6 +200,10 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         for k in _SUMS:
             totals[k] += int(s.get(k) or 0)
         rate += float(s.get("exec_per_s") or 0)
+        runs_per_s += float(s.get("engine_runs_per_s") or 0)
+        cases_per_s += float(s.get("cases_per_s") or 0)
+        if s.get("startup_s") is not None and res.get("started_unix"):
+            ready.append(res["started_unix"] - started_unix + float(s["startup_s"]))
         if s.get("coverage") is not None:
             coverage = max(coverage or 0, int(s["coverage"]))
         if s.get("first_finding_s") is not None and res.get("started_unix"):
@@ -219,6 +224,8 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         "engine": engines[0], "driver": args.driver, "ray": args.ray, "jobs": args.jobs,
         "elapsed_s": round(elapsed, 2), "execs": totals["execs"], "exec_per_s": round(rate, 1),
         "engine_runs": totals["engine_runs"], "cases": totals["cases"], "coverage": coverage,
+        # start-up: until the last worker was ready (Ray's start included); rates per second of fuzzing, workers added up
+        "startup_s": round(max(ready), 2) if ready else None, "engine_runs_per_s": round(runs_per_s, 2), "cases_per_s": round(cases_per_s, 2),
         "unsupported": totals["unsupported"], "rejected": totals["rejected"], "harness_errors": totals["harness_errors"],
         "duplicates": totals["duplicates"], "workers_died": totals["workers_died"] + failed,
         "findings": findings, "first_finding_s": round(min(firsts), 2) if firsts else None,

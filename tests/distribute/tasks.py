@@ -40,3 +40,8 @@ def harness_error(task: dict) -> dict:
 def sleep(task: dict) -> dict:
     time.sleep(task["seconds"])
     return {"slept": task["seconds"]}
+
+
+def run_like_a_mutant(mutant: dict, budget: float, options: dict) -> dict:
+    """The shape of ``mutate``'s ``run_mutant(mutant, budget, options)``."""
+    return {"mutant": mutant["id"], "budget": budget, "killed": options.get("kill", False)}

@@ -30,8 +30,21 @@ ray = pytest.importorskip("ray")
 def cluster():
     """A local Ray cluster of 2 CPUs on 127.0.0.1, started by this process
     and stopped after the module; yields its GCS address."""
-    with RaySession("local", num_cpus=2):
-        yield ray.get_runtime_context().gcs_address
+    from fuzz.distribute import ray_temp_dir
+
+    # 'local' starts a cluster of its own even where `ray start` left an
+    # address behind (here a dead one)
+    stale = ray_temp_dir() / "ray_current_cluster"
+    planted = not stale.exists()
+    if planted:
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.write_text("127.0.0.1:1")
+    try:
+        with RaySession("local", num_cpus=2):
+            yield ray.get_runtime_context().gcs_address
+    finally:
+        if planted:
+            stale.unlink(missing_ok=True)
     assert not ray.is_initialized()
 
 
@@ -83,7 +96,13 @@ def test_tasks_complete_once_each_keyed_by_id(cluster, tmp_path):
     assert again[6]["result"]["square"] == 36 and len(list(tmp_path.iterdir())) == 7
 
 
-def test_a_worker_killed_mid_task_is_retried_and_counted_once(cluster, tmp_path):
+def test_keyword_tasks_call_a_function_of_several_arguments(cluster, tmp_path):
+    tasks = [{"id": f"m{i}", "kwargs": {"mutant": {"id": f"m{i}"}, "budget": 60.0, "options": {"kill": i % 2 == 0}}} for i in range(3)]
+    results = run_tasks(T.run_like_a_mutant, tasks, ray_address=cluster, out=tmp_path, timeout_s=60)
+    assert [r["result"] for r in results] == [{"mutant": f"m{i}", "budget": 60.0, "killed": i % 2 == 0} for i in range(3)]
+
+
+def test_a_worker_killed_mid_task_is_retried_and_counted_once(cluster, tmp_path, capfd):
     pids, out, killed = tmp_path / "pids", tmp_path / "results", []
     pids.mkdir()
     killer = _kill_when_written(pids / "k1.0.pid", pids / "release", killed)
@@ -100,6 +119,19 @@ def test_a_worker_killed_mid_task_is_retried_and_counted_once(cluster, tmp_path)
     # the others ran once; one result file per task, nothing lost, nothing twice
     assert [by_id[k]["attempt"] for k in ("k0", "k2")] == [0, 0]
     assert sorted(p.name for p in out.iterdir()) == ["k0.json", "k1.json", "k2.json"]
+    # Ray's word about the dead worker goes to stderr, never into stdout (kvspec's JSON)
+    time.sleep(1.5)
+    assert "(raylet)" not in capfd.readouterr().out
+
+
+def test_a_task_whose_worker_dies_past_its_retries_is_lost_not_missing(cluster, tmp_path):
+    pids, killed = tmp_path / "pids", []
+    pids.mkdir()
+    killer = _kill_when_written(pids / "k.0.pid", pids / "release", killed)
+    (result,) = run_tasks(T.record_pid_and_wait, [{"id": "k", "dir": str(pids), "wait_s": 60}], ray_address=cluster, out=tmp_path / "r", retries=0, timeout_s=60)
+    killer.join(5)
+    assert killed and result["status"] == "lost" and result["error"].startswith("WorkerCrashedError after 0 retries")
+    assert json.loads((tmp_path / "r" / "k.json").read_text())["status"] == "lost"
 
 
 def test_a_task_that_raises_a_harness_error_is_not_retried(cluster, tmp_path):
@@ -160,8 +192,9 @@ def test_fuzz_on_ray_finds_53504_once_in_one_folder(cluster, tmp_path):
     out = tmp_path / "findings"
     # two workers (seeds 1 and 2) run #53504's deployment on vLLM 0.29.0:
     # both find the same bugs; the folder keeps one file per signature
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--case", str(ROOT / "examples" / "seed-53504-deployment.json"), "--no-z3-seeds", "--jobs", "2", "--ray", cluster, "--max-time", "150", "--out", str(out), "--json"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--case", str(ROOT / "examples" / "seed-53504-deployment.json"), "--no-z3-seeds", "--jobs", "2", "--ray", cluster, "--max-time", "240", "--out", str(out), "--json"]
+    # ends when both workers have run the case (~100 s: two vLLM start-ups on 2 cores); --max-time is the bound
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=330)
     assert done.returncode == 1, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert [(t["id"], t["status"], t["attempt"]) for t in summary["ray_tasks"]] == [("job-0", "ok", 0), ("job-1", "ok", 0)]
