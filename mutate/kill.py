@@ -157,17 +157,56 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     return res
 
 
+def _needs_vllm_tests(done: dict, options: dict) -> bool:
+    return bool(options.get("vllm_tests", True)) and done.get("status") == "ran" and "vllm_tests" not in done
+
+
+def _vllm_tests(engine: str, mutant: dict, options: dict, folder: Path) -> dict:
+    from mutate.vllm_tests import files_for, run_for_mutant
+
+    base = json.loads(Path(options["baseline"]).read_text())
+    files = files_for(base, mutant["file"], int(mutant["line"]))
+    return run_for_mutant(engine, base, files, junit=folder / "vllm-tests.xml")
+
+
+def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
+    """A result judged by kvspec only (``vllm_tests`` off in that pass), its
+    vLLM tests run now on the same build (rebuilt from the same diff when it
+    was not kept: the same name, the same files)."""
+    out = Path(options["out"])
+    folder = out / "mutants" / mutant["id"]
+    engine, verdict = _build(mutant, options.get("release", "0.33.0"), folder / "mutant.diff")
+    if verdict is not None:
+        return done
+    try:
+        done = {**done, "vllm_tests": _vllm_tests(engine, mutant, options, folder)}
+    finally:
+        if not options.get("keep_build"):
+            from engine_adapter.builds import remove
+
+            try:
+                remove(engine.split("==", 1)[1], progress=_quiet)
+            except (KvspecError, OSError):
+                pass
+    write_json_atomic(result_path(out, mutant["id"]), done)
+    return done
+
+
 def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     """Judge one mutant (see the module's rule); returns its result dict.
 
     ``options``: ``out`` (the run's folder), ``release`` (``0.33.0``),
     ``seed``, ``vllm_tests`` (bool: run them), ``baseline`` (path of the
-    vLLM tests' baseline JSON), ``keep_build``."""
+    vLLM tests' baseline JSON), ``keep_build``, ``cases`` (the fixed cases'
+    JSON). A mutant judged earlier by kvspec only gets its vLLM tests added
+    when ``vllm_tests`` is on now (the kvspec verdict is kept as it was)."""
     out = Path(options["out"])
     mid = mutant["id"]
     done = read_result(out, mid)
-    if done is not None:
+    if done is not None and not _needs_vllm_tests(done, options):
         return done
+    if done is not None:  # judged by kvspec in an earlier pass with the build kept: add vLLM's tests
+        return _add_vllm_tests(done, mutant, options)
     folder = out / "mutants" / mid
     release = options.get("release", "0.33.0")
     diff_path = folder / "mutant.diff"
@@ -191,11 +230,7 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
         else:
             result["status"] = "ran"
         if options.get("vllm_tests", True) and result["status"] == "ran":
-            from mutate.vllm_tests import files_for, run_for_mutant
-
-            base = json.loads(Path(options["baseline"]).read_text())
-            files = files_for(base, mutant["file"], int(mutant["line"]))
-            result["vllm_tests"] = run_for_mutant(engine, base, files, junit=folder / "vllm-tests.xml")
+            result["vllm_tests"] = _vllm_tests(engine, mutant, options, folder)
     finally:
         if not options.get("keep_build"):
             from engine_adapter.builds import remove

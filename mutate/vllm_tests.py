@@ -44,7 +44,7 @@ SUBDIR = "tests/v1/core"
 #: A test file is relevant when it names one of these.
 RELEVANT = re.compile(r"kv_cache_coordinator|single_type_kv_cache_manager|sched\.scheduler|kv_cache_utils|kv_cache_interface|KVCacheManager|create_scheduler")
 #: Bound for one file's baseline run.
-FILE_TIMEOUT_S = 900.0
+FILE_TIMEOUT_S = 300.0
 #: A mutant's run is bounded by this many times the baseline seconds of its files, at least MIN_RUN_S.
 RUN_FACTOR, MIN_RUN_S = 3.0, 120.0
 BASELINE_SCHEMA = 2

@@ -1,0 +1,80 @@
+"""One mutant, one task, on the real engine: a planted fault in
+``replay_boundaries`` is killed by kvspec within its budget; a mutant that
+breaks vLLM's import is counted apart; a patch kvspec cannot build is a
+harness failure, never a kill; a finished mutant is not run twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mutate import report
+from mutate.generate import positions, select, unified_diff
+from mutate.kill import read_result, run_mutant
+from mutate.targets import release_vllm_root
+from reference.case import case_to_dict, write_json_atomic
+
+pytestmark = pytest.mark.engine
+
+FILE = "v1/core/kv_cache_coordinator.py"
+
+
+@pytest.fixture(scope="module")
+def root():
+    from tests.engine.conftest import ensure_env
+
+    ensure_env("0.33.0")
+    return release_vllm_root("0.33.0")
+
+
+@pytest.fixture()
+def options(tmp_path):
+    from fuzz.checkbuild import example_cases
+
+    cases = tmp_path / "cases.json"  # the examples only: no proof seeds to map in a test
+    write_json_atomic(cases, [case_to_dict(c) for _n, c in example_cases()])
+    return {"out": str(tmp_path / "run"), "release": "0.33.0", "seed": 1, "vllm_tests": False, "cases": str(cases)}
+
+
+def _hand_mutant(root, mid: str, after: str) -> dict:
+    before = (root / FILE).read_text()
+    return {"id": mid, "area": "replay", "file": FILE, "function": "replay_boundaries", "operator": "test", "occurrence": 0, "line": 1,
+            "before": "", "after": "", "diff": unified_diff(FILE, before, after)}
+
+
+def test_a_replay_boundaries_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
+    from engine_adapter import builds
+
+    (m,) = select(root, positions(root), only=["replay-82bcea0f"])  # (N-1)//B*B -> (N-1)//B//B
+    res = run_mutant(m, 25.0, options)
+    kv = res["kvspec"]
+    assert res["status"] == "ran", res
+    assert kv["killed"] is True and 0 <= kv["seconds_to_kill"] <= 25.0, kv
+    assert kv["promise"] in ("R1", "R2") and kv["oracle"] in ("promise", "sparse_dense"), kv
+    assert res["engine"].split("==")[1] not in builds.list_builds()
+    # idempotent: a retried task returns the stored result and builds nothing
+    monkeypatch.setattr(builds, "prepare", lambda *a, **k: pytest.fail("rebuilt a judged mutant"))
+    assert run_mutant(m, 25.0, options) == res == read_result(options["out"], m["id"])
+    s = report.summarize([res], equivalent={})
+    assert s["counts"]["kvspec only"] == 1 and s["kvspec_score"] == 1.0
+
+
+def test_a_mutant_that_breaks_the_import_is_counted_apart(root, options):
+    source = (root / FILE).read_text()
+    m = _hand_mutant(root, "crash-test", "import kvspec_no_such_module\n" + source)
+    res = run_mutant(m, 10.0, options)
+    assert res["status"] == "crash" and "self-test failed" in res["reason"], res
+    assert "kvspec" not in res
+    s = report.summarize([res], equivalent={})
+    assert s["counts"]["crash"] == 1 and s["scored"] == 0
+
+
+def test_a_patch_kvspec_cannot_build_is_a_harness_failure_not_a_kill(root, options):
+    m = _hand_mutant(root, "harness-test", "x = 1\n")
+    m["diff"] = m["diff"].replace("def replay_boundaries", "def replay_boundaries_not_in_the_release", 1)  # context no release has
+    res = run_mutant(m, 10.0, options)
+    assert res["status"] == "harness" and res["reason"].startswith("build:"), res
+    s = report.summarize([res], equivalent={})
+    assert s["counts"]["harness"] == 1 and s["kvspec_killed"] == 0 and s["scored"] == 0
+    assert json.loads((report.Path(options["out"]) / "mutants" / "harness-test" / "result.json").read_text())["status"] == "harness"

@@ -1,0 +1,67 @@
+"""The report's count: every mutant in exactly one class, crash / harness /
+equivalent apart and in no score (no engine)."""
+
+from __future__ import annotations
+
+import json
+
+from mutate import report
+from mutate.kill import RESULT_SCHEMA, result_path
+from reference.case import write_json_atomic
+
+
+def _res(mid, status="ran", k=None, v=None, secs=None, area="replay", fn="replay_boundaries", file="v1/core/kv_cache_coordinator.py"):
+    r = {"schema": RESULT_SCHEMA, "id": mid, "area": area, "file": file, "function": fn, "line": 84, "operator": "core/NumberReplacer", "before": "a", "after": "b", "status": status}
+    if status == "ran":
+        r["kvspec"] = {"killed": k, "seconds_to_kill": secs}
+        r["vllm_tests"] = {"killed": v}
+    else:
+        r["reason"] = "why"
+    return r
+
+
+RESULTS = [
+    _res("a-1", k=True, v=True, secs=2.0), _res("a-2", k=True, v=False, secs=4.0), _res("a-3", k=True, v=False, secs=9.0),
+    _res("b-1", k=False, v=True, area="split", fn="Scheduler._mamba_block_aligned_split", file="v1/core/sched/scheduler.py"),
+    _res("b-2", k=False, v=False, area="split", fn="Scheduler._mamba_block_aligned_split", file="v1/core/sched/scheduler.py"),
+    _res("c-1", status="crash"), _res("c-2", status="harness"), _res("e-1", k=False, v=False),
+]
+
+
+def test_counts_add_up_and_apart_classes_are_in_no_score():
+    s = report.summarize(RESULTS, equivalent={"e-1": {"id": "e-1", "argument": "x"}})
+    c = s["counts"]
+    assert c == {"both": 1, "kvspec only": 2, "vLLM tests only": 1, "neither": 1, "equivalent": 1, "crash": 1, "harness": 1}
+    assert sum(c.values()) == s["mutants"] == len(RESULTS)
+    assert s["scored"] == c["both"] + c["kvspec only"] + c["vLLM tests only"] + c["neither"] == 5
+    assert (s["kvspec_killed"], s["vllm_tests_killed"]) == (3, 2)
+    assert (s["kvspec_score"], s["vllm_tests_score"]) == (0.6, 0.4)
+    assert s["median_seconds_to_kill"] == 4.0
+    assert [r["id"] for r in s["survivors"]] == ["b-2"]
+    assert sum(v["scored"] for v in s["by_file"].values()) == s["scored"]
+    assert s["by_function"]["Scheduler._mamba_block_aligned_split"] == {"scored": 2, "kvspec_killed": 0, "vllm_tests_killed": 1, "kvspec_score": 0.0, "vllm_tests_score": 0.5}
+
+
+def test_a_harness_failure_is_never_a_kill_even_with_a_finding_recorded():
+    r = _res("h-1", status="harness")
+    r["kvspec"] = {"killed": True, "seconds_to_kill": 1.0}  # a finding before the harness gave up
+    s = report.summarize([r], equivalent={})
+    assert s["counts"]["harness"] == 1 and s["scored"] == 0 and s["kvspec_killed"] == 0 and s["median_seconds_to_kill"] is None
+
+
+def test_write_reads_results_from_the_run_folder_and_writes_md_json_png(tmp_path):
+    for r in RESULTS:
+        write_json_atomic(result_path(tmp_path, r["id"]), r)
+    s = report.write(tmp_path)
+    assert s["mutants"] == len(RESULTS)
+    assert json.loads((tmp_path / "report.json").read_text())["counts"]["crash"] == 1
+    md = (tmp_path / "report.md").read_text()
+    assert "| **kvspec** kills | both: 1 | kvspec only: 2 |" in md and "`b-2`" in md.split("## Survivors")[1]
+    assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_reviewed_equivalent_list_has_an_argument_for_every_entry():
+    from mutate.equivalent import REVIEWED
+
+    for e in json.loads(REVIEWED.read_text()):
+        assert set(e) >= {"id", "argument", "check"} and e["argument"].strip() and "\n" not in e["argument"]
