@@ -55,6 +55,15 @@ def classify(res: dict, equivalent: dict[str, dict]) -> str:
     return CLASSES[0] if k and v else CLASSES[1] if k else CLASSES[2] if v else CLASSES[3]
 
 
+def crash_kind(res: dict) -> str | None:
+    """A crash's kind: ``first run`` when vLLM imported and then raised or
+    stalled on the self-test's case (the worker says ``vLLM raised``),
+    ``import`` otherwise."""
+    if res.get("status") != "crash":
+        return None
+    return "first run" if "vLLM raised" in (res.get("reason") or "") else "import"
+
+
 def _score(rows: list[dict]) -> dict:
     scored = [r for r in rows if r["class"] in CLASSES]
     n = len(scored)
@@ -71,12 +80,14 @@ def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) ->
         rows.append({"id": r["id"], "area": r.get("area"), "file": r.get("file"), "function": r.get("function"), "line": r.get("line"),
                      "operator": (r.get("operator") or "").removeprefix("core/"), "before": r.get("before"), "after": r.get("after"),
                      "class": classify(r, equivalent), "seconds_to_kill": kv.get("seconds_to_kill"), "promise": kv.get("promise"),
-                     "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test"), "reason": r.get("reason")})
+                     "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test"), "reason": r.get("reason"), "crash": crash_kind(r)})
     counts = {c: sum(r["class"] == c for r in rows) for c in (*CLASSES, "equivalent", "crash", "harness")}
+    crashes = {k: sum(r["crash"] == k for r in rows) for k in ("import", "first run")}
     times = [r["seconds_to_kill"] for r in rows if r["class"] in ("both", "kvspec only") and r["seconds_to_kill"] is not None]
     by_file = {f: _score([r for r in rows if r["file"] == f]) for f in sorted({r["file"] for r in rows if r["file"]})}
     by_function = {f: _score([r for r in rows if r["function"] == f]) for f in sorted({r["function"] for r in rows if r["function"]})}
-    return {"mutants": len(rows), "counts": counts, **_score(rows), "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
+    not_run = sum(1 for r in results if r.get("status") == "ran" and "vllm_tests" not in r and r["id"] not in equivalent)
+    return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, **_score(rows), "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
             "by_file": by_file, "by_function": by_function, "survivors": [r for r in rows if r["class"] == "neither"], "rows": rows}
 
 
@@ -87,10 +98,11 @@ def _pct(x) -> str:
 def markdown(s: dict) -> str:
     c = s["counts"]
     lines = ["# kvspec mutate", "",
-             f"{s['mutants']} mutants: {s['scored']} scored, {c['equivalent']} equivalent, {c['crash']} import/self-test crashes, {c['harness']} harness failures (none of these scored).", "",
-             "| | kvspec kills | vLLM tests kill |", "|---|---|---|",
+             f"{s['mutants']} mutants: {s['scored']} scored, {c['equivalent']} equivalent, {c['crash']} crashes at the build's self-test ({s['crashes']['import']} at import, {s['crashes']['first run']} on its first case), {c['harness']} harness failures (none of these scored).", "",
+             "| | vLLM tests kill | vLLM tests miss |", "|---|---|---|",
              f"| **kvspec** kills | both: {c['both']} | kvspec only: {c['kvspec only']} |",
              f"| **kvspec** misses | vLLM tests only: {c['vLLM tests only']} | neither: {c['neither']} |", "",
+             *([f"- vLLM's tests were not run on {s['vllm_tests_not_run']} scored mutant(s) (counted as missed by them)"] if s["vllm_tests_not_run"] else []),
              f"- mutation score: kvspec {s['kvspec_killed']}/{s['scored']} ({_pct(s['kvspec_score'])}), vLLM's tests {s['vllm_tests_killed']}/{s['scored']} ({_pct(s['vllm_tests_score'])})",
              f"- kvspec's median time to kill: {s['median_seconds_to_kill']} s", "",
              "## Per file", "", "| file | scored | kvspec | vLLM tests |", "|---|---|---|---|"]
@@ -104,6 +116,11 @@ def markdown(s: dict) -> str:
         lines.append("none")
     for r in s["survivors"]:
         lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`")
+    apart = [r for r in s["rows"] if r["class"] in ("crash", "harness", "equivalent")]
+    if apart:
+        lines += ["", "## Counted apart", ""]
+        for r in apart:
+            lines.append(f"- `{r['id']}` {r['function']} line {r['line']}: {r['class']}{' (' + r['crash'] + ')' if r['crash'] else ''}: `{r['before']}` -> `{r['after']}`: {(r['reason'] or '')[:200]}")
     lines += ["", "## Every mutant", "", "| id | function | line | operator | class | kvspec: s to kill, promise | vLLM test that killed it |", "|---|---|---|---|---|---|---|"]
     for r in s["rows"]:
         kv = f"{r['seconds_to_kill']} s, {r['promise']}" if r["seconds_to_kill"] is not None else ""
