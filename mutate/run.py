@@ -37,16 +37,21 @@ def select_mutants(release: str, *, n: int | None, only: list[str] | None, seed:
 
 
 def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: list[str] | None = None, seed: int = 1, vllm_tests: bool = True,
-        keep_builds: bool = False, ray: str | None = None, progress=None) -> list[dict]:
-    """Judge the selected mutants; return their results (also on disk)."""
+        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, progress=None) -> list[dict]:
+    """Judge the selected mutants; return their results (also on disk).
+
+    ``tests_only``: add vLLM's tests to the mutants an earlier kvspec-only
+    pass (``vllm_tests=False``) judged, and touch no other mutant (a
+    second process can follow a running kvspec pass)."""
     from mutate.kill import fixed_cases, read_result, run_mutant
 
     say = progress or _quiet
     out = Path(out)
     mutants = select_mutants(release, n=n, only=only, seed=seed)
-    write_json_atomic(out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants})
+    if not tests_only:
+        write_json_atomic(out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants})
     say(f"[mutate] {len(mutants)} mutant(s) of vllm=={release}, {budget:g}s kvspec budget each")
-    cases = fixed_cases(release, out, progress=say)
+    cases = out / "cases.json" if tests_only else fixed_cases(release, out, progress=say)
     options = {"out": str(out), "release": release, "seed": seed, "vllm_tests": vllm_tests, "keep_build": keep_builds, "cases": str(cases)}
     if vllm_tests:
         from mutate.vllm_tests import baseline
@@ -71,10 +76,14 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     else:
         results = []
         for i, m in enumerate(mutants, 1):
+            if tests_only and read_result(out, m["id"]) is None:
+                continue
             res = run_mutant(m, budget, options)
             kv, vt = res.get("kvspec") or {}, res.get("vllm_tests") or {}
             say(f"[mutate] {i}/{len(mutants)} {m['id']} {m['function']} line {m['line']}: {res['status']}"
                 + (f", kvspec {'killed in %.1fs' % kv['seconds_to_kill'] if kv.get('killed') else 'missed'}, vLLM tests {'killed' if vt.get('killed') else 'missed'}" if res["status"] == "ran" else f" ({res.get('reason', '')[:120]})"))
             results.append(res)
+    if tests_only:
+        return results
     write_json_atomic(out / "run.json", {"release": release, "budget_s": budget, "mutants": len(mutants), "wall_s": round(time.monotonic() - started, 1), "ray": ray})
     return results
