@@ -51,7 +51,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from engine_adapter.failure import VllmFailure
 from kvspec.home import models_dir
 from reference.case import Case, write_text_if_changed
-from reference.errors import KvspecError, Unsupported
+from reference.errors import DeploymentRejected, KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
 MAX_POSITION_EMBEDDINGS = 1 << 20
@@ -135,6 +135,8 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
         scheduler, hasher = start_scheduler(caps, vc, res.kv_cache_config, res.scheduler_block_size, res.hash_block_size)
     except KvspecError:
         raise
+    except ValueError as e:  # a setting vLLM validates when its engine starts (the retention interval against the resolved block): `vllm serve` would refuse it
+        raise DeploymentRejected(f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts: {R.vllm_message(e)}") from None
     except Exception as e:
         raise VllmFailure("setup", e) from None
     groups = list(res.kv_cache_config.kv_cache_groups)

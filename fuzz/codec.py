@@ -75,7 +75,10 @@ def _decode_literal(r: _Reader) -> Case:
 def decode(data: bytes, resolver=None) -> Case:
     """Bytes -> a valid case (never raises on any input). Generated inputs
     are deployments when a ``resolver`` is given (``fuzz.generate``);
-    literal inputs are hand geometries (the z3 seeds)."""
+    literal inputs are hand geometries (the z3 seeds). With a ``resolver``
+    (a campaign over deployments) every case is a deployment: a hand
+    literal (a mutation of a deployment input can turn into one) is read as
+    a generated input instead, so no hand geometry reaches the engine."""
     if data[:1] and data[0] & 3 == 3:
         try:
             raw = json.loads(data[1 : 1 + MAX_DEPLOYMENT_LITERAL].decode("utf-8"))
@@ -84,7 +87,7 @@ def decode(data: bytes, resolver=None) -> Case:
                 return case
         except (ValueError, UnicodeDecodeError, RecursionError, KvspecError):
             pass
-    elif data[:1] and data[0] & 1:
+    elif data[:1] and data[0] & 1 and resolver is None:
         try:
             return _decode_literal(_Reader(data[1:]))
         except KvspecError:

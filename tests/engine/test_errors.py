@@ -66,3 +66,21 @@ def test_a_hung_worker_is_a_structured_error_and_restarts(engine_033):
     # the killed worker is restarted by the next call
     again = engine_033.run(case)
     assert again["hits"][0] == 0 and again["hits"][1] > 0
+
+
+def test_a_deployment_vllm_refuses_when_its_scheduler_starts_is_rejected(engine_033):
+    """A retention interval that is no multiple of the resolved block passes
+    vLLM's config (the block is only known once resolved) and is refused
+    when the KV-cache coordinator starts, as `vllm serve` refuses to start:
+    a rejected deployment (one line), never a vLLM error that could become
+    a finding. (Seen as a spurious engine_error when the spec_on_off oracle
+    dropped --speculative-config from a Qwen3-Next MTP deployment at
+    interval 1152: without MTP its H100 block is 1088.)"""
+    from reference.errors import DeploymentRejected
+
+    case = {"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+            "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "h100",
+                           "vllm_args": ["--enable-prefix-caching", "--kv-cache-dtype", "fp8", "--prefix-cache-retention-interval", "1152"]}}
+    with pytest.raises(DeploymentRejected, match=r"prefix_cache_retention_interval \(1152\) must be .* a multiple of scheduler_block_size \(1088\)"):
+        engine_033.run(case)
+    assert engine_033.ping()["vllm_version"] == "0.33.0"

@@ -97,3 +97,37 @@ def test_malformed_corpus_produces_no_harness_error(tmp_path):
     for data in (b"", b"\x01", b"\xff" * 3, os.urandom(64), b"\x01" + b"\xff" * 200):
         campaign.check(decode(data))
     assert not (tmp_path / "harness-errors").exists()
+
+
+def test_a_campaign_over_deployments_decodes_every_input_to_a_deployment():
+    """With a resolver, a hand-geometry literal (a z3 seed's bytes, or what a
+    mutation of a deployment input turns into) is read as a generated
+    deployment input: no hand geometry reaches the engine of a campaign over
+    deployments. Without one it stays the hand geometry it encodes."""
+    def stub_resolver(dep: dict) -> dict:  # a test double: every deployment resolves to block 544
+        return {"block": 544, "hash": 544, "max_model_len": 32768}
+
+    seed = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
+    literal = encode(seed)
+    assert decode(literal) == seed and decode(literal).deployment is None
+    assert decode(literal, stub_resolver).deployment is not None
+    rng = random.Random(3)
+    for _ in range(200):
+        data = bytes([rng.choice([1, 5, 9, 3])]) + bytes(rng.randrange(256) for _ in range(rng.randrange(120)))
+        assert decode(data, stub_resolver).deployment is not None
+
+
+def test_spec_on_off_skips_a_variant_vllm_refuses():
+    """The spec_on_off oracle drops --speculative-config; where vLLM refuses
+    that variant (DeploymentRejected) there is nothing to compare: no
+    divergence, no engine_error. (The run function is a test double.)"""
+    from fuzz.oracles import check_spec_on_off
+    from reference.errors import DeploymentRejected
+
+    case = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
+
+    def refusing_run(variant):  # a test double for the engine
+        assert variant.speculative is None
+        raise DeploymentRejected("deployment=...: vLLM refuses it when its scheduler starts")
+
+    assert check_spec_on_off(case, "0.33.0", {"hits": [0, 9600, 9600]}, refusing_run) == []
