@@ -56,12 +56,13 @@ def read_result(out: Path, mid: str) -> dict | None:
     return data if data.get("schema") == RESULT_SCHEMA else None
 
 
-def _build(mutant: dict, release: str, diff_path: Path) -> tuple[str | None, dict | None]:
-    """(engine name, None) or (None, the crash/harness verdict)."""
+def _build(mutant: dict, release: str, diff_path: Path, base_patches: list[str] = ()) -> tuple[str | None, dict | None]:
+    """(engine name, None) or (None, the crash/harness verdict). The build
+    is the release with the base patches, then the mutant's diff."""
     from engine_adapter.builds import prepare
 
     try:
-        return prepare(f"vllm=={release}", patches=[str(diff_path)], progress=_quiet), None
+        return prepare(f"vllm=={release}", patches=[*base_patches, str(diff_path)], progress=_quiet), None
     except EngineError as e:
         msg = str(e)
         if "self-test failed" in msg or "self-test timed out" in msg:
@@ -162,11 +163,32 @@ def _needs_vllm_tests(done: dict, options: dict) -> bool:
 
 
 def _vllm_tests(engine: str, mutant: dict, options: dict, folder: Path) -> dict:
-    from mutate.vllm_tests import files_for, run_for_mutant
+    """vLLM's tests on the mutant: the files whose baseline run executed the
+    mutated function (by its span in the release's source: the baseline's
+    line numbers); a killing test is checked on the base build, and one that
+    fails there too is set aside (it tests what the base patches changed)
+    and the run repeated without it, at most twice."""
+    from mutate.targets import release_vllm_root, spans
+    from mutate.vllm_tests import files_for_span, run_for_mutant, run_one
 
     base = json.loads(Path(options["baseline"]).read_text())
-    files = files_for(base, mutant["file"], int(mutant["line"]))
-    return run_for_mutant(engine, base, files, junit=folder / "vllm-tests.xml")
+    release = options.get("release", "0.33.0")
+    span = next((s for s in spans(release_vllm_root(release)) if s.function == mutant["function"] and s.file == mutant["file"]), None)
+    files = files_for_span(base, span) if span else []
+    extra: list[str] = []
+    res: dict = {}
+    for _ in range(3):
+        res = run_for_mutant(engine, base, files, junit=folder / "vllm-tests.xml", deselect=extra)
+        test = res.get("killing_test")
+        if not (res.get("killed") and test and options.get("base_engine")):
+            break
+        if run_one(options["base_engine"], base, test):
+            break  # passes on the base: a real kill
+        extra.append(test)
+        res = {**res, "killed": False}
+    if extra:
+        res["set_aside"] = extra
+    return res
 
 
 def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
@@ -175,7 +197,7 @@ def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
     was not kept: the same name, the same files)."""
     out = Path(options["out"])
     folder = out / "mutants" / mutant["id"]
-    engine, verdict = _build(mutant, options.get("release", "0.33.0"), folder / "mutant.diff")
+    engine, verdict = _build(mutant, options.get("release", "0.33.0"), folder / "mutant.diff", options.get("base_patches") or [])
     if verdict is not None:
         return done
     try:
@@ -214,7 +236,7 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     fields = {k: mutant.get(k) for k in ("id", "area", "file", "function", "operator", "occurrence", "line", "before", "after")}
     result: dict = {"schema": RESULT_SCHEMA, **fields, "budget_s": budget}
     t0 = time.monotonic()
-    engine, verdict = _build(mutant, release, diff_path)
+    engine, verdict = _build(mutant, release, diff_path, options.get("base_patches") or [])
     result["build_s"] = round(time.monotonic() - t0, 1)
     if verdict is not None:
         result.update(verdict)

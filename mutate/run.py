@@ -1,9 +1,13 @@
 """The loop over mutants: select, prepare what every mutant shares, run each
 mutant as one independent task, here or on Ray.
 
-The rule: what all mutants share is made once, before any task (the
-selection ``OUT/mutants.json``, the fixed cases ``OUT/cases.json``, vLLM's
-tests' baseline); each mutant is then ``mutate.kill.run_mutant`` with the
+The rule: mutants are planted in a *base* that kvspec's kill loop passes:
+the release with kvspec's own fixes for it (``fixes/vllm-X-*.diff``; 0.33.0
+fails R2 and serves stale states without them), checked first by the
+*control* (the kill loop on the unmutated base, ``OUT/control.json``; a
+base it kills stops the run). What all mutants share is made once, before
+any task (the base build, the selection ``OUT/mutants.json``, the fixed
+cases ``OUT/cases.json``, vLLM's tests' baseline); each mutant is then ``mutate.kill.run_mutant`` with the
 same budget and options, so the order and the place it runs change nothing.
 Without ``ray`` the tasks run here one after another; with ``ray``
 (``auto``, ``local`` or ``HOST:PORT``) they go to ``fuzz.distribute.run_tasks``
@@ -28,16 +32,47 @@ def _quiet(_line: str) -> None:
     pass
 
 
-def select_mutants(release: str, *, n: int | None, only: list[str] | None, seed: int) -> list[dict]:
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_base_patches(release: str) -> list[str]:
+    """kvspec's fixes for the release (``fixes/vllm-X-*.diff``): the base
+    mutants are planted in must itself pass kvspec's check, or every mutant
+    would be 'killed' by the release's own bugs."""
+    return [str(p) for p in sorted((ROOT / "fixes").glob(f"vllm-{release}-*.diff"))]
+
+
+def base_engine(release: str, base_patches: list[str]) -> str:
+    from engine_adapter.builds import prepare
+
+    return prepare(f"vllm=={release}", patches=base_patches or None, progress=_quiet)
+
+
+def select_mutants(release: str, *, n: int | None, only: list[str] | None, seed: int, base: str | None = None) -> list[dict]:
+    """Mutants of the base's source (the release, or the release with the
+    base patches: ``base`` its engine name)."""
     from mutate.generate import positions, select
     from mutate.targets import release_vllm_root
 
-    root = release_vllm_root(release)
+    root = release_vllm_root(base.split("==", 1)[1] if base else release)
     return select(root, positions(root), n=n, only=only, seed=seed)
 
 
+def control(base: str, budget: float, out: Path, seed: int, cases: Path) -> dict:
+    """kvspec's kill loop on the base itself: it must find nothing, or a
+    kill means nothing (written to ``OUT/control.json``)."""
+    from mutate.kill import _kvspec_kill
+
+    path = out / "control.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    res = {"engine": base, "budget_s": budget, **_kvspec_kill(base, budget, out / "control", seed, cases)}
+    write_json_atomic(path, res)
+    return res
+
+
 def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: list[str] | None = None, seed: int = 1, vllm_tests: bool = True,
-        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, progress=None) -> list[dict]:
+        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, base_patches: list[str] | None = None, progress=None) -> list[dict]:
     """Judge the selected mutants; return their results (also on disk).
 
     ``tests_only``: add vLLM's tests to the mutants an earlier kvspec-only
@@ -45,14 +80,25 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     second process can follow a running kvspec pass)."""
     from mutate.kill import fixed_cases, read_result, run_mutant
 
+    from reference.errors import EngineError
+
     say = progress or _quiet
     out = Path(out)
-    mutants = select_mutants(release, n=n, only=only, seed=seed)
+    base_patches = default_base_patches(release) if base_patches is None else base_patches
+    base = base_engine(release, base_patches)
+    say(f"[mutate] base: {base} ({', '.join(Path(p).name for p in base_patches) or 'the release'})")
+    mutants = select_mutants(release, n=n, only=only, seed=seed, base=base)
     if not tests_only:
         write_json_atomic(out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants})
     say(f"[mutate] {len(mutants)} mutant(s) of vllm=={release}, {budget:g}s kvspec budget each")
     cases = out / "cases.json" if tests_only else fixed_cases(release, out, progress=say)
-    options = {"out": str(out), "release": release, "seed": seed, "vllm_tests": vllm_tests, "keep_build": keep_builds, "cases": str(cases)}
+    options = {"out": str(out), "release": release, "seed": seed, "vllm_tests": vllm_tests, "keep_build": keep_builds, "cases": str(cases),
+               "base_patches": base_patches, "base_engine": base}
+    if not tests_only:
+        ctl = control(base, budget, out, seed, cases)
+        say(f"[mutate] control: kvspec on the base itself for {budget:g}s: {'KILLED' if ctl.get('killed') else 'nothing found'} ({ctl.get('execs')} runs)")
+        if ctl.get("killed") or ctl.get("harness"):
+            raise EngineError(f"engine={base!r}: kvspec's kill loop {'finds ' + str(ctl.get('promise')) + ' on' if ctl.get('killed') else 'fails on'} the unmutated base ({ctl.get('summary') or ctl.get('reason')}); allowed: a base that passes (add its fixes with the base patches)")
     if vllm_tests:
         from mutate.vllm_tests import baseline
         from kvspec.home import kvspec_home

@@ -256,13 +256,30 @@ def files_for(base: dict, file: str, line: int) -> list[str]:
     return [f for f, info in base["files"].items() if line in set(info.get("executed_lines", {}).get(file, [])) and usable(base, f)]
 
 
-def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, progress=None) -> dict:
+def files_for_span(base: dict, span) -> list[str]:
+    """The test files whose baseline run executed a line of ``span``'s body
+    and that have a usable test."""
+    body = set(range(span.body_start, span.end + 1))
+    return [f for f, info in base["files"].items() if body & set(info.get("executed_lines", {}).get(span.file, [])) and usable(base, f)]
+
+
+def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool:
+    """Does the one test ``node`` pass on ``engine``?"""
+    root = run_root(Path(base["sdist"]))
+    try:
+        proc = subprocess.run([_python(engine), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, node], cwd=root, env=pytest_env(engine, root), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, deselect: list[str] = (), progress=None) -> dict:
     """Run the usable tests of ``files`` on a build; ``killed`` when one
     fails, errors or the run outlives its bound."""
     if not files:
         return {"killed": False, "files": [], "seconds": 0.0, "reason": "no usable test executes the mutated line"}
     root = run_root(Path(base["sdist"]))
-    deselect = [n for f in files for n, s in base["files"][f]["tests"].items() if s != "passed"]
+    deselect = [*deselect, *(n for f in files for n, s in base["files"][f]["tests"].items() if s != "passed")]
     bound = max(MIN_RUN_S, RUN_FACTOR * sum(base["files"][f]["seconds"] for f in files))
     t = time.monotonic()
     junit.unlink(missing_ok=True)

@@ -35,6 +35,8 @@ def test_ray_gets_one_keyword_task_per_mutant_and_a_lost_task_is_no_kill(tmp_pat
 
     monkeypatch.setattr(fuzz.distribute, "run_tasks", fake_run_tasks)
     monkeypatch.setattr(mutate.kill, "fixed_cases", lambda release, out, progress=None: out / "cases.json")
+    monkeypatch.setattr(runmod, "base_engine", lambda release, patches: "vllm==0.33.0")  # mutants of the release's own source
+    monkeypatch.setattr(runmod, "control", lambda *a, **k: {"killed": False, "execs": 0})
     results = runmod.run("0.33.0", out=tmp_path, budget=5.0, n=3, seed=2, vllm_tests=False, ray="auto")
     assert seen["fn"] is mutate.kill.run_mutant and seen["address"] == "auto" and seen["retries"] >= 1
     assert set(seen["kwargs"]) == {"mutant", "budget", "options"} and len(seen["ids"]) == 3 == len(set(seen["ids"]))
