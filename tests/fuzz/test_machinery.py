@@ -131,3 +131,26 @@ def test_spec_on_off_skips_a_variant_vllm_refuses():
         raise DeploymentRejected("deployment=...: vLLM refuses it when its scheduler starts")
 
     assert check_spec_on_off(case, "0.33.0", {"hits": [0, 9600, 9600]}, refusing_run) == []
+
+
+def test_sparse_dense_fires_only_where_sparse_hits_less():
+    """sparse_dense judges sparse retention against dense on the same
+    engine: a request that hits less under sparse is a divergence; one that
+    hits more is not (the dense run fell short; the promise judges that).
+    (The run function is a test double standing for the dense run.)"""
+    from dataclasses import replace
+
+    from fuzz.oracles import check_sparse_dense
+
+    base = make_case(hybrid(1152, 1152), [[("A", 1216)], [("A", 1216), ("B", 17)]])
+    case = replace(base, geometry=replace(base.geometry, retention_interval=0))
+
+    def dense_run(hits):
+        def run(variant):  # a test double for the engine's dense run
+            assert variant.geometry.retention_interval is None
+            return {"hits": hits}
+        return run
+
+    assert check_sparse_dense(case, "0.33.0", {"hits": [0, 1184]}, dense_run([0, 1152])) == []
+    (div,) = check_sparse_dense(case, "0.33.0", {"hits": [0, 1152]}, dense_run([0, 1184]))
+    assert (div.oracle, div.requests, div.expected) == ("sparse_dense", [1], [0, 1184])
