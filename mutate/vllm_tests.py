@@ -104,10 +104,15 @@ def _pytest_ini(sdist: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _version(engine: str) -> str:
+    """``vllm==X[+LABEL.HASH]`` or ``X[+LABEL.HASH]`` -> the version."""
+    return engine.split("==", 1)[1] if "==" in engine else engine
+
+
 def pytest_env(version: str, root: Path) -> dict[str, str]:
     from engine_adapter.environments import STUBS_DIR, worker_env
 
-    env = worker_env(version, "cpu")
+    env = worker_env(_version(version), "cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(STUBS_DIR)])
     return env
 
@@ -115,7 +120,7 @@ def pytest_env(version: str, root: Path) -> dict[str, str]:
 def _python(version: str) -> str:
     from engine_adapter.environments import env_python
 
-    return str(env_python(version))
+    return str(env_python(_version(version)))
 
 
 def target_paths(version: str) -> list[str]:

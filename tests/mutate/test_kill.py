@@ -12,6 +12,7 @@ import pytest
 from mutate import report
 from mutate.generate import positions, select, unified_diff
 from mutate.kill import read_result, run_mutant
+from mutate.run import base_engine, default_base_patches
 from mutate.targets import release_vllm_root
 from reference.case import case_to_dict, write_json_atomic
 
@@ -21,20 +22,29 @@ FILE = "v1/core/kv_cache_coordinator.py"
 
 
 @pytest.fixture(scope="module")
-def root():
+def base():
+    """0.33.0 with kvspec's fixes: the base mutants are planted in (the
+    release alone fails R2, which would 'kill' any mutant)."""
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
-    return release_vllm_root("0.33.0")
+    patches = default_base_patches("0.33.0")
+    assert len(patches) == 2
+    return base_engine("0.33.0", patches), patches
+
+
+@pytest.fixture(scope="module")
+def root(base):
+    return release_vllm_root(base[0].split("==", 1)[1])
 
 
 @pytest.fixture()
-def options(tmp_path):
+def options(tmp_path, base):
     from fuzz.checkbuild import example_cases
 
     cases = tmp_path / "cases.json"  # the examples only: no proof seeds to map in a test
     write_json_atomic(cases, [case_to_dict(c) for _n, c in example_cases()])
-    return {"out": str(tmp_path / "run"), "release": "0.33.0", "seed": 1, "vllm_tests": False, "cases": str(cases)}
+    return {"out": str(tmp_path / "run"), "release": "0.33.0", "seed": 1, "vllm_tests": False, "cases": str(cases), "base_patches": base[1], "base_engine": base[0]}
 
 
 def _hand_mutant(root, mid: str, after: str) -> dict:
@@ -46,7 +56,9 @@ def _hand_mutant(root, mid: str, after: str) -> dict:
 def test_a_replay_boundaries_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
     from engine_adapter import builds
 
-    (m,) = select(root, positions(root), only=["replay-82bcea0f"])  # (N-1)//B*B -> (N-1)//B//B
+    cands = [m for m in positions(root) if m["function"] == "replay_boundaries" and m["operator"] == "core/ReplaceBinaryOperator_Mul_FloorDiv"]
+    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("resend =")]  # (N-1)//B*B -> (N-1)//B//B
+    assert m["after"] == "resend = (num_prompt_tokens - 1) // block // block"
     res = run_mutant(m, 25.0, options)
     kv = res["kvspec"]
     assert res["status"] == "ran", res
