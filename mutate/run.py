@@ -83,7 +83,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     from reference.errors import EngineError
 
     say = progress or _quiet
-    out = Path(out)
+    out = Path(out).resolve()
     base_patches = default_base_patches(release) if base_patches is None else base_patches
     base = base_engine(release, base_patches)
     say(f"[mutate] base: {base} ({', '.join(Path(p).name for p in base_patches) or 'the release'})")

@@ -287,6 +287,7 @@ def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, de
     deselect = [*deselect, *(n for f in files for n, s in base["files"][f]["tests"].items() if s != "passed")]
     bound = max(MIN_RUN_S, RUN_FACTOR * sum(base["files"][f]["seconds"] for f in files))
     t = time.monotonic()
+    junit = Path(junit).resolve()  # pytest runs in another folder
     junit.unlink(missing_ok=True)
     try:
         proc = subprocess.run(_pytest_cmd(engine, files, junit, stop_first=True, deselect=deselect, coverage_data=None), cwd=root, env=pytest_env(engine, root), capture_output=True, text=True, timeout=bound)
