@@ -1,5 +1,20 @@
 """Fuzzing benchmarks, measured side by side in one run (printed, never asserted).
 
+0. **atheris vs random** on one engine (default vllm==0.33.0, deployments,
+   every oracle, the z3 seeds first), each as ``kvspec fuzz --driver X
+   --max-time B`` runs it, alternated over ``--rounds`` rounds, medians:
+   cases per second and engine runs per second of fuzzing (start-up
+   apart: vLLM's import, the seeds mapped onto deployments), the ratio
+   atheris/random in both units, and the coverage each reached in the
+   budget, counted the same way: libFuzzer's ``cov`` (edges) under the
+   instrumentation atheris fuzzes with (the vLLM functions under test,
+   ``engine_adapter.coverage``); for the random driver, its very cases
+   (the seeds, then ``random_cases(seed)``, as many as it checked) replayed
+   by libFuzzer (``KVSPEC_FUZZ_GENERATOR=random``, ``-runs=N``).
+   ``--also-core`` adds atheris instrumenting all of ``vllm.v1.core`` (how
+   it ran before). A case is one input; its engine runs are the case, the
+   oracles' variants (sparse/dense, speculation off) and the confirmation
+   and shrinking of a finding.
 1. Time to the first #53504-class finding on vLLM 0.29.0 (an identical
    resend that misses under MTP: oracle ``promise``, request kind
    ``resend``): z3-seeded vs unseeded random vs plain Hypothesis, median
@@ -7,10 +22,11 @@
 2. Cases per second through the in-process engine vs the worker engine.
 3. RSS of an in-process campaign at start and after ``--soak`` seconds.
 
-Runs itself inside the 0.29.0 engine environment (``kvspec engines install
-vllm==0.29.0`` first), where vLLM imports in-process.
+Part 0 runs from kvspec's interpreter; 1-3 run inside the 0.29.0 engine
+environment (``kvspec engines install vllm==0.29.0`` first), where vLLM
+imports in-process.
 
-    python bench/fuzz.py [--seeds 5] [--budget 60] [--soak 600]
+    python bench/fuzz.py [--rounds 2] [--budget 60] [--also-core] [--only-drivers | --no-drivers] [--seeds 5] [--soak 600]
 """
 
 from __future__ import annotations
@@ -42,7 +58,7 @@ def _reexec_in_engine_env() -> None:
     from fuzz.seeds import seed_dir
 
     seed_dir(kvspec_home())  # computed here, where z3 is installed
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KVSPEC_BENCH_FUZZ_INNER="1")
     os.execve(str(environments.env_python(VERSION)), [str(environments.env_python(VERSION)), __file__, *sys.argv[1:]], env)
 
 
@@ -86,12 +102,103 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
         return round(time.monotonic() - start, 2) if done() else None
 
 
+def _fuzz(argv: list[str], env: dict, timeout: float) -> dict:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", *argv, "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"bench/fuzz.py: kvspec fuzz {' '.join(argv)}: exit {proc.returncode}: {proc.stderr[-1500:]}")
+    return json.loads(proc.stdout)
+
+
+def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: float) -> dict:
+    """The coverage the random driver's first ``cases`` cases reach, counted
+    by libFuzzer under atheris's instrumentation (see part 0)."""
+    from kvspec.home import kvspec_home
+
+    from fuzz.atheris_runner import run_atheris
+    from fuzz.seeds import seed_dir
+
+    return run_atheris(engine, out=folder / "out", corpus=folder / "corpus", seed_dir=seed_dir(kvspec_home()), seed=seed, max_time=max(600.0, 10 * budget),
+                       libfuzzer_args=[f"-runs={max(1, cases) + 200}"], env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)})
+
+
+def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:
+    """Part 0: atheris vs random, alternated; the raw summaries."""
+    import shutil
+
+    from kvspec.home import kvspec_home
+
+    tmp = kvspec_home() / f"bench-fuzz-{os.getpid()}"
+    kinds = ["atheris", "random"] + (["atheris-core"] if also_core else [])
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    runs["random-coverage"] = []
+    try:
+        for r in range(rounds):
+            for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
+                folder = tmp / f"{kind}-{r}"
+                argv = ["--engine", engine, "--driver", "random" if kind == "random" else "atheris", "--max-time", str(budget), "--seed", str(r + 1), "--out", str(folder / "out")]
+                if kind != "random":
+                    argv += ["--corpus", str(folder / "corpus")]
+                env = dict(os.environ)
+                env.pop("KVSPEC_FUZZ_INSTRUMENT", None)
+                if kind == "atheris-core":
+                    env["KVSPEC_FUZZ_INSTRUMENT"] = "core"
+                summary = _fuzz(argv, env, timeout=budget + 120)
+                runs[kind].append(summary)
+                print(f"  round {r}: {kind}: {summary.get('cases')} cases, {summary.get('engine_runs') or summary.get('execs')} engine runs, start-up {summary.get('startup_s')} s, cov {summary.get('coverage')}", file=sys.stderr)
+                if kind == "random":
+                    cov = random_coverage(engine, r + 1, summary["cases"], tmp / f"random-coverage-{r}", budget)
+                    runs["random-coverage"].append(cov)
+                    print(f"  round {r}: random's {summary['cases']} cases replayed under libFuzzer: cov {cov.get('coverage')} ({cov.get('execs')} inputs)", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return runs
+
+
+def print_drivers(runs: dict, engine: str, budget: float) -> None:
+    med = statistics.median
+
+    def m(kind: str, key: str):
+        vals = [x.get(key) for x in runs.get(kind, []) if x.get(key) is not None]
+        return med(vals) if vals else None
+
+    print(f"# atheris vs random on {engine}: kvspec fuzz --max-time {budget:.0f}, deployments, every oracle, z3 seeds first (medians of {len(runs['random'])} alternated rounds)")
+    print(f"{'driver':14s} {'cases/s':>8s} {'engine runs/s':>14s} {'libFuzzer exec/s':>17s} {'start-up s':>11s} {'cov (edges) in ' + format(budget, '.0f') + ' s':>20s} {'first finding s':>16s}")
+    rows = [("atheris", "atheris"), ("random", "random")] + ([("atheris (core)", "atheris-core")] if runs.get("atheris-core") else [])
+    for label, kind in rows:
+        cov = m("random-coverage", "coverage") if kind == "random" else m(kind, "coverage")
+        libfuzzer = "-" if kind == "random" else f"{m(kind, 'exec_per_s'):.1f}"
+        first = m(kind, "first_finding_s")
+        print(f"{label:14s} {m(kind, 'cases_per_s'):8.2f} {m(kind, 'engine_runs_per_s'):14.2f} {libfuzzer:>17s} {m(kind, 'startup_s'):11.1f} {cov if cov is not None else '-':>20} {first if first is not None else '-':>16}")
+    for label, kind in rows:
+        if kind == "random":
+            continue
+        cases = m(kind, "cases_per_s") / m("random", "cases_per_s")
+        engine_runs = m(kind, "engine_runs_per_s") / m("random", "engine_runs_per_s")
+        cov_a, cov_r = m(kind, "coverage"), m("random-coverage", "coverage")
+        print(f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}, coverage per {budget:.0f} s {cov_a} vs {cov_r} ({cov_a / cov_r:.2f})" if cov_r else f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per search before giving up")
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per search (part 0: per campaign)")
     parser.add_argument("--soak", type=float, default=600.0, help="seconds of the RSS soak")
+    parser.add_argument("--engine", default="vllm==0.33.0", help="part 0's engine (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=2, help="part 0's alternated rounds (default: %(default)s)")
+    parser.add_argument("--also-core", action="store_true", help="part 0: also atheris instrumenting all of vllm.v1.core")
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--only-drivers", action="store_true", help="part 0 only")
+    parts.add_argument("--no-drivers", action="store_true", help="skip part 0")
     args = parser.parse_args()
+    if not args.no_drivers and os.environ.get("KVSPEC_BENCH_FUZZ_INNER") != "1":
+        runs = drivers(args.engine, args.budget, args.rounds, args.also_core)
+        print_drivers(runs, args.engine, args.budget)
+        print(json.dumps({"drivers": runs}, default=str)[:200000])
+        sys.stdout.flush()
+        if args.only_drivers:
+            return
     _reexec_in_engine_env()
 
     from engine_adapter.engine import open_engine
