@@ -38,12 +38,24 @@ def root(base):
     return release_vllm_root(base[0].split("==", 1)[1])
 
 
+#: A block-aligned prompt resent under MTP with the EAGLE drop (Qwen3-Next on
+#: an A100 resolves B = 560 on 0.33.0): 11200 = 20 B. Only an aligned prompt
+#: tells the two replay boundaries apart (otherwise resend and extension
+#: floor to the same block and each covers the other's mutant).
+ALIGNED_EAGLE_RESEND = {
+    "schema": 1, "name": "aligned-eagle-resend-qwen3-next-a100",
+    "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
+                   "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}']},
+    "trace": [{"prompt": [{"segment": "A", "length": 11200}]}] * 3,
+}
+
+
 @pytest.fixture()
 def options(tmp_path, base):
     from fuzz.checkbuild import example_cases
 
-    cases = tmp_path / "cases.json"  # the examples only: no proof seeds to map in a test
-    write_json_atomic(cases, [case_to_dict(c) for _n, c in example_cases()])
+    cases = tmp_path / "cases.json"  # no proof seeds to map in a test: one aligned EAGLE resend, then the examples
+    write_json_atomic(cases, [ALIGNED_EAGLE_RESEND, *(case_to_dict(c) for _n, c in example_cases())])
     return {"out": str(tmp_path / "run"), "release": "0.33.0", "seed": 1, "vllm_tests": False, "cases": str(cases), "base_patches": base[1], "base_engine": base[0]}
 
 
@@ -53,12 +65,12 @@ def _hand_mutant(root, mid: str, after: str) -> dict:
             "before": "", "after": "", "diff": unified_diff(FILE, before, after)}
 
 
-def test_a_replay_boundaries_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
+def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
     from engine_adapter import builds
 
-    cands = [m for m in positions(root) if m["function"] == "replay_boundaries" and m["operator"] == "core/ReplaceBinaryOperator_Mul_FloorDiv"]
-    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("resend =")]  # (N-1)//B*B -> (N-1)//B//B
-    assert m["after"] == "resend = (num_prompt_tokens - 1) // block // block"
+    cands = [m for m in positions(root) if m["function"] == "MambaManager.find_longest_cache_hit" and m["operator"] == "core/ReplaceBreakWithContinue"]
+    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("break  # we just need the last match")]
+    # the right-to-left search goes on past the longest match: the Mamba hit falls to the shortest one
     res = run_mutant(m, 25.0, options)
     kv = res["kvspec"]
     assert res["status"] == "ran", res
