@@ -74,9 +74,11 @@ def main(args) -> int:
     out = output_dir("--out", args.out) if args.out else kvspec_home() / "mutate" / "runs" / time.strftime("%Y%m%d-%H%M%S")
     if args.list:
         from mutate.generate import positions
+        from mutate.run import base_engine, default_base_patches
         from mutate.targets import release_vllm_root
 
-        for p in positions(release_vllm_root(release)):
+        base = base_engine(release, default_base_patches(release))  # mutants are planted in the base
+        for p in positions(release_vllm_root(base.split("==", 1)[1])):
             print(f"{p['id']}\t{p['function']}\t{p['line']}\t{p['operator'].removeprefix('core/')}")
         return 0
     if args.coverage is not None:
