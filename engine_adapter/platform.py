@@ -4,7 +4,7 @@ kvspec resolves GPU deployments on a CPU-only machine. vLLM asks its
 platform object a few hardware questions while it builds a config (device
 memory and name for the default token budget, the compute capability for
 kernel choices); everything else is vLLM's own Python. So an engine process
-runs under one of two platforms, fixed when it starts (``KVSPEC_PLATFORM``):
+runs under one of two platforms (a third, ``native``, for a GPU cross-check), fixed when it starts (``KVSPEC_PLATFORM``):
 
 * ``cuda`` (default): vLLM's own neutral ``UnspecifiedPlatform``, whose
   ``check_and_update_config`` is the interface's no-op (as CUDA's is for
@@ -18,6 +18,11 @@ runs under one of two platforms, fixed when it starts (``KVSPEC_PLATFORM``):
   (:func:`as_cuda`), whose choice changes the block size in 0.33.0.
 * ``cpu``: vLLM's real ``CpuPlatform`` (``VLLM_TARGET_DEVICE=cpu``), the live
   test server's platform on this very machine.
+* ``native``: kvspec installs nothing and vLLM detects its platform itself;
+  only for checking the stand-in on a machine with a real GPU (vLLM's
+  ``CudaPlatform`` there serves ``cuda`` deployments), see
+  ``engine_adapter/devcheck/h200_resolution.py``. Never chosen by kvspec's
+  own commands.
 
 This module must be imported before anything imports ``vllm.platforms``'s
 ``current_platform`` (``driver.py`` does so first).
@@ -29,7 +34,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-PLATFORMS = ("cuda", "cpu")
+PLATFORMS = ("cuda", "cpu", "native")
 #: name -> (compute capability, memory GiB, device name as NVML reports it)
 DEVICES = {
     "a100": ((8, 0), 80, "NVIDIA A100-SXM4-80GB"),
@@ -55,6 +60,8 @@ def install() -> str:
     platform = process_platform()
     if platform == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+        return platform
+    if platform == "native":  # vLLM's own detection (a real GPU's CudaPlatform)
         return platform
     import vllm.platforms as platforms
     from vllm.platforms.interface import DeviceCapability, UnspecifiedPlatform

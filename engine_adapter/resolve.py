@@ -314,7 +314,7 @@ def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) 
 
 def _update_block_size(vc, dep: Deployment) -> None:
     """The worker's step, with this platform's own method."""
-    if dep.platform == "cpu":
+    if dep.platform == "cpu" or kplatform.process_platform() == "native":
         from vllm.platforms import current_platform
 
         current_platform.update_block_size_for_backend(vc)
@@ -361,6 +361,8 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
 
     version = _version_tuple(vllm.__version__)
     here = kplatform.process_platform()
+    if here == "native":  # vLLM's own platform on a real GPU serves cuda deployments
+        here = "cuda"
     if dep.platform != here:
         raise Unsupported(f"deployment.platform={dep.platform}: this engine process runs the {here} platform; allowed: {here} (open the engine with platform={dep.platform})")
     kplatform.set_device(dep.device)
@@ -420,7 +422,12 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         "long_prefill_token_threshold": int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0),
     })
     assumptions = []
-    if dep.platform == "cuda":
+    if dep.platform == "cuda" and kplatform.process_platform() == "native":
+        from vllm.platforms import current_platform
+
+        assumptions.append(f"vLLM's hardware questions answered by its own {type(current_platform).__name__} (KVSPEC_PLATFORM=native)")
+        assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
+    elif dep.platform == "cuda":
         assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
         assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
     _engine_core_handshake(vc, dep, facts, assumptions)
