@@ -154,3 +154,22 @@ def test_sparse_dense_fires_only_where_sparse_hits_less():
     assert check_sparse_dense(case, "0.33.0", {"hits": [0, 1184]}, dense_run([0, 1152])) == []
     (div,) = check_sparse_dense(case, "0.33.0", {"hits": [0, 1152]}, dense_run([0, 1184]))
     assert (div.oracle, div.requests, div.expected) == ("sparse_dense", [1], [0, 1184])
+
+
+def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state():
+    """check_promise: below the promise is lost reuse; above it is judged by
+    the engine's chunk ends. (From the 10-min campaign on 0.33.0 + both
+    fixes: Qwen3-Next, block 576, hash unit 32, periodic retention 1728;
+    request 1 prefilled A:727 in chunks ending at 576, 704, 727; request 2,
+    A:576 + B:1, resumed at 576, above the promise's 32: a state a prefill
+    wrote, kept beyond what the promise requires, not stale.)"""
+    from fuzz.oracles import check_promise
+
+    case = make_case(hybrid(576, 576, prefix_match_unit=32, retention_interval=1728, prefill_checkpoint_grid=64),
+                     [[("A", 45)], [("A", 727)], [("A", 576), ("B", 1)]])
+    explain = [{"chunk_ends": [32, 45]}, {"chunk_ends": [576, 704, 727]}, {"chunk_ends": [577]}]
+    assert check_promise(case, "0.33.0", {"hits": [0, 32, 576], "explain": explain}) == []
+    # the same hit with no prefill ending there: a stale state
+    unwritten = [{"chunk_ends": [32, 45]}, {"chunk_ends": [704, 727]}, {"chunk_ends": [577]}]
+    (div,) = check_promise(case, "0.33.0", {"hits": [0, 32, 576], "explain": unwritten})
+    assert div.requests == [2]
