@@ -387,19 +387,9 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         import vllm.v1.core.kv_cache_utils as ku
 
         kcfg = ku.generate_scheduler_kv_cache_config(cfgs)
-        groups = kcfg.kv_cache_groups
-        cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
-        cc.num_gpu_blocks = kcfg.num_blocks
-        cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
-        if hasattr(vc, "validate_block_size"):
-            vc.validate_block_size()
-        sbs, hbs = ku.resolve_kv_cache_block_sizes(kcfg, vc)
-        alignment = None
-        if hasattr(ku, "resolve_cache_hit_alignment_tokens"):
-            alignment = ku.resolve_cache_hit_alignment_tokens(kcfg, vc, sbs, hbs)
-            for c in (*cfgs, kcfg):
-                c.hash_block_size = hbs
-                c.cache_hit_alignment_tokens = alignment
+        from engine_adapter.setup import engine_core_block_sizes
+
+        sbs, hbs, alignment = engine_core_block_sizes(vc, kcfg, also=cfgs)
     except KvspecError:
         raise
     except Exception as e:

@@ -110,6 +110,33 @@ def start_scheduler(caps: Capabilities, vllm_config, kv_cache_config, scheduler_
     return scheduler, kv_cache_utils.get_request_block_hasher(*hasher_args)
 
 
+def engine_core_block_sizes(vllm_config, kv_cache_config, also=()) -> tuple[int, int, int | None]:
+    """What vLLM's ``EngineCore`` does between the KV-cache plan and the
+    scheduler (``_initialize_kv_caches``, then ``__init__``; 0.29.0-0.33.0):
+    the cache config takes the pool's block count and the smallest
+    prefix-cacheable group block, vLLM validates it, and
+    ``resolve_kv_cache_block_sizes`` gives the scheduler block and the hash
+    block; from 0.32.0 ``resolve_cache_hit_alignment_tokens`` gives the
+    cache-hit alignment, written into the KV-cache config (and ``also``:
+    the per-worker configs) as vLLM does. Returns (scheduler block, hash
+    block, alignment or None)."""
+    cc = vllm_config.cache_config
+    groups = kv_cache_config.kv_cache_groups
+    cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
+    cc.num_gpu_blocks = kv_cache_config.num_blocks
+    cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
+    if hasattr(vllm_config, "validate_block_size"):
+        vllm_config.validate_block_size()
+    scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    alignment = None
+    if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
+        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
+        for c in (*also, kv_cache_config):
+            c.hash_block_size = hash_block_size
+            c.cache_hit_alignment_tokens = alignment
+    return scheduler_block_size, hash_block_size, alignment
+
+
 def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     """What ``EngineCore`` builds for the case's deployment (vLLM's own
     resolution, ``engine_adapter.resolve``), with a block pool sized so that
@@ -358,17 +385,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
         if _has_field(KVCacheConfig, "prefix_cache_retention_interval"):
             kv_kwargs["prefix_cache_retention_interval"] = cache_config.prefix_cache_retention_interval
         kv_cache_config = KVCacheConfig(**kv_kwargs)
-        # EngineCore._initialize_kv_caches
-        vllm_config.cache_config.num_gpu_blocks = num_blocks
-        vllm_config.cache_config.block_size = min(grp.kv_cache_spec.block_size for grp in groups)
-        if hasattr(vllm_config, "validate_block_size"):
-            vllm_config.validate_block_size()
-        scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-        alignment_tokens = None
-        if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
-            alignment_tokens = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
-            kv_cache_config.hash_block_size = hash_block_size
-            kv_cache_config.cache_hit_alignment_tokens = alignment_tokens
+        scheduler_block_size, hash_block_size, alignment_tokens = engine_core_block_sizes(vllm_config, kv_cache_config)
         # EngineCore.__init__
         scheduler, hasher = start_scheduler(caps, vllm_config, kv_cache_config, scheduler_block_size, hash_block_size)
     except KvspecError:
