@@ -57,6 +57,7 @@ from pathlib import Path
 
 from engine_adapter import venvs
 from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
+from kvspec.console import say as _say
 from kvspec.home import engines_dir
 from reference.case import write_bytes_atomic
 from reference.errors import EngineError, InvalidArgument, KvspecError, invalid
@@ -69,10 +70,6 @@ MAX_PATCH_BYTES = 16 * 2**20
 #: Hex digits of the content hash in a build's name.
 HASH_DIGITS = 6
 KINDS = ("patch", "path", "wheel")
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ names

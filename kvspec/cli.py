@@ -20,6 +20,7 @@ import pkgutil
 import sys
 
 import kvspec.commands as commands
+from kvspec.console import say as _say
 from reference.errors import KvspecError
 
 
@@ -53,14 +54,6 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # no real descriptor (captured in tests)
-        pass
-
-
-def _say(line: str) -> None:
-    """One line on stderr; a closed stderr (``2>&1 | head -1``) is no error."""
-    try:
-        print(line, file=sys.stderr)
-    except (BrokenPipeError, ValueError):
         pass
 
 

@@ -40,9 +40,9 @@ failure, never vLLM's).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from kvspec.console import say as _say
 from reference.errors import invalid
 
 HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
@@ -77,10 +77,6 @@ def configure(parser) -> None:
     parser.add_argument("--fresh", action="store_true", help="resolve the deployment again (ignore the resolution cache)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds one engine run (or a server request) may take (default: %(default)s)")
     parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def check_options(args) -> None:
@@ -160,7 +156,8 @@ class LazyEngine:
 
 
 def main(args) -> int:
-    from advise import model, source as sources
+    from advise import model
+    from advise import source as sources
     from advise.chart import chart
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report

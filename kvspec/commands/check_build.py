@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
+
+from kvspec.console import say as _say
 
 NAME = "check-build"
 HELP = "does a vLLM build (a release, vllm==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
@@ -50,21 +51,13 @@ def configure(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _say(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
 def main(args) -> int:
     from engine_adapter.versions import DEFAULT_ENGINE
+    from fuzz.checkbuild import EXIT_HARNESS, check_build, render
     from kvspec.engine_options import engine_names
     from kvspec.home import kvspec_home
     from kvspec.options import output_dir, seconds
     from reference.errors import EngineError, invalid
-
-    from fuzz.checkbuild import EXIT_HARNESS, check_build, render
 
     seconds("--max-time", args.max_time)
     seconds("--cases-time", args.cases_time)

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvspec.console import say as _say
 from reference.errors import invalid
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
@@ -61,14 +62,6 @@ def configure(parser) -> None:
     parser.add_argument("--synthetic-geometry", action="store_true", help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --: flags passed to libFuzzer")
-
-
-def _say(line: str) -> None:
-    """One line to stderr; a closed stderr (the reader went away) is ignored."""
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _validate(args, engines: list[str]) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
+
+from kvspec.console import say as _say
 
 NAME = "mutate"
 HELP = "mutation score of kvspec vs vLLM's own tests on vLLM's boundary code (Cosmic Ray mutants as patched builds)"
@@ -45,13 +45,6 @@ def configure(parser) -> None:
     parser.add_argument("--list", action="store_true", help="print every candidate mutant position (id, function, line, operator) and exit")
     parser.add_argument("--coverage", type=float, default=None, metavar="S", help="only measure branch coverage of the target functions: an S-second campaign vs vLLM's tests")
     parser.add_argument("--ray", default=None, metavar="auto|local|ADDRESS", help="run the mutants as tasks on a Ray cluster (fuzz.distribute)")
-
-
-def _say(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def main(args) -> int:
