@@ -56,12 +56,13 @@ def classify(res: dict, equivalent: dict[str, dict]) -> str:
 
 
 def crash_kind(res: dict) -> str | None:
-    """A crash's kind: ``first run`` when vLLM imported and then raised or
-    stalled on the self-test's case (the worker says ``vLLM raised``),
-    ``import`` otherwise."""
+    """A crash's kind: ``import`` when the self-test could not import vLLM
+    (an ImportError, a SyntaxError), ``first run`` otherwise (vLLM imported,
+    then raised, stalled or gave implausible hits on the self-test's case)."""
     if res.get("status") != "crash":
         return None
-    return "first run" if "vLLM raised" in (res.get("reason") or "") else "import"
+    reason = res.get("reason") or ""
+    return "import" if any(k in reason for k in ("ImportError", "ModuleNotFoundError", "SyntaxError", "No module named")) else "first run"
 
 
 def _score(rows: list[dict]) -> dict:
@@ -80,7 +81,8 @@ def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) ->
         rows.append({"id": r["id"], "area": r.get("area"), "file": r.get("file"), "function": r.get("function"), "line": r.get("line"),
                      "operator": (r.get("operator") or "").removeprefix("core/"), "before": r.get("before"), "after": r.get("after"),
                      "class": classify(r, equivalent), "seconds_to_kill": kv.get("seconds_to_kill"), "promise": kv.get("promise"),
-                     "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test"), "reason": r.get("reason"), "crash": crash_kind(r)})
+                     "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test") if (r.get("vllm_tests") or {}).get("killed") else None,
+                     "set_aside": (r.get("vllm_tests") or {}).get("set_aside"), "vllm_tests_run": "vllm_tests" in r, "reason": r.get("reason"), "crash": crash_kind(r)})
     counts = {c: sum(r["class"] == c for r in rows) for c in (*CLASSES, "equivalent", "crash", "harness")}
     crashes = {k: sum(r["crash"] == k for r in rows) for k in ("import", "first run")}
     times = [r["seconds_to_kill"] for r in rows if r["class"] in ("both", "kvspec only") and r["seconds_to_kill"] is not None]
