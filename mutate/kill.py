@@ -203,15 +203,22 @@ def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
     try:
         done = {**done, "vllm_tests": _vllm_tests(engine, mutant, options, folder)}
     finally:
-        if not options.get("keep_build"):
-            from engine_adapter.builds import remove
-
-            try:
-                remove(engine.split("==", 1)[1], progress=_quiet)
-            except (KvspecError, OSError):
-                pass
+        _drop_build(engine, options)
     write_json_atomic(result_path(out, mutant["id"]), done)
     return done
+
+
+def _drop_build(engine: str, options: dict) -> None:
+    """Remove the mutant's build unless ``keep_build`` (a failed removal is
+    left for ``kvspec engines remove``)."""
+    if options.get("keep_build"):
+        return
+    from engine_adapter.builds import remove
+
+    try:
+        remove(engine.split("==", 1)[1], progress=_quiet)
+    except (KvspecError, OSError):
+        pass
 
 
 def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
@@ -254,13 +261,7 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
         if options.get("vllm_tests", True) and result["status"] == "ran":
             result["vllm_tests"] = _vllm_tests(engine, mutant, options, folder)
     finally:
-        if not options.get("keep_build"):
-            from engine_adapter.builds import remove
-
-            try:
-                remove(engine.split("==", 1)[1], progress=_quiet)
-            except (KvspecError, OSError):
-                pass
+        _drop_build(engine, options)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     write_json_atomic(result_path(out, mid), result)
     return result
