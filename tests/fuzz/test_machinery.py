@@ -135,14 +135,19 @@ def test_spec_on_off_skips_a_variant_vllm_refuses():
 
 def test_sparse_dense_fires_only_where_sparse_hits_less():
     """sparse_dense judges sparse retention against dense on the same
-    engine: a request that hits less under sparse is a divergence; one that
-    hits more is not (the dense run fell short; the promise judges that).
-    (The run function is a test double standing for the dense run.)"""
+    engine: a request that hits less under sparse than both dense and the
+    promise is a divergence; one that hits more is not (the dense run fell
+    short; the promise judges that), nor one that keeps the promise where
+    dense found more (the chunk ends of another earlier prompt: from a
+    60 s control campaign on 0.33.0 + both fixes, Falcon-H1 at block 272,
+    A:1203+B:192+E:444 after A:1203 and A:1203+B:724 hit 1088 sparse, 1360
+    dense, promise 1088). (The run function is a test double standing for
+    the dense run.)"""
     from dataclasses import replace
 
     from fuzz.oracles import check_sparse_dense
 
-    base = make_case(hybrid(1152, 1152), [[("A", 1216)], [("A", 1216), ("B", 17)]])
+    base = make_case(hybrid(16, 16), [[("A", 64)], [("A", 64), ("B", 1)]])
     case = replace(base, geometry=replace(base.geometry, retention_interval=0))
 
     def dense_run(hits):
@@ -151,9 +156,14 @@ def test_sparse_dense_fires_only_where_sparse_hits_less():
             return {"hits": hits}
         return run
 
-    assert check_sparse_dense(case, "0.33.0", {"hits": [0, 1184]}, dense_run([0, 1152])) == []
-    (div,) = check_sparse_dense(case, "0.33.0", {"hits": [0, 1152]}, dense_run([0, 1184]))
-    assert (div.oracle, div.requests, div.expected) == ("sparse_dense", [1], [0, 1184])
+    assert check_sparse_dense(case, "0.33.0", {"hits": [0, 64]}, dense_run([0, 48])) == []
+    (div,) = check_sparse_dense(case, "0.33.0", {"hits": [0, 48]}, dense_run([0, 64]))
+    assert (div.oracle, div.requests, div.expected) == ("sparse_dense", [1], [0, 64])
+    # dense found more than the promise (another prompt's chunk end): sparse keeping the promise is no divergence
+    three = make_case(hybrid(16, 16), [[("A", 64)], [("A", 64), ("B", 40)], [("A", 64), ("B", 20), ("C", 5)]])
+    three = replace(three, geometry=replace(three.geometry, retention_interval=0))
+    assert check_sparse_dense(three, "0.33.0", {"hits": [0, 64, 64]}, dense_run([0, 64, 80])) == []
+
 
 
 def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state():
