@@ -26,10 +26,14 @@ def chart(advice: dict, title: str, path: Path) -> Path:
     from kvspec.home import cache_dir
 
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir("matplotlib")))
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # no pyplot: its import is a third of the chart's time
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def subplots(figsize, dpi):
+        fig = Figure(figsize=figsize, dpi=dpi)
+        FigureCanvasAgg(fig)
+        return fig, fig.add_subplot()
 
     tokens = [r["prompt_tokens"] for r in advice["requests"]]
     n = len(tokens)
@@ -39,16 +43,16 @@ def chart(advice: dict, title: str, path: Path) -> Path:
     labels = [f"{row['setting']}: {row['hit_share']:.1%}, {row['states']} states" + (" (current)" if row["current"] else "") for row in settings]
     shares = [[h / t for h, t in zip(outcomes[row["interval"]].hits, tokens)] for row in settings]
     if n > LINES_UP_TO:
-        fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * (len(settings) + 1)), dpi=110)
+        fig, ax = subplots(figsize=(12, 1.6 + 0.45 * (len(settings) + 1)), dpi=110)
         image = ax.imshow([promise_shares, *shares], aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
         ax.set_yticks(range(len(settings) + 1))
         ax.set_yticklabels(["promise (dense)", *labels], fontsize=7)
         ax.set_xlabel("request")
         fig.colorbar(image, ax=ax, label="hit share of its prompt")
     else:
-        fig, ax = plt.subplots(figsize=(max(9, min(16, 6 + 0.25 * min(n, BARS_UP_TO) * len(settings) / 4)), 4.8), dpi=110)
+        fig, ax = subplots(figsize=(max(9, min(16, 6 + 0.25 * min(n, BARS_UP_TO) * len(settings) / 4)), 4.8), dpi=110)
         xs = list(range(n))
-        colors = plt.get_cmap("viridis")
+        colors = colormaps["viridis"]
         width = 0.8 / max(len(settings), 1)
         for j, (label, ys) in enumerate(zip(labels, shares)):
             color = colors(j / max(len(settings) - 1, 1))
@@ -69,6 +73,5 @@ def chart(advice: dict, title: str, path: Path) -> Path:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
     return path
