@@ -60,6 +60,21 @@ def lock_path(root: Path) -> Path:
     return root.parent / f".{root.name}.lock"
 
 
+def wait_flock(f, deadline: float, poll_s: float, timeout_message: str) -> None:
+    """Take an exclusive ``flock`` on the open file ``f``, polling every
+    ``poll_s`` seconds until ``time.monotonic()`` passes ``deadline``; then
+    EngineError(``timeout_message``). kvspec's one bounded lock wait (the
+    install lock here, a warm engine's start lock)."""
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise EngineError(timeout_message) from None
+            time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[str], None] | None = None, poll_s: float = 1.0) -> Iterator[None]:
     """Hold the install lock of the venv at ``root``; wait (polling every
@@ -73,15 +88,7 @@ def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[s
         except BlockingIOError:
             if progress is not None:
                 progress(f"[{label}] another install holds {path}; waiting")
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise EngineError(f"{label}: install lock {path} held by another install for over {wait_s:.0f} s; allowed: a free lock") from None
-                    time.sleep(poll_s)
+            wait_flock(f, time.monotonic() + wait_s, poll_s, f"{label}: install lock {path} held by another install for over {wait_s:.0f} s; allowed: a free lock")
         try:
             yield
         finally:

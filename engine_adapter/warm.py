@@ -61,6 +61,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_adapter.venvs import wait_flock
 from kvspec.home import REPO_ROOT, kvspec_home
 from reference.case import write_json_atomic
 from reference.errors import EngineError, invalid
@@ -307,14 +308,7 @@ def _locked(path: Path, deadline: float, label: str) -> Iterator[None]:
     """Hold the start lock of one warm engine; wait (polling) until ``deadline``."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(path, "a") as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise EngineError(f"{label}: warm engine start lock {path} held by another client past the time limit; allowed: a free lock") from None
-                time.sleep(0.1)
+        wait_flock(f, deadline, 0.1, f"{label}: warm engine start lock {path} held by another client past the time limit; allowed: a free lock")
         try:
             yield
         finally:
