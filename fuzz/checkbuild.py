@@ -165,26 +165,25 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
         say(f"[check-build] {engine_name}: starting the engine")
         if hasattr(engine, "start"):
             engine.start()
+        def check_each(cases: list[Case], until: float) -> int:
+            """Check ``cases`` in order until ``until`` or stop(); how many were checked."""
+            n = 0
+            for case in cases:
+                if stop() or time.monotonic() >= until:
+                    break
+                campaign.check(case)
+                n += 1
+            return n
+
         t = time.monotonic()
         examples = example_cases()
-        n = 0
-        for _name, case in examples:
-            if stop():
-                break
-            campaign.check(case)
-            n += 1
+        n = check_each([case for _name, case in examples], deadline)
         report.phases.append({"phase": "examples", "cases": n, "of": len(examples), "seconds": round(time.monotonic() - t, 1)})
         say(f"[check-build] examples: {n} cases in {time.monotonic() - t:.0f}s")
         t = time.monotonic()
         seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
         mapped = interleave(on_deployments(seeds, campaign.resolver))
-        cases_end = min(deadline, started + cases_time)
-        n = 0
-        for case in mapped:
-            if stop() or time.monotonic() >= cases_end:
-                break
-            campaign.check(case)
-            n += 1
+        n = check_each(mapped, min(deadline, started + cases_time))
         report.phases.append({"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)})
         say(f"[check-build] boundary cases on deployments: {n} of {len(mapped)} in {time.monotonic() - t:.0f}s")
         t = time.monotonic()
