@@ -18,6 +18,10 @@ What is observed, per request (``explain``):
 * ``boundaries``: the ``replay_boundaries`` the coordinator handed the Mamba
   managers' ``cache_blocks`` (0.30.0+; ``null`` before);
 * ``chunk_ends``: ``num_computed_tokens`` after each prefill step;
+* ``written``: the positions this request's prefill wrote a Mamba state at
+  in every Mamba group: its chunk ends and the internal prefill checkpoints
+  vLLM's worker-side builder places (``engine_adapter.writes``); ``null``
+  where this vLLM's checkpoint writes cannot be observed;
 * ``cache_blocks``: ``num_tokens`` of each Mamba ``cache_blocks`` call;
 * ``retained_mamba_blocks``: per Mamba block size M, the indices i of this
   request's prompt states (the state after ``(i+1)*M`` tokens) that the block
@@ -56,6 +60,7 @@ from engine_adapter.failure import VllmFailure  # noqa: E402
 from engine_adapter.observe import SAMPLED_TOKEN, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
 from engine_adapter.steploop import serve  # noqa: E402
+from engine_adapter.writes import checkpoint_writer, written  # noqa: E402
 from reference.case import Case, case_to_dict, parse_case, prompt_tokens  # noqa: E402
 
 VLLM_VERSION = vllm.__version__
@@ -161,6 +166,7 @@ class VllmDriver:
                 scan = RetainedScan(s, built)
         except Exception as e:
             raise VllmFailure("setup", e) from None
+        writer = checkpoint_writer(built["vllm_config"], built["groups"], built)  # kvspec's own code: an error here is the harness's
         for i, creq in enumerate(case.trace):
             tokens = prompt_tokens(creq)
             served = serve(s, i, tokens, creq.max_tokens, built["hasher"])
@@ -181,6 +187,7 @@ class VllmDriver:
                 "lookups": len(lookups),
                 "boundaries": boundaries,
                 "chunk_ends": served.chunk_ends,
+                "written": None if writer is None else written(served, writer),
                 "cache_blocks": cache_blocks,
                 "retained_mamba_blocks": by_size,
                 "retained_mamba_tokens": tokens_held,

@@ -39,6 +39,9 @@ class Served:
     preempted_hits: int = 0
     preempted_queries: int = 0
     chunk_ends: list[int] = field(default_factory=list)
+    #: (sequence length, query length) of each prefill step, as the model
+    #: runner sees it (``engine_adapter.writes`` places its checkpoints).
+    prefill_steps: list[tuple[int, int]] = field(default_factory=list)
     steps: int = 0
 
 
@@ -46,8 +49,9 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     """Run one request to completion (the scheduler holds no other).
 
     The loop makes the bare loop's vLLM calls (``engine_adapter.baseline``)
-    and adds only what is observed: the chunk end of each prefill step and
-    the summed ``prefix_cache_stats`` (names bound once, no copies)."""
+    and adds only what is observed: the chunk end and the lengths of each
+    prefill step and the summed ``prefix_cache_stats`` (names bound once, no
+    copies)."""
     n = len(tokens)
     rid = f"req-{index}"
     try:
@@ -78,6 +82,7 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                 if last_end < computed:
                     chunk_ends.append(computed)
                     last_end = computed
+                out.prefill_steps.append((int(req.num_computed_tokens), int(scheduled[rid])))
             outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
         except Exception as e:
             raise VllmFailure("step", e, request=index) from None

@@ -21,7 +21,7 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 * ``junction`` a sibling diverging inside an earlier prompt hits its
   divergence point once the junction was observed (the promise's prediction);
 * ``no-stale`` no request hits more than the Mamba states a prefill wrote
-  allow (any hit above the expected one);
+  allow (the ``stale`` oracle, and any hit above the expected one);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -57,6 +57,8 @@ def promise_of(finding: dict) -> str:
     oracle = finding.get("oracle")
     if oracle == "engine_error":
         return "errors"
+    if oracle == "stale":
+        return "no-stale"
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")
     exp = (finding.get("expected") or {}).get("hits") or []
@@ -72,11 +74,12 @@ def promise_of(finding: dict) -> str:
 
 
 def example_cases(root: Path = ROOT) -> list[tuple[str, Case]]:
-    """The examples check-build runs first: every deployment example and every
-    block-aligned longer-sibling example."""
+    """The examples check-build runs first: every deployment example and
+    every example of a vLLM bug class (``r1-``, ``r2-``, ``dense-``,
+    ``stale-``; ``examples/README.md``)."""
     from fuzz.findings import load_finding
 
-    paths = sorted({*root.glob("examples/*deployment*.json"), *root.glob("examples/r2-*.json")})
+    paths = sorted({p for pattern in ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*") for p in root.glob(f"examples/{pattern}.json")})
     return [(str(p.relative_to(root)), load_finding(p)[0]) for p in paths]
 
 

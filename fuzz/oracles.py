@@ -23,6 +23,11 @@ says which requests diverge.
 * ``junction`` (only when asked: ``kvspec check-build``): under sparse
   retention a sibling diverging inside an earlier prompt hits at least what
   the promise predicts, capped by its dense-retention hit on the same engine.
+* ``stale``: every hit resumes from a Mamba state an earlier prefill wrote
+  at that position over the same tokens (the engine's ``written``: its
+  chunk ends and the internal checkpoints vLLM's worker-side code places).
+  Any other hit serves a state that belongs elsewhere. Not judged where the
+  engine could not observe the writes (``written`` null).
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -40,12 +45,12 @@ from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
@@ -123,19 +128,50 @@ def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:
     return [Divergence("knobs", version, [], [model[k] for k in wrong], [engine[k] for k in wrong], "knobs differ: " + ", ".join(f"{k} model={model[k]} engine={engine[k]}" for k in wrong))]
 
 
+def _written(e: dict) -> list[int] | None:
+    """The positions a request's prefill wrote Mamba states at: the
+    engine's ``written`` when it observed them, else its chunk ends (an
+    observation from before ``written``); None when neither is known."""
+    w = e.get("written")
+    if w is not None:
+        return w
+    return None if "written" in e else e.get("chunk_ends")
+
+
 def written_before(case: Case, obs: dict, i: int, pos: int) -> bool:
-    """Did a prefill before request ``i`` end a chunk at ``pos`` over the
-    same first ``pos`` tokens (the engine's explain ``chunk_ends``)? Then a
-    Mamba state there was really written: resuming at ``pos`` is reuse the
-    promise does not require, not a stale state."""
+    """Did a prefill before request ``i`` write a Mamba state at ``pos``
+    over the same first ``pos`` tokens (:func:`_written`)? Then resuming at
+    ``pos`` is reuse the promise may not require, not a stale state."""
     explain = obs.get("explain") or []
     if pos <= 0:
         return True
     mine = prompt_tokens(case.trace[i])[:pos]
     for j in range(min(i, len(explain))):
-        if pos in (explain[j].get("chunk_ends") or ()) and prompt_tokens(case.trace[j])[:pos] == mine:
+        if pos in (_written(explain[j]) or ()) and prompt_tokens(case.trace[j])[:pos] == mine:
             return True
     return False
+
+
+def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """No request resumes where no earlier prefill wrote a Mamba state over
+    its tokens; judged only where every earlier request's writes were
+    observed. Expected: the highest such position at or below the hit."""
+    explain = obs.get("explain") or []
+    hits = obs.get("hits") or []
+    bad, expected = [], list(hits)
+    for i, h in enumerate(hits):
+        if h <= 0 or i > len(explain) or any(explain[j].get("written") is None for j in range(i)):
+            continue
+        if written_before(case, obs, i, h):
+            continue
+        bad.append(i)
+        mine = prompt_tokens(case.trace[i])
+        below = [p for j in range(i) for p in explain[j]["written"] if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
+        expected[i] = max(below, default=0)
+    if not bad:
+        return []
+    i = bad[0]
+    return [Divergence("stale", version, bad, expected, hits, f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")]
 
 
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
@@ -293,6 +329,8 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
         out += check_knobs(case, version, obs)
     if "promise" in oracles:
         out += check_promise(case, version, obs)
+    if "stale" in oracles:
+        out += check_stale(case, version, obs)
     if "reference" in oracles:
         out += check_reference(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:

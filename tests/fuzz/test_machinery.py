@@ -183,3 +183,29 @@ def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state
     unwritten = [{"chunk_ends": [32, 45]}, {"chunk_ends": [704, 727]}, {"chunk_ends": [577]}]
     (div,) = check_promise(case, "0.33.0", {"hits": [0, 32, 576], "explain": unwritten})
     assert div.requests == [2]
+
+
+def test_the_stale_oracle_flags_a_hit_where_no_earlier_prefill_wrote_a_state():
+    """check_stale: every hit must land on a position an earlier prefill over
+    the same tokens wrote a Mamba state at (``written``: chunk ends and the
+    worker's internal checkpoints). The shape of 0.33.0's stale state after
+    a partial hit (tests/engine/data/finding-stale-state-falcon-h1.json):
+    the third request resumes at 144 where the prefills wrote only 16 and 17."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_stale
+
+    case = make_case(hybrid(16, 16), [[("A", 17)], [("A", 150)], [("A", 150), ("B", 3)]])
+    wrote = [{"written": [16, 17]}, {"written": [144, 150]}, {"written": [153]}]
+    assert check_stale(case, "0.33.0", {"hits": [0, 16, 144], "explain": wrote}) == []
+    stale = [{"written": [16, 17]}, {"written": [150]}, {"written": [153]}]
+    (div,) = check_stale(case, "0.33.0", {"hits": [0, 16, 144], "explain": stale})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("stale", [2], [0, 16, 17], [0, 16, 144])
+    # a state written over other tokens does not count
+    other = make_case(hybrid(16, 16), [[("B", 150)], [("A", 150)], [("A", 150), ("B", 3)]])
+    (div,) = check_stale(other, "0.33.0", {"hits": [0, 0, 144], "explain": [{"written": [144, 150]}, {"written": [150]}, {"written": [153]}]})
+    assert div.requests == [2]
+    # writes the engine could not observe (null): not judged
+    unknown = [{"written": None}, {"written": [150]}, {"written": [153]}]
+    assert check_stale(case, "0.33.0", {"hits": [0, 16, 144], "explain": unknown}) == []
+    finding = {"oracle": "stale", "case": {}, "first_divergence": 2}
+    assert promise_of(finding) == "no-stale"

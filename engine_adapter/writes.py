@@ -1,0 +1,90 @@
+"""Where the model runner writes Mamba states during a prefill.
+
+A later request can resume at position h only from a Mamba state some
+earlier prefill wrote at h over the same tokens; a cached block holding
+anything else is a stale state. The model runner writes a state
+
+* at every prefill step's end (the running state after the step; the step
+  loop records these as ``chunk_ends``), and
+* at each Mamba group's *internal prefill checkpoint* (vLLM 0.32.0+), which
+  the attention backends place with ``MambaPrefillCheckpointBuilder.build``
+  (``model_executor/layers/mamba/checkpoint.py``): nothing unless the cache
+  mode is ``align`` and the group's spec reserves checkpoint blocks
+  (``num_prefill_checkpoint_blocks``); else vLLM's own
+  ``compute_mamba_prefill_checkpoints`` with the step's sequence and query
+  lengths and the worker's cache config: ``hash_block_size`` and
+  ``cache_hit_alignment_tokens`` as ``gpu_worker`` copies them from the KV
+  cache config the engine core resolved, the spec's block size and
+  checkpoint alignment, the drop of the EAGLE block (``use_eagle_block_drop()``,
+  and from 0.33.0 only without lookahead block hashes) and, from 0.33.0,
+  ``num_hash_lookahead_tokens``.
+
+The placement itself is vLLM's function, called; only those arguments are
+read here the way ``build`` reads them (0.32.0, 0.33.0). It observes; it
+does not judge. :func:`checkpoint_writer` answers ``None`` where the writes
+cannot be observed (a spec reserves checkpoint blocks, but this vLLM has no
+``compute_mamba_prefill_checkpoints``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+Writer = Callable[[int, int], list[int]]
+
+
+def no_checkpoints(_seq_len: int, _query_len: int) -> list[int]:
+    return []
+
+
+def checkpoint_writer(vllm_config, groups, built: dict) -> Writer | None:
+    """``(seq_len, query_len) -> positions`` where every Mamba group writes
+    an internal checkpoint in that prefill step (the intersection over the
+    groups: a hit needs every group's state), or None (unobservable)."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    mamba = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    cache_config = vllm_config.cache_config
+    exporting = [s for s in mamba if getattr(s, "num_prefill_checkpoint_blocks", 0)]
+    if not exporting or getattr(cache_config, "mamba_cache_mode", None) != "align" or len(exporting) < len(mamba):
+        return no_checkpoints  # some group writes none: the intersection is empty
+    try:
+        from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
+    except ImportError:
+        return None
+    hash_block_size, alignment = built["hash_block_size"], built["alignment_tokens"]
+    if hash_block_size is None or alignment is None:
+        return no_checkpoints  # ``build`` returns None unresolved
+    lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+    spec_config = vllm_config.speculative_config
+    drop = spec_config is not None and spec_config.use_eagle_block_drop()
+    extra = {}
+    if "num_hash_lookahead_tokens" in inspect.signature(compute_mamba_prefill_checkpoints).parameters:
+        drop = drop and not lookahead  # 0.33.0: MambaPrefillCheckpointBuilder.__init__
+        extra["num_hash_lookahead_tokens"] = lookahead
+    distinct = list({(s.block_size, s.prefill_checkpoint_alignment): s for s in exporting}.values())
+
+    def positions(seq_len: int, query_len: int) -> list[int]:
+        start = seq_len - query_len
+        found: set[int] | None = None
+        for s in distinct:
+            offsets, _cols = compute_mamba_prefill_checkpoints([seq_len], [query_len], hash_block_size=hash_block_size, mamba_block_size=s.block_size,
+                                                               checkpoint_alignment=s.prefill_checkpoint_alignment, drop_eagle_block=drop,
+                                                               cache_hit_alignment_tokens=alignment, **extra)
+            mine = {start + o for o in offsets if o > 0}
+            found = mine if found is None else found & mine
+        return sorted(found or ())
+
+    return positions
+
+
+def written(served, writer: Writer) -> list[int]:
+    """The positions of the request's prompt where its prefill wrote a Mamba
+    state in every group: the chunk ends and the writer's checkpoints."""
+    n = len(served.request.prompt_token_ids)
+    out = set(served.chunk_ends)
+    if writer is not no_checkpoints:
+        for seq_len, query_len in served.prefill_steps:
+            out.update(p for p in writer(seq_len, query_len) if p <= n)
+    return sorted(out)
