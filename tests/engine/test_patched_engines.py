@@ -7,7 +7,9 @@ kvspec check-build):
   python, without kvspec on its path);
 * ``kvspec check-build`` catches a build that breaks #53504's rule again
   (tests/engine/data/undo-54713.diff + undo-checkpoint-backoff.diff), and
-  passes 0.33.0 + both fixes on the promises they address.
+  passes 0.33.0 + the three fixes in ``fixes/`` on the promises they
+  address (its examples include the R1 and dense-retention cases the third
+  fixes).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ DATA = REPO_ROOT / "tests" / "engine" / "data"
 FIXES = REPO_ROOT / "fixes"
 LONGER_SIBLING = FIXES / "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff"
 STALE_STATE = FIXES / "vllm-0.33.0-stale-state-after-partial-hit.diff"
+HASH_UNIT_TAIL = FIXES / "vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff"
 CASES = {
     "finding-longer-sibling-qwen3-next.json": LONGER_SIBLING,
     "finding-stale-state-falcon-h1.json": STALE_STATE,
@@ -111,8 +114,8 @@ def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
     assert report["first_failure_s"] is not None
 
 
-def test_check_build_passes_the_release_with_both_fixes_on_the_promises_they_address():
-    code, report, err = _check_build("--engine", "vllm==0.33.0", "--patch", str(LONGER_SIBLING), "--patch", str(STALE_STATE), "--max-time", "20")
+def test_check_build_passes_the_release_with_its_fixes_on_the_promises_they_address():
+    code, report, err = _check_build("--engine", "vllm==0.33.0", "--patch", str(LONGER_SIBLING), "--patch", str(STALE_STATE), "--patch", str(HASH_UNIT_TAIL), "--max-time", "20")
     rows = {r["promise"]: r["verdict"] for r in report["rows"]}
     assert code in (0, 1), err[-2000:]
     assert report["harness_errors"] == 0 and report["execs"] > 100
