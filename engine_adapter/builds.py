@@ -516,14 +516,20 @@ def link_tree(src: Path, dst: Path, *, skip_top: tuple[str, ...] = ()) -> int:
     return n
 
 
-def _selftest(version: str) -> dict:
+def _selftest(version: str, import_only: bool = False) -> dict:
     from engine_adapter import environments
 
-    return environments._selftest(version)
+    return environments._selftest(version, import_only=import_only)
 
 
-def build(overlay: Overlay, *, force: bool = False, progress: Progress = _say) -> dict:
-    """Build (or find) the environment of ``overlay``; returns its marker."""
+def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progress: Progress = _say) -> dict:
+    """Build (or find) the environment of ``overlay``; returns its marker.
+
+    ``selftest``: ``run`` (import vLLM and drive one MTP case, the default)
+    or ``import`` (import only: a mutant's build, whose behaviour kvspec's
+    oracles judge; its marker says so)."""
+    if selftest not in ("run", "import"):
+        raise invalid("selftest", selftest, "one of: run, import")
     from engine_adapter import environments
 
     version = overlay.version
@@ -531,8 +537,9 @@ def build(overlay: Overlay, *, force: bool = False, progress: Progress = _say) -
     prefix = f"[{name}]"
     target = env_dir(version)
     with venvs.install_lock(target, wait_s=LOCK_WAIT_S, label=name, progress=progress):
-        if is_ready(version) and not force:
-            return read_marker(version) or {}
+        marker = read_marker(version) if is_ready(version) and not force else None
+        if marker is not None and not (selftest == "run" and (marker.get("selftest") or {}).get("import_only")):
+            return marker  # (a build only import-checked is remade when its case must run)
         if target.exists():
             progress(f"{prefix} removing incomplete or stale build {target}")
             shutil.rmtree(target)
@@ -562,8 +569,8 @@ def build(overlay: Overlay, *, force: bool = False, progress: Progress = _say) -
                 path.chmod(mode)
                 own += len(data)
             progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
-            progress(f"{prefix} self-test (drives the real scheduler once)")
-            selftest = _selftest(version)
+            progress(f"{prefix} self-test ({'imports vLLM' if selftest == 'import' else 'drives the real scheduler once'})")
+            selftest_result = _selftest(version, import_only=selftest == "import")
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -577,7 +584,7 @@ def build(overlay: Overlay, *, force: bool = False, progress: Progress = _say) -
             "link_seconds": round(link_s, 2),
             "build_seconds": round(time.monotonic() - start, 1),
             "own_bytes": own,
-            "selftest": selftest,
+            "selftest": selftest_result,
         }
         venvs.write_marker(target, marker)
         progress(f"{prefix} ready in {marker['build_seconds']}s at {target}")
@@ -604,7 +611,7 @@ def describe(version: str) -> dict | None:
 # ------------------------------------------------------------------ engine specs
 
 
-def prepare(spec: str, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", progress: Progress = _say) -> str:
+def prepare(spec: str, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", selftest: str = "run", progress: Progress = _say) -> str:
     """An engine spec from the command line -> an engine name, building the
     build it names first: ``vllm==X`` (with ``patches``: the patched build),
     ``vllm==X+LABEL.HASH`` (a build made earlier), ``path:DIR``,
@@ -629,7 +636,7 @@ def prepare(spec: str, patches: list[str] | None = None, base: str | None = None
         overlay = overlay_from_patches(version, patches)
     if not overlay.files:
         progress(f"[{overlay.name}] note: the overlay changes no vLLM file: the build equals {engine_name(overlay.release)}")
-    build(overlay, progress=progress)
+    build(overlay, selftest=selftest, progress=progress)
     return overlay.name
 
 

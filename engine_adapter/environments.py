@@ -291,9 +291,10 @@ def _uv_index_args() -> list[str]:
     return args
 
 
-def _selftest(version: str) -> dict:
-    """Import the stack and run one tiny MTP case through the worker."""
-    cmd = [str(env_python(version)), "-m", "engine_adapter.worker", "--selftest", "--expect-version", release_of(version)]
+def _selftest(version: str, *, import_only: bool = False) -> dict:
+    """Import the stack and (unless ``import_only``) run one tiny MTP case
+    through the worker."""
+    cmd = [str(env_python(version)), "-m", "engine_adapter.worker", "--selftest", "--expect-version", release_of(version), *(["--import-only"] if import_only else [])]
     try:
         proc = subprocess.run(cmd, env=worker_env(version), capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -7,7 +7,9 @@ whatever vLLM, torch or a C extension prints can never corrupt a protocol
 line.
 
 ``--selftest`` instead runs one tiny MTP case and prints a JSON summary
-(used by ``kvspec engines install`` before an environment is marked ready).
+(used by ``kvspec engines install`` before an environment is marked ready);
+``--selftest --import-only`` only imports the modules kvspec drives (a
+mutant's build: whether its first case runs is for kvspec's oracles to judge).
 """
 
 from __future__ import annotations
@@ -126,7 +128,15 @@ def serve(out, inp) -> int:
     return 0
 
 
-def selftest(expect_version: str | None, out) -> int:
+#: The modules an import-only self-test imports: where the scheduler, the
+#: KV cache managers and the block-size resolution live.
+IMPORT_CHECK = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
+                "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface", "vllm.v1.engine.core")
+
+
+def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
+    """Import the stack (and, unless ``import_only``, run one tiny MTP case);
+    print a JSON summary, exit 1 with one line on stderr when it fails."""
     import json
 
     t0 = time.perf_counter()
@@ -142,6 +152,14 @@ def selftest(expect_version: str | None, out) -> int:
     if torch.version.cuda is not None:
         print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
         return 1
+    if import_only:
+        import importlib
+
+        for mod in IMPORT_CHECK:
+            importlib.import_module(mod)
+        out.write(json.dumps({"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2), "import_only": True}) + "\n")
+        out.flush()
+        return 0
     result = driver.run(selftest_case())
     if result.get("error"):
         print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
@@ -164,6 +182,7 @@ def selftest(expect_version: str | None, out) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine_adapter.worker")
     parser.add_argument("--selftest", action="store_true")
+    parser.add_argument("--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case")
     parser.add_argument("--expect-version")
     parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.warm)")
     parser.add_argument("--state", help="with --socket: the state file to write")
@@ -176,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout)
     out = _claim_stdout()
     if args.selftest:
-        return selftest(args.expect_version, out)
+        return selftest(args.expect_version, out, import_only=args.import_only)
     return serve(out, sys.stdin)
 
 

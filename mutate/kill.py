@@ -6,9 +6,10 @@ options in; a JSON-able result out), idempotent (a finished mutant's
 twice), and every file it writes goes under ``OUT/mutants/<id>/``
 atomically. The verdicts:
 
-* ``status``: ``ran`` (both checks ran), ``crash`` (the build's self-test
-  failed: the mutant breaks vLLM's import or its first scheduler run;
-  counted apart, never a kill), ``harness`` (kvspec itself failed: the build
+* ``status``: ``ran`` (both checks ran), ``crash`` (the build's import-only
+  self-test failed: vLLM's modules no longer import; counted apart, never a
+  kill; a mutant that imports but raises, stalls or answers nonsense on a
+  case is judged by kvspec's oracles like any other), ``harness (kvspec itself failed: the build
   could not be made, the engine could not start, harness errors above the
   limit; counted apart, never a kill);
 * ``kvspec.killed``: the oracles that judge a build (``promise``,
@@ -62,7 +63,7 @@ def _build(mutant: dict, release: str, diff_path: Path, base_patches: list[str] 
     from engine_adapter.builds import prepare
 
     try:
-        return prepare(f"vllm=={release}", patches=[*base_patches, str(diff_path)], progress=_quiet), None
+        return prepare(f"vllm=={release}", patches=[*base_patches, str(diff_path)], selftest="import", progress=_quiet), None
     except EngineError as e:
         msg = str(e)
         if "self-test failed" in msg or "self-test timed out" in msg:

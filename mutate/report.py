@@ -3,8 +3,10 @@ PNG of mutants x {kvspec, vLLM tests, both, neither}.
 
 The rules of the count:
 
-* a mutant whose build's self-test failed (``crash``: vLLM no longer
-  imports or runs its first case) and one where kvspec's harness failed
+* a mutant whose build's self-test failed (``crash``: vLLM's modules no
+  longer import; runs made before builds were only import-checked also
+  list ``first run`` crashes, a case that raised, stalled or gave
+  implausible hits) and one where kvspec's harness failed
   (``harness``) are listed apart and are in no score;
 * a mutant on the reviewed equivalent list (``mutate/equivalent.json``) is
   listed apart and is in no score;
