@@ -3,11 +3,16 @@ so it is excluded from every score, but only once a person has reviewed it.
 
 The rules:
 
-* **The check** (:func:`check`): over ``n`` seeded random cases on
-  deployments, the mutant's engine observation equals the release's on
-  every one (hits, queries, knobs, the explanation, retained states, any
-  vLLM error; the engine's name, timing, file digest and harness fields
-  aside). Passing it makes a mutant a *candidate*, no more.
+* **The check** (:func:`check`): over the fixed cases and ``n`` seeded
+  random cases on deployments, the mutant's engine observation equals the
+  base's on every one: hits, queries, knobs, resolution, any vLLM error,
+  and per request the scheduler's hit and junction, the chunk ends, the
+  states written and the Mamba states retained. Left aside: what ran it
+  (engine name, timing, file digest, harness fields) and the recorded
+  arguments of vLLM's internal calls (``boundaries``: what
+  ``replay_boundaries`` returned; ``cache_blocks``: the token counts passed
+  to ``cache_blocks``), which restate the mutated code rather than what it
+  does. Passing it makes a mutant a *candidate*, no more.
 * **The reviewed list** (``mutate/equivalent.json``): ``[{"id", "argument",
   "check"}]``, ``argument`` one line saying why no input can tell the
   mutant from the release (read from vLLM's source), ``check`` what
@@ -34,14 +39,22 @@ def reviewed(path: Path = REVIEWED) -> dict[str, dict]:
     return {e["id"]: e for e in entries}
 
 
+#: Explain fields that record internal call arguments, not behaviour.
+INTERNAL = ("boundaries", "cache_blocks")
+
+
 def behaviour(obs: dict) -> dict:
-    return {k: v for k, v in obs.items() if k not in IGNORED}
+    out = {k: v for k, v in obs.items() if k not in IGNORED}
+    if isinstance(out.get("explain"), list):
+        out["explain"] = [{k: v for k, v in e.items() if k not in INTERNAL} for e in out["explain"]]
+    return out
 
 
-def check(mutant_engine: str, release: str, *, n: int = 30, seed: int = 1, cases_path: Path | None = None, out: Path | None = None) -> dict:
+def check(mutant_engine: str, base_engine: str, *, n: int = 30, seed: int = 1, cases_path: Path | None = None, out: Path | None = None) -> dict:
     """Run the fixed cases (``cases_path``) and ``n`` seeded random cases on
-    deployments on both engines; the first case whose behaviour differs, or
-    none."""
+    deployments on the mutant and on the base it was planted in (the
+    release with the base patches); the first case whose behaviour
+    differs, or none."""
     from engine_adapter import open_engine
     from reference.case import case_to_dict, parse_case
 
@@ -49,7 +62,7 @@ def check(mutant_engine: str, release: str, *, n: int = 30, seed: int = 1, cases
     from fuzz.drivers import random_cases
 
     cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []
-    mutant, base = open_engine(mutant_engine), open_engine(f"vllm=={release}")
+    mutant, base = open_engine(mutant_engine), open_engine(base_engine)
     compared = 0
     try:
         resolver = Campaign(base, Path(out or "/nonexistent-unused"), seed=seed).resolver
@@ -64,3 +77,41 @@ def check(mutant_engine: str, release: str, *, n: int = 30, seed: int = 1, cases
         mutant.close()
         base.close()
     return {"equal": True, "compared": compared}
+
+
+def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed: int = 1, progress=None) -> list[dict]:
+    """:func:`check` for each mutant id (built in the run's base like
+    ``kvspec mutate`` builds it, removed after); each result also written
+    to ``OUT/equivalent/<id>.json``. A mutant whose build fails is
+    reported, not checked."""
+    from reference.case import write_json_atomic
+    from reference.errors import KvspecError
+
+    from mutate.kill import _build, _drop_build, fixed_cases
+    from mutate.run import base_engine, default_base_patches, select_mutants
+
+    say = progress or (lambda _line: None)
+    patches = default_base_patches(release)
+    base = base_engine(release, patches)
+    cases = fixed_cases(release, Path(out), progress=say)
+    results = []
+    for m in select_mutants(release, n=None, only=ids, seed=seed, base=base):
+        folder = Path(out) / "equivalent"
+        diff = folder / f"{m['id']}.diff"
+        diff.parent.mkdir(parents=True, exist_ok=True)
+        diff.write_text(m["diff"])
+        engine, verdict = _build(m, release, diff, patches)
+        if verdict is not None:
+            res = {"id": m["id"], "equal": None, "reason": verdict.get("reason")}
+        else:
+            try:
+                res = {"id": m["id"], **check(engine, base, n=n, seed=seed, cases_path=cases, out=Path(out) / "equivalent" / "probe")}
+            except KvspecError as e:
+                res = {"id": m["id"], "equal": None, "reason": str(e)[:300]}
+            finally:
+                _drop_build(engine, {})
+        res.update({"function": m["function"], "line": m["line"], "before": m["before"], "after": m["after"], "base": base, "random_cases": n, "seed": seed})
+        write_json_atomic(folder / f"{m['id']}.json", res)
+        say(f"[mutate] {m['id']}: {'no difference over %d cases' % res['compared'] if res.get('equal') else 'differs' if res.get('equal') is False else 'not checked: ' + str(res.get('reason'))[:160]}")
+        results.append(res)
+    return results

@@ -44,6 +44,8 @@ def configure(parser) -> None:
     parser.add_argument("--report", action="store_true", help="only write the report of the run in --out")
     parser.add_argument("--list", action="store_true", help="print every candidate mutant position (id, function, line, operator) and exit")
     parser.add_argument("--coverage", type=float, default=None, metavar="S", help="only measure branch coverage of the target functions: an S-second campaign vs vLLM's tests")
+    parser.add_argument("--check-equivalent", nargs="+", default=None, metavar="ID", help="only run the equivalence check on these mutants (the fixed cases and --equivalent-cases random cases, mutant vs base); results under OUT/equivalent")
+    parser.add_argument("--equivalent-cases", type=int, default=30, metavar="N", help="random cases of --check-equivalent (default: %(default)s)")
     parser.add_argument("--ray", default=None, metavar="auto|local|ADDRESS", help="run the mutants as tasks on a Ray cluster (fuzz.distribute)")
 
 
@@ -73,6 +75,13 @@ def main(args) -> int:
         base = base_engine(release, default_base_patches(release))  # mutants are planted in the base
         for p in positions(release_vllm_root(base.split("==", 1)[1])):
             print(f"{p['id']}\t{p['function']}\t{p['line']}\t{p['operator'].removeprefix('core/')}")
+        return 0
+    if args.check_equivalent:
+        from mutate.equivalent import check_mutants
+
+        whole("--equivalent-cases", args.equivalent_cases, minimum=0, maximum=100000)
+        results = check_mutants(release, args.check_equivalent, out=out, n=args.equivalent_cases, seed=args.seed, progress=_say)
+        print(json.dumps([{k: r.get(k) for k in ("id", "equal", "compared", "reason")} for r in results], indent=2))
         return 0
     if args.coverage is not None:
         from mutate.coverage import compare

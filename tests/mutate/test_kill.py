@@ -1,7 +1,10 @@
-"""One mutant, one task, on the real engine: a planted fault in
-``replay_boundaries`` is killed by kvspec within its budget; a mutant that
-breaks vLLM's import is counted apart; a patch kvspec cannot build is a
-harness failure, never a kill; a finished mutant is not run twice."""
+"""One mutant, one task, on the real engine: a planted fault in the Mamba
+lookup is killed by kvspec within its budget; a fault that stalls the
+prefill is killed by kvspec's ``engine_error`` oracle (vLLM still imports,
+so it is no crash); a reviewed equivalent mutant survives and is counted
+apart; a mutant that breaks vLLM's import is counted apart; a patch kvspec
+cannot build is a harness failure, never a kill; a finished mutant is not
+run twice."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ def base():
 
     ensure_env("0.33.0")
     patches = default_base_patches("0.33.0")
-    assert len(patches) == 2
+    assert [p.rsplit("/", 1)[1] for p in patches] == ["vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff", "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
+                                                      "vllm-0.33.0-stale-state-after-partial-hit.diff"]
     return base_engine("0.33.0", patches), patches
 
 
@@ -82,6 +86,34 @@ def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, o
     assert run_mutant(m, 25.0, options) == res == read_result(options["out"], m["id"])
     s = report.summarize([res], equivalent={})
     assert s["counts"]["kvspec only"] == 1 and s["kvspec_score"] == 1.0
+
+
+def test_a_mutant_that_stalls_the_prefill_imports_and_is_killed_by_an_oracle(root, options):
+    """Cosmic Ray's Add -> Sub on the split's chunk end: vLLM imports (the
+    build's self-test only imports), then its scheduler schedules nothing;
+    kvspec's step loop bounds that and the engine_error oracle kills it."""
+    cands = [m for m in positions(root) if m["function"] == "Scheduler._mamba_block_aligned_split" and m["operator"] == "core/ReplaceBinaryOperator_Add_Sub"]
+    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].strip() == "end = start + num_new_tokens"]
+    res = run_mutant(m, 10.0, options)
+    kv = res["kvspec"]
+    assert res["status"] == "ran" and kv["killed"] is True, res
+    assert kv["oracle"] == "engine_error" and kv["promise"] == "errors" and "no progress" in kv["summary"], kv
+    assert report.summarize([res], equivalent={})["counts"]["kvspec only"] == 1
+
+
+def test_a_reviewed_equivalent_mutant_survives_and_is_counted_apart(root, options):
+    """``has_positionally_stable_blocks`` is read only by the CPU-offload
+    connector: no oracle can kill the mutant from kvspec's deployments, and
+    the reviewed list keeps it out of the score."""
+    from mutate.equivalent import reviewed
+
+    cands = [m for m in positions(root) if m["function"] == "MambaManager.has_positionally_stable_blocks"]
+    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["after"].strip() == 'return self.mamba_cache_mode >= "align"']
+    res = run_mutant(m, 8.0, options)
+    assert res["status"] == "ran" and res["kvspec"]["killed"] is False and res["kvspec"]["execs"] > 0, res
+    assert m["id"] in reviewed()
+    s = report.summarize([res])
+    assert s["counts"]["equivalent"] == 1 and s["scored"] == 0
 
 
 def test_a_mutant_that_breaks_the_import_is_counted_apart(root, options):

@@ -65,3 +65,17 @@ def test_the_reviewed_equivalent_list_has_an_argument_for_every_entry():
 
     for e in json.loads(REVIEWED.read_text()):
         assert set(e) >= {"id", "argument", "check"} and e["argument"].strip() and "\n" not in e["argument"]
+
+
+def test_equivalence_compares_behaviour_not_the_recorded_arguments_of_internal_calls():
+    """mutate.equivalent.behaviour: what ran it and the arguments of vLLM's
+    internal calls (the mutated code restated) are aside; hits and the
+    retained states are not."""
+    from mutate.equivalent import behaviour
+
+    def obs(engine, boundaries, retained):
+        return {"engine": engine, "timing": {"total_s": 1}, "hits": [0, 544],
+                "explain": [{"boundaries": boundaries, "cache_blocks": boundaries, "chunk_ends": [544, 1088], "written": [544, 1088], "retained_mamba_blocks": retained}]}
+
+    assert behaviour(obs("vllm==a", [543], {"544": [0]})) == behaviour(obs("vllm==b", [1087], {"544": [0]}))
+    assert behaviour(obs("vllm==a", [543], {"544": [0]})) != behaviour(obs("vllm==a", [543], {"544": [0, 1]}))
