@@ -3,8 +3,9 @@
 
 It runs, on the one engine, in this order until the time is spent:
 
-1. the examples that name a deployment or a block-aligned longer sibling
-   (``examples/*deployment*.json``, ``examples/r2-*.json``);
+1. the examples that name a deployment or a vLLM bug class
+   (``examples/*deployment*.json``, ``r1-*``, ``r2-*``, ``dense-*``,
+   ``stale-*``);
 2. the proofs' boundary cases (``spec.seeds.boundary_cases``: z3's
    counterexamples and witnesses per geometry class), mapped onto real
    deployments (``fuzz.seeds.on_deployments``), interleaved by speculative
