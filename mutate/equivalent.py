@@ -13,10 +13,13 @@ The rules:
   ``replay_boundaries`` returned; ``cache_blocks``: the token counts passed
   to ``cache_blocks``), which restate the mutated code rather than what it
   does. Passing it makes a mutant a *candidate*, no more.
-* **The reviewed list** (``mutate/equivalent.json``): ``[{"id", "argument",
-  "check"}]``, ``argument`` one line saying why no input can tell the
-  mutant from the release (read from vLLM's source), ``check`` what
-  :func:`check` found. Only ids on this list are counted as equivalent.
+* **The reviewed list** (``mutate/equivalent.json``): ``[{"id", "kind",
+  "argument", "check"}]``, ``argument`` one line read from vLLM's source,
+  ``check`` what :func:`check` found. ``kind`` ``equivalent``: no input can
+  tell the mutant from the base (counted apart); ``out of scope``: the
+  mutated code runs only in configurations no hybrid prefix-caching
+  deployment has, so kvspec cannot reach it, though vLLM's own tests may
+  (still scored; ``mutate.report`` gives a second score without them).
 """
 
 from __future__ import annotations

@@ -8,8 +8,12 @@ The rules of the count:
   list ``first run`` crashes, a case that raised, stalled or gave
   implausible hits) and one where kvspec's harness failed
   (``harness``) are listed apart and are in no score;
-* a mutant on the reviewed equivalent list (``mutate/equivalent.json``) is
-  listed apart and is in no score;
+* a mutant on the reviewed list (``mutate/equivalent.json``) of kind
+  ``equivalent`` (no input changes its behaviour) is listed apart and is in
+  no score; one of kind ``out of scope`` (its code runs only in
+  configurations no hybrid prefix-caching deployment has: a KV connector, a
+  single KV cache group, no prefix caching, other models' specs) stays
+  scored, and a second score leaves those out (``in_scope``);
 * every other mutant is *scored*: killed by kvspec, by vLLM's tests, by
   both, or by neither; a score is killed / scored, per file, per function
   and overall; ``both + kvspec only + vLLM only + neither == scored``;
@@ -50,7 +54,7 @@ def classify(res: dict, equivalent: dict[str, dict]) -> str:
     """``crash``, ``harness``, ``equivalent`` or one of :data:`CLASSES`."""
     if res.get("status") in ("crash", "harness"):
         return res["status"]
-    if res["id"] in equivalent:
+    if res["id"] in equivalent and equivalent[res["id"]].get("kind", "equivalent") == "equivalent":
         return "equivalent"
     k = bool((res.get("kvspec") or {}).get("killed"))
     v = bool((res.get("vllm_tests") or {}).get("killed"))
@@ -84,14 +88,17 @@ def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) ->
                      "operator": (r.get("operator") or "").removeprefix("core/"), "before": r.get("before"), "after": r.get("after"),
                      "class": classify(r, equivalent), "seconds_to_kill": kv.get("seconds_to_kill"), "promise": kv.get("promise"),
                      "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test") if (r.get("vllm_tests") or {}).get("killed") else None,
-                     "set_aside": (r.get("vllm_tests") or {}).get("set_aside"), "vllm_tests_run": "vllm_tests" in r, "reason": r.get("reason"), "crash": crash_kind(r)})
+                     "set_aside": (r.get("vllm_tests") or {}).get("set_aside"), "vllm_tests_run": "vllm_tests" in r, "reason": r.get("reason"), "crash": crash_kind(r),
+                     "out_of_scope": (equivalent.get(r["id"]) or {}).get("kind") == "out of scope"})
     counts = {c: sum(r["class"] == c for r in rows) for c in (*CLASSES, "equivalent", "crash", "harness")}
     crashes = {k: sum(r["crash"] == k for r in rows) for k in ("import", "first run")}
     times = [r["seconds_to_kill"] for r in rows if r["class"] in ("both", "kvspec only") and r["seconds_to_kill"] is not None]
     by_file = {f: _score([r for r in rows if r["file"] == f]) for f in sorted({r["file"] for r in rows if r["file"]})}
     by_function = {f: _score([r for r in rows if r["function"] == f]) for f in sorted({r["function"] for r in rows if r["function"]})}
     not_run = sum(1 for r in results if r.get("status") == "ran" and "vllm_tests" not in r and r["id"] not in equivalent)
-    return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, **_score(rows), "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
+    in_scope = _score([r for r in rows if not r["out_of_scope"]])
+    return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, **_score(rows), "out_of_scope": sum(r["out_of_scope"] and r["class"] in CLASSES for r in rows),
+            "in_scope": in_scope, "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
             "by_file": by_file, "by_function": by_function, "survivors": [r for r in rows if r["class"] == "neither"], "rows": rows}
 
 
@@ -108,6 +115,7 @@ def markdown(s: dict) -> str:
              f"| **kvspec** misses | vLLM tests only: {c['vLLM tests only']} | neither: {c['neither']} |", "",
              *([f"- vLLM's tests were not run on {s['vllm_tests_not_run']} scored mutant(s) (counted as missed by them)"] if s["vllm_tests_not_run"] else []),
              f"- mutation score: kvspec {s['kvspec_killed']}/{s['scored']} ({_pct(s['kvspec_score'])}), vLLM's tests {s['vllm_tests_killed']}/{s['scored']} ({_pct(s['vllm_tests_score'])})",
+             *([f"- within kvspec's scope (leaving out {s['out_of_scope']} mutant(s) of code no hybrid prefix-caching deployment runs): kvspec {s['in_scope']['kvspec_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['kvspec_score'])}), vLLM's tests {s['in_scope']['vllm_tests_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['vllm_tests_score'])})"] if s["out_of_scope"] else []),
              f"- kvspec's median time to kill: {s['median_seconds_to_kill']} s", "",
              "## Per file", "", "| file | scored | kvspec | vLLM tests |", "|---|---|---|---|"]
     for f, v in s["by_file"].items():
@@ -119,7 +127,7 @@ def markdown(s: dict) -> str:
     if not s["survivors"]:
         lines.append("none")
     for r in s["survivors"]:
-        lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`")
+        lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`{' (out of scope)' if r['out_of_scope'] else ''}")
     apart = [r for r in s["rows"] if r["class"] in ("crash", "harness", "equivalent")]
     if apart:
         lines += ["", "## Counted apart", ""]

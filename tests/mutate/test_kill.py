@@ -2,7 +2,7 @@
 lookup is killed by kvspec within its budget; a fault that stalls the
 prefill is killed by kvspec's ``engine_error`` oracle (vLLM still imports,
 so it is no crash); a reviewed equivalent mutant survives and is counted
-apart; a mutant that breaks vLLM's import is counted apart; a patch kvspec
+apart (the real survivor); a mutant that breaks vLLM's import is counted apart; a patch kvspec
 cannot build is a harness failure, never a kill; a finished mutant is not
 run twice."""
 
@@ -102,16 +102,16 @@ def test_a_mutant_that_stalls_the_prefill_imports_and_is_killed_by_an_oracle(roo
 
 
 def test_a_reviewed_equivalent_mutant_survives_and_is_counted_apart(root, options):
-    """``has_positionally_stable_blocks`` is read only by the CPU-offload
-    connector: no oracle can kill the mutant from kvspec's deployments, and
-    the reviewed list keeps it out of the score."""
+    """``resend * block`` in replay_boundaries' EAGLE branch: 0.33.0 keeps
+    the state a resend needs through the prompt checkpoint's back-off, so
+    no oracle can kill it (mutate/equivalent.json), and it is no score."""
     from mutate.equivalent import reviewed
 
-    cands = [m for m in positions(root) if m["function"] == "MambaManager.has_positionally_stable_blocks"]
-    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["after"].strip() == 'return self.mamba_cache_mode >= "align"']
+    cands = [m for m in positions(root) if m["function"] == "replay_boundaries" and m["operator"] == "core/ReplaceBinaryOperator_Sub_Mul"]
+    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if "max(resend * block, 0)" in x["after"]]
     res = run_mutant(m, 8.0, options)
     assert res["status"] == "ran" and res["kvspec"]["killed"] is False and res["kvspec"]["execs"] > 0, res
-    assert m["id"] in reviewed()
+    assert reviewed()[m["id"]]["kind"] == "equivalent"
     s = report.summarize([res])
     assert s["counts"]["equivalent"] == 1 and s["scored"] == 0
 

@@ -64,7 +64,8 @@ def test_the_reviewed_equivalent_list_has_an_argument_for_every_entry():
     from mutate.equivalent import REVIEWED
 
     for e in json.loads(REVIEWED.read_text()):
-        assert set(e) >= {"id", "argument", "check"} and e["argument"].strip() and "\n" not in e["argument"]
+        assert set(e) >= {"id", "kind", "argument", "check"} and e["argument"].strip() and "\n" not in e["argument"]
+        assert e["kind"] in ("equivalent", "out of scope")
 
 
 def test_equivalence_compares_behaviour_not_the_recorded_arguments_of_internal_calls():
@@ -79,3 +80,13 @@ def test_equivalence_compares_behaviour_not_the_recorded_arguments_of_internal_c
 
     assert behaviour(obs("vllm==a", [543], {"544": [0]})) == behaviour(obs("vllm==b", [1087], {"544": [0]}))
     assert behaviour(obs("vllm==a", [543], {"544": [0]})) != behaviour(obs("vllm==a", [543], {"544": [0, 1]}))
+
+
+def test_an_out_of_scope_mutant_stays_scored_and_a_second_score_leaves_it_out():
+    rows = [{"id": "o-1", "status": "ran", "file": "f", "function": "g", "kvspec": {"killed": False}, "vllm_tests": {"killed": True}},
+            {"id": "k-1", "status": "ran", "file": "f", "function": "g", "kvspec": {"killed": True, "seconds_to_kill": 1.0}, "vllm_tests": {"killed": False}},
+            {"id": "e-1", "status": "ran", "file": "f", "function": "g", "kvspec": {"killed": False}, "vllm_tests": {"killed": False}}]
+    s = report.summarize(rows, equivalent={"o-1": {"id": "o-1", "kind": "out of scope"}, "e-1": {"id": "e-1", "kind": "equivalent"}})
+    assert s["counts"]["equivalent"] == 1 and s["scored"] == 2 and s["kvspec_killed"] == 1 and s["vllm_tests_killed"] == 1
+    assert s["out_of_scope"] == 1 and s["in_scope"] == {"scored": 1, "kvspec_killed": 1, "vllm_tests_killed": 0, "kvspec_score": 1.0, "vllm_tests_score": 0.0}
+    assert "within kvspec's scope" in report.markdown(s)
