@@ -87,7 +87,7 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     ``kvspec mutate`` builds it, removed after); each result also written
     to ``OUT/equivalent/<id>.json``. A mutant whose build fails is
     reported, not checked."""
-    from reference.case import write_json_atomic
+    from reference.case import write_json_atomic, write_text_atomic
     from reference.errors import KvspecError
 
     from mutate.kill import _build, _drop_build, fixed_cases
@@ -101,8 +101,7 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     for m in select_mutants(release, n=None, only=ids, seed=seed, base=base):
         folder = Path(out) / "equivalent"
         diff = folder / f"{m['id']}.diff"
-        diff.parent.mkdir(parents=True, exist_ok=True)
-        diff.write_text(m["diff"])
+        write_text_atomic(diff, m["diff"])
         engine, verdict = _build(m, release, diff, patches)
         if verdict is not None:
             res = {"id": m["id"], "equal": None, "reason": verdict.get("reason")}

@@ -9,9 +9,9 @@ atomically. The verdicts:
 * ``status``: ``ran`` (both checks ran), ``crash`` (the build's import-only
   self-test failed: vLLM's modules no longer import; counted apart, never a
   kill; a mutant that imports but raises, stalls or answers nonsense on a
-  case is judged by kvspec's oracles like any other), ``harness (kvspec itself failed: the build
-  could not be made, the engine could not start, harness errors above the
-  limit; counted apart, never a kill);
+  case is judged by kvspec's oracles like any other), ``harness``
+  (kvspec itself failed: the build could not be made, the engine could not
+  start, harness errors above the limit; counted apart, never a kill);
 * ``kvspec.killed``: the oracles that judge a build (``promise``,
   ``sparse_dense``, ``spec_on_off``, ``engine_error``, plus ``junction``;
   never the release's own rule), given ``budget`` seconds from the engine's

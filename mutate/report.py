@@ -88,14 +88,14 @@ def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) ->
                      "operator": (r.get("operator") or "").removeprefix("core/"), "before": r.get("before"), "after": r.get("after"),
                      "class": classify(r, equivalent), "seconds_to_kill": kv.get("seconds_to_kill"), "promise": kv.get("promise"),
                      "oracle": kv.get("oracle"), "killing_test": (r.get("vllm_tests") or {}).get("killing_test") if (r.get("vllm_tests") or {}).get("killed") else None,
-                     "set_aside": (r.get("vllm_tests") or {}).get("set_aside"), "vllm_tests_run": "vllm_tests" in r, "reason": r.get("reason"), "crash": crash_kind(r),
+                     "set_aside": (r.get("vllm_tests") or {}).get("set_aside"), "vllm_tests_run": "vllm_tests" in r, "reason": r.get("reason") or (equivalent.get(r["id"]) or {}).get("argument"), "crash": crash_kind(r),
                      "out_of_scope": (equivalent.get(r["id"]) or {}).get("kind") == "out of scope"})
     counts = {c: sum(r["class"] == c for r in rows) for c in (*CLASSES, "equivalent", "crash", "harness")}
     crashes = {k: sum(r["crash"] == k for r in rows) for k in ("import", "first run")}
     times = [r["seconds_to_kill"] for r in rows if r["class"] in ("both", "kvspec only") and r["seconds_to_kill"] is not None]
     by_file = {f: _score([r for r in rows if r["file"] == f]) for f in sorted({r["file"] for r in rows if r["file"]})}
     by_function = {f: _score([r for r in rows if r["function"] == f]) for f in sorted({r["function"] for r in rows if r["function"]})}
-    not_run = sum(1 for r in results if r.get("status") == "ran" and "vllm_tests" not in r and r["id"] not in equivalent)
+    not_run = sum(1 for r, row in zip(results, rows) if r.get("status") == "ran" and "vllm_tests" not in r and row["class"] in CLASSES)
     in_scope = _score([r for r in rows if not r["out_of_scope"]])
     return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, **_score(rows), "out_of_scope": sum(r["out_of_scope"] and r["class"] in CLASSES for r in rows),
             "in_scope": in_scope, "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
