@@ -2,9 +2,9 @@
 lookup is killed by kvspec within its budget; a fault that stalls the
 prefill is killed by kvspec's ``engine_error`` oracle (vLLM still imports,
 so it is no crash); a reviewed equivalent mutant survives and is counted
-apart (the real survivor); a mutant that breaks vLLM's import is counted apart; a patch kvspec
-cannot build is a harness failure, never a kill; a finished mutant is not
-run twice."""
+apart (the real survivor); a mutant that breaks vLLM's import is counted
+apart; a patch kvspec cannot build is a harness failure, never a kill; a
+finished mutant is not run twice."""
 
 from __future__ import annotations
 
