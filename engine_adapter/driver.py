@@ -166,7 +166,7 @@ class VllmDriver:
                 scan = RetainedScan(s, built)
         except Exception as e:
             raise VllmFailure("setup", e) from None
-        writer = checkpoint_writer(built["vllm_config"], built["groups"], built)  # kvspec's own code: an error here is the harness's
+        writer = checkpoint_writer(built)  # kvspec's own code: an error here is the harness's
         for i, creq in enumerate(case.trace):
             tokens = prompt_tokens(creq)
             served = serve(s, i, tokens, creq.max_tokens, built["hasher"])

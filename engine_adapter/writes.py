@@ -31,23 +31,26 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-Writer = Callable[[int, int], list[int]]
+#: ``[(seq_len, query_len), ...]`` of a request's prefill steps -> the
+#: positions every Mamba group writes an internal checkpoint at.
+Writer = Callable[[list[tuple[int, int]]], set[int]]
 
 
-def no_checkpoints(_seq_len: int, _query_len: int) -> list[int]:
-    return []
+def no_checkpoints(_steps: list[tuple[int, int]]) -> set[int]:
+    return set()
 
 
-def checkpoint_writer(vllm_config, groups, built: dict) -> Writer | None:
-    """``(seq_len, query_len) -> positions`` where every Mamba group writes
-    an internal checkpoint in that prefill step (the intersection over the
-    groups: a hit needs every group's state), or None (unobservable)."""
+def checkpoint_writer(built: dict) -> Writer | None:
+    """The :data:`Writer` of what ``setup`` built (its ``vllm_config``,
+    ``groups``, ``hash_block_size``, ``alignment_tokens``): the
+    intersection over the Mamba groups (a hit needs every group's state),
+    or None (unobservable)."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    mamba = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
-    cache_config = vllm_config.cache_config
+    vllm_config = built["vllm_config"]
+    mamba = [g.kv_cache_spec for g in built["groups"] if isinstance(g.kv_cache_spec, MambaSpec)]
     exporting = [s for s in mamba if getattr(s, "num_prefill_checkpoint_blocks", 0)]
-    if not exporting or getattr(cache_config, "mamba_cache_mode", None) != "align" or len(exporting) < len(mamba):
+    if not exporting or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align" or len(exporting) < len(mamba):
         return no_checkpoints  # some group writes none: the intersection is empty
     try:
         from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
@@ -65,16 +68,20 @@ def checkpoint_writer(vllm_config, groups, built: dict) -> Writer | None:
         extra["num_hash_lookahead_tokens"] = lookahead
     distinct = list({(s.block_size, s.prefill_checkpoint_alignment): s for s in exporting}.values())
 
-    def positions(seq_len: int, query_len: int) -> list[int]:
-        start = seq_len - query_len
+    def positions(steps: list[tuple[int, int]]) -> set[int]:
+        """One call per group spec over all the steps (a checkpoint lies
+        strictly inside its step's query, so no two steps share one)."""
+        if not steps:
+            return set()
+        seq_lens, query_lens = [q[0] for q in steps], [q[1] for q in steps]
         found: set[int] | None = None
         for s in distinct:
-            offsets, _cols = compute_mamba_prefill_checkpoints([seq_len], [query_len], hash_block_size=hash_block_size, mamba_block_size=s.block_size,
+            offsets, _cols = compute_mamba_prefill_checkpoints(seq_lens, query_lens, hash_block_size=hash_block_size, mamba_block_size=s.block_size,
                                                                checkpoint_alignment=s.prefill_checkpoint_alignment, drop_eagle_block=drop,
                                                                cache_hit_alignment_tokens=alignment, **extra)
-            mine = {start + o for o in offsets if o > 0}
+            mine = {seq - query + o for seq, query, o in zip(seq_lens, query_lens, offsets) if o > 0}
             found = mine if found is None else found & mine
-        return sorted(found or ())
+        return found or set()
 
     return positions
 
@@ -83,8 +90,4 @@ def written(served, writer: Writer) -> list[int]:
     """The positions of the request's prompt where its prefill wrote a Mamba
     state in every group: the chunk ends and the writer's checkpoints."""
     n = len(served.request.prompt_token_ids)
-    out = set(served.chunk_ends)
-    if writer is not no_checkpoints:
-        for seq_len, query_len in served.prefill_steps:
-            out.update(p for p in writer(seq_len, query_len) if p <= n)
-    return sorted(out)
+    return sorted({*served.chunk_ends, *(p for p in writer(served.prefill_steps) if p <= n)})

@@ -1,0 +1,38 @@
+"""What the engine observes of the model runner's Mamba writes
+(engine_adapter.writes, explain ``written``) and the ``stale`` oracle on it,
+vLLM 0.33.0:
+
+* an internal prefill checkpoint that is no chunk end is observed: Qwen3.5
+  on an H100 (GDN on FlashInfer) writes 1600 inside the chunk ending at
+  1632, placed by vLLM's own ``compute_mamba_prefill_checkpoints``;
+* on 0.33.0's stale state after a partial hit the third and fourth requests
+  resume at 144, which no prefill wrote: ``stale`` names them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.oracles import check_stale, resolved
+from kvspec.home import REPO_ROOT
+from reference.case import load_case
+
+pytestmark = pytest.mark.engine
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def test_an_internal_checkpoint_that_is_no_chunk_end_is_observed_as_written(engine_033):
+    obs = engine_033.run(load_case(EXAMPLES / "r1-hashed-periodic-eagle-drop-qwen3_5.json"))
+    first = obs["explain"][0]
+    assert first["chunk_ends"] == [1280, 1632, 1664]
+    assert first["written"] == [1280, 1600, 1632, 1664]
+
+
+def test_the_stale_oracle_names_the_requests_that_resume_where_nothing_was_written(engine_033):
+    case = load_case(EXAMPLES / "stale-state-after-partial-hit-falcon_h1.json")
+    obs = engine_033.run(case)
+    assert obs["hits"] == [0, 16, 144, 144]
+    assert [e["written"] for e in obs["explain"][:2]] == [[16, 17], [416, 428]]
+    (div,) = check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs)
+    assert (div.oracle, div.requests, div.expected[2]) == ("stale", [2, 3], 17)
