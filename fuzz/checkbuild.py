@@ -23,6 +23,11 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   divergence point once the junction was observed (the promise's prediction);
 * ``no-stale`` no request hits more than the Mamba states a prefill wrote
   allow (the ``stale`` oracle, and any hit above the expected one);
+* ``retention`` sparse retention keeps no state a later request cannot
+  resume at, periodic retention every segment end a prefill wrote (the
+  ``retention`` oracle);
+* ``split`` a prefill chunk ends only where a Mamba state must be cached
+  (the ``split`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -48,6 +53,8 @@ PROMISES = (
     ("R2", "longer sibling", "a prompt that extends an earlier one resumes where dense retention would"),
     ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
+    ("retention", "retention", "sparse retention keeps only states a later request can resume at; periodic retention keeps every segment end a prefill wrote"),
+    ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -60,6 +67,8 @@ def promise_of(finding: dict) -> str:
         return "errors"
     if oracle == "stale":
         return "no-stale"
+    if oracle in ("retention", "split"):
+        return oracle
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")
     exp = (finding.get("expected") or {}).get("hits") or []

@@ -73,6 +73,10 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
         return div.detail
     i = div.first
     kinds = request_kinds(case)
+    if div.oracle == "retention":  # the hits agree; the states the cache holds do not
+        return f"request {i} ({kinds[i]}) holds Mamba states {div.context['observed_states'][i]}, expected {div.context['expected_states'][i]} ({div.detail})"
+    if div.oracle == "split":  # the hits agree; a chunk ends where no state is needed
+        return f"request {i} ({kinds[i]}): {div.detail}"
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
     mamba = case.geometry.mamba_block_sizes
@@ -100,7 +104,12 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if i < len(div.observed) and i < len(div.expected):
+        if div.oracle == "split":
+            parts.append("stray-end")
+        elif div.oracle == "retention":
+            held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
+            parts.append(("extra" if held - want else "") + ("missing" if want - held else ""))
+        elif i < len(div.observed) and i < len(div.expected):
             parts.append("low" if div.observed[i] < div.expected[i] else "high")
     elif div.oracle == "engine_error":
         parts.append(div.detail.split(":")[0])
@@ -172,8 +181,9 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
         "harness": {"mode": harness.get("mode"), "platform": run_platform},
         "first_divergence": div.first,
         "diverging_requests": div.requests,
-        "expected": {"hits": div.expected, "detail": div.detail},
-        "observed": {"hits": observation.get("hits", []), "queries": observation.get("queries", []), "error": observation.get("error")},
+        "expected": {"hits": div.expected, "detail": div.detail, **({"states": div.context["expected_states"]} if "expected_states" in div.context else {})},
+        "observed": {"hits": observation.get("hits", []), "queries": observation.get("queries", []), "error": observation.get("error"),
+                     **({"states": div.context["observed_states"]} if "observed_states" in div.context else {})},
         "explain": {"model": div.context.get("model_explain", []), "engine": observation.get("explain", [])},
         "reproduced_twice": reproduced,
         "seed": seed,
@@ -255,8 +265,9 @@ def render(finding: dict) -> str:
         lines.append(f"  harness: {h.get('mode') or '?'} on {h.get('platform') or '?'}; kvspec {k.get('version') or '?'}" + (f" at {k['commit'][:12]}" + ("+dirty" if k.get("dirty") else "") if k.get("commit") else ""))
     for i, r in enumerate(case["trace"]):
         lines.append(f"  request {i}: " + " + ".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]))
-    lines += ["", "request  expected  observed"]
-    exp, obs = finding["expected"]["hits"], finding["observed"]["hits"]
+    states = finding["expected"].get("states") is not None and finding["observed"].get("states") is not None
+    lines += ["", "request  expected  observed" + ("  (Mamba states the cache holds; the hits agree)" if states else "")]
+    exp, obs = (finding["expected"]["states"], finding["observed"]["states"]) if states else (finding["expected"]["hits"], finding["observed"]["hits"])
     for i in range(max(len(exp), len(obs))):
         e = exp[i] if i < len(exp) else "-"
         o = obs[i] if i < len(obs) else "-"

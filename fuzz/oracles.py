@@ -28,6 +28,22 @@ says which requests diverge.
   chunk ends and the internal checkpoints vLLM's worker-side code places).
   Any other hit serves a state that belongs elsewhere. Not judged where the
   engine could not observe the writes (``written`` null).
+* ``retention``: under sparse or periodic retention a request leaves in the
+  cache only states a later request can resume at (a boundary the promise
+  or the release's rule keeps, for this prompt or an earlier one over the
+  same tokens, or the junction the engine observed), and under periodic
+  retention every segment boundary its prefill wrote over its hashed tokens.
+  Sparse retention exists to save that memory; a state kept nowhere
+  reachable is the memory it was meant to save, a segment boundary dropped
+  is reuse periodic retention promises a sibling.
+* ``split``: a prefill chunk other than a prompt's last ends only where
+  align mode needs it to (vLLM's own invariant in
+  ``Scheduler._mamba_block_aligned_split``: a Mamba state is written at each
+  chunk end, so chunk ends are block aligned): on the hash grid (block
+  boundaries, the prompt's checkpoint), at the junction, where the chunk
+  budget ran out, or within the MTP prefill lookahead of the prompt's end.
+  A chunk ending anywhere else writes a state nothing can key and costs a
+  step.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -39,18 +55,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from reference.boundaries import resumable_states
 from reference.case import Case, prompt_tokens, with_resolution
 from reference.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
@@ -172,6 +189,114 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
         return []
     i = bad[0]
     return [Divergence("stale", version, bad, expected, hits, f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")]
+
+
+def held_states(e: dict) -> set[int] | None:
+    """The Mamba states (token counts) an explain record says the cache
+    holds on a request's prompt once it finished, over every Mamba group
+    (``retained_mamba_tokens`` where a state is not a whole block, else
+    ``retained_mamba_blocks``); None where they were not observed."""
+    tokens = e.get("retained_mamba_tokens")
+    if tokens:
+        return {int(p) for ps in tokens.values() for p in ps}
+    blocks = e.get("retained_mamba_blocks")
+    if blocks is None:
+        return None
+    return {(int(b) + 1) * int(size) for size, bs in blocks.items() for b in bs}
+
+
+def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """Sparse and periodic retention keep what they say (see the module
+    note). Allowed for request ``i``: over the same tokens as its prompt,
+    a state some request ``j <= i`` may leave behind: one a later request
+    can resume at (:func:`reference.boundaries.resumable_states` of ``j``'s
+    prompt, with the knobs ``version`` resolves), one the reference model
+    keeps for ``j`` under the promise or the release's rule, the junction
+    the engine observed for ``j``, ``j``'s hit, and under periodic
+    retention every segment end. Required (periodic): every position
+    ``i``'s own prefill wrote (``written``) on the segment grid within its
+    hashed tokens. Judged where the engine observed what the cache holds.
+    The divergence carries the hits unchanged; the states are its
+    ``context`` (``expected_states`` / ``observed_states``)."""
+    g = case.geometry
+    if g is None or g.retention_interval is None:
+        return []
+    explain = obs.get("explain") or []
+    hits = obs.get("hits") or []
+    if not explain or any(held_states(e) is None for e in explain):
+        return []
+    knobs = resolve_knobs(case, version)
+    interval, L, H, S, U = g.retention_interval, knobs.hash_lookahead_tokens, g.hash_block_size, g.scheduler_block_size, knobs.alignment
+    Ms = sorted(set(g.mamba_block_sizes))
+    step = None if not interval else max(interval, min(Ms))
+    models = [predict_with_knobs(case, knobs, rule)["explain"] for rule in dict.fromkeys(("promise", implemented_rule(version)))]
+    prompts = [prompt_tokens(r) for r in case.trace]
+    own: list[set[int]] = []
+    for j, e in enumerate(explain):
+        mine = set().union(*(resumable_states(len(prompts[j]), S, U, H, M, knobs.eagle_drop, L) for M in Ms))
+        for m in models:
+            if j < len(m):
+                mine |= held_states(m[j]) or set()
+        mine.update(int(x) for x in (e.get("junction"), hits[j] if j < len(hits) else 0) if x)
+        own.append(mine)
+    bad, expected, observed, notes = [], [], [], []
+    for i, e in enumerate(explain):
+        held = held_states(e)
+        tokens = prompts[i]
+        allowed = {p for j in range(i + 1) for p in own[j] if prompts[j][:p] == tokens[:p]}
+        extra = sorted(p for p in held - allowed if not (step and p % step == 0))
+        missing: list[int] = []
+        if step and e.get("written") is not None:
+            hashed = max(len(tokens) - L, 0) // H * H
+            missing = sorted(p for p in e["written"] if 0 < p <= hashed and p % step == 0 and p not in held)
+        expected.append(sorted((held - set(extra)) | set(missing)))
+        observed.append(sorted(held))
+        if extra or missing:
+            bad.append(i)
+            notes.append(f"request {i}" + (f" keeps {extra}, where no later request can resume" if extra else "") + (" and" if extra and missing else "") + (f" drops the segment ends {missing} its prefill wrote" if missing else ""))
+    if not bad:
+        return []
+    mode = "sparse" if interval == 0 else f"periodic (interval {interval})"
+    return [Divergence("retention", version, bad, list(hits), list(hits), f"{mode} retention: " + "; ".join(notes[:3]),
+                       {"expected_states": expected, "observed_states": observed})]
+
+
+def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """Every prefill chunk end ``e`` below a prompt's length N (the engine's
+    ``chunk_ends``, the first chunk starting at the hit) is on the hash grid
+    H, on the CPU engine core's split block, at the junction the engine
+    observed, ``budget`` tokens after the chunk's start (the engine's
+    ``max_num_scheduled_tokens``), or at least N minus the MTP prefill
+    lookahead (``num_prefill_lookahead_tokens``). The divergence carries the
+    hits unchanged and names the first stray end; ``context``:
+    ``stray_ends`` per request."""
+    g = case.geometry
+    explain = obs.get("explain") or []
+    knobs = obs.get("knobs") or {}
+    if g is None or not explain:
+        return []
+    H = g.hash_block_size
+    budget = int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
+    lookahead = int(knobs.get("num_prefill_lookahead_tokens") or 0)
+    hits = obs.get("hits") or []
+    stray: list[list[int]] = []
+    for i, e in enumerate(explain):
+        N = int(e.get("prompt_tokens") or len(prompt_tokens(case.trace[i])))
+        start = int(e.get("scheduler_hit") or (hits[i] if i < len(hits) else 0) or 0)
+        mine = []
+        for end in e.get("chunk_ends") or []:
+            if end < N and not (end % H == 0 or (g.split_block_size and end % g.split_block_size == 0)
+                                or end == e.get("junction") or end - start == budget or end >= N - lookahead):
+                mine.append(end)
+            start = end
+        stray.append(mine)
+    bad = [i for i, s in enumerate(stray) if s]
+    if not bad:
+        return []
+    i = bad[0]
+    return [Divergence("split", version, bad, list(hits), list(hits),
+                       f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}",
+                       {"stray_ends": stray})]
 
 
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
@@ -331,6 +456,10 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
         out += check_promise(case, version, obs)
     if "stale" in oracles:
         out += check_stale(case, version, obs)
+    if "retention" in oracles:
+        out += check_retention(case, version, obs)
+    if "split" in oracles:
+        out += check_split(case, version, obs)
     if "reference" in oracles:
         out += check_reference(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:

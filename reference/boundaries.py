@@ -172,6 +172,22 @@ def tail_checkpoint(N: int, H: int, eagle_drop: bool, L: int, rule: str) -> int:
     return max(floor_to(N - max(1, L), H), 0)
 
 
+def resumable_states(N: int, S: int, U: int, H: int, M: int, eagle_drop: bool, L: int) -> frozenset[int]:
+    """Every state of an N-token prompt a later request can resume at under
+    the promise or vLLM 0.30.0-0.33.0's replay rule, whichever alignment it
+    is kept at: the resend's and the longer sibling's boundaries (both
+    ceilings), the replay rule's, the prompt's checkpoint (tail and
+    ``get_mamba_prefill_checkpoint_position`` on each grid), each aligned
+    down to the hit unit U, the hash block H and the Mamba block M. Sparse retention exists to keep nothing else (0 excluded)."""
+    marks = {resend_boundary(N, S, eagle_drop, L=L, ceiling=c) for c in ("n_minus_1", "hashed")}
+    marks.add(extension_boundary(N, S, eagle_drop, L=L))
+    marks.update(replay_boundaries(N, S, eagle_drop))
+    marks.update(mamba_checkpoint_position(N, u, eagle_drop, L) for u in {S, U, H})
+    marks.update(tail_checkpoint(N, H, eagle_drop, L, rule) for rule in ("floor_drop", "checkpoint"))
+    out = {floor_to(max(b, 0), u) for b in marks for u in {U, H, M}}
+    return frozenset(out - {0})
+
+
 def periodic_states(N: int, interval: int, M: int) -> tuple[int, ...]:
     """Periodic retention (interval > 0): one state per interval, at its end;
     an interval at or below the Mamba block keeps every block (dense)."""

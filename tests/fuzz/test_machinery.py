@@ -209,3 +209,76 @@ def test_the_stale_oracle_flags_a_hit_where_no_earlier_prefill_wrote_a_state():
     assert check_stale(case, "0.33.0", {"hits": [0, 16, 144], "explain": unknown}) == []
     finding = {"oracle": "stale", "case": {}, "first_divergence": 2}
     assert promise_of(finding) == "no-stale"
+
+
+def test_resumable_states_are_the_resend_and_sibling_boundaries_at_each_alignment():
+    """Sparse retention's whole allowance for one prompt: 1216 tokens, block
+    576, no EAGLE drop: 1152, where the resend (capped at 1215, floored) and
+    the longer sibling both resume, and vLLM's replay boundary 1215 aligned
+    down. With the drop, a block-aligned 1152-token prompt keeps 576 (the
+    sibling's; the resend's is 0), never 1152 itself."""
+    from reference.boundaries import resumable_states
+
+    assert resumable_states(1216, 576, 576, 576, 576, False, 0) == {1152}
+    aligned = resumable_states(1152, 576, 576, 576, 576, True, 0)
+    assert 576 in aligned and 1152 not in aligned
+    # with a hash unit of 64 the prompt's own checkpoint (1088) is resumable too
+    assert 1088 in resumable_states(1152, 576, 64, 64, 576, True, 0)
+
+
+def test_the_retention_oracle_flags_states_kept_nowhere_reachable_and_dropped_segment_ends():
+    """check_retention: under sparse retention the cache holds only states a
+    later request can resume at; under periodic retention it also holds
+    every segment end a prefill wrote. The shapes of two mutants of vLLM
+    0.33.0's ``reachable_block_mask``: sparse retention caching every block
+    (``segment_tokens = None if interval > 0``), and periodic boundaries
+    moved two blocks up (``// per_segment * per_segment + 1``)."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_retention
+
+    sparse = make_case(hybrid(64, 64, retention_interval=0), [[("A", 300)], [("A", 300), ("B", 40)]])
+    ok = [{"retained_mamba_blocks": {"64": [3]}, "junction": 0}, {"retained_mamba_blocks": {"64": [3]}, "junction": 0}]
+    assert check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": ok}) == []
+    every = [{"retained_mamba_blocks": {"64": [0, 1, 2, 3]}, "junction": 0}, {"retained_mamba_blocks": {"64": [0, 1, 2, 3, 4]}, "junction": 0}]
+    (div,) = check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": every})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("retention", [0, 1], [0, 256], [0, 256])
+    assert div.context["expected_states"] == [[256], [256, 320]] and div.context["observed_states"][0] == [64, 128, 192, 256]
+    # dense retention keeps every block: not this oracle's to judge
+    dense = make_case(hybrid(64, 64, retention_interval=None), [[("A", 300)]])
+    assert check_retention(dense, "0.33.0", {"hits": [0], "explain": every[:1]}) == []
+    # periodic, interval 128: segment ends 128 and 256 (written by chunk ends at 128, 256)
+    periodic = make_case(hybrid(64, 64, retention_interval=128, max_num_batched_tokens=128), [[("A", 300)]])
+    wrote = {"written": [128, 256, 300], "junction": 0}
+    assert check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [1, 3]}}]}) == []
+    (div,) = check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [2]}}]})
+    assert div.context["expected_states"] == [[128, 256]] and "drops the segment ends [128, 256]" in div.detail
+    # not observed: not judged
+    assert check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": [{"retained_mamba_blocks": None}, ok[1]]}) == []
+    assert promise_of({"oracle": "retention", "case": {}, "first_divergence": 0}) == "retention"
+
+
+def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed():
+    """check_split: below the prompt's end a chunk ends on the hash grid, at
+    the junction, at the budget or within the MTP prefill lookahead of the
+    end. The shape of a mutant of ``get_mamba_prefill_checkpoint_position``
+    returning ``max(position, 1)``: a 10-token prompt (block and hash 16)
+    prefilled as 1 + 9 tokens."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_split
+
+    case = make_case(hybrid(16, 16, max_num_batched_tokens=40), [[("A", 10)], [("A", 100)]])
+    knobs = {"max_num_scheduled_tokens": 40, "num_prefill_lookahead_tokens": 2}
+    ok = [{"prompt_tokens": 10, "chunk_ends": [10]}, {"prompt_tokens": 100, "scheduler_hit": 0, "chunk_ends": [32, 64, 96, 98, 100]}]
+    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": ok}) == []
+    stray = [{"prompt_tokens": 10, "chunk_ends": [1, 10]}, ok[1]]
+    (div,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": stray})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("split", [0], [0, 0], [0, 0])
+    assert div.context["stray_ends"] == [[1], []] and "ends at 1 of 10" in div.detail
+    # a budget-limited chunk (40 tokens from a hit at 16) and the junction are allowed
+    odd = [ok[0], {"prompt_tokens": 100, "scheduler_hit": 16, "junction": 61, "chunk_ends": [56, 61, 64, 100]}]
+    assert check_split(case, "0.33.0", {"hits": [0, 16], "knobs": knobs, "explain": odd}) == []
+    # ... but the same end one token later is not
+    odd[1] = {**odd[1], "chunk_ends": [57, 61, 64, 100]}
+    (div,) = check_split(case, "0.33.0", {"hits": [0, 16], "knobs": knobs, "explain": odd})
+    assert div.context["stray_ends"] == [[], [57]]
+    assert promise_of({"oracle": "split", "case": {}, "first_divergence": 0}) == "split"
