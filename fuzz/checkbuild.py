@@ -28,6 +28,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   ``retention`` oracle);
 * ``split`` a prefill chunk ends only where a Mamba state must be cached
   (the ``split`` oracle);
+* ``checkpoint`` a prompt's last chunk whose checkpoint the kernel can
+  export runs to the end in one step (the ``checkpoint`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -55,6 +57,7 @@ PROMISES = (
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
     ("retention", "retention", "sparse retention keeps only states a later request can resume at; periodic retention keeps every segment end a prefill wrote"),
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end"),
+    ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -67,7 +70,7 @@ def promise_of(finding: dict) -> str:
         return "errors"
     if oracle == "stale":
         return "no-stale"
-    if oracle in ("retention", "split"):
+    if oracle in ("retention", "split", "checkpoint"):
         return oracle
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")
@@ -244,9 +247,9 @@ def render(report: Report) -> list[str]:
             lines.append(f"  {p['phase']}: {p['cases']} of {p['of']} cases in {p['seconds']}s")
     lines.append(f"  runs {report.execs}, rejected by vLLM {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s")
     lines.append("")
-    width = max(len(n) for _p, n, _w in PROMISES)
+    pw, width = max(len(p) for p, _n, _w in PROMISES), max(len(n) for _p, n, _w in PROMISES)
     for row in report.rows:
-        lines.append(f"  {row['promise']:<9} {row['name']:<{width}}  {row['verdict']}")
+        lines.append(f"  {row['promise']:<{pw}} {row['name']:<{width}}  {row['verdict']}")
     for pid, _n, _w in PROMISES:
         path = report.counterexamples.get(pid)
         if path is None:

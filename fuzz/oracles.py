@@ -44,6 +44,11 @@ says which requests diverge.
   budget ran out, or within the MTP prefill lookahead of the prompt's end.
   A chunk ending anywhere else writes a state nothing can key and costs a
   step.
+* ``checkpoint``: where the deployment's layers export internal prefill
+  checkpoints (vLLM 0.32.0+), a prompt's last chunk that the kernel can
+  export its checkpoint from (``reference.boundaries.internal_checkpoint_valid``,
+  vLLM's ``is_mamba_prefill_checkpoint_valid``) runs to the prompt's end in
+  one step: the feature exists so the prefill is not split there.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -55,19 +60,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from reference.boundaries import resumable_states
+from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position, resumable_states
 from reference.case import Case, prompt_tokens, with_resolution
 from reference.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "retention", "split", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "checkpoint", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
@@ -299,6 +304,50 @@ def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
                        {"stray_ends": stray})]
 
 
+def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """A uniform geometry (one block B for every group) with an internal
+    checkpoint grid: for each request of N tokens, a chunk start ``s`` (its
+    hit or a chunk end) on the block grid, with N - s within the chunk
+    budget, no junction inside (s, N), and the prompt checkpoint
+    ``p = mamba_checkpoint_position(N, H if hits are finer than B else B,
+    EAGLE drop, L)`` valid for the chunk [s, N), must be followed by the
+    chunk end N. The divergence carries the hits unchanged and names the
+    first split; ``context``: ``needless_splits`` per request."""
+    g = case.geometry
+    explain = obs.get("explain") or []
+    knobs = obs.get("knobs") or {}
+    if g is None or g.prefill_checkpoint_grid is None or not explain or not knobs:
+        return []
+    B = g.scheduler_block_size
+    if {x.block_size for x in g.groups} != {B}:
+        return []
+    H = int(knobs.get("hash_block_size") or g.hash_block_size)
+    budget = int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
+    unit = H if (knobs.get("partial_hash_hits") and H < B) else B
+    drop, L = bool(knobs.get("eagle_drop")), int(knobs.get("hash_lookahead_tokens") or 0)
+    hits = obs.get("hits") or []
+    splits: list[list[int]] = []
+    for i, e in enumerate(explain):
+        N = int(e.get("prompt_tokens") or len(prompt_tokens(case.trace[i])))
+        p = mamba_checkpoint_position(N, unit, drop, L)
+        junction = int(e.get("junction") or 0)
+        start = int(e.get("scheduler_hit") or (hits[i] if i < len(hits) else 0) or 0)
+        mine = []
+        for end in e.get("chunk_ends") or []:
+            if (end < N and start % B == 0 and N - start <= budget and not start < junction < N
+                    and internal_checkpoint_valid(start, N, p, H, B, g.prefill_checkpoint_grid)):
+                mine.append(end)
+            start = end
+        splits.append(mine)
+    bad = [i for i, s in enumerate(splits) if s]
+    if not bad:
+        return []
+    i = bad[0]
+    return [Divergence("checkpoint", version, bad, list(hits), list(hits),
+                       f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})",
+                       {"needless_splits": splits})]
+
+
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
     """Promised requests hit what the promise predicts. Below it is lost
     reuse; above it is a stale state unless a prefill wrote a state there
@@ -460,6 +509,8 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
         out += check_retention(case, version, obs)
     if "split" in oracles:
         out += check_split(case, version, obs)
+    if "checkpoint" in oracles:
+        out += check_checkpoint(case, version, obs)
     if "reference" in oracles:
         out += check_reference(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:

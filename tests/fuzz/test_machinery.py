@@ -282,3 +282,28 @@ def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed(
     (div,) = check_split(case, "0.33.0", {"hits": [0, 16], "knobs": knobs, "explain": odd})
     assert div.context["stray_ends"] == [[], [57]]
     assert promise_of({"oracle": "split", "case": {}, "first_divergence": 0}) == "split"
+
+
+def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_export_the_checkpoint():
+    """check_checkpoint: a Mamba-2 deployment (grid 1), block 144: a fresh
+    200-token prompt's only chunk [0, 200) can export the checkpoint at 144
+    from inside (vLLM's is_mamba_prefill_checkpoint_valid: two blocks from
+    column -1), so it runs to 200 in one step. The shape of a mutant of that
+    function reading the initial state's column as (start + 1) // block:
+    the scheduler splits at 144 instead."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_checkpoint
+
+    case = make_case(hybrid(144, 144, prefill_checkpoint_grid=1, max_num_batched_tokens=2048), [[("A", 200)], [("A", 100)]])
+    knobs = {"hash_block_size": 144, "max_num_scheduled_tokens": 2048, "partial_hash_hits": False, "eagle_drop": False, "hash_lookahead_tokens": 0}
+    one = [{"prompt_tokens": 200, "chunk_ends": [200]}, {"prompt_tokens": 100, "chunk_ends": [100]}]
+    assert check_checkpoint(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": one}) == []
+    split = [{"prompt_tokens": 200, "chunk_ends": [144, 200]}, one[1]]
+    (div,) = check_checkpoint(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": split})
+    assert (div.oracle, div.requests, div.context["needless_splits"]) == ("checkpoint", [0], [[144], []])
+    # beyond the budget the chunk must split anyway; without a grid there is nothing to export
+    tight = {**knobs, "max_num_scheduled_tokens": 150}
+    assert check_checkpoint(case, "0.33.0", {"hits": [0, 0], "knobs": tight, "explain": split}) == []
+    plain = make_case(hybrid(144, 144), [[("A", 200)], [("A", 100)]])
+    assert check_checkpoint(plain, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": split}) == []
+    assert promise_of({"oracle": "checkpoint", "case": {}, "first_divergence": 0}) == "checkpoint"
