@@ -15,6 +15,8 @@ What is observed, per request (``explain``):
   / ``vllm:prefix_cache_queries_total`` grow by);
 * ``scheduler_hit``, ``junction`` (``shared_prefix_boundary``): what
   ``KVCacheManager.get_computed_blocks`` returned at admission;
+  ``attention_blocks``: [block size, blocks it returned] per full-attention
+  group at that first lookup;
 * ``boundaries``: the ``replay_boundaries`` the coordinator handed the Mamba
   managers' ``cache_blocks`` (0.30.0+; ``null`` before);
 * ``chunk_ends``: ``num_computed_tokens`` after each prefill step;
@@ -185,6 +187,7 @@ class VllmDriver:
                 "junction": (lookups[0][1] or 0) if lookups else None,
                 "shared_prefix_boundary": lookups[0][1] if lookups else None,
                 "lookups": len(lookups),
+                "attention_blocks": rec.attention_blocks.get(rid),
                 "boundaries": boundaries,
                 "chunk_ends": served.chunk_ends,
                 "written": None if writer is None else written(served, writer),

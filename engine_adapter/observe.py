@@ -1,8 +1,8 @@
 """What kvspec observes of vLLM, per request, without changing it.
 
 * :class:`Recorder` wraps two *instance* methods (never vLLM's classes):
-  ``KVCacheManager.get_computed_blocks`` (the hit and the junction at
-  admission) and the first Mamba manager's ``cache_blocks`` (its
+  ``KVCacheManager.get_computed_blocks`` (the hit, the junction and each
+  full-attention group's number of hit blocks at admission) and the first Mamba manager's ``cache_blocks`` (its
   ``num_tokens`` and ``replay_boundaries``);
 * :func:`read_knobs` reads the knobs the built objects hold;
 * :class:`RetainedScan` lists, after a request finished, which of its prompt
@@ -26,18 +26,27 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lookups: dict[str, list[tuple[int, int]]] = {}
+        #: per request, at its first lookup: [block size, blocks taken] of
+        #: each full-attention group's cache hit
+        self.attention_blocks: dict[str, list[list[int]]] = {}
         self.cache_calls: dict[str, list[tuple]] = {}
 
     def wrap(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
         kvm = scheduler.kv_cache_manager
         original_lookup = kvm.get_computed_blocks
+        attention = [(gid, int(m.block_size)) for gid, m in enumerate(kvm.coordinator.single_type_managers)
+                     if type(getattr(m, "kv_cache_spec", None)).__name__ == "FullAttentionSpec"]
 
         def get_computed_blocks(request, *args, **kwargs):
             out = original_lookup(request, *args, **kwargs)
             try:
                 num_tokens = int(out[1])
                 spb = int(out[2]) if len(out) > 2 else None
-                self.lookups.setdefault(request.request_id, []).append((num_tokens, spb))
+                rid = request.request_id
+                if rid not in self.lookups:
+                    groups = out[0].blocks
+                    self.attention_blocks[rid] = [[bs, len(groups[gid])] for gid, bs in attention]
+                self.lookups.setdefault(rid, []).append((num_tokens, spb))
             except Exception:  # observation must never change behaviour
                 pass
             return out

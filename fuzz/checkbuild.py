@@ -30,6 +30,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   (the ``split`` oracle);
 * ``checkpoint`` a prompt's last chunk whose checkpoint the kernel can
   export runs to the end in one step (the ``checkpoint`` oracle);
+* ``hit-blocks`` a request takes no full-attention block beyond its hit
+  (the ``hit_blocks`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -58,6 +60,7 @@ PROMISES = (
     ("retention", "retention", "sparse retention keeps only states a later request can resume at; periodic retention keeps every segment end a prefill wrote"),
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
+    ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -72,6 +75,8 @@ def promise_of(finding: dict) -> str:
         return "no-stale"
     if oracle in ("retention", "split", "checkpoint"):
         return oracle
+    if oracle == "hit_blocks":
+        return "hit-blocks"
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")
     exp = (finding.get("expected") or {}).get("hits") or []

@@ -75,7 +75,7 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     kinds = request_kinds(case)
     if div.oracle == "retention":  # the hits agree; the states the cache holds do not
         return f"request {i} ({kinds[i]}) holds Mamba states {div.context['observed_states'][i]}, expected {div.context['expected_states'][i]} ({div.detail})"
-    if div.oracle in ("split", "checkpoint"):  # the hits agree; the chunks do not
+    if div.oracle in ("split", "checkpoint", "hit_blocks"):  # the hits agree; the chunks or blocks do not
         return f"request {i} ({kinds[i]}): {div.detail}"
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
@@ -104,8 +104,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if div.oracle in ("split", "checkpoint"):
-            parts.append("chunk")
+        if div.oracle in ("split", "checkpoint", "hit_blocks"):
+            parts.append("chunk" if div.oracle != "hit_blocks" else "blocks")
         elif div.oracle == "retention":
             held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
             parts.append(("extra" if held - want else "") + ("missing" if want - held else ""))

@@ -49,6 +49,11 @@ says which requests diverge.
   export its checkpoint from (``reference.boundaries.internal_checkpoint_valid``,
   vLLM's ``is_mamba_prefill_checkpoint_valid``) runs to the prompt's end in
   one step: the feature exists so the prefill is not split there.
+* ``hit_blocks``: a request takes from the cache no full-attention block
+  beyond its hit: at most ceil(hit / block) per full-attention group (the
+  coordinator truncates every full-attention group to the reconciled hit,
+  vLLM 0.29.0-0.33.0); a longer list hands the request blocks whose tokens
+  it then recomputes into shared, cached blocks.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -67,12 +72,12 @@ from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "checkpoint", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "hit_blocks", "checkpoint", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
@@ -348,6 +353,30 @@ def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
                        {"needless_splits": splits})]
 
 
+def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """Each full-attention group's hit (the engine's ``attention_blocks``:
+    [block size, blocks taken] at admission) has at most ceil(hit / block)
+    blocks, ``hit`` the admission's ``scheduler_hit``. Not judged where the
+    engine did not record them. The divergence carries the hits unchanged;
+    ``context``: ``extra_blocks`` per request (0 where none)."""
+    explain = obs.get("explain") or []
+    extra: list[int] = []
+    for e in explain:
+        taken, hit = e.get("attention_blocks"), e.get("scheduler_hit")
+        if not taken or hit is None:
+            extra.append(0)
+            continue
+        extra.append(max(max(n - -(-int(hit) // int(bs)), 0) for bs, n in taken))
+    bad = [i for i, x in enumerate(extra) if x]
+    if not bad:
+        return []
+    i = bad[0]
+    hits = list(obs.get("hits") or [])
+    return [Divergence("hit_blocks", version, bad, hits, hits,
+                       f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit",
+                       {"extra_blocks": extra})]
+
+
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
     """Promised requests hit what the promise predicts. Below it is lost
     reuse; above it is a stale state unless a prefill wrote a state there
@@ -511,6 +540,8 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
         out += check_split(case, version, obs)
     if "checkpoint" in oracles:
         out += check_checkpoint(case, version, obs)
+    if "hit_blocks" in oracles:
+        out += check_hit_blocks(case, version, obs)
     if "reference" in oracles:
         out += check_reference(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:

@@ -248,7 +248,7 @@ def _judge_target(target: Target, observation: dict, observed: list, err) -> Ver
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
-    if claim.oracle in ("knobs", "engine_error", "retention", "split", "checkpoint"):
+    if claim.oracle in ("knobs", "engine_error", "retention", "split", "checkpoint", "hit_blocks"):
         return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
     if claim.observed is None:
         return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)

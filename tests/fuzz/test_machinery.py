@@ -307,3 +307,25 @@ def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_e
     plain = make_case(hybrid(144, 144), [[("A", 200)], [("A", 100)]])
     assert check_checkpoint(plain, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": split}) == []
     assert promise_of({"oracle": "checkpoint", "case": {}, "first_divergence": 0}) == "checkpoint"
+
+
+def test_the_hit_blocks_oracle_flags_attention_blocks_taken_beyond_the_hit():
+    """check_hit_blocks: each full-attention group hands a request at most
+    ceil(hit / block) blocks. The shape of a mutant of vLLM 0.33.0's
+    ``find_longest_cache_hit`` that skips the truncation to the reconciled
+    hit: a sibling resumed at 0 (the Mamba group had no state) with the
+    attention group's matched block still in its hit."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_hit_blocks
+
+    case = make_case(hybrid(144, 144), [[("A", 300)], [("A", 150), ("B", 10)]])
+    fine = [{"scheduler_hit": 0, "attention_blocks": [[144, 0]]}, {"scheduler_hit": 144, "attention_blocks": [[144, 1]]}]
+    assert check_hit_blocks(case, "0.33.0", {"hits": [0, 144], "explain": fine}) == []
+    # a hash-unit hit inside a block takes that block (ceil)
+    assert check_hit_blocks(case, "0.33.0", {"hits": [0, 160], "explain": [fine[0], {"scheduler_hit": 160, "attention_blocks": [[144, 2]]}]}) == []
+    extra = [fine[0], {"scheduler_hit": 0, "attention_blocks": [[144, 1]]}]
+    (div,) = check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": extra})
+    assert (div.oracle, div.requests, div.context["extra_blocks"]) == ("hit_blocks", [1], [0, 1])
+    # not recorded (an older observation): not judged
+    assert check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": [{"scheduler_hit": 0}, {"scheduler_hit": 0}]}) == []
+    assert promise_of({"oracle": "hit_blocks", "case": {}, "first_divergence": 1}) == "hit-blocks"
