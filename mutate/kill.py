@@ -192,12 +192,39 @@ def _vllm_tests(engine: str, mutant: dict, options: dict, folder: Path) -> dict:
     return res
 
 
+def reused_vllm_tests(mutant: dict, engine: str | None, options: dict) -> dict | None:
+    """vLLM's tests' verdict on this mutant from an earlier run's folder
+    (``options["vllm_tests_from"]``), when that run judged the same build:
+    the same mutant diff planted in the same base (the same engine name,
+    which hashes the patches). vLLM's tests do not depend on kvspec, so a
+    kvspec-only pass can be scored against them without running them again.
+    None when there is no such verdict."""
+    src = options.get("vllm_tests_from")
+    if not src:
+        return None
+    folder = Path(src) / "mutants" / mutant["id"]
+    earlier = read_result(Path(src), mutant["id"])
+    try:
+        diff = (folder / "mutant.diff").read_text()
+    except OSError:
+        return None
+    if not earlier or "vllm_tests" not in earlier or diff != mutant["diff"] or (engine is not None and earlier.get("engine") != engine):
+        return None
+    return {**earlier["vllm_tests"], "reused_from": str(folder / "result.json")}
+
+
 def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
     """A result judged by kvspec only (``vllm_tests`` off in that pass), its
     vLLM tests run now on the same build (rebuilt from the same diff when it
-    was not kept: the same name, the same files)."""
+    was not kept: the same name, the same files), or taken from an earlier
+    run of the same build (:func:`reused_vllm_tests`)."""
     out = Path(options["out"])
     folder = out / "mutants" / mutant["id"]
+    reused = reused_vllm_tests(mutant, done.get("engine"), options)
+    if reused is not None:
+        done = {**done, "vllm_tests": reused}
+        write_json_atomic(result_path(out, mutant["id"]), done)
+        return done
     engine, verdict = _build(mutant, options.get("release", "0.33.0"), folder / "mutant.diff", options.get("base_patches") or [])
     if verdict is not None:
         return done
@@ -227,8 +254,9 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
 
     ``options``: ``out`` (the run's folder), ``release`` (``0.33.0``),
     ``seed``, ``vllm_tests`` (bool: run them), ``baseline`` (path of the
-    vLLM tests' baseline JSON), ``keep_build``, ``cases`` (the fixed cases'
-    JSON). A mutant judged earlier by kvspec only gets its vLLM tests added
+    vLLM tests' baseline JSON), ``vllm_tests_from`` (an earlier run's folder
+    whose vLLM tests' verdicts on the same builds are taken as they are),
+    ``keep_build``, ``cases`` (the fixed cases' JSON). A mutant judged earlier by kvspec only gets its vLLM tests added
     when ``vllm_tests`` is on now (the kvspec verdict is kept as it was)."""
     out = Path(options["out"])
     mid = mutant["id"]
@@ -260,7 +288,7 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
         else:
             result["status"] = "ran"
         if options.get("vllm_tests", True) and result["status"] == "ran":
-            result["vllm_tests"] = _vllm_tests(engine, mutant, options, folder)
+            result["vllm_tests"] = reused_vllm_tests(mutant, engine, options) or _vllm_tests(engine, mutant, options, folder)
     finally:
         _drop_build(engine, options)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)

@@ -97,7 +97,8 @@ def summarize(results: list[dict], equivalent: dict[str, dict] | None = None) ->
     by_function = {f: _score([r for r in rows if r["function"] == f]) for f in sorted({r["function"] for r in rows if r["function"]})}
     not_run = sum(1 for r, row in zip(results, rows) if r.get("status") == "ran" and "vllm_tests" not in r and row["class"] in CLASSES)
     in_scope = _score([r for r in rows if not r["out_of_scope"]])
-    return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, **_score(rows), "out_of_scope": sum(r["out_of_scope"] and r["class"] in CLASSES for r in rows),
+    reused = sum(1 for r in results if (r.get("vllm_tests") or {}).get("reused_from"))
+    return {"mutants": len(rows), "counts": counts, "crashes": crashes, "vllm_tests_not_run": not_run, "vllm_tests_reused": reused, **_score(rows), "out_of_scope": sum(r["out_of_scope"] and r["class"] in CLASSES for r in rows),
             "in_scope": in_scope, "median_seconds_to_kill": round(statistics.median(times), 2) if times else None,
             "by_file": by_file, "by_function": by_function, "survivors": [r for r in rows if r["class"] == "neither"], "rows": rows}
 
@@ -114,6 +115,7 @@ def markdown(s: dict) -> str:
              f"| **kvspec** kills | both: {c['both']} | kvspec only: {c['kvspec only']} |",
              f"| **kvspec** misses | vLLM tests only: {c['vLLM tests only']} | neither: {c['neither']} |", "",
              *([f"- vLLM's tests were not run on {s['vllm_tests_not_run']} scored mutant(s) (counted as missed by them)"] if s["vllm_tests_not_run"] else []),
+             *([f"- vLLM's tests' verdicts on {s['vllm_tests_reused']} mutant(s) are taken from an earlier run of the same builds (`--vllm-tests-from`)"] if s.get("vllm_tests_reused") else []),
              f"- mutation score: kvspec {s['kvspec_killed']}/{s['scored']} ({_pct(s['kvspec_score'])}), vLLM's tests {s['vllm_tests_killed']}/{s['scored']} ({_pct(s['vllm_tests_score'])})",
              *([f"- within kvspec's scope (leaving out {s['out_of_scope']} mutant(s) of code no hybrid prefix-caching deployment runs): kvspec {s['in_scope']['kvspec_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['kvspec_score'])}), vLLM's tests {s['in_scope']['vllm_tests_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['vllm_tests_score'])})"] if s["out_of_scope"] else []),
              f"- kvspec's median time to kill: {s['median_seconds_to_kill']} s", "",

@@ -72,12 +72,15 @@ def control(base: str, budget: float, out: Path, seed: int, cases: Path) -> dict
 
 
 def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: list[str] | None = None, seed: int = 1, vllm_tests: bool = True,
-        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, base_patches: list[str] | None = None, progress=None) -> list[dict]:
+        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, base_patches: list[str] | None = None,
+        vllm_tests_from: Path | None = None, progress=None) -> list[dict]:
     """Judge the selected mutants; return their results (also on disk).
 
     ``tests_only``: add vLLM's tests to the mutants an earlier kvspec-only
     pass (``vllm_tests=False``) judged, and touch no other mutant (a
-    second process can follow a running kvspec pass)."""
+    second process can follow a running kvspec pass). ``vllm_tests_from``:
+    an earlier run's folder; where it judged the same build, its vLLM tests'
+    verdict is taken instead of running them (``mutate.kill.reused_vllm_tests``)."""
     from mutate.kill import fixed_cases, read_result, run_mutant
 
     from reference.errors import EngineError
@@ -93,7 +96,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     say(f"[mutate] {len(mutants)} mutant(s) of vllm=={release}, {budget:g}s kvspec budget each")
     cases = out / "cases.json" if tests_only else fixed_cases(release, out, progress=say)
     options = {"out": str(out), "release": release, "seed": seed, "vllm_tests": vllm_tests, "keep_build": keep_builds, "cases": str(cases),
-               "base_patches": base_patches, "base_engine": base}
+               "base_patches": base_patches, "base_engine": base, "vllm_tests_from": str(Path(vllm_tests_from).resolve()) if vllm_tests_from else None}
     if not tests_only:
         ctl = control(base, budget, out, seed, cases)
         say(f"[mutate] control: kvspec on the base itself for {budget:g}s: {'KILLED' if ctl.get('killed') else 'nothing found'} ({ctl.get('execs')} runs)")

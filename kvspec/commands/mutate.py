@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from kvspec.console import say as _say
 
@@ -40,6 +41,7 @@ def configure(parser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: $KVSPEC_HOME/mutate/runs/<time>); a folder of an earlier run resumes it")
     parser.add_argument("--no-vllm-tests", action="store_true", help="judge with kvspec only")
     parser.add_argument("--vllm-tests-only", action="store_true", help="add vLLM's tests to the mutants a --no-vllm-tests pass in --out judged (runs beside it; touches no other mutant)")
+    parser.add_argument("--vllm-tests-from", default=None, metavar="DIR", help="take vLLM's tests' verdicts from an earlier run folder wherever it judged the same build (the same mutant diff in the same base); run them only for the others")
     parser.add_argument("--keep-builds", action="store_true", help="keep each mutant's build environment")
     parser.add_argument("--report", action="store_true", help="only write the report of the run in --out")
     parser.add_argument("--list", action="store_true", help="print every candidate mutant position (id, function, line, operator) and exit")
@@ -64,6 +66,11 @@ def main(args) -> int:
         seconds("--coverage", args.coverage)
     if args.vllm_tests_only and (args.no_vllm_tests or not args.out):
         raise invalid("--vllm-tests-only", True, "needs --out DIR of a --no-vllm-tests pass, and vLLM's tests on")
+    if args.vllm_tests_from is not None:
+        if args.no_vllm_tests:
+            raise invalid("--vllm-tests-from", args.vllm_tests_from, "scores vLLM's tests: not with --no-vllm-tests")
+        if not (Path(args.vllm_tests_from) / "mutants").is_dir():
+            raise invalid("--vllm-tests-from", args.vllm_tests_from, "allowed: the --out folder of an earlier kvspec mutate run (it has mutants/)")
     if args.report and not args.out:
         raise invalid("--report", True, "needs --out DIR, the run to report on")
     out = output_dir("--out", args.out) if args.out else kvspec_home() / "mutate" / "runs" / time.strftime("%Y%m%d-%H%M%S")
@@ -96,7 +103,8 @@ def main(args) -> int:
 
         try:
             run(release, out=out, budget=args.budget, n=args.mutants, only=args.only, seed=args.seed, vllm_tests=not args.no_vllm_tests,
-                keep_builds=args.keep_builds, ray=args.ray, tests_only=args.vllm_tests_only, progress=_say)
+                keep_builds=args.keep_builds, ray=args.ray, tests_only=args.vllm_tests_only,
+                vllm_tests_from=Path(args.vllm_tests_from) if args.vllm_tests_from else None, progress=_say)
         except EngineError as e:
             _say(f"kvspec: {e} (harness failed, exit 3)")
             return 3

@@ -90,3 +90,24 @@ def test_an_out_of_scope_mutant_stays_scored_and_a_second_score_leaves_it_out():
     assert s["counts"]["equivalent"] == 1 and s["scored"] == 2 and s["kvspec_killed"] == 1 and s["vllm_tests_killed"] == 1
     assert s["out_of_scope"] == 1 and s["in_scope"] == {"scored": 1, "kvspec_killed": 1, "vllm_tests_killed": 0, "kvspec_score": 1.0, "vllm_tests_score": 0.0}
     assert "within kvspec's scope" in report.markdown(s)
+
+
+def test_vllm_tests_verdicts_are_reused_only_for_the_same_build(tmp_path):
+    """--vllm-tests-from: an earlier run's verdict is taken where it judged
+    the same mutant diff in the same base (the same engine name), and the
+    report counts it; any other diff or engine runs vLLM's tests again."""
+    from mutate.kill import reused_vllm_tests
+
+    earlier = tmp_path / "earlier"
+    verdict = {"killed": True, "killing_test": "tests/v1/core/test_x.py::test_y", "seconds": 20.0}
+    write_json_atomic(result_path(earlier, "m-1"), {"schema": RESULT_SCHEMA, "id": "m-1", "status": "ran", "engine": "vllm==0.33.0+base.mutant.abc", "vllm_tests": verdict})
+    (earlier / "mutants" / "m-1" / "mutant.diff").write_text("--- a\n+++ b\n")
+    mutant = {"id": "m-1", "diff": "--- a\n+++ b\n"}
+    options = {"vllm_tests_from": str(earlier)}
+    got = reused_vllm_tests(mutant, "vllm==0.33.0+base.mutant.abc", options)
+    assert got["killed"] is True and got["reused_from"].endswith("m-1/result.json")
+    assert reused_vllm_tests({**mutant, "diff": "--- a\n+++ c\n"}, "vllm==0.33.0+base.mutant.abc", options) is None
+    assert reused_vllm_tests(mutant, "vllm==0.33.0+other.mutant.abc", options) is None
+    assert reused_vllm_tests(mutant, "vllm==0.33.0+base.mutant.abc", {}) is None
+    s = report.summarize([{"id": "m-1", "status": "ran", "kvspec": {"killed": False}, "vllm_tests": got}], equivalent={})
+    assert s["vllm_tests_reused"] == 1 and "taken from an earlier run" in report.markdown(s)
