@@ -271,6 +271,39 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
                        {"expected_states": expected, "observed_states": observed})]
 
 
+def _same_hits(oracle: str, version: str, hits: list, key: str, per_request: list, detail: Callable[[int], str]) -> list[Divergence]:
+    """The divergence of an oracle that judges something other than the
+    hits (which it carries unchanged): the requests whose ``per_request``
+    entry is non-empty, that list as ``context[key]``, ``detail`` of the
+    first."""
+    bad = [i for i, x in enumerate(per_request) if x]
+    if not bad:
+        return []
+    return [Divergence(oracle, version, bad, list(hits), list(hits), detail(bad[0]), {key: per_request})]
+
+
+def _budget(g, knobs: dict) -> int:
+    """The chunk budget the engine resolved, else the geometry's."""
+    return int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
+
+
+def _prefill_chunks(case: Case, obs: dict) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Per request: (its prompt length N, the junction the engine observed
+    or 0, its prefill chunks as (start, end) from the engine's
+    ``chunk_ends``, the first starting at its admission hit)."""
+    hits = obs.get("hits") or []
+    out = []
+    for i, e in enumerate(obs.get("explain") or []):
+        N = int(e.get("prompt_tokens") or len(prompt_tokens(case.trace[i])))
+        start = int(e.get("scheduler_hit") or (hits[i] if i < len(hits) else 0) or 0)
+        spans = []
+        for end in e.get("chunk_ends") or []:
+            spans.append((start, end))
+            start = end
+        out.append((N, int(e.get("junction") or 0), spans))
+    return out
+
+
 def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
     """Every prefill chunk end ``e`` below a prompt's length N (the engine's
     ``chunk_ends``, the first chunk starting at the hit) is on the hash grid
@@ -286,27 +319,14 @@ def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
     if g is None or not explain:
         return []
     H = g.hash_block_size
-    budget = int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
+    budget = _budget(g, knobs)
     lookahead = int(knobs.get("num_prefill_lookahead_tokens") or 0)
     hits = obs.get("hits") or []
-    stray: list[list[int]] = []
-    for i, e in enumerate(explain):
-        N = int(e.get("prompt_tokens") or len(prompt_tokens(case.trace[i])))
-        start = int(e.get("scheduler_hit") or (hits[i] if i < len(hits) else 0) or 0)
-        mine = []
-        for end in e.get("chunk_ends") or []:
-            if end < N and not (end % H == 0 or (g.split_block_size and end % g.split_block_size == 0)
-                                or end == e.get("junction") or end - start == budget or end >= N - lookahead):
-                mine.append(end)
-            start = end
-        stray.append(mine)
-    bad = [i for i, s in enumerate(stray) if s]
-    if not bad:
-        return []
-    i = bad[0]
-    return [Divergence("split", version, bad, list(hits), list(hits),
-                       f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}",
-                       {"stray_ends": stray})]
+    stray = [[end for start, end in spans if end < N and not (end % H == 0 or (g.split_block_size and end % g.split_block_size == 0)
+                                                             or end == junction or end - start == budget or end >= N - lookahead)]
+             for N, junction, spans in _prefill_chunks(case, obs)]
+    return _same_hits("split", version, hits, "stray_ends", stray, lambda i: (
+        f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"))
 
 
 def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
@@ -327,30 +347,15 @@ def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
     if {x.block_size for x in g.groups} != {B}:
         return []
     H = int(knobs.get("hash_block_size") or g.hash_block_size)
-    budget = int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
+    budget = _budget(g, knobs)
     unit = H if (knobs.get("partial_hash_hits") and H < B) else B
     drop, L = bool(knobs.get("eagle_drop")), int(knobs.get("hash_lookahead_tokens") or 0)
     hits = obs.get("hits") or []
-    splits: list[list[int]] = []
-    for i, e in enumerate(explain):
-        N = int(e.get("prompt_tokens") or len(prompt_tokens(case.trace[i])))
-        p = mamba_checkpoint_position(N, unit, drop, L)
-        junction = int(e.get("junction") or 0)
-        start = int(e.get("scheduler_hit") or (hits[i] if i < len(hits) else 0) or 0)
-        mine = []
-        for end in e.get("chunk_ends") or []:
-            if (end < N and start % B == 0 and N - start <= budget and not start < junction < N
-                    and internal_checkpoint_valid(start, N, p, H, B, g.prefill_checkpoint_grid)):
-                mine.append(end)
-            start = end
-        splits.append(mine)
-    bad = [i for i, s in enumerate(splits) if s]
-    if not bad:
-        return []
-    i = bad[0]
-    return [Divergence("checkpoint", version, bad, list(hits), list(hits),
-                       f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})",
-                       {"needless_splits": splits})]
+    splits = [[end for start, end in spans if end < N and start % B == 0 and N - start <= budget and not start < junction < N
+               and internal_checkpoint_valid(start, N, mamba_checkpoint_position(N, unit, drop, L), H, B, g.prefill_checkpoint_grid)]
+              for N, junction, spans in _prefill_chunks(case, obs)]
+    return _same_hits("checkpoint", version, hits, "needless_splits", splits, lambda i: (
+        f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})"))
 
 
 def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
@@ -367,14 +372,8 @@ def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
             extra.append(0)
             continue
         extra.append(max(max(n - -(-int(hit) // int(bs)), 0) for bs, n in taken))
-    bad = [i for i, x in enumerate(extra) if x]
-    if not bad:
-        return []
-    i = bad[0]
-    hits = list(obs.get("hits") or [])
-    return [Divergence("hit_blocks", version, bad, hits, hits,
-                       f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit",
-                       {"extra_blocks": extra})]
+    return _same_hits("hit_blocks", version, obs.get("hits") or [], "extra_blocks", extra, lambda i: (
+        f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit"))
 
 
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
@@ -523,27 +522,20 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
     return tuple(o for o in oracles if o in BUILD_ORACLES)
 
 
+#: The oracles that read one observation and nothing else, in the order
+#: :func:`check_all` runs them.
+SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("retention", check_retention),
+                     ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks), ("reference", check_reference))
+
+
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it."""
     if "error" in obs:
         return check_engine_error(case, version, obs) if "engine_error" in oracles else []
     out: list[Divergence] = []
-    if "knobs" in oracles:
-        out += check_knobs(case, version, obs)
-    if "promise" in oracles:
-        out += check_promise(case, version, obs)
-    if "stale" in oracles:
-        out += check_stale(case, version, obs)
-    if "retention" in oracles:
-        out += check_retention(case, version, obs)
-    if "split" in oracles:
-        out += check_split(case, version, obs)
-    if "checkpoint" in oracles:
-        out += check_checkpoint(case, version, obs)
-    if "hit_blocks" in oracles:
-        out += check_hit_blocks(case, version, obs)
-    if "reference" in oracles:
-        out += check_reference(case, version, obs)
+    for name, check in SINGLE_RUN_CHECKS:
+        if name in oracles:
+            out += check(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:
