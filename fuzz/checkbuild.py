@@ -13,8 +13,9 @@ It runs, on the one engine, in this order until the time is spent:
 3. a short random campaign over deployments (``fuzz.drivers.run_random``).
 
 Every case is judged by the oracles that judge a build
-(``fuzz.oracles.oracles_for``: promise, sparse_dense, spec_on_off,
-engine_error) plus ``junction``; never by the release's own rule. Each
+(``fuzz.oracles.oracles_for``: promise, stale, retention, split,
+checkpoint, hit_blocks, sparse_dense, spec_on_off, engine_error) plus
+``junction``; never by the release's own rule. Each
 finding is sorted into the promise it breaks (:func:`promise_of`):
 
 * ``R1`` an identical resend resumes where dense retention would;

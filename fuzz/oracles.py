@@ -77,7 +77,7 @@ ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks",
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "hit_blocks", "checkpoint", "split", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the

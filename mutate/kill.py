@@ -12,9 +12,9 @@ atomically. The verdicts:
   case is judged by kvspec's oracles like any other), ``harness``
   (kvspec itself failed: the build could not be made, the engine could not
   start, harness errors above the limit; counted apart, never a kill);
-* ``kvspec.killed``: the oracles that judge a build (``promise``,
-  ``sparse_dense``, ``spec_on_off``, ``engine_error``, plus ``junction``;
-  never the release's own rule), given ``budget`` seconds from the engine's
+* ``kvspec.killed``: the oracles that judge a build
+  (``fuzz.oracles.BUILD_ORACLES``, ``junction`` included; never the
+  release's own rule), given ``budget`` seconds from the engine's
   start (the examples and the proofs' boundary cases on deployments,
   :func:`fixed_cases`, then seeded random cases over deployments), found a
   finding, vLLM raising included (``engine_error``); ``seconds_to_kill``

@@ -2,9 +2,10 @@
 
 The custom-build guard (``fuzz.checkbuild``): runs the examples, the proofs'
 boundary cases (mapped onto real deployments) and a short random campaign on
-one build of vLLM, and prints pass/fail per promise (R1 identical resend,
-R2 longer sibling, junction, no stale states, no vLLM errors) with the first
-counterexample of each failure. The one command a fork's CI runs.
+one build of vLLM, and prints pass/fail per promise (``fuzz.checkbuild.PROMISES``:
+R1 identical resend, R2 longer sibling, junction, no stale states,
+retention, chunk ends, checkpoints, hit blocks, no vLLM errors) with the
+first counterexample of each failure. The one command a fork's CI runs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ exit codes:
   3  the harness failed: the build's environment or engine could not be
      made or started, nothing ran, or harness errors above the limit
 
-A build is judged by the promise, sparse_dense, spec_on_off, engine_error and
-junction oracles, never by the rule its release implements (the reference
-and knobs oracles). Building its environment (~30 s once) comes before the
+A build is judged by the promise, stale, retention, split, checkpoint,
+hit_blocks, sparse_dense, spec_on_off, engine_error and junction oracles,
+never by the rule its release implements (the reference and knobs oracles). Building its environment (~30 s once) comes before the
 clock; --max-time bounds the campaign, --cases-time the examples and
 boundary cases before it.
 

@@ -329,3 +329,27 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_taken_beyond_the_hit():
     # not recorded (an older observation): not judged
     assert check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": [{"scheduler_hit": 0}, {"scheduler_hit": 0}]}) == []
     assert promise_of({"oracle": "hit_blocks", "case": {}, "first_divergence": 1}) == "hit-blocks"
+
+
+def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
+    """The help of --patch, check-build's epilog and README name every oracle
+    that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
+    promise row for each finding an oracle can make."""
+    from pathlib import Path
+
+    from fuzz.checkbuild import PROMISES, promise_of
+    from fuzz.oracles import BUILD_ORACLES
+    from kvspec.commands import check_build
+    from kvspec.engine_options import NOTE
+
+    root = Path(__file__).resolve().parents[2]
+    readme = " ".join((root / "README.md").read_text().split())
+    epilog = " ".join(check_build.EPILOG.split())
+    for name in BUILD_ORACLES:
+        if name != "junction":
+            assert name in NOTE and f"`{name}`" in readme, name
+        if name != "versions":  # check-build judges one engine
+            assert name in epilog, name
+    ids = {p for p, _n, _w in PROMISES}
+    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "engine_error"):
+        assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
