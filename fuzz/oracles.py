@@ -26,8 +26,10 @@ says which requests diverge.
 * ``stale``: every hit resumes from a Mamba state an earlier prefill wrote
   at that position over the same tokens (the engine's ``written``: its
   chunk ends and the internal checkpoints vLLM's worker-side code places).
-  Any other hit serves a state that belongs elsewhere. Not judged where the
-  engine could not observe the writes (``written`` null).
+  Any other hit serves a state that belongs elsewhere. Also: no request
+  leaves a state held at a prompt position its prefill did not write and
+  no earlier request held (it keyed a state it never computed). Not judged
+  where the engine could not observe the writes (``written`` null).
 * ``retention``: under sparse or periodic retention a request leaves in the
   cache only states a later request can resume at (a boundary the promise
   or the release's rule keeps, for this prompt or an earlier one over the
@@ -179,10 +181,34 @@ def written_before(case: Case, obs: dict, i: int, pos: int) -> bool:
     return False
 
 
+def stale_keys(case: Case, obs: dict) -> list[list[int]]:
+    """Per request ``j``: the prompt positions whose Mamba state the cache
+    holds once ``j`` finished (:func:`held_states`) that ``j``'s prefill did
+    not write (``written``) and that no earlier request over the same tokens
+    left held: a state ``j`` keyed without computing it. Empty where the
+    engine observed neither writes nor holds. (A position an earlier prefill
+    wrote but did not keep is no excuse: its block went back to the pool.)"""
+    explain = obs.get("explain") or []
+    prompts = [prompt_tokens(r) for r in case.trace]
+    held = [held_states(e) for e in explain]
+    out: list[list[int]] = []
+    for j, e in enumerate(explain):
+        w = e.get("written")
+        if w is None or held[j] is None or j >= len(prompts):
+            out.append([])
+            continue
+        mine = prompts[j]
+        out.append(sorted(p for p in held[j] if p <= len(mine) and p not in w
+                          and not any(held[k] is not None and p in held[k] and prompts[k][:p] == mine[:p] for k in range(j))))
+    return out
+
+
 def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     """No request resumes where no earlier prefill wrote a Mamba state over
-    its tokens; judged only where every earlier request's writes were
-    observed. Expected: the highest such position at or below the hit."""
+    its tokens, and no request leaves a state held that its prefill did not
+    write (:func:`stale_keys`; the later hit on it looks like reuse of an
+    earlier write); judged only where the writes were observed. Expected
+    hits: the highest written position at or below a stale hit."""
     explain = obs.get("explain") or []
     hits = obs.get("hits") or []
     bad, expected = [], list(hits)
@@ -195,10 +221,20 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
         mine = prompt_tokens(case.trace[i])
         below = [p for j in range(i) for p in explain[j]["written"] if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
         expected[i] = max(below, default=0)
-    if not bad:
+    keyed = stale_keys(case, obs)
+    keyed_bad = [j for j, ps in enumerate(keyed) if ps]
+    if not bad and not keyed_bad:
         return []
-    i = bad[0]
-    return [Divergence("stale", version, bad, expected, hits, f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")]
+    notes = []
+    if bad:
+        i = bad[0]
+        notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")
+    if keyed_bad:
+        j = keyed_bad[0]
+        notes.append(f"request {j} left Mamba states at {keyed[j]} held that its prefill did not write (written {explain[j].get('written')}) and no earlier request held")
+    order = sorted(set(bad) | set(keyed_bad))
+    return [Divergence("stale", version, order, expected, hits, "; ".join(notes if not keyed_bad or (bad and bad[0] <= keyed_bad[0]) else notes[::-1]),
+                       {"stale_keys": keyed} if keyed_bad else {})]
 
 
 def held_states(e: dict) -> set[int] | None:

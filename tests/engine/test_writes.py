@@ -5,8 +5,9 @@ vLLM 0.33.0:
 * an internal prefill checkpoint that is no chunk end is observed: Qwen3.5
   on an H100 (GDN on FlashInfer) writes 1600 inside the chunk ending at
   1632, placed by vLLM's own ``compute_mamba_prefill_checkpoints``;
-* on 0.33.0's stale state after a partial hit the third and fourth requests
-  resume at 144, which no prefill wrote: ``stale`` names them.
+* on 0.33.0's stale state after a partial hit the second request leaves a
+  state held at 144 that it did not write, and the third and fourth resume
+  there: ``stale`` names all three.
 """
 
 from __future__ import annotations
@@ -35,4 +36,7 @@ def test_the_stale_oracle_names_the_requests_that_resume_where_nothing_was_writt
     assert obs["hits"] == [0, 16, 144, 144]
     assert [e["written"] for e in obs["explain"][:2]] == [[16, 17], [416, 428]]
     (div,) = check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs)
-    assert (div.oracle, div.requests, div.expected[2]) == ("stale", [2, 3], 17)
+    # request 1 (A:428, resumed at 16) leaves 144 held though it wrote 416 and 428;
+    # requests 2 and 3 resume there
+    assert (div.oracle, div.requests, div.expected[2]) == ("stale", [1, 2, 3], 17)
+    assert div.context["stale_keys"][1] == [144]

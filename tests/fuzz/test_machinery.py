@@ -353,3 +353,25 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     ids = {p for p, _n, _w in PROMISES}
     for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "engine_error"):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
+
+
+def test_the_stale_oracle_flags_a_state_held_where_the_request_wrote_none():
+    """check_stale's second rule (stale_keys): the shape of vLLM 0.32.0's
+    and 0.33.0's stale state after a partial hit on Falcon-H1 (block 144,
+    hash unit 16, sparse retention; .kvspec/figs/stale-032): A:1153 resumes
+    at A:1008's hash-unit checkpoint 992 and prefills to 1153 in one chunk,
+    yet leaves a state held at 1008, which it never computed (A:1008 wrote
+    one there, but did not keep it). A:1009 then resumes at 1008: a position
+    an earlier prefill wrote, so the hit rule alone lets it pass."""
+    from fuzz.oracles import check_stale
+
+    case = make_case(hybrid(144, 144, prefix_match_unit=16, prefill_checkpoint_grid=1), [[("A", 1008)], [("A", 1153)], [("A", 1009)]])
+    def ex(written, held):
+        return {"written": written, "retained_mamba_blocks": {"144": []}, "retained_mamba_tokens": {"0": held}}
+    release = [ex([992, 1008], [992]), ex([1152, 1153], [992, 1008, 1152]), ex([1009], [992, 1008])]
+    (div,) = check_stale(case, "0.33.0", {"hits": [0, 992, 1008], "explain": release})
+    assert (div.oracle, div.requests, div.context["stale_keys"]) == ("stale", [1], [[], [1008], []])
+    assert div.expected == div.observed == [0, 992, 1008] and "left Mamba states at [1008]" in div.detail
+    # the fixed build stops the chunk at 1008, so the state there is written
+    fixed = [ex([992, 1008], [992]), ex([1008, 1152, 1153], [992, 1008, 1152]), ex([1009], [992, 1008])]
+    assert check_stale(case, "0.33.0", {"hits": [0, 992, 1008], "explain": fixed}) == []
