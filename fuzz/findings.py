@@ -75,8 +75,8 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     kinds = request_kinds(case)
     if div.oracle == "retention":  # the hits agree; the states the cache holds do not
         return f"request {i} ({kinds[i]}) holds Mamba states {div.context['observed_states'][i]}, expected {div.context['expected_states'][i]} ({div.detail})"
-    if div.oracle in ("split", "checkpoint", "hit_blocks"):  # the hits agree; the chunks or blocks do not
-        return f"request {i} ({kinds[i]}): {div.detail}"
+    if div.oracle in ("split", "checkpoint", "hit_blocks") or (div.oracle == "stale" and div.expected[i:i + 1] == div.observed[i:i + 1]):
+        return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks or held states do not
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
     mamba = case.geometry.mamba_block_sizes
