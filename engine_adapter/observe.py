@@ -2,8 +2,9 @@
 
 * :class:`Recorder` wraps two *instance* methods (never vLLM's classes):
   ``KVCacheManager.get_computed_blocks`` (the hit, the junction and each
-  full-attention group's number of hit blocks at admission) and the first Mamba manager's ``cache_blocks`` (its
-  ``num_tokens`` and ``replay_boundaries``);
+  full-attention group's number of hit blocks at admission) and the first
+  Mamba manager's ``cache_blocks`` (its ``num_tokens`` and
+  ``replay_boundaries``);
 * :func:`read_knobs` reads the knobs the built objects hold;
 * :class:`RetainedScan` lists, after a request finished, which of its prompt
   states the block pool holds per Mamba group (``retained_mamba_blocks``);

@@ -256,8 +256,9 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     ``seed``, ``vllm_tests`` (bool: run them), ``baseline`` (path of the
     vLLM tests' baseline JSON), ``vllm_tests_from`` (an earlier run's folder
     whose vLLM tests' verdicts on the same builds are taken as they are),
-    ``keep_build``, ``cases`` (the fixed cases' JSON). A mutant judged earlier by kvspec only gets its vLLM tests added
-    when ``vllm_tests`` is on now (the kvspec verdict is kept as it was)."""
+    ``keep_build``, ``cases`` (the fixed cases' JSON). A mutant judged
+    earlier by kvspec only gets its vLLM tests added when ``vllm_tests`` is
+    on now (the kvspec verdict is kept as it was)."""
     out = Path(options["out"])
     mid = mutant["id"]
     done = read_result(out, mid)

@@ -29,9 +29,10 @@ exit codes:
 
 A build is judged by the promise, stale, retention, split, checkpoint,
 hit_blocks, sparse_dense, spec_on_off, engine_error and junction oracles,
-never by the rule its release implements (the reference and knobs oracles). Building its environment (~30 s once) comes before the
-clock; --max-time bounds the campaign, --cases-time the examples and
-boundary cases before it.
+never by the rule its release implements (the reference and knobs
+oracles). Building its environment (~30 s once) comes before the clock;
+--max-time bounds the campaign, --cases-time the examples and boundary
+cases before it.
 
   kvspec check-build --engine vllm==0.33.0 --patch my-fix.diff
   kvspec check-build --engine path:$HOME/src/vllm --base vllm==0.33.0

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fuzz.oracles import held_states as oracle_held_states
 from reference.case import Case, load_case, load_json
 from reference.knobs import implemented_rule
 from reference.predict import predict
@@ -66,14 +67,9 @@ def reference(case_path: str) -> dict:
 
 def held_states(explain: dict) -> set[int]:
     """Mamba states (token counts) held on a request's prompt, from either
-    the reference's or the engine's explain record (union over groups)."""
-    tokens = explain.get("retained_mamba_tokens")
-    if tokens:
-        return {int(p) for ps in tokens.values() for p in ps}
-    out: set[int] = set()
-    for size, blocks in (explain.get("retained_mamba_blocks") or {}).items():
-        out |= {(int(b) + 1) * int(size) for b in blocks}
-    return out
+    the reference's or the engine's explain record (union over groups;
+    :func:`fuzz.oracles.held_states`, empty where none were recorded)."""
+    return oracle_held_states(explain) or set()
 
 
 def observe(check: dict, result: dict) -> Any:
