@@ -35,6 +35,8 @@ def test_the_stale_oracle_names_the_requests_that_resume_where_nothing_was_writt
     obs = engine_033.run(case)
     assert obs["hits"] == [0, 16, 144, 144]
     assert [e["written"] for e in obs["explain"][:2]] == [[16, 17], [416, 428]]
+    # the full-attention group's hit blocks at admission (hit_blocks reads them): ceil(hit / 144)
+    assert [e["attention_blocks"] for e in obs["explain"]] == [[[144, 0]], [[144, 1]], [[144, 1]], [[144, 1]]]
     (div,) = check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs)
     # request 1 (A:428, resumed at 16) leaves 144 held though it wrote 416 and 428;
     # requests 2 and 3 resume there
