@@ -20,14 +20,18 @@ What is observed, per request (``explain``):
 * ``boundaries``: the ``replay_boundaries`` the coordinator handed the Mamba
   managers' ``cache_blocks`` (0.30.0+; ``null`` before);
 * ``chunk_ends``: ``num_computed_tokens`` after each prefill step;
+* ``decode_steps``: [tokens computed before, tokens asked for (the sampled
+  token and the drafts), tokens scheduled] of each step after the prefill
+  (only where ``max_tokens`` > 1);
 * ``written``: the positions this request's prefill wrote a Mamba state at
   in every Mamba group: its chunk ends and the internal prefill checkpoints
   vLLM's worker-side builder places (``engine_adapter.writes``); ``null``
   where this vLLM's checkpoint writes cannot be observed;
 * ``cache_blocks``: ``num_tokens`` of each Mamba ``cache_blocks`` call;
 * ``retained_mamba_blocks``: per Mamba block size M, the indices i of this
-  request's prompt states (the state after ``(i+1)*M`` tokens) that the block
-  pool holds for every Mamba group once the request has finished.
+  request's prompt states (the state after ``(i+1)*M`` tokens, within the
+  prompt: a state past it covers a sampled token no prompt repeats) that the
+  block pool holds for every Mamba group once the request has finished.
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
@@ -177,7 +181,7 @@ class VllmDriver:
             cache_blocks, boundaries = rec.cache_blocks_of(rid)
             by_size = tokens_held = by_group = None
             if scan is not None:
-                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes)
+                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes[: len(tokens) // scan.hbs])
             explain = {
                 "request": i,
                 "prompt_tokens": len(tokens),
@@ -190,6 +194,7 @@ class VllmDriver:
                 "attention_blocks": rec.attention_blocks.get(rid),
                 "boundaries": boundaries,
                 "chunk_ends": served.chunk_ends,
+                "decode_steps": [list(d) for d in served.decode_steps],
                 "written": None if writer is None else written(served, writer),
                 "cache_blocks": cache_blocks,
                 "retained_mamba_blocks": by_size,

@@ -3,8 +3,13 @@
 Each request is added, then ``schedule()`` -> a ``ModelRunnerOutput`` that
 samples one token (``SAMPLED_TOKEN``, outside every case stream, so an
 output never extends a shared prefix) when a request's last prompt token
-has been computed -> ``update_from_output()``, until it finishes. No draft
-tokens are proposed. The step's ``prefix_cache_stats`` are summed (vLLM
+has been computed -> ``update_from_output()``, until it finishes. With
+speculative decoding (``num_spec_tokens`` K > 0), after each step that
+leaves the request running the loop proposes K draft tokens
+(``update_draft_token_ids``, all ``SAMPLED_TOKEN``), as the drafter does
+after every sampling step, and the next step rejects them all (it samples
+one token), so the outputs are the same as without drafts; vLLM itself
+drops drafts proposed for a prefill chunk. The step's ``prefix_cache_stats`` are summed (vLLM
 resets them every step): that is what ``vllm:prefix_cache_hits_total`` /
 ``..._queries_total`` grow by. A request that makes no progress is a vLLM
 failure (``EngineStall``), bounded in steps.
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from vllm.sampling_params import SamplingParams
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 
 from engine_adapter.failure import VllmFailure
@@ -42,6 +47,10 @@ class Served:
     #: (sequence length, query length) of each prefill step, as the model
     #: runner sees it (``engine_adapter.writes`` places its checkpoints).
     prefill_steps: list[tuple[int, int]] = field(default_factory=list)
+    #: (tokens computed before the step, tokens it asked for: the sampled
+    #: token plus the drafts, tokens scheduled) of each step after the
+    #: prefill (the ``split`` oracle's decode rule).
+    decode_steps: list[tuple[int, int, int]] = field(default_factory=list)
     steps: int = 0
 
 
@@ -64,6 +73,10 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     requests = scheduler.requests
     schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
     sampled_one = [SAMPLED_TOKEN]
+    num_drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    drafting = num_drafts > 0 and max_tokens > 1
+    propose = scheduler.update_draft_token_ids
+    decode_steps = out.decode_steps
     hits = queries = preempted_hits = preempted_queries = steps = idle = 0
     last_end = -1
     max_steps = n + max_tokens + 64
@@ -71,8 +84,13 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
         try:
             if not unfinished():
                 break
+            decoding = req.num_output_tokens > 0
+            if decoding:
+                before, asked = int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens)
             so = schedule()
             scheduled = so.num_scheduled_tokens
+            if decoding and rid in scheduled:
+                decode_steps.append((before, asked, int(scheduled[rid])))
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             # A prefill chunk's end; the last one may carry draft-token slots
@@ -84,6 +102,8 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                     last_end = computed
                 out.prefill_steps.append((int(req.num_computed_tokens), int(scheduled[rid])))
             outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
+            if drafting and rid in scheduled and not req.is_finished():
+                propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
         except Exception as e:
             raise VllmFailure("step", e, request=index) from None
         steps += 1

@@ -7,16 +7,21 @@ vLLM 0.33.0:
   1632, placed by vLLM's own ``compute_mamba_prefill_checkpoints``;
 * on 0.33.0's stale state after a partial hit the second request leaves a
   state held at 144 that it did not write, and the third and fourth resume
-  there: ``stale`` names all three.
+  there: ``stale`` names all three;
+* with MTP the step loop proposes drafts after each sampling step, and
+  every step after the prefill schedules the sampled token and both drafts
+  (what ``split`` judges there).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from fuzz.oracles import check_stale, resolved
 from kvspec.home import REPO_ROOT
-from reference.case import load_case
+from reference.case import load_case, parse_case
 
 pytestmark = pytest.mark.engine
 
@@ -42,3 +47,21 @@ def test_the_stale_oracle_names_the_requests_that_resume_where_nothing_was_writt
     # requests 2 and 3 resume there
     assert (div.oracle, div.requests, div.expected[2]) == ("stale", [1, 2, 3], 17)
     assert div.context["stale_keys"][1] == [144]
+
+
+def test_steps_after_the_prefill_carry_the_drafts_the_step_loop_proposes(engine_033):
+    """Qwen3-Next, block 576, MTP K=2; A:575 decoding 4 tokens: the prefill
+    samples one, then three steps each ask for and get 1 + 2 tokens (with
+    all drafts rejected the request advances one token a step). On 0.33.0
+    with ``start > prefill_end`` in ``_mamba_block_aligned_split`` the first
+    one gets 1 (cut at 576). The repeat decodes nothing."""
+    from fuzz.oracles import check_split
+
+    mtp = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
+    case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "h100",
+                                                   "vllm_args": ["--enable-prefix-caching", "--speculative-config", mtp]},
+                       "trace": [{"prompt": [{"segment": "A", "length": 575}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 575}]}]})
+    obs = engine_033.run(case)
+    assert [e["decode_steps"] for e in obs["explain"]] == [[[575, 3, 3], [576, 3, 3], [577, 3, 3]], []]
+    assert [e["chunk_ends"] for e in obs["explain"]] == [[575], [575]]
+    assert check_split(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
