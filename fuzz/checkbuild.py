@@ -27,8 +27,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 * ``retention`` sparse retention keeps no state a later request cannot
   resume at, periodic retention every segment end a prefill wrote (the
   ``retention`` oracle);
-* ``split`` a prefill chunk ends only where a Mamba state must be cached
-  (the ``split`` oracle);
+* ``split`` a prefill chunk ends only where a Mamba state must be cached,
+  and no step after the prefill is cut short (the ``split`` oracle);
 * ``checkpoint`` a prompt's last chunk whose checkpoint the kernel can
   export runs to the end in one step (the ``checkpoint`` oracle);
 * ``hit-blocks`` a request takes no full-attention block beyond its hit
@@ -59,7 +59,7 @@ PROMISES = (
     ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
     ("retention", "retention", "sparse retention keeps only states a later request can resume at; periodic retention keeps every segment end a prefill wrote"),
-    ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end"),
+    ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),

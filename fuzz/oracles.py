@@ -346,9 +346,14 @@ def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
     H, on the CPU engine core's split block, at the junction the engine
     observed, ``budget`` tokens after the chunk's start (the engine's
     ``max_num_scheduled_tokens``), or at least N minus the MTP prefill
-    lookahead (``num_prefill_lookahead_tokens``). The divergence carries the
-    hits unchanged and names the first stray end; ``context``:
-    ``stray_ends`` per request."""
+    lookahead (``num_prefill_lookahead_tokens``). After the prefill the
+    split stands aside (vLLM: "Split only during prefill"): a step
+    schedules all it asked for, the sampled token and its drafts (the
+    engine's ``decode_steps``), unless ``max_model_len`` caps it; judged
+    where the budget is clearly not what cut it. The divergence carries the
+    hits unchanged and names the first stray end or cut step; ``context``:
+    ``stray_ends`` and ``cut_steps`` ([start, asked, scheduled]) per
+    request."""
     g = case.geometry
     explain = obs.get("explain") or []
     knobs = obs.get("knobs") or {}
@@ -361,8 +366,29 @@ def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
     stray = [[end for start, end in spans if end < N and not (end % H == 0 or (g.split_block_size and end % g.split_block_size == 0)
                                                              or end == junction or end - start == budget or end >= N - lookahead)]
              for N, junction, spans in _prefill_chunks(case, obs)]
-    return _same_hits("split", version, hits, "stray_ends", stray, lambda i: (
-        f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"))
+    cut = [_cut_steps(e.get("decode_steps") or [], budget, int(knobs.get("max_model_len") or 0)) for e in explain]
+    bad = [i for i in range(len(explain)) if stray[i] or cut[i]]
+    if not bad:
+        return []
+    i = bad[0]
+    if stray[i]:
+        detail = f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"
+    else:
+        start, asked, scheduled = cut[i][0]
+        detail = (f"request {i}'s step after its {explain[i].get('prompt_tokens')}-token prefill, from {start}, schedules {scheduled} of the {asked} tokens it asked for "
+                  f"(the sampled token and {asked - 1} draft{'' if asked == 2 else 's'}): cut at {start + scheduled}, by neither the budget {budget} nor max_model_len")
+    return [Divergence("split", version, bad, list(hits), list(hits), detail, {"stray_ends": stray, "cut_steps": cut})]
+
+
+def _cut_steps(steps: list, budget: int, max_model_len: int) -> list[list[int]]:
+    """The steps after a prefill ([start, asked, scheduled]) that schedule
+    fewer tokens than they asked for where neither the budget (judged only
+    when it exceeds the ask by 64 tokens, room for the draft slots vLLM
+    reserves) nor ``max_model_len`` (a step's input ends before
+    ``max_model_len - 1``; 0: unknown, not judged) can have cut them."""
+    if not budget or not max_model_len:
+        return []
+    return [[int(a), int(q), int(n)] for a, q, n in steps if n < q and budget >= q + 64 and n < max_model_len - 1 - a]
 
 
 def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:

@@ -284,6 +284,31 @@ def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed(
     assert promise_of({"oracle": "split", "case": {}, "first_divergence": 0}) == "split"
 
 
+def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_than_it_asked_for():
+    """check_split, after the prefill: a step schedules the sampled token
+    and all its drafts. The shape of a mutant of ``_mamba_block_aligned_split``
+    reading ``start > prefill_end`` (split on decode steps too): Qwen3-Next,
+    block 576, MTP K=2, a 575-token prompt; its first decode step from 575
+    asks for 3 tokens and gets 1, cut at the block boundary 576 (what
+    0.33.0 with that mutant does). A cut the budget or max_model_len
+    explains is not judged."""
+    from fuzz.oracles import check_split
+
+    case = make_case(hybrid(576, 576, max_num_batched_tokens=8192), [[("A", 575)], [("A", 575)]])
+    knobs = {"max_num_scheduled_tokens": 8192, "max_model_len": 32768}
+    whole = [{"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": [[575, 3, 3], [576, 3, 3], [577, 3, 3]]}, {"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": []}]
+    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": whole}) == []
+    cut = [{**whole[0], "decode_steps": [[575, 3, 1], [576, 3, 3], [577, 3, 3]]}, whole[1]]
+    (div,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": cut})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("split", [0], [0, 0], [0, 0])
+    assert div.context["cut_steps"] == [[[575, 3, 1]], []] and div.context["stray_ends"] == [[], []]
+    assert "from 575, schedules 1 of the 3 tokens" in div.detail and "cut at 576" in div.detail
+    # max_model_len 577 caps the step from 575 at 577 - 575 - 1 = 1 token; a budget of 40 may be what cut it
+    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 577}, "explain": cut}) == []
+    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_num_scheduled_tokens": 40}, "explain": cut}) == []
+    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 579}, "explain": cut}) != []
+
+
 def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_export_the_checkpoint():
     """check_checkpoint: a Mamba-2 deployment (grid 1), block 144: a fresh
     200-token prompt's only chunk [0, 200) can export the checkpoint at 144
