@@ -137,6 +137,17 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
     return [{"prompt": p} for p in prompts]
 
 
+def _outputs(c: Chooser, trace: list[dict]) -> list[dict]:
+    """With speculative decoding, each request's ``max_tokens``: 1 (half of
+    them: the prefill's last step samples it and no draft is verified), 2 or
+    4 (steps after the prefill, each with the drafts the step loop
+    proposes). Drawn after the prompts, so the prompts a stream draws stay
+    the same."""
+    for r in trace:
+        r["max_tokens"] = c.choice((1, 1, 2, 4))
+    return trace
+
+
 def _fit(prompt: list[dict], cap: int) -> list[dict]:
     """Cut a prompt to at most ``cap`` tokens (keeping its prefix)."""
     out, left = [], cap
@@ -200,7 +211,10 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
-    raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": _trace(c, block, boundary_bias, unit, cap)}
+    trace = _trace(c, block, boundary_bias, unit, cap)
+    if "--speculative-config" in args:
+        trace = _outputs(c, trace)
+    raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": trace}
     return parse_case(raw)
 
 
@@ -214,7 +228,10 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
-    raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": _trace(c, block, boundary_bias)}
+    trace = _trace(c, block, boundary_bias)
+    if speculative is not None:
+        trace = _outputs(c, trace)
+    raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
 
 
