@@ -598,7 +598,7 @@ def prefix_caching() -> None:
                   "engine": "as for the reference: the real scheduler splits req_0 at 32 and keeps the state there, so req_2 hits 32",
               })
     inexpressible("prefix-caching/mamba-align-dynamic-draft-tokens", f"{F}:2662", "allocate_slots survives a shrinking number of draft tokens", "no_trace",
-                  "draft-token proposals per decode round; kvspec's step loop proposes none, and the test asserts only that allocation succeeds")
+                  "a shrinking number of draft tokens per decode round; kvspec's step loop proposes the same K every round, and the test asserts only that allocation succeeds")
     inexpressible("prefix-caching/block-stored-event-group-idx", f"{F}:3798", "BlockStored events carry the group index", "internal",
                   "KV cache events emitted by BlockPool.cache_full_blocks called directly")
     for L in (0, 1):
