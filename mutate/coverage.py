@@ -71,9 +71,12 @@ def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progre
     return path
 
 
-def replay_coverage(release: str, cases: Path, out: Path) -> dict:
+def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = None, timeout_s: float = 3600) -> dict:
     """coverage.py's JSON (files keyed by ``vllm/<file>``) of the cases
-    replayed in the release's environment."""
+    replayed in the release's environment, in ``jobs`` processes (default:
+    the CPUs, at most 4), each on every ``jobs``-th case under its own data
+    file, combined: the union of what they executed is what one process
+    would have. Each waits at most ``timeout_s``."""
     from engine_adapter.environments import REPO_ROOT, env_python, worker_env
     from engine_adapter.testtools import ensure_coverage
     from reference.errors import EngineError
@@ -83,18 +86,43 @@ def replay_coverage(release: str, cases: Path, out: Path) -> dict:
     python = str(env_python(release))
     if not ensure_coverage(python):
         raise EngineError(f"engine=vllm=={release}: cannot install coverage in its environment; allowed: an environment pip can install into")
+    raw = json.loads(Path(cases).read_text())
+    jobs = max(1, min(jobs or min(os.cpu_count() or 1, 4), len(raw) or 1))
     data, report = out / "campaign.coverage", out / "campaign.cov.json"
     env = worker_env(release, "cuda")
-    run = subprocess.run([python, "-m", "coverage", "run", "--branch", f"--data-file={data}", f"--include={','.join(target_paths(release))}", "-m", "mutate.replay_cases", str(cases), release],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    if run.returncode != 0:
-        raise EngineError(f"engine=vllm=={release}: replaying the campaign's cases under coverage failed: {(run.stderr.strip().splitlines() or [''])[-1][:300]}")
+    include = f"--include={','.join(target_paths(release))}"
+    procs = []
+    for k in range(jobs):
+        shard = out / f"coverage-cases.{k}.json"
+        write_json_atomic(shard, raw[k::jobs], indent=None)
+        log = open(out / f"campaign.coverage.{k}.log", "w")
+        procs.append((subprocess.Popen([python, "-m", "coverage", "run", "--branch", f"--data-file={data}.{k}", include, "-m", "mutate.replay_cases", str(shard), release],
+                                       cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
+    deadline = time.monotonic() + timeout_s
+    replays, failed = [], None
+    for k, (proc, log) in enumerate(procs):
+        try:
+            stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, _ = proc.communicate()
+            failed = failed or f"shard {k} ran past {timeout_s:g} s"
+        log.close()
+        if proc.returncode != 0:
+            tail = (Path(log.name).read_text(errors="replace").strip().splitlines() or [""])[-1][:300]
+            failed = failed or f"shard {k} exited {proc.returncode}: {tail}"
+        else:
+            replays.append(json.loads(stdout.strip().splitlines()[-1]))
+    if failed:
+        raise EngineError(f"engine=vllm=={release}: replaying the campaign's cases under coverage failed: {failed}")
+    subprocess.run([python, "-m", "coverage", "combine", f"--data-file={data}", *(f"{data}.{k}" for k in range(jobs))], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     subprocess.run([python, "-m", "coverage", "json", f"--data-file={data}", "-o", str(report), "--quiet"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     prefix = Path(target_paths(release)[0]).parents[2]  # .../site-packages/vllm
     files = {}
     for path, info in json.loads(report.read_text()).get("files", {}).items():
         files[os.path.relpath(path, prefix)] = info
-    return {"replay": json.loads(run.stdout.strip().splitlines()[-1]), "files": files}
+    replay = {"ran": sum(r.get("ran", 0) for r in replays), "refused": sum(r.get("refused", 0) for r in replays), "jobs": jobs}
+    return {"replay": replay, "files": files}
 
 
 def per_function(all_spans: list[Span], executed: dict[str, set], executed_arcs: dict[str, set], all_arcs: dict[str, set]) -> dict:
