@@ -94,7 +94,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     """What makes two findings the same bug: oracle, version, the resolved
     speculative knobs, the geometry class (uniform / mixed / partial hash
     hits), retention mode, the diverging request's kind, whether
-    its prompt is block-aligned, and the direction of the error."""
+    its prompt is block-aligned, and the direction of the error (for
+    ``split``: a prefill chunk's end or a step after the prefill cut)."""
     parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
     g = case.geometry
     sizes = {x.block_size for x in g.groups}
@@ -105,7 +106,9 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
         if div.oracle in ("split", "checkpoint", "hit_blocks"):
-            parts.append("chunk" if div.oracle != "hit_blocks" else "blocks")
+            cut = (div.context.get("cut_steps") or [])[i:i + 1] if div.oracle == "split" else []
+            stray = (div.context.get("stray_ends") or [])[i:i + 1]
+            parts.append("blocks" if div.oracle == "hit_blocks" else "decode" if cut and cut[0] and not (stray and stray[0]) else "chunk")
         elif div.oracle == "retention":
             held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
             parts.append(("extra" if held - want else "") + ("missing" if want - held else ""))

@@ -307,6 +307,11 @@ def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_tha
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 577}, "explain": cut}) == []
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_num_scheduled_tokens": 40}, "explain": cut}) == []
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 579}, "explain": cut}) != []
+    # a cut step and a stray prefill end of the same request are two classes
+    from fuzz.findings import signature
+
+    (chunk,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": [{**whole[0], "chunk_ends": [512, 575]}, whole[1]]})
+    assert signature(case, div, knobs) != signature(case, chunk, knobs)
 
 
 def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_export_the_checkpoint():
