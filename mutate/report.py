@@ -151,7 +151,7 @@ def figure(s: dict):
 
     areas = sorted({r["area"] for r in s["rows"] if r["class"] in CLASSES})
     colors = {"both": "#2b8a3e", "kvspec only": "#74c476", "vLLM tests only": "#6baed6", "neither": "#d62728"}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     bottom = [0] * len(areas)
     for c in CLASSES:
         vals = [sum(r["class"] == c and r["area"] == a for r in s["rows"]) for a in areas]
@@ -159,7 +159,7 @@ def figure(s: dict):
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("mutants (scored)")
     ax.set_title(f"kvspec {_pct(s['kvspec_score'])} vs vLLM tests {_pct(s['vllm_tests_score'])} of {s['scored']} mutants; median kill {s['median_seconds_to_kill']} s")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over one
     fig.tight_layout()
     return fig
 
