@@ -9,10 +9,13 @@ leaves the request running the loop proposes K draft tokens
 (``update_draft_token_ids``, all ``SAMPLED_TOKEN``), as the drafter does
 after every sampling step, and the next step rejects them all (it samples
 one token), so the outputs are the same as without drafts; vLLM itself
-drops drafts proposed for a prefill chunk. The step's ``prefix_cache_stats`` are summed (vLLM
-resets them every step): that is what ``vllm:prefix_cache_hits_total`` /
-``..._queries_total`` grow by. A request that makes no progress is a vLLM
-failure (``EngineStall``), bounded in steps.
+drops drafts proposed for a prefill chunk. A step after the prefill is
+one that starts at or past ``max(prompt, num_tokens - 1)``, vLLM's own
+prefill end (a resumed request replays its outputs as prefill). The
+step's ``prefix_cache_stats`` are summed (vLLM resets them every step):
+that is what ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` grow
+by. A request that makes no progress is a vLLM failure (``EngineStall``),
+bounded in steps.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
         try:
             if not unfinished():
                 break
-            decoding = req.num_output_tokens > 0
+            decoding = req.num_output_tokens > 0 and req.num_computed_tokens >= max(n, req.num_tokens - 1)
             if decoding:
                 before, asked = int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens)
             so = schedule()

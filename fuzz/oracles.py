@@ -384,8 +384,9 @@ def _cut_steps(steps: list, budget: int, max_model_len: int) -> list[list[int]]:
     """The steps after a prefill ([start, asked, scheduled]) that schedule
     fewer tokens than they asked for where neither the budget (judged only
     when it exceeds the ask by 64 tokens, room for the draft slots vLLM
-    reserves) nor ``max_model_len`` (a step's input ends before
-    ``max_model_len - 1``; 0: unknown, not judged) can have cut them."""
+    reserves) nor ``max_model_len`` (vLLM caps a step from ``start`` at
+    ``max_model_len - 1 - start`` tokens) can have cut them; a budget or
+    ``max_model_len`` of 0 (unknown): nothing judged."""
     if not budget or not max_model_len:
         return []
     return [[int(a), int(q), int(n)] for a, q, n in steps if n < q and budget >= q + 64 and n < max_model_len - 1 - a]
