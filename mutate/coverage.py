@@ -115,8 +115,11 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
             replays.append(json.loads(stdout.strip().splitlines()[-1]))
     if failed:
         raise EngineError(f"engine=vllm=={release}: replaying the campaign's cases under coverage failed: {failed}")
-    subprocess.run([python, "-m", "coverage", "combine", f"--data-file={data}", *(f"{data}.{k}" for k in range(jobs))], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    subprocess.run([python, "-m", "coverage", "json", f"--data-file={data}", "-o", str(report), "--quiet"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    report.unlink(missing_ok=True)  # never read an earlier run's report
+    for step in (["combine", f"--data-file={data}", *(f"{data}.{k}" for k in range(jobs))], ["json", f"--data-file={data}", "-o", str(report), "--quiet"]):
+        done = subprocess.run([python, "-m", "coverage", *step], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise EngineError(f"engine=vllm=={release}: coverage {step[0]} failed: {(done.stderr.strip().splitlines() or [''])[-1][:300]}")
     prefix = Path(target_paths(release)[0]).parents[2]  # .../site-packages/vllm
     files = {}
     for path, info in json.loads(report.read_text()).get("files", {}).items():
