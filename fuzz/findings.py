@@ -105,10 +105,12 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if div.oracle in ("split", "checkpoint", "hit_blocks"):
-            cut = (div.context.get("cut_steps") or [])[i:i + 1] if div.oracle == "split" else []
-            stray = (div.context.get("stray_ends") or [])[i:i + 1]
-            parts.append("blocks" if div.oracle == "hit_blocks" else "decode" if cut and cut[0] and not (stray and stray[0]) else "chunk")
+        if div.oracle == "hit_blocks":
+            parts.append("blocks")
+        elif div.oracle in ("split", "checkpoint"):
+            # split names a stray chunk end first, else a cut step after the prefill
+            stray = (div.context.get("stray_ends") or [[]] * (i + 1))[i]
+            parts.append("decode" if div.oracle == "split" and not stray else "chunk")
         elif div.oracle == "retention":
             held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
             parts.append(("extra" if held - want else "") + ("missing" if want - held else ""))

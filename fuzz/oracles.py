@@ -307,15 +307,15 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
                        {"expected_states": expected, "observed_states": observed})]
 
 
-def _same_hits(oracle: str, version: str, hits: list, key: str, per_request: list, detail: Callable[[int], str]) -> list[Divergence]:
+def _same_hits(oracle: str, version: str, hits: list, context: dict[str, list], detail: Callable[[int], str]) -> list[Divergence]:
     """The divergence of an oracle that judges something other than the
-    hits (which it carries unchanged): the requests whose ``per_request``
-    entry is non-empty, that list as ``context[key]``, ``detail`` of the
-    first."""
-    bad = [i for i, x in enumerate(per_request) if x]
+    hits (which it carries unchanged): the requests with a non-empty entry
+    in any of the per-request lists of ``context`` (the divergence's
+    context), ``detail`` of the first."""
+    bad = [i for i, xs in enumerate(zip(*context.values())) if any(xs)]
     if not bad:
         return []
-    return [Divergence(oracle, version, bad, list(hits), list(hits), detail(bad[0]), {key: per_request})]
+    return [Divergence(oracle, version, bad, list(hits), list(hits), detail(bad[0]), context)]
 
 
 def _budget(g, knobs: dict) -> int:
@@ -367,17 +367,14 @@ def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
                                                              or end == junction or end - start == budget or end >= N - lookahead)]
              for N, junction, spans in _prefill_chunks(case, obs)]
     cut = [_cut_steps(e.get("decode_steps") or [], budget, int(knobs.get("max_model_len") or 0)) for e in explain]
-    bad = [i for i in range(len(explain)) if stray[i] or cut[i]]
-    if not bad:
-        return []
-    i = bad[0]
-    if stray[i]:
-        detail = f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"
-    else:
+
+    def detail(i: int) -> str:
+        if stray[i]:
+            return f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"
         start, asked, scheduled = cut[i][0]
-        detail = (f"request {i}'s step after its {explain[i].get('prompt_tokens')}-token prefill, from {start}, schedules {scheduled} of the {asked} tokens it asked for "
-                  f"(the sampled token and {asked - 1} draft{'' if asked == 2 else 's'}): cut at {start + scheduled}, by neither the budget {budget} nor max_model_len")
-    return [Divergence("split", version, bad, list(hits), list(hits), detail, {"stray_ends": stray, "cut_steps": cut})]
+        return (f"request {i}'s step after its {explain[i].get('prompt_tokens')}-token prefill, from {start}, schedules {scheduled} of the {asked} tokens it asked for "
+                f"(the sampled token and {asked - 1} draft{'' if asked == 2 else 's'}): cut at {start + scheduled}, by neither the budget {budget} nor max_model_len")
+    return _same_hits("split", version, hits, {"stray_ends": stray, "cut_steps": cut}, detail)
 
 
 def _cut_steps(steps: list, budget: int, max_model_len: int) -> list[list[int]]:
@@ -417,7 +414,7 @@ def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
     splits = [[end for start, end in spans if end < N and start % B == 0 and N - start <= budget and not start < junction < N
                and internal_checkpoint_valid(start, N, mamba_checkpoint_position(N, unit, drop, L), H, B, g.prefill_checkpoint_grid)]
               for N, junction, spans in _prefill_chunks(case, obs)]
-    return _same_hits("checkpoint", version, hits, "needless_splits", splits, lambda i: (
+    return _same_hits("checkpoint", version, hits, {"needless_splits": splits}, lambda i: (
         f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})"))
 
 
@@ -435,7 +432,7 @@ def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
             extra.append(0)
             continue
         extra.append(max(max(n - -(-int(hit) // int(bs)), 0) for bs, n in taken))
-    return _same_hits("hit_blocks", version, obs.get("hits") or [], "extra_blocks", extra, lambda i: (
+    return _same_hits("hit_blocks", version, obs.get("hits") or [], {"extra_blocks": extra}, lambda i: (
         f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit"))
 
 
