@@ -14,7 +14,8 @@ It runs, on the one engine, in this order until the time is spent:
 
 Every case is judged by the oracles that judge a build
 (``fuzz.oracles.oracles_for``: promise, stale, retention, split,
-checkpoint, hit_blocks, sparse_dense, spec_on_off, engine_error) plus
+checkpoint, hit_blocks, shared_prefix, sparse_dense, spec_on_off,
+engine_error) plus
 ``junction``; never by the release's own rule. Each
 finding is sorted into the promise it breaks (:func:`promise_of`):
 
@@ -33,6 +34,9 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   export runs to the end in one step (the ``checkpoint`` oracle);
 * ``hit-blocks`` a request takes no full-attention block beyond its hit
   (the ``hit_blocks`` oracle);
+* ``shared-prefix`` the junction a request reports lies above its hit and
+  within what full attention can have cached for it (the ``shared_prefix``
+  oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -62,6 +66,7 @@ PROMISES = (
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
+    ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -76,8 +81,8 @@ def promise_of(finding: dict) -> str:
         return "no-stale"
     if oracle in ("retention", "split", "checkpoint"):
         return oracle
-    if oracle == "hit_blocks":
-        return "hit-blocks"
+    if oracle in ("hit_blocks", "shared_prefix"):
+        return oracle.replace("_", "-")
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")
     exp = (finding.get("expected") or {}).get("hits") or []

@@ -41,7 +41,7 @@ from pathlib import Path
 from reference.case import Case, case_to_dict, load_json, parse_case, write_json_atomic
 from reference.errors import invalid
 
-from fuzz.oracles import Divergence, request_kinds
+from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 
 FINDING_SCHEMA = 2
 #: Finding schemas this kvspec reads.
@@ -75,8 +75,8 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     kinds = request_kinds(case)
     if div.oracle == "retention":  # the hits agree; the states the cache holds do not
         return f"request {i} ({kinds[i]}) holds Mamba states {div.context['observed_states'][i]}, expected {div.context['expected_states'][i]} ({div.detail})"
-    if div.oracle in ("split", "checkpoint", "hit_blocks") or (div.oracle == "stale" and div.expected[i:i + 1] == div.observed[i:i + 1]):
-        return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks or held states do not
+    if div.oracle in SAME_HITS_ORACLES or (div.oracle == "stale" and div.expected[i:i + 1] == div.observed[i:i + 1]):
+        return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks, junction or held states do not
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
     mamba = case.geometry.mamba_block_sizes
@@ -107,6 +107,9 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
         if div.oracle == "hit_blocks":
             parts.append("blocks")
+        elif div.oracle == "shared_prefix":
+            junction, hit, reach = div.context["bad_junctions"][i]
+            parts.append("past" if junction > reach else "below")
         elif div.oracle in ("split", "checkpoint"):
             # split names a stray chunk end first, else a cut step after the prefill
             stray = (div.context.get("stray_ends") or [[]] * (i + 1))[i]

@@ -56,6 +56,11 @@ says which requests diverge.
   coordinator truncates every full-attention group to the reconciled hit,
   vLLM 0.29.0-0.33.0); a longer list hands the request blocks whose tokens
   it then recomputes into shared, cached blocks.
+* ``shared_prefix``: the junction a request reports at admission (vLLM's
+  ``shared_prefix_boundary``, 0.29.0-0.33.0) is 0, or above its hit and
+  within what full attention can have cached for it (its common prefix
+  with an earlier request, below its length). ``split``, ``retention`` and
+  ``checkpoint`` take the observed junction as given; this checks it.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -72,19 +77,23 @@ from reference.case import Case, prompt_tokens, with_resolution
 from reference.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
+from reference.serial import common_prefix
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
 #: junction was observed), capped by the same engine's dense-retention hit.
 EXTRA_ORACLES = ("junction",)
+#: The oracles that judge something other than the hits (chunks, blocks,
+#: held states, the junction): their divergences carry the hits unchanged.
+SAME_HITS_ORACLES = ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix")
 #: Every oracle a finding may name.
 KNOWN_ORACLES = ORACLES + EXTRA_ORACLES
 #: Knob names both the model and the engine report.
@@ -436,6 +445,47 @@ def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
         f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit"))
 
 
+def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """The junction a request reports at admission (the engine's
+    ``junction``: vLLM's ``shared_prefix_boundary``, the hit plus the
+    coordinator's ``num_uncached_common_prefix_tokens``, i.e. the longest
+    single-group hit where it passes the reconciled hit, else 0; vLLM
+    0.29.0-0.33.0) is 0, or above the request's hit (``scheduler_hit``) and
+    no longer than full attention can have cached for it: below its N
+    prompt tokens, and within its longest common prefix with an earlier
+    request (that request's prompt, and its ``max_tokens`` outputs where
+    the prompt runs through it). ``split``, ``retention`` and
+    ``checkpoint`` take the junction the engine observed as given; this
+    checks it. Not judged where the engine did not record it. The
+    divergence carries the hits unchanged; ``context``: ``bad_junctions``
+    per request ([junction, hit, reach], or [] where it holds)."""
+    explain = obs.get("explain") or []
+    prompts = [prompt_tokens(r) for r in case.trace]
+    bad: list[list[int]] = []
+    for i, e in enumerate(explain[:len(prompts)]):
+        junction, hit = e.get("junction"), e.get("scheduler_hit")
+        if not junction or hit is None:
+            bad.append([])
+            continue
+        tokens = prompts[i]
+        reach = max((_reach(tokens, prompts[j], case.trace[j].max_tokens) for j in range(i)), default=0)
+        reach = min(reach, len(tokens) - 1)
+        bad.append([int(junction), int(hit), reach] if not int(hit) < int(junction) <= reach else [])
+    return _same_hits("shared_prefix", version, obs.get("hits") or [], {"bad_junctions": bad}, lambda i: (
+        f"request {i} of {len(prompts[i])} tokens reports the junction {bad[i][0]} (vLLM's shared_prefix_boundary) with its hit at {bad[i][1]}: "
+        + (f"past the {bad[i][2]} tokens full attention can have cached for it (its longest common prefix with an earlier request, below its length)"
+           if bad[i][0] > bad[i][2] else "not above its hit")))
+
+
+def _reach(tokens: list[int], earlier: list[int], max_tokens: int) -> int:
+    """How far an earlier request's cached tokens can match ``tokens``:
+    their common prefix, plus the earlier request's outputs (at most
+    ``max_tokens``, whatever was sampled) where ``tokens`` runs through its
+    whole prompt."""
+    shared = common_prefix(tokens, earlier)
+    return shared + max_tokens if shared == len(earlier) else shared
+
+
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
     """Promised requests hit what the promise predicts. Below it is lost
     reuse; above it is a stale state unless a prefill wrote a state there
@@ -585,7 +635,8 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
 #: The oracles that read one observation and nothing else, in the order
 #: :func:`check_all` runs them.
 SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("retention", check_retention),
-                     ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks), ("reference", check_reference))
+                     ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks),
+                     ("shared_prefix", check_shared_prefix), ("reference", check_reference))
 
 
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:

@@ -61,7 +61,7 @@ from typing import Callable
 from reference.case import Case
 from reference.errors import Unsupported, invalid
 
-from fuzz.oracles import KNOWN_ORACLES, ORACLES, Divergence, check_all, check_versions, oracles_for
+from fuzz.oracles import KNOWN_ORACLES, ORACLES, SAME_HITS_ORACLES, Divergence, check_all, check_versions, oracles_for
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -248,7 +248,7 @@ def _judge_target(target: Target, observation: dict, observed: list, err) -> Ver
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
-    if claim.oracle in ("knobs", "engine_error", "retention", "split", "checkpoint", "hit_blocks"):
+    if claim.oracle in ("knobs", "engine_error") + SAME_HITS_ORACLES:
         return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
     if claim.observed is None:
         return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)

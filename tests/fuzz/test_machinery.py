@@ -361,6 +361,40 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_taken_beyond_the_hit():
     assert promise_of({"oracle": "hit_blocks", "case": {}, "first_divergence": 1}) == "hit-blocks"
 
 
+def test_the_shared_prefix_oracle_flags_a_junction_full_attention_never_cached():
+    """check_shared_prefix: the junction a request reports is 0, or above its
+    hit and within its common prefix with an earlier request. The shape of
+    a mutant of vLLM 0.33.0's ``find_longest_cache_hit`` that adds the hit
+    to the uncached common prefix instead of subtracting it (observed on
+    Qwen3-Next, block 544): A:1152 then A:1152+B:1728 resumes at 1088 and
+    reports the junction 3264 (the release: none); a sibling sharing 2152
+    tokens reports 3808 (the release: 1632)."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.findings import signature
+    from fuzz.oracles import check_shared_prefix
+
+    case = make_case(hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 1728)], [("A", 1152), ("B", 1000), ("C", 700)]])
+    release = [{"scheduler_hit": 0, "junction": 0}, {"scheduler_hit": 1088, "junction": 0}, {"scheduler_hit": 1088, "junction": 1632}]
+    assert check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": release}) == []
+    mutant = [release[0], {"scheduler_hit": 1088, "junction": 3264}, {"scheduler_hit": 1088, "junction": 3808}]
+    (div,) = check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": mutant})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("shared_prefix", [1, 2], [0, 1088, 1088], [0, 1088, 1088])
+    # the reach: request 1 runs through A:1152 (plus its one output), request 2 shares 2152 with request 1
+    assert div.context["bad_junctions"] == [[], [3264, 1088, 1153], [3808, 1088, 2152]]
+    assert "past the 1153 tokens" in div.detail
+    # a junction at or below the hit
+    (low,) = check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": [release[0], release[1], {"scheduler_hit": 1632, "junction": 1632}]})
+    assert low.context["bad_junctions"][2] == [1632, 1632, 2152] and "not above its hit" in low.detail
+    knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
+    assert signature(case, div, knobs) != signature(case, low, knobs)
+    # a junction at the earlier request's outputs: its max_tokens count
+    longer = make_case(hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 600)]])
+    assert check_shared_prefix(longer, "0.33.0", {"hits": [0, 0], "explain": [release[0], {"scheduler_hit": 0, "junction": 1153}]}) == []
+    # not recorded: not judged
+    assert check_shared_prefix(case, "0.33.0", {"hits": [0, 0, 0], "explain": [{}, {"scheduler_hit": 0}, {"junction": 4000}]}) == []
+    assert promise_of({"oracle": "shared_prefix", "case": {}, "first_divergence": 1}) == "shared-prefix"
+
+
 def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     """The help of --patch, check-build's epilog and README's sentence name
     every oracle that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
@@ -382,7 +416,7 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
         if name != "versions":  # check-build judges one engine
             assert name in epilog, name
     ids = {p for p, _n, _w in PROMISES}
-    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "engine_error"):
+    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "engine_error"):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
 
 
