@@ -30,8 +30,11 @@ What is observed, per request (``explain``):
 * ``cache_blocks``: ``num_tokens`` of each Mamba ``cache_blocks`` call;
 * ``retained_mamba_blocks``: per Mamba block size M, the indices i of this
   request's prompt states (the state after ``(i+1)*M`` tokens, within the
-  prompt: a state past it covers a sampled token no prompt repeats) that the
-  block pool holds for every Mamba group once the request has finished.
+  prompt) that the block pool holds for every Mamba group once the request
+  has finished;
+* ``retained_output_states``: the token counts past the prompt (states
+  inside the request's output) at which any Mamba group's state is held
+  once it has finished.
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
@@ -138,8 +141,9 @@ class VllmDriver:
         ``options``: ``eagle_groups`` (hand geometries: ``auto``, ``all``,
         ``draft``); ``retained`` (default true): ``false`` skips the
         block-pool scan after each request, for a campaign whose oracles
-        read only hits, queries and knobs; ``retained_mamba_blocks`` and
-        ``retained_mamba_tokens`` are then null."""
+        read only hits, queries and knobs; ``retained_mamba_blocks``,
+        ``retained_mamba_tokens`` and ``retained_output_states`` are then
+        null."""
         options = dict(options or {})
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -179,9 +183,11 @@ class VllmDriver:
             rid = f"req-{i}"
             lookups = rec.lookups.get(rid, [])
             cache_blocks, boundaries = rec.cache_blocks_of(rid)
-            by_size = tokens_held = by_group = None
+            by_size = tokens_held = by_group = after = None
             if scan is not None:
-                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes[: len(tokens) // scan.hbs])
+                prompt_hashes = len(tokens) // scan.hbs
+                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes[:prompt_hashes])
+                after = scan.held_after(served.request.block_hashes, prompt_hashes)
             explain = {
                 "request": i,
                 "prompt_tokens": len(tokens),
@@ -199,6 +205,7 @@ class VllmDriver:
                 "cache_blocks": cache_blocks,
                 "retained_mamba_blocks": by_size,
                 "retained_mamba_tokens": tokens_held,
+                "retained_output_states": after,
                 "steps": served.steps,
             }
             if served.preempted_hits or served.preempted_queries:

@@ -255,13 +255,14 @@ class RetainedScan:
     def _index_valid(self) -> bool:
         return self.held is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj and len(self.cache_map) == self._count[0]
 
-    def positions(self, hashes: list) -> dict[int, list[int]]:
-        """{group id: token counts p (multiples of the hash block) whose state is held}.
+    def positions(self, hashes: list, first: int = 0) -> dict[int, list[int]]:
+        """{group id: token counts p (multiples of the hash block) whose state
+        is held}, ``hashes[j]`` being the request's hash ``first + j``.
 
         The membership tests run in C (``map``, ``compress``)."""
         out = {}
         hbs, cache_map, n = self.hbs, self.cache_map, len(hashes)
-        steps = range(hbs, (n + 1) * hbs, hbs)  # (j + 1) * hbs
+        steps = range((first + 1) * hbs, (first + n + 1) * hbs, hbs)  # (first + j + 1) * hbs
         if self._index_valid():
             held = self.held
             for gid in self.mamba_gids:
@@ -278,10 +279,16 @@ class RetainedScan:
                     keys = (self.make_key(h, gid) for h in hashes)
                 out[gid] = list(compress(steps, map(cache_map.__contains__, keys)))
             else:
-                out[gid] = [(j + 1) * hbs for j, h in enumerate(hashes) if self.pool.get_cached_block(h, [gid]) is not None]
+                out[gid] = [p for p, h in zip(steps, hashes) if self.pool.get_cached_block(h, [gid]) is not None]
         if self.indexable and self.asked >= self.INDEX_AFTER:
             self._index()
         return out
+
+    def held_after(self, hashes: list, first: int) -> list[int]:
+        """The token counts past ``first`` hash blocks (a request's prompt:
+        states inside its output) at which any Mamba group holds a state,
+        ``hashes`` being the request's block hashes."""
+        return sorted(set().union(*self.positions(hashes[first:], first).values()))
 
     def retained(self, hashes: list) -> tuple[dict[str, list[int]], dict | None, dict | None]:
         """(``retained_mamba_blocks`` by block size, ``retained_mamba_tokens``

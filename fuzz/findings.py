@@ -116,7 +116,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
             parts.append("decode" if div.oracle == "split" and not stray else "chunk")
         elif div.oracle == "retention":
             held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
-            parts.append(("extra" if held - want else "") + ("missing" if want - held else ""))
+            output = (div.context.get("output_states") or [[]] * (i + 1))[i]
+            parts.append(("extra" if held - want - set(output) else "") + ("output" if output else "") + ("missing" if want - held else ""))
         elif i < len(div.observed) and i < len(div.expected):
             parts.append("low" if div.observed[i] < div.expected[i] else "high")
     elif div.oracle == "engine_error":

@@ -17,7 +17,8 @@ and random block sizes): kvspec's choice, labelled synthetic in findings.
 
 Traces are identical resends, longer siblings, siblings diverging at any
 point, interleaved conversations, short prompts and block-aligned prompts
-(nB-1, nB, nB+1, and the same around hash-unit boundaries).
+(nB-1, nB, nB+1, and the same around hash-unit boundaries); each request
+generates 1, 2 or 4 tokens.
 
 What comes out is a semantic case (``reference.case.Case``), never bytes.
 """
@@ -138,11 +139,11 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
 
 
 def _outputs(c: Chooser, trace: list[dict]) -> list[dict]:
-    """With speculative decoding, each request's ``max_tokens``: 1 (half of
-    them: the prefill's last step samples it and no draft is verified), 2 or
-    4 (steps after the prefill, each with the drafts the step loop
-    proposes). Drawn after the prompts, so the prompts a stream draws stay
-    the same."""
+    """Each request's ``max_tokens``: 1 (half of them: the prefill's last
+    step samples it), 2 or 4 (steps after the prefill, each with the drafts
+    the step loop proposes under speculative decoding; states inside the
+    output, which retention must not keep). Drawn after the prompts, so the
+    prompts a stream draws stay the same."""
     for r in trace:
         r["max_tokens"] = c.choice((1, 1, 2, 4))
     return trace
@@ -211,9 +212,7 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
-    trace = _trace(c, block, boundary_bias, unit, cap)
-    if "--speculative-config" in args:
-        trace = _outputs(c, trace)
+    trace = _outputs(c, _trace(c, block, boundary_bias, unit, cap))
     raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": trace}
     return parse_case(raw)
 
@@ -228,9 +227,7 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
-    trace = _trace(c, block, boundary_bias)
-    if speculative is not None:
-        trace = _outputs(c, trace)
+    trace = _outputs(c, _trace(c, block, boundary_bias))
     raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
 

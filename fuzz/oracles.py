@@ -268,11 +268,17 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
     prompt, with the knobs ``version`` resolves), one the reference model
     keeps for ``j`` under the promise or the release's rule, the junction
     the engine observed for ``j``, ``j``'s hit, and under periodic
-    retention every segment end. Required (periodic): every position
-    ``i``'s own prefill wrote (``written``) on the segment grid within its
-    hashed tokens. Judged where the engine observed what the cache holds.
-    The divergence carries the hits unchanged; the states are its
-    ``context`` (``expected_states`` / ``observed_states``)."""
+    retention every segment end. Inside ``i``'s output (the engine's
+    ``retained_output_states``, past its prompt) no state under sparse
+    retention (vLLM 0.30.0-0.33.0, ``prefix_cache_retention_interval``: 0
+    "retains only semantic checkpoints, including the latest replay
+    boundary and shared-prefix junctions", all of them prompt positions),
+    only segment ends under periodic retention. Required (periodic): every
+    position ``i``'s own prefill wrote (``written``) on the segment grid
+    within its hashed tokens. Judged where the engine observed what the
+    cache holds. The divergence carries the hits unchanged; the states are
+    its ``context`` (``expected_states`` / ``observed_states``, output
+    states included; ``output_states``: the output states judged extra)."""
     g = case.geometry
     if g is None or g.retention_interval is None:
         return []
@@ -294,26 +300,32 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
                 mine |= held_states(m[j]) or set()
         mine.update(int(x) for x in (e.get("junction"), hits[j] if j < len(hits) else 0) if x)
         own.append(mine)
-    bad, expected, observed, notes = [], [], [], []
+    bad, expected, observed, outputs, notes = [], [], [], [], []
     for i, e in enumerate(explain):
         held = held_states(e)
         tokens = prompts[i]
         allowed = {p for j in range(i + 1) for p in own[j] if prompts[j][:p] == tokens[:p]}
         extra = sorted(p for p in held - allowed if not (step and p % step == 0))
+        output = [int(p) for p in e.get("retained_output_states") or []]
+        inside = [p for p in output if not (step and p % step == 0)]
         missing: list[int] = []
         if step and e.get("written") is not None:
             hashed = max(len(tokens) - L, 0) // H * H
             missing = sorted(p for p in e["written"] if 0 < p <= hashed and p % step == 0 and p not in held)
-        expected.append(sorted((held - set(extra)) | set(missing)))
-        observed.append(sorted(held))
-        if extra or missing:
+        expected.append(sorted((held - set(extra)) | set(missing) | (set(output) - set(inside))))
+        observed.append(sorted(held | set(output)))
+        outputs.append(inside)
+        if extra or missing or inside:
             bad.append(i)
-            notes.append(f"request {i}" + (f" keeps {extra}, where no later request can resume" if extra else "") + (" and" if extra and missing else "") + (f" drops the segment ends {missing} its prefill wrote" if missing else ""))
+            faults = ([f"keeps {extra}, where no later request can resume"] if extra else []) + (
+                [f"keeps {inside} inside its {len(tokens)}-token prompt's output, no semantic checkpoint"] if inside else []) + (
+                [f"drops the segment ends {missing} its prefill wrote"] if missing else [])
+            notes.append(f"request {i} " + " and ".join(faults))
     if not bad:
         return []
     mode = "sparse" if interval == 0 else f"periodic (interval {interval})"
     return [Divergence("retention", version, bad, list(hits), list(hits), f"{mode} retention: " + "; ".join(notes[:3]),
-                       {"expected_states": expected, "observed_states": observed})]
+                       {"expected_states": expected, "observed_states": observed, "output_states": outputs})]
 
 
 def _same_hits(oracle: str, version: str, hits: list, context: dict[str, list], detail: Callable[[int], str]) -> list[Divergence]:

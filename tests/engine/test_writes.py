@@ -65,3 +65,21 @@ def test_steps_after_the_prefill_carry_the_drafts_the_step_loop_proposes(engine_
     assert [e["decode_steps"] for e in obs["explain"]] == [[[575, 3, 3], [576, 3, 3], [577, 3, 3]], []]
     assert [e["chunk_ends"] for e in obs["explain"]] == [[575], [575]]
     assert check_split(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
+
+
+def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_retention(engine_033):
+    """Qwen3-Next on an A100 (block 544), sparse retention, no speculative
+    decoding; A:1087 decoding 4 tokens computes 1090, past the block end
+    1088: the release keeps the prompt's state at 544 and none inside the
+    output (``retained_output_states``), and the retention oracle agrees.
+    With ``{N + 1, N}`` for ``{N - 1, N}`` in ``replay_boundaries`` it keeps
+    1088 (``.kvspec/mutate``, replay-aba84fc0)."""
+    from fuzz.oracles import check_retention
+
+    case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
+                                                   "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "0"]},
+                       "trace": [{"prompt": [{"segment": "A", "length": 1087}], "max_tokens": 4}]})
+    obs = engine_033.run(case)
+    (e,) = obs["explain"]
+    assert (e["decode_steps"], e["retained_mamba_blocks"], e["retained_output_states"]) == ([[1087, 1, 1], [1088, 1, 1], [1089, 1, 1]], {"544": [0]}, [])
+    assert check_retention(resolved(case, obs, engine_033.version), engine_033.version, obs) == []

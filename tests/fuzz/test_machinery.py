@@ -257,6 +257,50 @@ def test_the_retention_oracle_flags_states_kept_nowhere_reachable_and_dropped_se
     assert promise_of({"oracle": "retention", "case": {}, "first_divergence": 0}) == "retention"
 
 
+def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
+    """check_retention on ``retained_output_states``: sparse retention keeps
+    no state past the prompt (vLLM: interval 0 "retains only semantic
+    checkpoints"), periodic retention only segment ends. The shape of a
+    mutant of vLLM 0.33.0's ``replay_boundaries`` keeping {N + 1, N}
+    instead of {N - 1, N} without EAGLE (observed on Qwen3-Next, block
+    544): A:1087 decoding 4 tokens leaves the state at 1088 held, the
+    release none."""
+    from fuzz.findings import signature
+    from fuzz.oracles import check_retention
+
+    sparse = make_case(hybrid(544, 544, retention_interval=0), [[("A", 1087)]])
+    release = [{"retained_mamba_blocks": {"544": [0]}, "retained_output_states": [], "junction": 0}]
+    assert check_retention(sparse, "0.33.0", {"hits": [0], "explain": release}) == []
+    mutant = [{**release[0], "retained_output_states": [1088]}]
+    (div,) = check_retention(sparse, "0.33.0", {"hits": [0], "explain": mutant})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("retention", [0], [0], [0])
+    assert div.context["observed_states"] == [[544, 1088]] and div.context["expected_states"] == [[544]] and div.context["output_states"] == [[1088]]
+    assert "keeps [1088] inside its 1087-token prompt's output" in div.detail
+    # a prompt state kept nowhere reachable is another class
+    (prompt,) = check_retention(sparse, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_mamba_blocks": {"544": [0, 1]}}]})
+    knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
+    assert signature(sparse, div, knobs) != signature(sparse, prompt, knobs)
+    # periodic retention may keep a segment end inside the output, nothing else
+    periodic = make_case(hybrid(544, 544, retention_interval=1088), [[("A", 1087)]])
+    assert check_retention(periodic, "0.33.0", {"hits": [0], "explain": mutant}) == []
+    (off,) = check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_output_states": [1088, 1632]}]})
+    assert off.context["output_states"] == [[1632]]
+    # not observed (an older observation): the prompt states alone
+    assert check_retention(sparse, "0.33.0", {"hits": [0], "explain": [{"retained_mamba_blocks": {"544": [0]}, "junction": 0}]}) == []
+
+
+def test_every_generated_request_may_decode():
+    """fuzz.generate draws each request's max_tokens from 1, 2 and 4, with
+    or without speculative decoding, after the prompts."""
+    import random
+
+    from fuzz.generate import RandomChooser, build_case
+
+    drawn = [build_case(RandomChooser(random.Random(seed)), speculative=None) for seed in range(40)]
+    outputs = {r.max_tokens for case in drawn for r in case.trace}
+    assert outputs == {1, 2, 4}
+
+
 def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed():
     """check_split: below the prompt's end a chunk ends on the hash grid, at
     the junction, at the budget or within the MTP prefill lookahead of the
