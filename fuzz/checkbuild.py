@@ -26,8 +26,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 * ``no-stale`` no request hits more than the Mamba states a prefill wrote
   allow (the ``stale`` oracle, and any hit above the expected one);
 * ``retention`` sparse retention keeps no state a later request cannot
-  resume at, periodic retention every segment end a prefill wrote (the
-  ``retention`` oracle);
+  resume at and none inside an output, periodic retention every segment
+  end a prefill wrote (the ``retention`` oracle);
 * ``split`` a prefill chunk ends only where a Mamba state must be cached,
   and no step after the prefill is cut short (the ``split`` oracle);
 * ``checkpoint`` a prompt's last chunk whose checkpoint the kernel can
@@ -62,7 +62,7 @@ PROMISES = (
     ("R2", "longer sibling", "a prompt that extends an earlier one resumes where dense retention would"),
     ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
-    ("retention", "retention", "sparse retention keeps only states a later request can resume at; periodic retention keeps every segment end a prefill wrote"),
+    ("retention", "retention", "sparse retention keeps only states a later request can resume at, none inside an output; periodic retention keeps every segment end a prefill wrote"),
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),

@@ -35,9 +35,11 @@ says which requests diverge.
   or the release's rule keeps, for this prompt or an earlier one over the
   same tokens, or the junction the engine observed), and under periodic
   retention every segment boundary its prefill wrote over its hashed tokens.
-  Sparse retention exists to save that memory; a state kept nowhere
-  reachable is the memory it was meant to save, a segment boundary dropped
-  is reuse periodic retention promises a sibling.
+  Inside a request's output (past its prompt) sparse retention keeps no
+  state (vLLM: "only semantic checkpoints"), periodic retention only
+  segment ends. Sparse retention exists to save that memory; a state kept
+  nowhere reachable is the memory it was meant to save, a segment boundary
+  dropped is reuse periodic retention promises a sibling.
 * ``split``: a prefill chunk other than a prompt's last ends only where
   align mode needs it to (vLLM's own invariant in
   ``Scheduler._mamba_block_aligned_split``: a Mamba state is written at each
