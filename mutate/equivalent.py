@@ -17,9 +17,11 @@ The rules:
   "argument", "check"}]``, ``argument`` one line read from vLLM's source,
   ``check`` what :func:`check` found. ``kind`` ``equivalent``: no input can
   tell the mutant from the base (counted apart); ``out of scope``: the
-  mutated code runs only in configurations no hybrid prefix-caching
-  deployment has, so kvspec cannot reach it, though vLLM's own tests may
-  (still scored; ``mutate.report`` gives a second score without them).
+  mutant behaves differently only in configurations no deployment kvspec
+  resolves has (a KV connector, one KV cache group, no prefix caching,
+  another model's specs), so kvspec cannot reach it, though vLLM's own
+  tests or another deployment may (still scored; ``mutate.report`` gives a
+  second score without them).
 """
 
 from __future__ import annotations

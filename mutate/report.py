@@ -10,10 +10,11 @@ The rules of the count:
   (``harness``) are listed apart and are in no score;
 * a mutant on the reviewed list (``mutate/equivalent.json``) of kind
   ``equivalent`` (no input changes its behaviour) is listed apart and is in
-  no score; one of kind ``out of scope`` (its code runs only in
-  configurations no hybrid prefix-caching deployment has: a KV connector, a
-  single KV cache group, no prefix caching, other models' specs) stays
-  scored, and a second score leaves those out (``in_scope``);
+  no score; one of kind ``out of scope`` (its behaviour differs only in
+  configurations no deployment kvspec resolves has: a KV connector, a
+  single KV cache group, no prefix caching, other models' specs, a second
+  spec group beside Mamba that is not full attention) stays scored, and a
+  second score leaves those out (``in_scope``);
 * every other mutant is *scored*: killed by kvspec, by vLLM's tests, by
   both, or by neither; a score is killed / scored, per file, per function
   and overall; ``both + kvspec only + vLLM only + neither == scored``;
@@ -117,7 +118,7 @@ def markdown(s: dict) -> str:
              *([f"- vLLM's tests were not run on {s['vllm_tests_not_run']} scored mutant(s) (counted as missed by them)"] if s["vllm_tests_not_run"] else []),
              *([f"- vLLM's tests' verdicts on {s['vllm_tests_reused']} mutant(s) are taken from an earlier run of the same builds (`--vllm-tests-from`)"] if s.get("vllm_tests_reused") else []),
              f"- mutation score: kvspec {s['kvspec_killed']}/{s['scored']} ({_pct(s['kvspec_score'])}), vLLM's tests {s['vllm_tests_killed']}/{s['scored']} ({_pct(s['vllm_tests_score'])})",
-             *([f"- within kvspec's scope (leaving out {s['out_of_scope']} mutant(s) of code no hybrid prefix-caching deployment runs): kvspec {s['in_scope']['kvspec_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['kvspec_score'])}), vLLM's tests {s['in_scope']['vllm_tests_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['vllm_tests_score'])})"] if s["out_of_scope"] else []),
+             *([f"- within kvspec's scope (leaving out {s['out_of_scope']} mutant(s) reviewed as out of scope: behaviour only configurations kvspec does not resolve reach): kvspec {s['in_scope']['kvspec_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['kvspec_score'])}), vLLM's tests {s['in_scope']['vllm_tests_killed']}/{s['in_scope']['scored']} ({_pct(s['in_scope']['vllm_tests_score'])})"] if s["out_of_scope"] else []),
              f"- kvspec's median time to kill: {s['median_seconds_to_kill']} s", "",
              "## Per file", "", "| file | scored | kvspec | vLLM tests |", "|---|---|---|---|"]
     for f, v in s["by_file"].items():
