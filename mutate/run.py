@@ -130,7 +130,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
             res = run_mutant(m, budget, options)
             kv, vt = res.get("kvspec") or {}, res.get("vllm_tests") or {}
             say(f"[mutate] {i}/{len(mutants)} {m['id']} {m['function']} line {m['line']}: {res['status']}"
-                + (f", kvspec {'killed in %.1fs' % kv['seconds_to_kill'] if kv.get('killed') else 'missed'}, vLLM tests {'killed' if vt.get('killed') else 'missed'}" if res["status"] == "ran" else f" ({res.get('reason', '')[:120]})"))
+                + (f", kvspec {'killed in %.1fs' % kv['seconds_to_kill'] if kv.get('killed') else 'missed'}, vLLM tests {('killed' if vt.get('killed') else 'missed') if 'vllm_tests' in res else 'not run'}" if res["status"] == "ran" else f" ({res.get('reason', '')[:120]})"))
             results.append(res)
     if tests_only:
         return results
