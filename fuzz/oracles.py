@@ -75,11 +75,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position, resumable_states
-from reference.case import Case, prompt_tokens, with_resolution
+from reference.case import Case, Request, prompt_tokens, with_resolution
 from reference.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
-from reference.serial import common_prefix
+from reference.serial import common_prefix, known_common
 from reference.variants import has_speculative, with_retention, without_speculative
 
 ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
@@ -482,7 +482,7 @@ def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]
             bad.append([])
             continue
         tokens = prompts[i]
-        reach = max((_reach(tokens, prompts[j], case.trace[j].max_tokens) for j in range(i)), default=0)
+        reach = max((_reach(case.trace[i], tokens, case.trace[j], prompts[j]) for j in range(i)), default=0)
         reach = min(reach, len(tokens) - 1)
         bad.append([int(junction), int(hit), reach] if not int(hit) < int(junction) <= reach else [])
     return _same_hits("shared_prefix", version, obs.get("hits") or [], {"bad_junctions": bad}, lambda i: (
@@ -491,13 +491,14 @@ def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]
            if bad[i][0] > bad[i][2] else "not above its hit")))
 
 
-def _reach(tokens: list[int], earlier: list[int], max_tokens: int) -> int:
-    """How far an earlier request's cached tokens can match ``tokens``:
-    their common prefix, plus the earlier request's outputs (at most
-    ``max_tokens``, whatever was sampled) where ``tokens`` runs through its
-    whole prompt."""
-    shared = common_prefix(tokens, earlier)
-    return shared + max_tokens if shared == len(earlier) else shared
+def _reach(request: Request, tokens: list[int], earlier: Request, earlier_tokens: list[int]) -> int:
+    """How far an earlier request's cached tokens can match ``request``'s
+    (``tokens``): their common prefix (compared past the segments they share
+    by construction, as the reference model does), plus the earlier
+    request's outputs (at most its ``max_tokens``, whatever was sampled)
+    where ``tokens`` runs through its whole prompt."""
+    shared = common_prefix(tokens, earlier_tokens, known_common(earlier.prompt, request.prompt))
+    return shared + earlier.max_tokens if shared == len(earlier_tokens) else shared
 
 
 def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
