@@ -19,7 +19,8 @@ The rules:
   tell the mutant from the base (counted apart); ``out of scope``: the
   mutant behaves differently only in configurations no deployment kvspec
   resolves has (a KV connector, one KV cache group, no prefix caching,
-  another model's specs), so kvspec cannot reach it, though vLLM's own
+  another model's specs, a second spec group beside Mamba that is not full
+  attention), so kvspec cannot reach it, though vLLM's own
   tests or another deployment may (still scored; ``mutate.report`` gives a
   second score without them).
 """
