@@ -21,7 +21,7 @@ import pytest
 
 from fuzz.oracles import check_stale, resolved
 from kvspec.home import REPO_ROOT
-from reference.case import load_case, parse_case
+from reference.case import case_to_dict, load_case, parse_case
 
 pytestmark = pytest.mark.engine
 
@@ -73,7 +73,10 @@ def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_reten
     1088: the release keeps the prompt's state at 544 and none inside the
     output (``retained_output_states``), and the retention oracle agrees.
     With ``{N + 1, N}`` for ``{N - 1, N}`` in ``replay_boundaries`` it keeps
-    1088 (``.kvspec/mutate``, replay-aba84fc0)."""
+    1088 (``.kvspec/mutate``, replay-aba84fc0). Under periodic retention
+    every 544 tokens the release keeps 1088, a segment end, and the oracle
+    allows it (with the scan past the prompt planted to answer nothing,
+    this fails)."""
     from fuzz.oracles import check_retention
 
     case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
@@ -83,3 +86,9 @@ def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_reten
     (e,) = obs["explain"]
     assert (e["decode_steps"], e["retained_mamba_blocks"], e["retained_output_states"]) == ([[1087, 1, 1], [1088, 1, 1], [1089, 1, 1]], {"544": [0]}, [])
     assert check_retention(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
+    # periodic retention every 544 tokens keeps the segment end 1088 inside the output, which the oracle allows
+    periodic = parse_case({**case_to_dict(case), "deployment": {**case_to_dict(case)["deployment"],
+                                                               "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "544"]}})
+    obs = engine_033.run(periodic)
+    assert obs["explain"][0]["retained_output_states"] == [1088]
+    assert check_retention(resolved(periodic, obs, engine_033.version), engine_033.version, obs) == []
