@@ -34,7 +34,12 @@ What is observed, per request (``explain``):
   has finished;
 * ``retained_output_states``: the token counts past the prompt (states
   inside the request's output) at which any Mamba group's state is held
-  once it has finished.
+  once it has finished;
+* ``block_table``: [tokens computed before the step, unretired, freed] for
+  each step after whose scheduling the request's Mamba block tables held
+  blocks below the state the step starts from that carry no hash
+  (unretired), or blocks whose reference count is below 1 (freed)
+  (``observe.BlockTable``; align mode); ``[]`` where none.
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
@@ -66,7 +71,7 @@ _platform.install()
 import vllm  # noqa: E402
 
 from engine_adapter.failure import VllmFailure  # noqa: E402
-from engine_adapter.observe import SAMPLED_TOKEN, Recorder, RetainedScan, read_knobs  # noqa: E402
+from engine_adapter.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
 from engine_adapter.steploop import serve  # noqa: E402
 from engine_adapter.writes import checkpoint_writer, written  # noqa: E402
@@ -172,6 +177,7 @@ class VllmDriver:
         scan = None
         try:
             rec.wrap(s, built["mamba_group_ids"])
+            table = BlockTable(s, built["mamba_group_ids"])
             if options.get("retained", True):
                 scan = RetainedScan(s, built)
         except Exception as e:
@@ -179,7 +185,7 @@ class VllmDriver:
         writer = checkpoint_writer(built)  # kvspec's own code: an error here is the harness's
         for i, creq in enumerate(case.trace):
             tokens = prompt_tokens(creq)
-            served = serve(s, i, tokens, creq.max_tokens, built["hasher"])
+            served = serve(s, i, tokens, creq.max_tokens, built["hasher"], watch=table)
             rid = f"req-{i}"
             lookups = rec.lookups.get(rid, [])
             cache_blocks, boundaries = rec.cache_blocks_of(rid)
@@ -206,6 +212,7 @@ class VllmDriver:
                 "retained_mamba_blocks": by_size,
                 "retained_mamba_tokens": tokens_held,
                 "retained_output_states": after,
+                "block_table": [list(u) for u in served.block_table],
                 "steps": served.steps,
             }
             if served.preempted_hits or served.preempted_queries:

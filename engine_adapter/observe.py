@@ -8,6 +8,9 @@
 * :func:`read_knobs` reads the knobs the built objects hold;
 * :class:`RetainedScan` lists, after a request finished, which of its prompt
   states the block pool holds per Mamba group (``retained_mamba_blocks``);
+* :class:`BlockTable` counts, after each step is scheduled, the Mamba
+  blocks a running request holds below the state the step starts from,
+  and those it holds that were freed (``block_table``);
 * :func:`explain` assembles the per-request record.
 """
 
@@ -80,6 +83,46 @@ class Recorder:
         if any(rb is not None for _, rb in calls):
             boundaries = sorted({int(b) for _, rb in calls for b in (rb or ()) if b > 0})
         return [int(n) for n, _ in calls], boundaries
+
+
+class BlockTable:
+    """Two counts read from a running request's Mamba block tables after a
+    step is scheduled (align mode; ``None`` managers are left out).
+
+    In align mode vLLM keeps, per request and Mamba group, one block per
+    state the request may still read; ``remove_skipped_blocks`` runs first
+    in every ``allocate_slots`` and gives back every block below column
+    ``(s - 1) // M`` (``MambaManager.get_num_skipped_tokens``: "Mamba only
+    need to keep the state of the last computed token"; ``s`` the tokens
+    computed before the step, ``M`` the Mamba block size). Counted:
+    *unretired*, a block there that is not the null block and carries no
+    block hash (no later request can hit it either); *freed*, a block
+    anywhere in the table, not the null block, whose reference count is
+    below 1 (the pool may hand it to another request while this one still
+    reads or writes it)."""
+
+    def __init__(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.managers = [(managers[g], int(managers[g].block_size)) for g in mamba_group_ids
+                         if getattr(managers[g], "mamba_cache_mode", None) == "align"]
+
+    def __call__(self, request_id: str, start: int) -> tuple[int, int]:
+        """(unretired, freed) blocks, summed over the Mamba groups; ``start``
+        the request's tokens computed before the step."""
+        unretired = freed = 0
+        for manager, size in self.managers:
+            blocks = manager.req_to_blocks.get(request_id)
+            if not blocks:
+                continue
+            below = (start - 1) // size if start > 0 else 0
+            for k, b in enumerate(blocks):
+                if b.is_null:
+                    continue
+                if b.ref_cnt < 1:
+                    freed += 1
+                if k < below and b.block_hash is None:
+                    unretired += 1
+        return unretired, freed
 
 
 def read_knobs(version: str, built: dict) -> dict:

@@ -54,16 +54,21 @@ class Served:
     #: token plus the drafts, tokens scheduled) of each step after the
     #: prefill (the ``split`` oracle's decode rule).
     decode_steps: list[tuple[int, int, int]] = field(default_factory=list)
+    #: [tokens computed before the step, unretired, freed] of each step after
+    #: whose scheduling ``watch`` counted Mamba blocks
+    block_table: list[tuple[int, int, int]] = field(default_factory=list)
     steps: int = 0
 
 
-def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher) -> Served:
+def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None) -> Served:
     """Run one request to completion (the scheduler holds no other).
 
     The loop makes the bare loop's vLLM calls (``engine_adapter.baseline``)
     and adds only what is observed: the chunk end and the lengths of each
     prefill step and the summed ``prefix_cache_stats`` (names bound once, no
-    copies)."""
+    copies). ``watch(request_id, start)``, asked after each step of the
+    request is scheduled (``start``: its tokens computed before the step):
+    (unretired, freed) Mamba blocks it holds (``observe.BlockTable``)."""
     n = len(tokens)
     rid = f"req-{index}"
     try:
@@ -94,6 +99,11 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
             scheduled = so.num_scheduled_tokens
             if decoding and rid in scheduled:
                 decode_steps.append((before, asked, int(scheduled[rid])))
+            if watch is not None and rid in scheduled:
+                start = int(req.num_computed_tokens) - int(scheduled[rid])
+                unretired, freed = watch(rid, start)
+                if unretired or freed:
+                    out.block_table.append((start, unretired, freed))
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             # A prefill chunk's end; the last one may carry draft-token slots

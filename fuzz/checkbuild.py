@@ -14,8 +14,8 @@ It runs, on the one engine, in this order until the time is spent:
 
 Every case is judged by the oracles that judge a build
 (``fuzz.oracles.oracles_for``: promise, stale, retention, split,
-checkpoint, hit_blocks, shared_prefix, sparse_dense, spec_on_off,
-engine_error) plus
+checkpoint, hit_blocks, shared_prefix, block_table, sparse_dense,
+spec_on_off, engine_error) plus
 ``junction``; never by the release's own rule. Each
 finding is sorted into the promise it breaks (:func:`promise_of`):
 
@@ -37,6 +37,9 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 * ``shared-prefix`` the junction a request reports lies above its hit and
   within what full attention can have cached for it (the ``shared_prefix``
   oracle);
+* ``block-table`` a running request's Mamba block table holds no block it
+  freed, and none below the state it resumes each step from that the
+  cache does not hold either (the ``block_table`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -67,6 +70,7 @@ PROMISES = (
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
     ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
+    ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -81,7 +85,7 @@ def promise_of(finding: dict) -> str:
         return "no-stale"
     if oracle in ("retention", "split", "checkpoint"):
         return oracle
-    if oracle in ("hit_blocks", "shared_prefix"):
+    if oracle in ("hit_blocks", "shared_prefix", "block_table"):
         return oracle.replace("_", "-")
     case = parse_case(finding["case"])
     i = finding.get("first_divergence")

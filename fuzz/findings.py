@@ -105,7 +105,7 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if div.oracle == "hit_blocks":
+        if div.oracle in ("hit_blocks", "block_table"):
             parts.append("blocks")
         elif div.oracle == "shared_prefix":
             junction, hit, reach = div.context["bad_junctions"][i]

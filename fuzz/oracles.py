@@ -63,6 +63,13 @@ says which requests diverge.
   within what full attention can have cached for it (its common prefix
   with an earlier request, below its length). ``split``, ``retention`` and
   ``checkpoint`` take the observed junction as given; this checks it.
+* ``block_table``: after each step is scheduled a running request's Mamba
+  block tables (align mode) hold no block it has freed, and no block below
+  the state the step starts from that the cache does not hold either (vLLM
+  0.29.0-0.33.0: "Mamba only need to keep the state of the last computed
+  token"; vLLM #55450 fixed a leak of such blocks). A freed block can be
+  handed to another request mid-use; an unretired one is memory nothing
+  can use until the request ends.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -82,20 +89,20 @@ from reference.predict import predict_with_knobs
 from reference.serial import common_prefix, known_common
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
 #: junction was observed), capped by the same engine's dense-retention hit.
 EXTRA_ORACLES = ("junction",)
 #: The oracles that judge something other than the hits (chunks, blocks,
-#: held states, the junction): their divergences carry the hits unchanged.
-SAME_HITS_ORACLES = ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix")
+#: held states, the junction, Mamba block tables): their divergences carry the hits unchanged.
+SAME_HITS_ORACLES = ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table")
 #: Every oracle a finding may name.
 KNOWN_ORACLES = ORACLES + EXTRA_ORACLES
 #: Knob names both the model and the engine report.
@@ -491,6 +498,33 @@ def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]
            if bad[i][0] > bad[i][2] else "not above its hit")))
 
 
+def check_block_table(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """After each step is scheduled a running request's Mamba block tables
+    (align mode) hold no block it has freed (reference count below 1: the
+    pool may hand it to another request while this one reads or writes it)
+    and no block below the state the step starts from (column ``(s - 1) //
+    M``, ``s`` its tokens computed before the step) that the cache does not
+    hold either: vLLM 0.29.0-0.33.0, "Mamba only need to keep the state of
+    the last computed token" (``MambaManager.get_num_skipped_tokens``), and
+    ``remove_skipped_blocks`` gives the rest back before each step's
+    allocation; such a block is memory no request can use until this one
+    finishes (vLLM #55450 fixed a leak of them: retirement stopping at null
+    gaps, 71 blocks per group at the peak of a long prefill). The engine's
+    ``block_table``: [s, unretired, freed] of each step where it counted
+    any. Not judged where the engine did not record it. The divergence
+    carries the hits unchanged; ``context``: ``block_table`` per request."""
+    explain = obs.get("explain") or []
+    table = [[list(u) for u in (e.get("block_table") or [])] for e in explain]
+
+    def detail(i: int) -> str:
+        start, unretired, freed = table[i][0]
+        what = " and ".join(([f"{freed} block(s) it had freed"] if freed else []) + ([f"{unretired} block(s) below the state it resumes from that nothing can hit"] if unretired else []))
+        more = f", and so after {len(table[i]) - 1} more step(s)" if len(table[i]) > 1 else ""
+        return f"request {i}'s Mamba block table held {what} once the step starting at {start} tokens was scheduled{more}"
+
+    return _same_hits("block_table", version, obs.get("hits") or [], {"block_table": table}, detail)
+
+
 def _reach(request: Request, tokens: list[int], earlier: Request, earlier_tokens: list[int]) -> int:
     """How far an earlier request's cached tokens can match ``request``'s
     (``tokens``): their common prefix (compared past the segments they share
@@ -651,7 +685,7 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
 #: :func:`check_all` runs them.
 SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("retention", check_retention),
                      ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks),
-                     ("shared_prefix", check_shared_prefix), ("reference", check_reference))
+                     ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference))
 
 
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:

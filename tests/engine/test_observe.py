@@ -1,7 +1,10 @@
 """The retained-state scan (engine_adapter.observe.RetainedScan) answers the
 same with its incremental index of the block map as by asking the map for
 every key, on the real vLLM 0.33.0 and 0.29.0 schedulers; and a write to
-the map that bypasses the wrapped insert/pop makes it ask the map again."""
+the map that bypasses the wrapped insert/pop makes it ask the map again.
+And the Mamba blocks a running request keeps below the state each step
+starts from (explain ``block_table``): none on the release, a growing pile
+when the manager is planted to give nothing back."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import subprocess
 import pytest
 
 from engine_adapter import environments
+from fuzz.oracles import check_block_table
+from reference.case import parse_case
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
@@ -71,3 +76,43 @@ def test_the_index_answers_as_the_map_does(version):
     assert all(out["same"]) and len(out["same"]) == 18, out
     assert out["indexed"] >= 18 and out["kept"] > 20  # the index was built, and states were held
     assert out["valid_before"] is True and out["valid_after"] is False
+
+
+RETIRE = r"""
+import json
+from engine_adapter.driver import get_driver
+from reference.case import parse_case
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+case = parse_case(json.loads(%r))
+driver = get_driver()
+release = driver.run(case)
+MambaManager.remove_skipped_blocks = lambda self, *args, **kwargs: None  # planted: give nothing back
+planted = driver.run(case)
+print(json.dumps({"release": release, "planted": planted}))
+"""
+
+
+def test_mamba_blocks_a_running_request_keeps_are_observed():
+    """Qwen3-Next on an A100 (block 544), 1088-token chunks, vLLM 0.33.0:
+    A:5000 then its resend hold no Mamba block below the state each step
+    starts from and none they freed (explain ``block_table`` empty); with
+    the manager's ``remove_skipped_blocks`` planted to give nothing back,
+    A:5000's chunk-end states pile up and ``block_table`` fires."""
+    ensure_env("0.33.0")
+    case = {"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
+                                        "vllm_args": ["--enable-prefix-caching", "--max-num-batched-tokens", "1088"]},
+            "trace": [{"prompt": [{"segment": "A", "length": 5000}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 5000}]}]}
+    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", RETIRE % json.dumps(case)], capture_output=True, text=True, timeout=600,
+                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    release, planted = out["release"], out["planted"]
+    parsed = parse_case(case)
+    assert [e["chunk_ends"] for e in release["explain"]][0] == [1088, 2176, 3264, 4352, 4896, 5000]
+    assert [e["block_table"] for e in release["explain"]] == [[], []]
+    assert check_block_table(parsed, "0.33.0", release) == []
+    held = planted["explain"][0]["block_table"]
+    assert held and held[0][0] == 2176 and held[-1][1] > held[0][1] and all(freed == 0 for _s, _u, freed in held), held
+    (div,) = check_block_table(parsed, "0.33.0", planted)
+    assert div.requests[0] == 0

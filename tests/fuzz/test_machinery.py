@@ -439,6 +439,35 @@ def test_the_shared_prefix_oracle_flags_a_junction_full_attention_never_cached()
     assert promise_of({"oracle": "shared_prefix", "case": {}, "first_divergence": 1}) == "shared-prefix"
 
 
+def test_the_block_table_oracle_flags_mamba_blocks_freed_or_no_longer_needed():
+    """check_block_table: after each step a running request's Mamba block
+    table holds no block it freed, and none below the state the step
+    starts from that the cache does not hold. The shapes (Qwen3-Next, block
+    544, 1088-token chunks): a vLLM 0.33.0 whose Mamba manager gives back
+    no skipped block lets A:5000's chunk-end states pile up, one more per
+    chunk; one that frees the running state's block leaves it in the table
+    with reference count 0. The release: neither."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.findings import signature
+    from fuzz.oracles import check_block_table
+
+    case = make_case(hybrid(544, 544), [[("A", 5000)], [("A", 5000)]])
+    release = [{"scheduler_hit": 0, "block_table": []}, {"scheduler_hit": 4896, "block_table": []}]
+    assert check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": release}) == []
+    leaking = [{"scheduler_hit": 0, "block_table": [[2176, 1, 0], [3264, 2, 0], [4352, 3, 0], [4896, 4, 0]]}, release[1]]
+    (div,) = check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": leaking})
+    assert (div.oracle, div.requests, div.expected, div.observed) == ("block_table", [0], [0, 4896], [0, 4896])
+    assert div.context["block_table"] == [[[2176, 1, 0], [3264, 2, 0], [4352, 3, 0], [4896, 4, 0]], []]
+    assert "1 block(s) below the state" in div.detail and "starting at 2176" in div.detail and "3 more step(s)" in div.detail
+    assert "freed" not in div.detail.split("held")[1].split("once")[0]
+    (freed,) = check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [release[0], {"scheduler_hit": 4896, "block_table": [[5000, 0, 1]]}]})
+    assert freed.requests == [1] and "1 block(s) it had freed" in freed.detail and "below" not in freed.detail
+    # not recorded (an older observation): not judged
+    assert check_block_table(case, "0.33.0", {"hits": [0, 0], "explain": [{}, {"scheduler_hit": 0}]}) == []
+    assert promise_of({"oracle": "block_table", "case": {}, "first_divergence": 0}) == "block-table"
+    assert len(signature(case, div, {"eagle_drop": False, "hash_lookahead_tokens": 0})) == 16
+
+
 def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     """The help of --patch, check-build's epilog and README's sentence name
     every oracle that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
@@ -460,7 +489,7 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
         if name != "versions":  # check-build judges one engine
             assert name in epilog, name
     ids = {p for p, _n, _w in PROMISES}
-    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "engine_error"):
+    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "engine_error"):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
 
 
