@@ -34,7 +34,7 @@ from reference.errors import DeploymentRejected, KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
-from fuzz.oracles import ORACLES, Divergence, check_all, check_versions, oracles_for, resolved
+from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.shrink import shrink
 
 
@@ -138,6 +138,11 @@ class Campaign:
         engine resolved for it (``oracles.resolved``); one the model does
         not cover raises Unsupported."""
         obs = self._observe(self.engine, case)
+        if "resolution" in self.oracles:
+            misresolved = check_resolution(case, self.engine.version, obs)
+            if misresolved:  # vLLM's resolution breaks its own documented rule: not judged further
+                self.last_other = None
+                return case, obs, misresolved
         judged = resolved(case, obs, self.engine.version)
         if judged.geometry is not None and "error" not in obs:
             resolve_knobs(judged, self.engine.version)  # Unsupported: outside the model

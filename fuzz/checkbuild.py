@@ -14,8 +14,8 @@ It runs, on the one engine, in this order until the time is spent:
 
 Every case is judged by the oracles that judge a build
 (``fuzz.oracles.oracles_for``: promise, stale, retention, split,
-checkpoint, hit_blocks, shared_prefix, block_table, sparse_dense,
-spec_on_off, engine_error) plus
+checkpoint, hit_blocks, shared_prefix, block_table, resolution,
+sparse_dense, spec_on_off, engine_error) plus
 ``junction``; never by the release's own rule. Each
 finding is sorted into the promise it breaks (:func:`promise_of`):
 
@@ -40,6 +40,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 * ``block-table`` a running request's Mamba block table holds no block it
   freed, and none below the state it resumes each step from that the
   cache does not hold either (the ``block_table`` oracle);
+* ``flags`` the build applies the flags it accepts as vLLM documents them
+  (``--prefix-match-unit`` is the hash block; the ``resolution`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
 
 The verdict: 0 every promise held, 1 a promise failed (its first
@@ -71,6 +73,7 @@ PROMISES = (
     ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
     ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
     ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold"),
+    ("flags", "flags applied", "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -83,6 +86,8 @@ def promise_of(finding: dict) -> str:
         return "errors"
     if oracle == "stale":
         return "no-stale"
+    if oracle == "resolution":
+        return "flags"
     if oracle in ("retention", "split", "checkpoint"):
         return oracle
     if oracle in ("hit_blocks", "shared_prefix", "block_table"):

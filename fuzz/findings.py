@@ -69,7 +69,7 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     if div.oracle == "engine_error":
         first_line = " ".join(div.detail.split())[:300]
         return f"vLLM raised at request {div.first}: {first_line}"
-    if div.oracle == "knobs":
+    if div.oracle in ("knobs", "resolution"):
         return div.detail
     i = div.first
     kinds = request_kinds(case)
@@ -97,6 +97,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     its prompt is block-aligned, and the direction of the error (for
     ``split``: a prefill chunk's end or a step after the prefill cut)."""
     parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
+    if div.oracle == "resolution":  # judged before the case is resolved: no geometry, no request
+        return hashlib.sha256("|".join(map(str, parts + [div.context.get("rule")])).encode()).hexdigest()[:16]
     g = case.geometry
     sizes = {x.block_size for x in g.groups}
     parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
@@ -256,7 +258,9 @@ def render(finding: dict) -> str:
     elif finding.get("case_kind") == "synthetic":
         lines.append(f"  SYNTHETIC geometry (written by hand; reachable={finding.get('reachable')}: {finding.get('reachability')})")
     g = case.get("geometry")
-    if g is None:
+    if g is None and finding.get("oracle") == "resolution":
+        lines.append("  geometry: not judged further (vLLM's resolution breaks a rule vLLM documents; above)")
+    elif g is None:
         lines.append("  geometry: not resolved (vLLM raised before it built one)")
     else:
         groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])

@@ -70,6 +70,14 @@ says which requests diverge.
   token"; vLLM #55450 fixed a leak of such blocks). A freed block can be
   handed to another request mid-use; an unretired one is memory nothing
   can use until the request ends.
+* ``resolution``: the geometry vLLM resolved for a deployment keeps what
+  vLLM documents of its flags: with ``--prefix-match-unit`` U the hash
+  block size is U (``CacheConfig.prefix_match_unit``, 0.29.0-0.33.0: "This
+  equals to the hash_block_size used throughout the KV cache code"). A
+  build that accepts the flag and hashes otherwise silently serves other
+  hits than the deployment asked for. Judged on the engine's
+  ``resolution`` before the case is resolved (a geometry that breaks it
+  is not judged further); no request diverges.
 * ``engine_error``: vLLM raised on a case the model accepts.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
@@ -89,12 +97,12 @@ from reference.predict import predict_with_knobs
 from reference.serial import common_prefix, known_common
 from reference.variants import has_speculative, with_retention, without_speculative
 
-ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference", "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
 #: The oracles that judge a build of a release (a patched, local-tree or
 #: wheel engine, version ``X+LABEL.HASH``): ``reference`` and ``knobs``
 #: compare with the rule the *release* implements, which a patch is meant
 #: to change, so they are left out.
-BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+BUILD_ORACLES = ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
 #: Oracles a campaign runs only when asked (``kvspec check-build``):
 #: ``junction``: under sparse retention a sibling diverging inside an earlier
 #: prompt hits at least its promised hit (the divergence point once the
@@ -164,6 +172,26 @@ def check_engine_error(case: Case, version: str, obs: dict) -> list[Divergence]:
         return []
     err = obs["error"]
     return [Divergence("engine_error", version, [int(err.get("request", 0) or 0)], [], [], f"{err.get('type', 'Error')}: {err.get('message', '')}".strip(), {"traceback": err.get("traceback", "")})]
+
+
+def check_resolution(case: Case, version: str, obs: dict) -> list[Divergence]:
+    """The engine's ``resolution`` of a deployment case against what vLLM
+    documents of the deployment's flags (see the module docstring):
+    ``prefix_match_unit`` set -> ``hash_block_size`` equals it. Run on the
+    observation before :func:`resolved` (a geometry breaking it may not
+    parse); a hand case or an observation without a resolution is not
+    judged. The divergence carries the hits unchanged; ``context``:
+    ``rule`` (for the signature), ``resolution``."""
+    r = obs.get("resolution") if case.deployment is not None and "error" not in obs else None
+    g = (r or {}).get("geometry") or {}
+    unit, hashed = g.get("prefix_match_unit"), g.get("hash_block_size")
+    if unit is None or hashed is None or int(unit) == int(hashed):
+        return []
+    hits = list(obs.get("hits") or [])
+    return [Divergence("resolution", version, [], hits, list(hits),
+                       f"the deployment sets --prefix-match-unit {unit} and vLLM resolved hash_block_size={hashed} (vLLM's CacheConfig.prefix_match_unit: "
+                       f"\"This equals to the hash_block_size used throughout the KV cache code\"): hits land on {hashed}-token boundaries, not {unit}",
+                       {"rule": "prefix_match_unit", "resolution": {"prefix_match_unit": int(unit), "hash_block_size": int(hashed)}})]
 
 
 def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:

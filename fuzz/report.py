@@ -113,6 +113,8 @@ def _name(finding: dict) -> str:
 
 def _geometry_text(case) -> list[str]:
     g = case.geometry
+    if g is None:  # a resolution finding, or vLLM raised before it built one
+        return ["- no geometry kvspec could judge (see the summary)"]
     groups = ", ".join(f"{x.count}x {x.kind} (block {x.block_size})" for x in g.groups)
     out = [f"- KV cache groups: {groups}",
            f"- scheduler block {g.scheduler_block_size}, hash block {g.hash_block_size}" + (f" (`--prefix-match-unit {g.prefix_match_unit}`)" if g.prefix_match_unit else ""),

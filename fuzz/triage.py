@@ -37,7 +37,11 @@ MAX_FINDING_BYTES = 16 << 20
 
 
 def geometry_class(case: Case, knobs: dict) -> str:
-    """``uniform``, ``mixed`` or ``partial`` (as in a finding's signature)."""
+    """``uniform``, ``mixed`` or ``partial`` (as in a finding's signature);
+    ``unresolved`` for a deployment case judged before it was resolved (a
+    ``resolution`` finding)."""
+    if case.geometry is None:
+        return "unresolved"
     if len({g.block_size for g in case.geometry.groups}) == 1:
         return "uniform"
     return "partial" if knobs.get("partial_hash_hits") else "mixed"
@@ -74,6 +78,8 @@ def hint(finding: dict, case: Case) -> str:
     if oracle == "knobs":
         names = re.findall(r"(\w+) model=", detail)
         return "knobs differ: " + (", ".join(names) if names else detail[:80])
+    if oracle == "resolution":
+        return "flag not applied: " + " ".join(re.findall(r"--[\w-]+", detail)[:1])
     parts = [" ".join(x for x in (first_kind(case, first), direction(finding, first)) if x and x != "-") or "hits differ"]
     if isinstance(first, int) and 0 <= first < len(case.trace) and case.trace[first].num_prompt_tokens % case.geometry.scheduler_block_size == 0:
         parts.append("block-aligned prompt")

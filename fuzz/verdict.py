@@ -248,7 +248,7 @@ def _judge_target(target: Target, observation: dict, observed: list, err) -> Ver
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
-    if claim.oracle in ("knobs", "engine_error") + SAME_HITS_ORACLES:
+    if claim.oracle in ("knobs", "engine_error", "resolution") + SAME_HITS_ORACLES:
         return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
     if claim.observed is None:
         return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)
@@ -339,11 +339,15 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     ``other``), evaluate the claim's oracle (every single-engine oracle for
     a bare case) on the case as this engine resolved it, and judge. A
     ``versions`` claim without ``other`` is inconclusive."""
-    from fuzz.oracles import resolved
+    from fuzz.oracles import check_resolution, resolved
 
     if isinstance(claim, dict):
         claim = Claim.of(claim)
     obs = engine.run(case)
+    if _harness_error(obs) is None and (claim is None or claim.oracle == "resolution"):
+        misresolved = check_resolution(case, engine.version, obs)
+        if misresolved:  # not resolved further: the geometry breaks vLLM's own rule
+            return Judged(case, obs, misresolved, judge(claim, obs, misresolved))
     judged = case if _harness_error(obs) is not None else resolved(case, obs, engine.version)
     other_obs = None
     if claim is not None and claim.oracle == "versions":

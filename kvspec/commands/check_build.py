@@ -28,8 +28,8 @@ exit codes:
      made or started, nothing ran, or harness errors above the limit
 
 A build is judged by the promise, stale, retention, split, checkpoint,
-hit_blocks, shared_prefix, block_table, sparse_dense, spec_on_off,
-engine_error and junction oracles,
+hit_blocks, shared_prefix, block_table, resolution, sparse_dense,
+spec_on_off, engine_error and junction oracles,
 never by the rule its release implements (the reference and knobs
 oracles). Building its environment (~30 s once) comes before the clock;
 --max-time bounds the campaign, --cases-time the examples and boundary

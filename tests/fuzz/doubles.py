@@ -95,3 +95,26 @@ class UnreachableDouble(ReferenceDouble):
 
         self.calls += 1
         raise EngineError("engine='vllm==0.33.0': worker did not start within 180s or exited: (no stderr)")
+
+
+class ResolvingDouble:
+    """An engine that 'resolves' every deployment case to one Qwen3-Next-like
+    geometry (attention 544, Mamba 544) with the deployment's
+    ``--prefix-match-unit`` and ``hash_block_size`` ``hashed``, and hits
+    nothing: what a build that drops (``hashed`` != the unit) or keeps the
+    flag reports, for the ``resolution`` oracle's machinery."""
+
+    version = "0.33.0+drops-unit.000000"
+
+    def __init__(self, hashed: int | None = None):
+        self.hashed, self.calls = hashed, 0
+
+    def run(self, case: Case) -> dict:
+        self.calls += 1
+        args = list(case.deployment.vllm_args)
+        unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
+        geometry = {"groups": [{"kind": "full_attention", "block_size": 544}, {"kind": "mamba", "block_size": 544, "count": 1}],
+                    "prefix_match_unit": unit, "hash_block_size": self.hashed or unit or 544, "retention_interval": 0, "max_num_batched_tokens": 2048}
+        n = len(case.trace)
+        return {"hits": [0] * n, "queries": [r.num_prompt_tokens for r in case.trace], "knobs": {}, "explain": [{} for _ in range(n)],
+                "resolution": {"geometry": geometry, "speculative": None}}

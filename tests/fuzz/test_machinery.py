@@ -468,6 +468,47 @@ def test_the_block_table_oracle_flags_mamba_blocks_freed_or_no_longer_needed():
     assert len(signature(case, div, {"eagle_drop": False, "hash_lookahead_tokens": 0})) == 16
 
 
+def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_path):
+    """check_resolution: with ``--prefix-match-unit 16`` the resolved hash
+    block is 16 (vLLM's CacheConfig: "This equals to the hash_block_size
+    used throughout the KV cache code"). The shape of a mutant of vLLM
+    0.33.0's ``resolve_kv_cache_block_sizes`` (``len(groups) <= 1`` ->
+    ``> 1``: a hybrid takes the one-group branch and hashes on its block):
+    before this oracle kvspec counted it as its own harness error (its case
+    format refuses the geometry). A campaign now writes a finding on the
+    unresolved case (one request, no request diverging), which the judge
+    replays; a build that keeps the unit gives none."""
+    from fuzz.checkbuild import promise_of
+    from fuzz.oracles import check_resolution
+    from fuzz.triage import read_findings, triage
+    from fuzz.verdict import observe_and_judge
+    from reference.case import parse_case
+    from tests.fuzz.doubles import ResolvingDouble
+
+    dep = {"model": "qwen3_next", "platform": "cuda", "device": "a100", "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "16"]}
+    case = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1152}]}, {"prompt": [{"segment": "A", "length": 1152}]}]})
+    dropping = ResolvingDouble(hashed=544)
+    (div,) = check_resolution(case, dropping.version, dropping.run(case))
+    assert (div.oracle, div.requests, div.expected, div.observed, div.context["rule"]) == ("resolution", [], [0, 0], [0, 0], "prefix_match_unit")
+    assert "--prefix-match-unit 16" in div.detail and "hash_block_size=544" in div.detail
+    assert check_resolution(case, "0.33.0", ResolvingDouble().run(case)) == []  # the unit kept
+    no_unit = parse_case({**json.loads(json.dumps({"schema": 1, "deployment": {**dep, "vllm_args": ["--enable-prefix-caching"]}, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]}))})
+    assert check_resolution(no_unit, "0.33.0", dropping.run(no_unit)) == []  # no unit asked for
+    assert check_resolution(case, "0.33.0", {"error": {"kind": "vllm"}, "resolution": dropping.run(case)["resolution"]}) == []
+    assert promise_of({"oracle": "resolution", "case": {}, "first_divergence": None}) == "flags"
+
+    campaign = Campaign(dropping, tmp_path, oracles=("resolution",), seed=1)
+    (path,) = campaign.check(case)
+    assert campaign.stats.harness_errors == 0
+    finding_case, finding = load_finding(path)
+    assert finding["oracle"] == "resolution" and finding["first_divergence"] is None and len(finding_case.trace) == 1  # shrunk to one request
+    assert "not judged further" in render(finding)
+    described, malformed = read_findings(tmp_path)
+    assert malformed == [] and triage(described)[0]["geometry"] == "unresolved"
+    assert observe_and_judge(finding_case, finding, dropping).verdict.verdict == "reproduced"
+    assert observe_and_judge(finding_case, finding, ResolvingDouble()).verdict.verdict == "not reproduced"
+
+
 def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     """The help of --patch, check-build's epilog and README's sentence name
     every oracle that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
@@ -489,7 +530,7 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
         if name != "versions":  # check-build judges one engine
             assert name in epilog, name
     ids = {p for p, _n, _w in PROMISES}
-    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "engine_error"):
+    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "engine_error"):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
 
 
