@@ -159,6 +159,18 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     return res
 
 
+def _put_vllm_tests(result: dict, tests: dict) -> None:
+    """Record vLLM's tests' verdict in a mutant's result; a run that could
+    not start (``harness``) is kept apart under ``vllm_tests_harness`` and
+    leaves ``vllm_tests`` unset (not run: a later pass runs them again)."""
+    if tests.get("harness"):
+        result.pop("vllm_tests", None)
+        result["vllm_tests_harness"] = tests["harness"]
+    else:
+        result.pop("vllm_tests_harness", None)
+        result["vllm_tests"] = tests
+
+
 def _needs_vllm_tests(done: dict, options: dict) -> bool:
     return bool(options.get("vllm_tests", True)) and done.get("status") == "ran" and "vllm_tests" not in done
 
@@ -229,7 +241,8 @@ def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
     if verdict is not None:
         return done
     try:
-        done = {**done, "vllm_tests": _vllm_tests(engine, mutant, options, folder)}
+        done = dict(done)
+        _put_vllm_tests(done, _vllm_tests(engine, mutant, options, folder))
     finally:
         _drop_build(engine, options)
     write_json_atomic(result_path(out, mutant["id"]), done)
@@ -289,7 +302,7 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
         else:
             result["status"] = "ran"
         if options.get("vllm_tests", True) and result["status"] == "ran":
-            result["vllm_tests"] = reused_vllm_tests(mutant, engine, options) or _vllm_tests(engine, mutant, options, folder)
+            _put_vllm_tests(result, reused_vllm_tests(mutant, engine, options) or _vllm_tests(engine, mutant, options, folder))
     finally:
         _drop_build(engine, options)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)

@@ -18,7 +18,9 @@ The rules:
   executed the mutated line (a test that never runs a line cannot see a
   fault planted there), without the unusable tests, ``-x``; the mutant is
   *killed by vLLM's tests* when one of them fails or errors, or when the run
-  outlives its bound (a hang fails CI too).
+  outlives its bound (a hang fails CI too). A run that cannot start (no
+  pytest in the build, or pytest exiting non-zero before any test ran) is
+  kvspec's failure: recorded apart, never a kill, retried by a later pass.
 
 pytest runs in a folder holding only a link to the sdist's ``tests``
 (:func:`run_root`: vLLM's tests import ``tests.v1.core...``, and the sdist's
@@ -280,9 +282,15 @@ def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool:
 
 def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, deselect: list[str] = (), progress=None) -> dict:
     """Run the usable tests of ``files`` on a build; ``killed`` when one
-    fails, errors or the run outlives its bound."""
+    fails, errors or the run outlives its bound. A run that could not start
+    (pytest cannot be installed in the build, or exits non-zero having run
+    no test at all) is kvspec's failure, never a kill: ``{"harness": reason}``."""
+    from engine_adapter.testtools import ensure_pytest
+
     if not files:
         return {"killed": False, "files": [], "seconds": 0.0, "reason": "no usable test executes the mutated line"}
+    if not ensure_pytest(_python(engine)):
+        return {"harness": f"engine={engine}: cannot install pytest in its environment"}
     root = run_root(Path(base["sdist"]))
     deselect = [*deselect, *(n for f in files for n, s in base["files"][f]["tests"].items() if s != "passed")]
     bound = max(MIN_RUN_S, RUN_FACTOR * sum(base["files"][f]["seconds"] for f in files))
@@ -300,5 +308,8 @@ def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, de
         return {"killed": True, "files": files, "seconds": seconds, "killing_test": bad[0][0], "reason": bad[0][1]}
     if proc.returncode not in (0, 5):
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
-        return {"killed": True, "files": files, "seconds": seconds, "reason": f"pytest exit {proc.returncode}: {tail[0][:200] if tail else ''}"}
+        why = f"pytest exit {proc.returncode}: {tail[0][:200] if tail else ''}"
+        if not tests:  # no test ran, none failed: the run itself did not start
+            return {"harness": f"engine={engine}: {why}"}
+        return {"killed": True, "files": files, "seconds": seconds, "reason": why}
     return {"killed": False, "files": files, "seconds": seconds, "tests": len(tests)}
