@@ -32,8 +32,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   and no step after the prefill is cut short (the ``split`` oracle);
 * ``checkpoint`` a prompt's last chunk whose checkpoint the kernel can
   export runs to the end in one step (the ``checkpoint`` oracle);
-* ``hit-blocks`` a request takes no full-attention block beyond its hit
-  (the ``hit_blocks`` oracle);
+* ``hit-blocks`` a request takes exactly the full-attention blocks its hit
+  covers (the ``hit_blocks`` oracle);
 * ``shared-prefix`` the junction a request reports lies above its hit and
   within what full attention can have cached for it (the ``shared_prefix``
   oracle);
@@ -70,7 +70,7 @@ PROMISES = (
     ("retention", "retention", "sparse retention keeps only states a later request can resume at, none inside an output; periodic retention keeps every segment end a prefill wrote"),
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
-    ("hit-blocks", "hit blocks", "a request takes no full-attention block beyond its hit from the cache"),
+    ("hit-blocks", "hit blocks", "a request takes from the cache exactly the full-attention blocks its hit covers, no more and no fewer"),
     ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
     ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold"),
     ("flags", "flags applied", "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size"),

@@ -107,7 +107,9 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if div.oracle in ("hit_blocks", "block_table"):
+        if div.oracle == "hit_blocks":
+            parts.append("extra" if div.context["extra_blocks"][i] > 0 else "missing")
+        elif div.oracle == "block_table":
             parts.append("blocks")
         elif div.oracle == "shared_prefix":
             junction, hit, reach = div.context["bad_junctions"][i]

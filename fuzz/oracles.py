@@ -53,11 +53,13 @@ says which requests diverge.
   export its checkpoint from (``reference.boundaries.internal_checkpoint_valid``,
   vLLM's ``is_mamba_prefill_checkpoint_valid``) runs to the prompt's end in
   one step: the feature exists so the prefill is not split there.
-* ``hit_blocks``: a request takes from the cache no full-attention block
-  beyond its hit: at most ceil(hit / block) per full-attention group (the
-  coordinator truncates every full-attention group to the reconciled hit,
-  vLLM 0.29.0-0.33.0); a longer list hands the request blocks whose tokens
-  it then recomputes into shared, cached blocks.
+* ``hit_blocks``: a request takes from the cache exactly the full-attention
+  blocks its hit covers: ceil(hit / block) per full-attention group (full
+  attention is downward-closed and the coordinator truncates every
+  full-attention group to the reconciled hit, vLLM 0.29.0-0.33.0); a longer
+  list hands the request blocks whose tokens it then recomputes into
+  shared, cached blocks, a shorter one resumes it without the keys and
+  values of tokens it skips.
 * ``shared_prefix``: the junction a request reports at admission (vLLM's
   ``shared_prefix_boundary``, 0.29.0-0.33.0) is 0, or above its hit and
   within what full attention can have cached for it (its common prefix
@@ -478,10 +480,15 @@ def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
 
 def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
     """Each full-attention group's hit (the engine's ``attention_blocks``:
-    [block size, blocks taken] at admission) has at most ceil(hit / block)
-    blocks, ``hit`` the admission's ``scheduler_hit``. Not judged where the
-    engine did not record them. The divergence carries the hits unchanged;
-    ``context``: ``extra_blocks`` per request (0 where none)."""
+    [block size, blocks taken] at admission) has exactly ceil(hit / block)
+    blocks, ``hit`` the admission's ``scheduler_hit``: full attention is
+    downward-closed, so it holds every block below the reconciled hit, and
+    the coordinator truncates it there. More hands the request blocks whose
+    tokens it then recomputes into shared, cached blocks; fewer resumes it
+    at ``hit`` without the keys and values of the tokens it skips. Not
+    judged where the engine did not record them. The divergence carries
+    the hits unchanged; ``context``: ``extra_blocks`` per request (blocks
+    beyond the hit, negative for blocks missing below it, 0 where exact)."""
     explain = obs.get("explain") or []
     extra: list[int] = []
     for e in explain:
@@ -489,9 +496,10 @@ def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
         if not taken or hit is None:
             extra.append(0)
             continue
-        extra.append(max(max(n - -(-int(hit) // int(bs)), 0) for bs, n in taken))
+        extra.append(max((n - -(-int(hit) // int(bs)) for bs, n in taken), key=abs))
     return _same_hits("hit_blocks", version, obs.get("hits") or [], {"extra_blocks": extra}, lambda i: (
-        f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): {extra[i]} beyond its hit"))
+        f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): "
+        + (f"{extra[i]} beyond its hit" if extra[i] > 0 else f"{-extra[i]} fewer than its hit covers (its skipped tokens have no keys and values)")))
 
 
 def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]:

@@ -383,13 +383,16 @@ def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_e
     assert promise_of({"oracle": "checkpoint", "case": {}, "first_divergence": 0}) == "checkpoint"
 
 
-def test_the_hit_blocks_oracle_flags_attention_blocks_taken_beyond_the_hit():
-    """check_hit_blocks: each full-attention group hands a request at most
-    ceil(hit / block) blocks. The shape of a mutant of vLLM 0.33.0's
-    ``find_longest_cache_hit`` that skips the truncation to the reconciled
-    hit: a sibling resumed at 0 (the Mamba group had no state) with the
-    attention group's matched block still in its hit."""
+def test_the_hit_blocks_oracle_flags_attention_blocks_beyond_or_missing_below_the_hit():
+    """check_hit_blocks: each full-attention group hands a request exactly
+    ceil(hit / block) blocks. The shapes of two mutants of vLLM 0.33.0's
+    ``find_longest_cache_hit``: one skips the truncation to the reconciled
+    hit (a sibling resumed at 0, the Mamba group had no state, with the
+    attention group's matched block still in its hit); one never records
+    the groups' blocks (``for group_id, blocks in []``), so a request
+    resumes at its hit with no block at all."""
     from fuzz.checkbuild import promise_of
+    from fuzz.findings import signature
     from fuzz.oracles import check_hit_blocks
 
     case = make_case(hybrid(144, 144), [[("A", 300)], [("A", 150), ("B", 10)]])
@@ -400,6 +403,11 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_taken_beyond_the_hit():
     extra = [fine[0], {"scheduler_hit": 0, "attention_blocks": [[144, 1]]}]
     (div,) = check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": extra})
     assert (div.oracle, div.requests, div.context["extra_blocks"]) == ("hit_blocks", [1], [0, 1])
+    none = [fine[0], {"scheduler_hit": 144, "attention_blocks": [[144, 0]]}]
+    (missing,) = check_hit_blocks(case, "0.33.0", {"hits": [0, 144], "explain": none})
+    assert missing.context["extra_blocks"] == [0, -1] and "1 fewer than its hit covers" in missing.detail
+    knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
+    assert signature(case, div, knobs) != signature(case, missing, knobs)
     # not recorded (an older observation): not judged
     assert check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": [{"scheduler_hit": 0}, {"scheduler_hit": 0}]}) == []
     assert promise_of({"oracle": "hit_blocks", "case": {}, "first_divergence": 1}) == "hit-blocks"
