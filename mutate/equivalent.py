@@ -89,12 +89,15 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     """:func:`check` for each mutant id (built in the run's base like
     ``kvspec mutate`` builds it, removed after); each result also written
     to ``OUT/equivalent/<id>.json``. A mutant whose build fails is
-    reported, not checked."""
+    reported, not checked. A build that existed before (kept by a run) is
+    left in place; one made here is removed after."""
     from reference.case import write_json_atomic, write_text_atomic
     from reference.errors import KvspecError
 
     from mutate.kill import _build, _drop_build, fixed_cases
     from mutate.run import base_engine, default_base_patches, select_mutants
+
+    from engine_adapter.environments import engines_dir, env_dir
 
     say = progress or (lambda _line: None)
     patches = default_base_patches(release)
@@ -105,7 +108,10 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
         folder = Path(out) / "equivalent"
         diff = folder / f"{m['id']}.diff"
         write_text_atomic(diff, m["diff"])
+        existed = {p.name for p in engines_dir().iterdir()} if engines_dir().is_dir() else set()
         engine, verdict = _build(m, release, diff, patches)
+        # a build kept by a run (--keep-builds) is that run's to remove
+        mine = engine is not None and env_dir(engine.split("==", 1)[1]).name not in existed
         if verdict is not None:
             res = {"id": m["id"], "equal": None, "reason": verdict.get("reason")}
         else:
@@ -114,7 +120,7 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
             except KvspecError as e:
                 res = {"id": m["id"], "equal": None, "reason": str(e)[:300]}
             finally:
-                _drop_build(engine, {})
+                _drop_build(engine, {"keep_build": not mine})
         res.update({"function": m["function"], "line": m["line"], "before": m["before"], "after": m["after"], "base": base, "random_cases": n, "seed": seed})
         write_json_atomic(folder / f"{m['id']}.json", res)
         say(f"[mutate] {m['id']}: {'no difference over %d cases' % res['compared'] if res.get('equal') else 'differs' if res.get('equal') is False else 'not checked: ' + str(res.get('reason'))[:160]}")
