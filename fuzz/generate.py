@@ -185,6 +185,9 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
             args += ["--max-num-seqs", str(max(1, min(budget, 16)))]
     units = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
     if units and c.integer(0, 2) == 0:
+        # and one unit that does not divide the block: vLLM rejects it (every
+        # group's block size must be divisible by it); a build must too
+        units.append(next(u for u in range(48, block, 16) if block % u) if any(block % u for u in range(48, block, 16)) else units[0])
         args += ["--prefix-match-unit", str(c.choice(units))]
     retention = c.choice(("0", "0", "0", "None", "periodic"))
     if retention == "periodic":

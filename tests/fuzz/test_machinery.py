@@ -503,6 +503,10 @@ def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_p
     no_unit = parse_case({**json.loads(json.dumps({"schema": 1, "deployment": {**dep, "vllm_args": ["--enable-prefix-caching"]}, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]}))})
     assert check_resolution(no_unit, "0.33.0", dropping.run(no_unit)) == []  # no unit asked for
     assert check_resolution(case, "0.33.0", {"error": {"kind": "vllm"}, "resolution": dropping.run(case)["resolution"]}) == []
+    # a build that accepts a unit vLLM rejects (48 does not divide 544): the shape of blocks-eab54c26
+    loose = parse_case({"schema": 1, "deployment": {**dep, "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"]}, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})
+    (undivided,) = check_resolution(loose, "0.33.0", ResolvingDouble().run(loose))
+    assert undivided.context["rule"] == "hash_divides_blocks" and undivided.context["resolution"]["blocks"] == [544] and "does not divide" in undivided.detail
     assert promise_of({"oracle": "resolution", "case": {}, "first_divergence": None}) == "flags"
 
     campaign = Campaign(dropping, tmp_path, oracles=("resolution",), seed=1)
