@@ -100,6 +100,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     if div.oracle == "resolution":  # judged before the case is resolved: no geometry, no request
         return hashlib.sha256("|".join(map(str, parts + [div.context.get("rule")])).encode()).hexdigest()[:16]
     g = case.geometry
+    if g is None:  # vLLM raised before it resolved the deployment (engine_error at setup)
+        return hashlib.sha256("|".join(map(str, parts + ["unresolved", div.detail.split(":")[0]])).encode()).hexdigest()[:16]
     sizes = {x.block_size for x in g.groups}
     parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
     parts.append({None: "dense", 0: "sparse"}.get(g.retention_interval, "periodic"))

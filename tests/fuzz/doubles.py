@@ -118,3 +118,15 @@ class ResolvingDouble:
         n = len(case.trace)
         return {"hits": [0] * n, "queries": [r.num_prompt_tokens for r in case.trace], "knobs": {}, "explain": [{} for _ in range(n)],
                 "resolution": {"geometry": geometry, "speculative": None}}
+
+
+class SetupErrorDouble:
+    """An engine whose vLLM raises while building the scheduler for every
+    deployment case (no resolution comes back), as a mutant that accepts a
+    ``--prefix-match-unit`` vLLM rejects and then trips an assertion does."""
+
+    version = "0.33.0+asserts.000000"
+
+    def run(self, case: Case) -> dict:
+        return {"hits": [], "queries": [], "knobs": None, "explain": [],
+                "error": {"kind": "vllm", "phase": "setup", "request": None, "type": "AssertionError", "message": "AssertionError: ", "traceback": "Traceback ..."}}

@@ -521,6 +521,26 @@ def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_p
     assert observe_and_judge(finding_case, finding, ResolvingDouble()).verdict.verdict == "not reproduced"
 
 
+def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness_error(tmp_path):
+    """An engine_error at setup on a deployment case leaves no geometry to
+    judge: the finding's signature, text and class do without one (the
+    signature read the geometry and raised, which the campaign filed as 45
+    harness errors on blocks-eab54c26)."""
+    from fuzz.triage import read_findings, triage
+    from reference.case import parse_case
+    from tests.fuzz.doubles import SetupErrorDouble
+
+    dep = {"model": "qwen3_next", "platform": "cuda", "device": "a100", "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"]}
+    case = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 600}]}, {"prompt": [{"segment": "A", "length": 600}]}]})
+    campaign = Campaign(SetupErrorDouble(), tmp_path, seed=1)
+    (path,) = campaign.check(case)
+    assert campaign.stats.harness_errors == 0
+    _case, finding = load_finding(path)
+    assert finding["oracle"] == "engine_error" and "not resolved" in render(finding)
+    described, malformed = read_findings(tmp_path)
+    assert malformed == [] and triage(described)[0]["geometry"] == "unresolved"
+
+
 def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     """The help of --patch, check-build's epilog and README's sentence name
     every oracle that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
