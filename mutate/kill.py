@@ -195,7 +195,10 @@ def _vllm_tests(engine: str, mutant: dict, options: dict, folder: Path) -> dict:
         test = res.get("killing_test")
         if not (res.get("killed") and test and options.get("base_engine")):
             break
-        if run_one(options["base_engine"], base, test):
+        passes = run_one(options["base_engine"], base, test)
+        if passes is None:  # the base could not run it: kvspec's failure, not a verdict
+            return {"harness": f"engine={options['base_engine']}: could not run {test} on the base to check the kill"}
+        if passes:
             break  # passes on the base: a real kill
         extra.append(test)
         res = {**res, "killed": False}

@@ -270,13 +270,21 @@ def files_for_span(base: dict, span) -> list[str]:
     return [f for f, info in base["files"].items() if body & set(info.get("executed_lines", {}).get(span.file, [])) and usable(base, f)]
 
 
-def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool:
-    """Does the one test ``node`` pass on ``engine``?"""
+def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool | None:
+    """Does the one test ``node`` pass on ``engine``? None when it could not
+    be run there (no pytest in that environment): kvspec's failure, which
+    must not set a killing test aside as one that fails on the base too."""
+    from engine_adapter.testtools import ensure_pytest
+
+    if not ensure_pytest(_python(engine)):
+        return None
     root = run_root(Path(base["sdist"]))
     try:
         proc = subprocess.run([_python(engine), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, node], cwd=root, env=pytest_env(engine, root), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False
+    if proc.returncode != 0 and "No module named pytest" in proc.stderr:
+        return None
     return proc.returncode == 0
 
 

@@ -55,6 +55,25 @@ def test_a_run_that_cannot_start_is_a_harness_failure_and_a_failing_test_a_kill(
     assert "cannot install pytest" in vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")["harness"]
 
 
+def test_a_killing_test_the_base_cannot_run_is_no_verdict_on_the_base(tmp_path, monkeypatch):
+    """run_one on the base: None when it cannot run there (no pytest: the
+    base build of a fresh machine had none, so every real kill was set
+    aside as 'fails on the base too'), True / False when it ran."""
+    monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
+    sdist = _sdist(tmp_path)
+    monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
+    node = "tests/v1/core/test_x.py::test_a"
+    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: False)
+    assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is None
+    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: True)
+    monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, 'echo "No module named pytest" >&2; exit 1\n'))
+    assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is None
+    monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, "exit 1\n"))
+    assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is False
+    monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, "exit 0\n"))
+    assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is True
+
+
 def test_a_harness_failure_leaves_vllm_tests_not_run_so_a_later_pass_runs_them():
     result = {"status": "ran", "vllm_tests": {"killed": True, "reason": "pytest exit 1: No module named pytest"}}
     _put_vllm_tests(result, {"harness": "engine=x: pytest exit 1: No module named pytest"})
