@@ -56,6 +56,19 @@ def behaviour(obs: dict) -> dict:
     return out
 
 
+def _observed(engine, case) -> dict:
+    """The behaviour of ``engine`` on ``case``; a deployment vLLM rejects is
+    behaviour too (the generator draws a --prefix-match-unit that does not
+    divide the block, which the release must reject): the rejection's
+    message."""
+    from reference.errors import DeploymentRejected
+
+    try:
+        return behaviour(engine.run(case))
+    except DeploymentRejected as e:
+        return {"rejected": str(e)}
+
+
 def check(mutant_engine: str, base_engine: str, *, n: int = 30, seed: int = 1, cases_path: Path | None = None, out: Path | None = None) -> dict:
     """Run the fixed cases (``cases_path``) and ``n`` seeded random cases on
     deployments on the mutant and on the base it was planted in (the
@@ -75,7 +88,7 @@ def check(mutant_engine: str, base_engine: str, *, n: int = 30, seed: int = 1, c
         gen = random_cases(random.Random(seed).randrange(2**31), resolver=resolver)
         for i in range(len(cases) + n):
             case = cases[i] if i < len(cases) else next(gen)
-            a, b = behaviour(mutant.run(case)), behaviour(base.run(case))
+            a, b = _observed(mutant, case), _observed(base, case)
             compared += 1
             if a != b:
                 return {"equal": False, "compared": compared, "case": case_to_dict(case)}
