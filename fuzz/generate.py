@@ -187,6 +187,7 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
     if units and c.integer(0, 2) == 0:
         # and one unit that does not divide the block: vLLM rejects it (every
         # group's block size must be divisible by it); a build must too
+        # (build_deployment_case keeps it only where the engine accepts it)
         units.append(next(u for u in range(48, block, 16) if block % u) if any(block % u for u in range(48, block, 16)) else units[0])
         args += ["--prefix-match-unit", str(c.choice(units))]
     retention = c.choice(("0", "0", "0", "None", "periodic"))
@@ -199,7 +200,10 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
 def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
-    on its resolved block."""
+    on its resolved block. A drawn ``--prefix-match-unit`` that does not
+    divide the block is kept only where the resolver (the engine under
+    test) accepts it: a release rejects it, so the flag is dropped there;
+    a build that accepts it gets the case (``resolution`` judges it)."""
     dep, info = None, None
     for _ in range(4):
         dep = draw_deployment(c)
@@ -214,6 +218,10 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     unit = None
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
+        if block % unit and not resolver({**dep, "vllm_args": args}):
+            at = args.index("--prefix-match-unit")
+            del args[at:at + 2]
+            unit = None
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _outputs(c, _trace(c, block, boundary_bias, unit, cap))
     raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": trace}

@@ -521,6 +521,36 @@ def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_p
     assert observe_and_judge(finding_case, finding, ResolvingDouble()).verdict.verdict == "not reproduced"
 
 
+def test_a_drawn_unit_that_does_not_divide_the_block_is_kept_only_where_the_engine_accepts_it():
+    """The generator's --prefix-match-unit choices include one that does not
+    divide the block; a resolver that rejects it (a release) gets the case
+    without the flag, one that accepts it (a build that lost vLLM's check)
+    gets it. TEST DOUBLES: the resolvers answer every deployment with
+    block 544."""
+    from fuzz.generate import RandomChooser, build_case
+
+    def release(dep):
+        args = dep["vllm_args"]
+        unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
+        return None if unit and 544 % unit else {"block": 544, "hash": unit or 544, "max_model_len": 32768}
+
+    def lenient(dep):
+        return {"block": 544, "hash": 544, "max_model_len": 32768}
+
+    def units(resolver):
+        rng = random.Random(3)
+        out = []
+        for _ in range(200):
+            args = build_case(RandomChooser(rng), resolver=resolver).deployment.vllm_args
+            out.append(int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None)
+        return out
+
+    kept = units(lenient)
+    assert any(u and 544 % u for u in kept)  # drawn
+    assert not any(u and 544 % u for u in units(release))  # dropped where rejected
+    assert sum(u is not None for u in units(release)) < sum(u is not None for u in kept)
+
+
 def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness_error(tmp_path):
     """An engine_error at setup on a deployment case leaves no geometry to
     judge: the finding's signature, text and class do without one (the
