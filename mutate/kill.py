@@ -29,6 +29,7 @@ The build (``vllm==X+mutant-<id>.HASH``) is removed afterwards unless
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -298,6 +299,10 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     result["engine"] = engine
     try:
         cases = options.get("cases")
+        # a mutant judged again (its result removed) starts from an empty
+        # findings folder: a campaign counts a signature already on disk as
+        # a duplicate, so an earlier run's finding would hide the kill
+        shutil.rmtree(folder / "kvspec", ignore_errors=True)
         kv = _kvspec_kill(engine, budget, folder / "kvspec", int(options.get("seed", 1)), Path(cases) if cases else None)
         result["kvspec"] = kv
         if kv.get("harness"):
