@@ -284,10 +284,12 @@ class StubVllm:
                     return
                 if status is not None:
                     body = f.status_body.get(i) or json.dumps({"error": {"message": f"injected {status}"}})
-                    self._send(status, body.encode())
                     # A retried index keeps its number: the next attempt is the same request.
+                    # Counted back before answering: once the client has the status it may
+                    # return, and a test reading `completions` must not race this thread.
                     with stub.lock:
                         stub.completions -= 1
+                    self._send(status, body.encode())
                     return
                 prompt = body.get("prompt")
                 if not isinstance(prompt, list) or body.get("temperature") != 0 or body.get("stream") is not True:
