@@ -80,6 +80,7 @@ def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
     proofs' boundary cases mapped onto deployments (resolved by the
     release), interleaved by speculative mode."""
     from engine_adapter import open_engine
+    from engine_adapter.models.shipped import deployment_cases
     from kvspec.home import kvspec_home
     from reference.case import case_to_dict
 
@@ -94,6 +95,13 @@ def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
     cases = [c for _n, c in example_cases()]
     engine = open_engine(f"vllm=={release}")
     try:
+        t0 = time.monotonic()
+        for case in deployment_cases():  # warms vLLM's model-inspection cache before the control's budget
+            try:
+                engine.resolve(case)
+            except KvspecError:  # the release does not serve it as a hybrid: its answer, not a failure
+                pass
+        say(f"[mutate] resolved each shipped model once ({time.monotonic() - t0:.0f}s)")
         say("[mutate] mapping the proofs' boundary cases onto deployments")
         seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
         campaign = Campaign(engine, Path(out) / "cases-probe", seed=1)
