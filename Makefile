@@ -39,6 +39,10 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.29.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.33.0 || [ $$? -eq 1 ]
 
+# The default tier runs on two pytest-xdist workers (one per core: a test
+# mostly waits on one engine process, so one worker left a core idle; 48 min
+# serial on this 2-core machine); tests that share the live server, a Ray
+# cluster or the patched builds stay in one group each (tests/conftest.py).
 # spec/ in CI: the default tier with the rest; then every catalogue row (--all:
 # also the chunked-prefill and chunked junction rows) and the full geometry
 # sweep via prove (~1 min on 2 cores); then spec/'s slow fidelity domain
@@ -46,7 +50,7 @@ check: venv engines
 # 12 min wall on a 2-core machine shared with engine runs). `make test-slow`
 # runs every slow test (spec/'s: `pytest spec/ --slow`, ~13 min).
 test: venv engines server-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" -n 2 --dist loadgroup
 	$(KVSPEC) prove --all --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -m slow spec/test_fidelity.py spec/test_seeds.py
 

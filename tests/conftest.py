@@ -6,6 +6,32 @@ import pytest
 
 from reference.case import parse_case
 
+#: Tests that share one machine-wide resource run in one pytest-xdist
+#: group (``make test`` runs ``-n 2 --dist loadgroup``), one after another
+#: on one worker, in collection order: the live CPU server (at most one runs
+#: at a time, ``tests/live/conftest.py``), a local Ray cluster, and the
+#: patched builds of one release (a mutant build is removed after its test).
+#: Everything else is spread over both workers.
+XDIST_GROUPS = (
+    ("live-server", lambda item: "live_servers" in getattr(item, "fixturenames", ())),
+    ("ray", lambda item: item.path.parent.name == "distribute" or item.path.name == "test_run.py" and item.path.parent.name == "mutate"),
+    ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py")),
+)
+
+
+def xdist_group_of(item) -> str | None:
+    """The group ``item`` runs in (the first that claims it), or None."""
+    return next((name for name, claims in XDIST_GROUPS if claims(item)), None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _warm_engines_of_this_session():
     """Warm engines (engine_adapter.warm) that the tests' commands start live
