@@ -41,8 +41,10 @@ check: venv engines
 
 # The default tier runs on two pytest-xdist workers (one per core: a test
 # mostly waits on one engine process, so one worker left a core idle; 48 min
-# serial on this 2-core machine); tests that share the live server, a Ray
-# cluster or the patched builds stay in one group each (tests/conftest.py).
+# serial on this 2-core machine); tests that share the live server or the
+# patched builds stay in one group each (tests/conftest.py). The Ray tests
+# run after, alone: their cluster starts two vLLM workers at once, which
+# beside the other worker's engines did not start within the test's 240 s.
 # spec/ in CI: the default tier with the rest; then every catalogue row (--all:
 # also the chunked-prefill and chunked junction rows) and the full geometry
 # sweep via prove (~1 min on 2 cores); then spec/'s slow fidelity domain
@@ -50,7 +52,8 @@ check: venv engines
 # 12 min wall on a 2-core machine shared with engine runs). `make test-slow`
 # runs every slow test (spec/'s: `pytest spec/ --slow`, ~13 min).
 test: venv engines server-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" -n 2 --dist loadgroup
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" -n 2 --dist loadgroup --ignore=tests/distribute
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "not slow" tests/distribute
 	$(KVSPEC) prove --all --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -m slow spec/test_fidelity.py spec/test_seeds.py
 

@@ -9,7 +9,8 @@ from reference.case import parse_case
 #: Tests that share one machine-wide resource run in one pytest-xdist
 #: group (``make test`` runs ``-n 2 --dist loadgroup``), one after another
 #: on one worker, in collection order: the live CPU server (at most one runs
-#: at a time, ``tests/live/conftest.py``), a local Ray cluster, and the
+#: at a time, ``tests/live/conftest.py``), a local Ray cluster (``make
+#: test`` runs tests/distribute after the parallel run, alone), and the
 #: patched builds of one release (a mutant build is removed after its test;
 #: making one holds the release's install lock while it links the release,
 #: so the test that times a ready release's install runs with them).
