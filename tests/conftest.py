@@ -9,15 +9,14 @@ from reference.case import parse_case
 #: Tests that share one machine-wide resource run in one pytest-xdist
 #: group (``make test`` runs ``-n 2 --dist loadgroup``), one after another
 #: on one worker, in collection order: the live CPU server (at most one runs
-#: at a time, ``tests/live/conftest.py``), a local Ray cluster (``make
-#: test`` runs tests/distribute after the parallel run, alone), and the
-#: patched builds of one release (a mutant build is removed after its test;
-#: making one holds the release's install lock while it links the release,
-#: so the test that times a ready release's install runs with them).
-#: Everything else is spread over both workers.
+#: at a time, ``tests/live/conftest.py``) and the patched builds of one
+#: release (a mutant build is removed after its test; making one holds the
+#: release's install lock while it links the release, so the test that
+#: times a ready release's install runs with them). Everything else is
+#: spread over both workers; ``make test`` runs tests/distribute (a local
+#: Ray cluster of two vLLM workers) after the parallel run, alone.
 XDIST_GROUPS = (
     ("live-server", lambda item: "live_servers" in getattr(item, "fixturenames", ())),
-    ("ray", lambda item: item.path.parent.name == "distribute" or item.path.name == "test_run.py" and item.path.parent.name == "mutate"),
     ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")),
 )
 

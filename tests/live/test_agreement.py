@@ -17,9 +17,8 @@ shared with the junction test of test_live_server.py; the 200-case
 measurement of docs/live.md ran the periodic mode at 3 blocks, 768 tokens).
 
 ``KVSPEC_AGREEMENT_CASES`` (default 8) sets the number of random cases per
-retention mode (8 keep ``make test`` near its 30 minutes on a 2-core CPU
-without AVX512-BF16, where a case takes ~16 s; docs/live.md has the 200-case
-run); ``KVSPEC_AGREEMENT_SEED`` (default 9) the seed.
+retention mode (8: about 2 min per mode on a 2-core CPU without
+AVX512-BF16, where a case takes ~16 s; docs/live.md has the 200-case run); ``KVSPEC_AGREEMENT_SEED`` (default 9) the seed.
 """
 
 from __future__ import annotations
