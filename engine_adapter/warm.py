@@ -234,6 +234,21 @@ def _proc_state(pid: int) -> str | None:
     return tail[0].decode() if tail else None
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited and closed its files: no such process, or
+    a zombie leader with no other thread left. A multithreaded process's
+    leader shows ``Z`` as soon as it exits while its other threads still
+    run their exit and hold the shared file table, the listening socket
+    among it: a client connecting then is reset (seen in CI: the warm
+    stand-in has two threads)."""
+    if _proc_state(pid) not in ("Z", "X"):
+        return _proc_state(pid) is None
+    try:
+        return os.listdir(f"/proc/{pid}/task") in ([], [str(pid)])
+    except OSError:
+        return True
+
+
 def _is_server(pid: object, sock: Path) -> bool:
     """Whether ``pid`` is alive and is the warm engine of ``sock`` (checked
     on its command line, so a reused pid is never signalled)."""
@@ -241,16 +256,16 @@ def _is_server(pid: object, sock: Path) -> bool:
         return False
     cmd = _cmdline(pid)
     if not cmd or _proc_state(pid) in (None, "Z", "X"):
-        return False
+        return False  # gone or exiting: it serves no one
     return "engine_adapter.worker" in cmd and "--socket" in cmd and str(sock) in cmd
 
 
 def _wait_gone(pid: int, sock: Path, seconds: float) -> bool:
     """Wait until ``pid`` has exited (its files, the socket among them,
-    closed: no process, or a zombie) or is no longer the server of ``sock``."""
+    closed: :func:`_exited`) or is no longer the server of ``sock``."""
 
     def gone() -> bool:
-        if _proc_state(pid) in (None, "Z", "X"):
+        if _exited(pid):
             return True
         cmd = _cmdline(pid)
         return bool(cmd) and not ("engine_adapter.worker" in cmd and str(sock) in cmd)  # the pid was reused

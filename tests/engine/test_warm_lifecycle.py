@@ -9,6 +9,7 @@ seconds. tests/engine/test_warm.py runs the real engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,10 +82,10 @@ def run(c: WarmClient, timeout=60, **options) -> dict:
 
 
 def wait_gone(pid: int, seconds: float = 15) -> bool:
-    """Until the process has exited (gone, or a zombie: its socket closed)."""
+    """Until the process has exited and closed its socket (gone, or a zombie with no thread left)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if warm._proc_state(pid) in (None, "Z", "X"):
+        if warm._exited(pid):
             return True
         time.sleep(0.05)
     return False
@@ -208,3 +210,28 @@ def test_a_bad_idle_timeout_is_one_line(monkeypatch):
         warm.idle_timeout_default()
     monkeypatch.setenv("KVSPEC_WARM_IDLE_S", "30")
     assert warm.idle_timeout_default() == 30.0
+
+
+def test_a_zombie_leader_whose_thread_still_runs_has_not_exited():
+    """The leader of a multithreaded process shows ``Z`` while another thread
+    still holds its files (a listening socket accepts, then resets); only a
+    zombie with no thread left has exited."""
+    code = ("import ctypes, os, socket, sys, threading, time\n"
+            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
+            "threading.Thread(target=lambda: (time.sleep(3), os._exit(0))).start()\n"
+            "ctypes.CDLL(None).pthread_exit(None)\n")
+    path = f"/tmp/kvspec-zombie-{os.getpid()}.sock"
+    proc = subprocess.Popen([sys.executable, "-c", code, path])
+    try:
+        end = time.monotonic() + 10
+        while warm._proc_state(proc.pid) != "Z" and time.monotonic() < end:
+            time.sleep(0.01)
+        assert warm._proc_state(proc.pid) == "Z" and len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+        assert not warm._exited(proc.pid)
+        warm._connect(Path(path), 1.0).close()  # its socket still accepts
+        assert wait_gone(proc.pid, 10) and proc.wait(5) == 0
+    finally:
+        proc.kill()
+        proc.wait(5)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
