@@ -39,7 +39,10 @@ What is observed, per request (``explain``):
   each step after whose scheduling the request's Mamba block tables held
   blocks below the state the step starts from that carry no hash
   (unretired), or blocks whose reference count is below 1 (freed)
-  (``observe.BlockTable``; align mode); ``[]`` where none.
+  (``observe.BlockTable``; align mode); ``[]`` where none;
+* ``leaked_blocks``: the block references (any KV cache group) left once
+  the request has finished and the scheduler holds no request, deferred
+  frees not counted (``observe.BlockTable.leaked``); 0 where none.
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
@@ -213,6 +216,7 @@ class VllmDriver:
                 "retained_mamba_tokens": tokens_held,
                 "retained_output_states": after,
                 "block_table": [list(u) for u in served.block_table],
+                "leaked_blocks": table.leaked(),
                 "steps": served.steps,
             }
             if served.preempted_hits or served.preempted_queries:

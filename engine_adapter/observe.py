@@ -10,7 +10,8 @@
   states the block pool holds per Mamba group (``retained_mamba_blocks``);
 * :class:`BlockTable` counts, after each step is scheduled, the Mamba
   blocks a running request holds below the state the step starts from,
-  and those it holds that were freed (``block_table``);
+  and those it holds that were freed (``block_table``), and, once a
+  request has finished, the block references left (``leaked_blocks``);
 * :func:`explain` assembles the per-request record.
 """
 
@@ -105,6 +106,21 @@ class BlockTable:
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
         self.managers = [(managers[g], int(managers[g].block_size)) for g in mamba_group_ids
                          if getattr(managers[g], "mamba_cache_mode", None) == "align"]
+        self.scheduler = scheduler
+
+    def leaked(self) -> int:
+        """Block references left once the scheduler holds no request: the
+        reference counts of the pool's blocks (every KV cache group's; the
+        null block left out) less the blocks waiting in the scheduler's
+        ``deferred_frees`` (vLLM 0.29.0-0.33.0: returned to the pool once the
+        step that may still write them is processed). A finished request
+        gives back every block it took (``KVCacheManager.free``: cached ones
+        stay in the free queue, evictable), so anything left is a block no
+        request can use again."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        held = sum(b.ref_cnt for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
+        pending = sum(len(blocks) for _fence, blocks in getattr(self.scheduler, "deferred_frees", ()))
+        return held - pending
 
     def __call__(self, request_id: str, start: int) -> tuple[int, int]:
         """(unretired, freed) blocks, summed over the Mamba groups; ``start``

@@ -39,7 +39,8 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
   oracle);
 * ``block-table`` a running request's Mamba block table holds no block it
   freed, and none below the state it resumes each step from that the
-  cache does not hold either (the ``block_table`` oracle);
+  cache does not hold either; a finished request leaves no block
+  referenced (the ``block_table`` oracle);
 * ``flags`` the build applies the flags it accepts as vLLM documents them
   (``--prefix-match-unit`` is the hash block; the ``resolution`` oracle);
 * ``errors`` vLLM raises on no case the model accepts.
@@ -72,7 +73,7 @@ PROMISES = (
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
     ("hit-blocks", "hit blocks", "a request takes from the cache exactly the full-attention blocks its hit covers, no more and no fewer"),
     ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
-    ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold"),
+    ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold; a finished request leaves no block referenced"),
     ("flags", "flags applied", "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size"),
     ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
 )

@@ -71,7 +71,9 @@ says which requests diverge.
   0.29.0-0.33.0: "Mamba only need to keep the state of the last computed
   token"; vLLM #55450 fixed a leak of such blocks). A freed block can be
   handed to another request mid-use; an unretired one is memory nothing
-  can use until the request ends.
+  can use until the request ends. And once a request has finished (the
+  scheduler holds none), no block of any group is still referenced,
+  deferred frees aside: a leaked block is memory no request can use again.
 * ``resolution``: the geometry vLLM resolved for a deployment keeps what
   vLLM documents of its flags: with ``--prefix-match-unit`` U the hash
   block size is U (``CacheConfig.prefix_match_unit``, 0.29.0-0.33.0: "This
@@ -560,18 +562,31 @@ def check_block_table(case: Case, version: str, obs: dict) -> list[Divergence]:
     finishes (vLLM #55450 fixed a leak of them: retirement stopping at null
     gaps, 71 blocks per group at the peak of a long prefill). The engine's
     ``block_table``: [s, unretired, freed] of each step where it counted
-    any. Not judged where the engine did not record it. The divergence
-    carries the hits unchanged; ``context``: ``block_table`` per request."""
+    any. And once a request has finished, with the scheduler holding no
+    other, no block of any KV cache group is still referenced (the engine's
+    ``leaked_blocks``: reference counts left, the null block and the
+    scheduler's deferred frees aside): ``KVCacheManager.free`` gives back
+    every block a request took, and one never given back is memory no
+    request can use again (a copy-on-write that takes a block and never
+    hands it to the request leaves one); a request is flagged where the
+    count rose over the request before. Not judged where the engine did
+    not record it. The divergence carries the hits unchanged; ``context``:
+    ``block_table`` and ``leaked_blocks`` per request."""
     explain = obs.get("explain") or []
     table = [[list(u) for u in (e.get("block_table") or [])] for e in explain]
+    held = [int(e.get("leaked_blocks") or 0) for e in explain]  # what the pool still holds after each request
+    leaked = [max(0, n - (held[i - 1] if i else 0)) for i, n in enumerate(held)]  # what each request added
 
     def detail(i: int) -> str:
+        if not table[i]:
+            return f"request {i} finished with {leaked[i]} more block reference(s) held than before it ({held[i]} in all) and no request left to give them back"
         start, unretired, freed = table[i][0]
         what = " and ".join(([f"{freed} block(s) it had freed"] if freed else []) + ([f"{unretired} block(s) below the state it resumes from that nothing can hit"] if unretired else []))
         more = f", and so after {len(table[i]) - 1} more step(s)" if len(table[i]) > 1 else ""
-        return f"request {i}'s Mamba block table held {what} once the step starting at {start} tokens was scheduled{more}"
+        left = f"; {leaked[i]} more block reference(s) held once it finished" if leaked[i] else ""
+        return f"request {i}'s Mamba block table held {what} once the step starting at {start} tokens was scheduled{more}{left}"
 
-    return _same_hits("block_table", version, obs.get("hits") or [], {"block_table": table}, detail)
+    return _same_hits("block_table", version, obs.get("hits") or [], {"block_table": table, "leaked_blocks": leaked}, detail)
 
 
 def _reach(request: Request, tokens: list[int], earlier: Request, earlier_tokens: list[int]) -> int:

@@ -4,7 +4,9 @@ every key, on the real vLLM 0.33.0 and 0.29.0 schedulers; and a write to
 the map that bypasses the wrapped insert/pop makes it ask the map again.
 And the Mamba blocks a running request keeps below the state each step
 starts from (explain ``block_table``): none on the release, a growing pile
-when the manager is planted to give nothing back."""
+when the manager is planted to give nothing back; and the block references
+left once a request finished (explain ``leaked_blocks``): none on the
+release, one when the pool is planted to keep one."""
 
 from __future__ import annotations
 
@@ -82,14 +84,25 @@ RETIRE = r"""
 import json
 from engine_adapter.driver import get_driver
 from reference.case import parse_case
+from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
 case = parse_case(json.loads(%r))
 driver = get_driver()
 release = driver.run(case)
+remove = MambaManager.remove_skipped_blocks
 MambaManager.remove_skipped_blocks = lambda self, *args, **kwargs: None  # planted: give nothing back
 planted = driver.run(case)
-print(json.dumps({"release": release, "planted": planted}))
+MambaManager.remove_skipped_blocks = remove
+get_new_blocks, taken = BlockPool.get_new_blocks, []
+def leaky(self, num_blocks):  # planted: the first allocation takes one block more and keeps it
+    blocks = get_new_blocks(self, num_blocks + (0 if taken else 1))
+    if not taken:
+        taken.append(blocks.pop())
+    return blocks
+BlockPool.get_new_blocks = leaky
+leaked = driver.run(case)
+print(json.dumps({"release": release, "planted": planted, "leaked": leaked}))
 """
 
 
@@ -98,7 +111,10 @@ def test_mamba_blocks_a_running_request_keeps_are_observed():
     A:5000 then its resend hold no Mamba block below the state each step
     starts from and none they freed (explain ``block_table`` empty); with
     the manager's ``remove_skipped_blocks`` planted to give nothing back,
-    A:5000's chunk-end states pile up and ``block_table`` fires."""
+    A:5000's chunk-end states pile up and ``block_table`` fires. Once each
+    request has finished the pool holds no block reference (explain
+    ``leaked_blocks`` 0); with the pool planted to keep one block of the
+    first allocation, A:5000 leaves one and ``block_table`` fires on it."""
     ensure_env("0.33.0")
     case = {"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
                                         "vllm_args": ["--enable-prefix-caching", "--max-num-batched-tokens", "1088"]},
@@ -116,3 +132,8 @@ def test_mamba_blocks_a_running_request_keeps_are_observed():
     assert held and held[0][0] == 2176 and held[-1][1] > held[0][1] and all(freed == 0 for _s, _u, freed in held), held
     (div,) = check_block_table(parsed, "0.33.0", planted)
     assert div.requests[0] == 0
+    assert [e["leaked_blocks"] for e in release["explain"]] == [0, 0]
+    leaked = out["leaked"]
+    assert [e["leaked_blocks"] for e in leaked["explain"]] == [1, 1] and leaked["hits"] == release["hits"]
+    (leak,) = check_block_table(parsed, "0.33.0", leaked)
+    assert leak.requests == [0] and leak.context["leaked_blocks"] == [1, 0]

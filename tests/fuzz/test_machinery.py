@@ -470,6 +470,12 @@ def test_the_block_table_oracle_flags_mamba_blocks_freed_or_no_longer_needed():
     assert "freed" not in div.detail.split("held")[1].split("once")[0]
     (freed,) = check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [release[0], {"scheduler_hit": 4896, "block_table": [[5000, 0, 1]]}]})
     assert freed.requests == [1] and "1 block(s) it had freed" in freed.detail and "below" not in freed.detail
+    # a block reference left once a request finished: flagged where the count rises, not after
+    left = [{"block_table": [], "leaked_blocks": 0}, {"block_table": [], "leaked_blocks": 3}, {"block_table": [], "leaked_blocks": 3}]
+    (leak,) = check_block_table(case, "0.33.0", {"hits": [0, 4896, 4896], "explain": left})
+    assert leak.requests == [1] and leak.context["leaked_blocks"] == [0, 3, 0]
+    assert "request 1 finished with 3 more block reference(s)" in leak.detail
+    assert check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [{"leaked_blocks": 0}, {"leaked_blocks": 0}]}) == []
     # not recorded (an older observation): not judged
     assert check_block_table(case, "0.33.0", {"hits": [0, 0], "explain": [{}, {"scheduler_hit": 0}]}) == []
     assert promise_of({"oracle": "block_table", "case": {}, "first_divergence": 0}) == "block-table"
