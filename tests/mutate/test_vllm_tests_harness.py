@@ -83,3 +83,30 @@ def test_a_harness_failure_leaves_vllm_tests_not_run_so_a_later_pass_runs_them()
     assert result["vllm_tests"]["killed"] is False and "vllm_tests_harness" not in result
     assert not _needs_vllm_tests(result, {"vllm_tests": True})
     assert json.dumps(result)
+
+
+def test_a_baseline_file_that_timed_out_is_run_again_not_reused(tmp_path, monkeypatch):
+    """baseline(): a file cut by kvspec's time limit is recorded (rc
+    ``timeout``, no usable test) but not trusted from the cache: the next
+    call runs it again. A run beside a busy test suite had cached a
+    timed-out file, and every later run would have counted its tests as
+    unusable. TEST DOUBLE: the release's interpreter is a shell script."""
+    sdist = _sdist(tmp_path)
+    f = "tests/v1/core/test_x.py"
+    monkeypatch.setattr(vt, "sdist_root", lambda release: sdist)
+    monkeypatch.setattr(vt, "test_files", lambda root: [f])
+    monkeypatch.setattr(vt, "run_root", lambda s: sdist)
+    monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
+    monkeypatch.setattr(vt, "target_paths", lambda version: [str(tmp_path / "site-packages" / "vllm" / "v1" / "core" / "x.py")])
+    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: True)
+    monkeypatch.setattr("engine_adapter.testtools.ensure_coverage", lambda python, timeout=None: True)
+    monkeypatch.setattr(vt, "FILE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(vt, "_python", lambda release: _python(tmp_path, "sleep 5\n"))
+    first = vt.baseline("0.33.0", out=tmp_path / "base")
+    assert first["files"][f]["rc"] == "timeout" and vt.usable(first, f) == []
+    junit = '<testsuite><testcase classname="tests.v1.core.test_x" name="test_a" file="tests/v1/core/test_x.py"/></testsuite>'
+    body = 'for a in "$@"; do case "$a" in --junitxml=*) printf \'%s\' \'' + junit + '\' > "${a#--junitxml=}";; esac; done; exit 0\n'
+    monkeypatch.setattr(vt, "_python", lambda release: _python(tmp_path, body))
+    again = vt.baseline("0.33.0", out=tmp_path / "base")
+    assert again["files"][f]["rc"] == 0 and vt.usable(again, f) == ["tests/v1/core/test_x.py::test_a"]
+    assert vt.baseline("0.33.0", out=tmp_path / "base") == again  # a settled file is reused
