@@ -241,8 +241,9 @@ def _exited(pid: int) -> bool:
     run their exit and hold the shared file table, the listening socket
     among it: a client connecting then is reset (seen in CI: the warm
     stand-in has two threads)."""
-    if _proc_state(pid) not in ("Z", "X"):
-        return _proc_state(pid) is None
+    state = _proc_state(pid)
+    if state not in ("Z", "X"):
+        return state is None
     try:
         return os.listdir(f"/proc/{pid}/task") in ([], [str(pid)])
     except OSError:
