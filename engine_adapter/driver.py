@@ -139,7 +139,12 @@ class VllmDriver:
             from reference.errors import Unsupported
 
             raise Unsupported("case.geometry: a hand geometry; allowed: a case with a deployment (resolve turns model + flags into a geometry)")
-        return summary(resolve(case.deployment))
+        try:
+            return summary(resolve(case.deployment))
+        except VllmFailure as f:  # a crash has no geometry; to a resolve caller it is a deployment vLLM cannot build
+            from reference.errors import DeploymentCrashes
+
+            raise DeploymentCrashes(f"deployment={case.deployment.describe()!r}: vLLM crashes building its KV cache: {f}") from None
 
     def run(self, case_or_dict: Case | dict, options: dict | None = None) -> dict:
         """Run a case. Returns the result dict; vLLM exceptions come back as

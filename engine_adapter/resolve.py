@@ -43,6 +43,7 @@ from kvspec.home import models_dir
 from engine_adapter.models import SHIPPED, load_config
 from reference.case import write_text_atomic
 from reference.deployment import Deployment
+from engine_adapter.failure import VllmFailure
 from reference.errors import DeploymentRejected as VllmRejected
 from reference.errors import InvalidArgument, KvspecError, Unsupported
 
@@ -56,6 +57,11 @@ MAMBA_KIND = {
     "GraniteMoeHybridForCausalLM": "mamba2",
     "BambaForCausalLM": "mamba2",
     "JambaForCausalLM": "mamba1",
+    # Attention-free: Mamba layers only, one KV cache group (vLLM's
+    # ``MambaModelConfig`` turns on align mode with prefix caching).
+    "Mamba2ForCausalLM": "mamba2",
+    "FalconMambaForCausalLM": "mamba1",
+    "MambaForCausalLM": "mamba1",
 }
 MAMBA_BACKEND = {"gdn": "GDN_ATTN", "mamba2": "MAMBA2", "mamba1": "MAMBA1"}
 #: Where the attention layers' backend is chosen on CUDA (vLLM's
@@ -67,6 +73,10 @@ ALIGNMENT_BACKEND = "FLASH_ATTN"
 #: Bytes of KV cache kvspec lets vLLM plan with: enough that nothing is ever
 #: evicted in a serial trace (checked per case), small enough for the block pool.
 MAX_BLOCKS = 200_000
+#: What vLLM raises to refuse a configuration while building its KV cache
+#: (its checks: ``raise ValueError``, ``assert``, ``NotImplementedError``);
+#: any other exception there is a crash, judged as ``engine_error``.
+REFUSALS = (ValueError, AssertionError, NotImplementedError)
 RESOLVER_VERSION = 1
 
 
@@ -81,6 +91,25 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def raised_in_vllm(e: BaseException) -> bool:
+    """Was ``e`` raised by vLLM's own code (the innermost frame is in the
+    ``vllm`` package), not by kvspec's stand-ins around it?"""
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    import vllm
+
+    root = Path(vllm.__file__).resolve().parent
+    try:
+        Path(last.tb_frame.f_code.co_filename).resolve().relative_to(root)
+    except ValueError:
+        return False
+    return True
 
 
 def vllm_message(e: BaseException) -> str:
@@ -204,10 +233,13 @@ def layer_kinds(vc) -> list[str]:
     (vLLM 0.33.0: ``qwen3_next.py``/``qwen3_5.py``/``granitemoehybrid.py``
     ``layer_types``, ``nemotron_h.py`` ``hybrid_override_pattern`` (M, *),
     ``jamba.py`` ``layers_block_type``; ``falcon_h1.py`` runs attention and
-    Mamba side by side in every layer). Layers with neither (MLP, MoE) are
-    left out."""
+    Mamba side by side in every layer; an attention-free model, ``mamba.py``
+    and ``mamba2.py``, has a Mamba mixer in every layer). Layers with neither
+    (MLP, MoE) are left out."""
     hf = vc.model_config.hf_text_config
     arch = vc.model_config.architecture
+    if vc.model_config.is_attention_free:  # mamba.py, mamba2.py: a Mamba mixer in every layer
+        return ["mamba"] * int(hf.num_hidden_layers)
     if arch == "FalconH1ForCausalLM":
         return ["mamba", "attention"] * int(hf.num_hidden_layers)
     if arch == "NemotronHForCausalLM":
@@ -277,8 +309,8 @@ def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) 
         raise Unsupported(f"deployment.model architecture={arch}: kvspec knows the Mamba layers of {', '.join(sorted(MAMBA_KIND))}")
     kinds = layer_kinds(vc)
     n_attention, n_mamba = kinds.count("attention"), kinds.count("mamba")
-    if n_mamba == 0 or n_attention == 0:
-        raise Unsupported(f"deployment.model architecture={arch}: {n_attention} attention and {n_mamba} Mamba layers in this config; kvspec checks hybrid models (both)")
+    if n_mamba == 0 or (n_attention == 0 and not vc.model_config.is_attention_free):
+        raise Unsupported(f"deployment.model architecture={arch}: {n_attention} attention and {n_mamba} Mamba layers in this config; kvspec checks hybrid models (both) and attention-free Mamba models")
     backend, backend_name = _attention_backend(dep)
     facts.update({"architecture": arch, "mamba_kind": kind, "attention_layers": n_attention, "mamba_layers": n_mamba, "attention_backend": backend_name})
     mamba_type = getattr(MambaAttentionBackendEnum, MAMBA_BACKEND[kind])
@@ -356,7 +388,8 @@ def _kv_cache_configs(vc, specs: dict, memory: int):
 
 def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     """What vLLM builds for ``dep`` (enough KV cache for ``num_blocks`` blocks
-    per group). Raises VllmRejected / Unsupported / InvalidArgument, one line."""
+    per group). Raises VllmRejected / Unsupported / InvalidArgument, one line;
+    VllmFailure where vLLM crashes (not refuses) building the KV cache."""
     import vllm
 
     version = _version_tuple(vllm.__version__)
@@ -373,8 +406,8 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     cc = vc.cache_config
     if not cc.enable_prefix_caching:
         raise Unsupported(f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching")
-    if not getattr(vc.model_config, "is_hybrid", False):
-        raise Unsupported(f"deployment.model architecture={vc.model_config.architecture}: vLLM does not treat it as a hybrid model; kvspec checks hybrid attention/Mamba models")
+    if not (getattr(vc.model_config, "is_hybrid", False) or vc.model_config.is_attention_free):
+        raise Unsupported(f"deployment.model architecture={vc.model_config.architecture}: vLLM treats it as neither hybrid nor attention-free; kvspec checks hybrid attention/Mamba models and attention-free Mamba models")
     try:
         _install_layers(vc, dep, version, facts)
         _update_block_size(vc, dep)
@@ -392,8 +425,12 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         sbs, hbs, alignment = engine_core_block_sizes(vc, kcfg, also=cfgs)
     except KvspecError:
         raise
-    except Exception as e:
+    except REFUSALS as e:
         raise VllmRejected(f"deployment={dep.describe()!r}: vLLM fails to build its KV cache: {vllm_message(e)}") from None
+    except Exception as e:
+        if not raised_in_vllm(e):  # kvspec's stand-ins or glue: the harness's error, never vLLM's
+            raise
+        raise VllmFailure("setup", e) from None  # IndexError, KeyError, ...: vLLM crashed, it did not refuse
     facts.update({
         "block_size": int(cc.block_size),
         "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,

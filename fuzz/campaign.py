@@ -30,12 +30,17 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from reference.case import Case
-from reference.errors import DeploymentRejected, KvspecError, Unsupported
+from reference.errors import DeploymentCrashes, DeploymentRejected, KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.shrink import shrink
+
+
+#: The block a trace is drawn on for a deployment vLLM crashes on (no
+#: geometry to draw on; the crash comes before any request).
+CRASH_TRACE_BLOCK = 16
 
 
 class Engine(Protocol):
@@ -175,6 +180,8 @@ class Campaign:
             r = self.engine.resolve(probe)
             g, facts = r["geometry"], r.get("facts", {})
             info = {"block": g["scheduler_block_size"], "hash": g["hash_block_size"], "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
+        except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
+            info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}
         except KvspecError:
             info = None
         self._resolved[key] = info

@@ -29,6 +29,13 @@ class DeploymentRejected(InvalidArgument):
     message carries vLLM's own words, in one line."""
 
 
+class DeploymentCrashes(DeploymentRejected):
+    """vLLM raised while building a deployment's KV cache, with an exception
+    it does not refuse configurations with (an ``IndexError``, not a
+    ``ValueError``): to a caller that only resolves, a deployment vLLM cannot
+    build; a case run on it is an ``engine_error`` finding."""
+
+
 class EngineError(KvspecError):
     """An engine could not be set up or reached (not: vLLM raised on a case;
     that is recorded as a finding)."""

@@ -152,8 +152,6 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     grid = g.prefill_checkpoint_grid
     if grid is not None and v < (0, 32, 0):
         raise Unsupported(f"geometry.prefill_checkpoint_grid={grid}: vLLM {version}'s internal checkpoints (Kimi KDA only) follow another rule; allowed: null before 0.32.0")
-    if grid is not None and g.num_groups == 1:
-        raise Unsupported(f"geometry.prefill_checkpoint_grid={grid}: with a single KV cache group; allowed: null")
     shared_ckpt = False
     if g.shared_prefix_checkpoint:
         if v < (0, 32, 0):

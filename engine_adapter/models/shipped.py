@@ -27,6 +27,10 @@ SHIPPED: dict[str, tuple[str, str, str]] = {
     "bamba": ("BambaConfig", "BambaForCausalLM", "Bamba: Mamba-2 + attention"),
     "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "Granite 4.0 MoE hybrid: Mamba-2 + attention"),
     "jamba": ("JambaConfig", "JambaForCausalLM", "Jamba: Mamba-1 + attention 7:1, MoE"),
+    # Attention-free: one KV cache group (the single-group branch of vLLM's
+    # block-size resolution and its unitary KV cache coordinator).
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", "Mamba-Codestral-7B: Mamba-2 layers only, no attention"),
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", "Falcon-Mamba: Mamba-1 layers only, no attention (transformers' small default widths)"),
 }
 
 
@@ -73,14 +77,17 @@ def load_config(name: str) -> dict:
     return json.loads(config_path(name).read_text())
 
 
-def generate(out: Path = HERE) -> list[Path]:
-    """Write ``<name>.json`` for every shipped model from ``transformers``."""
+def generate(out: Path = HERE, only: tuple[str, ...] = ()) -> list[Path]:
+    """Write ``<name>.json`` for every shipped model (or those in ``only``)
+    from ``transformers``."""
     import transformers
 
     from reference.case import write_json_atomic
 
     written = []
     for name, (cls_name, arch, _what) in SHIPPED.items():
+        if only and name not in only:
+            continue
         cfg = getattr(transformers, cls_name)()
         data = cfg.to_dict()
         data["architectures"] = [arch]
@@ -94,8 +101,8 @@ def generate(out: Path = HERE) -> list[Path]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["generate"]:
-        print("usage: python -m engine_adapter.models.shipped generate", file=sys.stderr)
+    if sys.argv[1:2] != ["generate"] or any(n not in SHIPPED for n in sys.argv[2:]):
+        print(f"usage: python -m engine_adapter.models.shipped generate [NAME ...]; NAME one of {', '.join(SHIPPED)}", file=sys.stderr)
         sys.exit(2)
-    for p in generate():
+    for p in generate(only=tuple(sys.argv[2:])):
         print(p)

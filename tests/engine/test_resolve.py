@@ -13,8 +13,11 @@ import subprocess
 import pytest
 
 from engine_adapter import environments
-from reference.case import load_case, parse_case
+from fuzz.oracles import check_engine_error
+from reference.case import case_to_dict, load_case, parse_case
 from reference.errors import DeploymentRejected, InvalidArgument, Unsupported
+
+from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
 
@@ -102,8 +105,94 @@ def test_fewer_layers_leave_the_geometry_unchanged(engine_033):
 
 
 def test_bamba_is_refused_as_vllm_serves_it(engine_033):
-    with pytest.raises(Unsupported, match="not treat it as a hybrid"):
+    with pytest.raises(Unsupported, match="neither hybrid nor attention-free"):
         engine_033.resolve(deployment("bamba"))
+
+
+@pytest.mark.parametrize("model", ["mamba2", "falcon_mamba"])
+@pytest.mark.parametrize(("flags", "expected"), [((), 16), (("--block-size", "256"), 256)])
+def test_an_attention_free_model_is_one_mamba_group_on_the_block_size(engine_033, model, flags, expected):
+    """vLLM's ``MambaModelConfig`` (align mode, ``mamba_block_size =
+    block_size``) and no attention backend to move the block: one KV cache
+    group, the unitary coordinator, hits on ``--block-size`` (16 by default)."""
+    r = engine_033.resolve(deployment(model, *flags, device="h100"))
+    g = r["geometry"]
+    assert g["groups"] == [{"kind": "mamba", "block_size": expected, "count": 1}]
+    assert g["scheduler_block_size"] == g["hash_block_size"] == expected
+    assert r["facts"]["attention_layers"] == 0 and r["facts"]["mamba_cache_mode"] == "align"
+
+
+def test_one_kv_cache_group_refuses_a_finer_prefix_match_unit_on_033(engine_033):
+    """vLLM 0.32.0+ (``resolve_kv_cache_block_sizes``' single-group branch)
+    refuses a unit it would otherwise ignore; the example that pins it."""
+    with pytest.raises(DeploymentRejected, match="with a single KV cache group, prefix-cache hits land on the block size \\(256\\)"):
+        engine_033.resolve(load_case("examples/rejected-prefix-match-unit-one-group-deployment.json"))
+
+
+CRASH = r"""
+import json
+import vllm.v1.core.kv_cache_utils as ku
+from engine_adapter.driver import get_driver
+from engine_adapter.resolve import raised_in_vllm
+from reference.case import parse_case
+from reference.errors import DeploymentCrashes
+
+case = parse_case(json.loads(%r))
+driver = get_driver()
+release = driver.run(case)
+original = ku.resolve_kv_cache_block_sizes
+
+
+class OneGroupThatIsNot(list):  # planted: claims one group and holds none, so vLLM's groups[0] raises IndexError
+    def __len__(self):
+        return 1
+
+
+def crashing(kv_cache_config, vllm_config):
+    kv_cache_config.kv_cache_groups = OneGroupThatIsNot()
+    return original(kv_cache_config, vllm_config)
+
+
+ku.resolve_kv_cache_block_sizes = crashing
+crashed = driver.run(case)
+try:
+    driver.resolve(case)
+    resolved = "no error"
+except DeploymentCrashes as e:
+    resolved = str(e)
+ku.resolve_kv_cache_block_sizes = lambda *a: [][1]  # planted outside vLLM: kvspec's glue, never vLLM's crash
+try:
+    driver.run(case)
+    glue = "no error"
+except IndexError:
+    glue = "IndexError raised to the harness"
+frames = {"here": raised_in_vllm(IndexError())}
+print(json.dumps({"release": release["hits"], "crashed": crashed.get("error"), "resolved": resolved, "glue": glue, **frames}))
+"""
+
+
+def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not():
+    """vLLM refuses a deployment with ValueError (``assert``,
+    ``NotImplementedError``): rejected, never a finding. Any other exception
+    raised inside vLLM while it builds the KV cache is a crash: the run
+    comes back with ``error`` (phase setup; the ``engine_error`` oracle
+    judges it), and ``resolve`` says ``DeploymentCrashes``. The same
+    exception raised from kvspec's own code goes to the harness."""
+    ensure_env("0.33.0")
+    case = load_case("examples/one-group-mamba2-deployment.json")
+    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", CRASH % json.dumps(case_to_dict(case))], capture_output=True, text=True, timeout=600,
+                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["release"] == [0, 1024, 1024, 0, 1024]
+    err = out["crashed"]
+    assert err["kind"] == "vllm" and err["phase"] == "setup" and err["type"] == "IndexError", err
+    assert "kv_cache_utils.py" in err["traceback"]
+    (div,) = check_engine_error(case, "0.33.0", {"hits": [], "error": err})
+    assert div.oracle == "engine_error" and "IndexError" in div.detail
+    assert out["resolved"].startswith("deployment=") and "vLLM crashes building its KV cache: IndexError" in out["resolved"]
+    assert out["glue"] == "IndexError raised to the harness"
+    assert out["here"] is False  # no traceback: not raised in vLLM
 
 
 @pytest.mark.parametrize(
