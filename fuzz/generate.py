@@ -5,10 +5,13 @@ and ``choice(seq)``), so a Hypothesis example and an atheris input describe
 the same space.
 
 By default a case is a **deployment** (``draw_deployment``): a shipped model
+(six hybrids, two attention-free Mamba models with a ``--block-size`` of
+{default, 64, 256, 1024})
 x tensor parallel {1, 2, 4, 8} x KV-cache dtype {auto, fp8} x speculative
 {off, MTP 1-3, MTP with the block drop} x GPU {h100, a100}, then the flags
 that leave the block size alone: chunk budget, prefix match unit, retention
-(sparse / dense / periodic). The engine resolves it with vLLM's own code
+(sparse / dense / periodic), and, with MTP and a unit below the block, the
+shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``). The engine resolves it with vLLM's own code
 (``resolver``: deployment -> its block, hash block and max_model_len, or
 None when vLLM rejects it), so the trace can be drawn on the real block.
 
@@ -48,9 +51,11 @@ SPECULATIVE = (
 MAX_REQUESTS = 6
 SEGMENT_NAMES = "ABCDEFGH"
 
-#: Shipped models a deployment draws from; those with an MTP layer.
-DEPLOYMENT_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba")
+#: Shipped models a deployment draws from; those with an MTP layer; the
+#: attention-free ones (one KV cache group, a block ``--block-size`` sets).
+DEPLOYMENT_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba", "mamba2", "falcon_mamba")
 MTP_MODELS = ("qwen3_next", "qwen3_5")
+ATTENTION_FREE_MODELS = ("mamba2", "falcon_mamba")
 DEVICES = ("h100", "a100")
 #: The longest prompt a drawn trace may hold (tokens; the engine's cost).
 MAX_DRAWN_PROMPT = 24_000
@@ -165,6 +170,12 @@ def draw_deployment(c: Chooser) -> dict:
     decoding and GPU (the choices that move the block size)."""
     model = c.choice(DEPLOYMENT_MODELS)
     args = ["--enable-prefix-caching", "--tensor-parallel-size", str(c.choice((1, 2, 4, 8))), "--kv-cache-dtype", c.choice(("auto", "fp8"))]
+    if model in ATTENTION_FREE_MODELS:
+        # no attention backend sets the block: vLLM keeps --block-size (16 by
+        # default) as the Mamba block, so a deployment picks its checkpoint spacing
+        size = c.choice((None, 64, 256, 1024))
+        if size is not None:
+            args += ["--block-size", str(size)]
     if model in MTP_MODELS:
         spec = c.choice((None, None, 1, 2, 3, "drop"))
         if spec is not None:
@@ -201,7 +212,8 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
     on its resolved block. A drawn ``--prefix-match-unit`` that does not
-    divide the block is kept only where the resolver (the engine under
+    divide the block (or any unit, with the single KV cache group of an
+    attention-free model) is kept only where the resolver (the engine under
     test) accepts it: a release rejects it, so the flag is dropped there;
     a build that accepts it gets the case (``resolution`` judges it)."""
     dep, info = None, None
@@ -218,10 +230,17 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     unit = None
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
-        if block % unit and not resolver({**dep, "vllm_args": args}):
+        if (block % unit or dep["model"] in ATTENTION_FREE_MODELS) and not resolver({**dep, "vllm_args": args}):
             at = args.index("--prefix-match-unit")
             del args[at:at + 2]
             unit = None
+    if unit is not None and unit < block and "--speculative-config" in args and c.integer(0, 2) == 0:
+        # vLLM 0.32.0+: a Mamba checkpoint at the shared-prefix junction (it
+        # acts only with EAGLE/MTP and a unit below the block); a version
+        # that does not know the flag rejects it, and it is dropped there
+        args.append("--enable-mamba-shared-prefix-checkpoint")
+        if not resolver({**dep, "vllm_args": args}):
+            args.pop()
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _outputs(c, _trace(c, block, boundary_bias, unit, cap))
     raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": trace}
