@@ -290,3 +290,40 @@ def test_kvspec_findings_of_a_missing_folder_exits_2(tmp_path, capsys):
     assert kvspec(["findings", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvspec: DIR=")
+
+
+class _ResolveDouble:
+    """A test double for the engine's resolver only: ``mamba2`` crashes (vLLM
+    raised an IndexError building the KV cache), ``jamba`` is refused,
+    anything else resolves to block 544."""
+
+    version = "0.33.0"
+
+    def resolve(self, case):
+        from reference.errors import DeploymentCrashes, DeploymentRejected
+
+        model = case.deployment.model
+        if model == "mamba2":
+            raise DeploymentCrashes("deployment='mamba2': vLLM crashes building its KV cache: IndexError: list index out of range")
+        if model == "jamba":
+            raise DeploymentRejected("deployment='jamba': vLLM rejects it: ValueError: no")
+        return {"geometry": {"scheduler_block_size": 544, "hash_block_size": 544}, "facts": {"max_model_len": 32768}}
+
+
+def test_a_deployment_vllm_crashes_on_is_drawn_and_one_it_refuses_is_not(tmp_path):
+    """The generator draws on what the engine resolves: a refused deployment
+    is redrawn (never run), a crash is drawn all the same, so its run is the
+    ``engine_error`` finding."""
+    import random
+
+    from fuzz.campaign import CRASH_TRACE_BLOCK
+    from fuzz.generate import RandomChooser, build_deployment_case
+
+    campaign = Campaign(_ResolveDouble(), tmp_path, oracles=("engine_error",))
+    dep = {"model": "mamba2", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"}
+    assert campaign.resolver(dep)["block"] == CRASH_TRACE_BLOCK
+    assert campaign.resolver({**dep, "model": "jamba"}) is None
+    assert campaign.resolver({**dep, "model": "qwen3_next"})["block"] == 544
+    rng = random.Random(5)
+    models = {build_deployment_case(RandomChooser(rng), campaign.resolver).deployment.model for _ in range(200)}
+    assert "mamba2" in models and "jamba" not in models
