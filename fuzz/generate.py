@@ -5,15 +5,16 @@ and ``choice(seq)``), so a Hypothesis example and an atheris input describe
 the same space.
 
 By default a case is a **deployment** (``draw_deployment``): a shipped model
-(six hybrids, two attention-free Mamba models with a ``--block-size`` of
-{default, 64, 256, 1024})
-x tensor parallel {1, 2, 4, 8} x KV-cache dtype {auto, fp8} x speculative
-{off, MTP 1-3, MTP with the block drop} x GPU {h100, a100}, then the flags
-that leave the block size alone: chunk budget, prefix match unit, retention
-(sparse / dense / periodic), and, with MTP and a unit below the block, the
-shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``). The engine resolves it with vLLM's own code
-(``resolver``: deployment -> its block, hash block and max_model_len, or
-None when vLLM rejects it), so the trace can be drawn on the real block.
+(six hybrids; two attention-free Mamba models, with a ``--block-size`` of
+{default, 64, 256, 1024}) x tensor parallel {1, 2, 4, 8} x KV-cache dtype
+{auto, fp8} x speculative {off, MTP 1-3, MTP with the block drop} x GPU
+{h100, a100}, then the flags that leave the block size alone: chunk budget,
+prefix match unit, retention (sparse / dense / periodic), and, with MTP and
+a unit below the block, the shared-prefix checkpoint
+(``--enable-mamba-shared-prefix-checkpoint``). The engine resolves it with
+vLLM's own code (``resolver``: deployment -> its block, hash block and
+max_model_len, or None when vLLM rejects it), so the trace can be drawn on
+the real block.
 
 With ``synthetic=True`` a case is a hand geometry instead (production-like
 and random block sizes): kvspec's choice, labelled synthetic in findings.
