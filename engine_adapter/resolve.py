@@ -23,6 +23,13 @@ the engine environment of the version under test, on this CPU machine:
    ``resolve_kv_cache_block_sizes`` and (0.32+)
    ``resolve_cache_hit_alignment_tokens``.
 
+A model is a hybrid (attention and Mamba groups) or attention-free (one
+Mamba group: vLLM's single-group branch of ``resolve_kv_cache_block_sizes``
+and its unitary coordinator). vLLM refusing a deployment (its ``ValueError``,
+``assert`` or ``NotImplementedError``) is ``DeploymentRejected``; any other
+exception raised inside vLLM while it builds the KV cache is a crash,
+``VllmFailure`` (the run's error, judged by ``engine_error``).
+
 The answers kvspec gives to vLLM's hardware questions (``engine_adapter.platform``)
 and the attention backend it aligns with are reported as ``assumptions``.
 Only ``engine_adapter`` imports vLLM; this module observes, it does not judge.
@@ -40,10 +47,10 @@ from typing import Any
 
 from engine_adapter import platform as kplatform
 from kvspec.home import models_dir
+from engine_adapter.failure import VllmFailure
 from engine_adapter.models import SHIPPED, load_config
 from reference.case import write_text_atomic
 from reference.deployment import Deployment
-from engine_adapter.failure import VllmFailure
 from reference.errors import DeploymentRejected as VllmRejected
 from reference.errors import InvalidArgument, KvspecError, Unsupported
 

@@ -21,7 +21,8 @@ and random block sizes): kvspec's choice, labelled synthetic in findings.
 
 Traces are identical resends, longer siblings, siblings diverging at any
 point, interleaved conversations, short prompts and block-aligned prompts
-(nB-1, nB, nB+1, and the same around hash-unit boundaries); each request
+(nB-1, nB, nB+1, nB+r with 2 <= r <= n, and the same around hash-unit
+boundaries); each request
 generates 1, 2 or 4 tokens.
 
 What comes out is a semantic case (``reference.case.Case``), never bytes.
@@ -93,7 +94,8 @@ def _geometry(c: Chooser) -> dict:
 
 
 def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> int:
-    """A prompt length, biased to block boundaries (kB-1, kB, kB+1) and, with
+    """A prompt length, biased to block boundaries (kB-1, kB, kB+1, and kB+r
+    with a short remainder 2 <= r <= k) and, with
     a smaller hash ``unit``, to its boundaries too, unless ``bias`` is off
     (plain uniform lengths, for comparison); at most ``cap``."""
     top = 8 * block + block // 2 if cap is None else max(1, min(8 * block + block // 2, cap))
@@ -103,7 +105,13 @@ def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, 
             base = k * block + unit * c.integer(1, block // unit - 1) if block // unit > 1 else k * block
         else:
             base = k * block
-        return max(1, min(base + c.integer(-1, 1), top))
+        off = c.integer(-1, 2)
+        if off == 2:
+            # a short remainder, 2 <= N mod B <= N // B: where N % B and
+            # N // B are confused in block arithmetic (replay_boundaries'
+            # extension), a boundary lands inside the prompt
+            off = c.integer(2, k) if k >= 2 else 1
+        return max(1, min(base + off, top))
     return c.integer(1, top)
 
 

@@ -622,3 +622,61 @@ def test_the_stale_oracle_flags_a_state_held_where_the_request_wrote_none():
     # the fixed build stops the chunk at 1008, so the state there is written
     fixed = [ex([992, 1008], [992]), ex([1008, 1152, 1153], [992, 1008, 1152]), ex([1009], [992, 1008])]
     assert check_stale(case, "0.33.0", {"hits": [0, 992, 1008], "explain": fixed}) == []
+
+
+def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_accepts():
+    """The generator draws the attention-free models with a --block-size of
+    {default, 64, 256, 1024} and keeps a --prefix-match-unit on them only
+    where the resolver accepts it (one KV cache group refuses any unit but
+    the block on 0.32.0+); --enable-mamba-shared-prefix-checkpoint comes
+    only with MTP and a unit below the block, and is dropped where the
+    resolver refuses it. (The resolver is a test double: the block a
+    deployment sets, 544 for a hybrid; it refuses any unit on an
+    attention-free model and the shared-prefix flag everywhere.)"""
+    from fuzz.generate import ATTENTION_FREE_MODELS, MTP_MODELS, RandomChooser, build_deployment_case
+
+    asked = []
+
+    def resolver(dep: dict) -> dict | None:
+        args = dep["vllm_args"]
+        asked.append(list(args))
+        if "--enable-mamba-shared-prefix-checkpoint" in args:
+            return None
+        if dep["model"] in ATTENTION_FREE_MODELS:
+            if "--prefix-match-unit" in args:
+                return None
+            block = int(args[args.index("--block-size") + 1]) if "--block-size" in args else 16
+            return {"block": block, "hash": block, "max_model_len": 2048}
+        return {"block": 544, "hash": 544, "max_model_len": 32768}
+
+    rng = random.Random(11)
+    sizes, free, units_kept = set(), 0, 0
+    for _ in range(600):
+        case = build_deployment_case(RandomChooser(rng), resolver)
+        args = case.deployment.vllm_args
+        assert "--enable-mamba-shared-prefix-checkpoint" not in args
+        if case.deployment.model in ATTENTION_FREE_MODELS:
+            free += 1
+            sizes.add(args[args.index("--block-size") + 1] if "--block-size" in args else None)
+            assert "--prefix-match-unit" not in args
+            assert max(r.num_prompt_tokens for r in case.trace) <= 2048 - 64
+        elif "--prefix-match-unit" in args:
+            units_kept += 1
+    flags_asked = sum(1 for a in asked if "--enable-mamba-shared-prefix-checkpoint" in a)
+    assert free > 60 and sizes == {None, "64", "256", "1024"}
+    assert units_kept > 0 and flags_asked > 0
+    assert all("--speculative-config" in a and "--prefix-match-unit" in a for a in asked if "--enable-mamba-shared-prefix-checkpoint" in a)
+    assert not any(m in ATTENTION_FREE_MODELS for m in MTP_MODELS)
+
+
+def test_lengths_include_a_short_remainder_past_a_block_multiple():
+    """Biased lengths are kB-1, kB, kB+1 and kB+r with 2 <= r <= k, where
+    N % B and N // B meet in replay_boundaries' arithmetic."""
+    from fuzz.generate import RandomChooser, _length
+
+    rng = random.Random(5)
+    block = 144
+    seen = {_length(RandomChooser(rng), block) for _ in range(3000)}
+    short = {n for n in seen if 2 <= n % block <= n // block}
+    assert short and all(n % block <= 8 for n in short)
+    assert {block - 1, block, block + 1} <= seen
