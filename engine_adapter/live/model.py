@@ -12,7 +12,9 @@ gives the same greedy tokens when its state is right).
 
 A second tiny model, ``MAMBA2_MODEL_NAME`` (Falcon-H1: Mamba-2 mixers, which
 export internal prefill checkpoints on the CPU since vLLM 0.32.0), is
-written on demand for the stale-state check of docs/live.md.
+written on demand for the stale-state check of docs/live.md; a third,
+``ATTENTION_FREE_MODEL_NAME`` (Mamba-2 layers only: one KV cache group), for
+its longer-sibling check on one group.
 """
 
 from __future__ import annotations
@@ -111,12 +113,48 @@ TINY_MAMBA2_CONFIG: dict = {
     "pad_token_id": None,
 }
 
-TINY_MODELS: dict[str, dict] = {MODEL_NAME: TINY_CONFIG, MAMBA2_MODEL_NAME: TINY_MAMBA2_CONFIG}
+#: A tiny attention-free Mamba-2 model (``Mamba2ForCausalLM``: one KV cache
+#: group), for docs/live.md's longer sibling on one group. Served with
+#: ``--max-num-batched-tokens`` equal to ``--block-size``, no internal prefill
+#: checkpoint falls strictly inside a chunk, so the CPU SSD scan's missing
+#: intermediate states (the Falcon-H1 note above) never come up.
+ATTENTION_FREE_MODEL_NAME = "kvspec-tiny-mamba2"
+
+TINY_ATTENTION_FREE_CONFIG: dict = {
+    "architectures": ["Mamba2ForCausalLM"],
+    "model_type": "mamba2",
+    "dtype": "bfloat16",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "state_size": 16,
+    "conv_kernel": 4,
+    "expand": 2,
+    "num_heads": 8,
+    "head_dim": 16,
+    "n_groups": 1,
+    "chunk_size": 64,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-5,
+    "rms_norm": True,
+    "norm_before_gate": False,
+    "residual_in_fp32": True,
+    "time_step_limit": [0.0, 1e9],
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+TINY_MODELS: dict[str, dict] = {MODEL_NAME: TINY_CONFIG, MAMBA2_MODEL_NAME: TINY_MAMBA2_CONFIG, ATTENTION_FREE_MODEL_NAME: TINY_ATTENTION_FREE_CONFIG}
 
 
 def tiny_model_dir(name: str = MODEL_NAME) -> Path:
     """Write (if missing or different) and return a tiny model's directory
-    (``MODEL_NAME``, the live tier's; or ``MAMBA2_MODEL_NAME``)."""
+    (``MODEL_NAME``, the live tier's; ``MAMBA2_MODEL_NAME`` or
+    ``ATTENTION_FREE_MODEL_NAME``)."""
     if name not in TINY_MODELS:
         raise ValueError(f"tiny model {name!r}: allowed: {', '.join(TINY_MODELS)}")
     root = models_dir() / name

@@ -76,7 +76,8 @@ def test_warm_and_cold_observe_the_same(warm_033, cases, cold):
     warm_results = {i: observe(warm_033, cases[i]) for i in order}
     for i, case in enumerate(cases):
         got = warm_results[i]
-        assert "rejected" in got or got["harness"] == {"platform": "cuda", "mode": "worker", "warm": True}
+        platform = case.deployment.platform if case.deployment is not None else "cuda"  # a cpu deployment runs on the cpu platform's warm server
+        assert "rejected" in got or got["harness"] == {"platform": platform, "mode": "worker", "warm": True}
         assert comparable(got) == cold[i], f"case {i} ({case.name}): {json.dumps(case_to_dict(case))[:300]}"
 
 
@@ -109,7 +110,7 @@ def kvspec(*argv, env=None):
 
 
 def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
-    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0"]
+    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda"]  # the cpu example has one of its own
     seed = str(REPO_ROOT / "examples" / "seed-53504.json")
     deployment = str(REPO_ROOT / "examples" / "seed-53504-deployment.json")
     run = kvspec("run", seed, "--engine", "vllm==0.33.0")
@@ -119,7 +120,7 @@ def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
     assert kvspec("replay", seed, "--engine", "vllm==0.33.0").returncode in (0, 1)
     chart = tmp_path / "m.png"
     assert kvspec("matrix", seed, "--engine", "vllm==0.33.0", "--chart", str(chart)).returncode == 0 and chart.exists()
-    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0"]
+    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda"]
     assert after["pid"] == server["pid"]  # every command used the same warm engine
     cold_run = kvspec("run", seed, "--engine", "vllm==0.33.0", env={**os.environ, "KVSPEC_WARM": "0"})
     assert cold_run.returncode == 0 and json.loads(cold_run.stdout)["harness"] == {"platform": "cuda", "mode": "worker"}
