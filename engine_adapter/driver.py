@@ -73,7 +73,7 @@ _platform.install()
 
 import vllm  # noqa: E402
 
-from engine_adapter.failure import VllmFailure  # noqa: E402
+from engine_adapter.failure import VllmFailure, vllm_outcome  # noqa: E402
 from engine_adapter.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
 from engine_adapter.steploop import serve  # noqa: E402
@@ -144,7 +144,7 @@ class VllmDriver:
         except VllmFailure as f:  # a crash has no geometry; to a resolve caller it is a deployment vLLM cannot build
             from reference.errors import DeploymentCrashes
 
-            raise DeploymentCrashes(f"deployment={case.deployment.describe()!r}: vLLM crashes building its KV cache: {f}") from None
+            raise DeploymentCrashes(f"deployment={case.deployment.describe()!r}: vLLM crashes resolving it ({f.phase}): {f}") from None
 
     def run(self, case_or_dict: Case | dict, options: dict | None = None) -> dict:
         """Run a case. Returns the result dict; vLLM exceptions come back as
@@ -188,7 +188,9 @@ class VllmDriver:
             table = BlockTable(s, built["mamba_group_ids"])
             if options.get("retained", True):
                 scan = RetainedScan(s, built)
-        except Exception as e:
+        except Exception as e:  # kvspec's observers reading vLLM's managers
+            if vllm_outcome(e, "run") is None:
+                raise
             raise VllmFailure("setup", e) from None
         writer = checkpoint_writer(built)  # kvspec's own code: an error here is the harness's
         for i, creq in enumerate(case.trace):

@@ -25,10 +25,11 @@ the engine environment of the version under test, on this CPU machine:
 
 A model is a hybrid (attention and Mamba groups) or attention-free (one
 Mamba group: vLLM's single-group branch of ``resolve_kv_cache_block_sizes``
-and its unitary coordinator). vLLM refusing a deployment (its ``ValueError``,
-``assert`` or ``NotImplementedError``) is ``DeploymentRejected``; any other
-exception raised inside vLLM while it builds the KV cache is a crash,
-``VllmFailure`` (the run's error, judged by ``engine_error``).
+and its unitary coordinator). Whether an exception is vLLM refusing the
+deployment (``DeploymentRejected``), vLLM crashing (``VllmFailure``, the
+run's error, judged by ``engine_error``) or kvspec's own failure (re-raised
+to the harness) is ``engine_adapter.failure.vllm_outcome``'s rule, the same
+in every step here and when the scheduler starts.
 
 The answers kvspec gives to vLLM's hardware questions (``engine_adapter.platform``)
 and the attention backend it aligns with are reported as ``assumptions``.
@@ -43,11 +44,11 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from engine_adapter import platform as kplatform
 from kvspec.home import models_dir
-from engine_adapter.failure import VllmFailure
+from engine_adapter.failure import VllmFailure, vllm_outcome
 from engine_adapter.models import SHIPPED, load_config
 from reference.case import write_text_atomic
 from reference.deployment import Deployment
@@ -80,10 +81,6 @@ ALIGNMENT_BACKEND = "FLASH_ATTN"
 #: Bytes of KV cache kvspec lets vLLM plan with: enough that nothing is ever
 #: evicted in a serial trace (checked per case), small enough for the block pool.
 MAX_BLOCKS = 200_000
-#: What vLLM raises to refuse a configuration while building its KV cache
-#: (its checks: ``raise ValueError``, ``assert``, ``NotImplementedError``);
-#: any other exception there is a crash, judged as ``engine_error``.
-REFUSALS = (ValueError, AssertionError, NotImplementedError)
 RESOLVER_VERSION = 1
 
 
@@ -98,25 +95,6 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def raised_in_vllm(e: BaseException) -> bool:
-    """Was ``e`` raised by vLLM's own code (the innermost frame is in the
-    ``vllm`` package), not by kvspec's stand-ins around it?"""
-    tb = e.__traceback__
-    last = None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    if last is None:
-        return False
-    import vllm
-
-    root = Path(vllm.__file__).resolve().parent
-    try:
-        Path(last.tb_frame.f_code.co_filename).resolve().relative_to(root)
-    except ValueError:
-        return False
-    return True
 
 
 def vllm_message(e: BaseException) -> str:
@@ -224,14 +202,26 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
         reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
         raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {_one_line(reason, 300)}") from None
     except Exception as e:
-        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {vllm_message(e)}") from None
+        _raise_outcome(e, "config", f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser", phase="config")
     try:
         args = EngineArgs.from_cli_args(ns)
         return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except KvspecError:
         raise
     except Exception as e:
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it: {vllm_message(e)}") from None
+        _raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM rejects it", phase="config")
+
+
+def _raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
+    """Raise what ``e`` is (``engine_adapter.failure.vllm_outcome``): vLLM
+    refusing (``VllmRejected``, ``refused: <vLLM's words>``), vLLM crashing
+    (``VllmFailure`` of ``phase``), or kvspec's own error (``e`` itself)."""
+    outcome = vllm_outcome(e, where)
+    if outcome == "refused":
+        raise VllmRejected(f"{refused}: {vllm_message(e)}") from None
+    if outcome == "crashed":
+        raise VllmFailure(phase, e) from None
+    raise e
 
 
 def layer_kinds(vc) -> list[str]:
@@ -396,7 +386,7 @@ def _kv_cache_configs(vc, specs: dict, memory: int):
 def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     """What vLLM builds for ``dep`` (enough KV cache for ``num_blocks`` blocks
     per group). Raises VllmRejected / Unsupported / InvalidArgument, one line;
-    VllmFailure where vLLM crashes (not refuses) building the KV cache."""
+    VllmFailure where vLLM crashes (not refuses) resolving it."""
     import vllm
 
     version = _version_tuple(vllm.__version__)
@@ -432,12 +422,8 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         sbs, hbs, alignment = engine_core_block_sizes(vc, kcfg, also=cfgs)
     except KvspecError:
         raise
-    except REFUSALS as e:
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM fails to build its KV cache: {vllm_message(e)}") from None
     except Exception as e:
-        if not raised_in_vllm(e):  # kvspec's stand-ins or glue: the harness's error, never vLLM's
-            raise
-        raise VllmFailure("setup", e) from None  # IndexError, KeyError, ...: vLLM crashed, it did not refuse
+        _raise_outcome(e, "kv_cache", f"deployment={dep.describe()!r}: vLLM fails to build its KV cache")
     facts.update({
         "block_size": int(cc.block_size),
         "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
@@ -492,7 +478,7 @@ def _engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[s
     except KvspecError:
         raise
     except Exception as e:
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step: {type(e).__name__}: {_one_line(e)}") from None
+        _raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step", phase="config")
     after = int(cc.block_size)
     facts["chunk_split_block_size"] = after
     if after != before:

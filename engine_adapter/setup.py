@@ -13,7 +13,9 @@ Two ways in:
   is labelled with whether a deployment reaches it (``reachability``).
 
 Both end in :func:`start_scheduler`, as ``EngineCore.__init__`` does. vLLM
-raising here is a :class:`VllmFailure` (phase ``config`` / ``setup``).
+raising here is a :class:`VllmFailure` (phase ``config`` / ``setup``), or a
+refusal when the scheduler of a deployment starts; kvspec's own exceptions
+go to the harness (``engine_adapter.failure.vllm_outcome``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.structured_output import StructuredOutputManager
 
-from engine_adapter.failure import VllmFailure
+from engine_adapter.failure import VllmFailure, vllm_outcome
 from kvspec.home import models_dir
 from reference.case import Case, write_text_if_changed
 from reference.errors import DeploymentRejected, KvspecError, Unsupported
@@ -162,9 +164,12 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
         scheduler, hasher = start_scheduler(caps, vc, res.kv_cache_config, res.scheduler_block_size, res.hash_block_size)
     except KvspecError:
         raise
-    except ValueError as e:  # a setting vLLM validates when its engine starts (the retention interval against the resolved block): `vllm serve` would refuse it
-        raise DeploymentRejected(f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts: {R.vllm_message(e)}") from None
-    except Exception as e:
+    except Exception as e:  # a ValueError: a setting vLLM validates when its engine starts (the retention interval against the resolved block)
+        outcome = vllm_outcome(e, "scheduler")
+        if outcome is None:
+            raise
+        if outcome == "refused":
+            raise DeploymentRejected(f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts: {R.vllm_message(e)}") from None
         raise VllmFailure("setup", e) from None
     groups = list(res.kv_cache_config.kv_cache_groups)
     mamba_group_ids = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
@@ -337,6 +342,8 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     except KvspecError:
         raise
     except Exception as e:
+        if vllm_outcome(e, "hand") is None:
+            raise
         raise VllmFailure("config", e) from None
 
     # -- the KV cache groups, as the GPU model runner reports them for this geometry
@@ -391,6 +398,8 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     except KvspecError:
         raise
     except Exception as e:
+        if vllm_outcome(e, "hand") is None:
+            raise
         raise VllmFailure("setup", e) from None
     return {
         "vllm_config": vllm_config,

@@ -15,7 +15,8 @@ prefill end (a resumed request replays its outputs as prefill). The
 step's ``prefix_cache_stats`` are summed (vLLM resets them every step):
 that is what ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` grow
 by. A request that makes no progress is a vLLM failure (``EngineStall``),
-bounded in steps.
+bounded in steps; an exception vLLM raises is one too, and one from
+kvspec's own code goes to the harness (``engine_adapter.failure``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 
-from engine_adapter.failure import VllmFailure
+from engine_adapter.failure import VllmFailure, vllm_outcome
 from engine_adapter.observe import SAMPLED_TOKEN
 
 #: Idle steps (nothing scheduled) before a request counts as stalled.
@@ -75,6 +76,8 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
         req = VllmRequest(request_id=rid, prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None, block_hasher=hasher)
         scheduler.add_request(req)
     except Exception as e:
+        if vllm_outcome(e, "run") is None:
+            raise
         raise VllmFailure("add_request", e, request=index) from None
     out = Served(req)
     chunk_ends = out.chunk_ends
@@ -117,7 +120,9 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
             outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
             if drafting and rid in scheduled and not req.is_finished():
                 propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
-        except Exception as e:
+        except Exception as e:  # kvspec's own (``watch``, the stand-in outputs) goes to the harness
+            if vllm_outcome(e, "run") is None:
+                raise
             raise VllmFailure("step", e, request=index) from None
         steps += 1
         if outputs:

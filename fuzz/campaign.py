@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from reference.case import Case
-from reference.errors import DeploymentCrashes, DeploymentRejected, KvspecError, Unsupported
+from reference.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
@@ -166,7 +166,8 @@ class Campaign:
         """What the engine under test resolves a drawn deployment to: its
         block, hash block, max_model_len and default max_num_seqs (for the
         generator to draw a trace on), or None when vLLM rejects it or the
-        model cannot judge it. Cached per deployment."""
+        model cannot judge it; None and a harness error when kvspec failed
+        to resolve it. Cached per deployment."""
         import json
 
         from reference.case import parse_case
@@ -182,6 +183,9 @@ class Campaign:
             info = {"block": g["scheduler_block_size"], "hash": g["hash_block_size"], "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}
+        except EngineError as e:  # kvspec failed to resolve it (a broken engine environment, an adapter bug): counted, never silent
+            self._harness_error(probe, str(e))
+            info = None
         except KvspecError:
             info = None
         self._resolved[key] = info

@@ -133,7 +133,8 @@ CRASH = r"""
 import json
 import vllm.v1.core.kv_cache_utils as ku
 from engine_adapter.driver import get_driver
-from engine_adapter.resolve import raised_in_vllm
+import engine_adapter.observe as observe
+from engine_adapter.failure import raised_by_vllm
 from reference.case import parse_case
 from reference.errors import DeploymentCrashes
 
@@ -166,8 +167,20 @@ try:
     glue = "no error"
 except IndexError:
     glue = "IndexError raised to the harness"
-frames = {"here": raised_in_vllm(IndexError())}
-print(json.dumps({"release": release["hits"], "crashed": crashed.get("error"), "resolved": resolved, "glue": glue, **frames}))
+ku.resolve_kv_cache_block_sizes = original
+
+
+def observer_fails(self, request_id, start):  # planted in kvspec's block-table observer, called at every step
+    raise KeyError(request_id)
+
+
+observe.BlockTable.__call__ = observer_fails
+try:
+    observed = driver.run(case).get("error") or "no error"
+except KeyError:
+    observed = "KeyError raised to the harness"
+frames = {"here": raised_by_vllm(IndexError())}
+print(json.dumps({"release": release["hits"], "crashed": crashed.get("error"), "resolved": resolved, "glue": glue, "observer": observed, **frames}))
 """
 
 
@@ -177,7 +190,8 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     raised inside vLLM while it builds the KV cache is a crash: the run
     comes back with ``error`` (phase setup; the ``engine_error`` oracle
     judges it), and ``resolve`` says ``DeploymentCrashes``. The same
-    exception raised from kvspec's own code goes to the harness."""
+    exception raised from kvspec's own code goes to the harness, at start-up
+    and at a step (``engine_adapter.failure.vllm_outcome``)."""
     ensure_env("0.33.0")
     case = load_case("examples/one-group-mamba2-deployment.json")
     proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", CRASH % json.dumps(case_to_dict(case))], capture_output=True, text=True, timeout=600,
@@ -190,8 +204,9 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     assert "kv_cache_utils.py" in err["traceback"]
     (div,) = check_engine_error(case, "0.33.0", {"hits": [], "error": err})
     assert div.oracle == "engine_error" and "IndexError" in div.detail
-    assert out["resolved"].startswith("deployment=") and "vLLM crashes building its KV cache: IndexError" in out["resolved"]
+    assert out["resolved"].startswith("deployment=") and "vLLM crashes resolving it (setup): IndexError" in out["resolved"]
     assert out["glue"] == "IndexError raised to the harness"
+    assert out["observer"] == "KeyError raised to the harness"  # a step's own observer: never vLLM's EngineStall or step error
     assert out["here"] is False  # no traceback: not raised in vLLM
 
 

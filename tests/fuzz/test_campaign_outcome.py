@@ -295,7 +295,8 @@ def test_kvspec_findings_of_a_missing_folder_exits_2(tmp_path, capsys):
 class _ResolveDouble:
     """A test double for the engine's resolver only: ``mamba2`` crashes (vLLM
     raised an IndexError building the KV cache), ``jamba`` is refused,
-    anything else resolves to block 544."""
+    ``bamba`` fails in kvspec's worker (a model class its environment cannot
+    import), anything else resolves to block 544."""
 
     version = "0.33.0"
 
@@ -307,6 +308,10 @@ class _ResolveDouble:
             raise DeploymentCrashes("deployment='mamba2': vLLM crashes building its KV cache: IndexError: list index out of range")
         if model == "jamba":
             raise DeploymentRejected("deployment='jamba': vLLM rejects it: ValueError: no")
+        if model == "bamba":
+            from reference.errors import EngineError
+
+            raise EngineError("engine='vllm==0.33.0': resolve failed (internal): ValidationError: Model architectures ['BambaForCausalLM'] failed to be inspected")
         return {"geometry": {"scheduler_block_size": 544, "hash_block_size": 544}, "facts": {"max_model_len": 32768}}
 
 
@@ -327,3 +332,16 @@ def test_a_deployment_vllm_crashes_on_is_drawn_and_one_it_refuses_is_not(tmp_pat
     rng = random.Random(5)
     models = {build_deployment_case(RandomChooser(rng), campaign.resolver).deployment.model for _ in range(200)}
     assert "mamba2" in models and "jamba" not in models
+
+
+def test_a_deployment_kvspec_fails_to_resolve_is_a_harness_error_not_a_refusal(tmp_path):
+    """kvspec failing to resolve a deployment (``EngineError``: here a model
+    class its engine environment cannot import) is not drawn and is counted
+    and stored as a harness error, never taken silently for vLLM's refusal."""
+    campaign = Campaign(_ResolveDouble(), tmp_path, oracles=("engine_error",))
+    dep = {"model": "bamba", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"}
+    assert campaign.resolver(dep) is None
+    assert campaign.stats.harness_errors == 1
+    (stored,) = (tmp_path / "harness-errors").glob("*.json")
+    assert "failed to be inspected" in stored.read_text()
+    assert campaign.resolver({**dep, "model": "jamba"}) is None and campaign.stats.harness_errors == 1
