@@ -130,7 +130,8 @@ def markdown(s: dict) -> str:
     if not s["survivors"]:
         lines.append("none")
     for r in s["survivors"]:
-        lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`{' (out of scope)' if r['out_of_scope'] else ''}")
+        why = f" (out of scope: {(r['reason'] or 'no argument recorded')[:300]})" if r["out_of_scope"] else ""
+        lines.append(f"- `{r['id']}` {r['function']} line {r['line']} ({r['operator']}): `{r['before']}` -> `{r['after']}`{why}")
     apart = [r for r in s["rows"] if r["class"] in ("crash", "harness", "equivalent")]
     if apart:
         lines += ["", "## Counted apart", ""]

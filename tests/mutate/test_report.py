@@ -92,6 +92,17 @@ def test_an_out_of_scope_mutant_stays_scored_and_a_second_score_leaves_it_out():
     assert "within kvspec's scope" in report.markdown(s)
 
 
+def test_a_survivor_reviewed_out_of_scope_says_why_among_the_candidates_for_a_new_oracle():
+    rows = [{"id": "o-1", "status": "ran", "file": "f", "function": "g", "kvspec": {"killed": False}, "vllm_tests": {"killed": False}},
+            {"id": "n-1", "status": "ran", "file": "f", "function": "g", "kvspec": {"killed": False}, "vllm_tests": {"killed": False}}]
+    s = report.summarize(rows, equivalent={"o-1": {"id": "o-1", "kind": "out of scope", "argument": "only DeepSeek-V4's compressed specs reach it"}})
+    survivors = report.markdown(s).split("## Survivors")[1].split("##")[0].strip().splitlines()
+    (o1,) = [x for x in survivors if "`o-1`" in x]
+    (n1,) = [x for x in survivors if "`n-1`" in x]
+    assert o1.endswith("(out of scope: only DeepSeek-V4's compressed specs reach it)")
+    assert "out of scope" not in n1
+
+
 def test_vllm_tests_verdicts_are_reused_only_for_the_same_build(tmp_path):
     """--vllm-tests-from: an earlier run's verdict is taken where it judged
     the same mutant diff in the same base (the same engine name), and the
