@@ -111,6 +111,21 @@ def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]
     return sys.executable, False
 
 
+def target_env(engine: str, in_process: bool) -> dict[str, str]:
+    """The fuzz target's environment. In-process the target is an engine
+    process, with the settings every engine worker gets
+    (``environments.worker_env``: the platform, and the torchvision stub
+    without which vLLM cannot import Qwen3.5's model class and every
+    Qwen3.5 deployment would fail to resolve); else kvspec's own."""
+    from engine_adapter import environments
+    from engine_adapter.versions import parse_engine
+    from kvspec.home import contained_env
+
+    env = environments.worker_env(parse_engine(engine)) if in_process else contained_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    return env
+
+
 def argv_with_deadline(argv: list[str], seconds_left: float | None) -> list[str]:
     """libFuzzer counts ``-max_total_time`` from its own start, after the
     engine was set up; the campaign's deadline counts from the runner's. So
@@ -197,8 +212,6 @@ def run_atheris(
     ``max_time`` from now), start-up included; return a summary dict. With
     ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
     progress line is passed to it every ``progress_every`` seconds."""
-    from kvspec.home import contained_env
-
     started = time.monotonic()
     deadline = started + max_time if deadline is None else deadline
     origin = deadline - max_time  # the caller's start: progress counts from there
@@ -206,9 +219,8 @@ def run_atheris(
     python, in_process = worker_python(engine, timeout=max(1.0, stop_at - time.monotonic()))
     corpus.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    env = contained_env()
+    env = target_env(engine, in_process)
     env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
     env["KVSPEC_FUZZ_ENGINE"] = engine
     env["KVSPEC_FUZZ_OUT"] = str(out)
     env["KVSPEC_FUZZ_SEED"] = str(seed)

@@ -116,3 +116,40 @@ def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     assert sum(line.startswith("kvspec fuzz: ") and " execs " in line for line in err) >= RESUME_S // 10 - 2
     # The summary triages every finding in --out into classes.
     assert sum(c["count"] for c in summary["classes"]) == len(list(out.glob("*.json")))
+
+
+RESOLVE_QWEN35 = r"""
+import json
+from engine_adapter.driver import get_driver
+from reference.case import parse_case
+from reference.errors import KvspecError
+
+case = parse_case({"schema": 1, "deployment": {"model": "qwen3_5", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"},
+                   "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+try:
+    print(json.dumps({"block": get_driver().resolve(case)["geometry"]["scheduler_block_size"]}))
+except (KvspecError, ValueError) as e:  # the harness's error or vLLM's refusal: either way, not resolved
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+"""
+
+
+def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
+    """The atheris target runs in the engine environment with what every
+    engine worker gets (``fuzz.atheris_runner.target_env``). Without the
+    torchvision stub vLLM cannot import Qwen3.5's model class: every Qwen3.5
+    deployment failed to resolve, which kvspec had taken for vLLM's refusal,
+    so the in-process campaigns never ran one."""
+    from engine_adapter import environments
+    from fuzz.atheris_runner import target_env
+    from kvspec.home import contained_env
+
+    ensure_env("0.33.0")
+
+    def resolve_with(env: dict) -> dict:
+        proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", RESOLVE_QWEN35], env=env, cwd=str(environments.REPO_ROOT), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert resolve_with(target_env("vllm==0.33.0", in_process=True))["block"] > 0
+    bare = {**contained_env(), "PYTHONPATH": str(environments.REPO_ROOT)}  # what the target had before
+    assert "failed to be inspected" in resolve_with(bare).get("error", "")
