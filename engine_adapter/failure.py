@@ -39,10 +39,11 @@ import traceback
 from pathlib import Path
 from typing import Literal
 
+from kvspec.home import REPO_ROOT
+
 _TRACEBACK_LIMIT = 20000
 #: kvspec's own packages (a frame there is kvspec's code, not vLLM's).
 KVSPEC_PACKAGES = ("engine_adapter", "reference", "fuzz", "kvspec", "mutate", "spec", "advise")
-_REPO = Path(__file__).resolve().parents[1]
 _VALIDATION = (ValueError, AssertionError, NotImplementedError)
 #: vLLM's words (``ModelRegistry._raise_for_unsupported``, 0.29.0-0.33.0)
 #: when a model class it supports could not be imported: in kvspec, a
@@ -106,7 +107,7 @@ def raised_by_vllm(e: BaseException, vllm_root: Path | None = None) -> bool:
 
         vllm_root = Path(vllm.__file__).resolve().parent
     vllm_root = vllm_root.resolve()
-    ours = [_REPO / p for p in KVSPEC_PACKAGES]
+    ours = [REPO_ROOT / p for p in KVSPEC_PACKAGES]
     last_vllm = last_ours = -1
     for i, f in enumerate(_frame_files(e)):
         if _under(f, vllm_root):

@@ -202,17 +202,17 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
         reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
         raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {_one_line(reason, 300)}") from None
     except Exception as e:
-        _raise_outcome(e, "config", f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser", phase="config")
+        raise_outcome(e, "config", f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser", phase="config")
     try:
         args = EngineArgs.from_cli_args(ns)
         return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except KvspecError:
         raise
     except Exception as e:
-        _raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM rejects it", phase="config")
+        raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM rejects it", phase="config")
 
 
-def _raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
+def raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
     """Raise what ``e`` is (``engine_adapter.failure.vllm_outcome``): vLLM
     refusing (``VllmRejected``, ``refused: <vLLM's words>``), vLLM crashing
     (``VllmFailure`` of ``phase``), or kvspec's own error (``e`` itself)."""
@@ -423,7 +423,7 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
     except KvspecError:
         raise
     except Exception as e:
-        _raise_outcome(e, "kv_cache", f"deployment={dep.describe()!r}: vLLM fails to build its KV cache")
+        raise_outcome(e, "kv_cache", f"deployment={dep.describe()!r}: vLLM fails to build its KV cache")
     facts.update({
         "block_size": int(cc.block_size),
         "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
@@ -478,7 +478,7 @@ def _engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[s
     except KvspecError:
         raise
     except Exception as e:
-        _raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step", phase="config")
+        raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step", phase="config")
     after = int(cc.block_size)
     facts["chunk_split_block_size"] = after
     if after != before:

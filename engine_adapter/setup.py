@@ -53,7 +53,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from engine_adapter.failure import VllmFailure, vllm_outcome
 from kvspec.home import models_dir
 from reference.case import Case, write_text_if_changed
-from reference.errors import DeploymentRejected, KvspecError, Unsupported
+from reference.errors import KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
 MAX_POSITION_EMBEDDINGS = 1 << 20
@@ -165,12 +165,7 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     except KvspecError:
         raise
     except Exception as e:  # a ValueError: a setting vLLM validates when its engine starts (the retention interval against the resolved block)
-        outcome = vllm_outcome(e, "scheduler")
-        if outcome is None:
-            raise
-        if outcome == "refused":
-            raise DeploymentRejected(f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts: {R.vllm_message(e)}") from None
-        raise VllmFailure("setup", e) from None
+        R.raise_outcome(e, "scheduler", f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts")
     groups = list(res.kv_cache_config.kv_cache_groups)
     mamba_group_ids = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
     return {
