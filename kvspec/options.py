@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from pathlib import Path
 
-from reference.errors import invalid
+from reference.errors import KvspecError, invalid
 
 #: The longest duration any option takes (one day).
 MAX_SECONDS = 86400.0
@@ -27,19 +28,36 @@ def seconds(flag: str, value: float, *, zero_ok: bool = False, maximum: float = 
     return float(value)
 
 
-def whole(flag: str, value: int | None, *, minimum: int, maximum: int, none_ok: bool = False) -> int | None:
-    """An integer option in [minimum, maximum] (None allowed when ``none_ok``)."""
+def whole(flag: str, value: int | None, *, minimum: int, maximum: int, none_ok: bool = False, why: str = "") -> int | None:
+    """An integer option in [minimum, maximum] (None allowed when ``none_ok``);
+    ``why`` says where the bound comes from (e.g. "this machine's cores")."""
     if value is None and none_ok:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
-        raise invalid(flag, value, f"must be an integer in [{minimum}, {maximum}]")
+        raise invalid(flag, value, f"must be an integer in [{minimum}, {maximum}]" + (f" ({why})" if why else ""))
     return value
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity, else the
+    machine's count), at least 1: the bound of parallel workers."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def output_dir(flag: str, path: str | os.PathLike) -> Path:
     """A folder kvspec may create or write into: an existing folder, or a
-    path whose nearest existing ancestor is a writable folder. Nothing is
-    created here."""
+    path whose nearest existing ancestor is a folder; either one must take a
+    file. Writable is tried, not asked: ``os.access`` says yes to root for a
+    read-only folder, and a folder like ``/proc/self`` is no place for
+    files, so a temporary file is created and removed in it (the only thing
+    written); a read-only mount (``ST_RDONLY``) is refused first. A file, a
+    path under a file, ``/dev/null`` and a NUL in the path are refused too.
+    Nothing else is created here."""
+    if "\0" in os.fspath(path):
+        raise invalid(flag, str(path), "holds a NUL byte; allowed: a folder kvspec can write into")
     p = Path(path)
     try:
         if p.exists():
@@ -50,20 +68,50 @@ def output_dir(flag: str, path: str | os.PathLike) -> Path:
             probe = next((a for a in p.absolute().parents if a.exists()), Path("/"))
             if not probe.is_dir():
                 raise invalid(flag, str(path), f"{probe} is not a folder; allowed: a path kvspec can create")
+        why = _unwritable(probe)
+    except KvspecError:
+        raise
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         raise invalid(flag, str(path), f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a folder kvspec can write into") from None
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise invalid(flag, str(path), f"{probe} is not writable; allowed: a folder kvspec can write into")
+    if why:
+        raise invalid(flag, str(path), f"{probe} is not writable ({why}); allowed: a folder kvspec can write into")
     return p
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be written in ``folder`` (a read-only mount, or
+    creating a temporary file there failed), or None when one can."""
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return "a read-only file system"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".kvspec-probe-", dir=folder)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+    return None
 
 
 def output_file(flag: str, path: str | os.PathLike) -> Path:
     """A file kvspec will write (atomically, through a temporary file beside
-    it): not an existing folder, and its folder creatable or writable."""
+    it, then renamed over it): a new path or an existing regular file, never
+    a folder or a device (a rename over ``/dev/null`` would replace it), and
+    its folder creatable or writable (``output_dir``)."""
+    if "\0" in os.fspath(path):
+        raise invalid(flag, str(path), "holds a NUL byte; allowed: a file path kvspec can write")
     p = Path(path)
     try:
         if p.is_dir():
             raise invalid(flag, str(path), "is a folder; allowed: a file path")
+        if p.exists() and not p.is_file():
+            raise invalid(flag, str(path), "is not a regular file (a device, a pipe or a socket); allowed: a file path")
+    except KvspecError:
+        raise
     except (OSError, ValueError) as e:
         raise invalid(flag, str(path), f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a file path kvspec can write") from None
     output_dir(flag, p.parent if str(p.parent) else ".")
