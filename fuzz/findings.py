@@ -35,11 +35,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
 from reference.case import Case, case_to_dict, load_json, parse_case, write_json_atomic
-from reference.errors import invalid
+from reference.errors import InvalidArgument, invalid
+from reference.printable import printable
 
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 
@@ -251,9 +253,78 @@ def load_finding(path: str | Path) -> tuple[Case, dict]:
     return parse_case(raw), {}
 
 
+#: A finding's signature: hex, as :func:`signature` writes it (16 digits).
+SIGNATURE = re.compile(r"^[0-9a-f]{6,64}$")
+#: An engine version a finding names: a release or a build (X+LABEL.HASH).
+ENGINE_VERSION = re.compile(r"^\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")
+
+
+def _hits(finding: dict, side: str) -> None:
+    if side not in finding:
+        raise InvalidArgument(f"{side}: missing; required field (an object with the {side} hits per request, as kvspec writes a finding)")
+    record = finding[side]
+    if not isinstance(record, dict):
+        raise invalid(side, record, f"must be an object with 'hits' (the {side} hits per request), as kvspec writes a finding")
+    hits = record.get("hits")
+    if not isinstance(hits, list) or not all(type(h) is int and h >= 0 for h in hits):
+        raise invalid(f"{side}.hits", hits, "must be a list of hit counts (integers >= 0)")
+    for key in ("states",):
+        if record.get(key) is not None and not isinstance(record[key], list):
+            raise invalid(f"{side}.{key}", record[key], "must be a list (per request) or absent")
+    if side == "expected" and not isinstance(record.get("detail"), (str, type(None))):
+        raise invalid("expected.detail", record["detail"], "must be a string or absent")
+    error = record.get("error") if side == "observed" else None
+    if error is not None and not (isinstance(error, dict) and isinstance(error.get("message", ""), str)):
+        raise invalid("observed.error", error, "must be null or an object whose message is a string")
+
+
+def check_fields(finding: dict) -> dict:
+    """The fields a finding's readers (``kvspec report``, :func:`render`)
+    use, checked before any of them is used: the signature is hex, the
+    oracle one kvspec has, the engine names a version, ``expected`` and
+    ``observed`` are objects with hit lists, the request indices are
+    integers, the texts are strings. The first malformed field is one line
+    naming it (``field=value: allowed``); the finding is returned as is."""
+    from fuzz.oracles import KNOWN_ORACLES
+
+    sig = finding.get("signature")
+    if not isinstance(sig, str) or not SIGNATURE.match(sig):
+        raise invalid("signature", sig, "must be 6 to 64 lowercase hex digits, as kvspec writes a finding's signature")
+    oracle = finding.get("oracle")
+    if not isinstance(oracle, str) or oracle not in KNOWN_ORACLES:
+        raise invalid("oracle", oracle, f"allowed: {', '.join(KNOWN_ORACLES)}")
+    engine = finding.get("engine")
+    version = engine.get("version") if isinstance(engine, dict) else None
+    if not isinstance(version, str) or not ENGINE_VERSION.match(version):
+        raise invalid("engine", engine, "must be an object whose version is a vLLM version (X.Y.Z, or a build X.Y.Z+LABEL.HASH)")
+    if not isinstance(engine.get("knobs", {}), dict):
+        raise invalid("engine.knobs", engine["knobs"], "must be an object")
+    for side in ("expected", "observed"):
+        _hits(finding, side)
+    first = finding.get("first_divergence")
+    if first is not None and (type(first) is not int or first < 0):
+        raise invalid("first_divergence", first, "must be a request index (an integer >= 0) or null")
+    requests = finding.get("diverging_requests", [])
+    if not isinstance(requests, list) or not all(type(i) is int and i >= 0 for i in requests):
+        raise invalid("diverging_requests", requests, "must be a list of request indices (integers >= 0)")
+    for key in ("summary", "case_kind", "reachability"):
+        if not isinstance(finding.get(key), (str, type(None))):
+            raise invalid(key, finding[key], "must be a string or absent")
+    for key in ("other_engine", "kvspec", "harness", "resolution"):
+        if not isinstance(finding.get(key), (dict, type(None))):
+            raise invalid(key, finding[key], "must be an object or null")
+    assumptions = (finding.get("resolution") or {}).get("assumptions")
+    if assumptions is not None and not (isinstance(assumptions, list) and all(isinstance(a, str) for a in assumptions)):
+        raise invalid("resolution.assumptions", assumptions, "must be a list of strings")
+    return finding
+
+
 def render(finding: dict) -> str:
     """The finding as text, like an Alive2 counterexample: the inputs first,
-    then model vs engine per request, the first divergence marked."""
+    then model vs engine per request, the first divergence marked. Each line
+    is :func:`~reference.printable.printable`: a finding's fields are a
+    stranger's text, and reach a terminal only without control characters
+    (a field's line break is a space, never a line of its own)."""
     case = finding["case"]
     lines = [f"finding {finding['signature']} [{finding['oracle']}] on vllm=={finding['engine']['version']}", f"  {finding['summary']}", "", "inputs:"]
     if case.get("deployment"):
@@ -292,7 +363,7 @@ def render(finding: dict) -> str:
         lines.append(f"{i:7d}  {e!s:>8}  {o!s:>8}{mark}")
     if finding["observed"].get("error"):
         lines += ["", "engine error:", "  " + str(finding["observed"]["error"].get("message", ""))]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def write_harness_error(case: Case | None, trace: str, out_dir: str | Path) -> Path:

@@ -19,15 +19,30 @@ the engine environment's installed source as text.
   the block pool holds was written by a prefill chunk ending there.
 * ``fix.diff``: the patch under ``fixes/`` that the finding's class names
   (:data:`KNOWN_CLASSES`), when there is one.
+
+A finding is a stranger's file, so its text never becomes code or markup:
+the finding's fields are checked first (``fuzz.findings.check_fields``: the
+signature is hex, the oracle one kvspec has; file and test names come only
+from those two or a class id of :data:`KNOWN_CLASSES`); every value the
+regression test holds is a Python literal written with ``repr`` (and read
+back equal, else refused), never text inside a docstring or a comment;
+ISSUE.md shows a finding's text without control characters
+(``reference.printable``), prose with ``<`` escaped and table cells with
+``|`` escaped, code spans and fences longer than any backtick run inside
+them (a text cannot close them), and shell lines with every word quoted.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import shlex
 from pathlib import Path
 
 from reference.case import parse_case
+from reference.errors import KvspecError, invalid
+from reference.printable import printable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,9 +118,59 @@ def vllm_line(version: str, path: str, anchor: str, needle: str, engines_dir: Pa
 
 
 def _name(finding: dict) -> str:
+    """The test's name: the class id, else oracle and signature (both
+    checked by ``check_fields``: a known oracle, hex digits)."""
     cls = classify(finding)
-    base = cls["id"] if cls else f"{finding.get('oracle', 'finding')}-{finding.get('signature', 'x')}"
+    base = cls["id"] if cls else f"{finding['oracle']}-{finding['signature']}"
     return re.sub(r"[^a-z0-9_]+", "_", base.lower()).strip("_")
+
+
+# ------------------------------------------------------------- escaping
+
+
+def _text(value) -> str:
+    """A stranger's text as Markdown prose: one line, no control
+    characters, ``<`` escaped (no HTML, no comment hiding the rest)."""
+    return printable(value).replace("&", "&amp;").replace("<", "&lt;")
+
+
+def _cell(value) -> str:
+    """:func:`_text` for a table cell (``|`` escaped)."""
+    return _text(value).replace("|", "\\|")
+
+
+def _ticks(text: str) -> int:
+    """The longest run of backticks in ``text``."""
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)
+
+
+def _code(value) -> str:
+    """A code span no text can close: more backticks than any run inside."""
+    text = printable(value)
+    fence = "`" * (_ticks(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fence(lang: str, body_lines: list[str]) -> list[str]:
+    """A fenced code block no line can close: a fence longer than any
+    backtick run inside; each line without control characters."""
+    body = [printable(x) for x in body_lines]
+    fence = "`" * max(3, _ticks("\n".join(body)) + 1)
+    return [fence + lang, *body, fence]
+
+
+def _literal(value, field: str) -> str:
+    """``repr(value)``, a Python literal that reads back equal (so no NaN,
+    no object whose repr is code); else one line naming the field."""
+    text = repr(value)
+    try:
+        same = ast.literal_eval(text) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        same = False
+    if not same:
+        raise invalid(field, value, "must be plain data (numbers, strings, lists, objects) to be written into the regression test")
+    return text
 
 
 # ------------------------------------------------------------- ISSUE.md
@@ -130,32 +195,32 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     cls = classify(finding)
     engine = finding.get("engine", {})
     version = engine.get("version", "?")
-    title = cls["title"] if cls else f"Hybrid prefix cache: {finding.get('summary', '')}"
+    title = cls["title"] if cls else f"Hybrid prefix cache: {_text(finding.get('summary') or '')}"
     lines = [f"# [Bug]: {title}", ""]
     lines += ["## Summary", ""]
     exp = finding["expected"]["hits"]
     obs = finding["observed"]["hits"]
     i = finding.get("first_divergence")
-    para = f"On vLLM {version}, {finding.get('summary', '')}."
+    para = f"On vLLM {version}, {_text(finding.get('summary') or '')}."
     if cls:
         para += " " + cls["why"]
     lines += [para, ""]
     dep = case.deployment
     lines += ["## Deployment", ""]
     if dep is not None:
-        where = dep.platform + (f" ({dep.device})" if dep.device else "")
-        lines.append(f"`{dep.model}`" + (f" with config overrides `{json.dumps(dep.model_overrides)}`" if dep.model_overrides else "") + f" on {where}:")
-        lines += ["", "```sh", "vllm serve <model> " + " ".join(dep.vllm_args), "```", "", "vLLM resolves it to:"]
+        where = _text(dep.platform) + (f" ({_text(dep.device)})" if dep.device else "")
+        lines.append(_code(dep.model) + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "") + f" on {where}:")
+        lines += [""] + _fence("sh", ["vllm serve <model> " + shlex.join(printable(a) for a in dep.vllm_args)]) + ["", "vLLM resolves it to:"]
     else:
-        lines.append(f"A hand-written geometry (kvspec case kind `{finding.get('case_kind', 'synthetic')}`, reachable: {finding.get('reachable')}: {finding.get('reachability', '')}):")
+        lines.append(f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):")
     lines += [""] + _geometry_text(case) + [""]
     res = finding.get("resolution") or {}
     if res.get("assumptions"):
-        lines += ["kvspec answered vLLM's hardware questions as: " + "; ".join(res["assumptions"]) + ".", ""]
+        lines += ["kvspec answered vLLM's hardware questions as: " + "; ".join(_text(a) for a in res["assumptions"]) + ".", ""]
     lines += ["## Expected vs observed", "", "Requests run one after another on a fresh server (each finishes before the next starts). Hits are what `vllm:prefix_cache_hits_total` grows by.", ""]
     lines += ["| request | prompt | tokens | expected hits | observed hits |", "|---|---|---|---|---|"]
     for j, r in enumerate(case.trace):
-        prompt = " + ".join(f"{s.segment}[:{s.length}]" for s in r.prompt)
+        prompt = _cell(" + ".join(f"{s.segment}[:{s.length}]" for s in r.prompt))
         mark = " **<-**" if j == i else ""
         lines.append(f"| {j} | {prompt} | {r.num_prompt_tokens} | {exp[j] if j < len(exp) else '-'} | {obs[j] if j < len(obs) else '-'}{mark} |")
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
@@ -164,7 +229,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     if matrix:
         lines += ["## Versions", "", "| engine | hits |", "|---|---|"]
         for row in matrix:
-            lines.append(f"| {row['engine']} | {row.get('hits', row.get('error'))} |")
+            lines.append(f"| {_cell(row['engine'])} | {_cell(row.get('hits', row.get('error')))} |")
         lines.append("")
     if live:
         lines += _live_section(live)
@@ -182,9 +247,9 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
         fix = ROOT / cls["fix"]
         if fix.is_file():
             lines += ["## Candidate fix", "", f"`fix.diff` (also `{cls['fix']}` in kvspec).", ""]
-    lines += ["## Reproduce", "", "```sh", f"pytest test_{_name(finding)}.py            # vLLM {version}: fails; with fix.diff applied: passes",
-              f"kvspec replay {finding_path} --engine vllm=={version}   # kvspec's judge", "```", ""]
-    return "\n".join(lines)
+    lines += ["## Reproduce", ""] + _fence("sh", [f"pytest test_{_name(finding)}.py            # vLLM {version}: fails; with fix.diff applied: passes",
+                                                f"kvspec replay {shlex.quote(printable(finding_path))} --engine vllm=={version}   # kvspec's judge"]) + [""]
+    return "\n".join(printable(line, keep="\t") for line in lines)
 
 
 def live_summary(raw, path: str, requests: int) -> dict:
@@ -225,13 +290,13 @@ def _live_section(live: dict) -> list[str]:
     verdict of kvspec's one judge, the hits per request, what the server
     does not expose."""
     knobs = live.get("server_knobs") or {}
-    shown = ", ".join(f"{k}={knobs[k]}" for k in ("block_size", "hash_block_size", "retention_interval", "mamba_cache_mode", "num_speculative_tokens") if k in knobs)
+    shown = ", ".join(f"{k}={_text(knobs[k])}" for k in ("block_size", "hash_block_size", "retention_interval", "mamba_cache_mode", "num_speculative_tokens") if k in knobs)
     lines = ["## Live server", ""]
     lines.append(
-        f"Replayed against a running vLLM {live.get('server_version') or '(version unknown)'} OpenAI server"
-        + (f" (model `{live['model']}`" + (f"; {shown}" if shown else "") + ")" if live.get("model") else "")
+        f"Replayed against a running vLLM {_text(live.get('server_version') or '(version unknown)')} OpenAI server"
+        + (f" (model {_code(live['model'])}" + (f"; {shown}" if shown else "") + ")" if live.get("model") else "")
         + ", one request at a time, hits read from `vllm:prefix_cache_hits_total`:"
-        + f" verdict **{live.get('verdict')}**"
+        + f" verdict **{_text(live.get('verdict'))}**"
         + (" (the server shows the finding's observed hits at every request)" if live.get("verdict") == "reproduced" else "")
         + "."
     )
@@ -239,7 +304,9 @@ def _live_section(live: dict) -> list[str]:
 
     def cell(xs: list, j: int) -> str:
         x = xs[j] if j < len(xs) else None
-        return "-" if x is None else str(int(x)) if float(x).is_integer() else str(x)
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return "-" if x is None else _cell(x)
+        return str(int(x)) if float(x).is_integer() else str(x)
 
     if observed:
         lines += ["", "| request | tokens | expected hits | finding's observed hits | live hits |", "|---|---|---|---|---|"]
@@ -247,9 +314,9 @@ def _live_section(live: dict) -> list[str]:
             lines.append(f"| {j} | {cell(tokens, j)} | {cell(expected, j)} | {cell(target, j)} | {cell(observed, j)} |")
     if live.get("unverified"):
         assumed = [u.replace(" (not exposed by the server)", "").replace("; not exposed by the server)", ")") for u in live["unverified"]]
-        lines += ["", "Not exposed by the server, assumed as the case states: " + "; ".join(assumed) + "."]
+        lines += ["", "Not exposed by the server, assumed as the case states: " + "; ".join(_text(a) for a in assumed) + "."]
     if live.get("reasons") and live.get("verdict") not in ("reproduced", "agrees"):
-        lines += ["", "Reasons: " + "; ".join(live["reasons"][:10]) + "."]
+        lines += ["", "Reasons: " + "; ".join(_text(r) for r in live["reasons"][:10]) + "."]
     return lines + [""]
 
 
@@ -257,13 +324,13 @@ def _live_section(live: dict) -> list[str]:
 
 
 _TEST_TEMPLATE = '''# SPDX-License-Identifier: Apache-2.0
-"""Regression test: {title}
+"""Regression test: {doc_title}
 
-Generated by kvspec (finding {signature}). It drives vLLM's Scheduler the
-way tests/v1/core's tests do, with the geometry vLLM resolved for the
-deployment (a tiny model config with the same KV cache groups: block sizes,
-hash unit, retention and budget are what matter), and serves the trace one
-request at a time. No kvspec import.
+Generated by kvspec (the finding: TITLE and FINDING_SIGNATURE below). It
+drives vLLM's Scheduler the way tests/v1/core's tests do, with the geometry
+vLLM resolved for the deployment (a tiny model config with the same KV cache
+groups: block sizes, hash unit, retention and budget are what matter), and
+serves the trace one request at a time. No kvspec import.
 """
 
 import json
@@ -282,6 +349,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+TITLE = {title}
+FINDING_SIGNATURE = {signature}
 BLOCK = {block}
 PREFIX_MATCH_UNIT = {pmu}
 RETENTION = {retention}
@@ -292,7 +361,7 @@ SPECULATIVE = {speculative}
 # Each prompt: (stream name, length) segments; equal names share a prefix.
 PROMPTS = {prompts}
 EXPECTED_HITS = {expected}
-CHECK = {check!r}
+CHECK = {check}
 SAMPLED = 2000  # outside every stream's ids
 
 
@@ -429,7 +498,12 @@ def test_{name}(tmp_path):
 
 
 def regression_test(finding: dict) -> str:
-    """The vLLM-style regression test's source for a finding."""
+    """The vLLM-style regression test's source for a finding (checked with
+    ``check_fields`` first). Every value from the finding is a literal
+    (:func:`_literal`); the docstring holds only kvspec's own class title."""
+    from fuzz.findings import check_fields
+
+    check_fields(finding)
     case = _case_of(finding)
     g = case.geometry
     if g is None or len({x.block_size for x in g.groups}) != 1:
@@ -442,20 +516,31 @@ def regression_test(finding: dict) -> str:
     mamba_groups = sum(x.count for x in g.groups if x.kind == "mamba")
     prompts = [[(s.segment, s.length) for s in r.prompt] for r in case.trace]
     return _TEST_TEMPLATE.format(
-        title=(cls["title"] if cls else finding.get("summary", "")), signature=finding.get("signature", "?"),
-        block=g.scheduler_block_size, pmu=repr(g.prefix_match_unit), retention=repr(g.retention_interval),
-        budget=g.max_num_batched_tokens, grid=repr(g.prefill_checkpoint_grid), mamba_groups=mamba_groups,
-        speculative=repr(spec), prompts=repr(prompts), expected=repr(finding["expected"]["hits"]), check=check,
+        doc_title=cls["title"] if cls else "a kvspec finding",
+        title=_literal(cls["title"] if cls else printable(finding.get("summary") or ""), "summary"),
+        signature=_literal(finding["signature"], "signature"),
+        block=_literal(g.scheduler_block_size, "case.geometry"), pmu=_literal(g.prefix_match_unit, "case.geometry"),
+        retention=_literal(g.retention_interval, "case.geometry"), budget=_literal(g.max_num_batched_tokens, "case.geometry"),
+        grid=_literal(g.prefill_checkpoint_grid, "case.geometry"), mamba_groups=_literal(mamba_groups, "case.geometry"),
+        speculative=_literal(spec, "case.speculative"), prompts=_literal(prompts, "case.trace"),
+        expected=_literal(finding["expected"]["hits"], "expected.hits"), check=_literal(check, "check"),
         name=_name(finding),
     )
 
 
 def bundle(finding: dict, *, matrix: list[dict] | None = None, live: dict | None = None, finding_path: str = "FINDING.json") -> dict[str, str]:
-    """{file name: text} of the report bundle."""
+    """{file name: text} of the report bundle; a malformed finding field is
+    one line naming it (``fuzz.findings.check_fields``), before any text is
+    made."""
+    from fuzz.findings import check_fields
+
+    check_fields(finding)
     files = {"ISSUE.md": issue_markdown(finding, matrix=matrix, live=live, finding_path=finding_path)}
     try:
         files[f"test_{_name(finding)}.py"] = regression_test(finding)
-    except ValueError:
+    except KvspecError:
+        raise
+    except ValueError:  # no resolved geometry of one block size: no test
         pass
     cls = classify(finding)
     if cls:

@@ -61,6 +61,7 @@ import math
 import os
 import random
 import re
+import shutil
 import stat
 import sys
 import tempfile
@@ -769,6 +770,63 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else 022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def write_folder_atomic(path: str | os.PathLike, files: dict[str, str | bytes]) -> None:
+    """Make ``path`` a folder holding exactly ``files`` ({plain file name:
+    text or bytes}) so that a kill or a failed write at any moment leaves
+    the old folder or the new one whole, never a half-written one: the
+    files go into a temporary sibling ``.NAME.*.tmp``, which then takes the
+    folder's place (an old folder is first moved aside to ``.NAME.*.old``,
+    put back if the swap fails, and removed after). On an error the
+    temporary folder is removed and the error raised. The caller decides
+    whether an existing folder may be replaced."""
+    path = Path(path)
+    for name in files:
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise ValueError(f"file name {name!r}: a plain file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = None
+    try:
+        for name, data in files.items():
+            write_bytes_atomic(tmp / name, data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old)  # a folder onto an empty folder
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:
+                os.replace(old, path)
+                old = None
+            raise
+        try:
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from reference.errors import invalid
+from reference.printable import printable
 
 HELP = "group the finding files in a folder into classes, one smallest representative each"
 EPILOG = """\
@@ -29,7 +30,8 @@ def configure(parser) -> None:
 
 def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -> list[str]:
     """The classes as text lines: a headline, then per class its key, its
-    count and its representative."""
+    count and its representative. Every line is :func:`printable` (a
+    finding's fields and file names are a stranger's text)."""
     total = sum(c["count"] for c in classes)
     lines = [f"{total} finding(s) in {len(classes)} class(es) in {folder}" if classes else f"no findings in {folder}"]
     for i, c in enumerate(classes, 1):
@@ -42,7 +44,7 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
     if malformed:
         lines.append(f"{len(malformed)} malformed file(s), not findings:")
         lines += [f"  {path}: {why}" for path, why in malformed]
-    return lines
+    return [printable(line) for line in lines]
 
 
 def main(args) -> int:

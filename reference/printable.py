@@ -1,0 +1,51 @@
+"""Text from strangers made safe to print on a terminal or copy into a report.
+
+A finding, a case, a live report or vLLM's own error message may hold
+terminal control: an escape sequence that clears the screen (``ESC [2J``),
+retitles the window or plants a hyperlink (OSC 8), a bidi override that
+shows text in another order than it is (Trojan Source), a carriage return
+that overwrites the line. kvspec prints such text, and copies it into the
+reports it writes, only through :func:`printable`. It lives here, in
+``reference`` (which everything imports), so the CLI and the report writers
+share the one rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: A whole escape sequence: CSI (``ESC [`` ... final byte), OSC / DCS / SOS /
+#: PM / APC strings (to BEL, ST or the line's end), or a two-character ``ESC X``; also the
+#: 8-bit CSI and OSC introducers.
+_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -~]?"
+)
+#: Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069),
+#: the implicit marks, and the Unicode line and paragraph separators.
+_UNICODE = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f" + _UNICODE + "]")
+#: Line-like controls: where they are not kept they become one space, so
+#: words they separated stay apart.
+_BREAKS = "\n\r\t\v\f\u2028\u2029"
+
+
+def printable(text: object, *, keep: str = "") -> str:
+    """``text`` (``str()`` of it) without terminal control: escape sequences
+    removed whole, then every other C0/C1 control character, DEL, bidi
+    embedding/override/isolate/mark and line/paragraph separator removed; a
+    line break or tab (``\\n \\r \\t \\v \\f``, U+2028, U+2029) becomes one
+    space. Characters in ``keep`` (only ``"\\n"`` and ``"\\t"`` may be kept)
+    stay as they are."""
+    if not set(keep) <= {"\n", "\t"}:
+        raise ValueError(f"keep={keep!r}: only '\\n' and '\\t' may be kept")
+    text = _ESCAPE.sub("", str(text))
+
+    def one(m: re.Match) -> str:
+        c = m.group()
+        if c in keep:
+            return c
+        return " " if c in _BREAKS else ""
+
+    return _CONTROL.sub(one, text)
