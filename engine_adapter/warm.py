@@ -6,16 +6,48 @@ It is ``python -m engine_adapter.worker --socket ...`` (this module's
 :func:`serve_socket`) in the version's environment, listening on a Unix
 socket under kvspec's home::
 
-    $KVSPEC_HOME/warm/vllm-0.33.0-cuda.sock    mode 0600, in a 0700 folder
-    $KVSPEC_HOME/warm/vllm-0.33.0-cuda.json    its state: pid, fingerprint, idle timeout, ...
-    $KVSPEC_HOME/warm/vllm-0.33.0-cuda.log     its stderr
-    $KVSPEC_HOME/warm/vllm-0.33.0-cuda.lock    held while a client starts one
+    $KVSPEC_HOME/warm/vllm-0.33.0-cuda-ENVID.sock    mode 0600
+    $KVSPEC_HOME/warm/vllm-0.33.0-cuda-ENVID.json    its state: pid, fingerprint, idle timeout, ...
+    $KVSPEC_HOME/warm/vllm-0.33.0-cuda-ENVID.log     its stderr
+    $KVSPEC_HOME/warm/vllm-0.33.0-cuda-ENVID.lock    held while a client starts one
 
-(``KVSPEC_WARM_DIR`` moves the folder.) The wire format is
-:mod:`engine_adapter.protocol`'s, one request per connection; the server
-carries out requests one at a time, so concurrent clients queue (each with
-its own bounded wait), and every ``run`` builds a fresh ``Scheduler`` as
-the pipe worker does.
+``ENVID`` (:func:`env_id`) hashes the environment the engine runs with: the
+variables that change its behaviour (:func:`identity_env`: every
+``VLLM_*``, ``KVSPEC_*`` but the warm engines' own settings, the Hugging
+Face, torch, thread and Python ones, and what ``environments.worker_env``
+sets), so a command with another environment starts and uses an engine of
+its own. Only the hash is written anywhere, never a value.
+
+The folder (:func:`warm_dir`; ``KVSPEC_WARM_DIR`` moves it): kvspec never
+chmods a folder it did not create. A missing one is created 0700; an
+existing one is used as it is if this user owns it and neither group nor
+others can write it; otherwise (a shared ``/tmp``, someone else's folder)
+kvspec uses the subfolder ``kvspec-warm-<uid>`` inside, created 0700 and
+checked (a real folder, not a link, owned by this user, no group or other
+access), and refuses in one line when that check fails
+(:func:`private_dir`).
+
+The wire format is :mod:`engine_adapter.protocol`'s, one request per
+connection; the server carries out requests one at a time, and every
+``run`` builds a fresh ``Scheduler`` as the pipe worker does.
+
+One command's request at a time, with that command's own bound:
+
+* a request carries its client's time left (``timeout_s``); the server
+  answers ``{"event": "started"}`` when it begins it, and ends itself
+  (removing its socket, then exiting) if the request runs
+  :data:`OVERRUN_GRACE_S` past that bound; the client whose own request
+  ran past its bound kills that engine (by the pid that started it), and
+  no one else ever does;
+* a client queued behind another command's request (no ``started`` within
+  :data:`QUEUE_WAIT_S`, or within its own time) never kills the engine: it
+  closes its connection (the server skips a request whose client hung up)
+  and, with time left, starts a fresh engine that takes over the socket
+  path, saying so in one line on stderr; the busy one finishes its request
+  and leaves; without time left it gives up its own wait;
+* the next command after an engine killed for a request past its bound
+  starts a fresh one within its own time and says so (the killed engine's
+  log ends with :data:`KILLED_MARK`).
 
 Lifetime:
 
@@ -32,9 +64,8 @@ Lifetime:
   request; a server started from other sources refuses (``stale``) and the
   client starts a fresh one, which takes over the socket path (the old one
   exits once it sees its socket file gone or replaced);
-* a request that times out kills the server (a hung engine serves no one);
-  the next request starts a fresh one. A server that dies mid-request gives
-  that request a ``worker`` error: kvspec's failure, never vLLM's.
+* a server that dies mid-request gives that request a ``worker`` error:
+  kvspec's failure, never vLLM's.
 
 ``KVSPEC_WARM=0`` turns warm engines off for the commands that use them
 (``run``, ``replay --engine``, ``resolve``, ``matrix``): each then starts
@@ -54,8 +85,10 @@ import math
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +109,19 @@ RESPONSE_SEND_TIMEOUT_S = 60.0
 MAX_LINE_BYTES = 256 << 20
 #: Seconds ``stop`` waits for each step (shutdown, SIGTERM) before the next.
 STOP_WAIT_S = 10.0
+#: Seconds a client waits for the warm engine to begin its request (busy
+#: with another command's) before it starts a fresh engine of its own.
+QUEUE_WAIT_S = 30.0
+#: Seconds a request may run past its own bound before its server ends itself.
+OVERRUN_GRACE_S = 2.0
+#: How the log of a warm engine killed for a request past its bound ends.
+KILLED_MARK = "kvspec warm engine: killed:"
+#: Environment variables that are part of a warm engine's identity:
+#: these prefixes and names (:func:`identity_env`) ...
+IDENTITY_PREFIXES = ("VLLM_", "KVSPEC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON", "LD_")
+IDENTITY_NAMES = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "TZ")
+#: ... but for the warm engines' own settings, read by the client only.
+NOT_IDENTITY = ("KVSPEC_WARM", "KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
 #: Sources a warm engine runs: a change to any of them makes it stale.
 FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "kvspec/__init__.py", "kvspec/home.py")
 
@@ -100,9 +146,71 @@ def idle_timeout_default() -> float:
 
 
 def warm_dir() -> Path:
-    """Where warm engines keep their sockets (``KVSPEC_WARM_DIR``, else ``$KVSPEC_HOME/warm``)."""
+    """The folder asked for (``KVSPEC_WARM_DIR``, else ``$KVSPEC_HOME/warm``);
+    the sockets live there or in its private subfolder (:func:`private_dir`)."""
     env = os.environ.get("KVSPEC_WARM_DIR")
     return Path(env).expanduser().resolve() if env else kvspec_home() / "warm"
+
+
+def _dir_label(folder: Path) -> str:
+    return "KVSPEC_WARM_DIR" if os.environ.get("KVSPEC_WARM_DIR") else "warm engine folder"
+
+
+def _private_enough(st: os.stat_result) -> bool:
+    """A folder of this user that neither group nor others can write."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def private_dir(folder: Path, create: bool = False) -> Path:
+    """Where the warm engines of ``folder`` live. The rule: kvspec never
+    chmods a folder it did not create. ``folder`` itself when it is missing
+    (``create``: made 0700) or is a folder this user owns that neither
+    group nor others can write; otherwise its subfolder
+    ``kvspec-warm-<uid>`` (``create``: made 0700), used only if it is a real
+    folder (not a link) of this user with no group or other access. Any
+    other case is refused in one line (``InvalidArgument``)."""
+    label = _dir_label(folder)
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        if not create:
+            return folder
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # created here: never wider than 0700
+        st = os.stat(folder)
+    except OSError as e:
+        raise invalid(label, str(folder), f"a folder kvspec can use ({e.strerror or e})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise invalid(label, str(folder), "a folder")
+    if _private_enough(st):
+        return folder
+    sub = folder / f"kvspec-warm-{os.geteuid()}"
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(sub, 0o700)
+    try:
+        sst = os.lstat(sub)
+    except FileNotFoundError:
+        if not create:
+            return sub
+        raise invalid(label, str(folder), f"a folder where kvspec can create its private subfolder {sub.name}") from None
+    if not (stat.S_ISDIR(sst.st_mode) and not stat.S_ISLNK(sst.st_mode) and sst.st_uid == os.geteuid() and not sst.st_mode & 0o077):
+        raise invalid(label, str(folder), f"a folder of yours that others cannot write, or one whose {sub.name} is a private folder of yours (yours, mode 0700, not a link)")
+    return sub
+
+
+def identity_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that are part of a warm engine's identity
+    (:data:`IDENTITY_PREFIXES`, :data:`IDENTITY_NAMES`, less :data:`NOT_IDENTITY`)."""
+    return {k: v for k, v in env.items() if (k.startswith(IDENTITY_PREFIXES) or k in IDENTITY_NAMES) and k not in NOT_IDENTITY}
+
+
+def env_id(env: dict[str, str]) -> str:
+    """12 hex digits of sha256 over :func:`identity_env` of ``env`` (names
+    and values; only the hash is ever shown)."""
+    h = hashlib.sha256(b"kvspec-warm-env\0")
+    for k, v in sorted(identity_env(env).items()):
+        h.update(k.encode(errors="surrogateescape") + b"=" + v.encode(errors="surrogateescape") + b"\0")
+    return h.hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -115,8 +223,15 @@ class Paths:
     lock: Path
 
     @classmethod
-    def of(cls, version: str, platform: str, directory: Path | None = None) -> Paths:
-        return cls.named((directory or warm_dir()) / f"vllm-{version}-{platform}")
+    def of(cls, version: str, platform: str, directory: Path | None = None, env: str | None = None) -> Paths:
+        """The files of the warm engine of ``version`` on ``platform`` in
+        the environment ``env`` (:func:`env_id`; default: the one this
+        process would start it with), in ``directory``'s private folder."""
+        if env is None:
+            from engine_adapter import environments
+
+            env = env_id(environments.worker_env(version, platform))
+        return cls.named(private_dir(directory or warm_dir()) / f"vllm-{version}-{platform}-{env}")
 
     @classmethod
     def named(cls, base: Path) -> Paths:
@@ -188,29 +303,61 @@ def _send_line(sock: socket.socket, data: bytes, deadline: float) -> None:
     sock.sendall(data)
 
 
+class _Lines:
+    """The lines of one connection, read with a deadline each (a server
+    may send an event line and its answer in one packet)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def next(self, deadline: float) -> bytes | None:
+        """One line (without the newline), or None at EOF; socket.timeout past ``deadline``."""
+        while True:
+            end = self.buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[:end + 1]
+                return line
+            if len(self.buf) > MAX_LINE_BYTES:
+                raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline")
+            self.sock.settimeout(min(left, 1.0))
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not chunk:
+                return None
+            self.buf += chunk
+
+
+def _event(raw: bytes | None) -> dict | None:
+    """An event line of the server (``{"event": ...}``), else None (an answer)."""
+    if raw is None or not raw.startswith(b'{"event":'):
+        return None
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
 def _read_line(sock: socket.socket, deadline: float) -> bytes | None:
     """One line (without the newline), or None at EOF; socket.timeout past ``deadline``."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("deadline")
-        sock.settimeout(min(left, 1.0))
-        try:
-            chunk = sock.recv(1 << 20)
-        except socket.timeout:
-            continue
-        if not chunk:
-            return None
-        end = chunk.find(b"\n")
-        if end >= 0:
-            chunks.append(chunk[:end])
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_LINE_BYTES:
-            raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
+    return _Lines(sock).next(deadline)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed its end (a queued client
+    that gave up its wait)."""
+    import select
+
+    poller = select.poll()
+    poller.register(sock, select.POLLHUP | getattr(select, "POLLRDHUP", 0))
+    return bool(poller.poll(0))
 
 
 # ------------------------------------------------------------------ processes
@@ -321,8 +468,8 @@ def _kill(paths: Paths, pid: int, sig: int = signal.SIGKILL, wait_s: float = STO
 
 @contextlib.contextmanager
 def _locked(path: Path, deadline: float, label: str) -> Iterator[None]:
-    """Hold the start lock of one warm engine; wait (polling) until ``deadline``."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Hold the start lock of one warm engine (its folder made by
+    :meth:`WarmClient.folder_ready`); wait (polling) until ``deadline``."""
     with open(path, "a") as f:
         wait_flock(f, deadline, 0.1, f"{label}: warm engine start lock {path} held by another client past the time limit; allowed: a free lock")
         try:
@@ -349,47 +496,77 @@ class WarmClient:
     """Requests to the warm engine of one version and platform, starting
     (or replacing) it when needed."""
 
-    def __init__(self, version: str, platform: str = "cuda", *, idle_timeout: float | None = None, start_timeout: float = 180.0, directory: Path | None = None, python: str | None = None) -> None:
+    def __init__(self, version: str, platform: str = "cuda", *, idle_timeout: float | None = None, start_timeout: float = 180.0, directory: Path | None = None, python: str | None = None, queue_wait: float = QUEUE_WAIT_S, say=None) -> None:
         from engine_adapter import environments
         from engine_adapter.versions import engine_name
 
         self.version, self.platform = version, platform
         self.engine = engine_name(version)
         self.python = python or str(environments.env_python(version))
-        self.paths = Paths.of(version, platform, directory)
+        self.env = environments.worker_env(version, platform)  # what a server it starts runs with
+        self.env_id = env_id(self.env)
+        self.folder = directory or warm_dir()
+        self.paths = Paths.of(version, platform, self.folder, self.env_id)
         self.idle_timeout = idle_timeout if idle_timeout is not None else idle_timeout_default()
         self.start_timeout = start_timeout
+        self.queue_wait = queue_wait
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.fingerprint = fingerprint(version, platform, self.python)
         self.started: int | None = None  # pid of a server this client started
         self.restarts = 0
         self._next_id = 0
 
+    def folder_ready(self) -> None:
+        """Create (0700) or check the warm engines' folder (:func:`private_dir`)."""
+        if private_dir(self.folder, create=True) != self.paths.sock.parent:  # created or changed since
+            self.paths = Paths.of(self.version, self.platform, self.folder, self.env_id)
+
     # ----------------------------------------------------------- requests
 
     def request(self, op: str, timeout: float, **fields) -> dict:
-        """One request; the server's response, or ``ok: false`` of kind
-        ``worker`` when the server died or timed out (a server that timed
-        out is killed: the next request starts a fresh one)."""
+        """One request within ``timeout`` seconds; the server's response, or
+        ``ok: false`` of kind ``worker`` when the server died, when this
+        request ran past ``timeout`` (the engine serving it is killed: the
+        next request starts a fresh one), or when the engine stayed busy
+        with another command's request and no fresh one could be started in
+        time (nothing is killed then)."""
         from engine_adapter.protocol import encode
 
         deadline = time.monotonic() + timeout
         self._next_id += 1
         rid = self._next_id
-        line = encode({"id": rid, "op": op, "fingerprint": self.fingerprint, **fields}).encode()
-        for _attempt in range(3):
+        for _attempt in range(4):
             sock = self.connect(deadline)
+            state = read_state(self.paths)
+            behind = state.get("pid") if state is not None else None
+            line = encode({"id": rid, "op": op, "fingerprint": self.fingerprint, "timeout_s": round(max(0.05, deadline - time.monotonic()), 3), **fields}).encode()
+            lines = _Lines(sock)
+            serving: int | None = None
             try:
                 try:
                     _send_line(sock, line, deadline)
-                    raw = _read_line(sock, deadline)
+                    raw = lines.next(min(deadline, time.monotonic() + self.queue_wait))
+                    event = _event(raw)
+                    if event is not None and event.get("event") == "started":
+                        serving = event.get("pid") if isinstance(event.get("pid"), int) else behind
+                        raw = lines.next(deadline)
                 except socket.timeout:
-                    return self._timed_out(rid, timeout)
+                    if serving is not None:
+                        return self._timed_out(rid, timeout, serving)
+                    raw, why = b"", "queued"
                 except (OSError, ValueError) as e:
                     raw, why = None, f"{type(e).__name__}: {e}"
                 else:
                     why = "closed the connection without an answer"
             finally:
-                sock.close()
+                sock.close()  # a queued request whose client hung up is skipped
+            if why == "queued":
+                if deadline - time.monotonic() < 1.0:
+                    return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"timed out after {timeout:.0f}s waiting for the warm engine {self.engine}, busy with another command's request (left running)"}}
+                self.take_over(deadline, behind)
+                continue
+            if raw is None and serving is None and _attempt < 3:
+                continue  # the engine left (or was killed) before it began this request: a fresh one will
             if raw is None:
                 self.restarts += 1
                 return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"warm engine {self.engine} ({self.platform}) {why}: {_log_tail(self.paths)}"}}
@@ -404,12 +581,32 @@ class WarmClient:
             return resp
         return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"warm engine {self.engine}: no server of this kvspec's sources answered"}}
 
-    def _timed_out(self, rid: int, timeout: float) -> dict:
+    def _timed_out(self, rid: int, timeout: float, pid: int) -> dict:
+        """This client's own request ran past its bound on the engine
+        ``pid``: kill that engine (only it), mark its log so that the next
+        command says why it starts a fresh one."""
+        tail = _log_tail(self.paths)
         state = read_state(self.paths)
-        if state is not None and isinstance(state.get("pid"), int):
-            _kill(self.paths, state["pid"])
+        if state is not None and state.get("pid") == pid:
+            with contextlib.suppress(OSError), open(self.paths.log, "a") as log:
+                log.write(f"\n{KILLED_MARK} a request ran past its time limit of {timeout:.0f}s (killed by its client)\n")
+        _kill(self.paths, pid)
         self.restarts += 1
-        return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {_log_tail(self.paths)}"}}
+        return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {tail}"}}
+
+    def take_over(self, deadline: float, behind: object) -> None:
+        """The warm engine ``behind`` stayed busy with another command's
+        request: start a fresh one that takes over the socket path (the busy
+        one finishes its request, then leaves), unless another client
+        already did; say so in one line."""
+        self.folder_ready()
+        with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
+            state = read_state(self.paths)
+            pid = state.get("pid") if state is not None else None
+            if state is not None and pid != behind and state.get("fingerprint") == self.fingerprint and _is_server(pid, self.paths.sock):
+                return
+            self._start(deadline, announce=False)
+        self.say(f"kvspec: the warm engine {self.engine} is busy with another command; started a fresh one")
 
     # ----------------------------------------------------------- the server
 
@@ -420,6 +617,7 @@ class WarmClient:
             return _connect(self.paths.sock, deadline - time.monotonic())
         except OSError:
             pass
+        self.folder_ready()
         with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
             with contextlib.suppress(OSError):
                 return _connect(self.paths.sock, deadline - time.monotonic())
@@ -429,23 +627,22 @@ class WarmClient:
     def replace(self, deadline: float) -> None:
         """Start a server of this client's sources unless one already took
         over the socket (under the start lock)."""
+        self.folder_ready()
         with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
             state = read_state(self.paths)
             if state is not None and state.get("fingerprint") == self.fingerprint and _is_server(state.get("pid"), self.paths.sock):
                 return
             self._start(deadline)
 
-    def _start(self, deadline: float) -> None:
+    def _start(self, deadline: float, announce: bool = True) -> None:
         """Start a server (the caller holds the start lock) and wait until
-        it answers on the socket."""
-        from engine_adapter import environments
-
+        it answers on the socket. When the previous one was killed for a
+        request past its bound (its log ends with :data:`KILLED_MARK`), say
+        so in one line (``announce``)."""
         if not os.path.exists(self.python):
             raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
         paths = self.paths
-        paths.sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(OSError):
-            os.chmod(paths.sock.parent, 0o700)
+        killed = _log_tail(paths).startswith(KILLED_MARK)
         state = read_state(paths)
         if state is not None and not _is_server(state.get("pid"), paths.sock):
             _clean(paths, state.get("pid"))  # a dead server's files
@@ -458,7 +655,7 @@ class WarmClient:
                 _remove_if(paths.sock)
         cmd = [self.python, "-m", "engine_adapter.worker", "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
         with open(paths.log, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=environments.worker_env(self.version, self.platform), cwd=str(REPO_ROOT), start_new_session=True)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO_ROOT), start_new_session=True)
         end = min(deadline, time.monotonic() + self.start_timeout)
         while True:
             rc = proc.poll()
@@ -469,6 +666,8 @@ class WarmClient:
                 with contextlib.suppress(OSError):
                     _connect(paths.sock, 1.0).close()
                     self.started = proc.pid
+                    if killed and announce:
+                        self.say(f"kvspec: the warm engine {self.engine} was killed (a request ran past its time limit); started a fresh one")
                     return
             if time.monotonic() > end:
                 _kill(paths, proc.pid)
@@ -483,7 +682,7 @@ class WarmClient:
 
 
 def _state_files(directory: Path | None = None) -> list[Path]:
-    folder = directory or warm_dir()
+    folder = private_dir(directory or warm_dir())
     try:
         return sorted(p for p in folder.glob("vllm-*.json") if p.is_file())
     except OSError:
@@ -495,9 +694,12 @@ def _paths_of_state(path: Path) -> Paths:
 
 
 def _version_of(path: Path, state: dict) -> str:
-    """The engine version a state file is named after (``vllm-X-PLATFORM.json``;
+    """The engine version a state file is named after (``vllm-X-PLATFORM-ENVID.json``;
     a build's ``X+LABEL.HASH`` as the client named it), else the server's vLLM."""
     stem, platform = path.name.removesuffix(".json"), str(state.get("platform"))
+    head, _, env = stem.rpartition("-")
+    if len(env) == 12 and all(c in "0123456789abcdef" for c in env):
+        stem = head
     if stem.startswith("vllm-") and stem.endswith("-" + platform):
         return stem[len("vllm-"):-len(platform) - 1]
     return str(state.get("version"))
@@ -634,6 +836,24 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
         except OSError:
             return False
 
+    def leave() -> None:
+        """No new client finds this engine: its socket and state go."""
+        if ours():
+            _remove_if(sock_file, inode)
+        state = None
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(state_file.read_text())
+        if isinstance(state, dict) and state.get("pid") == os.getpid():
+            _remove_if(state_file)
+
+    def overrun(bound: float) -> None:
+        """A request ran past its own bound: this engine serves no one
+        else; it leaves and exits (the next command starts a fresh one)."""
+        with contextlib.suppress(Exception):
+            print(f"{KILLED_MARK} a request ran past its time limit of {bound:.0f}s (+{OVERRUN_GRACE_S:.0f}s); this warm engine exits", file=sys.stderr, flush=True)
+            leave()
+        os._exit(70)
+
     while not stopping[0]:
         left = idle_timeout - (time.monotonic() - last)
         if left <= 0 or not ours() or marker_sig() != env_sig:
@@ -644,7 +864,7 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             continue
-        what = _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1), "version": driver.version})
+        what = _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1), "version": driver.version}, overrun)
         if what == "used":
             served += 1
             last = time.monotonic()
@@ -654,26 +874,35 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
         elif what == "shutdown":
             break
     # Leave: no new client finds the socket, then serve those already queued.
-    if ours():
-        _remove_if(sock_file, inode)
-    state = None
-    with contextlib.suppress(OSError, ValueError):
-        state = json.loads(state_file.read_text())
-    if isinstance(state, dict) and state.get("pid") == os.getpid():
-        _remove_if(state_file)
+    leave()
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             break
-        _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": 0.0, "version": driver.version})
+        _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": 0.0, "version": driver.version}, overrun)
     listener.close()
     return 0
 
 
-def _serve_connection(conn: socket.socket, driver, fp: str, status) -> str:
+def _request_bound(msg: dict) -> float | None:
+    """The request's ``timeout_s`` (its client's time left), None when it
+    has none (an older client); ValueError when it is not a bound."""
+    bound = msg.get("timeout_s")
+    if bound is None:
+        return None
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not (math.isfinite(bound) and 0 < bound <= 86400 * 7):
+        raise ValueError(f"timeout_s={bound!r}: allowed: seconds, 0 < S <= 604800")
+    return float(bound)
+
+
+def _serve_connection(conn: socket.socket, driver, fp: str, status, overrun=None) -> str:
     """Read one request line, answer it, close. Returns ``used``,
-    ``status``, ``shutdown`` or ``none`` (nothing read)."""
+    ``status``, ``shutdown`` or ``none`` (nothing read, or a request whose
+    client hung up while it waited in the queue: skipped). A request with a
+    bound (``timeout_s``) is answered ``{"event": "started"}`` first and
+    watched: ``overrun(bound)`` runs if it is still running
+    :data:`OVERRUN_GRACE_S` past its bound."""
     from engine_adapter.protocol import decode, encode
     from engine_adapter.worker import _error, handle
 
@@ -691,12 +920,33 @@ def _serve_connection(conn: socket.socket, driver, fp: str, status) -> str:
         else:
             rid = msg.get("id")
             op = msg.get("op")
-            if op == "shutdown":
+            try:
+                bound = _request_bound(msg)
+            except ValueError as e:
+                bound, resp = None, {"ok": False, "error": _error("protocol", str(e))}
+            else:
+                resp = None
+            if resp is not None:
+                pass
+            elif _hung_up(conn):
+                return what  # its client gave up waiting: run nothing for no one
+            elif op == "shutdown":
                 resp, what = {"ok": True, "result": {"bye": True}}, "shutdown"
             elif op == "status":
                 resp, what = {"ok": True, "result": status()}, "status"
             else:
-                resp, what = handle(driver, msg, fp), "used"
+                watch = None
+                if bound is not None:
+                    _send_line(conn, encode({"event": "started", "id": rid, "pid": os.getpid()}).encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
+                    if overrun is not None:
+                        watch = threading.Timer(bound + OVERRUN_GRACE_S, overrun, (bound,))
+                        watch.daemon = True
+                        watch.start()
+                try:
+                    resp, what = handle(driver, msg, fp), "used"
+                finally:
+                    if watch is not None:
+                        watch.cancel()
         resp["id"] = rid
         try:
             data = encode(resp)

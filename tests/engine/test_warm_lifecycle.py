@@ -37,9 +37,12 @@ class Driver:
         if options.get("die"):
             os._exit(3)
         t0 = time.time()
+        if options.get("open"):  # as vLLM opens a `--config` file: a FIFO blocks here
+            open(options["open"]).read()
         time.sleep(float(options.get("sleep", 0)))
         return {"engine": "vllm==0.33.0", "hits": [len(case["trace"])], "queries": [], "knobs": {}, "explain": [],
-                "name": case.get("name"), "pid": os.getpid(), "t": [t0, time.time()], "harness": {"platform": "cuda"}}
+                "name": case.get("name"), "pid": os.getpid(), "t": [t0, time.time()], "harness": {"platform": "cuda"},
+                "env": os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
     def resolve(self, case):
         return {"pid": os.getpid()}
 fake = types.ModuleType("engine_adapter.driver")
@@ -53,6 +56,7 @@ sys.exit(main(sys.argv[3:]))
 @pytest.fixture
 def stand_in(tmp_path):
     """A ``python`` for WarmClient that runs the worker with the stand-in driver."""
+    os.environ["KVSPEC_TEST_REPO"] = str(REPO_ROOT)  # before any Paths.of: part of the engines' identity
     script = tmp_path / "python"
     script.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{STAND_IN}' \"$@\"\n")
     script.chmod(0o755)
