@@ -26,6 +26,13 @@ A warm request also carries ``"fingerprint"`` (the client's sources); a
 server running other sources answers ``{"ok": false, "error": {"kind":
 "stale"}}`` without running anything. ``status`` (warm only) reports the
 server's pid, fingerprint and idle seconds left without counting as use.
+A warm request may carry ``"timeout_s"``, its client's time left (seconds,
+0 < S <= 604800; anything else is a ``protocol`` error): the server then
+sends ``{"event": "started", "id": 1, "pid": 123}`` when it begins the
+request (before that the client is queued behind another one) and ends
+itself if the request runs past that bound (``engine_adapter.warm``). A
+line that starts ``{"event":`` is never an answer. A request whose client
+hung up before the server began it is skipped.
 
 ``ok: true`` means the request was carried out. A ``run`` whose case made
 vLLM raise is still ``ok: true``: its result carries
