@@ -21,6 +21,14 @@ under test (``engine_adapter.resolve``). This module only checks the shape
 of the block (every rule names its field); whether vLLM accepts the flags is
 vLLM's answer, reported by the resolver in one line.
 
+A deployment comes from strangers and never loads code: ``vllm_args`` may
+carry only the cache-geometry, scheduling, parallelism and speculative flags
+of ``reference.vllm_flags`` (an allow-list, read as vLLM's parser reads it;
+``--speculative-config`` keys included), and ``model_overrides`` follows
+``reference.model_config``'s rules (no ``auto_map`` or other code-loading
+key, at most 1,024 layers, dimensions at most 1,048,576); a user's
+config.json is held to the same rules before vLLM reads it.
+
 A *resolved* case carries the deployment, the geometry and speculative
 settings one engine resolved, and ``"resolved_by": "vllm==X"``; the
 reference model reads the geometry directly when asked for that version, and
@@ -44,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.errors import InvalidArgument, invalid
+from reference.model_config import check_model_config
+from reference.vllm_flags import check_vllm_args
 
 PLATFORMS = ("cuda", "cpu")
 #: GPUs kvspec can answer vLLM's hardware queries for: compute capability.
@@ -54,8 +64,9 @@ MAX_ARG_CHARS = 4096
 MAX_OVERRIDES = 64
 _MODEL_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-#: Flags kvspec owns: the model comes from ``model``; the rest would start
-#: or describe a server, not a cache geometry.
+#: Flags of a server command line that are no cache setting: the model
+#: comes from ``model``; the rest start or describe a server. (A deployment
+#: refuses them with every flag outside ``reference.vllm_flags.FLAGS``.)
 RESERVED_FLAGS = ("--model", "--host", "--port", "--api-key", "--served-model-name")
 
 
@@ -136,9 +147,7 @@ def parse_deployment(raw: Any) -> Deployment:
     for i, a in enumerate(args):
         if not isinstance(a, str) or len(a) > MAX_ARG_CHARS or "\0" in a:
             raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
-        flag = a.split("=", 1)[0]
-        if flag in RESERVED_FLAGS:
-            raise invalid(f"deployment.vllm_args[{i}]", a, f"{flag} is not a cache setting; allowed: flags other than {', '.join(RESERVED_FLAGS)} (the model is deployment.model)")
+    check_vllm_args(args)
     overrides = raw.get("model_overrides", {})
     if overrides is None:
         overrides = {}
@@ -149,6 +158,7 @@ def parse_deployment(raw: Any) -> Deployment:
         if not _OVERRIDE_KEY.match(str(key)):
             raise invalid(f"deployment.model_overrides.{key}", value, "a config field name of [A-Za-z0-9_]")
         clean[key] = _override_value(key, value)
+    check_model_config(clean, "deployment.model_overrides")
     platform = raw.get("platform", "cuda")
     if platform not in PLATFORMS:
         raise invalid("deployment.platform", platform, f"allowed: {', '.join(PLATFORMS)}")
