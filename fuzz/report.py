@@ -145,7 +145,8 @@ def _ticks(text: str) -> int:
 
 
 def _code(value) -> str:
-    """A code span no text can close: more backticks than any run inside."""
+    """A code span no text can close: more backticks than any run inside
+    (never at a line's start: three backticks there open a fence)."""
     text = printable(value)
     fence = "`" * (_ticks(text) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
@@ -209,7 +210,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["## Deployment", ""]
     if dep is not None:
         where = _text(dep.platform) + (f" ({_text(dep.device)})" if dep.device else "")
-        lines.append(_code(dep.model) + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "") + f" on {where}:")
+        lines.append("Model " + _code(dep.model) + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "") + f" on {where}:")
         lines += [""] + _fence("sh", ["vllm serve <model> " + shlex.join(printable(a) for a in dep.vllm_args)]) + ["", "vLLM resolves it to:"]
     else:
         lines.append(f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):")
