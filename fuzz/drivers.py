@@ -1,6 +1,8 @@
 """In-process drivers: feed a Campaign with cases until a time or exec budget.
 
 * ``run_cases``: a given list (z3 seeds, a corpus), then stop.
+* ``run_given``: the user's ``--case`` files, each accounted for (run, cut
+  at the deadline, a harness error, not started).
 * ``run_random``: seeded ``random.Random`` choices through the shared
   generator (``boundary_bias=False`` gives plain uniform lengths).
 * ``run_hypothesis``: Hypothesis draws through the same generator, seeded,
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from reference.case import Case
+from reference.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
 from fuzz.generate import RandomChooser, build_case
@@ -27,34 +30,101 @@ class BoundedEngine:
     a worker engine gets the time left as its start-up and run timeouts (a
     run cut off there comes back as a worker error, which the campaign,
     past its deadline, counts as cut rather than as a harness error); an
-    in-process engine runs as is."""
+    in-process engine runs as is.
+
+    Past the deadline nothing is started: a run or a resolution raises
+    EngineError at once (the campaign counts it as cut). A worker that
+    could not start is not started again by this campaign: every later
+    call raises the same EngineError at once (without this, each z3 seed's
+    resolution spawned a fresh worker and waited out its start-up)."""
 
     def __init__(self, engine, deadline: float):
         self.engine, self.deadline = engine, deadline
         self.version = engine.version
+        self.failed: dict[str, str] = {}  # platform -> why its worker could not start
+
+    def _worker(self) -> bool:
+        return getattr(self.engine, "mode", None) == "worker"
+
+    def start(self, platform: str = "cuda") -> None:
+        """Start ``platform``'s worker now, within the deadline (a no-op for
+        an in-process engine or a running worker); EngineError when it
+        cannot, remembered for the later calls."""
+        if not self._worker():
+            return
+        if platform in self.failed:
+            raise EngineError(self.failed[platform])
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise EngineError(f"engine={self.engine.version!r}: not started: past the campaign's deadline")
+        proc = self.engine.process(platform)
+        proc.start_timeout = min(proc.start_timeout, left)
+        try:
+            proc.start()
+        except EngineError as e:
+            self.failed[platform] = str(e)
+            raise
+
+    def _left(self, case: Case) -> float:
+        self.start(case.deployment.platform if case.deployment is not None else "cuda")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise EngineError(f"engine={self.engine.version!r}: not run: past the campaign's deadline")
+        return left
 
     def run(self, case: Case) -> dict:
-        if getattr(self.engine, "mode", None) != "worker":
+        if not self._worker():
             return self.engine.run(case)
-        left = max(0.1, self.deadline - time.monotonic())
-        for proc in getattr(self.engine, "processes", {}).values():
-            proc.start_timeout = min(proc.start_timeout, left)
-        return self.engine.run(case, timeout=left)
+        return self.engine.run(case, timeout=self._left(case))
 
     def resolve(self, case: Case) -> dict:
-        if getattr(self.engine, "mode", None) != "worker":
+        if not self._worker():
             return self.engine.resolve(case)
-        return self.engine.resolve(case, timeout=max(0.1, self.deadline - time.monotonic()))
+        return self.engine.resolve(case, timeout=self._left(case))
+
+
+def engine_down(campaign: Campaign) -> str | None:
+    """Why the campaign's engines cannot run anything more (a worker that
+    could not start, see ``BoundedEngine``), or None: a driver stops then,
+    rather than file one harness error per drawn case."""
+    for engine in (campaign.engine, campaign.other):
+        failed = getattr(engine, "failed", None)
+        if failed:
+            return next(iter(failed.values()))
+    return None
 
 
 def run_cases(campaign: Campaign, cases: Iterable[Case], *, max_time: float | None = None, stop_on_finding: bool = False) -> Stats:
     deadline = None if max_time is None else time.monotonic() + max_time
     for case in cases:
-        if deadline is not None and time.monotonic() > deadline:
+        if (deadline is not None and time.monotonic() > deadline) or engine_down(campaign):
             break
         if campaign.check(case) and stop_on_finding:
             break
     return campaign.stats
+
+
+def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline: float) -> dict:
+    """Run the user's ``--case`` files (``(name, case)`` pairs), in order,
+    each to completion or not, and account for every one: ``run`` (judged:
+    a verdict, a finding, unsupported or rejected by vLLM), ``cut_at_deadline``
+    (its run was cut off by the deadline), ``harness_error`` (the harness
+    failed on it: not judged) or ``not_started`` (the deadline came first).
+    ``unfinished`` names each file not run, with why: a campaign that did
+    not run every given file must say so (``fuzz.outcome``)."""
+    counts = {"given": len(cases), "run": 0, "cut_at_deadline": 0, "harness_error": 0, "not_started": 0}
+    unfinished = []
+    for name, case in cases:
+        if time.monotonic() >= deadline or campaign.past_deadline():
+            why = "not_started"
+        else:
+            cut, errors = campaign.stats.cut_at_deadline, campaign.stats.harness_errors
+            campaign.check(case)
+            why = "cut_at_deadline" if campaign.stats.cut_at_deadline > cut else "harness_error" if campaign.stats.harness_errors > errors else "run"
+        counts[why] += 1
+        if why != "run":
+            unfinished.append({"path": name, "why": why})
+    return {**counts, "unfinished": unfinished}
 
 
 def random_cases(seed: int, **pinned) -> Iterable[Case]:
@@ -72,7 +142,7 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     if not synthetic and "resolver" not in pinned:
         pinned["resolver"] = campaign.resolver
     for case in random_cases(seed, **pinned):
-        if time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs):
+        if time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign):
             break
         if campaign.check(case) and stop_on_finding:
             break
@@ -92,7 +162,8 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     done = [0, False]  # examples run, stop requested
 
     def step(case: Case) -> None:
-        if done[1] or time.monotonic() > deadline or done[0] >= max_examples:
+        if done[1] or time.monotonic() > deadline or done[0] >= max_examples or engine_down(campaign):
+            done[1] = done[1] or engine_down(campaign) is not None
             return
         done[0] += 1
         if campaign.check(case) and stop_on_finding:

@@ -114,10 +114,14 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     return parse_case(json.loads(json.dumps(raw)))
 
 
-def on_deployments(cases: list[Case], resolver) -> list[Case]:
-    """Every boundary case that maps onto a deployment (see ``on_deployment``)."""
+def on_deployments(cases: list[Case], resolver, stop=None) -> list[Case]:
+    """Every boundary case that maps onto a deployment (see ``on_deployment``),
+    until ``stop()`` says the campaign's time is up (each mapping asks the
+    engine to resolve a deployment: none is asked past the deadline)."""
     out = []
     for i, case in enumerate(cases):
+        if stop is not None and stop():
+            break
         mapped = on_deployment(case, i, resolver)
         if mapped is not None:
             out.append(mapped)

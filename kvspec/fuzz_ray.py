@@ -29,7 +29,8 @@ libFuzzer process, exactly as ``--jobs 1`` does here.
   retries: both count as a dead worker (exit 3).
 * **The summary** adds up the workers' execs, engine runs, cases,
   unsupported, rejected, duplicates and harness errors, the best coverage,
-  and the earliest finding; ``ray_tasks`` lists each worker's status,
+  and the earliest finding; ``case_files`` accounts for every ``--case``
+  file (run when some worker ran it to completion); ``ray_tasks`` lists each worker's status,
   attempt, host and pid; the task envelopes are kept in
   ``OUT/ray-tasks/<run>/``. Exit codes are ``kvspec fuzz``'s.
 """
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import inspect
 import json
 import os
 import socket
@@ -126,10 +126,10 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
 
     args = argparse.Namespace(driver=task["driver"], seed=task["seed"], synthetic_geometry=bool(task.get("synthetic")))
     seeds = load_seed_cases(seed_dir) if seed_dir else []
-    given = [parse_case(raw["case"] if "case" in raw else raw) for raw in task.get("cases") or []]  # the files' JSON, sent with the task
-    if "given" in inspect.signature(_run_in_process).parameters:  # the z3 seeds and the --case files apart
-        return _run_in_process(args, engines, out, seeds, given, started, deadline)
-    return _run_in_process(args, engines, out, seeds + given, started, deadline)
+    raws = task.get("cases") or []  # the files' JSON, sent with the task
+    names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
+    given = [(name, parse_case(raw["case"] if "case" in raw else raw)) for name, raw in zip(names, raws)]
+    return _run_in_process(args, engines, out, seeds, given, started, deadline)
 
 
 # ------------------------------------------------------------ on the driver
@@ -158,7 +158,7 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
         "driver": args.driver, "seed": args.seed + j, "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
         "out": str(out.resolve()), "corpus": str(corpus) if corpus is not None else None,
         "z3_seeds": seed_dir is not None, "seed_dir": str(seed_dir) if seed_dir is not None else None,
-        "cases": [load_json(p, "case file") for p in args.case], "synthetic": bool(args.synthetic_geometry),
+        "cases": [load_json(p, "case file") for p in args.case], "case_names": list(args.case), "synthetic": bool(args.synthetic_geometry),
         "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
     } for j in range(args.jobs)]
     done: list[dict] = []
@@ -179,11 +179,35 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
     return _merge(results, args, engines, out, corpus, before, started, started_unix)
 
 
+def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
+    """The --case files' accounting over every worker (each runs them all):
+    a file is run when some worker ran it to completion; otherwise it is
+    unfinished, for the first reason a worker gave ("not_started" when no
+    worker reported on it: every worker died or ran out of time first)."""
+    if not names:
+        return None
+    why = {name: "not_started" for name in names}
+    for report in reports:
+        if not report:
+            continue
+        left = {u["path"]: u["why"] for u in report.get("unfinished", [])}
+        for name in names:
+            if name not in left and report.get("given") == len(names):
+                why[name] = "run"
+            elif why[name] == "not_started" and name in left:
+                why[name] = left[name]
+    counts = {"given": len(names), "run": 0, "cut_at_deadline": 0, "harness_error": 0, "not_started": 0}
+    for w in why.values():
+        counts[w] += 1
+    return {**counts, "unfinished": [{"path": n, "why": w} for n, w in why.items() if w != "run"]}
+
+
 def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Path | None, before: set[str], started: float, started_unix: float) -> dict:
     """Write what remote workers sent back, then add up the summaries."""
     totals = {k: 0 for k in _SUMS}
     rate, coverage, firsts, tasks, failed = 0.0, None, [], [], 0
     runs_per_s, cases_per_s, ready = 0.0, 0.0, []
+    case_files = _case_files([((env.get("result") or {}).get("summary") or {}).get("case_files") for env in results], list(getattr(args, "case", None) or []))
     for env in results:
         res = env.get("result") or {}
         s = res.get("summary") or {}
@@ -228,7 +252,7 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         "startup_s": round(max(ready), 2) if ready else None, "engine_runs_per_s": round(runs_per_s, 2), "cases_per_s": round(cases_per_s, 2),
         "unsupported": totals["unsupported"], "rejected": totals["rejected"], "harness_errors": totals["harness_errors"],
         "duplicates": totals["duplicates"], "workers_died": totals["workers_died"] + failed,
-        "findings": findings, "first_finding_s": round(min(firsts), 2) if firsts else None,
+        "findings": findings, "first_finding_s": round(min(firsts), 2) if firsts else None, "case_files": case_files,
         "ray_tasks": tasks, "ray_retried": sum(1 for t in tasks if (t["attempt"] or 0) > 0),
         "ray_nodes": sorted({t["host"] for t in tasks if t["host"]}),
     }

@@ -1,4 +1,19 @@
-"""kvspec fuzz --engine vllm==X [--engine vllm==Y] [--max-time S] [--seed N] ..."""
+"""kvspec fuzz --engine vllm==X [--engine vllm==Y] [--max-time S] [--seed N] ...
+
+Accounting that never gives a false all-clear:
+
+* every option is checked before any work (a build, the z3 seeds, an
+  engine): ``--out`` and ``--corpus`` must be folders kvspec can write into
+  (``kvspec.options.output_dir``), ``--jobs`` at most ``JOBS_PER_CORE`` per
+  core of this machine (``MAX_CLUSTER_JOBS`` on a Ray cluster joined),
+  ``--max-time`` a finite duration; a bad one is one line, exit 2;
+* ``--max-time`` bounds every driver, start-up included: the engine's worker
+  is started once within it and not again if it cannot start; nothing is
+  started past it (``fuzz.drivers.BoundedEngine``);
+* every ``--case`` file is run first and accounted for (given, run, cut at
+  the deadline, a harness error, not started); one not run to completion
+  makes the exit 3, naming it, unless a finding was written (exit 1).
+"""
 
 from __future__ import annotations
 
@@ -26,8 +41,18 @@ exit codes:
      unusable, or harness errors above --harness-error-limit (and at least
      3); takes precedence over 1
 
+--case files run first; each is accounted for (given, run, cut at the
+deadline, a harness error, not started). If any was not run to completion
+the exit is 3, with one line naming how many and which, never 0 ("no
+finding"); a finding written still gives 1 (the line names them too).
+
+--jobs is at most 2 per core of this machine (without --ray, or with --ray
+local), at most 1024 on a Ray cluster joined.
+
 --max-time is the wall limit of the whole command, engine start-up included
-(workers are stopped at it; ~20 s of it go to starting the engine); building
+(workers are stopped at it, nothing is started past it, a worker that could
+not start is not started again; ~20 s of it go to starting the engine; the
+command ends within about --max-time + 5 s); building
 a build's environment (--patch, path:, wheel:; ~30 s once) comes first, before
 the clock starts. A build is judged by the promise, sparse_dense,
 spec_on_off, engine_error and versions oracles: the reference and knobs
@@ -64,21 +89,48 @@ def configure(parser) -> None:
     parser.add_argument("libfuzzer", nargs="*", help="after --: flags passed to libFuzzer")
 
 
+#: Parallel workers per core of this machine (``--jobs`` without ``--ray``,
+#: or with ``--ray local``, whose cluster is this machine).
+JOBS_PER_CORE = 2
+#: ``--jobs`` on a Ray cluster joined (``--ray auto|HOST:PORT``), whose size
+#: is not known before joining it: Ray queues the tasks past its CPUs.
+MAX_CLUSTER_JOBS = 1024
+
+
+def max_jobs(ray: str | None) -> tuple[int, str]:
+    """The largest ``--jobs`` and where it comes from: ``JOBS_PER_CORE`` per
+    core of this machine, unless the workers run on a Ray cluster joined."""
+    from kvspec.options import cores
+
+    if ray is not None and ray != "local":
+        return MAX_CLUSTER_JOBS, "the most tasks sent to a Ray cluster"
+    n = cores()
+    return JOBS_PER_CORE * n, f"{JOBS_PER_CORE} per core of this machine's {n} cores"
+
+
 def _validate(args, engines: list[str]) -> None:
+    """Every option checked before any work (a build, the z3 seeds, an
+    engine): one line naming the flag, exit 2."""
+    from kvspec.options import output_dir, seconds, whole
+
     if len(engines) > 2:
         raise invalid("--engine", engines, "give one engine under test and at most one more to compare with")
-    if not (math.isfinite(args.max_time) and args.max_time > 0):
-        raise invalid("--max-time", args.max_time, "must be a positive number of seconds")
-    if args.jobs < 1:
-        raise invalid("--jobs", args.jobs, "must be at least 1")
-    if getattr(args, "ray", None) is not None and not 0 <= args.ray_retries <= 100:
-        raise invalid("--ray-retries", args.ray_retries, "must be an integer from 0 to 100")
-    if not 0 <= args.harness_error_limit <= 1:
+    seconds("--max-time", args.max_time)
+    ray = getattr(args, "ray", None)
+    top, why = max_jobs(ray)
+    whole("--jobs", args.jobs, minimum=1, maximum=top, why=why)
+    if ray is not None:
+        whole("--ray-retries", args.ray_retries, minimum=0, maximum=100)
+    if not (math.isfinite(args.harness_error_limit) and 0 <= args.harness_error_limit <= 1):
         raise invalid("--harness-error-limit", args.harness_error_limit, "must be a fraction from 0 to 1")
     if args.case and args.driver == "atheris":
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
     if args.driver == "cases" and not args.case and args.no_z3_seeds:
         raise invalid("--driver", "cases", "needs --case files or the z3 seeds (drop --no-z3-seeds)")
+    if args.out:
+        output_dir("--out", args.out)
+    if args.corpus:
+        output_dir("--corpus", args.corpus)
 
 
 def unusable_engine(engines: list[str]) -> str | None:
@@ -106,6 +158,7 @@ def main(args) -> int:
     from reference.errors import EngineError
 
     _validate(args, list(args.engine or []))  # options first, before any build
+    cases = [load_finding(path)[0] for path in args.case]  # a bad case file: one line, exit 2, before any build
     # a build (--patch, path:, wheel:) is built before the clock starts
     try:
         engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE, progress=_say)]
@@ -114,7 +167,6 @@ def main(args) -> int:
         return EXIT_HARNESS
     started = time.monotonic()
     deadline = started + args.max_time
-    cases = [load_finding(path)[0] for path in args.case]
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
     corpus = (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")) if args.driver == "atheris" else None
@@ -142,11 +194,11 @@ def main(args) -> int:
             tty = sys.stderr.isatty()
             summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say, synthetic=args.synthetic_geometry)
         else:
-            summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [], cases, started, deadline)
+            summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
-    code, reason = outcome(execs=summary["execs"], harness_errors=summary["harness_errors"], new_findings=len(summary["findings"]), workers_died=summary.get("workers_died", 0), limit=args.harness_error_limit)
+    code, reason = outcome(execs=summary["execs"], harness_errors=summary["harness_errors"], new_findings=len(summary["findings"]), workers_died=summary.get("workers_died", 0), limit=args.harness_error_limit, cases=summary.get("case_files"))
     summary["classes"], summary["malformed"] = _classes(out, summary)
     summary["exit_code"], summary["outcome"] = code, reason
     _print(summary, args, engines, out)
@@ -187,44 +239,45 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
 
 
 def _run_in_process(args, engines, out, seeds, given, started: float, deadline: float) -> dict:
-    """``seeds``: the z3 boundary cases (mapped onto deployments unless
-    --synthetic-geometry); ``given``: the user's --case files, run as they
-    are (a hand geometry among them is labelled synthetic in its finding)."""
+    """``given``: the user's --case files as ``(name, case)`` pairs, run
+    first and as they are (a hand geometry among them is labelled synthetic
+    in its finding), each accounted for (``fuzz.drivers.run_given``: the
+    summary's ``case_files``); then ``seeds``, the z3 boundary cases
+    (mapped onto deployments unless --synthetic-geometry), then the driver's
+    own cases, all until the deadline. The engine's worker is started once,
+    within the deadline; one that cannot start is not started again."""
     from engine_adapter import open_engine
     from fuzz.atheris_runner import STOP_GRACE_S
     from fuzz.campaign import Campaign
-    from fuzz.drivers import BoundedEngine, run_cases, run_hypothesis, run_random
+    from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
     from fuzz.progress import Heartbeat, progress_line
     from reference.errors import EngineError
 
     stop_at = deadline - STOP_GRACE_S
     opened = [open_engine(name) for name in engines]
-    for e in opened:  # start a worker now (within the deadline), so its start-up is measured apart
-        procs = getattr(e, "processes", None)
-        if procs is not None and hasattr(e, "process"):
-            proc = e.process("cuda")
-            proc.start_timeout = min(proc.start_timeout, max(0.1, stop_at - time.monotonic()))
-            try:
-                proc.start()
-            except EngineError:
-                pass  # the first run reports it (a harness error)
-    ready = time.monotonic()
-    engine, other = BoundedEngine(opened[0], stop_at), (BoundedEngine(opened[1], stop_at) if len(opened) > 1 else None)
-    campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
-    s = campaign.stats
-    synthetic = args.synthetic_geometry
-    if not synthetic:  # the z3 boundary cases, mapped onto real deployments
-        from fuzz.seeds import on_deployments
-
-        seeds = on_deployments([c for c in seeds if c.deployment is None], campaign.resolver) + [c for c in seeds if c.deployment is not None]
-    seeds = list(seeds) + list(given)
-
-    def line() -> str:
-        elapsed = time.monotonic() - started
-        return progress_line(elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors)
-
+    bounded = [BoundedEngine(e, stop_at) for e in opened]
     try:
+        for e in bounded:  # start a worker now (within the deadline), so its start-up is measured apart
+            try:
+                e.start()
+            except EngineError:
+                pass  # remembered: the first run reports it (a harness error, or cut past the deadline)
+        ready = time.monotonic()
+        engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
+        campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
+        s = campaign.stats
+        synthetic = args.synthetic_geometry
+
+        def line() -> str:
+            elapsed = time.monotonic() - started
+            return progress_line(elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors)
+
         with Heartbeat(line, _say):
+            case_files = run_given(campaign, list(given), deadline=stop_at)
+            if not synthetic and not engine_down(campaign) and not campaign.past_deadline():  # the z3 boundary cases, mapped onto real deployments
+                from fuzz.seeds import on_deployments
+
+                seeds = on_deployments([c for c in seeds if c.deployment is None], campaign.resolver, stop=campaign.past_deadline) + [c for c in seeds if c.deployment is not None]
             run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
             left = max(0.0, stop_at - time.monotonic())
             if args.driver == "hypothesis":
@@ -242,4 +295,5 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
     return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
-            "cases": s.cases, "startup_s": round(ready - started, 2), "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s}
+            "cases": s.cases, "startup_s": round(ready - started, 2), "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s,
+            "case_files": case_files}
