@@ -1,4 +1,4 @@
-"""kvspec advise (--model M [--platform P] [--device D] | CASE.json) [--engine vllm==X] [-- FLAGS] | --server URL
+"""kvspec advise (--model M [--platform P] [--device D] | CASE.json) [--engine vllm==X] [-- FLAGS] | --server URL [--api-key-env NAME]
                 (--workload resend|chat|agent|rag|interleaved [sizes] | --trace FILE) [--confirm | --no-confirm] [--out DIR] [--json]
 
 What a deployment will hit on a workload, before it ships: the geometry
@@ -31,7 +31,12 @@ Workload sizes: ``--requests``, ``--prompt-tokens``, ``--turn-tokens``,
 ``--workload``/``--trace`` a case file's own trace is the workload.
 
 Writes ``OUT/advice.json`` and ``OUT/advice.png`` (``--out``, default
-``.kvspec/advise``). Exit status: 0 advice given (confirmed, or not
+``.kvspec/advise``), each atomically: a read-only or full disk is one line
+(exit 2), never a torn file. A server's API key is read only from the
+environment variable ``--api-key-env`` names (as ``kvspec replay``): a key
+on the command line is readable by every local user in
+``/proc/PID/cmdline``, so ``--api-key`` is refused in one line that never
+shows its value. Exit status: 0 advice given (confirmed, or not
 confirmed); 1 the engine disagreed with the model (findings written);
 2 bad input (one line); 3 the engine did not run a setting (kvspec's own
 failure, never vLLM's).
@@ -43,7 +48,7 @@ import json
 from pathlib import Path
 
 from kvspec.console import say as _say
-from reference.errors import invalid
+from reference.errors import InvalidArgument, invalid
 
 HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
 
@@ -61,7 +66,8 @@ def configure(parser) -> None:
     parser.add_argument("--device", default=None, help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)")
     parser.add_argument("--engine", default=None, metavar="vllm==X", help="the vLLM version whose rules and resolution apply (default: vllm==0.33.0; with --server: the server's)")
     parser.add_argument("--server", metavar="URL", help="read the geometry from a running server's /metrics instead")
-    parser.add_argument("--api-key", default=None, help="with --server: its API key (never printed or saved)")
+    parser.add_argument("--api-key-env", default=None, metavar="NAME", help="with --server: the name of the environment variable holding its API key (never printed or saved)")
+    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: kept so it is not read as --api-key-env
     parser.add_argument("--served-model", default=None, help="with --server: the served model name (when it serves several)")
     parser.add_argument("--workload", metavar="|".join(WORKLOADS), help="a built-in workload shape")
     for flag in OPTIONS:
@@ -83,6 +89,8 @@ def check_options(args) -> None:
     """Every option value checked before any work (one line each)."""
     from kvspec.options import output_dir, output_file, seconds
 
+    if args.api_key is not None:  # never echo the value
+        raise InvalidArgument("--api-key: a key on the command line is readable by every local user (/proc/PID/cmdline); allowed: --api-key-env NAME, the name of an environment variable holding the key")
     seconds("--timeout", args.timeout)
     if args.model is not None and args.case is not None and args.case.startswith("-"):  # argparse put the first flag after -- here
         args.flags = [args.case, *(args.flags or [])]
@@ -94,8 +102,9 @@ def check_options(args) -> None:
         raise invalid("flags", args.flags, "vllm serve flags go with --model only")
     if args.server is not None and args.engine is not None:
         raise invalid("--engine", args.engine, "with --server the server's own vLLM version applies; allowed: no --engine")
-    if args.server is None and (args.api_key is not None or args.served_model is not None):
-        raise invalid("--api-key" if args.api_key is not None else "--served-model", "...", "only with --server")
+    if args.server is None and (args.api_key_env is not None or args.served_model is not None):
+        flag, value = ("--api-key-env", args.api_key_env) if args.api_key_env is not None else ("--served-model", args.served_model)
+        raise invalid(flag, value, "only with --server")
     if args.workload is not None and args.trace is not None:
         raise invalid("--trace", args.trace, "give --workload or --trace, not both")
     if args.workload is None and args.trace is None and args.case is None:
@@ -106,10 +115,24 @@ def check_options(args) -> None:
         for flag, key in OPTIONS.items():
             if getattr(args, key) is not None:
                 raise invalid(flag, getattr(args, key), "a size of a built-in workload; allowed: with --workload")
-    if args.out is not None:
-        output_dir("--out", args.out)
+    output_dir("--out", args.out if args.out is not None else _default_out())
     if args.chart is not None:
         output_file("--chart", args.chart)
+
+
+def _default_out() -> Path:
+    from kvspec.home import kvspec_home
+
+    return kvspec_home() / "advise"
+
+
+def _written(flag: str, path, write) -> None:
+    """``write()`` (an atomic write of ``path``); a disk that refuses it
+    (read-only, full) is one line naming ``flag``."""
+    try:
+        write()
+    except OSError as e:
+        raise invalid(flag, str(path), f"cannot be written ({e.strerror or e}); allowed: a writable folder with room") from None
 
 
 def build_workload(args, case):
@@ -162,10 +185,11 @@ def main(args) -> int:
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
-    from kvspec.home import kvspec_home
+    from kvspec.commands.replay import _api_key
     from reference.case import write_json_atomic
 
     check_options(args)
+    api_key = _api_key(args.api_key_env)
     case = None
     if args.case is not None:
         from fuzz.findings import load_finding
@@ -176,11 +200,11 @@ def main(args) -> int:
     workload = build_workload(args, case)
     if args.confirm:
         check_explicit(workload.requests)
-    out = Path(args.out) if args.out is not None else kvspec_home() / "advise"
+    out = Path(args.out) if args.out is not None else _default_out()
     lazy = None
     try:
         if args.server is not None:
-            src = sources.from_server(args.server, api_key=args.api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0))
+            src = sources.from_server(args.server, api_key=api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0))
         else:
             name = engine_name(parse_engine(args.engine or DEFAULT_ENGINE, "--engine"))
             lazy = LazyEngine(name)
@@ -215,12 +239,12 @@ def main(args) -> int:
                 confirmed = confirm(src, resolved, advice, lazy(), out, timeout=min(args.timeout, RUN_TIMEOUT_S), progress=_say)
         chart_path = Path(args.chart) if args.chart else out / "advice.png"
         title = f"{src.describe} on {src.engine}: workload {workload.name} ({len(workload.requests):,} requests)"
-        chart(advice, title[:330], chart_path)
+        _written("--chart" if args.chart else "--out", chart_path, lambda: chart(advice, title[:330], chart_path))
         files = {"json": str(out / "advice.json"), "chart": str(chart_path), "findings": str(out / "findings") if confirmed and confirmed["findings"] else None}
         doc = report(advice, src.as_dict(), workload.as_dict(), confirmed, files)
         if skipped:
             doc["confirm_skipped"] = skipped
-        write_json_atomic(out / "advice.json", doc)
+        _written("--out", out / "advice.json", lambda: write_json_atomic(out / "advice.json", doc))
     finally:
         if lazy is not None:
             lazy.close()

@@ -100,3 +100,71 @@ def test_a_server_geometry_end_to_end(capsys, tmp_path):
     assert any("max_num_batched_tokens" in a for a in doc["source"]["assumptions"])
     assert [r["implemented"] for r in doc["requests"]] == [0, 768, 768]
     assert doc["retention"]["memory"]["per_gpu"] is None  # a server exposes no Mamba page
+
+
+# ------------------------------------------------------------ the API key, read-only and full disks (issue 29)
+
+SECRET = "sk-advise-test-4f1c9"
+
+
+@pytest.mark.parametrize("argv", [
+    ("--server", "http://127.0.0.1:9", "--workload", "resend", "--api-key", SECRET),
+    ("--server", "http://127.0.0.1:9", "--workload", "resend", f"--api-key={SECRET}"),
+    (SEED, "--workload", "resend", "--api-key", SECRET),
+])
+def test_a_key_on_the_command_line_is_refused_without_showing_it(capsys, tmp_path, argv):
+    code, out, err = _run(capsys, *argv, "--out", str(tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith("kvspec: --api-key: a key on the command line is readable by every local user") and "--api-key-env NAME" in err
+    assert SECRET not in err and err.count("\n") == 1
+
+
+def test_the_key_comes_from_the_environment_variable_named(capsys, tmp_path, monkeypatch):
+    """--api-key-env NAME: the server gets the key; without it, or with the
+    variable unset, the server refuses / kvspec says so in one line naming
+    the variable, never a value."""
+    from tests.live.stub_server import StubVllm, cache_config_labels
+
+    monkeypatch.setenv("ADVISE_TEST_KEY", SECRET)
+    monkeypatch.delenv("ADVISE_TEST_UNSET", raising=False)
+    with StubVllm(cache_config=cache_config_labels(block_size="256", prefix_cache_retention_interval="0"), version="0.33.0", api_key=SECRET) as stub:
+        base = ("--server", stub.url, "--workload", "resend", "--prompt-tokens", "1000", "--no-confirm", "--out", str(tmp_path), "--json")
+        code, out, err = _run(capsys, *base, "--api-key-env", "ADVISE_TEST_KEY")
+        assert code == 0, err
+        assert json.loads(out)["source"]["geometry"]["scheduler_block_size"] == 256
+        assert SECRET not in out + (tmp_path / "advice.json").read_text()
+        code, out, err = _run(capsys, *base, "--api-key-env", "ADVISE_TEST_UNSET")
+        assert (code, out) == (2, "") and err == "kvspec: --api-key-env=ADVISE_TEST_UNSET: the variable is unset or empty; allowed: a set, non-empty variable\n"
+        code, out, err = _run(capsys, *base, "--timeout", "5")
+        assert code == 2 and SECRET not in err and err.count("\n") == 1
+
+
+def test_api_key_env_needs_a_server(capsys, tmp_path):
+    code, out, err = _run(capsys, SEED, "--workload", "resend", "--api-key-env", "X", "--out", str(tmp_path))
+    assert code == 2 and err == "kvspec: --api-key-env='X': only with --server\n"
+
+
+def _refusing_writer(err):
+    """A test double for the atomic writer: the disk refuses (full, read-only)."""
+    def write(path, data):
+        raise OSError(err, __import__("os").strerror(err))
+    return write
+
+
+@pytest.mark.parametrize("flag, err", [("--out", __import__("errno").ENOSPC), ("--out", __import__("errno").EROFS), ("--chart", __import__("errno").ENOSPC)])
+def test_a_full_or_read_only_disk_is_one_line_and_nothing_half_written(capsys, tmp_path, monkeypatch, flag, err):
+    import os
+
+    import advise.chart
+    import reference.case
+
+    monkeypatch.setattr(reference.case, "write_bytes_atomic", _refusing_writer(err))
+    monkeypatch.setattr(advise.chart, "write_bytes_atomic", _refusing_writer(err))
+    out = tmp_path / "out"
+    chart = tmp_path / "c.png"
+    argv = [SEED, "--engine", "vllm==0.29.0", "--no-confirm", "--out", str(out)] + (["--chart", str(chart)] if flag == "--chart" else [])
+    code, stdout, stderr = _run(capsys, *argv)
+    assert code == 2 and stdout == ""
+    path = chart if flag == "--chart" else out / "advice.png"
+    assert stderr == f"kvspec: {flag}={str(path)!r}: cannot be written ({os.strerror(err)}); allowed: a writable folder with room\n"
+    assert not (out / "advice.json").exists() and not path.exists()
