@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from reference.case import write_bytes_atomic
+from reference.printable import printable
 
 BARS_UP_TO = 40
 LINES_UP_TO = 1500
@@ -69,7 +70,7 @@ def chart(advice: dict, title: str, path: Path) -> Path:
         ax.set_ylabel("hit share of its prompt")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(printable(title), 110)), fontsize=8)  # a case's name: no control characters
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -1,4 +1,10 @@
-"""The advice printed with rich, and its JSON form."""
+"""The advice printed with rich, and its JSON form.
+
+The printed advice holds text kvspec did not write (a case's name, a
+server's model and answers, vLLM's messages): every string of the document
+is made :func:`~reference.printable.printable` before it is printed, so no
+control character reaches the terminal (the JSON form escapes them).
+"""
 
 from __future__ import annotations
 
@@ -48,11 +54,25 @@ def _mcp(m: dict, key: str) -> str:
     return "none up to {:,} tokens".format(m["searched_up_to"]) if v is None else f"{v['tokens']:,} tokens (hits {v['hits']})"
 
 
+def printable_doc(value):
+    """``value`` with every string in it (keys too) :func:`printable`."""
+    from reference.printable import printable
+
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_doc(k): printable_doc(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(printable_doc(v) for v in value)
+    return value
+
+
 def render(doc: dict, console=None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    doc = printable_doc(doc)
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     src, g = doc["source"], doc["source"]["geometry"]
     f = src.get("facts") or {}

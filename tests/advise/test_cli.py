@@ -168,3 +168,19 @@ def test_a_full_or_read_only_disk_is_one_line_and_nothing_half_written(capsys, t
     path = chart if flag == "--chart" else out / "advice.png"
     assert stderr == f"kvspec: {flag}={str(path)!r}: cannot be written ({os.strerror(err)}); allowed: a writable folder with room\n"
     assert not (out / "advice.json").exists() and not path.exists()
+
+
+def test_a_case_s_text_reaches_the_terminal_without_control_characters(capsys, tmp_path, recwarn):
+    """A case file's name (shown as the source) with a screen clear, an OSC 8
+    hyperlink and a bidi override: printed without them."""
+    import re
+
+    case = json.loads(open(SEED).read())
+    case["name"] = "seed\x1b[2J\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\\u202eevil"
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(case))
+    code, out, err = _run(capsys, str(path), "--engine", "vllm==0.29.0", "--no-confirm", "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "seedlinkevil" in out
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", out + err)
+    assert not [w for w in recwarn if "missing from font" in str(w.message)], "a control character reached the chart's title"
