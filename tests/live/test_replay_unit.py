@@ -637,6 +637,7 @@ def test_report_quotes_a_live_replay_report(tmp_path):
     with StubVllm(follows([0, 0, 0])) as stub:
         assert cli_main(["replay", str(fpath), "--server", stub.url, "--gap", "0", "--json", str(rpath)]) == 0
     _, record = load_finding(fpath)
+    record["signature"] = "0123456789abcdef"  # a report names its files by it (kvspec writes one into every finding)
     live = live_summary(json.loads(rpath.read_text()), str(rpath), 3)
     issue = bundle(record, live=live)["ISSUE.md"]
     section = issue[issue.index("## Live server"):]
