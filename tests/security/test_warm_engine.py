@@ -124,15 +124,16 @@ def test_a_queued_client_with_time_left_starts_a_fresh_engine_and_says_so(stand_
 
 def test_the_server_skips_a_request_whose_client_gave_up_in_the_queue(stand_in, folder):
     first = client(stand_in, folder)
-    run(first)
+    pid = run(first)["result"]["pid"]
     t, busy = in_thread(lambda: run(first, timeout=30, sleep=2))
     time.sleep(0.3)
     gave_up = run(client(stand_in, folder), timeout=0.5, sleep=3)  # queued, gives up
     assert not gave_up["ok"]
     t.join(30)
     t0 = time.monotonic()
-    assert run(first, timeout=30)["ok"]
-    assert time.monotonic() - t0 < 2  # the abandoned 3 s request never ran
+    out = run(first, timeout=30)
+    assert out["ok"] and out["result"]["pid"] == pid  # the same engine, not killed
+    assert time.monotonic() - t0 < 2  # and the abandoned 3 s request never ran on it
 
 
 def test_a_request_bound_that_is_not_a_number_is_a_protocol_error(stand_in, folder):
@@ -252,5 +253,6 @@ def test_engines_list_through_the_cli_says_a_doubtful_folder_in_one_line(tmp_pat
     d.mkdir()
     d.chmod(0o1777)
     (d / f"kvspec-warm-{os.geteuid()}").symlink_to("/")
-    proc = subprocess.run([str(REPO_ROOT / ".venv/bin/kvspec"), "engines", "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "KVSPEC_WARM_DIR": str(d)})
+    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "KVSPEC_WARM_DIR": str(d)})
     assert proc.returncode == 2 and proc.stderr.startswith("kvspec: KVSPEC_WARM_DIR=") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
