@@ -51,7 +51,9 @@ from kvspec.home import models_dir
 from engine_adapter.failure import VllmFailure, vllm_outcome
 from engine_adapter.models import SHIPPED, load_config
 from reference.case import write_text_atomic
+from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
 from reference.deployment import Deployment
+from reference.model_config import check_model_config
 from reference.errors import DeploymentRejected as VllmRejected
 from reference.errors import InvalidArgument, KvspecError, Unsupported
 
@@ -117,7 +119,10 @@ def vllm_message(e: BaseException) -> str:
 
 def model_config_dict(dep: Deployment) -> dict:
     """The config.json the deployment serves: a shipped one or the user's,
-    with ``model_overrides`` applied."""
+    with ``model_overrides`` applied. Before vLLM reads it: no code-loading
+    key (``auto_map``, ...), layers and dimensions within
+    ``reference.model_config``'s limits, and ``architectures[0]`` one kvspec
+    knows (``MAMBA_KIND``)."""
     if dep.model in SHIPPED:
         cfg = load_config(dep.model)
     else:
@@ -134,11 +139,15 @@ def model_config_dict(dep: Deployment) -> dict:
             raise InvalidArgument(f"deployment.model={dep.model!r}: not a JSON config ({_one_line(e, 120)})") from None
         if not isinstance(cfg, dict):
             raise InvalidArgument(f"deployment.model={dep.model!r}: config.json must hold an object")
+        check_model_config(cfg, f"deployment.model={dep.model!r}: config.json field")
     cfg = dict(cfg)
     cfg.update(dep.model_overrides)
+    check_model_config(cfg, "deployment model config")  # the overrides' own checks ran when the case was parsed
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise InvalidArgument(f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config")
+    if archs[0] not in MAMBA_KIND:
+        raise Unsupported(f"deployment.model architectures[0]={archs[0]!r}: not an architecture kvspec knows; allowed: {', '.join(sorted(MAMBA_KIND))}")
     return cfg
 
 
@@ -451,7 +460,36 @@ def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
         assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
         assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
     _engine_core_handshake(vc, dep, facts, assumptions)
-    return Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
+    res = Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
+    check_limits(res)
+    return res
+
+
+def check_limits(res: Resolution) -> None:
+    """Refuse (one line, ``Unsupported``) a resolution with a size outside
+    ``reference.case``'s documented limits: a block (any group's, the
+    scheduler's, the hash block, the match unit, the checkpoint grid, the
+    split block, the hit alignment) above ``MAX_BLOCK_SIZE``, more than
+    ``MAX_GROUPS`` groups, a retention interval, chunk budget or speculative
+    token count above its limit. kvspec never prints, runs or stores a
+    geometry a case could not hold (vLLM computes one from an extreme model
+    config: a Mamba state page of gigabytes gives blocks of 10^9 tokens).
+    Only sizes: whether vLLM's structural rules hold is vLLM's answer."""
+    vc, kcfg = res.vllm_config, res.kv_cache_config
+    groups = list(kcfg.kv_cache_groups)
+    blocks = [("scheduler_block_size", res.scheduler_block_size), ("hash_block_size", res.hash_block_size), ("cache_hit_alignment_tokens", res.alignment_tokens),
+              ("prefix_match_unit", getattr(vc.cache_config, "prefix_match_unit", None)), ("split_block_size", res.facts.get("chunk_split_block_size"))]
+    blocks += [(f"groups[{i}].block_size", g.kv_cache_spec.block_size) for i, g in enumerate(groups)]
+    blocks += [(f"groups[{i}].prefill_checkpoint_alignment", getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None)) for i, g in enumerate(groups)]
+    sc = vc.speculative_config
+    limits = [(name, value, MAX_BLOCK_SIZE) for name, value in blocks]
+    limits += [("groups", len(groups), MAX_GROUPS),
+               ("retention_interval", getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", None)), MAX_RETENTION_INTERVAL),
+               ("max_num_batched_tokens", getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens, MAX_BATCHED_TOKENS),
+               ("num_speculative_tokens", getattr(sc, "num_speculative_tokens", None) if sc is not None else None, MAX_SPECULATIVE_TOKENS)]
+    for name, value, top in limits:
+        if isinstance(value, int) and not isinstance(value, bool) and value > top:
+            raise Unsupported(f"deployment={res.deployment.describe()!r}: vLLM resolves {name}={value}, outside kvspec's documented case limits; allowed: at most {top:,}")
 
 
 def _engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[str]) -> None:
