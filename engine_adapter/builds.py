@@ -9,8 +9,8 @@ replaced. Three sources:
   fuzz);
 * ``--engine path:/src/vllm`` (or its checkout root): a local vLLM source
   tree; its Python files that differ from the release's overlay it (the
-  compiled parts stay the release's). The release is read from the tree's
-  ``vllm/_version.py`` or given with ``--base vllm==X``;
+  compiled parts stay the release's). The release is read (as text) from
+  the tree's ``vllm/_version.py`` or given with ``--base vllm==X``;
 * ``--engine wheel:FILE.whl``: the Python files of a vLLM wheel, the same way
   (release from the wheel's version, or ``--base``).
 
@@ -31,8 +31,14 @@ from the release's ready environment:
    with what the build is made of (release, sources and their sha256, the
    files it replaces and their sha256).
 
-A patch that does not apply is one line naming the patch, the file and the
-hunk (InvalidArgument, exit 2). The reference model judges a build by its
+Patches, trees and wheels come from strangers: they are read as data, never
+run, bounded before any work (:mod:`engine_adapter.patches`: patch bytes,
+counts, malformed headers, a linear-time applier;
+:mod:`engine_adapter.source_files`: no symlink out of a tree, a wheel judged
+by its central directory, permissions that never widen), and every file a
+build writes is a file of ``vllm/`` inside the build's own site-packages. A
+patch that does not apply, like every refused input, is one line naming the
+patch, the file and the hunk or line (InvalidArgument, exit 2). The reference model judges a build by its
 release's rule (``reference.knobs.parse_version`` reads ``X+LABEL`` as X),
 so the ``reference`` and ``knobs`` oracles describe the release, not the
 build (:func:`fuzz.oracles.oracles_for`).
@@ -50,12 +56,12 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_adapter import venvs
+from engine_adapter import patches as patches_mod
+from engine_adapter import source_files, venvs
 from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
 from kvspec.console import say as _say
 from kvspec.home import engines_dir
@@ -65,8 +71,6 @@ from reference.errors import EngineError, InvalidArgument, KvspecError, invalid
 Progress = Callable[[str], None]
 #: Bound for waiting on another build of the same name (link copy + self-test).
 LOCK_WAIT_S = 900.0
-#: The longest patch file, source file or wheel member kvspec reads.
-MAX_PATCH_BYTES = 16 * 2**20
 #: Hex digits of the content hash in a build's name.
 HASH_DIGITS = 6
 KINDS = ("patch", "path", "wheel")
@@ -112,13 +116,16 @@ def patch_label(path: str | os.PathLike, release: str) -> str:
 class Overlay:
     """What a build replaces in its release: ``files`` maps a path relative to
     site-packages (``vllm/...``) to its new bytes, or None for a file the
-    build deletes."""
+    build deletes; ``modes`` the most permission each written file may have
+    (its source's bits: a 0600 source file is written 0600). The modes are
+    not part of the name: the same bytes are the same build."""
 
     release: str
     kind: str
     label: str
     files: dict[str, bytes | None]
     sources: list[dict] = field(default_factory=list)
+    modes: dict[str, int] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -159,183 +166,87 @@ def _release_env(release: str) -> Path:
     return sp
 
 
-def _read_limited(path: Path, flag: str) -> bytes:
-    try:
-        if not path.is_file():
-            raise invalid(flag, str(path), "is not a file; allowed: a readable regular file")
-        if path.stat().st_size > MAX_PATCH_BYTES:
-            raise invalid(flag, str(path), f"is larger than {MAX_PATCH_BYTES} bytes")
-        return path.read_bytes()
-    except OSError as e:
-        raise invalid(flag, str(path), f"cannot be read ({e.strerror or e}); allowed: a readable regular file") from None
-
-
-def _check_rel(rel: str, where: str) -> str:
-    parts = rel.split("/")
-    if not rel.startswith("vllm/") or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise InvalidArgument(f"{where}: path {rel!r} is not a file of vLLM's vllm/ tree; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py")
-    return rel
-
-
-# ---- unified diffs
-
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-@dataclass
-class Hunk:
-    header: str
-    old_start: int
-    body: list[tuple[str, str]]  # (" " | "-" | "+", line with its newline)
-
-    @property
-    def old(self) -> list[str]:
-        return [text for tag, text in self.body if tag in " -"]
-
-    @property
-    def new(self) -> list[str]:
-        return [text for tag, text in self.body if tag in " +"]
-
-
-@dataclass
-class FilePatch:
-    old: str | None  # None: /dev/null (a new file)
-    new: str | None  # None: /dev/null (a deleted file)
-    hunks: list[Hunk] = field(default_factory=list)
-
-    @property
-    def path(self) -> str:
-        return self.new or self.old or "?"
-
-
-def _header_path(text: str, where: str) -> str | None:
-    text = text.rstrip("\r\n").split("\t", 1)[0].strip()
-    if text == "/dev/null":
-        return None
-    if text.startswith(("a/", "b/")):
-        text = text[2:]
-    return _check_rel(text, where)
-
-
-def parse_patch(text: str, flag: str) -> list[FilePatch]:
-    """The file patches of a unified diff (git's or diff -u's); lines outside
-    a file's hunks (``diff --git``, ``index``, prose) are ignored."""
-    lines = text.splitlines(keepends=True)
-    files: list[FilePatch] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            files.append(FilePatch(_header_path(line[4:], flag), _header_path(lines[i + 1][4:], flag)))
-            i += 2
-            continue
-        m = _HUNK.match(line)
-        if not m:
-            i += 1
-            continue
-        if not files:
-            raise InvalidArgument(f"{flag}: {line.strip()!r} comes before any '--- a/...' / '+++ b/...' file header; allowed: a unified diff")
-        fp = files[-1]
-        old_len = 1 if m.group(2) is None else int(m.group(2))
-        new_len = 1 if m.group(4) is None else int(m.group(4))
-        hunk = Hunk(line.strip(), int(m.group(1)), [])
-        seen_old = seen_new = 0
-        i += 1
-        while i < len(lines) and (seen_old < old_len or seen_new < new_len):
-            body = lines[i]
-            if body.startswith("\\"):  # "\ No newline at end of file"
-                if hunk.body:
-                    tag, prev = hunk.body[-1]
-                    hunk.body[-1] = (tag, prev.rstrip("\r\n"))
-                i += 1
-                continue
-            tag = body[:1]
-            if body in ("\n", "\r\n"):  # an empty context line whose space an editor ate
-                tag, body = " ", " " + body
-            if tag not in (" ", "-", "+"):
-                break
-            seen_old += tag in " -"
-            seen_new += tag in " +"
-            hunk.body.append((tag, body[1:]))
-            i += 1
-        if i < len(lines) and lines[i].startswith("\\") and hunk.body:
-            tag, prev = hunk.body[-1]
-            hunk.body[-1] = (tag, prev.rstrip("\r\n"))
-            i += 1
-        if seen_old != old_len or seen_new != new_len:
-            raise InvalidArgument(f"{flag}: hunk {len(fp.hunks) + 1} of {fp.path} ({hunk.header}) is cut short: {seen_old}/{old_len} old and {seen_new}/{new_len} new lines; allowed: a complete unified diff")
-        fp.hunks.append(hunk)
-    return files
-
-
-def _apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str) -> list[str]:
-    out = list(lines)
-    delta = 0  # how far earlier hunks moved the file
-    floor = 0  # a hunk applies after the one before it
-    for k, hunk in enumerate(fp.hunks, 1):
-        old, new = hunk.old, hunk.new
-        want = max(0, hunk.old_start - 1 + delta) if old else max(0, hunk.old_start + delta - (1 if hunk.old_start else 0))
-        if not old:
-            at = min(max(want, floor), len(out))
-        else:
-            n = len(old)
-            found = [p for p in range(floor, len(out) - n + 1) if out[p] == old[0] and out[p : p + n] == old]
-            if not found:
-                first = next((t for tag, t in hunk.body if tag in " -"), "").strip()
-                raise InvalidArgument(
-                    f"{flag}: hunk {k} of {fp.path} ({hunk.header}) does not apply to vLLM {release}: its context and removed lines are not in the file"
-                    f" (first: {first[:80]!r}); allowed: a unified diff against vLLM {release}'s vllm/ tree"
-                )
-            at = min(found, key=lambda p: (abs(p - want), p))
-        out[at : at + len(old)] = new
-        delta += len(new) - len(old)
-        floor = at + len(new)
-    return out
+def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str) -> None:
+    """Every file a build writes is a file: not a folder of the release, not
+    below a file of the release or of the build (else writing it would fail
+    half-way through the build)."""
+    written = {rel for rel, data in files.items() if data is not None}
+    for rel in sorted(written):
+        path = sp / rel
+        if path.is_dir() and not path.is_symlink():
+            raise invalid(flag, what, f"{rel} is a folder in vLLM {release}; allowed: files of vLLM's vllm/ tree")
+        for parent in list(Path(rel).parents)[:-1]:
+            if parent.as_posix() in written or ((sp / parent).exists() and not (sp / parent).is_dir()):
+                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of vLLM's vllm/ tree")
 
 
 def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
     """Apply ``patches`` in order to release's vLLM files; the overlay is the
-    files that end up different from the release's."""
+    files that end up different from the release's. The patches are read
+    and bounded (:mod:`engine_adapter.patches`: bytes, count, file patches,
+    hunks) before any is applied; a file they make keeps no more permission
+    than the patches that made it."""
     release = release_of(parse_engine(release, "--engine"))
     if not patches:
         raise invalid(flag, [], "give at least one patch file")
-    sp = _release_env(release)
-    state: dict[str, list[str] | None] = {}
-    sources, labels = [], []
-
-    def current(rel: str) -> list[str] | None:
-        if rel not in state:
-            path = sp / rel
-            state[rel] = path.read_bytes().decode("utf-8").splitlines(keepends=True) if path.is_file() else None
-        return state[rel]
-
+    if len(patches) > patches_mod.MAX_PATCHES:
+        raise invalid(flag, [str(p) for p in patches], f"{len(patches)} patches; allowed: at most {patches_mod.MAX_PATCHES}")
+    read, total = [], 0
     for p in patches:
-        where = f"{flag}={str(p)!r}"
-        raw = _read_limited(Path(p), flag)
+        raw, mode = source_files.read_regular(p, flag, str(p), limit=patches_mod.MAX_PATCH_BYTES)
+        total += len(raw)
+        if total > patches_mod.MAX_PATCH_BYTES:
+            raise invalid(flag, str(p), f"the patches hold more than {patches_mod.MAX_PATCH_BYTES} bytes together; allowed: at most {patches_mod.MAX_PATCH_BYTES}")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise invalid(flag, str(p), f"is not UTF-8 text (byte {e.start}); allowed: a unified diff") from None
-        fps = parse_patch(text, where)
+        read.append((p, raw, mode, text))
+    parsed, nfiles, nhunks = [], 0, 0
+    for p, raw, mode, text in read:
+        where = f"{flag}={str(p)!r}"
+        fps = patches_mod.parse_patch(text, where, max_files=patches_mod.MAX_FILE_PATCHES - nfiles, max_hunks=patches_mod.MAX_HUNKS - nhunks)
         if not fps:
             raise invalid(flag, str(p), "holds no file patch ('--- a/vllm/...' / '+++ b/vllm/...' with hunks); allowed: a unified diff against vLLM's vllm/ tree")
+        nfiles += len(fps)
+        nhunks += sum(len(fp.hunks) for fp in fps)
+        parsed.append((p, raw, mode, fps))
+    sp = _release_env(release)
+    state: dict[str, list[str] | None] = {}
+    modes: dict[str, int] = {}
+    sources, labels = [], []
+
+    def current(rel: str, where: str) -> list[str] | None:
+        if rel not in state:
+            path = sp / rel
+            if not path.is_file():
+                state[rel] = None
+            else:
+                try:
+                    state[rel] = patches_mod.split_lines(path.read_bytes().decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise InvalidArgument(f"{where}: {rel} is not UTF-8 text in vLLM {release}; allowed: patches to vLLM {release}'s text files") from None
+        return state[rel]
+
+    for p, raw, mode, fps in parsed:
+        where = f"{flag}={str(p)!r}"
         for fp in fps:
             if fp.old is None:  # a new file
-                if current(fp.new) is not None:
+                if current(fp.new, where) is not None:
                     raise InvalidArgument(f"{where}: {fp.new} is created by the patch but exists in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
                 lines: list[str] = []
             else:
-                lines = current(fp.old)
+                lines = current(fp.old, where)
                 if lines is None:
                     raise InvalidArgument(f"{where}: {fp.old}: no such file in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
-            result = _apply_hunks(lines, fp, where, release)
+            result = patches_mod.apply_hunks(lines, fp, where, release)
             if fp.new is None:
                 state[fp.old] = None
             else:
                 if fp.old is not None and fp.old != fp.new:
                     state[fp.old] = None
                 state[fp.new] = result
+                modes[fp.new] = modes.get(fp.new, 0o777) & mode
         sources.append({"kind": "patch", "path": str(p), "sha256": hashlib.sha256(raw).hexdigest()})
         labels.append(patch_label(p, release))
     files: dict[str, bytes | None] = {}
@@ -348,14 +259,14 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         data = "".join(lines).encode("utf-8")
         if not orig.is_file() or orig.read_bytes() != data:
             files[rel] = data
+    _check_paths(sp, files, flag, [str(p) for p in patches], release)
     label = ".".join(dict.fromkeys(labels))
-    return Overlay(release, "patch", label, files, sources)
+    return Overlay(release, "patch", label, files, sources, {rel: m for rel, m in modes.items() if rel in files})
 
 
 # ---- local trees and wheels
 
 
-_VERSION_LINE = re.compile(r"""^\s*(?:__version__|version)\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", re.M)
 _RELEASE = re.compile(r"^(\d+\.\d+\.\d+)")
 
 
@@ -370,19 +281,24 @@ def _pick_release(found: str | None, base: str | None, what: str, flag: str) -> 
     return m.group(1)
 
 
-def _overlay_of(release: str, kind: str, label: str, members: dict[str, bytes], source: dict) -> Overlay:
+def _overlay_of(release: str, kind: str, label: str, members: dict[str, source_files.Source], source: dict, flag: str, what: str) -> Overlay:
     sp = _release_env(release)
-    files = {}
-    for rel, data in members.items():
+    files, modes = {}, {}
+    for rel, (data, mode) in members.items():
         orig = sp / rel
         if not orig.is_file() or orig.read_bytes() != data:
             files[rel] = data
-    return Overlay(release, kind, label, files, [source])
+            modes[rel] = mode
+    _check_paths(sp, files, flag, what, release)
+    return Overlay(release, kind, label, files, [source], modes)
 
 
 def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
     """The Python files of a local vLLM source tree (its ``vllm`` package
-    folder, or the checkout holding it) that differ from the release's."""
+    folder, or the checkout holding it) that differ from the release's,
+    read by :func:`engine_adapter.source_files.tree_files` (no symlink out of
+    the tree, bounded). The release is the one its ``vllm/_version.py``
+    states (read as text), or ``base``."""
     root = Path(path).expanduser()
     what = f"path:{path}"
     if (root / "vllm" / "__init__.py").is_file():
@@ -391,25 +307,20 @@ def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engi
         pkg = root
     else:
         raise invalid(flag, what, "is not a vLLM source tree (no vllm/__init__.py there); allowed: path:/src/vllm or the checkout holding it")
-    found = None
-    version_file = pkg / "_version.py"
-    if version_file.is_file():
-        m = _VERSION_LINE.search(version_file.read_text(errors="replace"))
-        found = m.group(1) if m else None
+    members = source_files.tree_files(root, pkg, flag, what)
+    version_file = members.get("vllm/_version.py")
+    found = source_files.version_in(version_file[0].decode("utf-8", "replace")) if version_file else None
     release = _pick_release(found, base, what, flag)
-    members: dict[str, bytes] = {}
-    for f in sorted(pkg.rglob("*.py")):
-        if "__pycache__" in f.parts or not f.is_file():
-            continue
-        members["vllm/" + f.relative_to(pkg).as_posix()] = _read_limited(f, flag)
     h = hashlib.sha256()
     for rel in sorted(members):
-        h.update(rel.encode() + b"\0" + hashlib.sha256(members[rel]).digest())
-    return _overlay_of(release, "path", "local", members, {"kind": "path", "path": str(pkg.resolve()), "version": found, "sha256": h.hexdigest()})
+        h.update(rel.encode() + b"\0" + hashlib.sha256(members[rel][0]).digest())
+    return _overlay_of(release, "path", "local", members, {"kind": "path", "path": str(pkg.resolve()), "version": found, "sha256": h.hexdigest()}, flag, what)
 
 
 def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
-    """The Python files of a vLLM wheel that differ from the release's."""
+    """The Python files of a vLLM wheel that differ from the release's, read
+    by :func:`engine_adapter.source_files.wheel_files` (judged by its central
+    directory first; nothing extracted)."""
     whl = Path(path).expanduser()
     what = f"wheel:{path}"
     if not whl.is_file():
@@ -417,22 +328,11 @@ def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--eng
     parts = whl.name.split("-")
     if not whl.name.endswith(".whl") or len(parts) < 3 or parts[0].lower() != "vllm":
         raise invalid(flag, what, "is not a vLLM wheel (vllm-VERSION-...whl); allowed: wheel:FILE.whl, a vLLM wheel")
-    members: dict[str, bytes] = {}
-    try:
-        with zipfile.ZipFile(whl) as z:
-            for info in z.infolist():
-                name = info.filename
-                if name.startswith("vllm/") and name.endswith(".py") and "/__pycache__/" not in name and ".." not in name.split("/"):
-                    if info.file_size > MAX_PATCH_BYTES:
-                        raise invalid(flag, what, f"member {name} is larger than {MAX_PATCH_BYTES} bytes")
-                    members[name] = z.read(info)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise invalid(flag, what, f"cannot be read as a wheel ({e}); allowed: wheel:FILE.whl, a vLLM wheel") from None
+    members, digest = source_files.wheel_files(whl, flag, what)
     if "vllm/__init__.py" not in members:
         raise invalid(flag, what, "holds no vllm/__init__.py; allowed: wheel:FILE.whl, a vLLM wheel")
     release = _pick_release(parts[1], base, what, flag)
-    digest = hashlib.sha256(whl.read_bytes()).hexdigest()
-    return _overlay_of(release, "wheel", "wheel", members, {"kind": "wheel", "path": str(whl.resolve()), "version": parts[1], "sha256": digest})
+    return _overlay_of(release, "wheel", "wheel", members, {"kind": "wheel", "path": str(whl.resolve()), "version": parts[1], "sha256": digest}, flag, what)
 
 
 # ------------------------------------------------------------------ environments
@@ -557,6 +457,8 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
             own = 0
             for rel, data in sorted(overlay.files.items()):
                 path = sp / rel
+                if not path.parent.resolve().is_relative_to(sp.resolve()):  # a folder linked out of the build
+                    raise EngineError(f"engine={name!r}: {rel} would be written outside {sp}")
                 cache = path.parent / "__pycache__"
                 for pyc in cache.glob(f"{path.stem}.*.pyc") if cache.is_dir() else ():
                     pyc.unlink()
@@ -564,9 +466,9 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
                     continue
-                mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-                write_bytes_atomic(path, data)  # a new file: the release's stays as it was
-                path.chmod(mode)
+                mode = (path.stat().st_mode & 0o777 if path.exists() else 0o644) & overlay.modes.get(rel, 0o777)
+                write_bytes_atomic(path, data)  # a new file (created 0600): the release's stays as it was
+                path.chmod(mode)  # never more than the release's file nor the source's
                 own += len(data)
             progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
             progress(f"{prefix} self-test ({'imports vLLM' if selftest == 'import' else 'drives the real scheduler once'})")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import builds
+from engine_adapter import builds, patches
 from engine_adapter.versions import is_build, parse_engine, release_of
 from kvspec.home import REPO_ROOT
 from reference.errors import InvalidArgument
@@ -26,9 +26,9 @@ SOURCE = "".join(f"line {i}\n" for i in range(1, 21))
 
 
 def _apply(diff: str, source: str = SOURCE, path: str = "vllm/x.py") -> str:
-    (fp,) = builds.parse_patch(diff, "--patch='t.diff'")
+    (fp,) = patches.parse_patch(diff, "--patch='t.diff'")
     assert fp.path == path
-    return "".join(builds._apply_hunks(source.splitlines(keepends=True), fp, "--patch='t.diff'", "0.33.0"))
+    return "".join(patches.apply_hunks(patches.split_lines(source), fp, "--patch='t.diff'", "0.33.0"))
 
 
 # ---------------------------------------------------------------- the applier (no engine)
@@ -70,7 +70,7 @@ def test_a_hunk_whose_context_is_not_there_is_one_line_naming_the_file_and_hunk(
 ])
 def test_malformed_patches_are_one_line(diff, needle):
     with pytest.raises(InvalidArgument) as e:
-        builds.parse_patch(diff, "--patch='t.diff'")
+        patches.parse_patch(diff, "--patch='t.diff'")
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
