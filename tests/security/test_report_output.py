@@ -360,3 +360,27 @@ def test_printable_removes_terminal_control(text, keep, want):
     from reference.printable import printable
 
     assert printable(text, keep=keep) == want
+
+
+# ------------------------------------------------------------ on the real vLLM
+
+
+@pytest.mark.engine
+def test_a_hostile_finding_s_regression_test_runs_on_vllm_without_the_payload(tmp_path):
+    """The regression test of a finding whose summary (its title: no known
+    class) closes the docstring and writes a marker: pytest in vLLM 0.33.0's
+    environment collects and runs it (it fails on its assertion: the
+    release's bug), and the marker is never written."""
+    from fuzz.report import bundle
+    from tests.engine.conftest import ensure_env
+    from tests.engine.test_patched_engines import _pytest
+
+    ensure_env("0.33.0")
+    marker = tmp_path / "MARKER"
+    files = bundle(_hostile("summary", payloads(marker)["triple-double"], classified=False))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (test,) = [n for n in files if n.startswith("test_")]
+    proc = _pytest("0.33.0", [tmp_path / test])
+    assert proc.returncode == 1 and f"FAILED {test}::" in proc.stdout and "1 failed" in proc.stdout, proc.stdout[-3000:]
+    assert not marker.exists()
