@@ -697,18 +697,23 @@ def _version_of(path: Path, state: dict) -> str:
     """The engine version a state file is named after (``vllm-X-PLATFORM-ENVID.json``;
     a build's ``X+LABEL.HASH`` as the client named it), else the server's vLLM."""
     stem, platform = path.name.removesuffix(".json"), str(state.get("platform"))
-    head, _, env = stem.rpartition("-")
-    if len(env) == 12 and all(c in "0123456789abcdef" for c in env):
-        stem = head
+    if _env_of(path) is not None:
+        stem = stem.rpartition("-")[0]
     if stem.startswith("vllm-") and stem.endswith("-" + platform):
         return stem[len("vllm-"):-len(platform) - 1]
     return str(state.get("version"))
 
 
+def _env_of(path: Path) -> str | None:
+    """The environment id (:func:`env_id`) a state file is named after."""
+    env = path.name.removesuffix(".json").rpartition("-")[2]
+    return env if len(env) == 12 and all(c in "0123456789abcdef" for c in env) else None
+
+
 def list_warm(directory: Path | None = None) -> list[dict]:
     """The warm engines now running (a dead one's files are removed):
-    engine, platform, pid, idle seconds left, whether it runs this
-    checkout's sources."""
+    engine, platform, environment id, pid, idle seconds left, whether it
+    runs this checkout's sources."""
     rows = []
     now = time.time()
     for path in _state_files(directory):
@@ -731,7 +736,7 @@ def list_warm(directory: Path | None = None) -> list[dict]:
         except Exception:  # noqa: BLE001 - an unknown version's files
             current = False
         rows.append({
-            "engine": f"vllm=={version}", "version": version, "platform": platform, "pid": pid,
+            "engine": f"vllm=={version}", "version": version, "platform": platform, "env": _env_of(path), "pid": pid,
             "socket": str(paths.sock), "idle_timeout_s": idle,
             "idle_left_s": round(max(0.0, idle - (now - last_used)), 1),
             "started": state.get("started"), "current": current,

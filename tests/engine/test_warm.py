@@ -110,7 +110,8 @@ def kvspec(*argv, env=None):
 
 
 def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
-    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda"]  # the cpu example has one of its own
+    ours = warm_033.client().env_id  # engines of other environments are others'
+    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours]  # the cpu example has one of its own
     seed = str(REPO_ROOT / "examples" / "seed-53504.json")
     deployment = str(REPO_ROOT / "examples" / "seed-53504-deployment.json")
     run = kvspec("run", seed, "--engine", "vllm==0.33.0")
@@ -120,7 +121,7 @@ def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
     assert kvspec("replay", seed, "--engine", "vllm==0.33.0").returncode in (0, 1)
     chart = tmp_path / "m.png"
     assert kvspec("matrix", seed, "--engine", "vllm==0.33.0", "--chart", str(chart)).returncode == 0 and chart.exists()
-    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda"]
+    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours]
     assert after["pid"] == server["pid"]  # every command used the same warm engine
     cold_run = kvspec("run", seed, "--engine", "vllm==0.33.0", env={**os.environ, "KVSPEC_WARM": "0"})
     assert cold_run.returncode == 0 and json.loads(cold_run.stdout)["harness"] == {"platform": "cuda", "mode": "worker"}

@@ -170,7 +170,8 @@ def test_a_different_environment_starts_and_uses_another_engine(stand_in, folder
     monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     assert run(client(stand_in, folder))["result"]["pid"] == plain["pid"]  # each keeps its own
     assert {r["pid"] for r in warm.list_warm(folder)} >= {plain["pid"], hinted["pid"]}
-    assert all(r["engine"] == "vllm==0.33.0" for r in warm.list_warm(folder))
+    rows = warm.list_warm(folder)
+    assert all(r["engine"] == "vllm==0.33.0" for r in rows) and len({r["env"] for r in rows}) == len(rows)
 
 
 def test_the_warm_engines_own_settings_are_not_part_of_its_identity(monkeypatch):
@@ -256,3 +257,50 @@ def test_engines_list_through_the_cli_says_a_doubtful_folder_in_one_line(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, env={**os.environ, "KVSPEC_WARM_DIR": str(d)})
     assert proc.returncode == 2 and proc.stderr.startswith("kvspec: KVSPEC_WARM_DIR=") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ------------------------------------------------------------------ the real engine
+
+
+@pytest.mark.engine
+def test_the_command_after_a_wedged_real_warm_engine_gets_a_fresh_one_within_its_time(tmp_path):
+    """The issue's case on the real 0.33.0 warm engine: ``--config`` naming a
+    FIFO is refused before any engine sees it (exit 2, one line), and the
+    warm engine keeps serving; then the engine is wedged outright (SIGSTOP:
+    it answers no one and its own bound cannot fire, the worst case) and
+    the next command gets a fresh engine within its own time, says so, and
+    resolves the same. Prints the next command's wall time."""
+    from tests.engine.conftest import ensure_env
+
+    ensure_env("0.33.0")
+    d = tmp_path / "warm"
+    env = {**os.environ, "KVSPEC_WARM_DIR": str(d)}
+    env.pop("KVSPEC_WARM", None)
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+
+    def resolve(*flags, timeout=400):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_5", "--json", "--", *flags],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        return proc, time.monotonic() - t0
+
+    first, _ = resolve()
+    assert first.returncode == 0, first.stderr
+    (row,) = warm.list_warm(d)
+    hostile, hostile_s = resolve("--config", str(fifo), timeout=60)
+    assert hostile.returncode == 2 and hostile.stderr.startswith("kvspec: deployment.vllm_args") and len(hostile.stderr.strip().splitlines()) == 1, hostile.stderr
+    again, again_s = resolve()
+    assert again.returncode == 0 and [r["pid"] for r in warm.list_warm(d)] == [row["pid"]]  # the same engine serves
+    os.kill(row["pid"], signal.SIGSTOP)
+    try:
+        nxt, wall = resolve()
+    finally:
+        os.kill(row["pid"], signal.SIGKILL)
+    print(f"\nthe --config FIFO command: {hostile_s:.1f}s (exit 2); the next command: {again_s:.1f}s; "
+          f"the command after a wedged engine: {wall:.1f}s (queue wait {warm.QUEUE_WAIT_S:.0f}s + a fresh engine)")
+    assert nxt.returncode == 0, nxt.stderr
+    assert "kvspec: the warm engine vllm==0.33.0 is busy with another command; started a fresh one" in nxt.stderr
+    assert json.loads(nxt.stdout)["geometry"] == json.loads(first.stdout)["geometry"]
+    assert wall < warm.QUEUE_WAIT_S + 180
+    warm.stop(directory=d)
