@@ -384,3 +384,13 @@ def test_a_hostile_finding_s_regression_test_runs_on_vllm_without_the_payload(tm
     proc = _pytest("0.33.0", [tmp_path / test])
     assert proc.returncode == 1 and f"FAILED {test}::" in proc.stdout and "1 failed" in proc.stdout, proc.stdout[-3000:]
     assert not marker.exists()
+
+
+def test_say_prints_a_message_without_control_characters(capsys):
+    """kvspec's one stderr line writer (every ``kvspec: <message>``): a
+    message quoting a stranger's text reaches the terminal without its
+    control characters; line breaks and tabs stay."""
+    from kvspec.console import say
+
+    say("kvspec: vLLM said \x1b[2J\x1b]8;;http://evil.example/\x1b\\here\x1b]8;;\x1b\\ \u202eok\tdone\nnext")
+    assert capsys.readouterr().err == "kvspec: vLLM said here ok\tdone\nnext\n"
