@@ -17,7 +17,10 @@ are told to stop a second before it (``-max_total_time`` from their own
 start, see ``fuzz_engine``) and are stopped (SIGTERM, then SIGKILL) at it,
 ``STOP_GRACE_S`` before the caller's deadline so the summary fits. Workers
 stay in this process's process group and get ``PR_SET_PDEATHSIG``: a
-``kill -9`` of the runner (or of its group) leaves none behind.
+``kill -9`` of the runner (or of its group) leaves none behind. None is
+started past the deadline, and libFuzzer's own process flags (``-jobs``,
+``-workers``, ``-fork``, ``-merge``) are refused (``LIBFUZZER_PROCESS_FLAGS``):
+``--jobs`` is the one bounded way to run more.
 """
 
 from __future__ import annotations
@@ -41,6 +44,17 @@ ROOT = TARGET.parent.parent
 #: libFuzzer's status line; ``cov:`` is absent while nothing is covered.
 _PULSE = re.compile(r"^#(\d+)\s+[A-Z]*[a-z]*\b(?:.*?cov: (\d+))?.*?exec/s: (\d+)")
 _FINAL_EXECS = re.compile(r"^stat::number_of_executed_units: (\d+)")
+#: libFuzzer flags that start processes of their own, out of the runner's
+#: reach (its deadline, its count of workers): refused, use --jobs.
+LIBFUZZER_PROCESS_FLAGS = ("-jobs", "-workers", "-fork", "-merge")
+
+
+def process_flag(args) -> str | None:
+    """The first libFuzzer argument that would start processes of its own
+    (``LIBFUZZER_PROCESS_FLAGS``), or None."""
+    return next((a for a in args if a.split("=", 1)[0] in LIBFUZZER_PROCESS_FLAGS), None)
+
+
 #: Seconds before the caller's deadline at which workers are stopped, so
 #: stopping them and printing the summary still end by the deadline.
 STOP_GRACE_S = 2.0
@@ -248,6 +262,8 @@ def run_atheris(
     procs, states = [], []
     total = max(1, int(stop_at - time.monotonic()))  # an upper bound; the worker tightens it
     for j in range(jobs):
+        if procs and time.monotonic() >= stop_at:  # nothing is started past the deadline
+            break
         cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={total}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", f"-artifact_prefix={artifacts}/", *libfuzzer_args, *dirs]
         # Same process group as this runner (no new session): a kill of the
         # group reaches the workers; fuzz_engine also asks for PDEATHSIG.
@@ -257,7 +273,7 @@ def run_atheris(
         threading.Thread(target=_reader, args=(proc, j, q), daemon=True).start()
 
     live = _live(console)
-    open_streams = jobs
+    open_streams = len(procs)
     last_emit = origin
     try:
         while open_streams and time.monotonic() < stop_at:
@@ -292,7 +308,7 @@ def run_atheris(
     return {
         "engine": engine,
         "in_process": in_process,
-        "jobs": jobs,
+        "jobs": len(procs),
         "elapsed_s": round(time.monotonic() - started, 2),
         "execs": sum(st.execs for st in states),
         "exec_per_s": sum(st.exec_s for st in states),

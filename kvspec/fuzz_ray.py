@@ -182,20 +182,21 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
 def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
     """The --case files' accounting over every worker (each runs them all):
     a file is run when some worker ran it to completion; otherwise it is
-    unfinished, for the first reason a worker gave ("not_started" when no
-    worker reported on it: every worker died or ran out of time first)."""
+    unfinished, for the furthest any worker got with it (a harness error,
+    then cut at the deadline, then not started: also when no worker
+    reported at all, every one died or ran out of time first)."""
     if not names:
         return None
+    rank = {"not_started": 0, "cut_at_deadline": 1, "harness_error": 2, "run": 3}
     why = {name: "not_started" for name in names}
     for report in reports:
-        if not report:
+        if not report or report.get("given") != len(names):
             continue
         left = {u["path"]: u["why"] for u in report.get("unfinished", [])}
         for name in names:
-            if name not in left and report.get("given") == len(names):
-                why[name] = "run"
-            elif why[name] == "not_started" and name in left:
-                why[name] = left[name]
+            got = left.get(name, "run")
+            if rank.get(got, 0) > rank[why[name]]:
+                why[name] = got
     counts = {"given": len(names), "run": 0, "cut_at_deadline": 0, "harness_error": 0, "not_started": 0}
     for w in why.values():
         counts[w] += 1

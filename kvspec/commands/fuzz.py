@@ -127,6 +127,11 @@ def _validate(args, engines: list[str]) -> None:
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
     if args.driver == "cases" and not args.case and args.no_z3_seeds:
         raise invalid("--driver", "cases", "needs --case files or the z3 seeds (drop --no-z3-seeds)")
+    from fuzz.atheris_runner import process_flag
+
+    flag = process_flag(args.libfuzzer or [])
+    if flag:
+        raise invalid("libfuzzer", flag, "starts processes of its own, past --max-time and --jobs; allowed: --jobs N")
     if args.out:
         output_dir("--out", args.out)
     if args.corpus:

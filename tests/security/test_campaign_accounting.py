@@ -71,6 +71,8 @@ def _argvs(tmp: Path) -> list[tuple[str, list[str]]]:
     for flag, value in _bad_numbers():
         for driver in ("atheris", "random"):
             out.append((flag, ["fuzz", "--driver", driver, f"{flag}={value}", "--out", str(tmp / "ok")]))
+    for value in ("-jobs=1000000", "-workers=64", "-fork=8", "-merge=1"):  # libFuzzer's own processes, out of --jobs' reach
+        out.append(("libfuzzer", ["fuzz", "--max-time", "30", "--out", str(tmp / "ok"), "--", "-runs=10", value]))
     return out
 
 
@@ -224,6 +226,19 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     assert last.startswith("kvspec fuzz: exit 3: harness failed: 1 of 2 --case file(s) not run to completion:") and f"{files[1]} (cut at the deadline)" in last
 
 
+def test_ray_workers_case_files_merge_run_when_any_worker_ran_it():
+    from kvspec.fuzz_ray import _case_files
+
+    names = ["a.json", "b.json", "c.json"]
+    first = {"given": 3, "unfinished": [{"path": "b.json", "why": "cut_at_deadline"}, {"path": "c.json", "why": "not_started"}]}
+    second = {"given": 3, "unfinished": [{"path": "c.json", "why": "harness_error"}]}
+    merged = _case_files([first, None, second], names)
+    assert {k: merged[k] for k in ("given", "run", "cut_at_deadline", "harness_error", "not_started")} == {"given": 3, "run": 2, "cut_at_deadline": 0, "harness_error": 1, "not_started": 0}
+    assert merged["unfinished"] == [{"path": "c.json", "why": "harness_error"}]  # the furthest a worker got
+    assert _case_files([None, None], names)["not_started"] == 3  # every worker died: none ran
+    assert _case_files([first], []) is None
+
+
 # ------------------------------------------------------------ --max-time bounds start-up
 
 
@@ -260,14 +275,13 @@ class NeverStartsDouble:
 
 def test_a_worker_that_cannot_start_is_started_once_and_nothing_starts_past_the_deadline(tmp_path):
     from fuzz.seeds import on_deployments
-    from spec.seeds import boundary_cases
 
     double = NeverStartsDouble()
     bounded = BoundedEngine(double, time.monotonic() + 5)
     campaign = Campaign(bounded, tmp_path, oracles=("promise",), deadline=bounded.deadline)
     with pytest.raises(EngineError):
         bounded.start()
-    seeds = list(boundary_cases())[:40]
+    seeds = [_case(f"seed-{i}") for i in range(40)]  # uniform hand geometries, as the z3 seeds are
     t0 = time.monotonic()
     on_deployments(seeds, campaign.resolver, stop=campaign.past_deadline)
     assert double.starts == 1 and time.monotonic() - t0 < 1.0
