@@ -51,8 +51,9 @@ local), at most 1024 on a Ray cluster joined.
 
 --max-time is the wall limit of the whole command, engine start-up included
 (workers are stopped at it, nothing is started past it, a worker that could
-not start is not started again; ~20 s of it go to starting the engine; the
-command ends within about --max-time + 5 s); building
+not start is not started again; ~20 s of it go to starting the engine;
+the campaign stops 2 s before it, so the command ends by about --max-time,
+a few seconds more when stopping a worker is slow); building
 a build's environment (--patch, path:, wheel:; ~30 s once) comes first, before
 the clock starts. A build is judged by the promise, sparse_dense,
 spec_on_off, engine_error and versions oracles: the reference and knobs

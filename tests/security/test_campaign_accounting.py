@@ -311,3 +311,13 @@ def test_real_engine_two_case_files_and_a_tiny_deadline_exit_3(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert "no finding" not in last and "2 of 2 --case file(s) not run to completion" in last, last
     assert took < 3 + 10, took
+
+
+def test_fuzz_help_states_the_accounting_rules(capsys):
+    with pytest.raises(SystemExit) as done:
+        kvspec(["fuzz", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for rule in ("If any was not run to completion the exit is 3, with one line naming how many and which, never 0",
+                 "a finding written still gives 1", "--jobs is at most 2 per core of this machine", "nothing is started past it"):
+        assert rule in text, rule
