@@ -24,9 +24,39 @@ from kvspec.console import say as _say
 from reference.errors import KvspecError
 
 
+class Parser(argparse.ArgumentParser):
+    """kvspec's argument parser: no abbreviations (``--api-key X`` would be
+    read as ``--api-key-env X``), and an error shows the options it could
+    not place by name only, never the values beside them (a key typed on
+    the command line by mistake is not echoed)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        for lead in ("unrecognized arguments: ", "ambiguous option: "):
+            if message.startswith(lead):
+                message = lead + redact_values(message[len(lead):])
+        super().error(message)
+
+
+def redact_values(text: str) -> str:
+    """``--flag=value`` as ``--flag=...`` and every word that is not an
+    option as ``...``: what an argparse error about unplaced arguments may
+    show."""
+    words = []
+    for word in text.split(" "):
+        if word.startswith("-") and not word[1:2].isdigit():
+            words.append(word.split("=", 1)[0] + ("=..." if "=" in word else ""))
+        else:
+            words.append("..." if word else word)
+    return " ".join(words)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = Parser(prog="kvspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"kvspec.commands.{info.name}")
         name = getattr(module, "NAME", info.name)
