@@ -476,3 +476,38 @@ def test_vllm_0_33_0_s_own_version_file_names_its_release():
     sp = builds.site_packages(builds.env_dir("0.33.0"))
     data, _ = source_files.read_regular(sp / "vllm" / "_version.py", "--engine", "path:release", follow=False)
     assert source_files.version_in(data.decode()) == "0.33.0"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_private_and_the_release_intact(tmp_path):
+    """``path:DIR`` over vLLM 0.33.0's own files: the release comes from the
+    tree's ``_version.py`` (no ``--base``), the one changed file (0600) is
+    0600 in the build, and every file of the release's ``vllm/`` hashes the
+    same after the build."""
+    import hashlib
+    import shutil
+
+    from tests.engine.conftest import ensure_env
+
+    ensure_env("0.33.0")
+    sp = builds.site_packages(builds.env_dir("0.33.0"))
+
+    def release_hashes() -> dict[str, str]:
+        return {p.relative_to(sp).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((sp / "vllm").rglob("*")) if p.is_file()}
+
+    before = release_hashes()
+    src = tmp_path / "src"
+    shutil.copytree(sp / "vllm", src / "vllm", ignore=lambda folder, names: [n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())])
+    rel = "vllm/v1/core/block_pool.py"
+    (src / rel).write_text((src / rel).read_text() + "# a local change\n")
+    (src / rel).chmod(0o600)
+    overlay = builds.overlay_from_tree(str(src))
+    assert overlay.release == "0.33.0" and list(overlay.files) == [rel]
+    try:
+        builds.build(overlay, selftest="import", progress=lambda line: None)
+        built = builds.site_packages(builds.env_dir(overlay.version)) / rel
+        assert built.read_bytes() == (src / rel).read_bytes() and stat.S_IMODE(built.stat().st_mode) == 0o600
+        assert release_hashes() == before and len(before) > 5000
+    finally:
+        builds.remove(overlay.version, progress=lambda line: None)
