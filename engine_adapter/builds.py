@@ -66,7 +66,7 @@ from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, p
 from kvspec.console import say as _say
 from kvspec.home import engines_dir
 from reference.case import write_bytes_atomic
-from reference.errors import EngineError, InvalidArgument, KvspecError, invalid
+from reference.errors import EngineError, InvalidArgument, KvspecError, invalid, shown
 
 Progress = Callable[[str], None]
 #: Bound for waiting on another build of the same name (link copy + self-test).
@@ -277,7 +277,7 @@ def _pick_release(found: str | None, base: str | None, what: str, flag: str) -> 
     if m is None:
         raise invalid(flag, what, f"its vLLM release is unknown (version {found!r}); allowed: --base vllm==X naming the release it is based on")
     if m.group(1) not in SUPPORTED_VERSIONS:
-        raise invalid(flag, what, f"vLLM {found} is based on no release kvspec has an environment for; allowed: --base vllm==X with X one of {', '.join(SUPPORTED_VERSIONS)}")
+        raise invalid(flag, what, f"vLLM {shown(found)} is based on no release kvspec has an environment for; allowed: --base vllm==X with X one of {', '.join(SUPPORTED_VERSIONS)}")
     return m.group(1)
 
 

@@ -156,7 +156,7 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         fp = files[-1]
         old_len = 1 if m.group(2) is None else int(m.group(2))
         new_len = 1 if m.group(4) is None else int(m.group(4))
-        hunk = Hunk(line.strip()[:80], i + 1, int(m.group(1)))
+        hunk = Hunk(m.group(0), i + 1, int(m.group(1)))  # the numbers only: the rest of the line is the stranger's text
         last = " "
         i += 1
         while i < len(lines) and (len(hunk.old) < old_len or len(hunk.new) < new_len):

@@ -70,7 +70,7 @@ MAX_WHEEL_MEMBERS = 100_000
 MAX_RATIO = 100
 _CHUNK = 2**20
 
-_VERSION_LINE = re.compile(r"""^[ \t]*(?:(?:__version__|version)[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+(['"])([^'"\r\n]{1,64})\1""", re.M)
+_VERSION_LINE = re.compile(r"""^[ \t]*(?:(?:__version__|version)[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+(['"])([0-9][0-9A-Za-z.+!_-]{0,63})\1""", re.M)
 
 Source = tuple[bytes, int]  # (content, permission bits)
 

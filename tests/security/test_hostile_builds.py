@@ -173,7 +173,11 @@ def test_the_version_is_read_from_vllm_s_own_version_file_as_text(tmp_path, rele
     (pkg / "_version.py").write_text("__version__ = version = '0.31.0'\n")
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_tree(str(tmp_path / "src"))
-    _one_line(e, "vLLM 0.31.0 is based on no release kvspec has an environment for; allowed: --base vllm==X")
+    _one_line(e, "vLLM '0.31.0' is based on no release kvspec has an environment for; allowed: --base vllm==X")
+    (pkg / "_version.py").write_text("__version__ = '0.33.0\x1b[2J'\n")  # not a version: never shown raw
+    with pytest.raises(InvalidArgument) as e:
+        builds.overlay_from_tree(str(tmp_path / "src"))
+    assert "\x1b" not in _one_line(e, "its vLLM release is unknown (version None)")
 
 
 @pytest.mark.timeout(60)
