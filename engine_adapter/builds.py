@@ -526,6 +526,8 @@ def prepare(spec: str, patches: list[str] | None = None, base: str | None = None
         kind, _, where = text.partition(":")
         if not where:
             raise invalid(flag, text, f"{kind}: needs a {'folder' if kind == 'path' else 'wheel file'} after the colon")
+        if any(ord(c) < 32 or ord(c) == 127 for c in where):
+            raise invalid(flag, text, f"{kind}: names a path with a control character; allowed: a printable path")
         overlay = overlay_from_tree(where, base, flag=flag) if kind == "path" else overlay_from_wheel(where, base, flag=flag)
     else:
         version = parse_engine(text, flag)

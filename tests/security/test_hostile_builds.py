@@ -208,6 +208,14 @@ def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outsi
     assert changed and all(k.startswith(build_dir) or k.startswith("home/engines/.") or k.endswith(".lock") for k in changed), sorted(changed)[:10]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("spec", ["path:/src/vl\x00lm", "wheel:/tmp/vllm-0.33.0\r-x.whl", "path:/src/\x1b[2Jvllm"])
+def test_an_engine_path_with_a_control_character_is_one_line(spec):
+    with pytest.raises(InvalidArgument) as e:
+        builds.prepare(spec, progress=lambda line: None)
+    _one_line(e, f"--engine={spec!r}: ", "names a path with a control character")
+
+
 @pytest.mark.timeout(60)
 def test_the_cli_refuses_a_tree_with_a_link_out_in_one_line(tmp_path):
     pkg = _tree(tmp_path / "src")
