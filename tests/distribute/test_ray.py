@@ -200,6 +200,7 @@ def test_fuzz_on_ray_finds_53504_once_in_one_folder(cluster, tmp_path):
     assert [(t["id"], t["status"], t["attempt"]) for t in summary["ray_tasks"]] == [("job-0", "ok", 0), ("job-1", "ok", 0)]
     assert all(t["findings_reported"] >= 1 for t in summary["ray_tasks"]), "each worker finds the bug"
     assert summary["workers_died"] == 0 and summary["harness_errors"] == 0 and summary["execs"] > 0
+    assert summary["case_files"]["given"] == summary["case_files"]["run"] == 1 and summary["case_files"]["unfinished"] == []
     files = sorted(out.glob("*.json"))
     paths = [f["path"] for f in summary["findings"]]
     assert len(paths) == len(set(paths)) == len(files) >= 1
