@@ -191,7 +191,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         raise invalid(flag, [], "give at least one patch file")
     if len(patches) > patches_mod.MAX_PATCHES:
         raise invalid(flag, [str(p) for p in patches], f"{len(patches)} patches; allowed: at most {patches_mod.MAX_PATCHES}")
-    read, total = [], 0
+    read, total, nlines = [], 0, 0
     for p in patches:
         raw, mode = source_files.read_regular(p, flag, str(p), limit=patches_mod.MAX_PATCH_BYTES)
         total += len(raw)
@@ -201,6 +201,9 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise invalid(flag, str(p), f"is not UTF-8 text (byte {e.start}); allowed: a unified diff") from None
+        nlines += text.count("\n")
+        if nlines > patches_mod.MAX_PATCH_LINES:
+            raise invalid(flag, str(p), f"the patches hold more than {patches_mod.MAX_PATCH_LINES} lines together; allowed: at most {patches_mod.MAX_PATCH_LINES}")
         read.append((p, raw, mode, text))
     parsed, nfiles, nhunks = [], 0, 0
     for p, raw, mode, text in read:

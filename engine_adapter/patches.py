@@ -5,7 +5,8 @@ A patch comes from a stranger, so:
 
 * **Bounded before work starts.** A patch file is at most
   :data:`MAX_PATCH_BYTES`; the patches of one build are at most
-  :data:`MAX_PATCHES` files and :data:`MAX_PATCH_BYTES` bytes together; the
+  :data:`MAX_PATCHES` files, :data:`MAX_PATCH_BYTES` bytes and
+  :data:`MAX_PATCH_LINES` lines together; the
   parser counts file patches and hunks as it goes and stops at
   :data:`MAX_FILE_PATCHES` / :data:`MAX_HUNKS` (all the build's patches
   together), before anything is applied.
@@ -44,6 +45,8 @@ from reference.errors import shown as shown_value
 
 #: The longest patch file, and the most bytes of patches one build applies.
 MAX_PATCH_BYTES = 16 * 2**20
+#: The most lines in one build's patches (a real 16 MiB patch has about 400,000).
+MAX_PATCH_LINES = 2_000_000
 #: The most patch files one build applies.
 MAX_PATCHES = 64
 #: The most file patches (``---``/``+++`` pairs) in one build's patches.
@@ -127,13 +130,14 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
     (``diff --git``, ``index``, prose) are ignored. ``max_files`` /
     ``max_hunks``: how many more file patches / hunks the build allows."""
     lines = split_lines(text)
+    nlines = len(lines)
     files: list[FilePatch] = []
     nhunks = 0
     i = 0
-    while i < len(lines):
+    while i < nlines:
         line = lines[i]
-        where = f"{flag}: line {i + 1}"
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+        if line.startswith("--- ") and i + 1 < nlines and lines[i + 1].startswith("+++ "):
+            where = f"{flag}: line {i + 1}"
             old, new = _header_path(line[4:], where), _header_path(lines[i + 1][4:], f"{flag}: line {i + 2}")
             if old is None and new is None:
                 raise InvalidArgument(f"{where}: both sides of the file header are /dev/null; allowed: '--- a/vllm/...' or '--- /dev/null' (a new file), then '+++ b/vllm/...' or '+++ /dev/null' (a deleted file)")
@@ -145,6 +149,7 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         if not line.startswith("@@ -"):
             i += 1
             continue
+        where = f"{flag}: line {i + 1}"
         m = _HUNK.match(line)
         if not m:
             raise InvalidArgument(f"{where}: {line.strip()[:80]!r} is not a hunk header; allowed: '@@ -START[,COUNT] +START[,COUNT] @@' with numbers of at most 9 digits")
@@ -159,24 +164,33 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         hunk = Hunk(m.group(0), i + 1, int(m.group(1)))  # the numbers only: the rest of the line is the stranger's text
         last = " "
         i += 1
-        while i < len(lines) and (len(hunk.old) < old_len or len(hunk.new) < new_len):
+        seen_old = seen_new = 0
+        add_old, add_new = hunk.old.append, hunk.new.append
+        while i < nlines and (seen_old < old_len or seen_new < new_len):
             body = lines[i]
-            if body.startswith("\\"):  # "\ No newline at end of file"
+            tag = body[:1]
+            if tag == "+":
+                add_new(body[1:])
+                seen_new += 1
+            elif tag == "-":
+                add_old(body[1:])
+                seen_old += 1
+            elif tag == " " or body == "\n" or body == "\r\n":  # (an empty context line whose space an editor ate)
+                rest = body[1:] if tag == " " else body
+                tag = " "
+                add_old(rest)
+                add_new(rest)
+                seen_old += 1
+                seen_new += 1
+            elif tag == "\\":  # "\ No newline at end of file"
                 _strip_newline(hunk, last)
                 i += 1
                 continue
-            if body in ("\n", "\r\n"):  # an empty context line whose space an editor ate
-                body = " " + body
-            tag = body[:1]
-            if tag not in (" ", "-", "+"):
+            else:
                 break
-            if tag != "+":
-                hunk.old.append(body[1:])
-            if tag != "-":
-                hunk.new.append(body[1:])
             last = tag
             i += 1
-        if i < len(lines) and lines[i].startswith("\\") and (hunk.old or hunk.new):
+        if i < nlines and lines[i].startswith("\\") and (hunk.old or hunk.new):
             _strip_newline(hunk, last)
             i += 1
         if len(hunk.old) != old_len or len(hunk.new) != new_len:

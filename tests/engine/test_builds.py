@@ -53,6 +53,14 @@ def test_two_hunks_and_a_git_header_and_no_newline_at_end():
     assert out.endswith("line 19\nlast")
 
 
+def test_an_empty_context_line_without_its_space_and_no_newline_after_a_context_line():
+    source = "a\n\nb\nc"
+    diff = "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,4 +1,4 @@\n-a\n+A\n\n b\n c\n\\ No newline at end of file\n"
+    assert _apply(diff, source) == "A\n\nb\nc"
+    diff = "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -3,2 +3,2 @@\n b\n-c\n\\ No newline at end of file\n+C\n"
+    assert _apply(diff, source) == "a\n\nb\nC\n"
+
+
 def test_a_hunk_whose_context_is_not_there_is_one_line_naming_the_file_and_hunk():
     diff = "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n line 1\n-line 2\n+two\n@@ -5,2 +5,2 @@\n line 5\n-line 99\n+x\n"
     with pytest.raises(InvalidArgument) as e:

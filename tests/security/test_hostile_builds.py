@@ -279,6 +279,10 @@ def test_patch_bytes_and_counts_are_bounded_before_anything_is_applied(tmp_path,
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_patches("0.33.0", [half] * (patches.MAX_PATCHES + 1))
     _one_line(e, f"allowed: at most {patches.MAX_PATCHES}")
+    lines = _write(tmp_path, "lines.diff", "\n" * (patches.MAX_PATCH_LINES + 1))
+    with pytest.raises(InvalidArgument) as e:
+        builds.overlay_from_patches("0.33.0", [lines])
+    _one_line(e, f"the patches hold more than {patches.MAX_PATCH_LINES} lines together")
     monkeypatch.setattr(builds, "_release_env", lambda release: pytest.fail("the release is read before the bounds are checked"))
     many = "--- a/vllm/x.py\n+++ b/vllm/x.py\n" + "@@ -1 +1 @@\n-line 1\n+one\n" * 30
     monkeypatch.setattr(patches, "MAX_HUNKS", 20)
