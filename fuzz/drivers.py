@@ -141,10 +141,10 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     synthetic = synthetic or "geometry" in pinned or "speculative" in pinned  # a pinned hand geometry
     if not synthetic and "resolver" not in pinned:
         pinned["resolver"] = campaign.resolver
-    for case in random_cases(seed, **pinned):
-        if time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign):
-            break
-        if campaign.check(case) and stop_on_finding:
+    cases = iter(random_cases(seed, **pinned))
+    # checked before each case is drawn: drawing one asks the engine to resolve deployments
+    while not (time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign)):
+        if campaign.check(next(cases)) and stop_on_finding:
             break
     return campaign.stats
 
@@ -170,7 +170,7 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
             done[1] = True
 
     n = 0
-    while not done[1] and done[0] < max_examples and time.monotonic() < deadline:
+    while not done[1] and done[0] < max_examples and time.monotonic() < deadline and not engine_down(campaign):
         run = hseed(seed * 1_000_003 + n)(
             settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver))(step))
         )

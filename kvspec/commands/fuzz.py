@@ -280,10 +280,11 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
 
         with Heartbeat(line, _say):
             case_files = run_given(campaign, list(given), deadline=stop_at)
-            if not synthetic and not engine_down(campaign) and not campaign.past_deadline():  # the z3 boundary cases, mapped onto real deployments
+            if not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
                 from fuzz.seeds import on_deployments
 
-                seeds = on_deployments([c for c in seeds if c.deployment is None], campaign.resolver, stop=campaign.past_deadline) + [c for c in seeds if c.deployment is not None]
+                mappable = [c for c in seeds if c.deployment is None] if not engine_down(campaign) else []
+                seeds = on_deployments(mappable, campaign.resolver, stop=campaign.past_deadline) + [c for c in seeds if c.deployment is not None]
             run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
             left = max(0.0, stop_at - time.monotonic())
             if args.driver == "hypothesis":

@@ -291,6 +291,27 @@ def test_a_worker_that_cannot_start_is_started_once_and_nothing_starts_past_the_
     assert late.engine.starts == 0
 
 
+@pytest.mark.parametrize("driver", ["random", "hypothesis"])
+def test_a_driver_draws_nothing_once_the_engine_is_down_or_the_deadline_passed(tmp_path, driver):
+    """Drawing a deployment case asks the engine to resolve deployments:
+    none is drawn (no resolution, no harness error, no cut) when the worker
+    could not start, or past the deadline."""
+    from fuzz.drivers import run_hypothesis, run_random
+
+    run = run_random if driver == "random" else run_hypothesis
+    down = BoundedEngine(NeverStartsDouble(), time.monotonic() + 5)
+    with pytest.raises(EngineError):
+        down.start()
+    late = BoundedEngine(NeverStartsDouble(), time.monotonic() - 1)
+    for bounded, budget in ((down, 3.0), (late, 0.0)):
+        campaign = Campaign(bounded, tmp_path / driver, oracles=("promise",), deadline=bounded.deadline)
+        t0 = time.monotonic()
+        run(campaign, 1, max_time=budget)
+        s = campaign.stats
+        assert (s.cases, s.harness_errors, s.cut_at_deadline) == (0, 0, 0) and time.monotonic() - t0 < 1.0
+        assert bounded.engine.starts == (1 if bounded is down else 0)
+
+
 # ------------------------------------------------------------ the real engine
 
 
