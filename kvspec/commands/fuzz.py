@@ -240,6 +240,9 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
     Console().print(table)
     malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
     print("\n".join(render(summary["classes"], malformed, str(out))))
+    files = summary.get("case_files")
+    if files and files.get("given"):
+        print(f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started")
     if summary.get("harness_errors"):
         print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'} (not findings)")
 

@@ -216,7 +216,7 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
         argv += ["--case", str(f)]
     t0 = time.monotonic()
     assert kvspec(argv) == EXIT_HARNESS
-    assert time.monotonic() - t0 < 3.5
+    assert time.monotonic() - t0 < 3 + 2  # --max-time, and a margin for a loaded machine
     out = capsys.readouterr()
     summary = json.loads(out.out)
     assert summary["case_files"]["given"] == 2 and summary["case_files"]["run"] == 1 and summary["case_files"]["cut_at_deadline"] == 1
@@ -224,6 +224,9 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     assert summary["findings"] == []
     last = out.err.strip().splitlines()[-1]
     assert last.startswith("kvspec fuzz: exit 3: harness failed: 1 of 2 --case file(s) not run to completion:") and f"{files[1]} (cut at the deadline)" in last
+    double.ran.clear()
+    assert kvspec([a for a in argv if a != "--json"] + ["--out", str(tmp_path / "out2")]) == EXIT_HARNESS  # the table names the counts too
+    assert "--case files: 2 given, 1 run, 1 cut at the deadline, 0 a harness error, 0 not started" in capsys.readouterr().out
 
 
 def test_ray_workers_case_files_merge_run_when_any_worker_ran_it():
@@ -296,7 +299,10 @@ def test_a_driver_draws_nothing_once_the_engine_is_down_or_the_deadline_passed(t
     """Drawing a deployment case asks the engine to resolve deployments:
     none is drawn (no resolution, no harness error, no cut) when the worker
     could not start, or past the deadline."""
+    import hypothesis  # noqa: F401 - imported before the clock (seconds on a loaded machine)
+
     from fuzz.drivers import run_hypothesis, run_random
+    from fuzz.generate import hypothesis_cases  # noqa: F401
 
     run = run_random if driver == "random" else run_hypothesis
     down = BoundedEngine(NeverStartsDouble(), time.monotonic() + 5)
@@ -308,7 +314,7 @@ def test_a_driver_draws_nothing_once_the_engine_is_down_or_the_deadline_passed(t
         t0 = time.monotonic()
         run(campaign, 1, max_time=budget)
         s = campaign.stats
-        assert (s.cases, s.harness_errors, s.cut_at_deadline) == (0, 0, 0) and time.monotonic() - t0 < 1.0
+        assert (s.cases, s.harness_errors, s.cut_at_deadline) == (0, 0, 0) and time.monotonic() - t0 < 2.5
         assert bounded.engine.starts == (1 if bounded is down else 0)
 
 
