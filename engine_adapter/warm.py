@@ -510,7 +510,9 @@ class WarmClient:
         self.idle_timeout = idle_timeout if idle_timeout is not None else idle_timeout_default()
         self.start_timeout = start_timeout
         self.queue_wait = queue_wait
-        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        if say is None:
+            from kvspec.console import say
+        self.say = say  # one line on stderr (kvspec.console.say) when this client starts a fresh engine for a reason
         self.fingerprint = fingerprint(version, platform, self.python)
         self.started: int | None = None  # pid of a server this client started
         self.restarts = 0
