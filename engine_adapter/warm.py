@@ -36,7 +36,9 @@ One command's request at a time, with that command's own bound:
 * a request carries its client's time left (``timeout_s``); the server
   answers ``{"event": "started"}`` when it begins it, and ends itself
   (removing its socket, then exiting) if the request runs
-  :data:`OVERRUN_GRACE_S` past that bound; the client whose own request
+  :data:`OVERRUN_GRACE_S` past that bound (a request that holds the GIL:
+  SIGALRM ends it :data:`HARD_GRACE_S` later, its files left for the next
+  client to clean); the client whose own request
   ran past its bound kills that engine (by the pid that started it), and
   no one else ever does;
 * a client queued behind another command's request (no ``started`` within
@@ -114,6 +116,9 @@ STOP_WAIT_S = 10.0
 QUEUE_WAIT_S = 30.0
 #: Seconds a request may run past its own bound before its server ends itself.
 OVERRUN_GRACE_S = 2.0
+#: Seconds after that when the kernel ends a server whose watchdog thread
+#: could not run (a request holding the GIL): SIGALRM, default action.
+HARD_GRACE_S = 5.0
 #: How the log of a warm engine killed for a request past its bound ends.
 KILLED_MARK = "kvspec warm engine: killed:"
 #: Environment variables that are part of a warm engine's identity:
@@ -949,10 +954,15 @@ def _serve_connection(conn: socket.socket, driver, fp: str, status, overrun=None
                         watch = threading.Timer(bound + OVERRUN_GRACE_S, overrun, (bound,))
                         watch.daemon = True
                         watch.start()
+                        # the backstop, for a request that holds the GIL (the
+                        # thread above never runs): SIGALRM's default action
+                        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                        signal.setitimer(signal.ITIMER_REAL, bound + OVERRUN_GRACE_S + HARD_GRACE_S)
                 try:
                     resp, what = handle(driver, msg, fp), "used"
                 finally:
                     if watch is not None:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
                         watch.cancel()
         resp["id"] = rid
         try:

@@ -39,6 +39,8 @@ class Driver:
         t0 = time.time()
         if options.get("open"):  # as vLLM opens a `--config` file: a FIFO blocks here
             open(options["open"]).read()
+        if options.get("gil"):  # a C call that never lets another thread run
+            import re; re.match(r"(a+)+$", "a" * 64 + "b")
         time.sleep(float(options.get("sleep", 0)))
         return {"engine": "vllm==0.33.0", "hits": [len(case["trace"])], "queries": [], "knobs": {}, "explain": [],
                 "name": case.get("name"), "pid": os.getpid(), "t": [t0, time.time()], "harness": {"platform": "cuda"},

@@ -304,3 +304,29 @@ def test_the_command_after_a_wedged_real_warm_engine_gets_a_fresh_one_within_its
     assert json.loads(nxt.stdout)["geometry"] == json.loads(first.stdout)["geometry"]
     assert wall < warm.QUEUE_WAIT_S + 180
     warm.stop(directory=d)
+
+
+def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand_in, folder):
+    """The watchdog thread cannot run while a C call holds the GIL; the
+    kernel's SIGALRM still ends the engine, and the next request gets a
+    fresh one."""
+    c = client(stand_in, folder)
+    pid = run(c)["result"]["pid"]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.warm import WarmClient\n"
+            "from tests.engine.test_warm_lifecycle import case\n"
+            "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
+            "print('sent', flush=True); c.request('run', 1.0, case=case(), options={'gil': True})\n")
+    hog = subprocess.Popen([sys.executable, "-c", code, str(REPO_ROOT), stand_in, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "sent"
+        time.sleep(0.5)
+        hog.kill()  # its client gone: only the engine's own bound can end it
+        hog.wait(10)
+        assert wait_gone(pid, 1.0 + warm.OVERRUN_GRACE_S + warm.HARD_GRACE_S + 5)
+    finally:
+        hog.kill()
+        hog.wait(10)
+        if not warm._exited(pid):
+            os.kill(pid, signal.SIGKILL)
+    out = run(c, timeout=30)
+    assert out["ok"] and out["result"]["pid"] != pid
