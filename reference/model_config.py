@@ -7,7 +7,8 @@ called, at every nesting level (``text_config`` and the like):
 
 * **No code.** A key that names code to import is refused: ``auto_map``,
   ``trust_remote_code``, ``custom_pipelines``, any key containing
-  ``module``, ``class`` or ``qualname``, any key ending in ``_cls``
+  ``module`` or ``qualname``, any key with a word ``class``, ``classes`` or
+  ``cls`` (``tokenizer_class``, ``worker_cls``; not ``classifier_dropout``)
   (:func:`loads_code`). kvspec resolves with vLLM's own model classes, never
   a model's code; it never needs a tokenizer or processor class.
 * **Known architecture.** ``architectures``, where given, is a list of 1 to
@@ -46,7 +47,8 @@ LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_n
 LAYER_LISTS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_num_experts")
 #: Keys that name code to import.
 CODE_KEYS = ("auto_map", "trust_remote_code", "custom_pipelines")
-_CODE_PARTS = ("module", "class", "qualname")
+_CODE_SUBSTRINGS = ("module", "qualname", "auto_map", "automap")
+_CODE_WORDS = ("class", "classes", "cls")
 _DIMENSION = re.compile(r"(^|_)(size|dim|dims|heads|state|rank|groups|group|kernel|expand|ssm|conv|head|experts)$")
 _NOT_DIMENSION = ("vocab_size", "max_position_embeddings")
 _ARCH_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
@@ -55,7 +57,8 @@ _ARCH_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 def loads_code(key: str) -> bool:
     """Whether a config key names code to import (see the module rules)."""
     k = key.lower()
-    return k in CODE_KEYS or k.endswith("_cls") or any(part in k for part in _CODE_PARTS)
+    words = re.split(r"[^a-z0-9]+", k)
+    return k in CODE_KEYS or any(part in k for part in _CODE_SUBSTRINGS) or any(w in _CODE_WORDS for w in words)
 
 
 def is_dimension(key: str) -> bool:

@@ -8,8 +8,10 @@ engine process. Many of vLLM's flags load code or data by name
 ``--config FILE.yaml``, ``--hf-overrides``, ``--tokenizer``, ...), so the
 rule is an allow-list, not a deny-list:
 
-* every token that starts with ``-`` and is not a number (argparse's own
-  test: ``-5``, ``-0.5``) must name, exactly, a flag of :data:`FLAGS`: the
+* every token that starts with ``-`` and is not a negative integer
+  (``--seed -1``; ``-0.5`` is refused: vLLM's parser reads a token with a
+  ``-`` and a ``.`` as a dotted key and takes the next token as its value)
+  must name, exactly, a flag of :data:`FLAGS`: the
   cache geometry, scheduling, parallelism and speculative decoding, plus the
   two kvspec itself passes (``--load-format dummy``, ``--skip-tokenizer-init``);
 * before matching, a flag is read as vLLM reads it: ``--flag=value`` is the
@@ -147,8 +149,9 @@ SPECULATIVE_KEYS: dict[str, type | tuple[type, ...]] = {
 SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3")
 _MTP_NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*_mtp$")
 _PLAIN_WORD = re.compile(r"^[a-z0-9_]{1,32}$")
-#: argparse's test for a negative number (Python 3.11 ``_negative_number_matcher``).
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+#: A negative integer: a value, not a flag (argparse agrees; without a ``.``,
+#: vLLM's dotted-key step leaves it alone).
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$")
 _INT_VALUE = re.compile(r"^\s*(\d{1,30})(?:\.(\d{1,6}))?\s*([kKmMgGtT]?)\s*$")
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -172,7 +175,7 @@ def canonical_flag(token: str) -> str:
 
 
 def is_number(token: str) -> bool:
-    """Whether argparse reads ``token`` as a (negative) number, not a flag."""
+    """Whether ``token`` is a negative integer (a value, not a flag)."""
     return bool(_NEGATIVE_NUMBER.match(token))
 
 
@@ -189,6 +192,8 @@ def check_vllm_args(args: list[str]) -> None:
             name = token.split("=", 1)[0]
             if "." in name and canonical_flag(name.split(".", 1)[0]) in FLAGS:
                 raise _refuse(i, token, "a dotted JSON key; spell the keys inside the flag's JSON value")
+            if name.startswith("--") and len(name) > 2 and any(f.startswith(canonical_flag(name)) for f in FLAGS):
+                raise _refuse(i, token, "an abbreviation (argparse would expand it, perhaps to a flag that loads code); spell the flag in full")
             raise _refuse(i, token, "loads code or is not a cache setting")
         kind = FLAGS[flag]
         explicit = "=" in token

@@ -100,6 +100,17 @@ def test_short_and_odd_spellings_are_refused(form):
     assert text.startswith(f"deployment.vllm_args[1]={form[0]!r}: "), text
 
 
+def test_an_abbreviation_of_an_allowed_flag_and_a_dotted_negative_number_are_refused():
+    assert "an abbreviation" in refused(dep(["--enable-prefix"]))
+    assert "an abbreviation" in refused(dep(["--max-num-batched", "8192"]))
+    # vLLM's parser reads "-1.5" as a dotted key that swallows the next token
+    assert refused(dep(["--seed", "-1.5", "--enforce-eager"])).startswith("deployment.vllm_args[1]='--seed': --seed takes a value")
+
+
+def test_a_benign_config_field_that_only_looks_like_code_is_accepted():
+    assert parse_deployment(dep(overrides={"classifier_dropout": 0.0, "num_labels": 2})).model_overrides["classifier_dropout"] == 0.0
+
+
 def test_a_refused_flag_anywhere_in_the_list_is_found():
     args = ["--block-size", "64", "--tensor-parallel-size", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}', "--trust_remote_code"]
     assert refused(dep(args)).startswith("deployment.vllm_args[7]='--trust_remote_code': loads code")
