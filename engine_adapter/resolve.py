@@ -135,7 +135,7 @@ def model_config_dict(dep: Deployment) -> dict:
             if path.stat().st_size > 4 << 20:
                 raise InvalidArgument(f"deployment.model={dep.model!r}: config.json above 4 MiB; allowed: a model config")
             cfg = json.loads(path.read_bytes().decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             raise InvalidArgument(f"deployment.model={dep.model!r}: not a JSON config ({_one_line(e, 120)})") from None
         if not isinstance(cfg, dict):
             raise InvalidArgument(f"deployment.model={dep.model!r}: config.json must hold an object")

@@ -211,6 +211,15 @@ def test_a_config_json_is_held_to_the_same_rules_before_vllm_reads_it(tmp_path, 
     assert str(e.value).startswith(f"deployment.model={str(path)!r}: config.json field.{field}="), str(e.value)
 
 
+@pytest.mark.parametrize("text", ["[" * 200_000, '{"a":' * 50_000 + "1" + "}" * 50_000, "{\"architectures\": NaN"])
+def test_a_config_json_too_deep_or_not_json_is_one_line(tmp_path, text):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(InvalidArgument) as e:
+        model_config_dict(Deployment(str(path)))
+    assert str(e.value).startswith(f"deployment.model={str(path)!r}: ") and "\n" not in str(e.value)
+
+
 def test_a_config_json_or_override_of_an_unknown_architecture_is_refused_before_vllm(tmp_path):
     path = _config_file(tmp_path, architectures=["EvilForCausalLM"])
     with pytest.raises(Unsupported, match=r"^deployment.model architectures\[0\]='EvilForCausalLM': not an architecture kvspec knows; allowed: "):
