@@ -27,9 +27,11 @@ rule is an allow-list, not a deny-list:
   allow-list (:data:`SPECULATIVE_KEYS`: no ``model``, ``tokenizer``,
   ``revision``, ``code_revision``, ``quantization``, class or module path),
   each of the stated type;
-* a size flag's integer value is at most its bound (:func:`int_bounds`,
-  ``reference.case``'s documented limits), so vLLM never sizes anything
-  from an unbounded number; a flag with fixed values takes only those
+* a size flag's value is ASCII digits (optionally with vLLM's k/m/g/t or
+  K/M/G/T suffix; ``None``, ``auto``, ``-1`` where vLLM reads them) of at
+  most its bound (:func:`int_bounds`, ``reference.case``'s documented
+  limits), so vLLM never sizes anything from an unbounded number (Python's
+  ``int`` would also read ``1_000_000_000``); a flag with fixed values takes only those
   (:data:`FIXED_VALUES`).
 
 Every refusal is one line naming the index and the token:
@@ -152,8 +154,12 @@ _PLAIN_WORD = re.compile(r"^[a-z0-9_]{1,32}$")
 #: A negative integer: a value, not a flag (argparse agrees; without a ``.``,
 #: vLLM's dotted-key step leaves it alone).
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$")
-_INT_VALUE = re.compile(r"^\s*(\d{1,30})(?:\.(\d{1,6}))?\s*([kKmMgGtT]?)\s*$")
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+#: A size as vLLM's ``human_readable_int`` reads it (ASCII digits only:
+#: Python's ``int`` would also take ``1_000_000`` and other scripts' digits).
+_INT_VALUE = re.compile(r"^\s*([0-9]{1,20})(?:\.([0-9]{1,6}))?([kKmMgGtT]?)\s*$")
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+#: Values vLLM reads as "unset" or "automatic" for a size flag.
+_UNSET = ("None", "", "-1", "auto")
 
 
 def allowed_text() -> str:
@@ -218,14 +224,15 @@ def check_flag_value(flag: str, value: str, where: str) -> None:
     if flag in FIXED_VALUES and value not in FIXED_VALUES[flag]:
         raise invalid(where, value, f"{flag} takes {', '.join(FIXED_VALUES[flag])} only (no weights are loaded)")
     bounds = int_bounds()
-    if flag in bounds:
+    if flag in bounds and value.strip() not in _UNSET:
         m = _INT_VALUE.match(value)
-        if m is not None:
-            whole, frac, suffix = m.groups()
-            scale = _SUFFIX[suffix.lower()]
-            size = int(whole) * scale + (int(frac) * scale) // 10 ** len(frac) if frac else int(whole) * scale
-            if size > bounds[flag]:
-                raise invalid(where, value, f"{flag} at most {bounds[flag]:,} (kvspec's documented limits)")
+        if m is None:
+            raise invalid(where, value, f"{flag} takes an integer of ASCII digits (optionally k/m/g/t or K/M/G/T), None or auto")
+        whole, frac, suffix = m.groups()
+        scale = _SUFFIX[suffix]
+        size = int(whole) * scale + (int(frac) * scale) // 10 ** len(frac) if frac else int(whole) * scale
+        if size > bounds[flag]:
+            raise invalid(where, value, f"{flag} at most {bounds[flag]:,} (kvspec's documented limits)")
     if FLAGS[flag] == "json":
         check_speculative_config(value, where)
 

@@ -155,7 +155,8 @@ def test_a_speculative_config_that_is_no_json_object_is_refused(value):
 @pytest.mark.parametrize("args", [
     ["--block-size", str(2**21)], ["--block-size=8000000000"], ["--mamba-block-size", "2M"], ["--max-num-batched-tokens", "2m"],
     ["--max-num-seqs", "1G"], ["-tp", "4096"], ["--max-model-len", "1T"], ["--prefix-cache-retention-interval", str(2**40)],
-    ["--load-format", "auto"], ["--load-format=tensorizer"],
+    ["--load-format", "auto"], ["--load-format=tensorizer"], ["--max-num-seqs", "1_000_000_000"], ["--block-size", "\uff11\uff16"],
+    ["--max-num-batched-tokens", "2M"], ["--block-size", "1" * 40], ["--max-model-len", "+99999999999"],
 ])
 def test_a_size_flag_past_its_limit_or_a_fixed_flag_off_its_value_is_refused(args):
     text = refused(dep(args))
