@@ -85,15 +85,11 @@ def _unwritable(folder: Path) -> str | None:
         return "a read-only file system"
     if not os.access(folder, os.W_OK | os.X_OK):
         return "permission denied"
-    try:
-        fd, name = tempfile.mkstemp(prefix=".kvspec-probe-", dir=folder)
+    try:  # a nameless file that is gone once closed (not a write of ours)
+        with tempfile.TemporaryFile(prefix=".kvspec-probe-", dir=folder):
+            pass
     except OSError as e:
         return e.strerror or type(e).__name__
-    os.close(fd)
-    try:
-        os.unlink(name)
-    except OSError:
-        pass
     return None
 
 
