@@ -123,14 +123,14 @@ def test_a_read_only_mount_is_refused_even_for_root(tmp_path, monkeypatch):
 
 
 def test_a_folder_where_no_file_can_be_created_is_refused(tmp_path, monkeypatch):
-    """A TEST DOUBLE for ``tempfile.mkstemp`` failing as it does for a
+    """A TEST DOUBLE for ``tempfile.TemporaryFile`` failing as it does for a
     non-root user in a read-only folder; os.access is not trusted."""
     import tempfile
 
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     with pytest.raises(InvalidArgument, match="is not writable"):
         output_dir("--corpus", tmp_path)
 
