@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +138,7 @@ def parse_deployment(raw: Any) -> Deployment:
     if "model" not in raw:
         raise InvalidArgument("deployment.model: missing; required field (a shipped model name or a config.json path)")
     model = raw["model"]
-    if not isinstance(model, str) or not model.strip() or len(model) > 1024 or "\0" in model:
+    if not isinstance(model, str) or not model.strip() or len(model) > 1024 or any(unicodedata.category(c) in ("Cc", "Cf") for c in model):
         raise invalid("deployment.model", model, "a shipped model name (kvspec resolve --models lists them) or a path to a config.json")
     if "/" not in model and not model.endswith(".json") and not _MODEL_NAME.match(model):
         raise invalid("deployment.model", model, "a shipped model name of [a-z0-9_] or a path to a config.json")

@@ -111,6 +111,11 @@ def test_a_benign_config_field_that_only_looks_like_code_is_accepted():
     assert parse_deployment(dep(overrides={"classifier_dropout": 0.0, "num_labels": 2})).model_overrides["classifier_dropout"] == 0.0
 
 
+@pytest.mark.parametrize("model", ["/tmp/\x1b[2Jx/config.json", "/tmp/a\u202eb/config.json", "/tmp/a\nb.json", "/tmp/\x00/config.json"])
+def test_a_model_path_with_control_or_format_characters_is_refused(model):
+    assert refused(dep(model=model)).startswith(f"deployment.model={model!r}: ")
+
+
 def test_a_refused_flag_anywhere_in_the_list_is_found():
     args = ["--block-size", "64", "--tensor-parallel-size", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}', "--trust_remote_code"]
     assert refused(dep(args)).startswith("deployment.vllm_args[7]='--trust_remote_code': loads code")
