@@ -50,8 +50,7 @@ from engine_adapter import platform as kplatform
 from kvspec.home import models_dir
 from engine_adapter.failure import VllmFailure, vllm_outcome
 from engine_adapter.models import SHIPPED, load_config
-from reference.case import write_text_atomic
-from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
+from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS, write_text_atomic
 from reference.deployment import Deployment
 from reference.model_config import check_model_config
 from reference.errors import DeploymentRejected as VllmRejected
@@ -142,7 +141,7 @@ def model_config_dict(dep: Deployment) -> dict:
         check_model_config(cfg, f"deployment.model={dep.model!r}: config.json field")
     cfg = dict(cfg)
     cfg.update(dep.model_overrides)
-    check_model_config(cfg, "deployment model config")  # the overrides' own checks ran when the case was parsed
+    check_model_config(cfg, "deployment model config")  # merged: also a Deployment built without parse_deployment
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise InvalidArgument(f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config")
