@@ -96,8 +96,11 @@ def check_options(args) -> None:
         args.flags = [args.case, *(args.flags or [])]
         args.case = None
     sources = [x for x in (args.case, args.model, args.server) if x is not None]
-    if len(sources) != 1:
-        raise invalid("source", sources, "give exactly one of: a case file, --model M (flags after --), --server URL")
+    if len(sources) != 1:  # a --server URL shown with any user:password@ part masked
+        from engine_adapter.live.client import _shown_url
+
+        shown = [_shown_url(x) if x is args.server else x for x in sources]
+        raise invalid("source", shown, "give exactly one of: a case file, --model M (flags after --), --server URL")
     if args.flags and args.model is None:
         raise invalid("flags", args.flags, "vllm serve flags go with --model only")
     if args.server is not None and args.engine is not None:
