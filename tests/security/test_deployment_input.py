@@ -310,6 +310,20 @@ def test_trust_remote_code_with_an_auto_map_config_is_refused_before_any_engine(
     assert not marker.exists()
 
 
+def test_a_fuzz_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path):
+    # kvspec fuzz --driver cases --case: one line, exit 2, nothing written,
+    # in a second (was: the engine started, the case became a harness error
+    # at the end of the run, exit 3, about 30 s later).
+    config, marker = _evil_model(tmp_path)
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps({"schema": 1, "name": "evil-config", "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
+                                "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]}}))
+    out = tmp_path / "out"
+    line = _one_refusal(_cli("fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--case", str(case),
+                             "--out", str(out), "--max-time", "30", timeout=60))
+    assert "config.json field.auto_map=" in line and "names code to import" in line
+    assert not marker.exists() and not out.exists()
+
 @pytest.mark.engine
 def test_an_auto_map_config_json_never_runs_its_module_in_the_engine(tmp_path):
     from tests.engine.conftest import ensure_env
