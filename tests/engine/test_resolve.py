@@ -214,7 +214,7 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     ("flags", "message"),
     [
         (("--tensor-parallel-size", "3"), "must be divisible by tensor parallel size"),
-        (("--max-num-seqs", "many"), "argument --max-num-seqs: invalid int value"),  # a flag off the allow-list never reaches vLLM (reference.vllm_flags)
+        (("--scheduling-policy", "bogus"), "argument --scheduling-policy: invalid choice"),  # vLLM's parser (a flag off the allow-list, or a size that is no integer, never reaches vLLM: reference.vllm_flags)
         (("--kv-cache-dtype", "fp9"), "Invalid kv_cache_dtype"),
         (("--prefix-match-unit", "100"), "prefix_match_unit"),
     ],
