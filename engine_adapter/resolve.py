@@ -150,6 +150,21 @@ def model_config_dict(dep: Deployment) -> dict:
     return cfg
 
 
+def check_case_model(case) -> None:
+    """The model config of ``case``'s deployment (a user's config.json naming
+    code, unreadable or too large; overrides merged), checked as
+    :func:`model_config_dict` checks it, before any build or engine starts:
+    the commands that take a case call it first, so a refusal is one line,
+    exit 2, not found after an engine start. A hand geometry has none; an
+    architecture kvspec does not know stays the run's to report."""
+    if case.deployment is None or case.geometry is not None:
+        return
+    try:
+        model_config_dict(case.deployment)
+    except Unsupported:
+        pass
+
+
 def model_dir(cfg: dict) -> Path:
     """A folder holding ``cfg`` as config.json, keyed by its content (written
     atomically under kvspec's home)."""

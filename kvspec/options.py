@@ -38,6 +38,11 @@ def whole(flag: str, value: int | None, *, minimum: int, maximum: int, none_ok: 
     return value
 
 
+#: The room an output folder must have before any work: a full disk is
+#: refused up front, not found at the first write after minutes of work.
+MIN_FREE_BYTES = 1 << 20
+
+
 def cores() -> int:
     """The CPU cores this process may run on (its affinity, else the
     machine's count), at least 1: the bound of parallel workers."""
@@ -53,7 +58,8 @@ def output_dir(flag: str, path: str | os.PathLike) -> Path:
     file. Writable is tried, not asked: ``os.access`` says yes to root for a
     read-only folder, and a folder like ``/proc/self`` is no place for
     files, so a temporary file is created and removed in it (the only thing
-    written); a read-only mount (``ST_RDONLY``) is refused first. A file, a
+    written); a read-only mount (``ST_RDONLY``) and a file system with less
+    than :data:`MIN_FREE_BYTES` free are refused first. A file, a
     path under a file, ``/dev/null`` and a NUL in the path are refused too.
     Nothing else is created here."""
     if "\0" in os.fspath(path):
@@ -81,8 +87,11 @@ def output_dir(flag: str, path: str | os.PathLike) -> Path:
 def _unwritable(folder: Path) -> str | None:
     """Why no file can be written in ``folder`` (a read-only mount, or
     creating a temporary file there failed), or None when one can."""
-    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+    fs = os.statvfs(folder)
+    if fs.f_flag & os.ST_RDONLY:
         return "a read-only file system"
+    if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
+        return f"less than {MIN_FREE_BYTES >> 20} MiB free"
     if not os.access(folder, os.W_OK | os.X_OK):
         return "permission denied"
     try:  # a nameless file that is gone once closed (not a write of ours)

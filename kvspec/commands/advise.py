@@ -200,6 +200,10 @@ def main(args) -> int:
         case, _ = load_finding(args.case)
     elif args.model is not None:
         case = _deployment_case(args)
+    if case is not None:  # a model config kvspec refuses: before the engine starts
+        from engine_adapter.resolve import check_case_model
+
+        check_case_model(case)
     workload = build_workload(args, case)
     if args.confirm:
         check_explicit(workload.requests)

@@ -154,25 +154,9 @@ def unusable_engine(engines: list[str]) -> str | None:
     return None
 
 
-def _check_case_models(cases) -> None:
-    """A --case deployment an engine will resolve: its model config (a
-    user's config.json naming code, unreadable, too large; overrides merged)
-    is refused here, one line, exit 2, before any build or engine start, as
-    every other case rule is (not a harness error at the end of the run).
-    An architecture kvspec does not know stays the run's to count."""
-    from engine_adapter.resolve import model_config_dict
-    from reference.errors import Unsupported
-
-    for case in cases:
-        if case.deployment is not None and case.geometry is None:
-            try:
-                model_config_dict(case.deployment)
-            except Unsupported:
-                pass
-
-
 def main(args) -> int:
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.resolve import check_case_model
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS, outcome
     from fuzz.progress import resume_line
@@ -182,7 +166,8 @@ def main(args) -> int:
 
     _validate(args, list(args.engine or []))  # options first, before any build
     cases = [load_finding(path)[0] for path in args.case]  # a bad case file: one line, exit 2, before any build
-    _check_case_models(cases)
+    for case in cases:  # a model config kvspec refuses: before any build or engine
+        check_case_model(case)
     # a build (--patch, path:, wheel:) is built before the clock starts
     try:
         engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE, progress=_say)]

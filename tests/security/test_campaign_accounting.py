@@ -348,3 +348,23 @@ def test_fuzz_help_states_the_accounting_rules(capsys):
     for rule in ("If any was not run to completion the exit is 3, with one line naming how many and which, never 0",
                  "a finding written still gives 1", "--jobs is at most 2 per core of this machine", "nothing is started past it"):
         assert rule in text, rule
+
+
+def test_a_full_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A TEST DOUBLE for ``os.statvfs`` answering as a full file system
+    does (a 64 KiB tmpfs with nothing left): ``advise``, ``report`` and
+    ``fuzz`` learn it up front, not at their first write after the work."""
+    import os as os_module
+
+    import kvspec.options as options
+
+    real = os_module.statvfs
+
+    class Full:
+        def __init__(self, st):
+            self.f_flag, self.f_frsize, self.f_bavail = st.f_flag, st.f_frsize, 0
+
+    monkeypatch.setattr(options.os, "statvfs", lambda path: Full(real(path)))
+    with pytest.raises(InvalidArgument, match="less than 1 MiB free"):
+        output_dir("--out", tmp_path / "advice")
+    assert list(tmp_path.iterdir()) == []

@@ -324,6 +324,19 @@ def test_a_fuzz_case_whose_config_json_names_code_is_refused_before_any_engine(t
     assert "config.json field.auto_map=" in line and "names code to import" in line
     assert not marker.exists() and not out.exists()
 
+def test_an_advise_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path):
+    # kvspec advise CASE: one line, exit 2, no engine started (was: "starting
+    # the engine ..." then the refusal, about 20 s later; the red-team re-probe).
+    config, marker = _evil_model(tmp_path)
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps({"schema": 1, "name": "evil-config", "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
+                                "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]}}))
+    out = tmp_path / "out"
+    line = _one_refusal(_cli("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out), timeout=60))
+    assert "config.json field.auto_map=" in line and "names code to import" in line
+    assert not marker.exists() and not out.exists()
+
+
 @pytest.mark.engine
 def test_an_auto_map_config_json_never_runs_its_module_in_the_engine(tmp_path):
     from tests.engine.conftest import ensure_env
