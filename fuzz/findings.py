@@ -301,12 +301,19 @@ def check_fields(finding: dict) -> dict:
         raise invalid("engine.knobs", engine["knobs"], "must be an object")
     for side in ("expected", "observed"):
         _hits(finding, side)
+    case = finding.get("case")
+    trace = case.get("trace") if isinstance(case, dict) else None
+    n = len(trace) if isinstance(trace, list) else None
+    for side in ("expected", "observed"):
+        hits = finding[side]["hits"]
+        if n is not None and len(hits) > n:
+            raise invalid(f"{side}.hits", hits, f"at most one hit count per request of case.trace ({n})")
     first = finding.get("first_divergence")
-    if first is not None and (type(first) is not int or first < 0):
-        raise invalid("first_divergence", first, "must be a request index (an integer >= 0) or null")
+    if first is not None and (type(first) is not int or first < 0 or (n is not None and first >= n)):
+        raise invalid("first_divergence", first, f"must be a request index (an integer in [0, {n})) or null" if n is not None else "must be a request index (an integer >= 0) or null")
     requests = finding.get("diverging_requests", [])
-    if not isinstance(requests, list) or not all(type(i) is int and i >= 0 for i in requests):
-        raise invalid("diverging_requests", requests, "must be a list of request indices (integers >= 0)")
+    if not isinstance(requests, list) or not all(type(i) is int and i >= 0 and (n is None or i < n) for i in requests):
+        raise invalid("diverging_requests", requests, "must be a list of request indices (integers in [0, len(case.trace)))")
     for key in ("summary", "case_kind", "reachability"):
         if not isinstance(finding.get(key), (str, type(None))):
             raise invalid(key, finding[key], "must be a string or absent")

@@ -266,6 +266,9 @@ def test_kvspec_findings_and_render_print_no_control_character(tmp_path, capsys)
     ("signature", KeyError, "kvspec: signature=None: must be 6 to 64 lowercase hex digits"),
     ("signature", "5f328a45/../x", "kvspec: signature='5f328a45/../x': must be 6 to 64 lowercase hex digits"),
     ("first_divergence", "1", "kvspec: first_divergence='1': must be a request index"),
+    ("first_divergence", 10**9, "kvspec: first_divergence=1000000000: must be a request index (an integer in [0, "),
+    ("diverging_requests", [10**9], "kvspec: diverging_requests=[1000000000]: must be a list of request indices"),
+    ("expected", "MORE_HITS_THAN_REQUESTS", "kvspec: expected.hits="),
     ("diverging_requests", None, "kvspec: diverging_requests=None: must be a list of request indices"),
     ("summary", ["x"], "kvspec: summary=['x']: must be a string or absent"),
     ("resolution", {"assumptions": "x"}, "kvspec: resolution.assumptions='x': must be a list of strings"),
@@ -274,6 +277,8 @@ def test_a_malformed_finding_is_one_line_exit_2_and_writes_nothing(tmp_path, cap
     f = copy.deepcopy(BASE)
     if value is KeyError:
         del f[field]
+    elif value == "MORE_HITS_THAN_REQUESTS":  # a hit count for a request the trace does not have
+        f[field]["hits"] = [0] * (len(f["case"]["trace"]) + 1)
     else:
         f[field] = value
     code, got, out, new = _report(tmp_path, f, capsys)
