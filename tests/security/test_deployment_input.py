@@ -310,29 +310,27 @@ def test_trust_remote_code_with_an_auto_map_config_is_refused_before_any_engine(
     assert not marker.exists()
 
 
-def test_a_fuzz_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path):
-    # kvspec fuzz --driver cases --case: one line, exit 2, nothing written,
-    # in a second (was: the engine started, the case became a harness error
-    # at the end of the run, exit 3, about 30 s later).
-    config, marker = _evil_model(tmp_path)
+def _evil_case(tmp_path: Path) -> tuple[Path, Path]:
+    """A case file whose deployment serves ``_evil_model``'s folder, and the
+    marker its module would write."""
+    _, marker = _evil_model(tmp_path)
     case = tmp_path / "case.json"
     case.write_text(json.dumps({"schema": 1, "name": "evil-config", "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
                                 "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]}}))
-    out = tmp_path / "out"
-    line = _one_refusal(_cli("fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--case", str(case),
-                             "--out", str(out), "--max-time", "30", timeout=60))
-    assert "config.json field.auto_map=" in line and "names code to import" in line
-    assert not marker.exists() and not out.exists()
+    return case, marker
 
-def test_an_advise_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path):
-    # kvspec advise CASE: one line, exit 2, no engine started (was: "starting
-    # the engine ..." then the refusal, about 20 s later; the red-team re-probe).
-    config, marker = _evil_model(tmp_path)
-    case = tmp_path / "case.json"
-    case.write_text(json.dumps({"schema": 1, "name": "evil-config", "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
-                                "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]}}))
+
+@pytest.mark.parametrize("command", ["fuzz", "advise"])
+def test_a_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path, command):
+    # One line, exit 2, nothing written, in a second (was: the engine
+    # started; fuzz counted the case a harness error at the end of the run,
+    # exit 3, ~30 s later; advise printed "starting the engine" and refused
+    # ~20 s later: the red-team re-probe).
+    case, marker = _evil_case(tmp_path)
     out = tmp_path / "out"
-    line = _one_refusal(_cli("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out), timeout=60))
+    argv = {"fuzz": ("fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--case", str(case), "--out", str(out), "--max-time", "30"),
+            "advise": ("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out))}[command]
+    line = _one_refusal(_cli(*argv, timeout=60))
     assert "config.json field.auto_map=" in line and "names code to import" in line
     assert not marker.exists() and not out.exists()
 
