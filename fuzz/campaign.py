@@ -12,6 +12,17 @@ plain random) repeats:
 4. it is shrunk (``fuzz.shrink``) with the predicate "the same oracle still
    fires with the same signature", and written atomically as a finding.
 
+With a **baseline** engine (``check-build --against vllm==X``) each new
+divergence is also judged on the baseline, on the same case, by the same
+oracles: the baseline *fails too* when the same oracle fires there first at
+the same request (:meth:`Campaign.fails_on_baseline`), and the finding is
+*new* otherwise (the baseline keeps that promise on that case, refuses the
+deployment, or cannot be judged on it). The two are deduplicated apart (a
+known class never hides a new failure of the same signature:
+:func:`against_signature`), the shrink predicate keeps the answer (a new
+finding shrinks to a case the baseline still keeps), and the finding
+records it under ``baseline``.
+
 An exception raised inside vLLM arrives as an observation with ``error`` of
 kind ``vllm`` and becomes an ``engine_error`` finding; the campaign goes on.
 Anything else that goes wrong is a *harness error*, never a finding: an
@@ -23,6 +34,7 @@ stored apart (``OUT/harness-errors/``) and never judged.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import traceback
 from dataclasses import dataclass, field, replace
@@ -41,6 +53,12 @@ from fuzz.shrink import shrink
 #: The block a trace is drawn on for a deployment vLLM crashes on (no
 #: geometry to draw on; the crash comes before any request).
 CRASH_TRACE_BLOCK = 16
+
+
+def against_signature(sig: str) -> str:
+    """The signature of a finding the baseline does not share (another hex
+    digest, so a new failure is never a duplicate of a known one)."""
+    return hashlib.sha256(f"{sig}|new-against-baseline".encode()).hexdigest()[:16]
 
 
 class Engine(Protocol):
@@ -100,6 +118,7 @@ class Campaign:
         out_dir: str | Path,
         *,
         other: Engine | None = None,
+        baseline: Engine | None = None,
         oracles: tuple[str, ...] | None = None,
         seed: int | None = None,
         shrink_calls: int = 200,
@@ -107,7 +126,7 @@ class Campaign:
         on_harness_error: Callable[[Path], None] | None = None,
         deadline: float | None = None,
     ):
-        self.engine, self.other = engine, other
+        self.engine, self.other, self.baseline = engine, other, baseline
         self.out_dir = Path(out_dir)
         # a build (X+LABEL.HASH) is not judged by the release's rule
         self.oracles = oracles_for(engine.version, ORACLES if oracles is None else oracles)
@@ -137,30 +156,50 @@ class Campaign:
             raise HarnessFailure(text)
         return obs
 
-    def _judge(self, case: Case) -> tuple[Case, dict, list[Divergence]]:
-        """Run and judge ``case``: (the case as judged, the observation, the
-        divergences). A deployment case is judged with the geometry the
-        engine resolved for it (``oracles.resolved``); one the model does
-        not cover raises Unsupported."""
-        obs = self._observe(self.engine, case)
+    def _judge(self, case: Case, engine: Engine | None = None) -> tuple[Case, dict, list[Divergence]]:
+        """Run and judge ``case`` on ``engine`` (default: the engine under
+        test): (the case as judged, the observation, the divergences). A
+        deployment case is judged with the geometry the engine resolved for
+        it (``oracles.resolved``); one the model does not cover raises
+        Unsupported. The ``versions`` oracle runs for the engine under test
+        only."""
+        engine = self.engine if engine is None else engine
+        obs = self._observe(engine, case)
         if "resolution" in self.oracles:
-            misresolved = check_resolution(case, self.engine.version, obs)
+            misresolved = check_resolution(case, engine.version, obs)
             if misresolved:  # vLLM's resolution breaks its own documented rule: not judged further
                 self.last_other = None
                 return case, obs, misresolved
-        judged = resolved(case, obs, self.engine.version)
+        judged = resolved(case, obs, engine.version)
         if judged.geometry is not None and "error" not in obs:
-            resolve_knobs(judged, self.engine.version)  # Unsupported: outside the model
-        divs = check_all(judged, self.engine.version, obs, self._run_primary, self.oracles)
+            resolve_knobs(judged, engine.version)  # Unsupported: outside the model
+        divs = check_all(judged, engine.version, obs, lambda c: self._observe(engine, c), self.oracles)
         self.last_other = None
+        if engine is not self.engine:
+            return judged, obs, divs
         if self.other is not None and "versions" in self.oracles and "error" not in obs:
             other_obs = self._observe(self.other, case)
             self.last_other = other_obs
             divs += check_versions(judged, self.engine.version, obs, self.other.version, other_obs)
         return judged, obs, divs
 
-    def _run_primary(self, case: Case) -> dict:
-        return self._observe(self.engine, case)
+    def fails_on_baseline(self, case: Case, div: Divergence) -> bool:
+        """Does the baseline break the same promise on ``case``: the same
+        oracle fires there, first at the same request? False when it keeps
+        it, refuses the deployment, or the model cannot judge the case on
+        its version; a harness error on the baseline raises HarnessFailure
+        (never judged)."""
+        if self.baseline is None:
+            raise ValueError("fails_on_baseline needs a baseline engine")
+        try:
+            _judged, _obs, divs = self._judge(case, self.baseline)
+        except (DeploymentRejected, Unsupported):
+            return False
+        except HarnessFailure:
+            raise
+        except KvspecError as e:  # the baseline cannot be reached: kvspec's failure, not a verdict
+            raise HarnessFailure(f"baseline {self.baseline.version}: {type(e).__name__}: {e}") from e
+        return any(d.oracle == div.oracle and d.first == div.first for d in divs)
 
     def resolver(self, deployment: dict) -> dict | None:
         """What the engine under test resolves a drawn deployment to: its
@@ -222,18 +261,23 @@ class Campaign:
     def _signature(self, case: Case, div: Divergence, obs: dict) -> str:
         return F.signature(case, div, (obs.get("knobs") or {}))
 
-    def _fires(self, case: Case, oracle: str, sig: str) -> bool:
-        """The shrink predicate: the same oracle fires with the same signature."""
+    def _fires(self, case: Case, oracle: str, sig: str, fails_too: bool | None = None) -> bool:
+        """The shrink predicate: the same oracle fires with the same
+        signature (and, against a baseline, the baseline still fails too,
+        or still keeps the promise, as ``fails_too`` says)."""
         if not self.supported(case):
             return False
         try:
             judged, obs, divs = self._judge(case)
+            div = next((d for d in divs if d.oracle == oracle and self._signature(judged, d, obs) == sig), None)
+            if div is None:
+                return False
+            return fails_too is None or self.fails_on_baseline(case, div) == fails_too
         except KvspecError:
             return False
         except HarnessFailure as e:
             self._harness_error(case, str(e))
             return False
-        return any(d.oracle == oracle and self._signature(judged, d, obs) == sig for d in divs)
 
     # -------------------------------------------------------------- the step
 
@@ -264,28 +308,37 @@ class Campaign:
         written = []
         for div in divs:
             self.stats.divergences += 1
-            sig = self._signature(judged, div, obs)
-            if sig in self.seen:
+            raw = key = self._signature(judged, div, obs)
+            fails_too = None
+            if self.baseline is not None:
+                if raw in self.seen and against_signature(raw) in self.seen:
+                    self.stats.duplicates += 1
+                    continue
+                fails_too = self.fails_on_baseline(case, div)
+                key = raw if fails_too else against_signature(raw)
+            if key in self.seen:
                 self.stats.duplicates += 1
                 continue
-            if not self._fires(case, div.oracle, sig):  # replays deterministically?
+            if not self._fires(case, div.oracle, raw, fails_too):  # replays deterministically?
                 self.stats.not_reproduced += 1
                 continue
-            self.seen.add(sig)
-            small, _calls = shrink(case, lambda c, o=div.oracle, s=sig: not self.past_deadline() and self._fires(c, o, s), self.shrink_calls)
+            self.seen.add(key)
+            small, _calls = shrink(case, lambda c, o=div.oracle, s=raw: not self.past_deadline() and self._fires(c, o, s, fails_too), self.shrink_calls)
             pinned = pin_speculative(small, self.engine.version)
-            if pinned != small and self._fires(pinned, div.oracle, sig):
+            if pinned != small and self._fires(pinned, div.oracle, raw, fails_too):
                 small = pinned
             try:
                 small_judged, small_obs, small_divs = self._judge(small)
             except HarnessFailure as e:  # keep the confirmed original
                 self._harness_error(small, str(e))
                 small_judged, small_obs, small_divs = judged, obs, []
-            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == sig), None)
+            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == raw), None)
             if final is None:  # cannot happen after a successful shrink; keep the original
                 small_judged, small_obs, final = judged, obs, div
             finding = F.make_finding(small_judged, final, small_obs, seed=self.seed, other_observation=self.last_other if final.oracle == "versions" else None)
-            finding["signature"] = sig
+            finding["signature"] = key
+            if self.baseline is not None:
+                finding["baseline"] = {"engine": f"vllm=={self.baseline.version}", "fails_too": fails_too}
             path = F.write_finding(finding, self.out_dir)
             written.append(path)
             self.stats.findings.append(str(path))

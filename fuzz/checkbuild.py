@@ -48,6 +48,15 @@ finding is sorted into the promise it breaks (:func:`promise_of`):
 The verdict: 0 every promise held, 1 a promise failed (its first
 counterexample rendered), 3 the harness failed (the engine could not start,
 nothing ran, or harness errors above the limit).
+
+**Against a baseline** (``against="0.33.0"``: the release a patch sits on,
+which may break promises already): every finding's case is judged on the
+baseline too (``fuzz.campaign.Campaign.fails_on_baseline``), and a row reads
+``FAIL (new)`` when the build breaks the promise on a case the baseline
+keeps it on, ``fails on baseline too`` when every counterexample of the row
+fails the same way on the baseline, ``pass`` otherwise. The exit code
+follows what is new: 1 only for a new failure, so a fork's CI sees its own
+regression beside the release's known bugs.
 """
 
 from __future__ import annotations
@@ -143,7 +152,9 @@ def interleave(cases: list[Case]) -> list[Case]:
 class Report:
     engine: str
     rows: list[dict] = field(default_factory=list)
-    counterexamples: dict[str, str] = field(default_factory=dict)  # promise id -> finding path
+    counterexamples: dict[str, str] = field(default_factory=dict)  # promise id -> finding path (new ones, against a baseline)
+    against: str | None = None  # the baseline engine's name, or None
+    known: dict[str, str] = field(default_factory=dict)  # promise id -> a finding the baseline fails too
     phases: list[dict] = field(default_factory=list)
     execs: int = 0
     harness_errors: int = 0
@@ -156,12 +167,15 @@ class Report:
     out: str = ""
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("engine", "exit_code", "reason", "rows", "counterexamples", "phases", "execs", "harness_errors", "rejected", "unsupported", "elapsed_s", "first_failure_s", "out")}
+        return {k: getattr(self, k) for k in ("engine", "against", "exit_code", "reason", "rows", "counterexamples", "known", "phases", "execs", "harness_errors", "rejected", "unsupported", "elapsed_s", "first_failure_s", "out")}
 
 
 def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_time: float = 240.0, seed: int = 1, fail_fast: bool = False,
-                shrink_calls: int = 12, progress=None, harness_error_limit: float | None = None, started: float | None = None) -> Report:
-    """Run check-build on ``engine_name`` (a ready engine) and return the report."""
+                shrink_calls: int = 12, progress=None, harness_error_limit: float | None = None, started: float | None = None,
+                against: str | None = None) -> Report:
+    """Run check-build on ``engine_name`` (a ready engine) and return the
+    report; with ``against`` (a ready engine's name: the baseline) each
+    failure is sorted into new or shared with the baseline."""
     from engine_adapter import open_engine
     from kvspec.home import kvspec_home
     from reference.errors import EngineError
@@ -174,10 +188,13 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
 
     say = progress or (lambda line: None)
     started = time.monotonic() if started is None else started
-    report = Report(engine_name, out=str(out))
+    report = Report(engine_name, out=str(out), against=against)
     deadline = started + cases_time + max_time
+    baseline = None
     try:
         engine = open_engine(engine_name)
+        if against is not None:
+            baseline = open_engine(against)
     except EngineError as e:
         report.exit_code, report.reason = EXIT_HARNESS, f"the engine cannot be opened: {e}"
         return report
@@ -186,22 +203,29 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
     def on_finding(path: Path, finding: dict) -> None:
         findings_order.append(str(path))
         pid = promise_of(finding)
+        if (finding.get("baseline") or {}).get("fails_too"):
+            if pid not in report.known:
+                report.known[pid] = str(path)
+                say(f"[check-build] {pid}: fails on the baseline too ({against}) at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
+            return
         if pid not in report.counterexamples:
             report.counterexamples[pid] = str(path)
             if report.first_failure_s is None:
                 report.first_failure_s = round(time.monotonic() - started, 1)
-            say(f"[check-build] {pid}: FAIL at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
+            say(f"[check-build] {pid}: FAIL{' (new)' if against else ''} at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
 
     bounded = BoundedEngine(engine, deadline)
-    campaign = Campaign(bounded, out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline)
+    campaign = Campaign(bounded, out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline,
+                        baseline=None if baseline is None else BoundedEngine(baseline, deadline))
 
     def stop() -> bool:
         return time.monotonic() >= deadline or (fail_fast and bool(report.counterexamples))
 
     try:
-        say(f"[check-build] {engine_name}: starting the engine")
-        if hasattr(engine, "start"):
-            engine.start()
+        say(f"[check-build] {engine_name}: starting the engine" + (f" and the baseline {against}" if against else ""))
+        for e in (engine, baseline):
+            if e is not None and hasattr(e, "start"):
+                e.start()
         def check_each(cases: list[Case], until: float) -> int:
             """Check ``cases`` in order until ``until`` or stop(); how many were checked."""
             n = 0
@@ -234,22 +258,33 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
         report.phases.append({"phase": "campaign", "driver": "random", "runs": campaign.stats.execs - before, "seconds": round(time.monotonic() - t, 1)})
         say(f"[check-build] campaign (random, deployments): {campaign.stats.execs - before} runs in {time.monotonic() - t:.0f}s")
     finally:
-        engine.close()
+        for e in (engine, baseline):
+            if e is not None:
+                e.close()
     s = campaign.stats
     report.execs, report.harness_errors, report.rejected, report.unsupported = s.execs, s.harness_errors, s.rejected, s.unsupported
     report.elapsed_s = round(time.monotonic() - started, 1)
     failed = set(report.counterexamples)
     stopped_early = fail_fast and bool(failed)
     for pid, name, what in PROMISES:
-        verdict = "FAIL" if pid in failed else ("not checked" if stopped_early else "pass")
-        report.rows.append({"promise": pid, "name": name, "what": what, "verdict": verdict, "counterexample": report.counterexamples.get(pid)})
+        if pid in failed:
+            verdict = "FAIL (new)" if against else "FAIL"
+        elif pid in report.known:
+            verdict = "fails on baseline too"
+        else:
+            verdict = "not checked" if stopped_early else "pass"
+        report.rows.append({"promise": pid, "name": name, "what": what, "verdict": verdict, "new": pid in failed if against else None,
+                            "counterexample": report.counterexamples.get(pid) or report.known.get(pid)})
     code, why = outcome(execs=s.execs, harness_errors=s.harness_errors, new_findings=len(s.findings), workers_died=0,
                         limit=HARNESS_ERROR_LIMIT if harness_error_limit is None else harness_error_limit)
     if code == 3:
         report.exit_code, report.reason = EXIT_HARNESS, f"harness failed: {why}"
     elif failed:
         report.exit_code = EXIT_FAIL
-        report.reason = "promise(s) broken: " + ", ".join(pid for pid, _n, _w in PROMISES if pid in failed)
+        report.reason = ("promise(s) broken where the baseline keeps them: " if against else "promise(s) broken: ") + ", ".join(pid for pid, _n, _w in PROMISES if pid in failed)
+    elif report.known:
+        report.exit_code = EXIT_PASS
+        report.reason = f"nothing new against {against}; the baseline fails too: " + ", ".join(pid for pid, _n, _w in PROMISES if pid in report.known)
     else:
         report.exit_code, report.reason = EXIT_PASS, "every promise held"
     return report
@@ -260,7 +295,7 @@ def render(report: Report) -> list[str]:
     first counterexample (the finding, rendered)."""
     from fuzz.findings import render as render_finding
 
-    lines = [f"kvspec check-build: {report.engine}"]
+    lines = [f"kvspec check-build: {report.engine}" + (f" against {report.against}" if report.against else "")]
     for p in report.phases:
         if p["phase"] == "campaign":
             lines.append(f"  {p['phase']}: {p['runs']} runs ({p['driver']}, deployments) in {p['seconds']}s")
@@ -275,10 +310,13 @@ def render(report: Report) -> list[str]:
         path = report.counterexamples.get(pid)
         if path is None:
             continue
-        lines += ["", f"first counterexample for {pid} ({path}):"]
+        lines += ["", f"first counterexample for {pid}{' (new: the baseline keeps this promise on it)' if report.against else ''} ({path}):"]
         try:
             lines += ["  " + x for x in render_finding(json.loads(Path(path).read_text())).splitlines()]
         except (OSError, ValueError) as e:
             lines.append(f"  (cannot read it: {e})")
+    if report.known:
+        lines += ["", f"failing on the baseline {report.against} too (its known bugs, not this build's):"]
+        lines += [f"  {pid}: {report.known[pid]}" for pid, _n, _w in PROMISES if pid in report.known]
     lines += ["", f"verdict: exit {report.exit_code}: {report.reason}"]
     return lines

@@ -22,7 +22,8 @@ HELP = "does a vLLM build (a release, vllm==X --patch FILE.diff, path:DIR, wheel
 EPILOG = """\
 exit codes:
   0  every promise held
-  1  a promise failed (its first counterexample is printed)
+  1  a promise failed (its first counterexample is printed); with
+     --against, only a failure the baseline does not share
   2  usage: a bad option, a patch that does not apply (one line)
   3  the harness failed: the build's environment or engine could not be
      made or started, nothing ran, or harness errors above the limit
@@ -31,11 +32,15 @@ A build is judged by the promise, stale, retention, split, checkpoint,
 hit_blocks, shared_prefix, block_table, resolution, sparse_dense,
 spec_on_off, engine_error and junction oracles,
 never by the rule its release implements (the reference and knobs
-oracles). Building its environment (~30 s once) comes before the clock;
+oracles). --against BUILD judges every counterexample on BUILD too (a
+release, or a build from `kvspec engines list`): a promise the baseline
+breaks on the same case is listed apart ("fails on baseline too"), so a
+patch on a release with known failures shows only its own regressions. Building its environment (~30 s once) comes before the clock;
 --max-time bounds the campaign, --cases-time the examples and boundary
 cases before it.
 
   kvspec check-build --engine vllm==0.33.0 --patch my-fix.diff
+  kvspec check-build --engine vllm==0.33.0 --patch my-fix.diff --against vllm==0.33.0
   kvspec check-build --engine path:$HOME/src/vllm --base vllm==0.33.0
 """
 
@@ -48,6 +53,7 @@ def configure(parser) -> None:
     add_engine_arguments(parser, metavar="ENGINE", help="the build: vllm==X (with --patch FILE.diff ...), vllm==X+LABEL.HASH, path:DIR or wheel:FILE.whl (default: vllm==0.33.0)")
     parser.add_argument("--max-time", type=float, default=45.0, metavar="S", help="seconds for the random campaign after the boundary cases (default: %(default)s)")
     parser.add_argument("--cases-time", type=float, default=240.0, metavar="S", help="at most this many seconds for the examples and boundary cases, engine start included (default: %(default)s)")
+    parser.add_argument("--against", default=None, metavar="BUILD", help="a baseline (vllm==X, or a build vllm==X+LABEL.HASH): failures it shares on the same case are not this build's (the exit code follows what is new)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first promise that fails (the others: not checked)")
     parser.add_argument("--out", default=None, metavar="DIR", help="findings folder (default: $KVSPEC_HOME/check-build/<engine>/<time>)")
@@ -57,6 +63,7 @@ def configure(parser) -> None:
 def main(args) -> int:
     from engine_adapter.versions import DEFAULT_ENGINE
     from fuzz.checkbuild import EXIT_HARNESS, check_build, render
+    from engine_adapter.builds import prepare
     from kvspec.engine_options import engine_names
     from kvspec.home import kvspec_home
     from kvspec.options import output_dir, seconds
@@ -71,6 +78,7 @@ def main(args) -> int:
         if out.is_dir() and any(out.glob("*.json")):
             raise invalid("--out", args.out, "holds findings already; allowed: an empty or new folder (check-build reports what this run finds)")
     try:
+        against = None if args.against is None else prepare(args.against, flag="--against", progress=_say)
         (name,) = engine_names(args, default=DEFAULT_ENGINE, progress=_say)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
@@ -78,7 +86,7 @@ def main(args) -> int:
     started = time.monotonic()
     if not args.out:
         out = kvspec_home() / "check-build" / name.replace("==", "-") / time.strftime("%Y%m%d-%H%M%S")
-    report = check_build(name, out=Path(out), max_time=args.max_time, cases_time=args.cases_time, seed=args.seed, fail_fast=args.fail_fast, progress=_say, started=started)
+    report = check_build(name, out=Path(out), max_time=args.max_time, cases_time=args.cases_time, seed=args.seed, fail_fast=args.fail_fast, progress=_say, started=started, against=against)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

@@ -267,6 +267,7 @@ def test_the_cli_refuses_bad_patches_in_one_line_before_it_needs_an_engine(tmp_p
     _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(both)], home), "line 2: both sides of the file header are /dev/null")
     big = _write(tmp_path, "big.diff", b"#" * (patches.MAX_PATCH_BYTES + 1))
     _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big)], home), f"is larger than {patches.MAX_PATCH_BYTES} bytes")
+    _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big), "--against", "vllm==0.33.0;rm"], home), "kvspec: --against='vllm==0.33.0;rm'")
     assert not (home / "engines").exists() or not any(p.name.startswith("vllm-0.33.0+") for p in (home / "engines").iterdir())
 
 
