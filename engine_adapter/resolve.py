@@ -83,6 +83,12 @@ ALIGNMENT_BACKEND = "FLASH_ATTN"
 #: evicted in a serial trace (checked per case), small enough for the block pool.
 MAX_BLOCKS = 200_000
 RESOLVER_VERSION = 1
+#: Blocks per group of KV cache a deployment is resolved with by default
+#: (kvspec's choice: a trace that needs more is resolved again with more).
+DEFAULT_POOL_BLOCKS = 256
+#: Resolutions this process keeps (:func:`resolve`), most recent last.
+RESOLUTION_MEMO_SIZE = 64
+_MEMO: dict[tuple[str, int], "Resolution"] = {}
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -202,6 +208,17 @@ class Resolution:
         return vllm.__version__
 
 
+_PARSER: list = []
+
+
+def _serve_parser(engine_args, parser_class):
+    """vLLM's ``vllm serve`` engine-argument parser, built once per process
+    (~25 ms a build; argparse keeps no state between ``parse_args`` calls)."""
+    if not _PARSER:
+        _PARSER.append(engine_args.add_cli_args(parser_class(prog="vllm serve")))
+    return _PARSER[0]
+
+
 def _vllm_config(dep: Deployment, cfg_dir: Path):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -214,7 +231,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     import contextlib
     import io
 
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+    parser = _serve_parser(EngineArgs, FlexibleArgumentParser)
     argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *dep.vllm_args]
     said = io.StringIO()
     try:
@@ -406,10 +423,31 @@ def _kv_cache_configs(vc, specs: dict, memory: int):
     return ku.get_kv_cache_configs(vc, [specs], [memory])
 
 
-def resolve(dep: Deployment, *, num_blocks: int = 4096) -> Resolution:
+def resolve(dep: Deployment, *, num_blocks: int = DEFAULT_POOL_BLOCKS) -> Resolution:
     """What vLLM builds for ``dep`` (enough KV cache for ``num_blocks`` blocks
     per group). Raises VllmRejected / Unsupported / InvalidArgument, one line;
-    VllmFailure where vLLM crashes (not refuses) resolving it."""
+    VllmFailure where vLLM crashes (not refuses) resolving it.
+
+    A process resolves each (deployment, pool size) once and keeps the
+    result (:data:`RESOLUTION_MEMO_SIZE` of them): vLLM's parser, config and
+    KV-cache planning are ~0.1 s a call, more than the scheduler's run of a
+    case, and they are pure in the deployment (the same flags, model config,
+    platform and device give the same objects; nothing kvspec or vLLM's
+    scheduler runs writes to them afterwards, checked by
+    tests/engine/test_resolve.py). The device is set again on every call,
+    as the run that follows reads it. A refusal or a crash is not kept."""
+    kplatform.set_device(dep.device)
+    key = (dep.key(), int(num_blocks))
+    hit = _MEMO.pop(key, None)
+    if hit is None:
+        hit = _resolve(dep, num_blocks=num_blocks)
+    _MEMO[key] = hit
+    while len(_MEMO) > RESOLUTION_MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)))
+    return hit
+
+
+def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     import vllm
 
     version = _version_tuple(vllm.__version__)

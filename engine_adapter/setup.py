@@ -149,11 +149,17 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     assert dep is not None
     k_max = 8
     longest = max(r.num_prompt_tokens + r.max_tokens for r in case.trace)
-    # A first resolution finds the block size; the second sizes the pool.
+    # A first resolution (R.DEFAULT_POOL_BLOCKS) finds the block size; a
+    # trace that needs more gets a second one, its need rounded up to a
+    # power of two, so a campaign's cases share a few pool sizes (each
+    # resolved once per process: R.resolve keeps them). The pool size is
+    # kvspec's choice, never the GPU's: sized so that nothing is evicted,
+    # the hits do not depend on it, and the scheduler's block pool, whose
+    # construction is linear in its blocks, holds little more than that
     first = R.resolve(dep)
     block = first.scheduler_block_size
     need = R.needed_blocks([r.num_prompt_tokens + r.max_tokens for r in case.trace], min(g.kv_cache_spec.block_size for g in first.kv_cache_config.kv_cache_groups), k_max)
-    res = first if first.kv_cache_config.num_blocks >= need else R.resolve(dep, num_blocks=need)
+    res = first if first.kv_cache_config.num_blocks >= need else R.resolve(dep, num_blocks=1 << max(0, need - 1).bit_length())
     vc = res.vllm_config
     max_model_len = int(vc.model_config.max_model_len)
     if longest > max_model_len:

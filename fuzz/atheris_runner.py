@@ -317,6 +317,9 @@ def run_atheris(
         # start-up (vLLM's import, the seeds mapped) apart from fuzzing;
         # the rates are per second of fuzzing, all workers together
         "startup_s": round(max(ready) - started, 2) if ready else None,
+        # the wall-clock time (time.time()) the last worker was ready: a
+        # finding file's mtime minus this is its time from the engine ready
+        "ready_at": time.time() - (time.monotonic() - max(ready)) if ready else None,
         "cases_per_s": round(sum(st.cases for st in states) / fuzz_s, 2) if fuzz_s else None,
         "engine_runs_per_s": round(sum(st.engine_runs for st in states) / fuzz_s, 2) if fuzz_s else None,
         "coverage": max((st.cov for st in states), default=0),

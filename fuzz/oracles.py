@@ -15,10 +15,14 @@ says which requests diverge.
   prompts (a prompt that extends one request and diverges inside another
   finds them), which sparse retention is not promised to keep. A request
   that hits more under sparse is not this oracle's: it says the dense run
-  fell short, which the promise judges on a dense case.
+  fell short, which the promise judges on a dense case. The dense run is
+  made only where a promised request hits below the promise (elsewhere it
+  cannot fire).
 * ``spec_on_off``: turning speculative decoding on moves the first repeat's
   hit only by the documented EAGLE drop (the model's difference); judged
-  only where the spec-off run keeps the promise.
+  only where the spec-off run keeps the promise. The spec-off run is made
+  only where the first repeat misses the promise (elsewhere it cannot
+  fire).
 * ``versions``: two engine versions agree on every request.
 * ``junction`` (only when asked: ``kvspec check-build``): under sparse
   retention a sibling diverging inside an earlier prompt hits at least what
@@ -635,11 +639,13 @@ def resolved(case: Case, obs: dict, version: str) -> Case:
 def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
     if case.geometry is None or case.geometry.retention_interval != 0:
         return []
+    promise = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
+    if all(i < len(obs["hits"]) and obs["hits"][i] >= promise[i] for i in promised(case)):
+        return []  # it fires only below the promise: the dense run could not change the verdict
     dense_case = with_retention(case, None)
     dense = run(dense_case)
     if "error" in dense:
         return check_engine_error(dense_case, version, dense)
-    promise = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
     bad = [i for i in promised(case) if i >= len(obs["hits"]) or (i < len(dense["hits"]) and obs["hits"][i] < min(dense["hits"][i], promise[i]))]
     if not bad:
         return []
@@ -653,6 +659,9 @@ def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Div
     first = next((i for i, k in enumerate(kinds) if k == "resend"), None)
     if first is None:
         return []
+    model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
+    if first < len(obs["hits"]) and obs["hits"][first] == model_on:
+        return []  # it fires only where the spec-off run keeps the promise, i.e. moved = model_off - model_on here
     off_case = without_speculative(case)
     try:
         off = run(off_case)
@@ -663,7 +672,6 @@ def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Div
     off_case = resolved(off_case, off, version)
     if case.deployment is not None and off_case.geometry is not None and case.geometry is not None and off_case.geometry.scheduler_block_size != case.geometry.scheduler_block_size:
         return []  # the speculative tokens moved the block size: hits are not comparable
-    model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
     model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
     if off["hits"][first] != model_off:
         return []  # the baseline itself is off the promise: that is the promise oracle's finding, on the spec-off case

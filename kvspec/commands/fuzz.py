@@ -274,7 +274,7 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
                 e.start()
             except EngineError:
                 pass  # remembered: the first run reports it (a harness error, or cut past the deadline)
-        ready = time.monotonic()
+        ready, ready_at = time.monotonic(), time.time()
         engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
         campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
         s = campaign.stats
@@ -308,5 +308,5 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
     return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
-            "cases": s.cases, "startup_s": round(ready - started, 2), "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s,
+            "cases": s.cases, "startup_s": round(ready - started, 2), "ready_at": ready_at, "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s,
             "case_files": case_files}

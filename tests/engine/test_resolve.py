@@ -261,3 +261,45 @@ def test_layer_checkpoint_facts_still_match_vllms_source():
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
     ours = (environments.REPO_ROOT / "engine_adapter" / "standins.py").read_text()
     assert 'CHECKPOINT_EXPORTERS = {"mamba2": (0, 32, 0), "gdn": (0, 33, 0)}' in ours
+
+
+MEMO_SCRIPT = r'''
+import json
+from engine_adapter import resolve as R
+from engine_adapter.driver import VllmDriver
+from reference.case import parse_case
+
+def snapshot(res):
+    vc = res.vllm_config
+    return json.dumps([repr(vc.cache_config), repr(vc.scheduler_config), repr(vc.speculative_config), repr(vc.parallel_config),
+                       repr(res.kv_cache_config), res.scheduler_block_size, res.hash_block_size, res.facts], default=str)
+
+dep = {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}'], "platform": "cuda", "device": "a100"}
+case = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1200}]}, {"prompt": [{"segment": "A", "length": 1200}]}, {"prompt": [{"segment": "A", "length": 1700}]}]})
+first = R.resolve(case.deployment)
+before = snapshot(first)
+driver = VllmDriver()
+runs = [driver.run(case) for _ in range(2)]
+small_blocks = {"model": "mamba2", "vllm_args": ["--enable-prefix-caching", "--block-size", "16"], "platform": "cuda", "device": "a100"}
+short = driver.run(parse_case({"schema": 1, "deployment": small_blocks, "trace": [{"prompt": [{"segment": "A", "length": 100}]}] * 2}))
+big = driver.run(parse_case({"schema": 1, "deployment": small_blocks, "trace": [{"prompt": [{"segment": s, "length": 2000}]} for s in "ABA"]}))
+again = R.resolve(case.deployment)
+strip = lambda r: {k: r[k] for k in ("hits", "queries", "explain", "knobs")}
+print(json.dumps({"same_object": again is first, "unchanged": snapshot(again) == before,
+                  "runs_equal": strip(runs[0]) == strip(runs[1]), "hits": runs[0]["hits"], "big_hits": big["hits"],
+                  "pool": short["knobs"]["num_blocks"], "big_pool": big["knobs"]["num_blocks"]}))
+'''
+
+
+def test_a_resolution_is_kept_per_process_and_nothing_writes_to_it():
+    """engine_adapter.resolve keeps each (deployment, pool size) resolution:
+    running cases on it leaves vLLM's config objects as resolved, two runs
+    of a case observe the same, and a trace too long for the default pool
+    gets a larger one (a second resolution) without eviction."""
+    ensure_env("0.33.0")
+    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", MEMO_SCRIPT], capture_output=True, text=True, timeout=600,
+                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same_object"] and out["unchanged"] and out["runs_equal"], out
+    assert out["hits"][1] > 0 and out["big_hits"][2] > 0 and out["big_pool"] > out["pool"], out

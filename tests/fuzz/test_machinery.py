@@ -680,3 +680,15 @@ def test_lengths_include_a_short_remainder_past_a_block_multiple():
     short = {n for n in seen if 2 <= n % block <= n // block}
     assert short and all(n % block <= 8 for n in short)
     assert {block - 1, block, block + 1} <= seen
+
+
+def test_variant_runs_are_made_only_where_their_oracle_can_fire():
+    """sparse_dense fires only below the promise, spec_on_off only where the
+    first repeat misses it: a case that keeps the promise costs no variant
+    run; one that misses it gets both."""
+    case = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
+    for rule, variants in (("promise", 0), ("legacy", 2)):
+        engine = ReferenceDouble("0.29.0", rule)
+        ran = []
+        check_all(case, "0.29.0", engine.run(case), lambda c: ran.append(c) or engine.run(c), ("sparse_dense", "spec_on_off"))
+        assert len(ran) == variants, (rule, len(ran))

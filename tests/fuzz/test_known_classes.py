@@ -1,0 +1,58 @@
+"""fuzz.known_classes: a finding is sorted into the known class whose rule it
+breaks, from its own fields; one that breaks no known rule is None. The
+findings are built here from each class's example (examples/README.md:
+the trace, the resolved geometry, the hits it reports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.known_classes import BY_ID, KNOWN_CLASSES, classify
+from reference.case import case_to_dict
+from tests.conftest import MTP_DROP, hybrid, make_case
+
+
+def _finding(oracle, geometry, prompts, expected, observed, *, spec=None, version="0.33.0", model="qwen3_next", drop=None):
+    case = case_to_dict(make_case(geometry, prompts, spec))
+    case["deployment"] = {"model": model, "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"}
+    case["resolved_by"] = f"vllm=={version}"
+    first = next((i for i, (e, o) in enumerate(zip(expected, observed)) if e != o), None)
+    drop = bool(spec and spec.get("disable_lookahead_block_hashes")) if drop is None else drop
+    return {"oracle": oracle, "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
+            "engine": {"version": version, "knobs": {"eagle_drop": drop}}, "case": case}
+
+
+CASES = {
+    # seed-53504-deployment.json on 0.29.0: miss/miss/hit
+    "resend-53504": _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 3, [0, 9600, 9600], [0, 0, 9600], spec=MTP_DROP, version="0.29.0"),
+    # r2-block-aligned-extension-qwen3_next.json: 0 / 544 where the promise gives 0 / 1088
+    "longer-sibling": _finding("promise", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1089)]], [0, 1088], [0, 544]),
+    # the R2 class on Falcon-H1 with a 16-token hash unit (block 144)
+    "hashed-longer-sibling": _finding("sparse_dense", hybrid(144, 144, prefix_match_unit=16, retention_interval=0), [[("A", 288)], [("A", 300)]], [0, 288], [0, 144], model="falcon_h1"),
+    # stale-state-after-partial-hit-falcon_h1.json
+    "stale-state": _finding("stale", hybrid(144, 144, prefix_match_unit=16, retention_interval=None), [[("A", 17)], [("A", 428)], [("A", 313)]], [0, 16, 16], [0, 16, 144], model="falcon_h1"),
+    # r1-hashed-periodic-eagle-drop-qwen3_5.json: 0 / 1280 where the promise gives 0 / 1632
+    "resend-beside-checkpoint": _finding("promise", hybrid(320, 320, prefix_match_unit=32, retention_interval=960), [[("C", 1664)]] * 2, [0, 1632], [0, 1280], spec=MTP_DROP, model="qwen3_5"),
+    # dense-below-sparse-hashed-qwen3_next.json: 0 / 1152 where the promise gives 0 / 1184
+    "dense-below-sparse": _finding("promise", hybrid(1152, 1152, prefix_match_unit=32, retention_interval=None), [[("A", 1216)], [("A", 1216), ("B", 17)]], [0, 1184], [0, 1152], spec=MTP_DROP),
+}
+
+
+def test_every_known_class_has_a_finding_here_and_a_release():
+    assert set(CASES) == set(BY_ID) and all(k.release in ("0.29.0", "0.33.0") for k in KNOWN_CLASSES)
+
+
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_each_class_s_finding_is_recognised_as_that_class(cls):
+    assert classify(CASES[cls]) == cls
+
+
+def test_a_finding_that_breaks_no_known_rule_is_none():
+    honest = dict(CASES["longer-sibling"], observed={"hits": [0, 1088]}, first_divergence=None)
+    assert classify(honest) is None  # no divergence
+    high = dict(CASES["longer-sibling"], observed={"hits": [0, 1600]})
+    assert classify(high) is None  # a hit above the promise is not a lost-reuse class
+    sibling = _finding("junction", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 600), ("B", 5)]], [0, 544], [0, 0])
+    assert classify(sibling) is None  # junction: no known class
+    spec_off_resend = _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 2, [0, 11200], [0, 9600], version="0.33.0")
+    assert classify(spec_off_resend) is None  # a resend miss without the drop on 0.33.0 is not #53504
