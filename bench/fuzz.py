@@ -21,6 +21,13 @@
    of 5 seeds each.
 2. Cases per second through the in-process engine vs the worker engine.
 3. RSS of an in-process campaign at start and after ``--soak`` seconds.
+4. ``--vs-bare N``: the campaign beside the bare scheduler loop on one
+   drawn list of N deployment cases (``random_cases(seed)`` with the
+   engine's resolver; vllm==0.33.0 by default, ``--bare-engine``): cases/s
+   of ``Campaign.check`` (every oracle, their variant runs, confirming and
+   shrinking findings) and of ``engine_adapter.baseline.bare_run`` (the
+   same vLLM calls, nothing observed, nothing judged), in-process, each
+   case built from its deployment in both, in one run; the ratio.
 
 Part 0 runs from kvspec's interpreter; 1-3 run inside the 0.29.0 engine
 environment (``kvspec engines install vllm==0.29.0`` first), where vLLM
@@ -42,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # bench/ must not shadow the packages
-VERSION = "0.29.0"
+VERSION = os.environ.get("KVSPEC_BENCH_FUZZ_VERSION", "0.29.0")
 
 
 def _reexec_in_engine_env() -> None:
@@ -58,7 +65,7 @@ def _reexec_in_engine_env() -> None:
     from fuzz.seeds import seed_dir
 
     seed_dir(kvspec_home())  # computed here, where z3 is installed
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KVSPEC_BENCH_FUZZ_INNER="1")
+    env = dict(environments.worker_env(VERSION), KVSPEC_BENCH_FUZZ_INNER="1", KVSPEC_BENCH_FUZZ_VERSION=VERSION)
     os.execve(str(environments.env_python(VERSION)), [str(environments.env_python(VERSION)), __file__, *sys.argv[1:]], env)
 
 
@@ -180,7 +187,45 @@ def print_drivers(runs: dict, engine: str, budget: float) -> None:
         print(f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}, coverage per {budget:.0f} s {cov_a} vs {cov_r} ({cov_a / cov_r:.2f})" if cov_r else f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}")
 
 
+def vs_bare(n: int, seed: int) -> None:
+    """Part 4 (inside the engine environment)."""
+    from engine_adapter.baseline import bare_run
+    from engine_adapter.engine import open_engine
+
+    from fuzz.campaign import Campaign
+    from fuzz.drivers import random_cases
+
+    engine = open_engine(f"vllm=={VERSION}", mode="inprocess")
+    with tempfile.TemporaryDirectory() as out:
+        campaign = Campaign(engine, out, seed=seed)
+        t = time.monotonic()
+        cases = [c for _, c in zip(range(n), random_cases(seed, resolver=campaign.resolver))]
+        drawn = time.monotonic() - t
+        driver = engine.driver
+        t = time.monotonic()
+        bare_ok = 0
+        for c in cases:
+            try:
+                bare_run(driver, c)
+                bare_ok += 1
+            except Exception:  # noqa: BLE001 - a case vLLM refuses or crashes on costs its attempt in both loops
+                pass
+        bare = time.monotonic() - t
+        t = time.monotonic()
+        for c in cases:
+            campaign.check(c)
+        full = time.monotonic() - t
+        s = campaign.stats
+    print(f"# campaign vs bare scheduler loop on the same {n} drawn deployment cases (vllm=={VERSION}, seed {seed}, in-process; drawing them: {drawn:.1f} s)")
+    print(f"bare loop  {n / bare:8.1f} cases/s  ({bare_ok} ran, {bare:.1f} s)")
+    print(f"campaign   {n / full:8.1f} cases/s  ({s.execs} engine runs, {len(s.findings)} findings, {s.harness_errors} harness errors, {full:.1f} s)")
+    print(f"campaign / bare: {bare / full:.2f}")
+    print(json.dumps({"bench": "fuzz-vs-bare", "engine": f"vllm=={VERSION}", "cases": n, "bare_cases_per_s": round(n / bare, 2), "campaign_cases_per_s": round(n / full, 2),
+                      "ratio": round(bare / full, 3), "campaign_engine_runs": s.execs, "findings": len(s.findings)}))
+
+
 def main() -> None:
+    global VERSION
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per search (part 0: per campaign)")
@@ -191,7 +236,16 @@ def main() -> None:
     parts = parser.add_mutually_exclusive_group()
     parts.add_argument("--only-drivers", action="store_true", help="part 0 only")
     parts.add_argument("--no-drivers", action="store_true", help="skip part 0")
+    parts.add_argument("--vs-bare", type=int, default=0, metavar="N", help="part 4 only: the campaign beside the bare scheduler loop on N drawn cases")
+    parser.add_argument("--bare-engine", default="vllm==0.33.0", help="part 4's engine (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="part 4's seed (default: %(default)s)")
     args = parser.parse_args()
+    if args.vs_bare:
+        VERSION = args.bare_engine.split("==")[-1]
+        if os.environ.get("KVSPEC_BENCH_FUZZ_INNER") != "1":
+            _reexec_in_engine_env()
+        vs_bare(args.vs_bare, args.seed)
+        return
     if not args.no_drivers and os.environ.get("KVSPEC_BENCH_FUZZ_INNER") != "1":
         runs = drivers(args.engine, args.budget, args.rounds, args.also_core)
         print_drivers(runs, args.engine, args.budget)

@@ -87,7 +87,7 @@ RESOLVER_VERSION = 1
 #: (kvspec's choice: a trace that needs more is resolved again with more).
 DEFAULT_POOL_BLOCKS = 256
 #: Resolutions this process keeps (:func:`resolve`), most recent last.
-RESOLUTION_MEMO_SIZE = 64
+RESOLUTION_MEMO_SIZE = 256
 _MEMO: dict[tuple[str, int], "Resolution"] = {}
 
 

@@ -22,7 +22,10 @@ from reference.case import Case
 from reference.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
-from fuzz.generate import RandomChooser, build_case
+from fuzz.generate import RandomChooser, another_trace, build_case, class_schedule
+
+#: Traces the random driver draws on each deployment it draws.
+TRACES_PER_DEPLOYMENT = 4
 
 
 class BoundedEngine:
@@ -128,10 +131,27 @@ def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline
 
 
 def random_cases(seed: int, **pinned) -> Iterable[Case]:
-    """Endless seeded cases; keyword arguments go to ``build_case``."""
+    """Endless seeded cases; keyword arguments go to ``build_case``. A
+    deployment case (a ``resolver`` given) takes the next deployment class
+    of a seeded schedule (``fuzz.generate.class_schedule``), and
+    ``TRACES_PER_DEPLOYMENT`` traces are drawn on each drawn deployment
+    (vLLM's resolution of a deployment costs more than a run)."""
     rng = random.Random(seed)
+    if pinned.get("resolver") is None:
+        while True:
+            yield build_case(RandomChooser(rng), **pinned)
+    classes = class_schedule(random.Random(rng.randrange(2**32)))
+    chooser = RandomChooser(rng)
     while True:
-        yield build_case(RandomChooser(rng), **pinned)
+        case = build_case(chooser, cls=next(classes), **pinned)
+        yield case
+        for _ in range(TRACES_PER_DEPLOYMENT - 1):
+            if case.deployment is None:
+                break
+            more = another_trace(chooser, case, pinned["resolver"])
+            if more is None:
+                break
+            yield more
 
 
 def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_execs: int | None = None, stop_on_finding: bool = False, synthetic: bool = False, **pinned) -> Stats:

@@ -20,10 +20,17 @@ With ``synthetic=True`` a case is a hand geometry instead (production-like
 and random block sizes): kvspec's choice, labelled synthetic in findings.
 
 Traces are identical resends, longer siblings, siblings diverging at any
-point, interleaved conversations, short prompts and block-aligned prompts
-(nB-1, nB, nB+1, nB+r with 2 <= r <= n, and the same around hash-unit
-boundaries); each request
-generates 1, 2 or 4 tokens.
+point, junction chains (a further sibling diverging at a junction an
+earlier sibling created: the junction rule's state), interleaved
+conversations, short prompts and block-aligned prompts (nB-1, nB, nB+1,
+nB+r with 2 <= r <= n, and the same around hash-unit boundaries); each
+request generates 1, 2 or 4 tokens.
+
+The random driver walks the deployment classes (:class:`DeploymentClass`:
+model x speculative mode x hash unit x retention, the features the
+promise's boundaries depend on) in turn (:func:`class_schedule`) rather
+than drawing each feature apart, so a rare conjunction is reached within
+a minute; the other drivers draw every feature.
 
 What comes out is a semantic case (``reference.case.Case``), never bytes.
 """
@@ -31,7 +38,8 @@ What comes out is a semantic case (``reference.case.Case``), never bytes.
 from __future__ import annotations
 
 import json
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol, Sequence
 
 from reference.case import Case, case_to_dict, parse_case
 
@@ -117,9 +125,19 @@ def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, 
 
 def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> list[dict]:
     prompts: list[list[dict]] = []
+    junctions: list[list[dict]] = []  # the shared prefixes siblings diverged at
     fresh = iter(SEGMENT_NAMES)
     for _ in range(c.integer(1, MAX_REQUESTS)):
-        op = c.choice(("fresh", "resend", "resend", "extend", "sibling")) if prompts else "fresh"
+        op = c.choice(("fresh", "resend", "resend", "extend", "sibling", "junction")) if prompts else "fresh"
+        if op == "junction" and junctions:
+            # another sibling diverging at a junction an earlier sibling
+            # created: the state the junction rule says is kept there
+            prompt = [dict(s) for s in c.choice(junctions)]
+            prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "y", "length": c.integer(1, 2 * block)})
+            prompts.append(_fit(prompt, cap) if cap is not None else prompt)
+            continue
+        if op == "junction":
+            op = "sibling"
         if op == "fresh":
             name = next(fresh, None) or c.choice(SEGMENT_NAMES)
             prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap)}]
@@ -145,6 +163,7 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
                         break
                     prompt.append({"segment": s["segment"], "length": min(s["length"], left)})
                     left -= s["length"]
+                junctions.append([dict(s) for s in prompt])
                 prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)})
         if cap is not None:
             prompt = _fit(prompt, cap)
@@ -174,10 +193,54 @@ def _fit(prompt: list[dict], cap: int) -> list[dict]:
     return out
 
 
-def draw_deployment(c: Chooser) -> dict:
+#: Speculative modes a deployment class names: off, MTP with lookahead
+#: hashes (0.33.0; the drop before), MTP with the EAGLE block drop.
+SPEC_MODES = ("off", "mtp", "drop")
+RETENTIONS = ("sparse", "dense", "periodic")
+
+
+@dataclass(frozen=True)
+class DeploymentClass:
+    """The deployment features the promise's boundaries depend on (the
+    reference model's knobs): the model (its layers, internal checkpoints,
+    one or two KV cache groups), the speculative mode (the EAGLE drop, the
+    lookahead hashes), whether a hash unit finer than the block is set
+    (hash-unit tails, partial hits) and the retention mode (which states
+    are kept: sparse, dense, periodic segment ends). Everything else
+    (parallelism, dtype, GPU, chunk budget, the unit's value) is drawn."""
+
+    model: str
+    spec: str  # SPEC_MODES
+    unit: bool
+    retention: str  # RETENTIONS
+
+    def label(self) -> str:
+        return f"{self.model}/{self.spec}/{'unit' if self.unit else 'block'}/{self.retention}"
+
+
+def deployment_classes() -> tuple[DeploymentClass, ...]:
+    """Every class (speculative modes only for the models with an MTP
+    layer; no finer hash unit for the attention-free models, whose one KV
+    cache group vLLM lets hash only on the block)."""
+    return tuple(DeploymentClass(m, spec, unit, ret) for m in DEPLOYMENT_MODELS for spec in (SPEC_MODES if m in MTP_MODELS else ("off",))
+                 for unit in ((False,) if m in ATTENTION_FREE_MODELS else (False, True)) for ret in RETENTIONS)
+
+
+def class_schedule(rng) -> Iterator[DeploymentClass]:
+    """Every deployment class in turn, in a fresh seeded order each round,
+    so a campaign of a minute visits each class many times instead of
+    leaving a conjunction of rare features to chance."""
+    classes = list(deployment_classes())
+    while True:
+        rng.shuffle(classes)
+        yield from classes
+
+
+def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
     """A deployment's model, parallelism, KV-cache dtype, speculative
-    decoding and GPU (the choices that move the block size)."""
-    model = c.choice(DEPLOYMENT_MODELS)
+    decoding and GPU (the choices that move the block size); ``cls`` pins
+    the model and the speculative mode."""
+    model = c.choice(DEPLOYMENT_MODELS) if cls is None else cls.model
     args = ["--enable-prefix-caching", "--tensor-parallel-size", str(c.choice((1, 2, 4, 8))), "--kv-cache-dtype", c.choice(("auto", "fp8"))]
     if model in ATTENTION_FREE_MODELS:
         # no attention backend sets the block: vLLM keeps --block-size (16 by
@@ -186,7 +249,10 @@ def draw_deployment(c: Chooser) -> dict:
         if size is not None:
             args += ["--block-size", str(size)]
     if model in MTP_MODELS:
-        spec = c.choice((None, None, 1, 2, 3, "drop"))
+        if cls is None:
+            spec = c.choice((None, None, 1, 2, 3, "drop"))
+        else:
+            spec = {"off": None, "drop": "drop"}.get(cls.spec) or c.choice((1, 2, 3))
         if spec is not None:
             config = {"method": "mtp", "num_speculative_tokens": 2 if spec == "drop" else spec}
             if spec == "drop":
@@ -195,8 +261,9 @@ def draw_deployment(c: Chooser) -> dict:
     return {"model": model, "vllm_args": args, "platform": "cuda", "device": c.choice(DEVICES)}
 
 
-def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
-    """Flags that leave the block size alone: budget, match unit, retention."""
+def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentClass | None = None) -> list[str]:
+    """Flags that leave the block size alone: budget, match unit, retention
+    (``cls`` pins whether a unit is set and the retention mode)."""
     args: list[str] = []
     budget = c.choice((None, 2048, 8192, 16384, block * c.integer(1, 4)))
     if budget is not None:
@@ -204,30 +271,31 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict) -> list[str]:
         if budget < defaults.get("max_num_seqs", 256):
             args += ["--max-num-seqs", str(max(1, min(budget, 16)))]
     units = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
-    if units and c.integer(0, 2) == 0:
+    if units and (c.integer(0, 2) == 0 if cls is None else cls.unit):
         # and one unit that does not divide the block: vLLM rejects it (every
         # group's block size must be divisible by it); a build must too
         # (build_deployment_case keeps it only where the engine accepts it)
         units.append(next(u for u in range(48, block, 16) if block % u) if any(block % u for u in range(48, block, 16)) else units[0])
         args += ["--prefix-match-unit", str(c.choice(units))]
-    retention = c.choice(("0", "0", "0", "None", "periodic"))
+    retention = c.choice(("0", "0", "0", "None", "periodic")) if cls is None else {"sparse": "0", "dense": "None", "periodic": "periodic"}[cls.retention]
     if retention == "periodic":
         retention = str(block * c.integer(1, 3))
     args += ["--prefix-cache-retention-interval", retention]
     return args
 
 
-def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
+def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True, cls: DeploymentClass | None = None) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
     on its resolved block. A drawn ``--prefix-match-unit`` that does not
     divide the block (or any unit, with the single KV cache group of an
     attention-free model) is kept only where the resolver (the engine under
     test) accepts it: a release rejects it, so the flag is dropped there;
-    a build that accepts it gets the case (``resolution`` judges it)."""
+    a build that accepts it gets the case (``resolution`` judges it).
+    ``cls`` pins the deployment class (:class:`DeploymentClass`)."""
     dep, info = None, None
     for _ in range(4):
-        dep = draw_deployment(c)
+        dep = draw_deployment(c, cls)
         info = resolver(dep)
         if info:
             break
@@ -235,7 +303,7 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
         dep = dict(FALLBACK_DEPLOYMENT)
         info = resolver(dep) or {"block": 544, "hash": 544, "max_model_len": 32768}
     block = int(info["block"])
-    args = list(dep["vllm_args"]) + _deployment_flags(c, block, info)
+    args = list(dep["vllm_args"]) + _deployment_flags(c, block, info, cls if cls is not None and dep["model"] == cls.model else None)
     unit = None
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
@@ -250,19 +318,41 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
         args.append("--enable-mamba-shared-prefix-checkpoint")
         if not resolver({**dep, "vllm_args": args}):
             args.pop()
+    return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias)
+
+
+def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: str | None, boundary_bias: bool) -> Case:
+    """A trace drawn on a resolved deployment (``info``: its block and
+    max_model_len; ``unit``: its hash unit, or None)."""
+    block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _outputs(c, _trace(c, block, boundary_bias, unit, cap))
-    raw = {"schema": 1, "name": name, "deployment": {**dep, "vllm_args": args}, "trace": trace}
-    return parse_case(raw)
+    return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 
-def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None) -> Case:
+def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
+    """Another trace on ``case``'s deployment (resolved again through
+    ``resolver``, which a campaign keeps per deployment): a campaign draws a
+    few traces per drawn deployment, so vLLM's resolution of it is paid
+    once; None when the resolver no longer resolves it."""
+    dep = case.deployment
+    assert dep is not None
+    raw = {"model": dep.model, "vllm_args": list(dep.vllm_args), "platform": dep.platform, "device": dep.device, **({"model_overrides": dict(dep.model_overrides)} if dep.model_overrides else {})}
+    info = resolver(raw)
+    if not info:
+        return None
+    args = raw["vllm_args"]
+    unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
+    return _case_on(c, raw, info, unit, case.name, True)
+
+
+def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None, cls: DeploymentClass | None = None) -> Case:
     """Draw one case. Every draw is valid by construction. With a
-    ``resolver`` a deployment case; without, a hand (synthetic) geometry,
-    where ``geometry`` and ``speculative`` pin those parts instead of
-    drawing them."""
+    ``resolver`` a deployment case (of class ``cls`` when given); without,
+    a hand (synthetic) geometry, where ``geometry`` and ``speculative`` pin
+    those parts instead of drawing them."""
     if resolver is not None:
-        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias)
+        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias, cls=cls)
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])

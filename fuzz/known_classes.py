@@ -16,16 +16,19 @@ class                        release   recognised by
                                        under the EAGLE drop (vLLM #53504)
 ``longer-sibling``           0.33.0    R2: an extension hits below the promise,
                                        sparse retention, hash block = block
-``hashed-longer-sibling``    0.33.0    R2 on Falcon-H1 with a hash unit below
-                                       the block (internal checkpoints)
+``hashed-longer-sibling``    0.33.0    R2 with a hash unit below the block,
+                                       sparse retention (first seen on Falcon-H1:
+                                       A:288 then A:300, block 144, unit 16, hits
+                                       272 where the promise gives 288)
 ``stale-state``              0.33.0    the ``stale`` oracle: a hit resumes from
                                        a state no prefill wrote
 ``resend-beside-checkpoint`` 0.33.0    R1: a resend hits below the promise under
                                        the drop, a hash unit below the block,
                                        periodic or dense retention
 ``dense-below-sparse``       0.33.0    an extension hits below the promise under
-                                       dense retention with a hash unit below the
-                                       block (where sparse retention holds)
+                                       dense or periodic retention (which keep
+                                       more than sparse) with a hash unit below
+                                       the block (where sparse retention holds)
 ===========================  ========  =========================================
 
 The promise-breaking oracles that speak of one request's hit (``promise``,
@@ -57,10 +60,10 @@ class KnownClass:
 KNOWN_CLASSES = (
     KnownClass("resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"),
     KnownClass("longer-sibling", "0.33.0", "R2", "a longer sibling hits below the promise under sparse retention, hash block = block"),
-    KnownClass("hashed-longer-sibling", "0.33.0", "R2", "a longer sibling hits below the promise on Falcon-H1 with a hash unit below the block"),
+    KnownClass("hashed-longer-sibling", "0.33.0", "R2", "a longer sibling hits below the promise under sparse retention with a hash unit below the block (seen on Falcon-H1)"),
     KnownClass("stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"),
     KnownClass("resend-beside-checkpoint", "0.33.0", "R1", "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention"),
-    KnownClass("dense-below-sparse", "0.33.0", "R2", "a longer sibling hits below the promise under dense retention with a hash unit below the block"),
+    KnownClass("dense-below-sparse", "0.33.0", "R2", "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block"),
 )
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
@@ -98,7 +101,6 @@ def classify(finding: dict) -> str | None:
     drop = bool(knobs.get("eagle_drop"))
     hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]
     retention = {None: "dense", 0: "sparse"}.get(g.get("retention_interval"), "periodic")
-    model = ((finding.get("case") or {}).get("deployment") or {}).get("model")
     version = str((finding.get("engine") or {}).get("version") or "")
     if kind == "resend":
         if hashed and drop and retention != "sparse":
@@ -107,9 +109,9 @@ def classify(finding: dict) -> str | None:
             return "resend-53504"
         return None
     if kind == "extension":
-        if retention == "dense" and hashed:
+        if retention != "sparse" and hashed:
             return "dense-below-sparse"
-        if hashed and model == "falcon_h1":
+        if hashed and retention == "sparse":
             return "hashed-longer-sibling"
         if retention == "sparse" and not hashed:
             return "longer-sibling"

@@ -27,8 +27,8 @@ CASES = {
     "resend-53504": _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 3, [0, 9600, 9600], [0, 0, 9600], spec=MTP_DROP, version="0.29.0"),
     # r2-block-aligned-extension-qwen3_next.json: 0 / 544 where the promise gives 0 / 1088
     "longer-sibling": _finding("promise", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1089)]], [0, 1088], [0, 544]),
-    # the R2 class on Falcon-H1 with a 16-token hash unit (block 144)
-    "hashed-longer-sibling": _finding("sparse_dense", hybrid(144, 144, prefix_match_unit=16, retention_interval=0), [[("A", 288)], [("A", 300)]], [0, 288], [0, 144], model="falcon_h1"),
+    # the R2 class on Falcon-H1 with a 16-token hash unit (block 144): 272 where the promise gives 288
+    "hashed-longer-sibling": _finding("sparse_dense", hybrid(144, 144, prefix_match_unit=16, retention_interval=0), [[("A", 288)], [("A", 300)]], [0, 288], [0, 272], model="falcon_h1"),
     # stale-state-after-partial-hit-falcon_h1.json
     "stale-state": _finding("stale", hybrid(144, 144, prefix_match_unit=16, retention_interval=None), [[("A", 17)], [("A", 428)], [("A", 313)]], [0, 16, 16], [0, 16, 144], model="falcon_h1"),
     # r1-hashed-periodic-eagle-drop-qwen3_5.json: 0 / 1280 where the promise gives 0 / 1632
@@ -56,3 +56,10 @@ def test_a_finding_that_breaks_no_known_rule_is_none():
     assert classify(sibling) is None  # junction: no known class
     spec_off_resend = _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 2, [0, 11200], [0, 9600], version="0.33.0")
     assert classify(spec_off_resend) is None  # a resend miss without the drop on 0.33.0 is not #53504
+
+
+def test_the_hash_unit_tail_under_periodic_retention_is_the_dense_below_sparse_class_for_an_extension():
+    periodic = _finding("promise", hybrid(192, 192, prefix_match_unit=32, retention_interval=192), [[("A", 600)], [("A", 700)]], [0, 224], [0, 192], spec=MTP_DROP, model="qwen3_5")
+    assert classify(periodic) == "dense-below-sparse"
+    sparse = _finding("promise", hybrid(192, 192, prefix_match_unit=32, retention_interval=0), [[("A", 600)], [("A", 700)]], [0, 224], [0, 192], spec=MTP_DROP, model="qwen3_5")
+    assert classify(sparse) == "hashed-longer-sibling"  # sparse retention: the hashed longer sibling
