@@ -47,6 +47,7 @@ from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
+from fuzz.reach import Reach
 from fuzz.shrink import shrink
 
 
@@ -83,6 +84,8 @@ class Stats:
     rejected: int = 0
     cut_at_deadline: int = 0
     findings: list[str] = field(default_factory=list)
+    #: deployment classes x trace shapes checked (fuzz.reach)
+    reach: Reach = field(default_factory=Reach)
     first_finding_s: float | None = None
     started: float = field(default_factory=time.monotonic)
 
@@ -286,6 +289,7 @@ class Campaign:
         (HarnessFailure, an engine that cannot be reached, an exception in
         kvspec's code) is recorded apart and yields no finding."""
         self.stats.cases += 1
+        self.stats.reach.add(case)
         try:
             return self._check(case)
         except HarnessFailure as e:

@@ -3,7 +3,10 @@
 Three layouts, chosen by the first byte's low two bits:
 
 * ``x0``: *generated*: the rest feeds ``fuzz.generate.build_case`` as a
-  stream of choices (structure-aware: resends, siblings, aligned lengths).
+  stream of choices (structure-aware: resends, siblings, aligned lengths);
+  over deployments its first choice is the deployment class
+  (``fuzz.generate.deployment_classes``), so each class is as likely as any
+  other, as the random driver's schedule walks them.
 * ``01``: *literal*: the bytes spell a hand-geometry case field by field, so
   any case in the literal domain (uniform or mixed 16-multiple blocks, up to
   8 requests of up to 4 segments) can be written as a corpus entry: this is
@@ -25,7 +28,7 @@ import struct
 from reference.case import Case, case_to_dict, parse_case
 from reference.errors import KvspecError
 
-from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, BytesChooser, build_case
+from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, BytesChooser, build_case, deployment_classes
 
 _NAMES = "ABCDEFGHIJKLMNOP"
 _RETENTION = ("sparse", "dense", "periodic")
@@ -92,7 +95,10 @@ def decode(data: bytes, resolver=None) -> Case:
             return _decode_literal(_Reader(data[1:]))
         except KvspecError:
             pass  # e.g. a budget the validator refuses: fall back to generated
-    return build_case(BytesChooser(data[1:]), resolver=resolver)
+    chooser = BytesChooser(data[1:])
+    if resolver is not None:  # the deployment class first, as the random driver's schedule walks them
+        return build_case(chooser, resolver=resolver, cls=chooser.choice(deployment_classes()))
+    return build_case(chooser)
 
 
 def encode_deployment(case: Case) -> bytes:

@@ -95,7 +95,8 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
 def signature(case: Case, div: Divergence, knobs: dict) -> str:
     """What makes two findings the same bug: oracle, version, the resolved
     speculative knobs, the geometry class (uniform / mixed / partial hash
-    hits), retention mode, the diverging request's kind, whether
+    hits), retention mode, a hash unit finer than the block, the diverging
+    request's kind, whether
     its prompt is block-aligned, and the direction of the error (for
     ``split``: a prefill chunk's end or a step after the prefill cut)."""
     parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
@@ -107,6 +108,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     sizes = {x.block_size for x in g.groups}
     parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
     parts.append({None: "dense", 0: "sparse"}.get(g.retention_interval, "periodic"))
+    if g.hash_block_size is not None and g.hash_block_size < g.scheduler_block_size:
+        parts.append("hash<block")  # a finer hash unit moves the boundaries (hash-unit tails): another class
     if div.first is not None and div.requests and div.oracle not in ("engine_error", "knobs"):
         i = div.first
         n = case.trace[i].num_prompt_tokens

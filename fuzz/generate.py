@@ -30,13 +30,15 @@ The random driver walks the deployment classes (:class:`DeploymentClass`:
 model x speculative mode x hash unit x retention, the features the
 promise's boundaries depend on) in turn (:func:`class_schedule`) rather
 than drawing each feature apart, so a rare conjunction is reached within
-a minute; the other drivers draw every feature.
+a minute; atheris's inputs choose the class first (``fuzz.codec``);
+Hypothesis draws every feature apart.
 
 What comes out is a semantic case (``reference.case.Case``), never bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
@@ -218,6 +220,7 @@ class DeploymentClass:
         return f"{self.model}/{self.spec}/{'unit' if self.unit else 'block'}/{self.retention}"
 
 
+@functools.cache
 def deployment_classes() -> tuple[DeploymentClass, ...]:
     """Every class (speculative modes only for the models with an MTP
     layer; no finer hash unit for the attention-free models, whose one KV

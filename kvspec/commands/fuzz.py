@@ -243,6 +243,10 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
     Console().print(table)
     malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
     print("\n".join(render(summary["classes"], malformed, str(out))))
+    reach = summary.get("reach")
+    if reach:
+        shapes = ", ".join(f"{k} {v}" for k, v in sorted(reach["shapes"].items(), key=lambda kv: -kv[1]))
+        print(f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}")
     files = summary.get("case_files")
     if files and files.get("given"):
         print(f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started")
@@ -308,5 +312,5 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
     return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
-            "cases": s.cases, "startup_s": round(ready - started, 2), "ready_at": ready_at, "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s,
+            "cases": s.cases, "startup_s": round(ready - started, 2), "ready_at": ready_at, "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s, "reach": s.reach.as_dict(),
             "case_files": case_files}

@@ -692,3 +692,16 @@ def test_variant_runs_are_made_only_where_their_oracle_can_fire():
         ran = []
         check_all(case, "0.29.0", engine.run(case), lambda c: ran.append(c) or engine.run(c), ("sparse_dense", "spec_on_off"))
         assert len(ran) == variants, (rule, len(ran))
+
+
+def test_a_hash_unit_finer_than_the_block_is_another_signature():
+    """The longer sibling of a block-aligned prompt misses one block without
+    a hash unit and one hash unit with one: two classes, both written."""
+    from fuzz.findings import signature
+    from fuzz.oracles import Divergence
+
+    plain = make_case(hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1100)]])
+    hashed = make_case(hybrid(544, 544, prefix_match_unit=32, retention_interval=0), [[("A", 1088)], [("A", 1100)]])
+    div = Divergence("promise", "0.33.0", [1], [0, 1088], [0, 1056], "")
+    knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
+    assert signature(plain, div, knobs) != signature(hashed, div, knobs)
