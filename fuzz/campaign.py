@@ -83,6 +83,9 @@ class Stats:
     #: finding nor a harness error.
     rejected: int = 0
     cut_at_deadline: int = 0
+    #: engine runs and seconds spent confirming and shrinking findings
+    shrink_execs: int = 0
+    shrink_s: float = 0.0
     findings: list[str] = field(default_factory=list)
     #: deployment classes x trace shapes checked (fuzz.reach)
     reach: Reach = field(default_factory=Reach)
@@ -159,16 +162,18 @@ class Campaign:
             raise HarnessFailure(text)
         return obs
 
-    def _judge(self, case: Case, engine: Engine | None = None) -> tuple[Case, dict, list[Divergence]]:
+    def _judge(self, case: Case, engine: Engine | None = None, only: str | None = None) -> tuple[Case, dict, list[Divergence]]:
         """Run and judge ``case`` on ``engine`` (default: the engine under
         test): (the case as judged, the observation, the divergences). A
         deployment case is judged with the geometry the engine resolved for
         it (``oracles.resolved``); one the model does not cover raises
         Unsupported. The ``versions`` oracle runs for the engine under test
-        only."""
+        only. ``only``: judge by that one oracle (a shrink predicate asks
+        about one: the others' variant runs are not made)."""
         engine = self.engine if engine is None else engine
+        oracles = self.oracles if only is None else tuple(o for o in self.oracles if o == only)
         obs = self._observe(engine, case)
-        if "resolution" in self.oracles:
+        if "resolution" in oracles:
             misresolved = check_resolution(case, engine.version, obs)
             if misresolved:  # vLLM's resolution breaks its own documented rule: not judged further
                 self.last_other = None
@@ -176,11 +181,11 @@ class Campaign:
         judged = resolved(case, obs, engine.version)
         if judged.geometry is not None and "error" not in obs:
             resolve_knobs(judged, engine.version)  # Unsupported: outside the model
-        divs = check_all(judged, engine.version, obs, lambda c: self._observe(engine, c), self.oracles)
+        divs = check_all(judged, engine.version, obs, lambda c: self._observe(engine, c), oracles)
         self.last_other = None
         if engine is not self.engine:
             return judged, obs, divs
-        if self.other is not None and "versions" in self.oracles and "error" not in obs:
+        if self.other is not None and "versions" in oracles and "error" not in obs:
             other_obs = self._observe(self.other, case)
             self.last_other = other_obs
             divs += check_versions(judged, self.engine.version, obs, self.other.version, other_obs)
@@ -195,7 +200,7 @@ class Campaign:
         if self.baseline is None:
             raise ValueError("fails_on_baseline needs a baseline engine")
         try:
-            _judged, _obs, divs = self._judge(case, self.baseline)
+            _judged, _obs, divs = self._judge(case, self.baseline, only=div.oracle)
         except (DeploymentRejected, Unsupported):
             return False
         except HarnessFailure:
@@ -271,7 +276,7 @@ class Campaign:
         if not self.supported(case):
             return False
         try:
-            judged, obs, divs = self._judge(case)
+            judged, obs, divs = self._judge(case, only=oracle)
             div = next((d for d in divs if d.oracle == oracle and self._signature(judged, d, obs) == sig), None)
             if div is None:
                 return False
@@ -323,14 +328,16 @@ class Campaign:
             if key in self.seen:
                 self.stats.duplicates += 1
                 continue
-            if not self._fires(case, div.oracle, raw, fails_too):  # replays deterministically?
+            t0, runs0 = time.monotonic(), self.stats.execs
+            try:
+                small = self._confirm_and_shrink(case, div, raw, fails_too)
+            finally:
+                self.stats.shrink_s += time.monotonic() - t0
+                self.stats.shrink_execs += self.stats.execs - runs0
+            if small is None:  # it did not replay deterministically
                 self.stats.not_reproduced += 1
                 continue
             self.seen.add(key)
-            small, _calls = shrink(case, lambda c, o=div.oracle, s=raw: not self.past_deadline() and self._fires(c, o, s, fails_too), self.shrink_calls)
-            pinned = pin_speculative(small, self.engine.version)
-            if pinned != small and self._fires(pinned, div.oracle, raw, fails_too):
-                small = pinned
             try:
                 small_judged, small_obs, small_divs = self._judge(small)
             except HarnessFailure as e:  # keep the confirmed original
@@ -351,6 +358,20 @@ class Campaign:
             if self.on_finding:
                 self.on_finding(path, finding)
         return written
+
+
+    def _confirm_and_shrink(self, case: Case, div: Divergence, raw: str, fails_too: bool | None) -> Case | None:
+        """Replay ``case`` (only a divergence that replays is reported), then
+        shrink it with the predicate "the same oracle fires with the same
+        signature" (and the baseline's answer kept); None when it does not
+        replay."""
+        if not self._fires(case, div.oracle, raw, fails_too):
+            return None
+        small, _calls = shrink(case, lambda c: not self.past_deadline() and self._fires(c, div.oracle, raw, fails_too), self.shrink_calls)
+        pinned = pin_speculative(small, self.engine.version)
+        if pinned != small and self._fires(pinned, div.oracle, raw, fails_too):
+            small = pinned
+        return small
 
 
 def pin_speculative(case: Case, version: str) -> Case:
