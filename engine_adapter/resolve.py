@@ -213,7 +213,10 @@ _PARSER: list = []
 
 def _serve_parser(engine_args, parser_class):
     """vLLM's ``vllm serve`` engine-argument parser, built once per process
-    (~25 ms a build; argparse keeps no state between ``parse_args`` calls)."""
+    (~25 ms a build). Its defaults are objects it hands to every parse, and
+    vLLM writes into some of them (0.33.0 ``EngineArgs`` puts
+    ``--gdn-prefill-backend`` into the ``additional_config`` dict): a caller
+    takes a deep copy of what it parses (:func:`_vllm_config`)."""
     if not _PARSER:
         _PARSER.append(engine_args.add_cli_args(parser_class(prog="vllm serve")))
     return _PARSER[0]
@@ -229,6 +232,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
         from vllm.utils import FlexibleArgumentParser
 
     import contextlib
+    import copy
     import io
 
     parser = _serve_parser(EngineArgs, FlexibleArgumentParser)
@@ -236,7 +240,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            ns = parser.parse_args(argv)
+            ns = copy.deepcopy(parser.parse_args(argv))  # never the parser's own default objects (see _serve_parser)
     except SystemExit:
         lines = [x for x in said.getvalue().splitlines() if x.strip()]
         reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
@@ -447,6 +451,13 @@ def resolve(dep: Deployment, *, num_blocks: int = DEFAULT_POOL_BLOCKS) -> Resolu
     return hit
 
 
+def forget_resolutions() -> None:
+    """Drop every resolution this process keeps: the next :func:`resolve`
+    asks vLLM again (for a caller that has changed vLLM's functions, as a
+    test that plants a crash in them does)."""
+    _MEMO.clear()
+
+
 def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     import vllm
 
@@ -474,6 +485,13 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         specs = kv_cache_specs(vc)
         page = max(s.page_size_bytes for s in specs.values())
         memory = page * len(specs) * min(max(num_blocks, 64), MAX_BLOCKS)
+        # at least what vLLM asks for one request of max_model_len (its
+        # KVCacheSpec.max_memory_usage_bytes, per layer, plus a sixteenth and
+        # two blocks a layer for its grouped layout's rounding): a pool kvspec
+        # sizes for its traces must not turn into vLLM's "larger than the
+        # available KV cache memory" refusal of a deployment it serves
+        one_request = sum(int(s.max_memory_usage_bytes(vc)) for s in specs.values())
+        memory = max(memory, one_request + one_request // 16 + 2 * page * len(specs))
         cfgs = _kv_cache_configs(vc, specs, memory)
         import vllm.v1.core.kv_cache_utils as ku
 

@@ -134,6 +134,7 @@ import json
 import vllm.v1.core.kv_cache_utils as ku
 from engine_adapter.driver import get_driver
 import engine_adapter.observe as observe
+import engine_adapter.resolve as R
 from engine_adapter.failure import raised_by_vllm
 from reference.case import parse_case
 from reference.errors import DeploymentCrashes
@@ -155,6 +156,7 @@ def crashing(kv_cache_config, vllm_config):
 
 
 ku.resolve_kv_cache_block_sizes = crashing
+R.forget_resolutions()  # the release's resolution is kept per process; ask the planted vLLM again
 crashed = driver.run(case)
 try:
     driver.resolve(case)
@@ -162,6 +164,7 @@ try:
 except DeploymentCrashes as e:
     resolved = str(e)
 ku.resolve_kv_cache_block_sizes = lambda *a: [][1]  # planted outside vLLM: kvspec's glue, never vLLM's crash
+R.forget_resolutions()
 try:
     driver.run(case)
     glue = "no error"
@@ -303,3 +306,16 @@ def test_a_resolution_is_kept_per_process_and_nothing_writes_to_it():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["same_object"] and out["unchanged"] and out["runs_equal"], out
     assert out["hits"][1] > 0 and out["big_hits"][2] > 0 and out["big_pool"] > out["pool"], out
+
+
+def test_a_flag_that_vllm_writes_into_a_default_does_not_reach_the_next_deployment(engine_033):
+    """vLLM 0.33.0's EngineArgs puts ``--gdn-prefill-backend`` into its
+    ``additional_config`` dict, the parser's default object; the serve parser
+    is built once per process, so a deployment that names the flag must not
+    leave it set for the next one (an H100 Qwen3-Next without the flag keeps
+    FlashInfer's prefill and the 576-token block). ``--max-num-seqs 7`` makes
+    both deployments new to this engine process."""
+    triton = engine_033.resolve(deployment("qwen3_next", "--max-num-seqs", "7", "--gdn-prefill-backend", "triton", device="h100"))
+    auto = engine_033.resolve(deployment("qwen3_next", "--max-num-seqs", "7", device="h100"))
+    assert (triton["facts"]["gdn_prefill_backend"], block(triton)) == ("triton", 544)
+    assert (auto["facts"]["gdn_prefill_backend"], block(auto)) == ("flashinfer", 576)
