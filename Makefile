@@ -48,14 +48,14 @@ check: venv engines
 # spec/ in CI: the default tier with the rest; then every catalogue row (--all:
 # also the chunked-prefill and chunked junction rows) and the full geometry
 # sweep via prove (~1 min on 2 cores); then spec/'s slow fidelity domain
-# (the encodings against reference/ over every small geometry; ~5 min of CPU,
-# 12 min wall on a 2-core machine shared with engine runs). `make test-slow`
+# (the encodings against reference/ over every small geometry; 9 tests, 570 s
+# of CPU, 300 s wall on two workers, the longest test 255 s). `make test-slow`
 # runs every slow test (spec/'s: `pytest spec/ --slow`, ~13 min).
 test: venv engines server-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" -n 2 --dist loadgroup --ignore=tests/distribute
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "not slow" tests/distribute
 	$(KVSPEC) prove --all --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
-	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -m slow spec/test_fidelity.py spec/test_seeds.py
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 -m slow spec/test_fidelity.py spec/test_seeds.py
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
