@@ -235,7 +235,7 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
             firsts.append(res["started_unix"] - started_unix + float(s["first_finding_s"]))
         if env["status"] != "ok":
             failed += 1
-        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.get("execs"), "findings_reported": len(s.get("findings") or []), "harness_errors": s.get("harness_errors"), "error": env.get("error")})
+        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.get("execs"), "findings_reported": len(s.get("findings") or []), "duplicates": s.get("duplicates"), "harness_errors": s.get("harness_errors"), "error": env.get("error")})
     new = sorted(_findings(out) - before)
     findings = []
     for name in new:

@@ -198,7 +198,11 @@ def test_fuzz_on_ray_finds_53504_once_in_one_folder(cluster, tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert [(t["id"], t["status"], t["attempt"]) for t in summary["ray_tasks"]] == [("job-0", "ok", 0), ("job-1", "ok", 0)]
-    assert all(t["findings_reported"] >= 1 for t in summary["ray_tasks"]), "each worker finds the bug"
+    # each worker finds the bug: it reports it, or, where the other worker
+    # wrote it first into the shared folder (a campaign starts by taking the
+    # folder's signatures as seen), counts it as a duplicate
+    assert all(t["findings_reported"] + t["duplicates"] >= 1 for t in summary["ray_tasks"]), summary["ray_tasks"]
+    assert sum(t["findings_reported"] for t in summary["ray_tasks"]) >= 1, summary["ray_tasks"]
     assert summary["workers_died"] == 0 and summary["harness_errors"] == 0 and summary["execs"] > 0
     assert summary["case_files"]["given"] == summary["case_files"]["run"] == 1 and summary["case_files"]["unfinished"] == []
     files = sorted(out.glob("*.json"))
