@@ -489,9 +489,10 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         # KVCacheSpec.max_memory_usage_bytes, per layer, plus a sixteenth and
         # two blocks a layer for its grouped layout's rounding): a pool kvspec
         # sizes for its traces must not turn into vLLM's "larger than the
-        # available KV cache memory" refusal of a deployment it serves
+        # available KV cache memory" refusal of a deployment it serves (up
+        # to MAX_BLOCKS a layer: past that vLLM's refusal stands)
         one_request = sum(int(s.max_memory_usage_bytes(vc)) for s in specs.values())
-        memory = max(memory, one_request + one_request // 16 + 2 * page * len(specs))
+        memory = max(memory, min(one_request + one_request // 16 + 2 * page * len(specs), page * len(specs) * MAX_BLOCKS))
         cfgs = _kv_cache_configs(vc, specs, memory)
         import vllm.v1.core.kv_cache_utils as ku
 
