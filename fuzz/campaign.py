@@ -359,7 +359,6 @@ class Campaign:
                 self.on_finding(path, finding)
         return written
 
-
     def _confirm_and_shrink(self, case: Case, div: Divergence, raw: str, fails_too: bool | None) -> Case | None:
         """Replay ``case`` (only a divergence that replays is reported), then
         shrink it with the predicate "the same oracle fires with the same
