@@ -76,9 +76,9 @@ import vllm  # noqa: E402
 from engine_adapter.failure import VllmFailure, vllm_outcome  # noqa: E402
 from engine_adapter.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
-from engine_adapter.steploop import serve  # noqa: E402
+from engine_adapter.steploop import Arrival, serve, serve_wave  # noqa: E402
 from engine_adapter.writes import checkpoint_writer, written  # noqa: E402
-from reference.case import Case, case_to_dict, parse_case, prompt_tokens  # noqa: E402
+from reference.case import Case, case_to_dict, is_concurrent, parse_case, prompt_tokens, waves  # noqa: E402
 
 VLLM_VERSION = vllm.__version__
 #: Version of the result layout (``hits``, ``queries``, ``knobs``, ``explain``).
@@ -193,47 +193,86 @@ class VllmDriver:
                 raise
             raise VllmFailure("setup", e) from None
         writer = checkpoint_writer(built)  # kvspec's own code: an error here is the harness's
-        for i, creq in enumerate(case.trace):
-            tokens = prompt_tokens(creq)
-            served = serve(s, i, tokens, creq.max_tokens, built["hasher"], watch=table)
-            rid = f"req-{i}"
-            lookups = rec.lookups.get(rid, [])
-            cache_blocks, boundaries = rec.cache_blocks_of(rid)
-            by_size = tokens_held = by_group = after = None
-            if scan is not None:
-                prompt_hashes = len(tokens) // scan.hbs
-                by_size, tokens_held, by_group = scan.retained(served.request.block_hashes[:prompt_hashes])
-                after = scan.held_after(served.request.block_hashes, prompt_hashes)
-            explain = {
-                "request": i,
-                "prompt_tokens": len(tokens),
-                "hit": served.hits,
-                "query": served.queries,
-                "scheduler_hit": lookups[0][0] if lookups else None,
-                "junction": (lookups[0][1] or 0) if lookups else None,
-                "shared_prefix_boundary": lookups[0][1] if lookups else None,
-                "lookups": len(lookups),
-                "attention_blocks": rec.attention_blocks.get(rid),
-                "boundaries": boundaries,
-                "chunk_ends": served.chunk_ends,
-                "decode_steps": [list(d) for d in served.decode_steps],
-                "written": None if writer is None else written(served, writer),
-                "cache_blocks": cache_blocks,
-                "retained_mamba_blocks": by_size,
-                "retained_mamba_tokens": tokens_held,
-                "retained_output_states": after,
-                "block_table": [list(u) for u in served.block_table],
-                "leaked_blocks": table.leaked(),
-                "steps": served.steps,
-            }
-            if served.preempted_hits or served.preempted_queries:
-                explain["preempted_hits"] = served.preempted_hits
-                explain["preempted_queries"] = served.preempted_queries
-            if by_group is not None:
-                explain["retained_mamba_by_group"] = by_group
-            result["hits"].append(served.hits)
-            result["queries"].append(served.queries)
-            result["explain"].append(explain)
+        concurrent = is_concurrent(case)
+        clock = 0  # scheduler steps run so far (a concurrent trace's explain says when)
+        for wave in waves(case):
+            if len(wave) == 1:
+                i = wave[0]
+                creq = case.trace[i]
+                served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table)
+                self._explain(case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None)
+                clock += served.steps
+                continue
+            arrivals = [Arrival(i, prompt_tokens(case.trace[i]), case.trace[i].max_tokens, case.trace[i].arrival or 0) for i in wave]
+            admitted_lookups: dict[str, int] = {}
+            wave_served, totals = serve_wave(s, arrivals, built["hasher"], watch=table,
+                                             admitted=lambda rid: admitted_lookups.__setitem__(rid, len(rec.lookups.get(rid, ()))))
+            for i, served in zip(wave, wave_served):
+                self._explain(case, i, served, rec, scan, table, writer, result, clock, {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1})
+            clock += totals["steps"]
+
+    def _explain(self, case: Case, i: int, served, rec, scan, table, writer, result: dict, clock: int | None, wave: dict | None) -> None:
+        """Append request ``i``'s observation to ``result``. ``clock``: the
+        scheduler steps run before its wave (a concurrent trace; None for a
+        serial one); ``wave``: its wave's indices, summed stats and which of
+        its lookups admitted it (None when it ran alone)."""
+        tokens = served.request.prompt_token_ids
+        rid = f"req-{i}"
+        lookups = rec.lookups.get(rid, [])
+        if wave is not None and lookups:  # the lookup that admitted it (an earlier one was deferred)
+            lookups = lookups[max(0, min(wave["lookup"], len(lookups) - 1)):]
+        cache_blocks, boundaries = rec.cache_blocks_of(rid)
+        by_size = tokens_held = by_group = after = None
+        if scan is not None:
+            prompt_hashes = len(tokens) // scan.hbs
+            by_size, tokens_held, by_group = scan.retained(served.request.block_hashes[:prompt_hashes])
+            after = scan.held_after(served.request.block_hashes, prompt_hashes)
+        explain = {
+            "request": i,
+            "prompt_tokens": len(tokens),
+            "hit": served.hits,
+            "query": served.queries,
+            "scheduler_hit": lookups[0][0] if lookups else None,
+            "junction": (lookups[0][1] or 0) if lookups else None,
+            "shared_prefix_boundary": lookups[0][1] if lookups else None,
+            "lookups": len(lookups),
+            "attention_blocks": rec.attention_blocks.get(rid),
+            "boundaries": boundaries,
+            "chunk_ends": served.chunk_ends,
+            "decode_steps": [list(d) for d in served.decode_steps],
+            "written": None if writer is None else written(served, writer),
+            "cache_blocks": cache_blocks,
+            "retained_mamba_blocks": by_size,
+            "retained_mamba_tokens": tokens_held,
+            "retained_output_states": after,
+            "block_table": [list(u) for u in served.block_table],
+            "leaked_blocks": table.leaked() if wave is None or i == wave["wave"][-1] else 0,
+            "steps": served.steps,
+        }
+        if clock is not None:  # a concurrent trace: when each request ran and each state was written
+            explain["first_step"] = None if served.first_step is None else clock + served.first_step
+            at = [clock + k for k in served.prefill_at]
+            explain["written_steps"] = None if explain["written"] is None else [[p, _step_of(p, served.prefill_steps, at)] for p in explain["written"]]
+        if wave is not None:
+            explain["wave"] = wave["wave"]
+            explain["wave_stats"] = wave["totals"]
+        if served.preempted_hits or served.preempted_queries:
+            explain["preempted_hits"] = served.preempted_hits
+            explain["preempted_queries"] = served.preempted_queries
+        if by_group is not None:
+            explain["retained_mamba_by_group"] = by_group
+        result["hits"].append(served.hits)
+        result["queries"].append(served.queries)
+        result["explain"].append(explain)
+
+
+def _step_of(pos: int, prefill_steps: list[tuple[int, int]], at: list[int]) -> int | None:
+    """The step whose prefill computed the state at ``pos``: the one whose
+    query ``(seq - query, seq]`` holds it."""
+    for (seq, query), step in zip(prefill_steps, at):
+        if seq - query < pos <= seq:
+            return step
+    return None
 
 
 def selftest_case() -> dict:

@@ -97,11 +97,11 @@ An observation is the dict an engine returns (``hits``, ``queries``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position, resumable_states
-from reference.case import Case, Request, prompt_tokens, with_resolution
+from reference.case import Case, Request, is_concurrent, prompt_tokens, serial_prefix, waves, with_resolution
 from reference.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
@@ -234,18 +234,40 @@ def _written(e: dict) -> list[int] | None:
     return None if "written" in e else e.get("chunk_ends")
 
 
+def writes_before(case: Case, obs: dict, i: int) -> list[tuple[int, set[int]]]:
+    """``(j, positions)``: the Mamba states request ``j``'s prefill wrote
+    (:func:`_written`) before request ``i`` first ran. In a serial trace,
+    every state of every earlier request. In a concurrent one (the engine's
+    ``written_steps`` and ``first_step``), the states any other request
+    computed in a scheduler step before the one that first scheduled ``i``:
+    a state whose forward pass runs in the same step as the request that
+    resumes from it is not there yet when that request reads it."""
+    explain = obs.get("explain") or []
+    if i >= len(explain) or "first_step" not in explain[i]:
+        return [(j, set(_written(explain[j]) or ())) for j in range(min(i, len(explain)))]
+    first = explain[i].get("first_step")
+    out = []
+    for j, e in enumerate(explain):
+        steps = e.get("written_steps")
+        if j == i or first is None:
+            continue
+        if steps is None:  # writes not observed: only a request that finished before i ran
+            if j < i and e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first:
+                out.append((j, set(_written(e) or ())))
+            continue
+        out.append((j, {int(p) for p, s in steps if s is not None and s < first}))
+    return out
+
+
 def written_before(case: Case, obs: dict, i: int, pos: int) -> bool:
     """Did a prefill before request ``i`` write a Mamba state at ``pos``
-    over the same first ``pos`` tokens (:func:`_written`)? Then resuming at
-    ``pos`` is reuse the promise may not require, not a stale state."""
-    explain = obs.get("explain") or []
+    over the same first ``pos`` tokens (:func:`writes_before`)? Then
+    resuming at ``pos`` is reuse the promise may not require, not a stale
+    state."""
     if pos <= 0:
         return True
     mine = prompt_tokens(case.trace[i])[:pos]
-    for j in range(min(i, len(explain))):
-        if pos in (_written(explain[j]) or ()) and prompt_tokens(case.trace[j])[:pos] == mine:
-            return True
-    return False
+    return any(pos in ps and prompt_tokens(case.trace[j])[:pos] == mine for j, ps in writes_before(case, obs, i))
 
 
 def stale_keys(case: Case, obs: dict) -> list[list[int]]:
@@ -258,6 +280,10 @@ def stale_keys(case: Case, obs: dict) -> list[list[int]]:
     explain = obs.get("explain") or []
     prompts = [prompt_tokens(r) for r in case.trace]
     held = [held_states(e) for e in explain]
+    # In a concurrent trace the cache is read once the whole wave finished:
+    # a state another request of the wave wrote over the same tokens is
+    # that request's, and a request before the wave left held what it held.
+    wave_of = {i: w for w in waves(case) for i in w}
     out: list[list[int]] = []
     for j, e in enumerate(explain):
         w = e.get("written")
@@ -265,8 +291,11 @@ def stale_keys(case: Case, obs: dict) -> list[list[int]]:
             out.append([])
             continue
         mine = prompts[j]
+        wave = wave_of.get(j, [j])
+        mates = [k for k in wave if k != j and k < len(explain)]
         out.append(sorted(p for p in held[j] if p <= len(mine) and p not in w
-                          and not any(held[k] is not None and p in held[k] and prompts[k][:p] == mine[:p] for k in range(j))))
+                          and not any(held[k] is not None and p in held[k] and prompts[k][:p] == mine[:p] for k in range(min(wave[0], j)))
+                          and not any(p in (explain[k].get("written") or ()) and prompts[k][:p] == mine[:p] for k in mates)))
     return out
 
 
@@ -279,14 +308,15 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     explain = obs.get("explain") or []
     hits = obs.get("hits") or []
     bad, expected = [], list(hits)
+    concurrent = is_concurrent(case)
     for i, h in enumerate(hits):
-        if h <= 0 or i > len(explain) or any(explain[j].get("written") is None for j in range(i)):
+        if h <= 0 or i > len(explain) or any(explain[j].get("written") is None for j in (range(len(explain)) if concurrent else range(i))):
             continue
         if written_before(case, obs, i, h):
             continue
         bad.append(i)
         mine = prompt_tokens(case.trace[i])
-        below = [p for j in range(i) for p in explain[j]["written"] if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
+        below = [p for j, ps in writes_before(case, obs, i) for p in ps if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
         expected[i] = max(below, default=0)
     keyed = stale_keys(case, obs)
     keyed_bad = [j for j, ps in enumerate(keyed) if ps]
@@ -295,7 +325,8 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     notes = []
     if bad:
         i = bad[0]
-        notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")
+        when = "" if "first_step" not in explain[i] else f" before step {explain[i]['first_step']}, the first that ran it"
+        notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens{when} (the highest written is {expected[i]})")
     if keyed_bad:
         j = keyed_bad[0]
         notes.append(f"request {j} left Mamba states at {keyed[j]} held that its prefill did not write (written {explain[j].get('written')}) and no earlier request held")
@@ -753,6 +784,12 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
     return tuple(o for o in oracles if o in BUILD_ORACLES)
 
 
+#: The oracles whose rules hold for every request of a concurrent trace
+#: (requests that share scheduler steps): a state is read only after the
+#: step that computes it, a block table holds no freed block, every block is
+#: given back, the knobs. The others state rules of a serial trace.
+CONCURRENT_ORACLES = ("knobs", "stale", "block_table", "engine_error", "versions", "resolution")
+
 #: The oracles that read one observation and nothing else, in the order
 #: :func:`check_all` runs them.
 SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("retention", check_retention),
@@ -760,10 +797,38 @@ SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale
                      ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference))
 
 
+def serial_part(case: Case, obs: dict) -> tuple[Case, dict] | None:
+    """A concurrent trace's serial prefix (:func:`reference.case.serial_prefix`)
+    as a serial case of its own, with the observation of those requests
+    (they ran alone, as they would in that case); None when there is none."""
+    k = serial_prefix(case)
+    if k == 0:
+        return None
+    part = dict(obs)
+    for key in ("hits", "queries", "explain"):
+        if isinstance(obs.get(key), list):
+            part[key] = obs[key][:k]
+    return replace(case, trace=case.trace[:k]), part
+
+
 def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
-    """Every single-engine oracle, in a fixed order; engine errors end it."""
+    """Every single-engine oracle, in a fixed order; engine errors end it.
+    On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
+    every request; the others judge only its serial prefix
+    (:func:`serial_part`), where their rules were stated."""
     if "error" in obs:
         return check_engine_error(case, version, obs) if "engine_error" in oracles else []
+    if not is_concurrent(case):
+        return _check(case, version, obs, run, oracles)
+    out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES))
+    serial = serial_part(case, obs)
+    rest = tuple(o for o in oracles if o not in CONCURRENT_ORACLES)
+    if serial is not None and rest:
+        out += _check(serial[0], version, serial[1], run, rest)
+    return out
+
+
+def _check(case: Case, version: str, obs: dict, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
     out: list[Divergence] = []
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:

@@ -13,9 +13,10 @@ import hashlib
 from pathlib import Path
 
 import json
+from dataclasses import replace
 
 from reference.boundaries import rescale_length
-from reference.case import Case, Request, Segment, parse_case
+from reference.case import Case, Segment, parse_case, request_to_dict
 
 from fuzz.codec import decode
 
@@ -96,7 +97,7 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     if not info:
         return None
     B = int(info["block"])
-    trace = tuple(Request(tuple(Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt), r.max_tokens) for r in case.trace)
+    trace = tuple(replace(r, prompt=tuple(Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt)) for r in case.trace)
     longest = max(r.num_prompt_tokens + r.max_tokens for r in trace)
     if info.get("max_model_len") and longest + 64 > int(info["max_model_len"]):
         return None
@@ -110,7 +111,7 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     interval = g.retention_interval
     args += ["--prefix-cache-retention-interval", "None" if interval is None else str(interval // S * B if interval else 0)]
     raw = {"schema": 1, "name": (case.name or "seed") + f"@{dep['model']}", "deployment": {**dep, "vllm_args": args},
-           "trace": [{"prompt": [{"segment": x.segment, "length": x.length} for x in r.prompt], "max_tokens": r.max_tokens} for r in trace]}
+           "trace": [request_to_dict(r) for r in trace]}
     return parse_case(json.loads(json.dumps(raw)))
 
 

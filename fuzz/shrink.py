@@ -6,7 +6,8 @@ the manner of Hypothesis' ``conjecture/shrinker.py``. Passes, each keeping
 the trace's structure (an identical resend stays identical, a prefix stays a
 prefix, because every change applies to a segment stream everywhere):
 
-1. drop requests (a run of them, then single ones);
+1. drop requests (a run of them, then single ones); then send a concurrent
+   request once the earlier ones finished, or sooner (a smaller ``arrival``);
 2. simplify the geometry: one Mamba group, the default chunk budget, a
    smaller block size with every length rescaled and its block residue kept;
 3. shorten a segment stream everywhere by whole blocks, then by fewer tokens;
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from reference.case import Case, Group, Request, Segment, parse_case, case_to_dict
+from reference.case import Case, Group, Segment, parse_case, case_to_dict
 from reference.errors import KvspecError
 
 Predicate = Callable[[Case], bool]
@@ -41,6 +42,8 @@ def size(case: Case) -> tuple:
         (g.max_num_batched_tokens != 8192) if g else False,
         case.speculative.num_speculative_tokens if (case.speculative and g) else 0,
         sum(len(r.prompt) for r in case.trace),
+        sum(r.arrival is not None for r in case.trace),
+        sum(r.arrival or 0 for r in case.trace),
     )
 
 
@@ -71,12 +74,14 @@ def _drop_requests(case: Case) -> Iterator[Case]:
         for start in range(0, n - width + 1):
             rest = case.trace[:start] + case.trace[start + width :]
             if rest:
+                if rest[0].arrival is not None:  # the first request arrives after none
+                    rest = (replace(rest[0], arrival=None),) + rest[1:]
                 yield replace(case, trace=rest)
         width //= 2
 
 
 def _map_lengths(case: Case, fn: Callable[[str, int], int]) -> Case:
-    trace = tuple(Request(tuple(Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt), r.max_tokens) for r in case.trace)
+    trace = tuple(replace(r, prompt=tuple(Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt)) for r in case.trace)
     return replace(case, trace=trace)
 
 
@@ -135,13 +140,24 @@ def _shorten_one_request(case: Case) -> Iterator[Case]:
                 yield replace(case, trace=case.trace[:i] + (replace(request, prompt=prompt),) + case.trace[i + 1 :])
 
 
+def _serialize(case: Case) -> Iterator[Case]:
+    """Send a concurrent request once the earlier ones finished (the trace
+    serial there), else sooner (a smaller ``arrival``)."""
+    for i, request in enumerate(case.trace):
+        if request.arrival is None:
+            continue
+        for arrival in (None, 0, request.arrival // 2, request.arrival - 1):
+            if arrival is None or 0 <= arrival < request.arrival:
+                yield replace(case, trace=case.trace[:i] + (replace(request, arrival=arrival),) + case.trace[i + 1 :])
+
+
 def _simplify_speculative(case: Case) -> Iterator[Case]:
     spec = case.speculative
     if case.deployment is None and spec is not None and spec.num_speculative_tokens > 1:
         yield replace(case, speculative=replace(spec, num_speculative_tokens=1))
 
 
-PASSES = (_drop_requests, _simplify_geometry, _shorten_segments, _shorten_one_request, _simplify_speculative)
+PASSES = (_drop_requests, _serialize, _simplify_geometry, _shorten_segments, _shorten_one_request, _simplify_speculative)
 
 
 def shrink(case: Case, predicate: Predicate, max_calls: int = 300) -> tuple[Case, int]:

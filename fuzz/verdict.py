@@ -217,7 +217,7 @@ def judge(
     if isinstance(claim, dict):
         claim = Claim.of(claim)
     if isinstance(claim, Target):
-        return _judge_target(claim, observation, observed, err)
+        return _judge_target(claim, observation, observed, err, divergences or [])
     if claim is None:
         if divergences is None:
             raise ValueError("a bare case needs a Target or the oracles' divergences")
@@ -230,11 +230,20 @@ def judge(
     return _judge_oracles(claim, observation, observed, err, divergences)
 
 
-def _judge_target(target: Target, observation: dict, observed: list, err) -> Verdict:
+def _judge_target(target: Target, observation: dict, observed: list, err, divergences: list[Divergence]) -> Verdict:
+    """A target's hits (``None`` where the model predicts none: a concurrent
+    trace past its serial prefix), queries and knobs; and, where given, the
+    divergences of the oracles that judge what the target does not predict."""
     reasons = []
     if err:
         reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
-    reasons += _hit_differences(observed, list(target.hits), "target")
+    predicted = [i for i, h in enumerate(target.hits) if h is not None]
+    if len(predicted) == len(target.hits):
+        reasons += _hit_differences(observed, list(target.hits), "target")
+    else:
+        reasons += _hit_differences([observed[i] if i < len(observed) else None for i in predicted], [target.hits[i] for i in predicted], "target")
+        reasons = [_renumber(r, predicted) for r in reasons]
+    reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences]
     if target.queries is not None and observation.get("queries") is not None and not err:
         q = list(observation["queries"])
         reasons += [f"request {i}: observed queries {_n(a)}, target {_n(b)}" for i, (a, b) in enumerate(zip(q, target.queries)) if a != b]
@@ -244,7 +253,18 @@ def _judge_target(target: Target, observation: dict, observed: list, err) -> Ver
             reasons.append(f"knob {k}: observed {knobs[k]}, target {v}")
     if reasons:
         return Verdict(DIVERGES, reasons)
+    if len(predicted) < len(target.hits):
+        return Verdict(AGREES, [f"the hits of the {len(predicted)} request(s) the model predicts equal the target" + (f" (rule {target.rule})" if target.rule else "")
+                                + f"; the other {len(target.hits) - len(predicted)} share scheduler steps: no oracle that judges them fires"])
     return Verdict(AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")])
+
+
+def _renumber(reason: str, indices: list[int]) -> str:
+    """``request k`` of a list of the predicted requests -> the case's index."""
+    head, sep, rest = reason.partition(":")
+    if head.startswith("request ") and head[8:].isdigit() and int(head[8:]) < len(indices):
+        return f"request {indices[int(head[8:])]}{sep}{rest}"
+    return reason
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:

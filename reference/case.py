@@ -1,8 +1,13 @@
 """The case: one experiment, as kvspec reads it from a JSON file.
 
 A case is a block geometry, optional speculative-decoding settings and a
-serial trace of requests. Every request finishes before the next is sent, so
-the prefix cache a request sees is exactly what the earlier ones left.
+trace of requests. By default every request finishes before the next is
+sent, so the prefix cache a request sees is exactly what the earlier ones
+left. A request with ``"arrival": d`` is sent ``d`` scheduler steps after
+the previous one was sent (0: into the same step), while the earlier ones
+may still run, as a server batches requests: a concurrent trace
+(:func:`waves`). A request that arrives while the engine is idle is sent
+at once.
 
 Schema 1 (JSON)::
 
@@ -99,6 +104,8 @@ MAX_GROUPS = 256
 MAX_GROUP_COUNT = MAX_GROUPS
 MAX_SPECULATIVE_TOKENS = 64
 MAX_RETENTION_INTERVAL = 1 << 20
+#: A request's ``arrival`` (scheduler steps after the previous request).
+MAX_ARRIVAL_STEPS = 1 << 20
 MAX_BATCHED_TOKENS = 1 << 20
 # Limits of a case or finding file, read as bytes.
 MAX_FILE_BYTES = 8 << 20
@@ -181,6 +188,11 @@ class Segment:
 class Request:
     prompt: tuple[Segment, ...]
     max_tokens: int = 1
+    #: None: sent once every earlier request has finished (a serial trace).
+    #: An int d: sent d scheduler steps after the previous request was sent,
+    #: while earlier ones may still run (0: in the same step); see
+    #: :func:`waves`.
+    arrival: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -400,7 +412,7 @@ def parse_speculative(raw: Any) -> Speculative | None:
 
 def parse_request(raw: Any, i: int) -> Request:
     where = f"trace[{i}]"
-    _check_fields(raw, where, ("prompt", "max_tokens"), ("prompt",))
+    _check_fields(raw, where, ("prompt", "max_tokens", "arrival"), ("prompt",))
     prompt = raw["prompt"]
     if not isinstance(prompt, list) or not prompt:
         raise invalid(f"{where}.prompt", prompt, "must be a non-empty list of segments")
@@ -417,7 +429,10 @@ def parse_request(raw: Any, i: int) -> Request:
         tokens += segments[-1].length
         if tokens > MAX_PROMPT_TOKENS:
             raise invalid(f"{where}.prompt", f"<{tokens:,}+ tokens>", f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)")
-    return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1))
+    arrival = _int(raw, "arrival", where, minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
+    if arrival is not None and i == 0:
+        raise invalid(f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null")
+    return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1), arrival)
 
 
 def _parse_trace(trace: list) -> tuple[Request, ...]:
@@ -527,10 +542,50 @@ def case_to_dict(case: Case) -> dict:
 
 
 def _trace_to_list(case: Case) -> list:
-    return [
-        {"prompt": [{"segment": s.segment, "length": s.length} for s in r.prompt], "max_tokens": r.max_tokens}
-        for r in case.trace
-    ]
+    """The trace's JSON form; ``arrival`` only where a request has one (a
+    serial case's form is the same as before concurrent traces)."""
+    return [request_to_dict(r) for r in case.trace]
+
+
+def request_to_dict(r: Request) -> dict:
+    out: dict[str, Any] = {"prompt": [{"segment": s.segment, "length": s.length} for s in r.prompt], "max_tokens": r.max_tokens}
+    if r.arrival is not None:
+        out["arrival"] = r.arrival
+    return out
+
+
+def waves(case_or_trace: Case | tuple[Request, ...]) -> list[list[int]]:
+    """The trace's waves: a request without ``arrival`` starts one (it is
+    sent once every earlier request has finished); each following request
+    with an ``arrival`` joins it (sent that many scheduler steps after the
+    previous one, while the wave's earlier requests may still run). A
+    serial trace is one wave per request."""
+    trace = case_or_trace.trace if isinstance(case_or_trace, Case) else case_or_trace
+    out: list[list[int]] = []
+    for i, r in enumerate(trace):
+        if r.arrival is None or not out:
+            out.append([i])
+        else:
+            out[-1].append(i)
+    return out
+
+
+def is_concurrent(case: Case) -> bool:
+    """Whether any request shares the scheduler with another."""
+    return any(r.arrival is not None for r in case.trace)
+
+
+def serial_prefix(case: Case) -> int:
+    """How many of the trace's first requests run alone, each after the
+    earlier ones finished and before any request shares the scheduler: the
+    requests before the first wave of two or more (all of a serial trace).
+    Every rule of the reference model holds for them as for a serial trace;
+    the head of a wave is not counted (its retained states are read once
+    the whole wave has finished)."""
+    for w in waves(case):
+        if len(w) > 1:
+            return w[0]
+    return len(case.trace)
 
 
 def with_resolution(case: Case, geometry: dict, speculative: dict | None, engine: str) -> Case:

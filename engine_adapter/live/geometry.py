@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from reference.boundaries import rescale_length
-from reference.case import Case, Geometry, Group, Request, Segment
+from reference.case import Case, Geometry, Group, Segment
 from reference.errors import Unsupported
 
 
@@ -215,7 +215,7 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
 
     groups = tuple(Group(grp.kind, new_block, grp.count) for grp in g.groups)
     trace = tuple(
-        Request(tuple(Segment(s.segment, max(1, _rescale_length(s.length, old, new_block))) for s in req.prompt), req.max_tokens)
+        replace(req, prompt=tuple(Segment(s.segment, max(1, _rescale_length(s.length, old, new_block))) for s in req.prompt))
         for req in case.trace
     )
     retention = scale_multiple(g.retention_interval, "retention_interval")

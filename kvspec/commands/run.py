@@ -31,7 +31,7 @@ import sys
 
 from engine_adapter.versions import DEFAULT_ENGINE, parse_engine
 from kvspec.options import seconds
-from reference.case import load_case
+from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
 
 HELP = "run a case on the real vLLM scheduler (CPU) and print the observed hits; --compare with the reference"
@@ -65,6 +65,8 @@ def compare(reference: dict, observed: dict) -> list[dict]:
     for i in range(max(len(ref_h), len(obs_h))):
         rh = ref_h[i] if i < len(ref_h) else None
         oh = obs_h[i] if i < len(obs_h) else None
+        if rh is None and i < len(ref_h):
+            continue  # not predicted (a concurrent trace past its serial prefix): the oracles judge it
         if rh != oh:
             out.append({"what": "hits", "request": i, "reference": rh, "observed": oh})
         rq = ref_q[i] if i < len(ref_q) else None
@@ -78,7 +80,11 @@ def compare(reference: dict, observed: dict) -> list[dict]:
     return out
 
 
-def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str) -> None:
+def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str] = ()) -> None:
+    """The reference-vs-observed table; a request the model does not
+    predict (``concurrent``: it shared scheduler steps) shows the
+    observation alone, and ``oracle_notes`` what the oracles that judge it
+    said."""
     from rich.console import Console
     from rich.table import Table
 
@@ -89,9 +95,9 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
         table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit vLLM") else "left", no_wrap=col == "")
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
     for i in range(max(len(rex), len(oex))):
-        r = rex[i] if i < len(rex) else {}
+        r = (rex[i] if i < len(rex) else None) or {}
         o = oex[i] if i < len(oex) else {}
-        mark = "[red]MISMATCH[/red]" if i in bad_requests else "[green]ok[/green]"
+        mark = "[red]MISMATCH[/red]" if i in bad_requests else "[green]ok[/green]" if r else "[cyan]concurrent[/cyan]"
         table.add_row(
             mark,
             str(i),
@@ -115,6 +121,11 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
             same = rk.get(k) == ok.get(k)
             knobs.add_row("[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-")))
     console.print(knobs)
+    for note in oracle_notes:
+        console.print(f"[red]{note}[/red]", markup=True, highlight=False)
+    if len(rex) > reference.get("predicted", len(rex)) and not oracle_notes:
+        console.print(f"requests {reference['predicted']}..{len(rex) - 1} shared scheduler steps: the model predicts none of them; "
+                      "no oracle that judges concurrent steps fires (stale, block_table)")
     if observed.get("error"):
         e = observed["error"]
         console.print(f"[red]vLLM raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
@@ -171,10 +182,17 @@ def main(args) -> int:
             reference = predict(judged, f"vllm=={version}", rule)
     mismatches = compare(reference, observed)
     rk = reference.get("knobs") or {}
-    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}), observed)
+    # What the model does not predict (a concurrent trace past its serial
+    # prefix) the oracles that state the rules of concurrent steps judge.
+    concurrent = []
+    if is_concurrent(case) and judged.geometry is not None:
+        from fuzz.oracles import CONCURRENT_ORACLES, check_all
+
+        concurrent = check_all(judged, version, observed, None, tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")))
+    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}), observed, concurrent)
     if args.json:
         print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:
-        _render(reference, observed, mismatches, f"vllm=={version}", rule)
+        _render(reference, observed, mismatches, f"vllm=={version}", rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent])
     sys.stdout.flush()
     return verdict.exit_code
