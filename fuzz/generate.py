@@ -24,7 +24,9 @@ point, junction chains (a further sibling diverging at a junction an
 earlier sibling created: the junction rule's state), interleaved
 conversations, short prompts and block-aligned prompts (nB-1, nB, nB+1,
 nB+r with 2 <= r <= n, and the same around hash-unit boundaries); each
-request generates 1, 2 or 4 tokens.
+request generates 1, 2 or 4 tokens. One case in five is concurrent: its
+requests are sent 0-3 scheduler steps after one another, sharing steps
+(``_arrivals``).
 
 The random driver walks the deployment classes (:class:`DeploymentClass`:
 model x speculative mode x hash unit x retention, the features the
@@ -184,6 +186,29 @@ def _outputs(c: Chooser, trace: list[dict]) -> list[dict]:
     return trace
 
 
+#: Steps after the previous request a concurrent request is sent: within
+#: the few steps a prefill takes, so it can meet a prompt it shares a
+#: prefix with while that prompt is still being computed.
+ARRIVALS = (None, 0, 0, 1, 2, 3)
+
+
+def _arrivals(c: Chooser, trace: list[dict]) -> list[dict]:
+    """Make one case in five concurrent: each request after the first is
+    then sent ``arrival`` steps after the previous one (:data:`ARRIVALS`;
+    None: once the earlier ones finished). What the concurrent oracles
+    state (a state is read only after the step that computes it; blocks
+    given back) is met where a request shares a prefix with one still in
+    its prefill. Drawn last, so the prompts and outputs a stream draws stay
+    the same."""
+    if len(trace) < 2 or c.integer(0, 4):
+        return trace
+    for r in trace[1:]:
+        arrival = c.choice(ARRIVALS)
+        if arrival is not None:
+            r["arrival"] = arrival
+    return trace
+
+
 def _fit(prompt: list[dict], cap: int) -> list[dict]:
     """Cut a prompt to at most ``cap`` tokens (keeping its prefix)."""
     out, left = [], cap
@@ -329,7 +354,7 @@ def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: s
     max_model_len; ``unit``: its hash unit, or None)."""
     block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
-    trace = _outputs(c, _trace(c, block, boundary_bias, unit, cap))
+    trace = _arrivals(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)))
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 
@@ -359,7 +384,7 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
-    trace = _outputs(c, _trace(c, block, boundary_bias))
+    trace = _arrivals(c, _outputs(c, _trace(c, block, boundary_bias)))
     raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
 

@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from reference.case import Case, prompt_tokens
+from reference.case import Case, is_concurrent, prompt_tokens
 
 from fuzz.generate import DeploymentClass, deployment_classes
 from fuzz.oracles import request_kinds
@@ -44,7 +44,8 @@ def deployment_class_of(case: Case) -> DeploymentClass | None:
 def trace_shape(case: Case) -> str:
     """The kinds of request a case holds after its first, in a fixed order
     (``fresh`` only: a case of fresh prompts), plus ``junction-chain``
-    where two siblings diverge from earlier prompts at the same point."""
+    where two siblings diverge from earlier prompts at the same point, and
+    ``concurrent`` where requests share scheduler steps."""
     kinds = request_kinds(case)
     shape = sorted(set(kinds[1:]) - {"fresh"}) or ["fresh"]
     tokens = [prompt_tokens(r) for r in case.trace]
@@ -56,6 +57,8 @@ def trace_shape(case: Case) -> str:
         points.append(common)
     if len(points) != len(set(points)):
         shape.append("junction-chain")
+    if is_concurrent(case):
+        shape.append("concurrent")
     return "+".join(shape)
 
 
