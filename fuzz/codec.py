@@ -118,6 +118,8 @@ def encode(case: Case) -> bytes:
     Raises ``ValueError`` for a case outside the literal domain."""
     if case.deployment is not None:
         return encode_deployment(case)
+    if any(r.arrival is not None for r in case.trace):
+        raise ValueError("literal cases are serial (a concurrent case is drawn by the generated layout)")
     raw = case_to_dict(case)
     g = raw["geometry"]
     groups = g["groups"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -198,9 +199,13 @@ def _arrivals(c: Chooser, trace: list[dict]) -> list[dict]:
     None: once the earlier ones finished). What the concurrent oracles
     state (a state is read only after the step that computes it; blocks
     given back) is met where a request shares a prefix with one still in
-    its prefill. Drawn last, so the prompts and outputs a stream draws stay
-    the same."""
-    if len(trace) < 2 or c.integer(0, 4):
+    its prefill. Drawn last, so the prompts and outputs an input draws stay
+    the same, and from the chooser's ``side()`` stream where it has one (a
+    seeded campaign's later cases stay the ones it drew before)."""
+    if len(trace) < 2:
+        return trace
+    c = c.side() if hasattr(c, "side") else c
+    if c.integer(0, 4):
         return trace
     for r in trace[1:]:
         arrival = c.choice(ARRIVALS)
@@ -440,6 +445,11 @@ class RandomChooser:
 
     def choice(self, options: Sequence):
         return options[self._rng.randrange(len(options))]
+
+    def side(self) -> "RandomChooser":
+        """A chooser seeded by this one's state that draws nothing from it:
+        choices added after the stream was laid out leave it as it was."""
+        return RandomChooser(random.Random(repr(self._rng.getstate())))
 
 
 def case_from_bytes(data: bytes, resolver: Resolver | None = None) -> Case:
