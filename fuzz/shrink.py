@@ -161,23 +161,37 @@ PASSES = (_drop_requests, _serialize, _simplify_geometry, _shorten_segments, _sh
 
 
 def shrink(case: Case, predicate: Predicate, max_calls: int = 300) -> tuple[Case, int]:
-    """Greedy fixed point over the passes. Returns (smallest case, calls)."""
+    """Greedy fixed point over the passes. Returns (smallest case, calls).
+
+    A pass that made the case smaller runs again at once (its candidates
+    from the smaller case) before the next pass, as Hypothesis' shrinker
+    runs a pass to its own fixed point; the rounds over all passes repeat
+    until one round changes nothing. What comes out is the same kind of
+    local minimum as restarting from the first pass after every success
+    (no candidate of any pass holds), without asking the passes that just
+    failed again after each small step of another."""
     calls = 0
     best = case
+    seen: set = set()
     improved = True
     while improved and calls < max_calls:
         improved = False
         for shrink_pass in PASSES:
-            for candidate in shrink_pass(best):
-                candidate = _valid(candidate)
-                if candidate is None or size(candidate) >= size(best):
-                    continue
-                calls += 1
-                if predicate(candidate):
-                    best, improved = candidate, True
-                    break
-                if calls >= max_calls:
-                    return best, calls
-            if improved:
-                break
+            progress = True
+            while progress:
+                progress = False
+                for candidate in shrink_pass(best):
+                    candidate = _valid(candidate)
+                    if candidate is None or size(candidate) >= size(best):
+                        continue
+                    key = repr(candidate)
+                    if key in seen:  # asked already, and it did not hold
+                        continue
+                    seen.add(key)
+                    calls += 1
+                    if predicate(candidate):
+                        best, improved, progress = candidate, True, True
+                        break
+                    if calls >= max_calls:
+                        return best, calls
     return best, calls
