@@ -26,12 +26,32 @@ def xdist_group_of(item) -> str | None:
     return next((name for name, claims in XDIST_GROUPS if claims(item)), None)
 
 
+def _with_group_suffix(item, group: str) -> None:
+    """Give ``item`` the node id ``<id>@<group>`` that ``--dist loadgroup``
+    schedules by. pytest-xdist's worker appends it in its own
+    pytest_collection_modifyitems by writing ``item._nodeid``; since pytest
+    9.2 a node's id lives in ``item._id`` (a ``NodeId``) and that write is
+    lost, so every test was its own work unit and the groups above held
+    nothing (the live tests ran on both workers: two servers side by side,
+    each started twice). The id is set here, on either pytest."""
+    suffixed = f"{item.nodeid}@{group}"
+    if not hasattr(item, "_id"):
+        item._nodeid = suffixed  # pytest < 9.2
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(suffixed)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    loadgroup = bool(getattr(config.option, "loadgroup", False))  # set on an xdist worker under --dist loadgroup
     for item in items:
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            if loadgroup and not item.nodeid.endswith(f"@{group}"):
+                _with_group_suffix(item, group)
 
 
 @pytest.fixture(scope="session", autouse=True)
