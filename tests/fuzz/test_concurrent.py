@@ -129,3 +129,16 @@ def test_the_generator_draws_concurrent_cases_sometimes_and_valid_ones_always():
     for c in concurrent:
         assert c.trace[0].arrival is None and parse_case(case_to_dict(c)) == c
         assert trace_shape(c).endswith("concurrent")
+
+
+def test_a_concurrent_stale_finding_is_its_own_class():
+    from fuzz.findings import signature
+    from fuzz.known_classes import classify
+
+    serial = case_of((100, None), (100, None))
+    concurrent = case_of((100, None), (100, 0))
+    div = check_stale(concurrent, "0.33.0", observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 1]))[0]
+    assert signature(serial, div, {}) != signature(concurrent, div, {})
+    finding = {"oracle": "stale", "first_divergence": 1, "case": case_to_dict(concurrent)}
+    assert classify(finding) is None
+    assert classify(dict(finding, case=case_to_dict(serial))) == "stale-state"
