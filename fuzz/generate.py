@@ -24,9 +24,9 @@ point, junction chains (a further sibling diverging at a junction an
 earlier sibling created: the junction rule's state), interleaved
 conversations, short prompts and block-aligned prompts (nB-1, nB, nB+1,
 nB+r with 2 <= r <= n, and the same around hash-unit boundaries); each
-request generates 1, 2 or 4 tokens. One case in five is concurrent: its
-requests are sent 0-3 scheduler steps after one another, sharing steps
-(``_arrivals``).
+request generates 1, 2 or 4 tokens. One case in five ends with a
+concurrent wave: a new prompt and 1-3 requests sharing its prefix, sent
+0-3 scheduler steps after one another (``_concurrent_wave``).
 
 The random driver walks the deployment classes (:class:`DeploymentClass`:
 model x speculative mode x hash unit x retention, the features the
@@ -190,28 +190,47 @@ def _outputs(c: Chooser, trace: list[dict]) -> list[dict]:
 #: Steps after the previous request a concurrent request is sent: within
 #: the few steps a prefill takes, so it can meet a prompt it shares a
 #: prefix with while that prompt is still being computed.
-ARRIVALS = (None, 0, 0, 1, 2, 3)
+ARRIVALS = (0, 0, 1, 2, 3)
 
 
-def _arrivals(c: Chooser, trace: list[dict]) -> list[dict]:
-    """Make one case in five concurrent: each request after the first is
-    then sent ``arrival`` steps after the previous one (:data:`ARRIVALS`;
-    None: once the earlier ones finished). What the concurrent oracles
-    state (a state is read only after the step that computes it; blocks
-    given back) is met where a request shares a prefix with one still in
-    its prefill. Drawn last, so the prompts and outputs an input draws stay
-    the same, and from the chooser's ``side()`` stream where it has one (a
-    seeded campaign's later cases stay the ones it drew before)."""
-    if len(trace) < 2:
-        return trace
+def _concurrent_wave(c: Chooser, trace: list[dict], block: int, cap: int | None = None) -> list[dict]:
+    """One case in five gets a concurrent wave after its serial trace, so
+    every serial request is still judged by every oracle (the wave starts
+    after them). The wave is shaped by what the concurrent oracles state (a
+    state is read only after the step that computes it; blocks given
+    back): a head that extends an earlier prompt with new tokens (states
+    nobody computed yet), then 1-3 requests sent 0-3 steps after one
+    another that share a prefix with it: its resend, a longer sibling, a
+    sibling diverging inside it. Drawn from the chooser's ``side()`` stream
+    where it has one, after everything else, so the serial trace an input
+    or a seeded campaign draws is the same as without waves."""
     c = c.side() if hasattr(c, "side") else c
     if c.integer(0, 4):
         return trace
-    for r in trace[1:]:
-        arrival = c.choice(ARRIVALS)
-        if arrival is not None:
-            r["arrival"] = arrival
-    return trace
+    base = c.choice(trace)["prompt"]
+    head = [dict(s) for s in base] + [{"segment": "W", "length": c.integer(1, 3 * block)}]
+    if cap is not None:
+        head = _fit(head, cap)
+    total = sum(s["length"] for s in head)
+    wave = [{"prompt": head, "max_tokens": c.choice((1, 2))}]
+    for k in range(c.integer(1, 3)):
+        op = c.choice(("resend", "resend", "extend", "sibling"))
+        prompt = [dict(s) for s in head]
+        if op == "extend":
+            prompt.append({"segment": f"W{k}", "length": c.integer(1, 2 * block)})
+        elif op == "sibling":
+            cut, prompt = c.integer(1, total), []
+            left = cut
+            for s in head:
+                if left <= 0:
+                    break
+                prompt.append({"segment": s["segment"], "length": min(s["length"], left)})
+                left -= s["length"]
+            prompt.append({"segment": f"V{k}", "length": c.integer(1, block)})
+        if cap is not None:
+            prompt = _fit(prompt, cap)
+        wave.append({"prompt": prompt, "max_tokens": c.choice((1, 2)), "arrival": c.choice(ARRIVALS)})
+    return trace + wave
 
 
 def _fit(prompt: list[dict], cap: int) -> list[dict]:
@@ -359,7 +378,7 @@ def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: s
     max_model_len; ``unit``: its hash unit, or None)."""
     block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
-    trace = _arrivals(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)))
+    trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)), block, cap)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 
@@ -389,7 +408,7 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
-    trace = _arrivals(c, _outputs(c, _trace(c, block, boundary_bias)))
+    trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias)), block)
     raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
 

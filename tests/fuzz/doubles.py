@@ -7,6 +7,7 @@ vLLM in a differential check: those run the real engine (tests/engine/).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from unittest import mock
 
 from reference.boundaries import floor_to
@@ -22,6 +23,11 @@ class ReferenceDouble:
         self.version, self.rule, self.calls = version, rule, 0
 
     def _predict(self, case: Case) -> dict:
+        """The model's answer; a concurrent trace is served as an engine
+        that never batches would serve it: one request at a time (the
+        model predicts a serial trace only)."""
+        if any(r.arrival is not None for r in case.trace):
+            case = replace(case, trace=tuple(replace(r, arrival=None) for r in case.trace))
         return predict_with_knobs(case, resolve_knobs(case, self.version), self.rule)
 
     def run(self, case: Case) -> dict:
