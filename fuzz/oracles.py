@@ -93,6 +93,13 @@ says which requests diverge.
 
 An observation is the dict an engine returns (``hits``, ``queries``,
 ``knobs``, ``explain``) or ``{"error": {...}}``.
+
+A concurrent trace (requests that share scheduler steps, ``arrival``;
+docs/concurrent.md): the oracles of :data:`CONCURRENT_ORACLES` judge every
+request, ``stale`` by steps (an "earlier" write is one computed in a step
+before the first step that ran the request: a state whose forward pass
+runs in the same step is not there yet); the others judge the serial
+prefix (:func:`serial_part`), where their rules were stated.
 """
 
 from __future__ import annotations
