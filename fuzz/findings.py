@@ -39,7 +39,7 @@ import re
 import time
 from pathlib import Path
 
-from reference.case import Case, case_to_dict, load_json, parse_case, waves, write_json_atomic
+from reference.case import Case, case_to_dict, load_json, parse_case, write_json_atomic
 from reference.errors import InvalidArgument, invalid
 from reference.printable import printable
 
@@ -97,8 +97,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     speculative knobs, the geometry class (uniform / mixed / partial hash
     hits), retention mode, a hash unit finer than the block, the diverging
     request's kind, whether
-    its prompt is block-aligned, whether it shared scheduler steps with
-    another (a concurrent trace), and the direction of the error (for
+    its prompt is block-aligned, whether a ``stale`` hit read a state in the
+    step that computes it (a concurrent trace), and the direction of the error (for
     ``split``: a prefill chunk's end or a step after the prefill cut)."""
     parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
     if div.oracle == "resolution":  # judged before the case is resolved: no geometry, no request
@@ -115,8 +115,8 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         i = div.first
         n = case.trace[i].num_prompt_tokens
         parts += [request_kinds(case)[i], "aligned" if n % g.scheduler_block_size == 0 else "unaligned"]
-        if any(i in w and len(w) > 1 for w in waves(case)):
-            parts.append("concurrent")  # it shared scheduler steps: another class than the serial one
+        if div.oracle == "stale" and div.context.get("same_step"):
+            parts.append("same-step")  # it read a state in the step computing it: another class than the serial one
         if div.oracle == "hit_blocks":
             parts.append("extra" if div.context["extra_blocks"][i] > 0 else "missing")
         elif div.oracle == "block_table":

@@ -316,6 +316,7 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     hits = obs.get("hits") or []
     bad, expected = [], list(hits)
     concurrent = is_concurrent(case)
+    same_step: dict[int, tuple[int, int]] = {}  # request -> (the request that computed its state, that step)
     for i, h in enumerate(hits):
         if h <= 0 or i > len(explain) or any(explain[j].get("written") is None for j in (range(len(explain)) if concurrent else range(i))):
             continue
@@ -325,6 +326,11 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
         mine = prompt_tokens(case.trace[i])
         below = [p for j, ps in writes_before(case, obs, i) for p in ps if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
         expected[i] = max(below, default=0)
+        if concurrent:  # another request did compute it, in the step that first ran i or later: read too early
+            late = [(j, s) for j, e in enumerate(explain) if j != i and prompt_tokens(case.trace[j])[:h] == mine[:h]
+                    for p, s in (e.get("written_steps") or ()) if p == h and s is not None]
+            if late:
+                same_step[i] = min(late, key=lambda x: x[1])
     keyed = stale_keys(case, obs)
     keyed_bad = [j for j, ps in enumerate(keyed) if ps]
     if not bad and not keyed_bad:
@@ -332,14 +338,21 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     notes = []
     if bad:
         i = bad[0]
-        when = "" if "first_step" not in explain[i] else f" before step {explain[i]['first_step']}, the first that ran it"
-        notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens{when} (the highest written is {expected[i]})")
+        if i in same_step:
+            j, step = same_step[i]
+            notes.append(f"request {i} resumed at {hits[i]} in step {explain[i]['first_step']}, the first that ran it, from the state request {j} computes "
+                         f"in step {step}: read in the same step or before it was computed (the highest written before is {expected[i]})")
+        else:
+            notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")
     if keyed_bad:
         j = keyed_bad[0]
         notes.append(f"request {j} left Mamba states at {keyed[j]} held that its prefill did not write (written {explain[j].get('written')}) and no earlier request held")
     order = sorted(set(bad) | set(keyed_bad))
+    context: dict = {"stale_keys": keyed} if keyed_bad else {}
+    if same_step and bad and bad[0] == order[0] and bad[0] in same_step:
+        context["same_step"] = True  # the first divergence reads a state in the step that computes it
     return [Divergence("stale", version, order, expected, hits, "; ".join(notes if not keyed_bad or (bad and bad[0] <= keyed_bad[0]) else notes[::-1]),
-                       {"stale_keys": keyed} if keyed_bad else {})]
+                       context)]
 
 
 def held_states(e: dict) -> set[int] | None:

@@ -68,7 +68,7 @@ def test_a_planted_same_step_fault_is_caught_by_stale():
     divs = check_all(resolved(case, planted, "0.33.0"), "0.33.0", planted, None, ORACLES)
     assert [d.oracle for d in divs] == ["stale"], [(d.oracle, d.detail) for d in divs]
     (div,) = divs
-    assert div.requests == [2] and "before step" in div.detail
+    assert div.requests == [2] and div.context.get("same_step") and "read in the same step" in div.detail
     ex = planted["explain"]
     (step,) = [s for p, s in ex[1]["written_steps"] if p == planted["hits"][2]]
     assert ex[2]["first_step"] == step  # it read the state in the step that computes it

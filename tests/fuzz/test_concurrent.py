@@ -76,7 +76,7 @@ def test_stale_fires_on_a_state_read_in_the_step_that_computes_it():
     # request 0 writes 64 in step 1 and 100 in step 2; request 1 first runs in step 1 and resumes at 64
     same_step = observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 1])
     (div,) = check_stale(case, "0.33.0", same_step)
-    assert div.requests == [1] and div.expected[1] == 0 and "before step 1" in div.detail
+    assert div.requests == [1] and div.expected[1] == 0 and "in step 1, the first that ran it, from the state request 0 computes in step 1" in div.detail
     one_step_later = observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 2])
     assert check_stale(case, "0.33.0", one_step_later) == []
 
@@ -131,14 +131,22 @@ def test_the_generator_draws_concurrent_cases_sometimes_and_valid_ones_always():
         assert trace_shape(c).endswith("concurrent")
 
 
-def test_a_concurrent_stale_finding_is_its_own_class():
-    from fuzz.findings import signature
+def test_a_same_step_read_is_its_own_class_and_a_stale_key_is_not():
+    from fuzz.findings import make_finding, signature
     from fuzz.known_classes import classify
 
     serial = case_of((100, None), (100, None))
     concurrent = case_of((100, None), (100, 0))
-    div = check_stale(concurrent, "0.33.0", observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 1]))[0]
-    assert signature(serial, div, {}) != signature(concurrent, div, {})
-    finding = {"oracle": "stale", "first_divergence": 1, "case": case_to_dict(concurrent)}
-    assert classify(finding) is None
-    assert classify(dict(finding, case=case_to_dict(serial))) == "stale-state"
+    obs = observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 1])
+    (div,) = check_stale(concurrent, "0.33.0", obs)
+    assert div.context.get("same_step") and "request 0 computes in step 1" in div.detail
+    serial_div = check_stale(serial, "0.33.0", observation([0, 64], [[(100, 2)], [(100, 3)]], [0, 3]))[0]
+    assert not serial_div.context.get("same_step")
+    assert signature(serial, div, {}) != signature(serial, serial_div, {})
+    assert classify(make_finding(concurrent, div, obs)) is None
+    assert classify(make_finding(serial, serial_div, obs)) == "stale-state"
+    # a state held that nobody wrote is the serial stale rule, concurrent or not: the same class
+    held = observation([0, 0], [[(100, 2)], [(100, 3)]], [0, 1])
+    held["explain"][1]["retained_mamba_blocks"] = {"16": [2]}  # the state at 48, which no prefill wrote
+    (keyed,) = check_stale(concurrent, "0.33.0", held)
+    assert keyed.context.get("stale_keys") and not keyed.context.get("same_step")
