@@ -1,4 +1,6 @@
-"""The serial step loop: one request at a time through vLLM's scheduler.
+"""The step loops: requests through vLLM's scheduler, one at a time
+(:func:`serve`) or a wave of them sharing steps as a server batches them
+(:func:`serve_wave`, a concurrent trace's; the same vLLM calls, 0.29.0-0.33.0).
 
 Each request is added, then ``schedule()`` -> a ``ModelRunnerOutput`` that
 samples one token (``SAMPLED_TOKEN``, outside every case stream, so an
