@@ -66,9 +66,66 @@ class Served:
     #: each state the prefill wrote was computed.
     first_step: int | None = None
     prefill_at: list[int] = field(default_factory=list)
-    #: The tokens computed before the first step that scheduled the request:
-    #: where it resumed (its hit, however often it was looked up).
-    resumed: int | None = None
+
+
+def _add_request(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher) -> VllmRequest:
+    """Add request ``index`` (``req-{index}``) to the scheduler; vLLM's
+    refusal is a :class:`VllmFailure`, kvspec's own error goes on up."""
+    try:
+        req = VllmRequest(request_id=f"req-{index}", prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None, block_hasher=hasher)
+        scheduler.add_request(req)
+    except Exception as e:
+        if vllm_outcome(e, "run") is None:
+            raise
+        raise VllmFailure("add_request", e, request=index) from None
+    return req
+
+
+def _decoding(req: VllmRequest, n: int) -> tuple[int, int] | None:
+    """Before a step: (tokens computed, tokens it asks for: the sampled
+    token and the drafts) of a request past its prefill (vLLM's own prefill
+    end: ``max(prompt, num_tokens - 1)``), else None."""
+    if req.num_output_tokens > 0 and req.num_computed_tokens >= max(n, req.num_tokens - 1):
+        return int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens)
+    return None
+
+
+def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int, int] | None, watch) -> None:
+    """What one scheduled step of ``out``'s request shows (``num``: its
+    scheduled tokens; ``step``: the step's number): a step after the prefill,
+    the first step, the Mamba blocks ``watch`` counts, and a prefill chunk's
+    end (the last one may carry draft-token slots past the prompt, MTP with
+    lookahead hashes, so it counts as N) with the step's lengths."""
+    req = out.request
+    if decoding is not None:
+        out.decode_steps.append((*decoding, num))
+    if out.first_step is None:
+        out.first_step = step
+    if watch is not None:
+        start = int(req.num_computed_tokens) - num
+        unretired, freed = watch(req.request_id, start)
+        if unretired or freed:
+            out.block_table.append((start, unretired, freed))
+    if req.num_output_tokens == 0:
+        computed = min(int(req.num_computed_tokens), n)
+        if not out.chunk_ends or out.chunk_ends[-1] < computed:
+            out.chunk_ends.append(computed)
+        out.prefill_steps.append((int(req.num_computed_tokens), num))
+        out.prefill_at.append(step)
+
+
+def _sum_stats(outputs, totals: list[int]) -> None:
+    """Add each output's ``prefix_cache_stats`` (vLLM resets them every
+    step) to ``totals``: [hits, queries, preempted hits, preempted queries]."""
+    for eco in (outputs or {}).values():
+        stats = eco.scheduler_stats
+        pcs = stats.prefix_cache_stats if stats is not None else None
+        if pcs is not None:
+            totals[0] += pcs.hits
+            totals[1] += pcs.queries
+            if HAS_PREEMPTED:
+                totals[2] += pcs.preempted_hits
+                totals[3] += pcs.preempted_queries
 
 
 def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None) -> Served:
@@ -82,54 +139,28 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     (unretired, freed) Mamba blocks it holds (``observe.BlockTable``)."""
     n = len(tokens)
     rid = f"req-{index}"
-    try:
-        req = VllmRequest(request_id=rid, prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None, block_hasher=hasher)
-        scheduler.add_request(req)
-    except Exception as e:
-        if vllm_outcome(e, "run") is None:
-            raise
-        raise VllmFailure("add_request", e, request=index) from None
+    req = _add_request(scheduler, index, tokens, max_tokens, hasher)
     out = Served(req)
-    chunk_ends = out.chunk_ends
     requests = scheduler.requests
     schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
     sampled_one = [SAMPLED_TOKEN]
     num_drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
     drafting = num_drafts > 0 and max_tokens > 1
     propose = scheduler.update_draft_token_ids
-    decode_steps = out.decode_steps
-    hits = queries = preempted_hits = preempted_queries = steps = idle = 0
-    last_end = -1
+    totals = [0, 0, 0, 0]
+    steps = idle = 0
     max_steps = n + max_tokens + 64
     while True:
         try:
             if not unfinished():
                 break
-            decoding = req.num_output_tokens > 0 and req.num_computed_tokens >= max(n, req.num_tokens - 1)
-            if decoding:
-                before, asked = int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens)
+            decoding = _decoding(req, n)
             so = schedule()
             scheduled = so.num_scheduled_tokens
-            if decoding and rid in scheduled:
-                decode_steps.append((before, asked, int(scheduled[rid])))
-            if out.first_step is None and rid in scheduled:
-                out.first_step, out.resumed = steps, int(req.num_computed_tokens) - int(scheduled[rid])
-            if watch is not None and rid in scheduled:
-                start = int(req.num_computed_tokens) - int(scheduled[rid])
-                unretired, freed = watch(rid, start)
-                if unretired or freed:
-                    out.block_table.append((start, unretired, freed))
+            if rid in scheduled:
+                _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
-            # A prefill chunk's end; the last one may carry draft-token slots
-            # past the prompt (MTP with lookahead hashes), so it counts as N.
-            if rid in scheduled and req.num_output_tokens == 0:
-                computed = min(int(req.num_computed_tokens), n)
-                if last_end < computed:
-                    chunk_ends.append(computed)
-                    last_end = computed
-                out.prefill_steps.append((int(req.num_computed_tokens), int(scheduled[rid])))
-                out.prefill_at.append(steps)
             outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
             if drafting and rid in scheduled and not req.is_finished():
                 propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
@@ -138,20 +169,12 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                 raise
             raise VllmFailure("step", e, request=index) from None
         steps += 1
-        if outputs:
-            for eco in outputs.values():
-                stats = eco.scheduler_stats
-                pcs = stats.prefix_cache_stats if stats is not None else None
-                if pcs is not None:
-                    hits += pcs.hits
-                    queries += pcs.queries
-                    if HAS_PREEMPTED:
-                        preempted_hits += pcs.preempted_hits
-                        preempted_queries += pcs.preempted_queries
+        _sum_stats(outputs, totals)
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
             raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
-    out.hits, out.queries, out.preempted_hits, out.preempted_queries, out.steps = hits, queries, preempted_hits, preempted_queries, steps
+    out.hits, out.queries, out.preempted_hits, out.preempted_queries = totals
+    out.steps = steps
     return out
 
 
@@ -173,7 +196,9 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
     nothing is running: a server's idle loop takes no steps), and every
     ``schedule()`` step serves every running request, admitting waiting ones
     into the same step where the budget allows. The per-request record is
-    :class:`Served`'s, with ``resumed`` and ``first_step``; the prefix-cache
+    :class:`Served`'s, its ``hits`` where it resumed (the tokens computed
+    before the first step that ran it, however often vLLM looked it up) and
+    ``queries`` its prompt; the prefix-cache
     stats are per step, not per request, so they are summed for the wave
     (returned beside, ``hits`` / ``queries``, with the wave's ``steps``): a request looked up again
     after vLLM deferred it counts its query twice there.
@@ -181,19 +206,16 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
     Draft tokens and the sampled token as in :func:`serve`; a wave that makes
     no progress is an ``EngineStall`` (bounded in steps)."""
     served: dict[str, Served] = {}
-    lengths: dict[str, int] = {}
-    last_end: dict[str, int] = {}
+    index_of = {f"req-{a.index}": a.index for a in wave}
     added: dict[str, int] = {}
-    done: set[str] = set()
     pending = list(wave)
     requests = scheduler.requests
     schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
     num_drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
     propose = scheduler.update_draft_token_ids
     sampled_one = [SAMPLED_TOKEN]
-    totals = {"hits": 0, "queries": 0, "preempted_hits": 0, "preempted_queries": 0}
-    steps = idle = 0
-    due = 0
+    totals = [0, 0, 0, 0]
+    steps = idle = due = 0
     max_steps = sum(len(a.tokens) + a.max_tokens for a in wave) + sum(a.after for a in wave) + 64 * len(wave)
     current = wave[0].index
     while True:
@@ -201,53 +223,28 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
             while pending and (steps >= due or not unfinished()):
                 a = pending.pop(0)
                 current = a.index
-                rid = f"req-{a.index}"
-                try:
-                    req = VllmRequest(request_id=rid, prompt_token_ids=a.tokens, sampling_params=SamplingParams(max_tokens=a.max_tokens), pooling_params=None, block_hasher=hasher)
-                    scheduler.add_request(req)
-                except Exception as e:
-                    if vllm_outcome(e, "run") is None:
-                        raise
-                    raise VllmFailure("add_request", e, request=a.index) from None
-                served[rid] = Served(req)
-                added[rid] = steps
-                lengths[rid] = len(a.tokens)
-                last_end[rid] = -1
+                req = _add_request(scheduler, a.index, a.tokens, a.max_tokens, hasher)
+                served[req.request_id] = Served(req)
+                added[req.request_id] = steps
                 if pending:
                     due = steps + pending[0].after
             if not pending and not unfinished():
                 break
-            decoding = {}
-            for rid, out in served.items():
-                req = out.request
-                if not req.is_finished() and req.num_output_tokens > 0 and req.num_computed_tokens >= max(lengths[rid], req.num_tokens - 1):
-                    decoding[rid] = (int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens))
+            running = [(rid, out) for rid, out in served.items() if not out.request.is_finished()]
+            decoding = {rid: _decoding(out.request, len(out.request.prompt_token_ids)) for rid, out in running}
             so = schedule()
             scheduled = so.num_scheduled_tokens
-            for rid in scheduled:
+            for rid, num in scheduled.items():
                 out = served.get(rid)
                 if out is None:
                     continue
-                req, n = out.request, lengths[rid]
-                current = int(rid[4:])
-                if out.first_step is None:
-                    out.first_step, out.resumed = steps, int(req.num_computed_tokens) - int(scheduled[rid])
+                current = index_of[rid]
+                first = out.first_step is None
+                _observe_step(out, len(out.request.prompt_token_ids), int(num), steps, decoding.get(rid), watch)
+                if first:  # where it resumed: the tokens computed before the first step that ran it
+                    out.hits = int(out.request.num_computed_tokens) - int(num)
                     if admitted is not None:
                         admitted(rid)
-                if rid in decoding:
-                    out.decode_steps.append((*decoding[rid], int(scheduled[rid])))
-                if watch is not None:
-                    start = int(req.num_computed_tokens) - int(scheduled[rid])
-                    unretired, freed = watch(rid, start)
-                    if unretired or freed:
-                        out.block_table.append((start, unretired, freed))
-                if req.num_output_tokens == 0:
-                    computed = min(int(req.num_computed_tokens), n)
-                    if last_end[rid] < computed:
-                        out.chunk_ends.append(computed)
-                        last_end[rid] = computed
-                    out.prefill_steps.append((int(req.num_computed_tokens), int(scheduled[rid])))
-                    out.prefill_at.append(steps)
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
@@ -262,25 +259,15 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
                 raise
             raise VllmFailure("step", e, request=current) from None
         steps += 1
-        for rid, out in served.items():
-            if rid not in done and out.request.is_finished():
-                done.add(rid)
+        for rid, out in running:
+            if out.request.is_finished():
                 out.steps = steps - added[rid]
-        if outputs:
-            for eco in outputs.values():
-                stats = eco.scheduler_stats
-                pcs = stats.prefix_cache_stats if stats is not None else None
-                if pcs is not None:
-                    totals["hits"] += pcs.hits
-                    totals["queries"] += pcs.queries
-                    if HAS_PREEMPTED:
-                        totals["preempted_hits"] += pcs.preempted_hits
-                        totals["preempted_queries"] += pcs.preempted_queries
+        _sum_stats(outputs, totals)
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
             late = [r for r, o in served.items() if not o.request.is_finished()]
             raise VllmFailure("step", None, f"no progress: requests {', '.join(late) or '(none)'} of the wave still unfinished after {steps} steps", request=current)
     for out in served.values():
-        out.hits, out.queries = out.resumed or 0, len(out.request.prompt_token_ids)
-    totals["steps"] = steps
-    return [served[f"req-{a.index}"] for a in wave], totals
+        out.queries = len(out.request.prompt_token_ids)
+    hits, queries, preempted_hits, preempted_queries = totals
+    return [served[f"req-{a.index}"] for a in wave], {"hits": hits, "queries": queries, "preempted_hits": preempted_hits, "preempted_queries": preempted_queries, "steps": steps}
