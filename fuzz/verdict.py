@@ -174,9 +174,11 @@ def _n(x) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _hit_differences(observed: list, claimed: list, what: str) -> list[str]:
+def _hit_differences(observed: list, claimed: list, what: str, only: list[int] | None = None) -> list[str]:
+    """A line per request whose observed and claimed hits differ (or either
+    is missing); ``only``: the requests to compare (default every one)."""
     out = []
-    for i in range(max(len(observed), len(claimed))):
+    for i in range(max(len(observed), len(claimed))) if only is None else only:
         o = observed[i] if i < len(observed) else None
         c = claimed[i] if i < len(claimed) else None
         if o is None or c is None or o != c:
@@ -238,11 +240,7 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
     if err:
         reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
     predicted = [i for i, h in enumerate(target.hits) if h is not None]
-    if len(predicted) == len(target.hits):
-        reasons += _hit_differences(observed, list(target.hits), "target")
-    else:
-        reasons += _hit_differences([observed[i] if i < len(observed) else None for i in predicted], [target.hits[i] for i in predicted], "target")
-        reasons = [_renumber(r, predicted) for r in reasons]
+    reasons += _hit_differences(observed, list(target.hits), "target", None if len(predicted) == len(target.hits) else predicted)
     reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences]
     if target.queries is not None and observation.get("queries") is not None and not err:
         q = list(observation["queries"])
@@ -258,13 +256,6 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
                                 + f"; the other {len(target.hits) - len(predicted)} share scheduler steps: no oracle that judges them fires"])
     return Verdict(AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")])
 
-
-def _renumber(reason: str, indices: list[int]) -> str:
-    """``request k`` of a list of the predicted requests -> the case's index."""
-    head, sep, rest = reason.partition(":")
-    if head.startswith("request ") and head[8:].isdigit() and int(head[8:]) < len(indices):
-        return f"request {indices[int(head[8:])]}{sep}{rest}"
-    return reason
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
