@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from reference.case import parse_case
 from reference.errors import KvspecError
 
-from fuzz.oracles import request_kinds
+from fuzz.oracles import SAME_STEP_READ, request_kinds
 
 #: Oracles that judge one request's hit against what must hold.
 HIT_ORACLES = ("promise", "sparse_dense", "spec_on_off")
@@ -94,7 +94,7 @@ def classify(finding: dict) -> str | None:
     if finding.get("oracle") == "stale":
         # the known class is serial: a hit that read a state in the step
         # computing it (a concurrent trace; fuzz.oracles.check_stale) is another
-        if "in the same step or before it was computed" in str((finding.get("expected") or {}).get("detail") or ""):
+        if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
         return "stale-state"
     low = _low_hit(finding)

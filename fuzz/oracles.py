@@ -306,6 +306,11 @@ def stale_keys(case: Case, obs: dict) -> list[list[int]]:
     return out
 
 
+#: What a ``stale`` divergence says of a request that read a state in the
+#: step computing it (``fuzz.known_classes`` tells that class apart by it).
+SAME_STEP_READ = "read in the same step or before it was computed"
+
+
 def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
     """No request resumes where no earlier prefill wrote a Mamba state over
     its tokens, and no request leaves a state held that its prefill did not
@@ -341,7 +346,7 @@ def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
         if i in same_step:
             j, step = same_step[i]
             notes.append(f"request {i} resumed at {hits[i]} in step {explain[i]['first_step']}, the first that ran it, from the state request {j} computes "
-                         f"in step {step}: read in the same step or before it was computed (the highest written before is {expected[i]})")
+                         f"in step {step}: {SAME_STEP_READ} (the highest written before is {expected[i]})")
         else:
             notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")
     if keyed_bad:
