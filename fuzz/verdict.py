@@ -149,6 +149,9 @@ class Target:
     rule: str | None = None
     queries: list | None = None
     knobs: dict | None = None
+    #: Where ``hits[i]`` is None: the most request i may hit whatever the
+    #: batching (``reference.predict.resume_bounds``), or None.
+    bounds: list | None = None
 
 
 @dataclass
@@ -219,7 +222,7 @@ def judge(
     if isinstance(claim, dict):
         claim = Claim.of(claim)
     if isinstance(claim, Target):
-        return _judge_target(claim, observation, observed, err, divergences or [])
+        return _judge_target(claim, observation, observed, err, divergences)
     if claim is None:
         if divergences is None:
             raise ValueError("a bare case needs a Target or the oracles' divergences")
@@ -232,16 +235,40 @@ def judge(
     return _judge_oracles(claim, observation, observed, err, divergences)
 
 
-def _judge_target(target: Target, observation: dict, observed: list, err, divergences: list[Divergence]) -> Verdict:
+def _bound_excesses(target: Target, observation: dict, observed: list) -> list[str]:
+    """A line per request the target does not predict whose observed hits
+    exceed its bound, and per wave of such requests (``observation["waves"]``:
+    ``{"requests": [...], "hits": h}``, a live server's summed counters)
+    whose summed hits exceed the sum of their bounds."""
+    bounds = target.bounds or []
+    out = []
+    for i, b in enumerate(bounds):
+        o = observed[i] if i < len(observed) else None
+        if b is not None and o is not None and o > b:
+            out.append(f"request {i}: observed hits {_n(o)} above {_n(b)}, the most it can resume from whatever the batching (no request sent before it computed more)")
+    for w in observation.get("waves") or ():
+        idx = list(w.get("requests") or ())
+        if w.get("hits") is None or not idx or any(i >= len(bounds) or bounds[i] is None for i in idx):
+            continue
+        if w["hits"] > sum(bounds[i] for i in idx):
+            out.append(f"requests {idx[0]}-{idx[-1]} (one wave): summed hits {_n(w['hits'])} above {_n(sum(bounds[i] for i in idx))}, the sum of the most each can resume from whatever the batching")
+    return out
+
+
+def _judge_target(target: Target, observation: dict, observed: list, err, divergences: list[Divergence] | None) -> Verdict:
     """A target's hits (``None`` where the model predicts none: a concurrent
-    trace past its serial prefix), queries and knobs; and, where given, the
-    divergences of the oracles that judge what the target does not predict."""
+    trace past its serial prefix), queries and knobs; where the model
+    predicts none, the target's bounds (per request, or summed over a wave
+    when only the sum was observed); and, where given, the divergences of
+    the oracles that judge what the target does not predict (None: no
+    oracle was evaluated, a live server)."""
     reasons = []
     if err:
         reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
     predicted = [i for i, h in enumerate(target.hits) if h is not None]
     reasons += _hit_differences(observed, list(target.hits), "target", None if len(predicted) == len(target.hits) else predicted)
-    reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences]
+    reasons += _bound_excesses(target, observation, observed)
+    reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences or ()]
     if target.queries is not None and observation.get("queries") is not None and not err:
         q = list(observation["queries"])
         reasons += [f"request {i}: observed queries {_n(a)}, target {_n(b)}" for i, (a, b) in enumerate(zip(q, target.queries)) if a != b]
@@ -252,8 +279,9 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
     if reasons:
         return Verdict(DIVERGES, reasons)
     if len(predicted) < len(target.hits):
+        held = (["none resumes past what a request sent before it computed"] if target.bounds else []) + (["no oracle that judges them fires"] if divergences is not None else [])
         return Verdict(AGREES, [f"the hits of the {len(predicted)} request(s) the model predicts equal the target" + (f" (rule {target.rule})" if target.rule else "")
-                                + f"; the other {len(target.hits) - len(predicted)} share scheduler steps: no oracle that judges them fires"])
+                                + f"; the other {len(target.hits) - len(predicted)} share scheduler steps" + (": " + "; ".join(held) if held else " (not judged)")])
     return Verdict(AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")])
 
 

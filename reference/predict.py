@@ -14,22 +14,28 @@ model does not simulate: the rules that still hold are stated as oracles
 (``fuzz.oracles.CONCURRENT_ORACLES``: no request resumes from a state whose
 step has not run, no block table holds a freed block, every block given
 back).
+
+For those requests ``bounds[i]`` (:func:`resume_bounds`) is the most a
+request can hit whatever the batching: a request cannot resume past the
+tokens some request sent before it computed. A live server's counters
+give a wave's summed hits only; the judge holds them against these bounds
+(``fuzz.verdict``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from reference.case import Case, serial_prefix
+from reference.case import Case, prompt_tokens, serial_prefix
 from reference.knobs import DEFAULT_VERSION, Knobs, resolve_knobs
-from reference.serial import simulate
+from reference.serial import common_prefix, known_common, simulate
 
 
 def predict_with_knobs(case: Case, knobs: Knobs, rule: str = "promise") -> dict:
     k = serial_prefix(case)
     steps = simulate(replace(case, trace=case.trace[:k]), knobs, rule) if k else []
     rest = len(case.trace) - k
-    return {
+    out = {
         "rule": rule,
         "hits": [s.hit for s in steps] + [None] * rest,
         "queries": [s.prompt_tokens for s in steps] + [r.num_prompt_tokens for r in case.trace[k:]],
@@ -37,6 +43,34 @@ def predict_with_knobs(case: Case, knobs: Knobs, rule: str = "promise") -> dict:
         "explain": [s.as_dict() for s in steps] + [None] * rest,
         "predicted": k,
     }
+    if rest:
+        out["bounds"] = [None] * k + resume_bounds(case)[k:]
+    return out
+
+
+def resume_bounds(case: Case) -> list[int]:
+    """For every request, the most tokens it can resume from whatever the
+    scheduler batches with it: no request resumes past what a request sent
+    before it computed (engine-neutral; the promise's "no request resumes
+    from a state no prefill wrote").
+
+    Request j computes its prompt and all but the last of its generated
+    tokens. So request i can reuse, from request j < i, the prefix the two
+    prompts share, and when i's prompt holds all of j's, up to
+    ``max_tokens_j - 1`` tokens more (i's next tokens may be j's output,
+    which the trace does not know); never its own last token:
+    ``bound_i = min(N_i - 1, max_j<i reach(i, j))``, 0 for the first."""
+    tokens = [prompt_tokens(r) for r in case.trace]
+    out = []
+    for i, req in enumerate(case.trace):
+        best = 0
+        for j in range(i):
+            shared = common_prefix(tokens[j], tokens[i], known_common(case.trace[j].prompt, req.prompt))
+            if shared == len(tokens[j]):
+                shared += max(case.trace[j].max_tokens - 1, 0)
+            best = max(best, shared)
+        out.append(max(0, min(len(tokens[i]) - 1, best)))
+    return out
 
 
 def predict(case: Case, as_version: str = DEFAULT_VERSION, rule: str = "promise") -> dict:

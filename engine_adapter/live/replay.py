@@ -1,10 +1,15 @@
 """Replay a case (or a finding) against a running vLLM server; give a verdict.
 
 Procedure: read the server's geometry and refuse what it cannot run
-(:mod:`engine_adapter.live.geometry`); then send the trace strictly serially,
-each request a streamed token-id ``/v1/completions`` read to its end, with a
-gap between requests; around each, scrape ``/metrics`` and take the deltas of
-``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``.
+(:mod:`engine_adapter.live.geometry`); then send the trace wave by wave
+(``reference.case.waves``; a serial trace is one request per wave), each
+request a streamed token-id ``/v1/completions`` read to its end, with a gap
+between waves; around each wave, scrape ``/metrics`` and take the deltas of
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``. A
+concurrent wave's requests are sent ``arrival x step_s`` seconds apart, each
+on its own thread, and measured together (:class:`_Sender`): the counters
+cannot tell them apart, so their summed hits are held against the sum of
+their bounds (``reference.predict.resume_bounds``).
 
 Verdicts, and the rules that keep them honest (no false findings):
 
@@ -26,7 +31,11 @@ Verdicts, and the rules that keep them honest (no false findings):
   first divergence, else **not reproduced** (a ``knobs`` finding, or one
   without expected hits there, is inconclusive). A bare case **agrees**
   when every request's hits equal the reference model's prediction (at the
-  server's vLLM version, under ``--rule``), else it **diverges**.
+  server's vLLM version, under ``--rule``) and, for the requests of a
+  concurrent trace the model does not predict, no wave's summed hits (no
+  lone request's hits) exceed their bounds; else it **diverges**. A finding
+  on a concurrent trace is refused (its per-request hits cannot be read
+  from summed counters).
 
 The API key never reaches a message or the report: the client redacts every
 body the server sends, and :func:`replay` redacts its report and any error
@@ -46,14 +55,18 @@ from typing import Any, Callable
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
-from reference.case import Case, case_to_dict, load_json, parse_case, prompt_tokens, with_resolution
+from reference.case import Case, case_to_dict, is_concurrent, load_json, parse_case, prompt_tokens, serial_prefix, waves, with_resolution
 from reference.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
 from reference.knobs import implemented_rule
+from reference.predict import resume_bounds
 from reference.serial import RULES
 
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED  # noqa: F401 - the judge's words, re-exported
 
 DEFAULT_GAP_S = 1.0
+#: How long one scheduler step is taken to last when a concurrent wave's
+#: ``arrival`` (in steps) is turned into a delay on a live server.
+DEFAULT_STEP_S = 0.05
 #: How long to wait for the counters to show a finished request.
 SETTLE_S = 10.0
 SETTLE_POLL_S = 0.05
@@ -135,6 +148,9 @@ class Row:
     implemented: int | None = None
     #: A finding's own expected hits (what the judge checks its oracle against).
     finding_expected: int | None = None
+    #: A request the model does not predict (it shared the server): the
+    #: most it can hit whatever the batching (``reference.predict.resume_bounds``).
+    bound: int | None = None
 
 
 @dataclass
@@ -155,6 +171,8 @@ class Report:
     implemented_rule: str | None = None
     #: The case as replayed (a deployment case with the geometry its vLLM resolved; a rescaled case).
     case: dict | None = None
+    #: A concurrent trace's waves as measured: requests, summed hits and queries.
+    waves: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -172,6 +190,7 @@ class Report:
             "rule": self.rule,
             "implemented_rule": self.implemented_rule,
             "case": self.case,
+            "waves": self.waves,
             "requests": [
                 {
                     "index": r.index,
@@ -179,6 +198,7 @@ class Report:
                     "expected": r.expected,
                     "target": r.target,
                     "implemented": r.implemented,
+                    "bound": r.bound,
                     "hits": r.hits,
                     "queries": r.queries,
                     "ttft_s": r.ttft_s,
@@ -190,12 +210,14 @@ class Report:
         }
 
 
-def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: Target | None = None, rule: str | None = None) -> tuple[str, list[str]]:
+def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: Target | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
     """The verdict from the rows. Any doubt about the run makes it
     inconclusive (the rules of the module docstring); a clean run is judged
     by :func:`fuzz.verdict.judge` on its hit deltas: a finding against its
     claim (``target.target`` are its observed hits, ``row.expected`` its
-    expected ones), a bare case against the prediction (``row.target``)."""
+    expected ones), a bare case against the prediction (``row.target``;
+    ``None`` for a request of a concurrent wave, judged by its ``bound``
+    on the wave's summed hits, ``waves``)."""
     from fuzz.verdict import Claim, judge
     from fuzz.verdict import Target as Prediction
 
@@ -207,15 +229,16 @@ def decide(rows: list[Row], differences: list[str], global_issues: list[str], ta
             reasons.append(f"request {r.index}: not sent")
     if reasons:
         return INCONCLUSIVE, reasons
-    if any(r.target is None for r in rows):
+    if any(r.target is None and r.bound is None for r in rows):
         return INCONCLUSIVE, ["no target hits to compare against"]
-    observation = {"hits": [r.hits for r in rows]}
+    observation = {"hits": [r.hits for r in rows], "waves": list(waves)}
     if target is not None and target.kind == "finding":
         expected = [r.finding_expected for r in rows]
         claim = Claim(target.oracle or "reference", target.first, [r.target for r in rows], None if any(e is None for e in expected) else expected)
         verdict = judge(claim, observation)
     else:
-        verdict = judge(Prediction([r.target for r in rows], rule), observation)
+        bounds = [r.bound for r in rows]
+        verdict = judge(Prediction([r.target for r in rows], rule, bounds=bounds if any(b is not None for b in bounds) else None), observation)
     return verdict.verdict, verdict.reasons
 
 
@@ -258,14 +281,15 @@ def _wait_idle(client: LiveClient, model: str, deadline_s: float) -> Snapshot:
     return snap
 
 
-def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float) -> tuple[Snapshot, bool]:
-    """Poll until the query counter shows our request (bounded)."""
+def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float, count: int = 1) -> tuple[Snapshot, bool]:
+    """Poll until the counters show our ``count`` request(s) of
+    ``prompt_len`` tokens in all (bounded)."""
     t_end = time.monotonic() + settle_s
     snap = client.metrics(model)
     for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
         if snap.queries is None or pre.queries is None or snap.queries < pre.queries or (snap.hits or 0) < (pre.hits or 0):
             return snap, False  # missing or went down: the caller says which
-        finished = pre.finished is None or (snap.finished is not None and snap.finished - pre.finished >= 1)
+        finished = pre.finished is None or (snap.finished is not None and snap.finished - pre.finished >= count)
         if snap.queries - pre.queries >= prompt_len and not snap.running and finished:
             return snap, True
         if time.monotonic() >= t_end:
@@ -286,6 +310,137 @@ def _counter_issue(before: Snapshot, after: Snapshot, when: str) -> str | None:
     return None
 
 
+class _Sender:
+    """Sends the trace's waves and measures each around it. ``one`` sends a
+    request alone (the rules of the module docstring); ``wave`` sends the
+    requests of a concurrent wave, each ``arrival x step_s`` seconds after
+    the previous one, every one read to its end on its own thread, and
+    measures the wave as a whole (the counters cannot tell its requests
+    apart): the query delta must be the sum of its prompt lengths (a
+    request looked up twice, deferred or preempted, makes it inconclusive)
+    and its finished count its size. Each returns False when the replay
+    must stop (something failed after a request was sent). ``waves`` holds
+    one entry per concurrent wave: its requests and their summed hits and
+    queries."""
+
+    def __init__(self, client: LiveClient, model: str, first: Snapshot, settle_s: float, notes: list[str]):
+        self.client, self.model, self.first, self.settle_s, self.notes = client, model, first, settle_s, notes
+        self.prev = first
+        self.waves: list[dict] = []
+        self.stopped = False
+
+    def _before(self, row: Row) -> Snapshot | None:
+        """The counters before a send; the issues they show go to ``row``."""
+        try:
+            pre = self.client.metrics(self.model)
+        except EngineError as e:  # unreachable, timed out, or not Prometheus text
+            row.issues.append(f"metrics before the request unreadable: {e}")
+            return None
+        prev = self.prev
+        issue = _counter_issue(prev, pre, "between requests")
+        if issue:
+            row.issues.append(issue)
+        elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
+            row.issues.append(f"counters moved between requests (queries +{_n(pre.queries - prev.queries)}, hits +{_n(pre.hits - prev.hits)}): foreign traffic")
+        elif pre.finished != prev.finished:
+            row.issues.append(f"requests finished between ours (request_success_total +{_n((pre.finished or 0) - (prev.finished or 0))}): foreign traffic")
+        if pre.running or pre.waiting:
+            row.issues.append(f"foreign traffic: running={_n(pre.running)} waiting={_n(pre.waiting)} before the request")
+        if pre.cache_config != self.first.cache_config:
+            row.issues.append("vllm:cache_config_info changed during the replay")
+        return pre
+
+    def _after(self, row: Row, pre: Snapshot, prompt_len: int, count: int) -> tuple[float, float] | None:
+        """The query and hit deltas of ``count`` requests of ``prompt_len``
+        tokens in all, once the counters settled (None when they cannot be
+        taken; ``stopped`` when the counters could not be read); issues go
+        to ``row``."""
+        try:
+            post, settled = _settle(self.client, self.model, pre, prompt_len, self.settle_s, count)
+        except EngineError as e:  # something was sent: a verdict (inconclusive) with a report, not a refusal
+            row.issues.append(f"metrics after the request unreadable: {e}")
+            self.stopped = True
+            return None
+        measured = None
+        issue = _counter_issue(pre, post, "during the request")
+        if issue:
+            row.issues.append(issue)
+        else:
+            queries, hits = post.queries - pre.queries, post.hits - pre.hits
+            measured = queries, hits
+            if not settled and queries < prompt_len:
+                row.issues.append(f"metrics did not settle in {self.settle_s:g} s (query delta {_n(queries)} of {prompt_len})")
+            elif queries != prompt_len:
+                if count == 1:
+                    row.issues.append(f"query delta {_n(queries)} != prompt length {prompt_len}: foreign traffic or preemption")
+                else:
+                    row.issues.append(f"query delta {_n(queries)} != the wave's prompt lengths {prompt_len}: foreign traffic, or a request looked up twice (deferred or preempted)")
+            if hits > queries:
+                row.issues.append(f"hit delta {_n(hits)} > query delta {_n(queries)}")
+            if pre.finished is not None and post.finished is not None and post.finished - pre.finished != count:
+                ours = "our one request" if count == 1 else f"our wave of {count} requests"
+                row.issues.append(f"request_success_total +{_n(post.finished - pre.finished)} during {ours}: foreign traffic")
+        if post.cache_config != self.first.cache_config:
+            row.issues.append("vllm:cache_config_info changed during the replay")
+        self.prev = post
+        return measured
+
+    def one(self, req, row: Row) -> bool:
+        pre = self._before(row)
+        if pre is None:
+            return False
+        tokens = prompt_tokens(req)
+        try:
+            row.sent = True
+            done = self.client.complete(self.model, tokens, req.max_tokens)
+        except EngineError as e:
+            row.issues.append(str(e))
+            return False
+        row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
+        if done.attempts > 1:
+            self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
+        measured = self._after(row, pre, len(tokens), 1)
+        if measured is not None:
+            row.queries, row.hits = measured
+        return not self.stopped
+
+    def wave(self, reqs: list, rows: list[Row], step_s: float) -> bool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        head = rows[0]
+        pre = self._before(head)
+        if pre is None:
+            return False
+        prompts = [prompt_tokens(r) for r in reqs]
+        with ThreadPoolExecutor(max_workers=len(reqs), thread_name_prefix="kvspec-wave") as pool:
+            futures = []
+            for req, row, tokens in zip(reqs, rows, prompts):
+                if futures and req.arrival:
+                    time.sleep(req.arrival * step_s)
+                row.sent = True
+                futures.append(pool.submit(self.client.complete, self.model, tokens, req.max_tokens))
+            failed = False
+            for row, future in zip(rows, futures):
+                try:  # each completion is bounded by the client's timeout
+                    done = future.result()
+                except EngineError as e:
+                    row.issues.append(str(e))
+                    failed = True
+                    continue
+                row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
+                if done.attempts > 1:
+                    self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
+        if failed:
+            return False
+        total = sum(len(t) for t in prompts)
+        measured = self._after(head, pre, total, len(reqs))
+        entry = {"requests": [r.index for r in rows], "queries": None, "hits": None}
+        self.waves.append(entry)
+        if measured is not None:
+            entry["queries"], entry["hits"] = measured
+        return not self.stopped
+
+
 def replay(
     target: Target,
     server: str,
@@ -301,6 +456,7 @@ def replay(
     predict_fn: Callable[[Case, str, str], list[int]] | None = None,
     rule: str = "promise",
     resolve_fn: Callable[[Case, str], dict] | None = None,
+    step_s: float = DEFAULT_STEP_S,
 ) -> Report:
     """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
 
@@ -323,9 +479,11 @@ def replay(
         raise invalid("--gap", gap_s, "must be a finite number of seconds between 0 and 3600")
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 86400):
         raise invalid("--timeout", timeout_s, "must be a finite number of seconds, > 0 and <= 86400")
+    if not (isinstance(step_s, (int, float)) and 0 <= step_s <= 60):
+        raise invalid("--step-s", step_s, "must be a finite number of seconds between 0 and 60")
     check_base_url(server, "--server")
     try:
-        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule, resolve_fn=resolve_fn)
+        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule, resolve_fn=resolve_fn, step_s=step_s)
     except KvspecError as e:  # a server may echo the key into what a refusal quotes
         raise type(e)(redact(str(e), api_key)) from None
     return redact_report(report, api_key)
@@ -366,6 +524,7 @@ def _replay(
     predict_fn: Callable[[Case, str, str], list[int]] | None,
     rule: str,
     resolve_fn: Callable[[Case, str], dict] | None = None,
+    step_s: float = DEFAULT_STEP_S,
 ) -> Report:
     """replay() after its arguments were checked; the report unredacted."""
     predict_fn = predict_fn or _reference_hits
@@ -398,6 +557,12 @@ def _replay(
         elif case.deployment is not None and version is not None and case.resolved_by not in (None, f"vllm=={version}"):
             notes.append(f"geometry as {case.resolved_by} resolved the deployment; the server runs vLLM {version}")
 
+        concurrent = is_concurrent(case)
+        if concurrent and target.kind == "finding":
+            raise Unsupported("finding.case: a concurrent trace (a request has 'arrival'); a server's counters sum a wave's requests, so a finding's "
+                              "per-request hits cannot be checked live; allowed: a serial finding, a bare concurrent case, or kvspec replay FINDING --engine")
+        if rescale and concurrent:
+            raise Unsupported("--rescale: the trace is concurrent (a request has 'arrival'); allowed: a serial trace, or a case on the server's block size")
         if rescale and info.block_size is not None:
             old_blocks = {g.block_size for g in case.geometry.groups}
             new_case, note = rescale_case(case, info.block_size, ref)
@@ -433,6 +598,10 @@ def _replay(
         if implemented_name and implemented_name != rule and (target.kind == "case" or predicted is not None):
             implemented = ref(case, implemented_name)
 
+        bounds = None
+        if concurrent:
+            k = serial_prefix(case)
+            bounds = [None] * k + resume_bounds(case)[k:]
         rows = [
             Row(
                 i, r.num_prompt_tokens, r.max_tokens,
@@ -440,6 +609,7 @@ def _replay(
                 goal[i] if goal else None,
                 implemented=implemented[i] if implemented else None,
                 finding_expected=finding_expected[i] if finding_expected else None,
+                bound=bounds[i] if bounds else None,
             )
             for i, r in enumerate(case.trace)
         ]
@@ -449,62 +619,26 @@ def _replay(
             raise Unsupported("server vllm:prefix_cache_queries_total=absent: cannot measure hits; allowed: a vLLM server with prefix caching metrics")
         if first.running or first.waiting:
             global_issues.append(f"server busy before the replay (running={_n(first.running)}, waiting={_n(first.waiting)})")
-        prev = first
-        for i, req in enumerate(case.trace):
-            row = rows[i]
-            if i > 0 and gap_s:
+        if concurrent:
+            notes.append(
+                f"concurrent trace: the model predicts the first {serial_prefix(case)} request(s); each wave of requests sharing the server is sent "
+                f"with 'arrival' d as d x {step_s:g} s (--step-s) after the previous request (a live server's steps cannot be timed from outside), "
+                "and judged on its summed counters against the most each request can resume whatever the batching"
+            )
+        sender = _Sender(client, info.model, first, min(settle_s, timeout_s), notes)
+        for k, wave in enumerate(waves(case)):
+            if k > 0 and gap_s:
                 time.sleep(gap_s)
-            try:
-                pre = client.metrics(info.model)
-            except EngineError as e:  # unreachable, timed out, or not Prometheus text
-                row.issues.append(f"metrics before the request unreadable: {e}")
-                break
-            issue = _counter_issue(prev, pre, "between requests")
-            if issue:
-                row.issues.append(issue)
-            elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
-                row.issues.append(f"counters moved between requests (queries +{_n(pre.queries - prev.queries)}, hits +{_n(pre.hits - prev.hits)}): foreign traffic")
-            elif pre.finished != prev.finished:
-                row.issues.append(f"requests finished between ours (request_success_total +{_n((pre.finished or 0) - (prev.finished or 0))}): foreign traffic")
-            if pre.running or pre.waiting:
-                row.issues.append(f"foreign traffic: running={_n(pre.running)} waiting={_n(pre.waiting)} before the request")
-            if pre.cache_config != first.cache_config:
-                row.issues.append("vllm:cache_config_info changed during the replay")
-            tokens = prompt_tokens(req)
-            try:
-                row.sent = True
-                done = client.complete(info.model, tokens, req.max_tokens)
-            except EngineError as e:
-                row.issues.append(str(e))
-                break
-            row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
-            if done.attempts > 1:
-                notes.append(f"request {i}: sent {done.attempts} times (connection retries)")
-            try:
-                post, settled = _settle(client, info.model, pre, len(tokens), min(settle_s, timeout_s))
-            except EngineError as e:  # something was sent: a verdict (inconclusive) with a report, not a refusal
-                row.issues.append(f"metrics after the request unreadable: {e}")
-                break
-            issue = _counter_issue(pre, post, "during the request")
-            if issue:
-                row.issues.append(issue)
+            if len(wave) == 1:
+                ok = sender.one(case.trace[wave[0]], rows[wave[0]])
             else:
-                row.queries = post.queries - pre.queries
-                row.hits = post.hits - pre.hits
-                if not settled and row.queries < len(tokens):
-                    row.issues.append(f"metrics did not settle in {min(settle_s, timeout_s):g} s (query delta {_n(row.queries)} of {len(tokens)})")
-                elif row.queries != len(tokens):
-                    row.issues.append(f"query delta {_n(row.queries)} != prompt length {len(tokens)}: foreign traffic or preemption")
-                if row.hits > row.queries:
-                    row.issues.append(f"hit delta {_n(row.hits)} > query delta {_n(row.queries)}")
-                if pre.finished is not None and post.finished is not None and post.finished - pre.finished != 1:
-                    row.issues.append(f"request_success_total +{_n(post.finished - pre.finished)} during our one request: foreign traffic")
-            if post.cache_config != first.cache_config:
-                row.issues.append("vllm:cache_config_info changed during the replay")
-            prev = post
+                ok = sender.wave([case.trace[i] for i in wave], [rows[i] for i in wave], step_s)
+            if not ok:
+                break
             if after_request is not None:
-                after_request(i)
-        verdict, reasons = decide(rows, check.differences, global_issues, target, rule)
+                for i in wave:
+                    after_request(i)
+        verdict, reasons = decide(rows, check.differences, global_issues, target, rule, sender.waves)
     return Report(
         name=case.name,
         kind=target.kind,
@@ -521,6 +655,7 @@ def _replay(
         rule=rule,
         implemented_rule=implemented_name if implemented else None,
         case=case_to_dict(case),
+        waves=sender.waves,
     )
 
 
@@ -602,9 +737,13 @@ def render(report: Report, console=None) -> None:
             mark = "! " + "; ".join(r.issues)
         elif r.hits is not None and r.target is not None:
             mark = "ok" if r.hits == r.target else "differs"
+        elif r.hits is not None and r.bound is not None:
+            mark = "ok" if r.hits <= r.bound else "above its bound"
+        elif r.bound is not None and r.sent:
+            mark = "in a wave"
         elif not r.sent:
             mark = "not sent"
-        cells = [str(r.index), str(r.prompt_tokens), _n(r.expected)]
+        cells = [str(r.index), str(r.prompt_tokens), _n(r.expected) if r.bound is None else f"<= {_n(r.bound)}"]
         if report.implemented_rule:
             cells.append(_n(r.implemented))
         if report.kind == "finding":
@@ -612,6 +751,11 @@ def render(report: Report, console=None) -> None:
         cells += [_n(r.hits), _n(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
         table.add_row(*cells)
     console.print(table)
+    for w in report.waves:
+        idx = w["requests"]
+        cap = sum(report.rows[i].bound or 0 for i in idx)
+        state = "-" if w["hits"] is None else ("ok" if w["hits"] <= cap else "above the bounds")
+        console.print(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {_n(w['hits'])} (<= {_n(cap)}: {state}), queries {_n(w['queries'])}", highlight=False)
     knobs = ", ".join(f"{k}={v}" for k, v in report.server_knobs.items())
     console.print(f"server knobs: {knobs}", highlight=False)
     for n in report.notes:

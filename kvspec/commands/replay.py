@@ -1,4 +1,4 @@
-"""kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--timeout S] [--rescale] [--rule R] [--json PATH]
+"""kvspec replay FINDING_OR_CASE.json --server URL [--api-key-env NAME] [--model NAME] [--gap S] [--step-s S] [--timeout S] [--rescale] [--rule R] [--json PATH]
 
 Replays a case (or the case inside a finding) against a running vLLM
 OpenAI-compatible server, request by request, and judges the
@@ -50,6 +50,8 @@ def configure(parser) -> None:
     parser.add_argument("--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key")
     parser.add_argument("--model", metavar="NAME", help="served model name (default: the only one the server serves)")
     parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
+    parser.add_argument("--step-s", metavar="S", type=float, default=0.05,
+                        help="a concurrent trace: seconds a scheduler step is taken to last, so 'arrival' d sends a request d x S after the previous one (default: %(default)s)")
     parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="per-request timeout in seconds (default: %(default)s)")
     parser.add_argument("--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows")
     parser.add_argument("--rule", choices=("promise", "replay", "legacy"), default="promise",
@@ -103,10 +105,11 @@ def main(args) -> int:
 
     seconds("--gap", args.gap, zero_ok=True, maximum=3600)
     seconds("--timeout", args.timeout)
+    seconds("--step-s", args.step_s, zero_ok=True, maximum=60)
     if args.json:
         output_file("--json", args.json)
     if args.engine is not None:
-        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--rule", None if args.rule == "promise" else args.rule)):
+        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--step-s", None if args.step_s == 0.05 else args.step_s), ("--rule", None if args.rule == "promise" else args.rule)):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
@@ -119,7 +122,7 @@ def main(args) -> int:
 
     key = _api_key(args.api_key_env)
     target = load_target(args.file)
-    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule)
+    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule, step_s=args.step_s)
     render(report)
     if args.json:
         try:

@@ -80,11 +80,11 @@ def compare(reference: dict, observed: dict) -> list[dict]:
     return out
 
 
-def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str] = ()) -> None:
+def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str] = (), verdict=None) -> None:
     """The reference-vs-observed table; a request the model does not
     predict (``concurrent``: it shared scheduler steps) shows the
     observation alone, and ``oracle_notes`` what the oracles that judge it
-    said."""
+    said. The last line is the judge's ``verdict`` (:func:`fuzz.verdict.judge`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -123,16 +123,21 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     console.print(knobs)
     for note in oracle_notes:
         console.print(f"[red]{note}[/red]", markup=True, highlight=False)
-    if len(rex) > reference.get("predicted", len(rex)) and not oracle_notes:
+    if len(rex) > reference.get("predicted", len(rex)) and verdict is not None and verdict.verdict == "agrees":
         console.print(f"requests {reference['predicted']}..{len(rex) - 1} shared scheduler steps: the model predicts none of them; "
-                      "no oracle that judges concurrent steps fires (stale, block_table)")
+                      "none resumes past what a request sent before it computed; no oracle that judges concurrent steps fires (stale, block_table)")
     if observed.get("error"):
         e = observed["error"]
         console.print(f"[red]vLLM raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
     if observed.get("resolution"):
         g = observed["resolution"]["geometry"]
         console.print(f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}", highlight=False)
-    console.print(f"[red]{len(mismatches)} mismatch(es): diverges[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
+    if verdict is not None and verdict.verdict != "agrees":  # the judge's words, with every reason
+        console.print(f"[red]{len(mismatches)} mismatch(es): {verdict.verdict}[/red]")
+        for reason in verdict.reasons:
+            console.print(f"  - {reason}", highlight=False)
+    else:
+        console.print(f"[red]{len(mismatches)} mismatch(es): diverges[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
 
 
 def main(args) -> int:
@@ -189,10 +194,10 @@ def main(args) -> int:
         from fuzz.oracles import CONCURRENT_ORACLES, check_all
 
         concurrent = check_all(judged, version, observed, None, tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")))
-    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}), observed, concurrent)
+    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
     if args.json:
         print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:
-        _render(reference, observed, mismatches, f"vllm=={version}", rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent])
+        _render(reference, observed, mismatches, f"vllm=={version}", rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent], verdict)
     sys.stdout.flush()
     return verdict.exit_code

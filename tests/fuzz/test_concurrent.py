@@ -150,3 +150,30 @@ def test_a_same_step_read_is_its_own_class_and_a_stale_key_is_not():
     held["explain"][1]["retained_mamba_blocks"] = {"16": [2]}  # the state at 48, which no prefill wrote
     (keyed,) = check_stale(concurrent, "0.33.0", held)
     assert keyed.context.get("stale_keys") and not keyed.context.get("same_step")
+
+
+def test_resume_bounds_stop_at_what_a_request_sent_before_computed():
+    from reference.predict import resume_bounds
+
+    case = parse_case({"schema": 1, "geometry": GEOMETRY, "trace": [
+        {"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4},
+        {"prompt": [{"segment": "A", "length": 100}], "arrival": 0},               # its resend: N - 1
+        {"prompt": [{"segment": "A", "length": 60}, {"segment": "B", "length": 90}], "arrival": 1},  # diverges at 60
+        {"prompt": [{"segment": "A", "length": 200}]},                              # holds request 0 whole: + its 3 computed outputs
+        {"prompt": [{"segment": "C", "length": 50}], "arrival": 2},                 # shares nothing
+    ]})
+    assert resume_bounds(case) == [0, 99, 60, 103, 0]
+    predicted = predict(case)
+    assert predicted["bounds"] == [0, 99, 60, 103, 0] and predicted["predicted"] == 0  # request 0 heads a shared wave
+    assert "bounds" not in predict(case_of((100, None), (100, None)))  # a serial prediction is as before
+
+
+def test_the_judge_holds_unpredicted_hits_to_their_bounds_alone_or_summed_over_a_wave():
+    hits, bounds = [0, None, None], [None, 99, 99]
+    ok = judge(Target(hits, "promise", bounds=bounds), {"hits": [0, 64, 99]})
+    assert ok.verdict == AGREES and "none resumes past what a request sent before it computed" in ok.reasons[0]
+    above = judge(Target(hits, "promise", bounds=bounds), {"hits": [0, 100, 0]})
+    assert above.verdict == DIVERGES and above.reasons == ["request 1: observed hits 100 above 99, the most it can resume from whatever the batching (no request sent before it computed more)"]
+    summed = {"hits": [0, None, None], "waves": [{"requests": [1, 2], "hits": 199}]}
+    assert judge(Target(hits, "promise", bounds=bounds), summed).verdict == DIVERGES
+    assert judge(Target(hits, "promise", bounds=bounds), dict(summed, waves=[{"requests": [1, 2], "hits": 198}])).verdict == AGREES
