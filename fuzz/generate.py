@@ -106,19 +106,57 @@ def _geometry(c: Chooser) -> dict:
     return geometry
 
 
-def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> int:
+@dataclass(frozen=True)
+class Swarm:
+    """The trace features one case may use (swarm testing, Groce et al.,
+    ISSTA 2012: each case leaves a random subset of features out, so a
+    case that needs many of one kind, e.g. only longer siblings of prompts
+    exactly on a boundary, is no longer diluted by the others). ``ops``:
+    how a later request relates to an earlier one; ``offsets``: where a
+    boundary-biased length sits around a boundary (-1, 0, +1, 2: a short
+    remainder); ``unit_points``: boundaries of a finer hash unit too;
+    ``uniform``: lengths off the boundaries too."""
+
+    ops: tuple[str, ...] = ("resend", "resend", "extend", "sibling", "junction")
+    offsets: tuple[int, ...] = (-1, 0, 1, 2)
+    unit_points: bool = True
+    uniform: bool = True
+
+
+#: Every feature on: what a chooser without a side stream (atheris's bytes,
+#: Hypothesis) draws with, so its inputs keep their meaning.
+EVERY_FEATURE = Swarm()
+
+
+def draw_swarm(c: Chooser) -> Swarm:
+    """A case's feature subset, drawn from the chooser's ``side()`` stream
+    (each feature kept with probability 1/2, never none of a kind); every
+    feature for a chooser without one."""
+    if not hasattr(c, "side"):
+        return EVERY_FEATURE
+    s = c.side()
+
+    def subset(options: tuple) -> tuple:
+        kept = tuple(o for o in dict.fromkeys(options) if s.integer(0, 1))
+        return tuple(o for o in options if o in kept) or options
+
+    return Swarm(subset(EVERY_FEATURE.ops), subset(EVERY_FEATURE.offsets), bool(s.integer(0, 1)), bool(s.integer(0, 1)))
+
+
+def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None, swarm: Swarm = EVERY_FEATURE) -> int:
     """A prompt length, biased to block boundaries (kB-1, kB, kB+1, and kB+r
     with a short remainder 2 <= r <= k) and, with
     a smaller hash ``unit``, to its boundaries too, unless ``bias`` is off
-    (plain uniform lengths, for comparison); at most ``cap``."""
+    (plain uniform lengths, for comparison); at most ``cap``. ``swarm``
+    says which of these a case uses."""
     top = 8 * block + block // 2 if cap is None else max(1, min(8 * block + block // 2, cap))
-    if bias and c.integer(0, 2):
+    if bias and (c.integer(0, 2) or not swarm.uniform):
         k = c.integer(1, 8)
-        if unit is not None and unit < block and c.integer(0, 1):
+        if swarm.unit_points and unit is not None and unit < block and c.integer(0, 1):
             base = k * block + unit * c.integer(1, block // unit - 1) if block // unit > 1 else k * block
         else:
             base = k * block
-        off = c.integer(-1, 2)
+        off = c.choice(swarm.offsets)
         if off == 2:
             # a short remainder, 2 <= N mod B <= N // B: where N % B and
             # N // B are confused in block arithmetic (replay_boundaries'
@@ -132,8 +170,9 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
     prompts: list[list[dict]] = []
     junctions: list[list[dict]] = []  # the shared prefixes siblings diverged at
     fresh = iter(SEGMENT_NAMES)
+    swarm = draw_swarm(c)
     for _ in range(c.integer(1, MAX_REQUESTS)):
-        op = c.choice(("fresh", "resend", "resend", "extend", "sibling", "junction")) if prompts else "fresh"
+        op = c.choice(("fresh",) + swarm.ops) if prompts else "fresh"
         if op == "junction" and junctions:
             # another sibling diverging at a junction an earlier sibling
             # created: the state the junction rule says is kept there
@@ -145,7 +184,7 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
             op = "sibling"
         if op == "fresh":
             name = next(fresh, None) or c.choice(SEGMENT_NAMES)
-            prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap)}]
+            prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap, swarm)}]
         else:
             base = c.choice(prompts)
             if op == "resend":
@@ -160,7 +199,7 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
                     prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES), "length": tail})
             else:  # a sibling diverging inside the base prompt
                 total = sum(s["length"] for s in base)
-                cut = _length(c, block, bias, unit, cap) if c.integer(0, 1) else c.integer(1, max(1, total))
+                cut = _length(c, block, bias, unit, cap, swarm) if c.integer(0, 1) else c.integer(1, max(1, total))
                 cut = min(max(cut, 1), total)
                 prompt, left = [], cut
                 for s in base:
@@ -363,6 +402,14 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
             at = args.index("--prefix-match-unit")
             del args[at:at + 2]
             unit = None
+            pinned = cls is not None and cls.unit and dep["model"] == cls.model
+            dividing = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
+            if pinned and dividing and dep["model"] not in ATTENTION_FREE_MODELS:
+                # the class asks for a hash unit: the engine refused the probe,
+                # so the case gets one it accepts instead of none (else half of
+                # a unit class's cases would run without a unit)
+                unit = c.choice(dividing)
+                args[at:at] = ["--prefix-match-unit", str(unit)]
     if unit is not None and unit < block and "--speculative-config" in args and c.integer(0, 2) == 0:
         # vLLM 0.32.0+: a Mamba checkpoint at the shared-prefix junction (it
         # acts only with EAGLE/MTP and a unit below the block); a version

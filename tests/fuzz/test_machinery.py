@@ -557,6 +557,28 @@ def test_a_drawn_unit_that_does_not_divide_the_block_is_kept_only_where_the_engi
     assert sum(u is not None for u in units(release)) < sum(u is not None for u in kept)
 
 
+def test_a_class_that_asks_for_a_hash_unit_keeps_one_the_release_accepts():
+    """The class schedule gives each class its share of cases: where the
+    release refuses the drawn unit that does not divide the block, a case of
+    a unit class gets a dividing unit instead of none (a resolver test
+    double: block 544, units that do not divide it rejected)."""
+    from fuzz.generate import DeploymentClass, RandomChooser, build_case
+
+    def release(dep):
+        args = dep["vllm_args"]
+        unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
+        return None if unit and 544 % unit else {"block": 544, "hash": unit or 544, "max_model_len": 32768}
+
+    rng = random.Random(5)
+    cls = DeploymentClass("qwen3_next", "off", True, "sparse")
+    drawn = []
+    for _ in range(60):
+        args = build_case(RandomChooser(rng), resolver=release, cls=cls).deployment.vllm_args
+        drawn.append(int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None)
+    assert all(u is not None and 544 % u == 0 for u in drawn), drawn
+    assert {16, 32} <= set(drawn)
+
+
 def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness_error(tmp_path):
     """An engine_error at setup on a deployment case leaves no geometry to
     judge: the finding's signature, text and class do without one (the
@@ -705,3 +727,37 @@ def test_a_hash_unit_finer_than_the_block_is_another_signature():
     div = Divergence("promise", "0.33.0", [1], [0, 1088], [0, 1056], "")
     knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
     assert signature(plain, div, knobs) != signature(hashed, div, knobs)
+
+
+def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
+    """Swarm testing: each random case draws a subset of trace features
+    from the chooser's side stream (never an empty kind); a chooser without
+    a side stream (atheris bytes, Hypothesis) uses every feature, so its
+    inputs mean what they meant."""
+    from fuzz.generate import EVERY_FEATURE, BytesChooser, RandomChooser, Swarm, _length, _trace, draw_swarm
+
+    rng = random.Random(11)
+    swarms = [draw_swarm(RandomChooser(random.Random(rng.random()))) for _ in range(300)]
+    assert all(s.ops and s.offsets for s in swarms)
+    assert len({s.ops for s in swarms}) > 8 and len({s.offsets for s in swarms}) == 15
+    assert any(not s.uniform for s in swarms) and any(not s.unit_points for s in swarms)
+    assert draw_swarm(BytesChooser(b"\x01\x02")) == EVERY_FEATURE
+    c = RandomChooser(random.Random(2))
+    state = c._rng.getstate()
+    draw_swarm(c)
+    assert c._rng.getstate() == state  # drawn beside the stream, not from it
+    exact = Swarm(offsets=(0,), unit_points=False, uniform=False)
+    assert all(_length(RandomChooser(rng), 544, swarm=exact) % 544 == 0 for _ in range(200))
+    only_extend = Swarm(ops=("extend",))
+    for _ in range(50):
+        r = RandomChooser(random.Random(rng.random()))
+        r_swarm = lambda c: only_extend  # noqa: E731
+        import fuzz.generate as G
+
+        saved, G.draw_swarm = G.draw_swarm, r_swarm
+        try:
+            trace = _trace(r, 544)
+        finally:
+            G.draw_swarm = saved
+        prompts = [json.dumps(r["prompt"]) for r in trace]
+        assert len(set(prompts)) == len(prompts)  # no resend: a later request is a fresh prompt or extends one
