@@ -343,7 +343,7 @@ def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
         if cls is None:
             spec = c.choice((None, None, 1, 2, 3, "drop"))
         else:
-            spec = {"off": None, "drop": "drop"}.get(cls.spec) or c.choice((1, 2, 3))
+            spec = {"off": None, "drop": "drop"}[cls.spec] if cls.spec in ("off", "drop") else c.choice((1, 2, 3))
         if spec is not None:
             config = {"method": "mtp", "num_speculative_tokens": 2 if spec == "drop" else spec}
             if spec == "drop":

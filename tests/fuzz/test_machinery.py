@@ -761,3 +761,21 @@ def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
             G.draw_swarm = saved
         prompts = [json.dumps(r["prompt"]) for r in trace]
         assert len(set(prompts)) == len(prompts)  # no resend: a later request is a fresh prompt or extends one
+
+
+def test_a_case_drawn_for_a_deployment_class_is_of_that_class():
+    """Every class the schedule walks gets cases of that class (a resolver
+    test double that accepts every deployment at block 544). The "off"
+    classes of the MTP models used to draw MTP: 12 of 66 classes were
+    never run, and their share went to the MTP classes."""
+    from fuzz.generate import RandomChooser, build_case, deployment_classes
+    from fuzz.reach import deployment_class_of
+
+    def lenient(dep):
+        return {"block": 544, "hash": 544, "max_model_len": 32768}
+
+    rng = random.Random(4)
+    for cls in deployment_classes():
+        for _ in range(3):
+            case = build_case(RandomChooser(rng), resolver=lenient, cls=cls)
+            assert deployment_class_of(case) == cls, (cls.label(), case.deployment.vllm_args)
