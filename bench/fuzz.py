@@ -202,29 +202,41 @@ def vs_bare(n: int, seed: int) -> None:
         cases = [c for _, c in zip(range(n), random_cases(seed, resolver=campaign.resolver))]
         drawn = time.monotonic() - t
         driver = engine.driver
-        t = time.monotonic()
-        bare_ok = 0
-        for c in cases:
-            try:
-                bare_run(driver, c)
-                bare_ok += 1
-            except Exception:  # noqa: BLE001 - a case vLLM refuses or crashes on costs its attempt in both loops
-                pass
-        bare = time.monotonic() - t
+        bare, bare_ok = None, 0
+        for _ in range(2):  # twice, the faster counted: the campaign's second pass is warm too
+            t = time.monotonic()
+            bare_ok = 0
+            for c in cases:
+                try:
+                    bare_run(driver, c)
+                    bare_ok += 1
+                except Exception:  # noqa: BLE001 - a case vLLM refuses or crashes on costs its attempt in both loops
+                    pass
+            bare = min(bare or 1e9, time.monotonic() - t)
         t = time.monotonic()
         for c in cases:
             campaign.check(c)
         full = time.monotonic() - t
         s = campaign.stats
+        found, execs, shrink_execs, shrink_s = len(s.findings), s.execs, s.shrink_execs, s.shrink_s
+        # a second pass over the same cases: every finding is known now, so
+        # nothing is confirmed or shrunk: a campaign past its first findings
+        t = time.monotonic()
+        for c in cases:
+            campaign.check(c)
+        known = time.monotonic() - t
+        again = len(s.findings) - found
     print(f"# campaign vs bare scheduler loop on the same {n} drawn deployment cases (vllm=={VERSION}, seed {seed}, in-process; drawing them: {drawn:.1f} s)")
-    print(f"bare loop  {n / bare:8.1f} cases/s  ({bare_ok} ran, {bare:.1f} s)")
-    print(f"campaign   {n / full:8.1f} cases/s  ({s.execs} engine runs, {len(s.findings)} findings, {s.harness_errors} harness errors, {full:.1f} s)")
-    checking = max(full - s.shrink_s, 1e-9)
-    print(f"  of which confirming and shrinking {len(s.findings)} findings: {s.shrink_execs} engine runs, {s.shrink_s:.1f} s; checking alone {n / checking:.1f} cases/s")
-    print(f"campaign / bare: {bare / full:.2f} (checking alone: {bare / checking:.2f})")
+    print(f"bare loop  {n / bare:8.1f} cases/s  ({bare_ok} ran, {bare:.1f} s; the faster of two passes)")
+    print(f"campaign   {n / full:8.1f} cases/s  ({execs} engine runs, {found} findings, {s.harness_errors} harness errors, {full:.1f} s)")
+    checking = max(full - shrink_s, 1e-9)
+    print(f"  of which confirming and shrinking {found} findings: {shrink_execs} engine runs, {shrink_s:.1f} s; checking alone {n / checking:.1f} cases/s")
+    print(f"campaign, second pass {n / known:8.1f} cases/s  (the same cases, every finding known: {again} new, {known:.1f} s)")
+    print(f"campaign / bare: {bare / full:.2f} (checking alone: {bare / checking:.2f}; second pass: {bare / known:.2f})")
     print(json.dumps({"bench": "fuzz-vs-bare", "engine": f"vllm=={VERSION}", "cases": n, "bare_cases_per_s": round(n / bare, 2), "campaign_cases_per_s": round(n / full, 2),
-                      "ratio": round(bare / full, 3), "checking_ratio": round(bare / checking, 3), "campaign_engine_runs": s.execs, "shrink_engine_runs": s.shrink_execs,
-                      "shrink_s": round(s.shrink_s, 2), "findings": len(s.findings)}))
+                      "ratio": round(bare / full, 3), "checking_ratio": round(bare / checking, 3), "second_pass_ratio": round(bare / known, 3),
+                      "second_pass_cases_per_s": round(n / known, 2), "second_pass_findings": again,
+                      "campaign_engine_runs": execs, "shrink_engine_runs": shrink_execs, "shrink_s": round(shrink_s, 2), "findings": found}))
 
 
 def main() -> None:
