@@ -31,7 +31,7 @@ segments concatenated. So ``A:5000`` is a prefix of ``A:11910`` and
 ``[A:5000, B:300]`` / ``[A:5000, C:300]`` are siblings diverging at 5000
 (the model always uses the real longest common prefix of the token lists).
 
-Limits (refused with one line naming the field; the README's case-file
+Limits (refused with one line naming the field; docs/case-format.md's case-file
 section states the same), at what vLLM itself accepts:
 
 * a prompt: 1 to ``MAX_PROMPT_TOKENS`` = 1,048,576 tokens. vLLM refuses a
@@ -460,7 +460,7 @@ def parse_case(raw: Any) -> Case:
     if "deployment" in raw:
         return _parse_deployment_case(raw)
     if "geometry" not in raw:
-        raise InvalidArgument("case.geometry: missing; required field (or a deployment: see README)")
+        raise InvalidArgument("case.geometry: missing; required field (or a deployment: see docs/case-format.md)")
     if "resolved_by" in raw:
         raise invalid("resolved_by", raw["resolved_by"], "only with a deployment")
     if type(raw["schema"]) is not int or raw["schema"] != SCHEMA_VERSION:
