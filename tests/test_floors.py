@@ -1,0 +1,172 @@
+"""The house's floors, read from the code's own imports (issue 28; the
+neutral home and the one atomic writer of issue 10 are tests/test_structure.py).
+
+Floors, ground first: ``reference`` (the model and the promise; it
+imports nothing else of ours), then ``spec`` and ``engine_adapter``, then
+``fuzz``, then ``advise`` and ``mutate``, then the CLI ``kvspec``. An
+import from a lower floor into a higher one is an arrow that runs back up;
+files that import each other in a loop are a circle. Every import counts,
+at module top or inside a function.
+
+This is a ratchet: the back arrows and circles that stand today are listed
+(:data:`KNOWN_BACK_ARROWS`, :data:`KNOWN_CIRCLES`: what stands on 2026-12-04, issue 28
+measured), a new one fails the test, and so does a listed one that is gone
+(strike it from the list: the count only goes down). Issue 28's target is
+both lists empty.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = {"reference": 1, "spec": 2, "engine_adapter": 2, "fuzz": 3, "advise": 4, "mutate": 4, "kvspec": 5}
+
+#: (importing package, imported package): arrows that run back up today.
+KNOWN_BACK_ARROWS = {
+    ("engine_adapter", "kvspec"),
+    ("engine_adapter", "fuzz"),
+    ("fuzz", "kvspec"),
+    ("advise", "kvspec"),
+    ("mutate", "kvspec"),
+}
+
+#: Circles of files today, each a sorted tuple of paths.
+KNOWN_CIRCLES = {
+    ("engine_adapter/builds.py", "engine_adapter/environments.py"),
+    ("engine_adapter/resolve.py", "engine_adapter/setup.py"),
+    ("engine_adapter/warm.py", "engine_adapter/worker.py"),
+    ("fuzz/campaign.py", "fuzz/findings.py", "fuzz/verdict.py"),
+    ("kvspec/commands/fuzz.py", "kvspec/fuzz_ray.py"),
+    ("reference/case.py", "reference/deployment.py", "reference/vllm_flags.py"),
+}
+
+
+def _files(root: Path) -> dict[str, Path]:
+    """Module name -> file, for every module of the floors' packages."""
+    out = {}
+    for pkg in FLOORS:
+        for path in (root / pkg).rglob("*.py"):
+            if path.name.startswith("test_") or path.name == "conftest.py":
+                continue  # tests in a package folder (pytest spec/) are no rooms
+            rel = path.relative_to(root).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``path`` imports (``from a import b`` counts
+    ``a.b`` when b is a module, else ``a``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)] if node.level > 1 else anchor
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:  # `import a.b.c` of a non-module c: its package
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def _graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, str]]:
+    modules = _files(root)
+    graph = {m: _imports(p, m, modules) for m, p in modules.items()}
+    rel = {m: str(p.relative_to(root)) for m, p in modules.items()}
+    return graph, rel
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of two or more modules (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        work = [(v, iter(sorted(graph[v])))]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    out.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_new_arrow_runs_back_up_and_the_list_only_shrinks():
+    graph, rel = _graph()
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for src, targets in graph.items():
+        for dst in targets:
+            a, b = src.split(".")[0], dst.split(".")[0]
+            if FLOORS[b] > FLOORS[a]:
+                arrows.setdefault((a, b), []).append(f"{rel[src]} -> {rel[dst]}")
+    new = {k: v for k, v in arrows.items() if k not in KNOWN_BACK_ARROWS}
+    assert not new, f"arrows that run back up (a lower floor importing a higher one): {new}"
+    gone = KNOWN_BACK_ARROWS - set(arrows)
+    assert not gone, f"back arrows fixed: strike them from KNOWN_BACK_ARROWS: {sorted(gone)}"
+
+
+def test_no_new_circle_of_files_and_the_list_only_shrinks():
+    graph, rel = _graph()
+    circles = {tuple(sorted(rel[m] for m in comp)) for comp in _circles(graph)}
+    new = circles - KNOWN_CIRCLES
+    assert not new, f"files that import each other in a loop: {sorted(new)}"
+    gone = KNOWN_CIRCLES - circles
+    assert not gone, f"circles broken: strike them from KNOWN_CIRCLES: {sorted(gone)}"
+
+
+def test_the_reader_sees_a_planted_back_arrow_and_circle(tmp_path):
+    """The reader itself: a package layout written here, with one arrow back
+    up (inside a function) and one circle (through a relative import), is
+    seen as such."""
+    for pkg in FLOORS:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "reference" / "a.py").write_text("from reference import b\n")
+    (tmp_path / "reference" / "b.py").write_text("def f():\n    from . import a\n    from kvspec.home import x\n")
+    (tmp_path / "kvspec" / "home.py").write_text("x = 1\n")
+    graph, _rel = _graph(tmp_path)
+    assert graph["reference.b"] == {"reference.a", "kvspec.home"}
+    assert [sorted(c) for c in _circles(graph)] == [["reference.a", "reference.b"]]
