@@ -201,12 +201,7 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
                 total = sum(s["length"] for s in base)
                 cut = _length(c, block, bias, unit, cap, swarm) if c.integer(0, 1) else c.integer(1, max(1, total))
                 cut = min(max(cut, 1), total)
-                prompt, left = [], cut
-                for s in base:
-                    if left <= 0:
-                        break
-                    prompt.append({"segment": s["segment"], "length": min(s["length"], left)})
-                    left -= s["length"]
+                prompt = _fit(base, cut)
                 junctions.append([dict(s) for s in prompt])
                 prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)})
         if cap is not None:
@@ -258,13 +253,7 @@ def _concurrent_wave(c: Chooser, trace: list[dict], block: int, cap: int | None 
         if op == "extend":
             prompt.append({"segment": f"W{k}", "length": c.integer(1, 2 * block)})
         elif op == "sibling":
-            cut, prompt = c.integer(1, total), []
-            left = cut
-            for s in head:
-                if left <= 0:
-                    break
-                prompt.append({"segment": s["segment"], "length": min(s["length"], left)})
-                left -= s["length"]
+            prompt = _fit(head, c.integer(1, total))
             prompt.append({"segment": f"V{k}", "length": c.integer(1, block)})
         if cap is not None:
             prompt = _fit(prompt, cap)
@@ -343,13 +332,19 @@ def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
         if cls is None:
             spec = c.choice((None, None, 1, 2, 3, "drop"))
         else:
-            spec = {"off": None, "drop": "drop"}[cls.spec] if cls.spec in ("off", "drop") else c.choice((1, 2, 3))
+            spec = None if cls.spec == "off" else "drop" if cls.spec == "drop" else c.choice((1, 2, 3))
         if spec is not None:
             config = {"method": "mtp", "num_speculative_tokens": 2 if spec == "drop" else spec}
             if spec == "drop":
                 config["disable_lookahead_block_hashes"] = True
             args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     return {"model": model, "vllm_args": args, "platform": "cuda", "device": c.choice(DEVICES)}
+
+
+def _dividing_units(block: int) -> list[int]:
+    """The ``--prefix-match-unit`` values drawn that divide the block (and
+    are below it): the ones every release accepts."""
+    return [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
 
 
 def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentClass | None = None) -> list[str]:
@@ -361,7 +356,7 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
         args += ["--max-num-batched-tokens", str(budget)]
         if budget < defaults.get("max_num_seqs", 256):
             args += ["--max-num-seqs", str(max(1, min(budget, 16)))]
-    units = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
+    units = _dividing_units(block)
     if units and (c.integer(0, 2) == 0 if cls is None else cls.unit):
         # and one unit that does not divide the block: vLLM rejects it (every
         # group's block size must be divisible by it); a build must too
@@ -403,7 +398,7 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
             del args[at:at + 2]
             unit = None
             pinned = cls is not None and cls.unit and dep["model"] == cls.model
-            dividing = [u for u in (16, 32, 64, 128) if u < block and block % u == 0]
+            dividing = _dividing_units(block)
             if pinned and dividing and dep["model"] not in ATTENTION_FREE_MODELS:
                 # the class asks for a hash unit: the engine refused the probe,
                 # so the case gets one it accepts instead of none (else half of
