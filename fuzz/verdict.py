@@ -250,8 +250,9 @@ def _bound_excesses(target: Target, observation: dict, observed: list) -> list[s
         idx = list(w.get("requests") or ())
         if w.get("hits") is None or not idx or any(i >= len(bounds) or bounds[i] is None for i in idx):
             continue
-        if w["hits"] > sum(bounds[i] for i in idx):
-            out.append(f"requests {idx[0]}-{idx[-1]} (one wave): summed hits {_n(w['hits'])} above {_n(sum(bounds[i] for i in idx))}, the sum of the most each can resume from whatever the batching")
+        cap = sum(bounds[i] for i in idx)
+        if w["hits"] > cap:
+            out.append(f"requests {idx[0]}-{idx[-1]} (one wave): summed hits {_n(w['hits'])} above {_n(cap)}, the sum of the most each can resume from whatever the batching")
     return out
 
 

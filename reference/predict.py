@@ -44,8 +44,18 @@ def predict_with_knobs(case: Case, knobs: Knobs, rule: str = "promise") -> dict:
         "predicted": k,
     }
     if rest:
-        out["bounds"] = [None] * k + resume_bounds(case)[k:]
+        out["bounds"] = unpredicted_bounds(case)
     return out
+
+
+def unpredicted_bounds(case: Case) -> list[int | None] | None:
+    """:func:`resume_bounds` for the requests past the serial prefix (the
+    ones :func:`predict` leaves ``null``), None for the others; None for a
+    serial trace, whose every request is predicted."""
+    k = serial_prefix(case)
+    if k == len(case.trace):
+        return None
+    return [None] * k + resume_bounds(case)[k:]
 
 
 def resume_bounds(case: Case) -> list[int]:

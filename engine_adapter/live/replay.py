@@ -9,7 +9,7 @@ between waves; around each wave, scrape ``/metrics`` and take the deltas of
 concurrent wave's requests are sent ``arrival x step_s`` seconds apart, each
 on its own thread, and measured together (:class:`_Sender`): the counters
 cannot tell them apart, so their summed hits are held against the sum of
-their bounds (``reference.predict.resume_bounds``).
+their bounds (``reference.predict.unpredicted_bounds``).
 
 Verdicts, and the rules that keep them honest (no false findings):
 
@@ -52,13 +52,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine_adapter.live.client import LiveClient, check_base_url, redact
+from engine_adapter.live.client import Completion, LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
 from reference.case import Case, case_to_dict, is_concurrent, load_json, parse_case, prompt_tokens, serial_prefix, waves, with_resolution
 from reference.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
 from reference.knobs import implemented_rule
-from reference.predict import resume_bounds
+from reference.predict import unpredicted_bounds
 from reference.serial import RULES
 
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED  # noqa: F401 - the judge's words, re-exported
@@ -385,6 +385,11 @@ class _Sender:
         self.prev = post
         return measured
 
+    def _completed(self, row: Row, done: Completion) -> None:
+        row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
+        if done.attempts > 1:
+            self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
+
     def one(self, req, row: Row) -> bool:
         pre = self._before(row)
         if pre is None:
@@ -396,9 +401,7 @@ class _Sender:
         except EngineError as e:
             row.issues.append(str(e))
             return False
-        row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
-        if done.attempts > 1:
-            self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
+        self._completed(row, done)
         measured = self._after(row, pre, len(tokens), 1)
         if measured is not None:
             row.queries, row.hits = measured
@@ -427,9 +430,7 @@ class _Sender:
                     row.issues.append(str(e))
                     failed = True
                     continue
-                row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
-                if done.attempts > 1:
-                    self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
+                self._completed(row, done)
         if failed:
             return False
         total = sum(len(t) for t in prompts)
@@ -598,10 +599,7 @@ def _replay(
         if implemented_name and implemented_name != rule and (target.kind == "case" or predicted is not None):
             implemented = ref(case, implemented_name)
 
-        bounds = None
-        if concurrent:
-            k = serial_prefix(case)
-            bounds = [None] * k + resume_bounds(case)[k:]
+        bounds = unpredicted_bounds(case)
         rows = [
             Row(
                 i, r.num_prompt_tokens, r.max_tokens,

@@ -80,7 +80,7 @@ def compare(reference: dict, observed: dict) -> list[dict]:
     return out
 
 
-def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str] = (), verdict=None) -> None:
+def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str], verdict) -> None:
     """The reference-vs-observed table; a request the model does not
     predict (``concurrent``: it shared scheduler steps) shows the
     observation alone, and ``oracle_notes`` what the oracles that judge it
@@ -123,7 +123,7 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     console.print(knobs)
     for note in oracle_notes:
         console.print(f"[red]{note}[/red]", markup=True, highlight=False)
-    if len(rex) > reference.get("predicted", len(rex)) and verdict is not None and verdict.verdict == "agrees":
+    if len(rex) > reference.get("predicted", len(rex)) and verdict.verdict == "agrees":
         console.print(f"requests {reference['predicted']}..{len(rex) - 1} shared scheduler steps: the model predicts none of them; "
                       "none resumes past what a request sent before it computed; no oracle that judges concurrent steps fires (stale, block_table)")
     if observed.get("error"):
@@ -132,12 +132,12 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     if observed.get("resolution"):
         g = observed["resolution"]["geometry"]
         console.print(f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}", highlight=False)
-    if verdict is not None and verdict.verdict != "agrees":  # the judge's words, with every reason
+    if verdict.verdict == "agrees":  # the judge's verdict (it agrees only where nothing mismatches)
+        console.print("[green]reference and vLLM agree[/green]")
+    else:
         console.print(f"[red]{len(mismatches)} mismatch(es): {verdict.verdict}[/red]")
         for reason in verdict.reasons:
             console.print(f"  - {reason}", highlight=False)
-    else:
-        console.print(f"[red]{len(mismatches)} mismatch(es): diverges[/red]" if mismatches else "[green]reference and vLLM agree[/green]")
 
 
 def main(args) -> int:
