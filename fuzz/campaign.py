@@ -330,7 +330,7 @@ class Campaign:
                 continue
             t0, runs0 = time.monotonic(), self.stats.execs
             try:
-                small = self._confirm_and_shrink(case, div, raw, fails_too)
+                small = self._confirm_and_shrink(case, div, raw, fails_too, judged.geometry.scheduler_block_size if judged.geometry is not None else None)
             finally:
                 self.stats.shrink_s += time.monotonic() - t0
                 self.stats.shrink_execs += self.stats.execs - runs0
@@ -359,14 +359,14 @@ class Campaign:
                 self.on_finding(path, finding)
         return written
 
-    def _confirm_and_shrink(self, case: Case, div: Divergence, raw: str, fails_too: bool | None) -> Case | None:
+    def _confirm_and_shrink(self, case: Case, div: Divergence, raw: str, fails_too: bool | None, block: int | None = None) -> Case | None:
         """Replay ``case`` (only a divergence that replays is reported), then
         shrink it with the predicate "the same oracle fires with the same
         signature" (and the baseline's answer kept); None when it does not
-        replay."""
+        replay. ``block``: the scheduler block the case resolved to."""
         if not self._fires(case, div.oracle, raw, fails_too):
             return None
-        small, _calls = shrink(case, lambda c: not self.past_deadline() and self._fires(c, div.oracle, raw, fails_too), self.shrink_calls)
+        small, _calls = shrink(case, lambda c: not self.past_deadline() and self._fires(c, div.oracle, raw, fails_too), self.shrink_calls, block)
         pinned = pin_speculative(small, self.engine.version)
         if pinned != small and self._fires(pinned, div.oracle, raw, fails_too):
             small = pinned

@@ -12,7 +12,9 @@ prefix, because every change applies to a segment stream everywhere):
    smaller block size with every length rescaled and its block residue kept;
 3. shorten a segment stream everywhere by whole blocks, then by fewer tokens;
    then one request's last segment alone (the predicate decides whether the
-   trace still shows the divergence);
+   trace still shows the divergence); each by as many units as
+   ``find_integer`` finds (Hypothesis' way of shrinking an integer), in
+   logarithmically many calls;
 4. simplify the speculative settings (fewer speculative tokens).
 
 A candidate is accepted only if it is strictly smaller by ``size`` and the
@@ -28,6 +30,8 @@ from reference.case import Case, Group, Segment, parse_case, case_to_dict
 from reference.errors import KvspecError
 
 Predicate = Callable[[Case], bool]
+#: a length to cut: the case cut by k units, and the most units it can lose
+Ladder = tuple[Callable[[int], Case], int]
 
 
 def size(case: Case) -> tuple:
@@ -45,18 +49,6 @@ def size(case: Case) -> tuple:
         sum(r.arrival is not None for r in case.trace),
         sum(r.arrival or 0 for r in case.trace),
     )
-
-
-def _block(case: Case) -> int | None:
-    """The scheduler block to shorten by: the geometry's (a resolved
-    deployment's too), None for an unresolved deployment."""
-    return case.geometry.scheduler_block_size if case.geometry is not None else None
-
-
-def _steps(block: int | None) -> list[int]:
-    if block is None:
-        return [4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 2, 1]
-    return [k * block for k in (8, 4, 2, 1)] + [block // 2, block // 4, 8, 2, 1]
 
 
 def _valid(case: Case) -> Case | None:
@@ -118,26 +110,53 @@ def _simplify_geometry(case: Case) -> Iterator[Case]:
             yield _map_lengths(replace(case, geometry=geometry), rescale)
 
 
-def _shorten_segments(case: Case) -> Iterator[Case]:
-    names = list(dict.fromkeys(s.segment for r in case.trace for s in r.prompt))
-    steps = _steps(_block(case))
-    for name in names:
+def _units(block: int | None) -> tuple[tuple[int, int | None], ...]:
+    """What a length is cut by, coarse to fine, each unit with the most
+    tokens it may take at once (None: no bound): whole scheduler blocks
+    (keeping the block residue, which most boundary rules read), then
+    16-token hash units below a block, then single tokens below a hash unit.
+    Without a known block: 16-token units, then single tokens below one."""
+    if block is None or block <= 1:
+        return ((16, None), (1, 15))
+    units = [(block, None)]
+    if block > 16 and block % 16 == 0:
+        units += [(16, block - 1), (1, 15)]
+    else:
+        units.append((1, block - 1))
+    return tuple(units)
+
+
+def _most(shortest: int, unit: int, below: int | None) -> int:
+    """How many units a length of ``shortest`` can lose and stay >= 1."""
+    most = (shortest - 1) // unit
+    return most if below is None else min(most, below // unit)
+
+
+def _shorten_segments(case: Case, block: int | None) -> list[Ladder]:
+    """Shorten one segment stream everywhere (every request holding it), by
+    k units."""
+    ladders = []
+    for name in dict.fromkeys(s.segment for r in case.trace for s in r.prompt):
         shortest = min(s.length for r in case.trace for s in r.prompt if s.segment == name)
-        for d in steps:
-            if 0 < d < shortest:
-                yield _map_lengths(case, lambda n, length, d=d, name=name: length - d if n == name else length)
+        for unit, below in _units(block):
+            def step(k: int, name=name, unit=unit) -> Case:
+                return _map_lengths(case, lambda n, length: length - k * unit if n == name else length)
+            ladders.append((step, _most(shortest, unit, below)))
+    return ladders
 
 
-def _shorten_one_request(case: Case) -> Iterator[Case]:
+def _shorten_one_request(case: Case, block: int | None) -> list[Ladder]:
     """Shorten the last segment of one request alone (a longer sibling's
-    tail, say), halving first, then by whole blocks."""
-    block = _block(case) or 256
+    tail, say) by k units."""
+    ladders = []
     for i, request in enumerate(case.trace):
         last = request.prompt[-1]
-        for new in (last.length // 2, last.length - 4 * block, last.length - block, last.length - 1):
-            if 0 < new < last.length:
-                prompt = request.prompt[:-1] + (Segment(last.segment, new),)
-                yield replace(case, trace=case.trace[:i] + (replace(request, prompt=prompt),) + case.trace[i + 1 :])
+        for unit, below in _units(block):
+            def step(k: int, i=i, request=request, last=last, unit=unit) -> Case:
+                prompt = request.prompt[:-1] + (Segment(last.segment, last.length - k * unit),)
+                return replace(case, trace=case.trace[:i] + (replace(request, prompt=prompt),) + case.trace[i + 1 :])
+            ladders.append((step, _most(last.length, unit, below)))
+    return ladders
 
 
 def _serialize(case: Case) -> Iterator[Case]:
@@ -157,41 +176,105 @@ def _simplify_speculative(case: Case) -> Iterator[Case]:
         yield replace(case, speculative=replace(spec, num_speculative_tokens=1))
 
 
-PASSES = (_drop_requests, _serialize, _simplify_geometry, _shorten_segments, _shorten_one_request, _simplify_speculative)
+#: passes that offer candidates one by one, in order
+PASSES = (_drop_requests, _serialize, _simplify_geometry)
+#: passes that offer ladders: one length to cut by k units, k found by search
+LADDERS = (_shorten_segments, _shorten_one_request)
+#: offered last
+LAST = (_simplify_speculative,)
 
 
-def shrink(case: Case, predicate: Predicate, max_calls: int = 300) -> tuple[Case, int]:
+def find_integer(holds: Callable[[int], bool], most: int) -> int:
+    """The largest k in [0, most] found with ``holds(k)`` (``holds(0)`` taken
+    as true), in about 2 log2(most) calls, as Hypothesis' ``find_integer``:
+    all of it first, then 1, 2, 4, ... while it holds, then bisection
+    between the last k that held and the first that did not. Greedy: a
+    predicate that is not monotone in k gets a k that holds, not the
+    largest."""
+    if most <= 0:
+        return 0
+    if holds(most):
+        return most
+    lo, hi = 0, 1
+    while hi < most and holds(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, most)  # holds(hi) is false: asked, or hi == most
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _OutOfCalls(Exception):
+    pass
+
+
+def shrink(case: Case, predicate: Predicate, max_calls: int = 300, block: int | None = None) -> tuple[Case, int]:
     """Greedy fixed point over the passes. Returns (smallest case, calls).
+    ``block``: the scheduler block a deployment's case resolves to, when the
+    caller knows it (a hand geometry names its own); lengths are cut by it
+    first.
 
-    A pass that made the case smaller runs again at once (its candidates
-    from the smaller case) before the next pass, as Hypothesis' shrinker
-    runs a pass to its own fixed point; the rounds over all passes repeat
-    until one round changes nothing. What comes out is the same kind of
-    local minimum as restarting from the first pass after every success
-    (no candidate of any pass holds), without asking the passes that just
-    failed again after each small step of another."""
+    A candidate pass that made the case smaller runs again at once (its
+    candidates from the smaller case) before the next pass, as Hypothesis'
+    shrinker runs a pass to its own fixed point. A ladder pass cuts each of
+    its lengths by the most units ``find_integer`` finds, so a length that
+    can lose n units costs about 2 log2(n) calls, not n. The rounds over all
+    passes repeat until one round changes nothing. A candidate is asked
+    once: one that did not hold is never asked again."""
     calls = 0
-    best = case
     seen: set = set()
-    improved = True
-    while improved and calls < max_calls:
-        improved = False
-        for shrink_pass in PASSES:
-            progress = True
-            while progress:
-                progress = False
-                for candidate in shrink_pass(best):
-                    candidate = _valid(candidate)
-                    if candidate is None or size(candidate) >= size(best):
-                        continue
-                    key = repr(candidate)
-                    if key in seen:  # asked already, and it did not hold
-                        continue
-                    seen.add(key)
-                    calls += 1
-                    if predicate(candidate):
-                        best, improved, progress = candidate, True, True
-                        break
-                    if calls >= max_calls:
-                        return best, calls
-    return best, calls
+
+    def holds(candidate: Case, than: Case) -> bool:
+        nonlocal calls
+        candidate = _valid(candidate)
+        if candidate is None or size(candidate) >= size(than):
+            return False
+        key = repr(candidate)
+        if key in seen:  # asked already, and it did not hold
+            return False
+        if calls >= max_calls:
+            raise _OutOfCalls
+        seen.add(key)
+        calls += 1
+        return predicate(candidate)
+
+    def candidates(best: Case, shrink_pass) -> Case:
+        progress = True
+        while progress:
+            progress = False
+            for candidate in shrink_pass(best):
+                if holds(candidate, best):
+                    best, progress = _valid(candidate), True
+                    break
+        return best
+
+    def ladders(best: Case, shrink_pass) -> Case:
+        i = 0
+        while i < len(rungs := shrink_pass(best, block)):
+            step, most = rungs[i]
+            base = best
+            k = find_integer(lambda k: holds(step(k), base), most)
+            if k:
+                best = _valid(step(k))
+            i += 1
+        return best
+
+    block = case.geometry.scheduler_block_size if case.geometry is not None else block
+    best = case
+    try:
+        while True:
+            before = best
+            for shrink_pass in PASSES:
+                best = candidates(best, shrink_pass)
+            for shrink_pass in LADDERS:
+                best = ladders(best, shrink_pass)
+            for shrink_pass in LAST:
+                best = candidates(best, shrink_pass)
+            if best == before:
+                return best, calls
+    except _OutOfCalls:
+        return best, calls
