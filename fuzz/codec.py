@@ -4,8 +4,6 @@ Three layouts, chosen by the first byte's low two bits:
 
 * ``x0``: *generated*: the rest feeds ``fuzz.generate.build_case`` as a
   stream of choices (structure-aware: resends, siblings, aligned lengths);
-  the first byte's seven high bits pick the case's swarm (the trace
-  features it may use, ``fuzz.generate.draw_swarm``), one of 128;
   over deployments its first choice is the deployment class
   (``fuzz.generate.deployment_classes``), so each class is as likely as any
   other, as the random driver's schedule walks them.
@@ -97,7 +95,7 @@ def decode(data: bytes, resolver=None) -> Case:
             return _decode_literal(_Reader(data[1:]))
         except KvspecError:
             pass  # e.g. a budget the validator refuses: fall back to generated
-    chooser = BytesChooser(data[1:], swarm_seed=data[0] >> 1 if data[:1] else None)
+    chooser = BytesChooser(data[1:])
     if resolver is not None:  # the deployment class first, as the random driver's schedule walks them
         return build_case(chooser, resolver=resolver, cls=chooser.choice(deployment_classes()))
     return build_case(chooser)

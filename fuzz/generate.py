@@ -129,13 +129,12 @@ EVERY_FEATURE = Swarm()
 
 
 def draw_swarm(c: Chooser) -> Swarm:
-    """A case's feature subset, drawn from the chooser's ``swarm()`` stream
+    """A case's feature subset, drawn from the chooser's ``side()`` stream
     (each feature kept with probability 1/2, never none of a kind); every
-    feature for a chooser without one (Hypothesis, bytes without a swarm
-    seed)."""
-    s = c.swarm() if hasattr(c, "swarm") else None
-    if s is None:
+    feature for a chooser without one."""
+    if not hasattr(c, "side"):
         return EVERY_FEATURE
+    s = c.side()
 
     def subset(options: tuple) -> tuple:
         kept = tuple(o for o in dict.fromkeys(options) if s.integer(0, 1))
@@ -477,23 +476,10 @@ class HypothesisChooser:
 class BytesChooser:
     """Draws from fuzzer bytes (atheris ``FuzzedDataProvider`` semantics,
     without importing atheris): an exhausted input keeps yielding the
-    smallest choice, so every input decodes to a valid case.
+    smallest choice, so every input decodes to a valid case."""
 
-    ``swarm_seed`` (``fuzz.codec``: seven bits of an input's first byte)
-    picks the case's swarm from a small fixed set: a mutation of the first
-    byte changes the feature subset, a mutation of the rest keeps it, so
-    the stream's bytes keep their meaning under the fuzzer's mutations;
-    None: every feature."""
-
-    def __init__(self, data: bytes, swarm_seed: int | None = None):
-        self._data, self._pos, self._swarm_seed = data, 0, swarm_seed
-
-    def swarm(self) -> "RandomChooser | None":
-        """The stream a swarm is drawn from, beside the bytes (None: every
-        feature)."""
-        if self._swarm_seed is None:
-            return None
-        return RandomChooser(random.Random(f"swarm-{self._swarm_seed}"))
+    def __init__(self, data: bytes):
+        self._data, self._pos = data, 0
 
     def _take(self, n: int) -> int:
         chunk = self._data[self._pos : self._pos + n]
@@ -525,8 +511,6 @@ class RandomChooser:
         """A chooser seeded by this one's state that draws nothing from it:
         choices added after the stream was laid out leave it as it was."""
         return RandomChooser(random.Random(repr(self._rng.getstate())))
-
-    swarm = side
 
 
 def case_from_bytes(data: bytes, resolver: Resolver | None = None) -> Case:
