@@ -15,8 +15,8 @@ import textwrap
 import os
 from pathlib import Path
 
-from reference.case import write_bytes_atomic
-from reference.printable import printable
+from ground.files import write_bytes_atomic
+from ground.printable import printable
 
 BARS_UP_TO = 40
 LINES_UP_TO = 1500
@@ -24,7 +24,7 @@ LINES_UP_TO = 1500
 
 def chart(advice: dict, title: str, path: Path) -> Path:
     """Draw and write the PNG; returns its path."""
-    from kvspec.home import cache_dir
+    from ground.home import cache_dir
 
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir("matplotlib")))
     from matplotlib import colormaps

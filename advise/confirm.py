@@ -32,7 +32,7 @@ from pathlib import Path
 
 from advise.model import Outcome, held_on_path, kept_positions, retention_label
 from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
-from reference.errors import invalid
+from ground.errors import invalid
 
 CONFIRM_REQUESTS = 200
 CONFIRM_TOKENS = 2_000_000

@@ -2,7 +2,7 @@
 
 The printed advice holds text kvspec did not write (a case's name, a
 server's model and answers, vLLM's messages): every string of the document
-is made :func:`~reference.printable.printable` before it is printed, so no
+is made :func:`~ground.printable.printable` before it is printed, so no
 control character reaches the terminal (the JSON form escapes them).
 """
 
@@ -56,7 +56,7 @@ def _mcp(m: dict, key: str) -> str:
 
 def printable_doc(value):
     """``value`` with every string in it (keys too) :func:`printable`."""
-    from reference.printable import printable
+    from ground.printable import printable
 
     if isinstance(value, str):
         return printable(value)

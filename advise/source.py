@@ -24,8 +24,9 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reference.case import Case, Geometry, Group, Speculative, load_json, with_resolution, write_json_atomic
-from reference.errors import KvspecError, Unsupported
+from reference.case import Case, Geometry, Group, Speculative, with_resolution
+from ground.files import load_json, write_json_atomic
+from ground.errors import KvspecError, Unsupported
 
 #: Bump when the cached record's shape changes.
 CACHE_SCHEMA = 1
@@ -96,7 +97,7 @@ def cache_key(engine: str, case: Case) -> str:
 
 
 def cache_path(engine: str, case: Case) -> Path:
-    from kvspec.home import cache_dir
+    from ground.home import cache_dir
 
     return cache_dir("advise-resolutions") / f"{cache_key(engine, case)}.json"
 
@@ -194,7 +195,7 @@ def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: 
     from reference.knobs import SUPPORTED_VERSIONS
 
     from engine_adapter.live.replay import redact_url
-    from reference.errors import EngineError
+    from ground.errors import EngineError
 
     check_base_url(url, "--server")
     try:

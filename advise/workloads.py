@@ -46,16 +46,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from reference.case import (
-    MAX_PROMPT_TOKENS,
-    Request,
-    Segment,
-    decode_utf8,
-    parse_json,
-    parse_request,
-    read_bounded,
-)
-from reference.errors import InvalidArgument, invalid
+from reference.case import MAX_PROMPT_TOKENS, Request, Segment, parse_request
+from ground.files import decode_utf8, parse_json, read_bounded
+from ground.errors import InvalidArgument, invalid
 
 WORKLOADS = ("resend", "chat", "agent", "rag", "interleaved")
 #: The size options, as ``--flag`` -> parameter name.

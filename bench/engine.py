@@ -141,7 +141,7 @@ def _kvspec(argv: list[str], env: dict) -> tuple[float, int, str]:
 def commands(version: str, other: str, rounds: int) -> dict:
     """Wall seconds of each command, cold (KVSPEC_WARM=0) vs warm, alternated."""
     from engine_adapter import warm
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     seed = str(ROOT / "examples" / "seed-53504.json")
     deployment = str(ROOT / "examples" / "seed-53504-deployment.json")

@@ -60,7 +60,7 @@ def _reexec_in_engine_env() -> None:
         return
     if not environments.is_ready(VERSION):
         sys.exit(f"bench/fuzz.py: run `kvspec engines install vllm=={VERSION}` first")
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     from fuzz.seeds import seed_dir
 
@@ -121,7 +121,7 @@ def _fuzz(argv: list[str], env: dict, timeout: float) -> dict:
 def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: float) -> dict:
     """The coverage the random driver's first ``cases`` cases reach, counted
     by libFuzzer under atheris's instrumentation (see part 0)."""
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     from fuzz.atheris_runner import run_atheris
     from fuzz.seeds import seed_dir
@@ -134,7 +134,7 @@ def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:
     """Part 0: atheris vs random, alternated; the raw summaries."""
     import shutil
 
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     tmp = kvspec_home() / f"bench-fuzz-{os.getpid()}"
     kinds = ["atheris", "random"] + (["atheris-core"] if also_core else [])
@@ -271,7 +271,7 @@ def main() -> None:
     _reexec_in_engine_env()
 
     from engine_adapter.engine import open_engine
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     from fuzz.drivers import random_cases
     from fuzz.seeds import load_seed_cases, seed_dir

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.builds import prepare
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     from fuzz.campaign import Campaign, harness_error_of
     from fuzz.drivers import random_cases
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result, indent=2))
     if args.json:
-        from reference.case import write_json_atomic
+        from ground.files import write_json_atomic
 
         write_json_atomic(args.json, result)
     return 0

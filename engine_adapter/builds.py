@@ -22,7 +22,7 @@ from the release's ready environment:
 
 1. a hard-link copy of the release environment (``os.link`` per file,
    symlinks re-created; the release's ready marker is not copied);
-2. the overlay's files written as *new* files (:func:`reference.case.write_bytes_atomic`
+2. the overlay's files written as *new* files (:func:`ground.files.write_bytes_atomic`
    writes a temporary file and renames it over the link), so the release's
    files are never touched; their stale ``__pycache__`` entries are unlinked
    in the build only;
@@ -63,10 +63,10 @@ from pathlib import Path
 from engine_adapter import patches as patches_mod
 from engine_adapter import source_files, venvs
 from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
-from kvspec.console import say as _say
-from kvspec.home import engines_dir
-from reference.case import write_bytes_atomic
-from reference.errors import EngineError, InvalidArgument, KvspecError, invalid, shown
+from ground.console import say as _say
+from ground.home import engines_dir
+from ground.files import write_bytes_atomic
+from ground.errors import EngineError, InvalidArgument, KvspecError, invalid, shown
 
 Progress = Callable[[str], None]
 #: Bound for waiting on another build of the same name (link copy + self-test).

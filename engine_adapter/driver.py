@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter import platform as _platform
-from kvspec.home import contain_this_process
+from ground.home import contain_this_process
 
 contain_this_process()
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -136,13 +136,13 @@ class VllmDriver:
 
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
         if case.deployment is None:
-            from reference.errors import Unsupported
+            from ground.errors import Unsupported
 
             raise Unsupported("case.geometry: a hand geometry; allowed: a case with a deployment (resolve turns model + flags into a geometry)")
         try:
             return summary(resolve(case.deployment))
         except VllmFailure as f:  # a crash has no geometry; to a resolve caller it is a deployment vLLM cannot build
-            from reference.errors import DeploymentCrashes
+            from ground.errors import DeploymentCrashes
 
             raise DeploymentCrashes(f"deployment={case.deployment.describe()!r}: vLLM crashes resolving it ({f.phase}): {f}") from None
 

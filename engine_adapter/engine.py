@@ -44,9 +44,9 @@ from typing import Any
 from engine_adapter import environments
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
 from engine_adapter.versions import engine_name, parse_engine, release_of
-from reference import errors as kvspec_errors
+from ground import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
-from reference.errors import EngineError, InvalidArgument
+from ground.errors import EngineError, InvalidArgument
 
 MODES = ("auto", "inprocess", "worker", "warm")
 #: Seconds a worker may take to import vLLM and say hello.

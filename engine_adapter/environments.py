@@ -45,9 +45,9 @@ from pathlib import Path
 
 from engine_adapter import venvs
 from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
-from kvspec.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
-from reference.case import write_text_atomic
-from reference.errors import EngineError, KvspecError
+from ground.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
+from ground.files import write_text_atomic
+from ground.errors import EngineError, KvspecError
 
 HERE = Path(__file__).resolve().parent
 STUBS_DIR = HERE / "live" / "stubs"

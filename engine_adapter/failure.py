@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Literal
 
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 
 _TRACEBACK_LIMIT = 20000
 #: kvspec's own packages (a frame there is kvspec's code, not vLLM's).

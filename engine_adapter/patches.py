@@ -40,8 +40,8 @@ import bisect
 import re
 from dataclasses import dataclass, field
 
-from reference.errors import InvalidArgument
-from reference.errors import shown as shown_value
+from ground.errors import InvalidArgument
+from ground.errors import shown as shown_value
 
 #: The longest patch file, and the most bytes of patches one build applies.
 MAX_PATCH_BYTES = 16 * 2**20

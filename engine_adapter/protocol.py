@@ -39,7 +39,7 @@ vLLM raise is still ``ok: true``: its result carries
 ``"error": {"kind": "vllm", "phase", "request", "type", "message", "traceback"}``
 beside the hits of the requests that finished before it. ``ok: false`` is
 for requests the worker could not carry out: a case kvspec rejects
-(``kind: "kvspec"``, ``class`` one of ``reference.errors``' classes), a
+(``kind: "kvspec"``, ``class`` one of ``ground.errors``' classes), a
 malformed request (``kind: "protocol"``), or a bug in the adapter itself
 (``kind: "internal"``, with a traceback). The worker keeps serving after
 any of these. Everything else the worker's libraries print goes to stderr;

@@ -47,14 +47,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from engine_adapter import platform as kplatform
-from kvspec.home import models_dir
+from ground.home import models_dir
 from engine_adapter.failure import VllmFailure, vllm_outcome
 from engine_adapter.models import SHIPPED, load_config
-from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS, write_text_atomic
+from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
+from ground.files import write_text_atomic
 from reference.deployment import Deployment
 from reference.model_config import check_model_config
-from reference.errors import DeploymentRejected as VllmRejected
-from reference.errors import InvalidArgument, KvspecError, Unsupported
+from ground.errors import DeploymentRejected as VllmRejected
+from ground.errors import InvalidArgument, KvspecError, Unsupported
 
 #: vLLM architecture -> the kind of its Mamba-like layers.
 MAMBA_KIND = {

@@ -51,9 +51,10 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_adapter.failure import VllmFailure, vllm_outcome
-from kvspec.home import models_dir
-from reference.case import Case, write_text_if_changed
-from reference.errors import KvspecError, Unsupported
+from ground.home import models_dir
+from reference.case import Case
+from ground.files import write_text_if_changed
+from ground.errors import KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
 MAX_POSITION_EMBEDDINGS = 1 << 20

@@ -53,7 +53,7 @@ import zlib
 from pathlib import Path
 
 from engine_adapter.patches import check_rel
-from reference.errors import InvalidArgument, KvspecError, invalid
+from ground.errors import InvalidArgument, KvspecError, invalid
 
 #: The longest file kvspec reads for a build (a patch, a source file, a wheel member).
 MAX_SOURCE_BYTES = 16 * 2**20

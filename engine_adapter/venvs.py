@@ -7,7 +7,7 @@ What they share:
 * **the ready marker**: a venv ``ROOT`` is ready when
   ``ROOT/.kvspec-ready.json`` exists and records what it was built from
   (each caller checks its own fingerprint). The marker is written last and
-  atomically (:func:`reference.case.write_json_atomic`), so a killed or
+  atomically (:func:`ground.files.write_json_atomic`), so a killed or
   failed install leaves none and the next install starts over;
 * **tools from kvspec's interpreter** (:func:`ensure_tools`): pytest,
   atheris, coverage... installed into a venv that lacks them at the
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from reference.case import write_json_atomic
-from reference.errors import EngineError
+from ground.files import write_json_atomic
+from ground.errors import EngineError
 
 MARKER_NAME = ".kvspec-ready.json"
 
@@ -107,7 +107,7 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     its own limit and by ``timeout`` seconds; False when it did not work."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from kvspec.home import contained_env
+    from ground.home import contained_env
 
     def bound(limit: float) -> float:
         return min(limit, timeout) if timeout else limit

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from reference.errors import InvalidArgument, Unsupported
+from ground.errors import InvalidArgument, Unsupported
 
 #: vLLM releases with a shipped requirement file (engine_adapter/requirements/).
 SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")

@@ -97,9 +97,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter.venvs import wait_flock
-from kvspec.home import REPO_ROOT, kvspec_home
-from reference.case import write_json_atomic
-from reference.errors import EngineError, invalid
+from ground.home import REPO_ROOT, kvspec_home
+from ground.files import write_json_atomic
+from ground.errors import EngineError, invalid
 
 #: Default idle seconds before a warm engine exits by itself.
 IDLE_TIMEOUT_S = 600.0
@@ -128,7 +128,7 @@ IDENTITY_NAMES = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "TZ")
 #: ... but for the warm engines' own settings, read by the client only.
 NOT_IDENTITY = ("KVSPEC_WARM", "KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
 #: Sources a warm engine runs: a change to any of them makes it stale.
-FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "kvspec/__init__.py", "kvspec/home.py")
+FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "kvspec/__init__.py", "ground/home.py")
 
 
 def enabled() -> bool:
@@ -516,8 +516,8 @@ class WarmClient:
         self.start_timeout = start_timeout
         self.queue_wait = queue_wait
         if say is None:
-            from kvspec.console import say
-        self.say = say  # one line on stderr (kvspec.console.say) when this client starts a fresh engine for a reason
+            from ground.console import say
+        self.say = say  # one line on stderr (ground.console.say) when this client starts a fresh engine for a reason
         self.fingerprint = fingerprint(version, platform, self.python)
         self.started: int | None = None  # pid of a server this client started
         self.restarts = 0

@@ -44,7 +44,7 @@ def handle(driver, msg: dict, fingerprint: str | None = None) -> dict:
     a request that names another fingerprint (``kind: "stale"``): the client
     then starts a server of its own sources."""
     from engine_adapter.protocol import OPS
-    from reference.errors import KvspecError
+    from ground.errors import KvspecError
 
     try:
         op = msg.get("op")

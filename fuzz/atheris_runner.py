@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fuzz.codec import encode
-from reference.case import Case, write_bytes_atomic
+from reference.case import Case
+from ground.files import write_bytes_atomic
 
 TARGET = Path(__file__).resolve().parent / "fuzz_engine.py"
 ROOT = TARGET.parent.parent
@@ -133,7 +134,7 @@ def target_env(engine: str, in_process: bool) -> dict[str, str]:
     Qwen3.5 deployment would fail to resolve); else kvspec's own."""
     from engine_adapter import environments
     from engine_adapter.versions import parse_engine
-    from kvspec.home import contained_env
+    from ground.home import contained_env
 
     env = environments.worker_env(parse_engine(engine)) if in_process else contained_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)

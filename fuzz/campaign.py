@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from reference.case import Case
-from reference.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
+from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F

@@ -177,8 +177,8 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
     report; with ``against`` (a ready engine's name: the baseline) each
     failure is sorted into new or shared with the baseline."""
     from engine_adapter import open_engine
-    from kvspec.home import kvspec_home
-    from reference.errors import EngineError
+    from ground.home import kvspec_home
+    from ground.errors import EngineError
 
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random

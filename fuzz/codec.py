@@ -26,7 +26,7 @@ import json
 import struct
 
 from reference.case import Case, case_to_dict, parse_case
-from reference.errors import KvspecError
+from ground.errors import KvspecError
 
 from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, BytesChooser, build_case, deployment_classes
 

@@ -22,14 +22,14 @@ be on a shared filesystem. Each result file is an envelope::
   ``max_retries``, system failures only); past that its status is ``lost``.
   ``attempt`` is the attempt that produced the result (0: the first).
 * **What is not retried**: a task that *raised* (any exception, a
-  :class:`reference.errors.KvspecError` such as a harness ``EngineError``
+  :class:`ground.errors.KvspecError` such as a harness ``EngineError``
   included) ends with status ``error`` and its message in one line: the
   same input would raise again, so retrying it would never end.
 * **Every wait is bounded**: the whole call ends by ``timeout_s``; a task
   still running then is cancelled (its worker killed) and its status is
   ``timeout``. Connecting to a cluster is bounded too (a TCP probe of the
   address, ``CONNECT_TIMEOUT_S``): an unreachable ``--ray`` address is one
-  line (:class:`reference.errors.InvalidArgument`, exit 2 in the CLI).
+  line (:class:`ground.errors.InvalidArgument`, exit 2 in the CLI).
 * **Resume**: a task whose ``OUT/<id>.json`` already says ``ok`` is not run
   again (``resume=True``); its file is returned as it is.
 
@@ -93,8 +93,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from reference.case import load_json, write_json_atomic, write_text_atomic
-from reference.errors import KvspecError, invalid
+from ground.files import load_json, write_json_atomic, write_text_atomic
+from ground.errors import KvspecError, invalid
 
 #: Bound on reaching a cluster's address before ``ray.init``.
 CONNECT_TIMEOUT_S = 5.0
@@ -117,7 +117,7 @@ _LOCAL_MODES = ("inline", "process")
 
 def ray_temp_dir() -> Path:
     """Ray's folder: ``$KVSPEC_HOME/ray`` (what ``RAY_TMPDIR=$KVSPEC_HOME`` gives)."""
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     return kvspec_home() / "ray"
 
@@ -148,7 +148,7 @@ def cluster_env(base: dict[str, str] | None = None, *, start: bool = False, loop
     listen on 127.0.0.1 only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, Ray's
     switch for single-machine clusters; without it Ray replaces 127.0.0.1 by
     the machine's address and listens on every interface)."""
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     env = dict(os.environ if base is None else base)
     env.setdefault("RAY_TMPDIR", str(kvspec_home()))
@@ -424,7 +424,7 @@ def run_tasks(
     * ``resume``: a task whose result file says ``ok`` is not run again;
     * ``progress``: called with each envelope as it is written.
 
-    Raises :class:`reference.errors.InvalidArgument` (one line) for a bad
+    Raises :class:`ground.errors.InvalidArgument` (one line) for a bad
     argument or an unreachable or unusable cluster."""
     out = Path(out)
     _validate(tasks, out, retries, timeout_s, local)

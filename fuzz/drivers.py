@@ -19,7 +19,7 @@ import time
 from typing import Iterable, Sequence
 
 from reference.case import Case
-from reference.errors import EngineError
+from ground.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
 from fuzz.generate import RandomChooser, another_trace, build_case, class_schedule

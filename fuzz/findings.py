@@ -39,9 +39,10 @@ import re
 import time
 from pathlib import Path
 
-from reference.case import Case, case_to_dict, load_json, parse_case, write_json_atomic
-from reference.errors import InvalidArgument, invalid
-from reference.printable import printable
+from reference.case import Case, case_to_dict, parse_case
+from ground.files import load_json, write_json_atomic
+from ground.errors import InvalidArgument, invalid
+from ground.printable import printable
 
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 
@@ -161,7 +162,7 @@ def kvspec_version() -> dict:
     import importlib.metadata
     import subprocess
 
-    from kvspec.home import REPO_ROOT
+    from ground.home import REPO_ROOT
 
     try:
         version = importlib.metadata.version("kvspec")
@@ -335,7 +336,7 @@ def check_fields(finding: dict) -> dict:
 def render(finding: dict) -> str:
     """The finding as text, like an Alive2 counterexample: the inputs first,
     then model vs engine per request, the first divergence marked. Each line
-    is :func:`~reference.printable.printable`: a finding's fields are a
+    is :func:`~ground.printable.printable`: a finding's fields are a
     stranger's text, and reach a terminal only without control characters
     (a field's line break is a space, never a line of its own)."""
     case = finding["case"]

@@ -131,7 +131,7 @@ def _deadline() -> float | None:
 
 def _setup() -> None:
     global CAMPAIGN
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     from fuzz.campaign import Campaign
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference.case import parse_case
-from reference.errors import KvspecError
+from ground.errors import KvspecError
 
 from fuzz.oracles import SAME_STEP_READ, request_kinds
 

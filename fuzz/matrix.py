@@ -22,7 +22,7 @@ import html
 from pathlib import Path
 
 from reference.case import Case
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from reference.knobs import resolve_knobs
 from reference.predict import predict_with_knobs
 
@@ -179,7 +179,7 @@ def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
 
     import matplotlib.pyplot as plt
 
-    from reference.case import write_bytes_atomic
+    from ground.files import write_bytes_atomic
 
     fig = figure(rows, versions)
     buf = io.BytesIO()

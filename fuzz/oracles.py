@@ -109,7 +109,7 @@ from typing import Callable
 
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position, resumable_states
 from reference.case import Case, Request, is_concurrent, prompt_tokens, serial_prefix, waves, with_resolution
-from reference.errors import DeploymentRejected
+from ground.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.serial import common_prefix, known_common

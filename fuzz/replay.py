@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reference.case import Case
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 

@@ -27,7 +27,7 @@ from those two or a class id of :data:`KNOWN_CLASSES`); every value the
 regression test holds is a Python literal written with ``repr`` (and read
 back equal, else refused), never text inside a docstring or a comment;
 ISSUE.md shows a finding's text without control characters
-(``reference.printable``), prose with ``<`` escaped and table cells with
+(``ground.printable``), prose with ``<`` escaped and table cells with
 ``|`` escaped, code spans and fences longer than any backtick run inside
 them (a text cannot close them), and shell lines with every word quoted.
 """
@@ -41,8 +41,8 @@ import shlex
 from pathlib import Path
 
 from reference.case import parse_case
-from reference.errors import KvspecError, invalid
-from reference.printable import printable
+from ground.errors import KvspecError, invalid
+from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +99,7 @@ def classify(finding: dict) -> dict | None:
 def vllm_line(version: str, path: str, anchor: str, needle: str, engines_dir: Path | None = None) -> str | None:
     """``path:line`` of ``needle`` after ``anchor`` in the installed vLLM of
     ``version`` (its engine environment), read as text; None if not found."""
-    from kvspec.home import engines_dir as default_dir
+    from ground.home import engines_dir as default_dir
 
     base = (engines_dir or default_dir()) / f"vllm-{version}"
     for site in sorted(base.glob("lib/python3*/site-packages")):
@@ -257,7 +257,7 @@ def live_summary(raw, path: str, requests: int) -> dict:
     """The parts of a live replay report (``kvspec replay --server URL --json
     REPORT.json``: ``engine_adapter.live.replay.Report.as_dict``) that
     ISSUE.md quotes; a document of another shape is one line."""
-    from reference.errors import invalid
+    from ground.errors import invalid
 
     shape = "a JSON object written by kvspec replay --server --json"
     if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list) or not isinstance(raw.get("verdict"), str):

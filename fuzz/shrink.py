@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Callable, Iterator
 
 from reference.case import Case, Group, Segment, parse_case, case_to_dict
-from reference.errors import KvspecError
+from ground.errors import KvspecError
 
 Predicate = Callable[[Case], bool]
 #: a length to cut: the case cut by k units, and the most units it can lose

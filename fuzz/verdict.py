@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from reference.case import Case
-from reference.errors import Unsupported, invalid
+from ground.errors import Unsupported, invalid
 
 from fuzz.oracles import KNOWN_ORACLES, ORACLES, SAME_HITS_ORACLES, Divergence, check_all, check_versions, oracles_for
 

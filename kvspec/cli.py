@@ -1,6 +1,6 @@
 """The ``kvspec`` command: a thin layer that dispatches to kvspec/commands/.
 
-Errors raised on purpose (``reference.errors.KvspecError``) print one line
+Errors raised on purpose (``ground.errors.KvspecError``) print one line
 ``kvspec: <message>`` and exit 2 (a line break inside a message is printed
 as ``\\n``, so it stays one line); nothing else is caught here, except:
 
@@ -20,8 +20,8 @@ import pkgutil
 import sys
 
 import kvspec.commands as commands
-from kvspec.console import say as _say
-from reference.errors import KvspecError
+from ground.console import say as _say
+from ground.errors import KvspecError
 
 
 class Parser(argparse.ArgumentParser):

@@ -63,7 +63,7 @@ def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default:
     ``--patch`` / ``--base`` with no engine to attach to applies to
     ``default``."""
     from engine_adapter.builds import prepare
-    from reference.errors import invalid
+    from ground.errors import invalid
 
     specs = list(getattr(args, dest, None) or ([] if default is None else [default]))
     patches = dict(getattr(args, f"{dest}_patches", None) or {})

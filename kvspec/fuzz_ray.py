@@ -45,7 +45,7 @@ import socket
 import time
 from pathlib import Path
 
-from reference.case import load_json, write_bytes_atomic, write_json_atomic, write_text_atomic
+from ground.files import load_json, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 #: Seconds before the command's deadline at which workers are told to end,
 #: so their results come back and are merged by the deadline.
@@ -73,7 +73,7 @@ def campaign_task(task: dict) -> dict:
     """One campaign worker (a Ray task): the campaign of ``task`` until
     ``task["deadline_unix"]``; returns its summary, and, when it could not
     see the driver's folders, what it found (see the module's docstring)."""
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     if task.get("kvspec_home") and Path(task["kvspec_home"]).is_dir():
         os.environ["KVSPEC_HOME"] = task["kvspec_home"]
@@ -141,7 +141,7 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
     from fuzz.atheris_runner import STOP_GRACE_S
     from fuzz.distribute import run_tasks
     from fuzz.progress import Heartbeat, count_files
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     run = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)  # paths in the summary as given (triage marks the new ones by path)

@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from reference.errors import KvspecError, invalid
+from ground.errors import KvspecError, invalid
 
 #: The longest duration any option takes (one day).
 MAX_SECONDS = 86400.0

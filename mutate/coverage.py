@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from reference.case import write_json_atomic
+from ground.files import write_json_atomic
 
 from mutate.targets import Span, spans
 
@@ -79,7 +79,7 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
     would have. Each waits at most ``timeout_s``."""
     from engine_adapter.environments import REPO_ROOT, env_python, worker_env
     from engine_adapter.testtools import ensure_coverage
-    from reference.errors import EngineError
+    from ground.errors import EngineError
 
     from mutate.vllm_tests import target_paths
 
@@ -149,7 +149,7 @@ def compare(release: str, *, out: Path, campaign_s: float, seed: int = 1, progre
     """Branch coverage of the target functions under a ``campaign_s``
     campaign and under vLLM's tests; written to ``OUT/coverage.json`` and
     ``OUT/coverage.md``."""
-    from reference.case import write_text_atomic
+    from ground.files import write_text_atomic
 
     from mutate.targets import release_vllm_root
     from mutate.vllm_tests import baseline

@@ -61,7 +61,7 @@ def _observed(engine, case) -> dict:
     behaviour too (the generator draws a --prefix-match-unit that does not
     divide the block, which the release must reject): the rejection's
     message."""
-    from reference.errors import DeploymentRejected
+    from ground.errors import DeploymentRejected
 
     try:
         return behaviour(engine.run(case))
@@ -104,8 +104,8 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     to ``OUT/equivalent/<id>.json``. A mutant whose build fails is
     reported, not checked. A build that existed before (kept by a run) is
     left in place; one made here is removed after."""
-    from reference.case import write_json_atomic, write_text_atomic
-    from reference.errors import KvspecError
+    from ground.files import write_json_atomic, write_text_atomic
+    from ground.errors import KvspecError
 
     from mutate.kill import _build, _drop_build, fixed_cases
     from mutate.run import base_engine, default_base_patches, select_mutants

@@ -22,7 +22,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from reference.errors import invalid
+from ground.errors import invalid
 
 from mutate.targets import AREAS, Span, span_at, spans
 

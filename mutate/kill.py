@@ -33,8 +33,8 @@ import shutil
 import time
 from pathlib import Path
 
-from reference.case import write_json_atomic, write_text_atomic
-from reference.errors import EngineError, KvspecError
+from ground.files import write_json_atomic, write_text_atomic
+from ground.errors import EngineError, KvspecError
 
 #: Share of the budget spent on the examples and boundary cases; the rest is random cases.
 CASES_SHARE = 0.6
@@ -81,7 +81,7 @@ def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
     release), interleaved by speculative mode."""
     from engine_adapter import open_engine
     from engine_adapter.models.shipped import deployment_cases
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
     from reference.case import case_to_dict
 
     from fuzz.campaign import Campaign

@@ -16,7 +16,7 @@ import sys
 def main(argv: list[str]) -> int:
     from engine_adapter.engine import open_engine
     from reference.case import parse_case
-    from reference.errors import KvspecError
+    from ground.errors import KvspecError
 
     (path, release) = argv
     engine = open_engine(f"vllm=={release}")

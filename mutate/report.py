@@ -31,7 +31,7 @@ import json
 import statistics
 from pathlib import Path
 
-from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
+from ground.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 from mutate.equivalent import reviewed
 

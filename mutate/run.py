@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from reference.case import write_json_atomic
+from ground.files import write_json_atomic
 
 #: Per-task wall bound on Ray: build, engine start, budget, vLLM's tests.
 TASK_OVERHEAD_S = 900.0
@@ -83,7 +83,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     verdict is taken instead of running them (``mutate.kill.reused_vllm_tests``)."""
     from mutate.kill import fixed_cases, read_result, run_mutant
 
-    from reference.errors import EngineError
+    from ground.errors import EngineError
 
     say = progress or _quiet
     out = Path(out).resolve()
@@ -104,7 +104,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
             raise EngineError(f"engine={base!r}: kvspec's kill loop {'finds ' + str(ctl.get('promise')) + ' on' if ctl.get('killed') else 'fails on'} the unmutated base ({ctl.get('summary') or ctl.get('reason')}); allowed: a base that passes (add its fixes with the base patches)")
     if vllm_tests:
         from mutate.vllm_tests import baseline
-        from kvspec.home import kvspec_home
+        from ground.home import kvspec_home
 
         baseline(release, progress=say)
         options["baseline"] = str(kvspec_home() / "mutate" / f"vllm-tests-{release}" / "baseline.json")

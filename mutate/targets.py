@@ -17,7 +17,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.errors import EngineError
+from ground.errors import EngineError
 
 #: (area, file under vllm/, qualified name: a function, a method or a class)
 TARGETS: tuple[tuple[str, str, str], ...] = (

@@ -39,8 +39,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from reference.case import write_json_atomic, write_text_if_changed
-from reference.errors import EngineError
+from ground.files import write_json_atomic, write_text_if_changed
+from ground.errors import EngineError
 
 SUBDIR = "tests/v1/core"
 #: A test file is relevant when it names one of these.
@@ -76,7 +76,7 @@ def run_root(sdist: Path) -> Path:
     tests, so ``tests.v1.core...`` imports while ``vllm`` comes from the
     engine environment (the sdist's own ``vllm/`` source tree must never
     shadow the build under test)."""
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     root = kvspec_home() / "mutate" / "run-roots" / Path(sdist).name
     link = root / "tests"
@@ -188,7 +188,7 @@ def _coverage_json(version: str, data: Path, out: Path, root: Path) -> dict:
 def baseline(release: str, *, out: Path | None = None, files: list[str] | None = None, progress=None, refresh: bool = False) -> dict:
     """Run the relevant files on the release under coverage (cached)."""
     from engine_adapter.testtools import ensure_coverage, ensure_pytest
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     say = progress or (lambda line: None)
     out = Path(out or kvspec_home() / "mutate" / f"vllm-tests-{release}")

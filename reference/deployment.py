@@ -52,7 +52,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference.errors import InvalidArgument, invalid
+from ground.errors import InvalidArgument, invalid
 from reference.model_config import check_model_config
 from reference.vllm_flags import check_vllm_args
 

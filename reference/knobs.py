@@ -38,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from reference.case import Case, require_geometry
-from reference.errors import Unsupported, invalid
+from ground.errors import Unsupported, invalid
 
 #: Versions whose knob resolution this model states; others are unsupported.
 SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from reference.errors import invalid
+from ground.errors import invalid
 
 MAX_LAYERS = 1024
 MAX_DIMENSION = 1 << 20

@@ -43,7 +43,7 @@ from reference.boundaries import (
     tail_checkpoint,
 )
 from reference.case import Case, Geometry, Segment, prompt_tokens
-from reference.errors import invalid
+from ground.errors import invalid
 from reference.knobs import Knobs
 from reference.radix import TOKEN_BYTES, PrefixIndex, prompt_bytes
 

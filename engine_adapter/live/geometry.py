@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from reference.boundaries import rescale_length
 from reference.case import Case, Geometry, Group, Segment
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 
 
 def _int_label(value: str | None) -> int | None:

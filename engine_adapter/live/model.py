@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from engine_adapter.live.paths import models_dir
-from reference.case import write_text_if_changed
+from ground.files import write_text_if_changed
 
 MODEL_NAME = "kvspec-tiny-qwen3_5-hybrid"
 

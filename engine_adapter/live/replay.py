@@ -55,8 +55,9 @@ from typing import Any, Callable
 from engine_adapter.live.client import Completion, LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
 from engine_adapter.live.metrics import Snapshot
-from reference.case import Case, case_to_dict, is_concurrent, load_json, parse_case, prompt_tokens, serial_prefix, waves, with_resolution
-from reference.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
+from reference.case import Case, case_to_dict, is_concurrent, parse_case, prompt_tokens, serial_prefix, waves, with_resolution
+from ground.files import load_json
+from ground.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
 from reference.knobs import implemented_rule
 from reference.predict import unpredicted_bounds
 from reference.serial import RULES

@@ -28,7 +28,7 @@ from engine_adapter.live.env import STUBS_DIR, ensure_server_env
 from engine_adapter.live.model import MODEL_NAME, tiny_model_dir
 from engine_adapter.live.paths import contained_env, logs_dir
 from reference.deployment import RESERVED_FLAGS
-from reference.errors import EngineError, invalid
+from ground.errors import EngineError, invalid
 
 HOST = "127.0.0.1"
 #: Flags that give the seed's cache behaviour on the tiny hybrid model.

@@ -82,7 +82,7 @@ def generate(out: Path = HERE, only: tuple[str, ...] = ()) -> list[Path]:
     from ``transformers``."""
     import transformers
 
-    from reference.case import write_json_atomic
+    from ground.files import write_json_atomic
 
     written = []
     for name, (cls_name, arch, _what) in SHIPPED.items():

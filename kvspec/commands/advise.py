@@ -47,8 +47,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvspec.console import say as _say
-from reference.errors import InvalidArgument, invalid
+from ground.console import say as _say
+from ground.errors import InvalidArgument, invalid
 
 HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
 
@@ -124,7 +124,7 @@ def check_options(args) -> None:
 
 
 def _default_out() -> Path:
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     return kvspec_home() / "advise"
 
@@ -189,7 +189,7 @@ def main(args) -> int:
     from advise.render import render, report
     from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
     from kvspec.commands.replay import _api_key
-    from reference.case import write_json_atomic
+    from ground.files import write_json_atomic
 
     check_options(args)
     api_key = _api_key(args.api_key_env)
@@ -238,7 +238,7 @@ def main(args) -> int:
 
                 if not environments.is_ready(version):
                     if args.confirm:
-                        from reference.errors import EngineError
+                        from ground.errors import EngineError
 
                         raise EngineError(f"engine={src.engine!r}: not installed; run: kvspec engines install {src.engine}")
                     skipped = f"the server's engine {src.engine} is not installed (kvspec engines install {src.engine})"

@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from kvspec.console import say as _say
+from ground.console import say as _say
 
 NAME = "check-build"
 HELP = "does a vLLM build (a release, vllm==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
@@ -65,9 +65,9 @@ def main(args) -> int:
     from fuzz.checkbuild import EXIT_HARNESS, check_build, render
     from engine_adapter.builds import prepare
     from kvspec.engine_options import engine_names
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds
-    from reference.errors import EngineError, invalid
+    from ground.errors import EngineError, invalid
 
     seconds("--max-time", args.max_time)
     seconds("--cases-time", args.cases_time)

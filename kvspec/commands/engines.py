@@ -113,7 +113,7 @@ def _start(args) -> int:
     versions = [parse_engine(s) for s in (args.versions or [DEFAULT_ENGINE])]
     for v in versions:
         if not environments.is_ready(v):
-            from reference.errors import EngineError
+            from ground.errors import EngineError
 
             raise EngineError(f"engine='vllm=={v}': environment {environments.status(v)['state']} at {environments.env_dir(v)}; run: kvspec engines install vllm=={v}")
     for v in versions:

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from reference.errors import invalid
-from reference.printable import printable
+from ground.errors import invalid
+from ground.printable import printable
 
 HELP = "group the finding files in a folder into classes, one smallest representative each"
 EPILOG = """\

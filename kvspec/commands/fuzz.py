@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvspec.console import say as _say
-from reference.errors import invalid
+from ground.console import say as _say
+from ground.errors import invalid
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
 DRIVERS = ("atheris", "hypothesis", "random", "cases")
@@ -161,8 +161,8 @@ def main(args) -> int:
     from fuzz.outcome import EXIT_HARNESS, outcome
     from fuzz.progress import resume_line
     from kvspec.engine_options import engine_names
-    from kvspec.home import kvspec_home
-    from reference.errors import EngineError
+    from ground.home import kvspec_home
+    from ground.errors import EngineError
 
     _validate(args, list(args.engine or []))  # options first, before any build
     cases = [load_finding(path)[0] for path in args.case]  # a bad case file: one line, exit 2, before any build
@@ -267,7 +267,7 @@ def _run_in_process(args, engines, out, seeds, given, started: float, deadline: 
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
     from fuzz.progress import Heartbeat, progress_line
-    from reference.errors import EngineError
+    from ground.errors import EngineError
 
     stop_at = deadline - STOP_GRACE_S
     opened = [open_engine(name) for name in engines]

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from kvspec.console import say as _say
+from ground.console import say as _say
 
 NAME = "mutate"
 HELP = "mutation score of kvspec vs vLLM's own tests on vLLM's boundary code (Cosmic Ray mutants as patched builds)"
@@ -53,9 +53,9 @@ def configure(parser) -> None:
 
 def main(args) -> int:
     from engine_adapter.versions import is_build, parse_engine
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds, whole
-    from reference.errors import EngineError, invalid
+    from ground.errors import EngineError, invalid
 
     release = parse_engine(args.engine, "--engine")
     if is_build(release):

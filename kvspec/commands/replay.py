@@ -31,7 +31,7 @@ import os
 import re
 
 from fuzz.verdict import EXIT as VERDICT_EXIT
-from reference.errors import InvalidArgument, Unsupported, invalid
+from ground.errors import InvalidArgument, Unsupported, invalid
 
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
 
@@ -91,7 +91,7 @@ def _engine_replay(args) -> int:
     result = fn(args.file, engine_names(args)[0])
     show(result, Console())
     if args.json:
-        from reference.case import write_json_atomic
+        from ground.files import write_json_atomic
 
         write_json_atomic(args.json, result)
     verdict = result.get("verdict")
@@ -118,7 +118,7 @@ def main(args) -> int:
             raise invalid(flag, next(iter(value.values())), "applies to --engine only (a build runs in-process, a server is what it is)")
 
     from engine_adapter.live.replay import load_target, render, replay
-    from reference.case import write_json_atomic
+    from ground.files import write_json_atomic
 
     key = _api_key(args.api_key_env)
     target = load_target(args.file)

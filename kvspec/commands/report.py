@@ -11,7 +11,7 @@ URL --json REPORT.json``).
 A finding is a stranger's file: its fields are checked before anything runs
 (``fuzz.findings.check_fields``; one line naming the field, exit 2), and
 what the report holds of it is escaped (``fuzz.report``). The folder is
-written whole or not at all (``reference.case.write_folder_atomic``): a
+written whole or not at all (``ground.files.write_folder_atomic``): a
 full or read-only disk is one line, exit 2, and leaves no half-written
 folder. An existing ``--out`` is replaced only when it is empty or holds a
 previous report (its files, and pytest's caches); a folder holding anything
@@ -24,7 +24,7 @@ import fnmatch
 import json
 from pathlib import Path
 
-from reference.errors import invalid, shown
+from ground.errors import invalid, shown
 
 #: What a previous report folder may hold (it is replaced whole).
 REPORT_FILES = ("ISSUE.md", "finding.json", "fix.diff", "test_*.py", "__pycache__", ".pytest_cache")
@@ -59,7 +59,7 @@ def main(args) -> int:
     from fuzz.findings import check_fields, load_finding
     from fuzz.report import bundle
     from kvspec.options import output_dir
-    from reference.case import load_json, write_folder_atomic
+    from ground.files import load_json, write_folder_atomic
 
     case, finding = load_finding(args.finding)
     if not finding:

@@ -23,13 +23,10 @@ from __future__ import annotations
 import json
 import sys
 
-from reference.errors import KvspecError, invalid
+from ground.errors import KvspecError, invalid
 
 HELP = "what vLLM builds for a deployment (model + vllm serve flags), or whether a hand geometry is reachable"
 
-TABLE_TP = (1, 2, 4, 8)
-TABLE_DTYPES = ("auto", "fp8")
-TABLE_SPEC = '{"method":"mtp","num_speculative_tokens":2}'
 
 
 def configure(parser) -> None:
@@ -130,29 +127,11 @@ def _reachability(case, engines, args) -> int:
     return 1 if any(r["reachable"] is False for r in rows) else 0
 
 
-def table_deployments(device: str | None) -> list[dict]:
-    """The table's deployments: shipped model x TP x KV dtype x MTP."""
-    from engine_adapter.models import SHIPPED, load_config
-
-    rows = []
-    for model in SHIPPED:
-        mtp = bool(load_config(model).get("num_nextn_predict_layers"))
-        for tp in TABLE_TP:
-            for dtype in TABLE_DTYPES:
-                for spec in ((False, True) if mtp else (False,)):
-                    args = ["--enable-prefix-caching", "--tensor-parallel-size", str(tp), "--kv-cache-dtype", dtype]
-                    if spec:
-                        args += ["--speculative-config", TABLE_SPEC]
-                    dep = {"model": model, "vllm_args": args, "platform": "cuda"}
-                    if device:
-                        dep["device"] = device
-                    rows.append({"model": model, "tp": tp, "dtype": dtype, "mtp": spec, "deployment": dep})
-    return rows
-
-
 def _table(engines: list[str], args) -> int:
     from engine_adapter import open_engine, warm
     from reference.case import parse_case
+
+    from engine_adapter.models.table import table_deployments
 
     plan = table_deployments(args.device)
     cells: dict[tuple, dict] = {}

@@ -142,7 +142,7 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
 
 def main(args) -> int:
     from kvspec.engine_options import engine_names
-    from reference.errors import invalid
+    from ground.errors import invalid
 
     seconds("--timeout", args.timeout)
     if args.engine and len(args.engine) > 1:

@@ -156,9 +156,9 @@ def test_a_full_or_read_only_disk_is_one_line_and_nothing_half_written(capsys, t
     import os
 
     import advise.chart
-    import reference.case
+    import ground.files
 
-    monkeypatch.setattr(reference.case, "write_bytes_atomic", _refusing_writer(err))
+    monkeypatch.setattr(ground.files, "write_bytes_atomic", _refusing_writer(err))
     monkeypatch.setattr(advise.chart, "write_bytes_atomic", _refusing_writer(err))
     out = tmp_path / "out"
     chart = tmp_path / "c.png"

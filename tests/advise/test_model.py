@@ -8,7 +8,7 @@ import pytest
 
 from advise import model, workloads
 from reference.case import Case
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.serial import simulate
 from tests.conftest import MTP, MTP_DROP, hybrid, make_case

@@ -9,7 +9,7 @@ import pytest
 from advise import source
 from engine_adapter.live.geometry import ServerInfo
 from reference.case import parse_case
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 
 SUMMARY = {
     "geometry": {"groups": [{"kind": "full_attention", "block_size": 544}, {"kind": "mamba", "block_size": 544, "count": 3}], "hash_block_size": 544, "scheduler_block_size": 544, "retention_interval": 0, "max_num_batched_tokens": 8192},

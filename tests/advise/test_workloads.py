@@ -10,7 +10,7 @@ import pytest
 
 from advise import workloads
 from reference.case import prompt_tokens
-from reference.errors import InvalidArgument
+from ground.errors import InvalidArgument
 
 
 def _tokens(w):

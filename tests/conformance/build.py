@@ -42,7 +42,8 @@ import math
 import sys
 from pathlib import Path
 
-from reference.case import parse_case, prompt_tokens, write_json_atomic
+from reference.case import parse_case, prompt_tokens
+from ground.files import write_json_atomic
 from reference.serial import common_prefix, known_common
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.oracles import held_states as oracle_held_states
-from reference.case import Case, load_case, load_json
+from reference.case import Case, load_case
+from ground.files import load_json
 from reference.knobs import implemented_rule
 from reference.predict import predict
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import sys
 
-from reference.case import write_text_atomic
+from ground.files import write_text_atomic
 from tests.conformance import runner
 from tests.conformance.build import SDIST_TESTS
 from tests.conformance.runner import EngineRuns

@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from reference.case import load_json
+from ground.files import load_json
 from tests.conformance import build, runner
 from tests.conformance.runner import EngineRuns
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.distribute import MAX_TEMP_DIR, RaySession, check_temp_dir, resolve_address, run_tasks
-from reference.errors import InvalidArgument
+from ground.errors import InvalidArgument
 from tests.distribute import tasks as T
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def _kill_when_written(path: Path, release: Path, killed: list[int], wait_s: flo
 
 
 def test_the_cluster_is_local_and_keeps_its_files_in_kvspecs_home(cluster):
-    from kvspec.home import kvspec_home
+    from ground.home import kvspec_home
 
     host, _, port = cluster.rpartition(":")
     assert host == "127.0.0.1" and port.isdigit()

@@ -15,8 +15,8 @@ import pytest
 
 from engine_adapter import builds, patches
 from engine_adapter.versions import is_build, parse_engine, release_of
-from kvspec.home import REPO_ROOT
-from reference.errors import InvalidArgument
+from ground.home import REPO_ROOT
+from ground.errors import InvalidArgument
 
 FIXES = REPO_ROOT / "fixes"
 LONGER_SIBLING = FIXES / "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff"
@@ -87,7 +87,7 @@ def test_build_names_are_local_versions_of_a_release():
     assert release_of("0.33.0+longer-sibling.1a2b3c") == "0.33.0" and is_build("0.33.0+x.1") and not is_build("0.33.0")
     assert builds.patch_label(LONGER_SIBLING, "0.33.0") == "longer-sibling"
     assert builds.patch_label("x/undo-54713.diff", "0.33.0") == "undo-54713"
-    from reference.errors import Unsupported
+    from ground.errors import Unsupported
 
     with pytest.raises(Unsupported, match="vLLM 0.31.0 has no kvspec engine environment"):
         parse_engine("vllm==0.31.0+fix.abcdef")

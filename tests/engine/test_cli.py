@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 from kvspec.commands.run import compare
 from reference.knobs import implemented_rule
 from reference.case import load_case

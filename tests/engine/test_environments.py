@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engine_adapter import environments
-from kvspec.home import kvspec_home
-from reference.errors import EngineError
+from ground.home import kvspec_home
+from ground.errors import EngineError
 from tests.engine.conftest import ensure_env
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from tests.conftest import MTP_DROP, hybrid, make_case
 
 pytestmark = pytest.mark.engine
@@ -76,7 +76,7 @@ def test_a_deployment_vllm_refuses_when_its_scheduler_starts_is_rejected(engine_
     a finding. (Seen as a spurious engine_error when the spec_on_off oracle
     dropped --speculative-config from a Qwen3-Next MTP deployment at
     interval 1152: without MTP its H100 block is 1088.)"""
-    from reference.errors import DeploymentRejected
+    from ground.errors import DeploymentRejected
 
     case = {"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
             "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "h100",

@@ -122,7 +122,7 @@ RESOLVE_QWEN35 = r"""
 import json
 from engine_adapter.driver import get_driver
 from reference.case import parse_case
-from reference.errors import KvspecError
+from ground.errors import KvspecError
 
 case = parse_case({"schema": 1, "deployment": {"model": "qwen3_5", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"},
                    "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
@@ -141,7 +141,7 @@ def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
     so the in-process campaigns never ran one."""
     from engine_adapter import environments
     from fuzz.atheris_runner import target_env
-    from kvspec.home import contained_env
+    from ground.home import contained_env
 
     ensure_env("0.33.0")
 

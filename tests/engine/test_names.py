@@ -9,7 +9,7 @@ import pytest
 
 from engine_adapter.engine import open_engine
 from engine_adapter.versions import parse_engine
-from reference.errors import EngineError, InvalidArgument, Unsupported
+from ground.errors import EngineError, InvalidArgument, Unsupported
 
 ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0"
 
@@ -61,7 +61,7 @@ def test_open_engine_rejects_before_any_work(tmp_path, monkeypatch):
 def test_cli_one_line_errors(argv, needle, tmp_path):
     import os
 
-    from kvspec.home import REPO_ROOT
+    from ground.home import REPO_ROOT
 
     env = dict(os.environ, KVSPEC_HOME=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120)

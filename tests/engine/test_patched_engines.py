@@ -24,7 +24,7 @@ import pytest
 
 from engine_adapter import builds, environments
 from engine_adapter.testtools import ensure_pytest
-from kvspec.home import REPO_ROOT, contained_env
+from ground.home import REPO_ROOT, contained_env
 
 pytestmark = [pytest.mark.engine]
 

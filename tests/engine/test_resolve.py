@@ -15,7 +15,7 @@ import pytest
 from engine_adapter import environments
 from fuzz.oracles import check_engine_error
 from reference.case import case_to_dict, load_case, parse_case
-from reference.errors import DeploymentRejected, InvalidArgument, Unsupported
+from ground.errors import DeploymentRejected, InvalidArgument, Unsupported
 
 from tests.engine.conftest import ensure_env
 
@@ -137,7 +137,7 @@ import engine_adapter.observe as observe
 import engine_adapter.resolve as R
 from engine_adapter.failure import raised_by_vllm
 from reference.case import parse_case
-from reference.errors import DeploymentCrashes
+from ground.errors import DeploymentCrashes
 
 case = parse_case(json.loads(%r))
 driver = get_driver()

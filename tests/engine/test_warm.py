@@ -20,9 +20,9 @@ from engine_adapter import warm
 from engine_adapter.engine import WarmEngine
 from fuzz.campaign import Campaign
 from fuzz.generate import RandomChooser, build_case
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case
-from reference.errors import DeploymentRejected
+from ground.errors import DeploymentRejected
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine

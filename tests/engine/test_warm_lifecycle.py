@@ -24,8 +24,8 @@ import pytest
 
 from engine_adapter import warm
 from engine_adapter.warm import Paths, WarmClient
-from kvspec.home import REPO_ROOT
-from reference.errors import InvalidArgument
+from ground.home import REPO_ROOT
+from ground.errors import InvalidArgument
 
 STAND_IN = r'''
 import os, sys, time, types

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from fuzz.oracles import check_stale, resolved
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case, parse_case
 
 pytestmark = pytest.mark.engine

@@ -97,7 +97,7 @@ class UnreachableDouble(ReferenceDouble):
         super().__init__("0.33.0", "replay")
 
     def run(self, case: Case) -> dict:
-        from reference.errors import EngineError
+        from ground.errors import EngineError
 
         self.calls += 1
         raise EngineError("engine='vllm==0.33.0': worker did not start within 180s or exited: (no stderr)")

@@ -205,7 +205,7 @@ def _finding(case, oracle, first, expected, observed, *, knobs=None, error=None,
 
 
 def _write(folder, name, finding):
-    from reference.case import write_json_atomic
+    from ground.files import write_json_atomic
 
     write_json_atomic(folder / name, finding)
 
@@ -301,7 +301,7 @@ class _ResolveDouble:
     version = "0.33.0"
 
     def resolve(self, case):
-        from reference.errors import DeploymentCrashes, DeploymentRejected
+        from ground.errors import DeploymentCrashes, DeploymentRejected
 
         model = case.deployment.model
         if model == "mamba2":
@@ -309,7 +309,7 @@ class _ResolveDouble:
         if model == "jamba":
             raise DeploymentRejected("deployment='jamba': vLLM rejects it: ValueError: no")
         if model == "bamba":
-            from reference.errors import EngineError
+            from ground.errors import EngineError
 
             raise EngineError("engine='vllm==0.33.0': resolve failed (internal): ValidationError: Model architectures ['BambaForCausalLM'] failed to be inspected")
         return {"geometry": {"scheduler_block_size": 544, "hash_block_size": 544}, "facts": {"max_model_len": 32768}}

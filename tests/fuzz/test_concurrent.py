@@ -16,7 +16,7 @@ from fuzz.reach import trace_shape
 from fuzz.shrink import shrink
 from fuzz.verdict import AGREES, DIVERGES, Target, judge
 from reference.case import case_to_dict, is_concurrent, parse_case, serial_prefix, waves
-from reference.errors import InvalidArgument
+from ground.errors import InvalidArgument
 from reference.predict import predict
 
 GEOMETRY = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}], "max_num_batched_tokens": 64}

@@ -122,7 +122,7 @@ def test_spec_on_off_skips_a_variant_vllm_refuses():
     that variant (DeploymentRejected) there is nothing to compare: no
     divergence, no engine_error. (The run function is a test double.)"""
     from fuzz.oracles import check_spec_on_off
-    from reference.errors import DeploymentRejected
+    from ground.errors import DeploymentRejected
 
     case = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
 

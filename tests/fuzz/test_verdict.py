@@ -20,7 +20,7 @@ from fuzz.replay import replay_case
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, Target, judge, observe_and_judge
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, parse_case, with_resolution
-from reference.errors import InvalidArgument
+from ground.errors import InvalidArgument
 from reference.knobs import resolve_knobs
 from reference.predict import predict_with_knobs
 from tests.conftest import MTP_DROP, hybrid, make_case

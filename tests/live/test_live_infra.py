@@ -18,7 +18,7 @@ from engine_adapter.live import env as live_env
 from engine_adapter.live.metrics import parse_metrics
 from engine_adapter.live.model import TINY_CONFIG, tiny_model_dir
 from engine_adapter.live.server import ServerConfig, start_server
-from reference.errors import EngineError, KvspecError
+from ground.errors import EngineError, KvspecError
 
 DATA = Path(__file__).parent / "data"
 

@@ -31,7 +31,7 @@ from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRO
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from reference.predict import predict
 from tests.conftest import MTP, hybrid, make_case
 

@@ -13,7 +13,7 @@ import pytest
 
 from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, Target, render, replay
 from reference.case import parse_case, prompt_tokens
-from reference.errors import Unsupported
+from ground.errors import Unsupported
 from tests.conftest import hybrid
 from tests.live.stub_server import Faults, StubVllm
 

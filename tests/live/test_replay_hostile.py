@@ -18,7 +18,7 @@ from engine_adapter.live.client import LiveClient, LiveError, LiveTimeout, check
 from engine_adapter.live.replay import INCONCLUSIVE, Target, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict
-from reference.errors import InvalidArgument, KvspecError
+from ground.errors import InvalidArgument, KvspecError
 from tests.conftest import hybrid, make_case
 from tests.live.stub_server import Faults, StubVllm
 from tests.live.test_replay_unit import FAST, follows, predicted, repeat_case

@@ -15,7 +15,7 @@ from engine_adapter.live.geometry import rescale_case
 from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
-from reference.errors import InvalidArgument, KvspecError, Unsupported
+from ground.errors import InvalidArgument, KvspecError, Unsupported
 from reference.predict import predict
 from tests.conftest import MTP, hybrid, make_case
 from tests.live.stub_server import Faults, StubVllm, cache_config_labels

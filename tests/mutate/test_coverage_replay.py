@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from reference.errors import EngineError
+from ground.errors import EngineError
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine

@@ -7,7 +7,7 @@ import pytest
 
 from mutate.generate import materialize, operator_names, positions, select
 from mutate.targets import AREAS, release_vllm_root, spans
-from reference.errors import InvalidArgument
+from ground.errors import InvalidArgument
 
 pytestmark = pytest.mark.engine  # reads vllm==0.33.0's installed source
 

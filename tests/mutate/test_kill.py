@@ -17,7 +17,8 @@ from mutate.generate import positions, select, unified_diff
 from mutate.kill import read_result, run_mutant
 from mutate.run import base_engine, default_base_patches
 from mutate.targets import release_vllm_root
-from reference.case import case_to_dict, write_json_atomic
+from reference.case import case_to_dict
+from ground.files import write_json_atomic
 
 pytestmark = pytest.mark.engine
 

@@ -7,7 +7,7 @@ import json
 
 from mutate import report
 from mutate.kill import RESULT_SCHEMA, result_path
-from reference.case import write_json_atomic
+from ground.files import write_json_atomic
 
 
 def _res(mid, status="ran", k=None, v=None, secs=None, area="replay", fn="replay_boundaries", file="v1/core/kv_cache_coordinator.py"):

@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from kvspec.cli import EXIT_BROKEN_PIPE, main
-from reference.case import MAX_CASE_TOKENS, MAX_FILE_BYTES, MAX_PROMPT_TOKENS, MAX_REQUESTS, load_case
-from reference.errors import InvalidArgument
+from reference.case import MAX_CASE_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, load_case
+from ground.files import MAX_FILE_BYTES
+from ground.errors import InvalidArgument
 from tests.conftest import hybrid
 
 REPO = Path(__file__).resolve().parents[2]

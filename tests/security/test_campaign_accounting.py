@@ -30,7 +30,7 @@ from fuzz.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
 from kvspec.cli import main as kvspec
 from kvspec.options import cores, output_dir, output_file
 from reference.case import case_to_dict
-from reference.errors import EngineError, InvalidArgument
+from ground.errors import EngineError, InvalidArgument
 from tests.conftest import hybrid, make_case
 from tests.fuzz.doubles import ReferenceDouble
 

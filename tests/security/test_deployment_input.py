@@ -30,9 +30,9 @@ import pytest
 
 from engine_adapter.models import load_config
 from engine_adapter.resolve import MAMBA_KIND, model_config_dict
-from kvspec.home import REPO_ROOT
+from ground.home import REPO_ROOT
 from reference.deployment import Deployment, parse_deployment
-from reference.errors import InvalidArgument, Unsupported
+from ground.errors import InvalidArgument, Unsupported
 from reference.model_config import MAX_DIMENSION, MAX_LAYERS
 from reference.vllm_flags import FLAGS
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from engine_adapter import builds, patches, source_files
-from kvspec.home import REPO_ROOT
-from reference.errors import InvalidArgument
+from ground.home import REPO_ROOT
+from ground.errors import InvalidArgument
 
 SOURCE = "".join(f"line {i}\n" for i in range(1, 21))
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-import reference.case
+import ground.files
 from fuzz.findings import render
 from kvspec.cli import main as kvspec
 
@@ -213,7 +213,7 @@ def test_a_hostile_field_is_refused_or_written_escaped(tmp_path, capsys, monkeyp
 def test_the_hostile_summary_is_a_literal_of_the_test(tmp_path, capsys):
     """The unclassified finding's summary is the test's TITLE, read back equal
     to the finding's summary without control characters."""
-    from reference.printable import printable
+    from ground.printable import printable
 
     text = payloads(tmp_path / "MARKER")["triple-double"]
     code, got, out, _ = _report(tmp_path, _hostile("summary", text, classified=False), capsys)
@@ -299,9 +299,9 @@ def test_the_default_out_is_beside_the_finding_and_named_by_its_checked_signatur
 
 
 def _failing_writer(err: int, after: int):
-    """A test double for reference.case.write_bytes_atomic: writes ``after``
+    """A test double for ground.files.write_bytes_atomic: writes ``after``
     files, then raises OSError(err) as a full or read-only disk does."""
-    real = reference.case.write_bytes_atomic
+    real = ground.files.write_bytes_atomic
     calls = []
 
     def write(path, data):
@@ -314,7 +314,7 @@ def _failing_writer(err: int, after: int):
 
 @pytest.mark.parametrize("err, after", [(errno.ENOSPC, 0), (errno.ENOSPC, 2), (errno.EROFS, 0)])
 def test_a_full_or_read_only_disk_is_one_line_and_no_half_written_folder(tmp_path, capsys, monkeypatch, err, after):
-    monkeypatch.setattr(reference.case, "write_bytes_atomic", _failing_writer(err, after))
+    monkeypatch.setattr(ground.files, "write_bytes_atomic", _failing_writer(err, after))
     code, got, out, new = _report(tmp_path, BASE, capsys)
     assert code == 2
     assert got.err == f"kvspec: --out={str(out)!r}: cannot be written ({__import__('os').strerror(err)}); nothing was written; allowed: a writable folder with room for the report\n"
@@ -325,7 +325,7 @@ def test_a_failed_write_keeps_the_earlier_report_whole(tmp_path, capsys, monkeyp
     code, got, out, _ = _report(tmp_path, BASE, capsys)
     assert code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    monkeypatch.setattr(reference.case, "write_bytes_atomic", _failing_writer(errno.ENOSPC, 1))
+    monkeypatch.setattr(ground.files, "write_bytes_atomic", _failing_writer(errno.ENOSPC, 1))
     f = copy.deepcopy(BASE)
     f["summary"] = "another summary"
     code, got, _, new = _report(tmp_path, f, capsys)
@@ -362,7 +362,7 @@ def test_an_earlier_report_is_replaced_whole_and_another_folder_is_refused(tmp_p
     ("plain é 中 `code`", "", "plain é 中 `code`"),
 ])
 def test_printable_removes_terminal_control(text, keep, want):
-    from reference.printable import printable
+    from ground.printable import printable
 
     assert printable(text, keep=keep) == want
 
@@ -395,7 +395,7 @@ def test_say_prints_a_message_without_control_characters(capsys):
     """kvspec's one stderr line writer (every ``kvspec: <message>``): a
     message quoting a stranger's text reaches the terminal without its
     control characters; line breaks and tabs stay."""
-    from kvspec.console import say
+    from ground.console import say
 
     say("kvspec: vLLM said \x1b[2J\x1b]8;;http://evil.example/\x1b\\here\x1b]8;;\x1b\\ \u202eok\tdone\nnext")
     assert capsys.readouterr().err == "kvspec: vLLM said here ok\tdone\nnext\n"

@@ -30,8 +30,8 @@ import pytest
 
 from engine_adapter import warm
 from engine_adapter.warm import Paths, WarmClient
-from kvspec.home import REPO_ROOT
-from reference.errors import InvalidArgument
+from ground.home import REPO_ROOT
+from ground.errors import InvalidArgument
 from tests.engine.test_warm_lifecycle import case, folder, stand_in, wait_gone  # noqa: F401 - fixtures
 
 __all__ = ["folder", "stand_in"]

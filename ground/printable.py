@@ -5,9 +5,9 @@ terminal control: an escape sequence that clears the screen (``ESC [2J``),
 retitles the window or plants a hyperlink (OSC 8), a bidi override that
 shows text in another order than it is (Trojan Source), a carriage return
 that overwrites the line. kvspec prints such text, and copies it into the
-reports it writes, only through :func:`printable`. It lives here, in
-``reference`` (which everything imports), so the CLI and the report writers
-share the one rule.
+reports it writes, only through :func:`printable`. It lives on the
+ground floor (which everything may import), so the CLI and the report
+writers share the one rule.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """kvspec's one way to tell the user a line while a command works.
 
-A neutral module (it imports only ``reference.printable``, a leaf), used by
-the commands and by ``engine_adapter`` alike: progress and messages go to
+On the ground floor (it imports only ``ground.printable``), used by the
+commands and by ``engine_adapter`` alike: progress and messages go to
 stderr, one line at a time, flushed (stdout carries a command's result,
 often JSON), without terminal control characters (a message may quote a
 stranger's text: a finding's, vLLM's); a closed or broken stderr
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from reference.printable import printable
+from ground.printable import printable
 
 
 def say(line: str) -> None:

@@ -5,10 +5,10 @@ Face cache and the tiny model directories all live under :func:`kvspec_home`,
 never under ``~``. :func:`contained_env` is the environment every subprocess
 (pip, the engine worker) runs with.
 
-A neutral module: ``reference``-free and vLLM-free, imported by
+On the ground floor: vLLM-free and free of every other floor, imported by
 ``engine_adapter`` (also inside an engine environment, where the repository
 is on ``PYTHONPATH``), ``fuzz`` and the commands alike.
-``engine_adapter.home`` and ``engine_adapter.live.paths`` re-export it.
+``engine_adapter.live.paths`` re-exports it.
 """
 
 from __future__ import annotations
