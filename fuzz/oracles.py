@@ -107,7 +107,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position, resumable_states
+from reference.boundaries import internal_checkpoint_valid, junction_states, mamba_checkpoint_position, resumable_states
 from reference.case import Case, Request, is_concurrent, prompt_tokens, serial_prefix, waves, with_resolution
 from ground.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
@@ -380,8 +380,11 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
     a state some request ``j <= i`` may leave behind: one a later request
     can resume at (:func:`reference.boundaries.resumable_states` of ``j``'s
     prompt, with the knobs ``version`` resolves), one the reference model
-    keeps for ``j`` under the promise or the release's rule, the junction
-    the engine observed for ``j``, ``j``'s hit, and under periodic
+    keeps for ``j`` under the promise or the release's rule, the states a
+    sibling resumes at for the junction the engine observed for ``j``
+    (:func:`reference.boundaries.junction_states`: the junction, its floor
+    to the Mamba block, and with speculative decoding the floor one block
+    lower), ``j``'s hit, and under periodic
     retention every segment end. Inside ``i``'s output (the engine's
     ``retained_output_states``, past its prompt) no state under sparse
     retention (vLLM 0.30.0-0.33.0, ``prefix_cache_retention_interval``: 0
@@ -412,7 +415,8 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
         for m in models:
             if j < len(m):
                 mine |= held_states(m[j]) or set()
-        mine.update(int(x) for x in (e.get("junction"), hits[j] if j < len(hits) else 0) if x)
+        mine.update(p for M in Ms for p in junction_states(int(e.get("junction") or 0), U, M, has_speculative(case)))
+        mine.update(int(x) for x in (hits[j] if j < len(hits) else 0,) if x)
         own.append(mine)
     bad, expected, observed, outputs, notes = [], [], [], [], []
     for i, e in enumerate(explain):

@@ -188,6 +188,25 @@ def resumable_states(N: int, S: int, U: int, H: int, M: int, eagle_drop: bool, L
     return frozenset(out - {0})
 
 
+def junction_states(J: int, U: int, M: int, eagle: bool) -> frozenset[int]:
+    """The states a later sibling can resume at for a shared-prefix junction
+    J (a request's observed divergence point from an earlier prompt): J
+    itself (where the shared-prefix checkpoint writes it), and, since a
+    state inside a Mamba block has no slot of its own, the block ending at
+    or below J aligned down to the hit unit U; with speculative decoding
+    also the one for J less a Mamba block (a sibling diverging right after
+    the junction has no block past it to peek at, so its hit lands one
+    block lower). As vLLM 0.33.0 keeps them under sparse retention
+    (``MambaManager.cache_blocks`` passes the junction, and under EAGLE the
+    junction less a block, to ``reachable_block_mask``). 0 excluded."""
+    if J <= 0:
+        return frozenset()
+    marks = {J, floor_to(floor_to(J, U), M)}
+    if eagle:
+        marks.add(floor_to(floor_to(max(J - M, 0), U), M))
+    return frozenset(marks - {0})
+
+
 def periodic_states(N: int, interval: int, M: int) -> tuple[int, ...]:
     """Periodic retention (interval > 0): one state per interval, at its end;
     an interval at or below the Mamba block keeps every block (dense)."""

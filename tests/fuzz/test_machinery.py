@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import random
+from pathlib import Path
 
 from fuzz.campaign import Campaign
 from fuzz.codec import decode, encode
@@ -15,6 +16,8 @@ from fuzz.findings import load_finding, render
 from fuzz.oracles import check_all, request_kinds
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.fuzz.doubles import RaisingDouble, ReferenceDouble
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_request_kinds():
@@ -255,6 +258,31 @@ def test_the_retention_oracle_flags_states_kept_nowhere_reachable_and_dropped_se
     # not observed: not judged
     assert check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": [{"retained_mamba_blocks": None}, ok[1]]}) == []
     assert promise_of({"oracle": "retention", "case": {}, "first_divergence": 0}) == "retention"
+
+
+def test_the_retention_oracle_allows_a_sub_block_junctions_floor():
+    """A sibling diverging at a junction inside a Mamba block resumes at the
+    block ending at or below it (no state has a slot inside a block), one
+    block lower under speculative decoding: vLLM 0.33.0 keeps that state on
+    purpose (``reachable_block_mask`` of the junction), and a fourth request
+    of the same trace resumes there (docs/mutate.md, "The retention finding
+    against a fourth request"). The observation kept in the finding file
+    kvspec once wrote for it: held [48, 1152, 2304, 3440] after a junction
+    at 2288, block 1152. Without the junction, 1152 is still flagged."""
+    from fuzz.oracles import check_retention
+    from reference.boundaries import junction_states
+
+    assert junction_states(2288, 16, 1152, eagle=True) == {2288, 1152}
+    assert junction_states(2288, 16, 1152, eagle=False) == {2288, 1152}
+    assert junction_states(2400, 16, 1152, eagle=True) == {2400, 2304, 1152}
+    assert junction_states(0, 16, 1152, eagle=True) == frozenset()
+    finding = json.loads((ROOT / "docs/data/findings/retention-after-partial-hit-qwen3_next.json").read_text())
+    case, _ = load_finding(ROOT / "docs/data/findings/retention-after-partial-hit-qwen3_next.json")
+    obs = {"hits": finding["observed"]["hits"], "explain": finding["explain"]["engine"]}
+    assert check_retention(case, "0.33.0", obs) == []
+    unseen = {**obs, "explain": [*obs["explain"][:2], {**obs["explain"][2], "junction": 0}]}
+    (div,) = check_retention(case, "0.33.0", unseen)
+    assert div.requests == [2] and "keeps [1152]" in div.detail
 
 
 def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
