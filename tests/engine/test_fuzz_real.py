@@ -74,7 +74,7 @@ RESUME_S = 90
 
 
 def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
-    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--max-time", str(seconds), "--seed", "1", "--out", str(out), "--corpus", str(corpus), "--json"]
+    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--driver", "atheris", "--engine", "vllm==0.29.0", "--max-time", str(seconds), "--seed", "1", "--out", str(out), "--corpus", str(corpus), "--json"]
 
 
 def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):

@@ -112,7 +112,12 @@ def test_fuzz_help_documents_the_exit_codes(capsys):
     (["--max-time", "-5"], "--max-time="),
     (["--harness-error-limit", "nan"], "--harness-error-limit="),
     (["--harness-error-limit", "2"], "--harness-error-limit="),
-    (["--case", "examples/seed-53504.json"], "--case="),  # atheris reads a corpus, not case files
+    (["--driver", "atheris", "--case", "examples/seed-53504.json"], "--case="),  # atheris reads a corpus, not case files
+    # atheris's own options, refused with the default driver (random)
+    (["--corpus", "corpus"], "--corpus="),
+    (["--jobs", "2"], "--jobs="),
+    (["--driver", "cases", "--jobs", "2"], "--jobs="),
+    (["--", "-runs=10"], "libfuzzer="),
 ])
 def test_fuzz_usage_errors_exit_2_with_one_line(capsys, argv, field):
     assert kvspec(["fuzz", *argv]) == 2

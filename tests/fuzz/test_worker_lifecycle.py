@@ -37,7 +37,7 @@ def _broken_home(home: Path) -> Path:
 
 
 def _cmd(out: Path, max_time: int) -> list[str]:
-    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", f"vllm=={VERSION}", "--no-z3-seeds", "--max-time", str(max_time), "--seed", "1", "--out", str(out), "--json"]
+    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--driver", "atheris", "--engine", f"vllm=={VERSION}", "--no-z3-seeds", "--max-time", str(max_time), "--seed", "1", "--out", str(out), "--json"]
 
 
 def _env(home: Path) -> dict:

@@ -65,14 +65,14 @@ def _argvs(tmp: Path) -> list[tuple[str, list[str]]]:
     for kind, path in _bad_folders(tmp).items():
         for driver in ("atheris", "random", "cases"):
             out.append(("--out", ["fuzz", "--driver", driver, "--max-time", "30", "--out", path]))
-        out.append(("--corpus", ["fuzz", "--max-time", "30", "--out", str(tmp / "ok"), "--corpus", path]))
+        out.append(("--corpus", ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--corpus", path]))
         out.append(("--out", ["check-build", "--max-time", "30", "--out", path]))
         out.append(("--out", ["mutate", "--report", "--out", path]))
     for flag, value in _bad_numbers():
         for driver in ("atheris", "random"):
             out.append((flag, ["fuzz", "--driver", driver, f"{flag}={value}", "--out", str(tmp / "ok")]))
     for value in ("-jobs=1000000", "-workers=64", "-fork=8", "-merge=1"):  # libFuzzer's own processes, out of --jobs' reach
-        out.append(("libfuzzer", ["fuzz", "--max-time", "30", "--out", str(tmp / "ok"), "--", "-runs=10", value]))
+        out.append(("libfuzzer", ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--", "-runs=10", value]))
     return out
 
 
