@@ -66,9 +66,10 @@ test-fast: venv
 
 # kvspec's mutation score beside vLLM's own tests (issue 12; docs/mutate.md):
 # 40 Cosmic Ray mutants of vLLM 0.33.0's boundary code, 30 s of kvspec each,
-# vLLM's tests/v1/core from the sdist; the report in .kvspec/mutate/runs/make.
+# vLLM's tests/v1/core from the sdist; the report in .kvspec/mutate/runs/make-COMMIT
+# (a folder per commit: a run resumes only with the sources that judged it).
 mutate: venv engines
-	$(KVSPEC) mutate --engine vllm==0.33.0 --mutants 40 --budget 30 --out .kvspec/mutate/runs/make
+	$(KVSPEC) mutate --engine vllm==0.33.0 --mutants 40 --budget 30 --out .kvspec/mutate/runs/make-$$(git rev-parse --short HEAD 2>/dev/null || echo tree)
 
 bench: venv engines
 	$(PY) bench/reference.py

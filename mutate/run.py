@@ -18,10 +18,12 @@ not run again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 
+from ground.errors import InvalidArgument
 from ground.files import write_json_atomic
 
 #: Per-task wall bound on Ray: build, engine start, budget, vLLM's tests.
@@ -33,6 +35,42 @@ def _quiet(_line: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+#: The packages whose code decides a mutant's verdict (the kill loop, its
+#: oracles and model, the engine it drives, the seeds it starts from).
+JUDGING_PACKAGES = ("ground", "reference", "spec", "engine_adapter", "fuzz", "mutate")
+
+
+def sources_sha256(root: Path = ROOT) -> str:
+    """sha256 over kvspec's judging sources (:data:`JUDGING_PACKAGES`'
+    ``*.py``, paths and contents)."""
+    h = hashlib.sha256(b"kvspec-judging-sources\0")
+    for pkg in JUDGING_PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def claim_folder(out: Path, identity: dict) -> None:
+    """A run folder's verdicts (the control, the fixed cases, each mutant's
+    result) are reused when a run resumes, so they must come from the same
+    judge: ``OUT/judged-by.json`` records ``identity`` (kvspec's judging
+    sources, the base, the budget, the seed); a folder judged otherwise, or
+    holding a run from before that record, is refused in one line."""
+    path = out / "judged-by.json"
+    try:
+        held = json.loads(path.read_text())
+    except FileNotFoundError:
+        held = None
+    except (OSError, ValueError):
+        held = {}
+    if held is None and not any((out / name).exists() for name in ("control.json", "cases.json", "mutants.json", "mutants")):
+        write_json_atomic(path, identity)
+        return
+    if held != identity:
+        what = "no record of what judged it" if not held else "other " + ", ".join(k for k in identity if held.get(k) != identity[k])
+        raise InvalidArgument(f"--out={out}: a run folder judged with {what}; allowed: a fresh folder, or resuming with the same kvspec sources, base, budget and seed")
 
 
 def default_base_patches(release: str) -> list[str]:
@@ -90,6 +128,7 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     base_patches = default_base_patches(release) if base_patches is None else base_patches
     base = base_engine(release, base_patches)
     say(f"[mutate] base: {base} ({', '.join(Path(p).name for p in base_patches) or 'the release'})")
+    claim_folder(out, {"kvspec_sources_sha256": sources_sha256(), "release": release, "base": base, "budget_s": budget, "seed": seed})
     mutants = select_mutants(release, n=n, only=only, seed=seed, base=base)
     if not tests_only:
         write_json_atomic(out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants})

@@ -43,3 +43,4 @@ def test_ray_gets_one_keyword_task_per_mutant_and_a_lost_task_is_no_kill(tmp_pat
     assert [r["status"] for r in results] == ["harness", "ran", "ran"]
     s = report.summarize(results, equivalent={})
     assert s["counts"]["harness"] == 1 and s["kvspec_killed"] == 2 and s["scored"] == 2
+
