@@ -191,10 +191,10 @@ def server_geometry(info) -> tuple[Geometry, Speculative | None, list[str]]:
 def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: float) -> Source:
     """The geometry of a running server (one line when unreachable)."""
     from engine_adapter.live.client import LiveClient, check_base_url
-    from engine_adapter.live.replay import server_info
+    from engine_adapter.live.measure import server_info
     from reference.knobs import SUPPORTED_VERSIONS
 
-    from engine_adapter.live.replay import redact_url
+    from engine_adapter.live.measure import redact_url
     from ground.errors import EngineError
 
     check_base_url(url, "--server")

@@ -4,7 +4,7 @@ bare case's target)?
 Every kvspec command that prints a verdict takes it from :func:`judge`:
 in-process replay (``kvspec replay FINDING --engine``, :mod:`fuzz.replay`),
 live replay (``kvspec replay FINDING --server``,
-:mod:`engine_adapter.live.replay`, which first applies its own rules for a
+:mod:`fuzz.live_replay`, which first applies its own rules for a
 noisy server), ``kvspec run --compare`` and ``kvspec matrix``. So
 "reproduced" means one thing everywhere.
 

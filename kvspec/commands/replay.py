@@ -117,7 +117,7 @@ def main(args) -> int:
         if value:
             raise invalid(flag, next(iter(value.values())), "applies to --engine only (a build runs in-process, a server is what it is)")
 
-    from engine_adapter.live.replay import load_target, render, replay
+    from fuzz.live_replay import load_target, render, replay
     from ground.files import write_json_atomic
 
     key = _api_key(args.api_key_env)

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from engine_adapter.live.metrics import parse_metrics
-from engine_adapter.live.replay import INCONCLUSIVE, Target, replay
+from fuzz.live_replay import INCONCLUSIVE, Target, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.case import case_to_dict, parse_case, with_resolution
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.live.replay import AGREES, Target, replay
+from fuzz.live_replay import AGREES, Target, replay
 from fuzz.oracles import CONCURRENT_ORACLES, check_all, resolved
 from fuzz.verdict import Target as Prediction
 from fuzz.verdict import judge

@@ -27,7 +27,7 @@ import time
 import httpx
 import pytest
 
-from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
@@ -69,7 +69,7 @@ def test_server_geometry_as_exposed(live_server, resolve_server, block):
     """What the server exposes equals what vLLM 0.32.0 resolves for its
     deployment on this machine (block, hash block, retention, mode)."""
     from engine_adapter.live.client import LiveClient
-    from engine_adapter.live.replay import server_info
+    from engine_adapter.live.measure import server_info
 
     with LiveClient(live_server.url) as c:
         info = server_info(c, None)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, Target, render, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, Target, render, replay
 from reference.case import parse_case, prompt_tokens
 from ground.errors import Unsupported
 from tests.conftest import hybrid

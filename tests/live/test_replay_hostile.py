@@ -15,7 +15,7 @@ import time
 import pytest
 
 from engine_adapter.live.client import LiveClient, LiveError, LiveTimeout, check_base_url, redact, split_lines
-from engine_adapter.live.replay import INCONCLUSIVE, Target, replay
+from fuzz.live_replay import INCONCLUSIVE, Target, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict
 from ground.errors import InvalidArgument, KvspecError

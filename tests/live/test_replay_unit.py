@@ -12,7 +12,7 @@ import types
 import pytest
 
 from engine_adapter.live.geometry import rescale_case
-from engine_adapter.live.replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
 from ground.errors import InvalidArgument, KvspecError, Unsupported
@@ -587,7 +587,7 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, match):
 
 
 def test_credentials_in_the_url_are_never_shown(capsys):
-    from engine_adapter.live.replay import redact_url
+    from engine_adapter.live.measure import redact_url
 
     assert redact_url("http://user:s3cret@127.0.0.1:8000/x") == "http://127.0.0.1:8000/x"
     assert redact_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"

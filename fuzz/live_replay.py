@@ -1,5 +1,8 @@
 """Replay a case (or a finding) against a running vLLM server; give a verdict.
 
+The requests are sent and measured by :mod:`engine_adapter.live.measure`;
+this module checks the case against the server, predicts, and judges.
+
 Procedure: read the server's geometry and refuse what it cannot run
 (:mod:`engine_adapter.live.geometry`); then send the trace wave by wave
 (``reference.case.waves``; a serial trace is one request per wave), each
@@ -7,7 +10,7 @@ request a streamed token-id ``/v1/completions`` read to its end, with a gap
 between waves; around each wave, scrape ``/metrics`` and take the deltas of
 ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``. A
 concurrent wave's requests are sent ``arrival x step_s`` seconds apart, each
-on its own thread, and measured together (:class:`_Sender`): the counters
+on its own thread, and measured together (:class:`engine_adapter.live.measure.Sender`): the counters
 cannot tell them apart, so their summed hits are held against the sum of
 their bounds (``reference.predict.unpredicted_bounds``).
 
@@ -52,29 +55,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine_adapter.live.client import Completion, LiveClient, check_base_url, redact
-from engine_adapter.live.geometry import ServerInfo, check_case, rescale_case
-from engine_adapter.live.metrics import Snapshot
-from reference.case import Case, case_to_dict, is_concurrent, parse_case, prompt_tokens, serial_prefix, waves, with_resolution
+from engine_adapter.live.client import LiveClient, check_base_url, redact
+from engine_adapter.live.geometry import check_case, rescale_case
+from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, Row, Sender, number_text, one_line, redact_url, server_info, wait_idle  # noqa: F401 - redact_url re-exported
+from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
 from ground.files import load_json
-from ground.errors import EngineError, InvalidArgument, KvspecError, Unsupported, invalid
+from reference.case import Case, case_to_dict, is_concurrent, parse_case, serial_prefix, waves, with_resolution
 from reference.knobs import implemented_rule
 from reference.predict import unpredicted_bounds
 from reference.serial import RULES
 
-from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED  # noqa: F401 - the judge's words, re-exported
+from fuzz.findings import upgrade
+from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, judge  # noqa: F401 - the judge's words, re-exported
+from fuzz.verdict import Target as Prediction
 
 DEFAULT_GAP_S = 1.0
-#: How long one scheduler step is taken to last when a concurrent wave's
-#: ``arrival`` (in steps) is turned into a delay on a live server.
-DEFAULT_STEP_S = 0.05
-#: How long to wait for the counters to show a finished request.
-SETTLE_S = 10.0
-SETTLE_POLL_S = 0.05
-IDLE_WAIT_S = 10.0
-
-
-# ---------------------------------------------------------------- input
 
 
 @dataclass(frozen=True)
@@ -118,40 +113,12 @@ def load_target(path: str) -> Target:
             expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
         except InvalidArgument:
             expected = None  # partial expectations: the reference model fills in
-        from fuzz.findings import upgrade
-        from fuzz.verdict import Claim
-
         claim = Claim.of(upgrade(raw))  # one line on a malformed oracle or first divergence
         engine = raw.get("engine")
         if isinstance(engine, dict):
             engine = engine.get("version") or engine.get("name")
         return Target(case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first)
     return Target(parse_case(raw), "case", None, None)
-
-
-# ---------------------------------------------------------------- output
-
-
-@dataclass
-class Row:
-    index: int
-    prompt_tokens: int
-    max_tokens: int
-    expected: int | None
-    target: int | None
-    hits: float | None = None
-    queries: float | None = None
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    issues: list[str] = field(default_factory=list)
-    sent: bool = False
-    #: The prediction under the rule the server's vLLM version implements.
-    implemented: int | None = None
-    #: A finding's own expected hits (what the judge checks its oracle against).
-    finding_expected: int | None = None
-    #: A request the model does not predict (it shared the server): the
-    #: most it can hit whatever the batching (``reference.predict.resume_bounds``).
-    bound: int | None = None
 
 
 @dataclass
@@ -219,9 +186,6 @@ def decide(rows: list[Row], differences: list[str], global_issues: list[str], ta
     expected ones), a bare case against the prediction (``row.target``;
     ``None`` for a request of a concurrent wave, judged by its ``bound``
     on the wave's summed hits, ``waves``)."""
-    from fuzz.verdict import Claim, judge
-    from fuzz.verdict import Target as Prediction
-
     reasons = list(global_issues)
     reasons += [f"server knob differs: {d}" for d in differences]
     for r in rows:
@@ -241,206 +205,6 @@ def decide(rows: list[Row], differences: list[str], global_issues: list[str], ta
         bounds = [r.bound for r in rows]
         verdict = judge(Prediction([r.target for r in rows], rule, bounds=bounds if any(b is not None for b in bounds) else None), observation)
     return verdict.verdict, verdict.reasons
-
-
-def _n(x: float | None) -> str:
-    return "-" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-# ---------------------------------------------------------------- server
-
-
-def pick_model(client: LiveClient, requested: str | None) -> tuple[str, int | None, tuple[str, ...]]:
-    models = client.models()
-    ids = tuple(str(m.get("id")) for m in models if m.get("id") is not None)
-    if not ids:
-        raise Unsupported("server /v1/models=[]: no model is served; allowed: one or more models")
-    if requested is None:
-        if len(ids) > 1:
-            raise InvalidArgument(f"--model=None: the server serves {len(ids)} models ({', '.join(ids[:5])}); allowed: one of them")
-        requested = ids[0]
-    elif requested not in ids:
-        raise InvalidArgument(f"--model={requested!r}: not served; allowed: {', '.join(ids[:10])}")
-    entry = next(m for m in models if m.get("id") == requested)
-    max_len = entry.get("max_model_len")
-    return requested, (int(max_len) if isinstance(max_len, int) else None), ids
-
-
-def server_info(client: LiveClient, model: str | None) -> ServerInfo:
-    name, max_len, ids = pick_model(client, model)
-    snap = client.metrics(name)
-    return ServerInfo(name, ids, max_len, client.version(), snap.cache_config, snap.spec_positions)
-
-
-def _wait_idle(client: LiveClient, model: str, deadline_s: float) -> Snapshot:
-    t_end = time.monotonic() + deadline_s
-    for _ in range(int(deadline_s / 0.5) + 1):
-        snap = client.metrics(model)
-        if not (snap.running or snap.waiting) or time.monotonic() >= t_end:
-            return snap
-        time.sleep(0.5)
-    return snap
-
-
-def _settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float, count: int = 1) -> tuple[Snapshot, bool]:
-    """Poll until the counters show our ``count`` request(s) of
-    ``prompt_len`` tokens in all (bounded)."""
-    t_end = time.monotonic() + settle_s
-    snap = client.metrics(model)
-    for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
-        if snap.queries is None or pre.queries is None or snap.queries < pre.queries or (snap.hits or 0) < (pre.hits or 0):
-            return snap, False  # missing or went down: the caller says which
-        finished = pre.finished is None or (snap.finished is not None and snap.finished - pre.finished >= count)
-        if snap.queries - pre.queries >= prompt_len and not snap.running and finished:
-            return snap, True
-        if time.monotonic() >= t_end:
-            break
-        time.sleep(SETTLE_POLL_S)
-        snap = client.metrics(model)
-    return snap, False
-
-
-def _counter_issue(before: Snapshot, after: Snapshot, when: str) -> str | None:
-    if before.start_time is not None and after.start_time is not None and after.start_time != before.start_time:
-        return f"server restarted {when} (process_start_time changed)"
-    for name, a, b in (("queries", before.queries, after.queries), ("hits", before.hits, after.hits)):
-        if a is None or b is None:
-            return f"prefix_cache_{name}_total missing {when}"
-        if b < a:
-            return f"prefix_cache_{name}_total went down {when} ({_n(a)} -> {_n(b)}: restart or reset)"
-    return None
-
-
-class _Sender:
-    """Sends the trace's waves and measures each around it. ``one`` sends a
-    request alone (the rules of the module docstring); ``wave`` sends the
-    requests of a concurrent wave, each ``arrival x step_s`` seconds after
-    the previous one, every one read to its end on its own thread, and
-    measures the wave as a whole (the counters cannot tell its requests
-    apart): the query delta must be the sum of its prompt lengths (a
-    request looked up twice, deferred or preempted, makes it inconclusive)
-    and its finished count its size. Each returns False when the replay
-    must stop (something failed after a request was sent). ``waves`` holds
-    one entry per concurrent wave: its requests and their summed hits and
-    queries."""
-
-    def __init__(self, client: LiveClient, model: str, first: Snapshot, settle_s: float, notes: list[str]):
-        self.client, self.model, self.first, self.settle_s, self.notes = client, model, first, settle_s, notes
-        self.prev = first
-        self.waves: list[dict] = []
-        self.stopped = False
-
-    def _before(self, row: Row) -> Snapshot | None:
-        """The counters before a send; the issues they show go to ``row``."""
-        try:
-            pre = self.client.metrics(self.model)
-        except EngineError as e:  # unreachable, timed out, or not Prometheus text
-            row.issues.append(f"metrics before the request unreadable: {e}")
-            return None
-        prev = self.prev
-        issue = _counter_issue(prev, pre, "between requests")
-        if issue:
-            row.issues.append(issue)
-        elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
-            row.issues.append(f"counters moved between requests (queries +{_n(pre.queries - prev.queries)}, hits +{_n(pre.hits - prev.hits)}): foreign traffic")
-        elif pre.finished != prev.finished:
-            row.issues.append(f"requests finished between ours (request_success_total +{_n((pre.finished or 0) - (prev.finished or 0))}): foreign traffic")
-        if pre.running or pre.waiting:
-            row.issues.append(f"foreign traffic: running={_n(pre.running)} waiting={_n(pre.waiting)} before the request")
-        if pre.cache_config != self.first.cache_config:
-            row.issues.append("vllm:cache_config_info changed during the replay")
-        return pre
-
-    def _after(self, row: Row, pre: Snapshot, prompt_len: int, count: int) -> tuple[float, float] | None:
-        """The query and hit deltas of ``count`` requests of ``prompt_len``
-        tokens in all, once the counters settled (None when they cannot be
-        taken; ``stopped`` when the counters could not be read); issues go
-        to ``row``."""
-        try:
-            post, settled = _settle(self.client, self.model, pre, prompt_len, self.settle_s, count)
-        except EngineError as e:  # something was sent: a verdict (inconclusive) with a report, not a refusal
-            row.issues.append(f"metrics after the request unreadable: {e}")
-            self.stopped = True
-            return None
-        measured = None
-        issue = _counter_issue(pre, post, "during the request")
-        if issue:
-            row.issues.append(issue)
-        else:
-            queries, hits = post.queries - pre.queries, post.hits - pre.hits
-            measured = queries, hits
-            if not settled and queries < prompt_len:
-                row.issues.append(f"metrics did not settle in {self.settle_s:g} s (query delta {_n(queries)} of {prompt_len})")
-            elif queries != prompt_len:
-                if count == 1:
-                    row.issues.append(f"query delta {_n(queries)} != prompt length {prompt_len}: foreign traffic or preemption")
-                else:
-                    row.issues.append(f"query delta {_n(queries)} != the wave's prompt lengths {prompt_len}: foreign traffic, or a request looked up twice (deferred or preempted)")
-            if hits > queries:
-                row.issues.append(f"hit delta {_n(hits)} > query delta {_n(queries)}")
-            if pre.finished is not None and post.finished is not None and post.finished - pre.finished != count:
-                ours = "our one request" if count == 1 else f"our wave of {count} requests"
-                row.issues.append(f"request_success_total +{_n(post.finished - pre.finished)} during {ours}: foreign traffic")
-        if post.cache_config != self.first.cache_config:
-            row.issues.append("vllm:cache_config_info changed during the replay")
-        self.prev = post
-        return measured
-
-    def _completed(self, row: Row, done: Completion) -> None:
-        row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
-        if done.attempts > 1:
-            self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
-
-    def one(self, req, row: Row) -> bool:
-        pre = self._before(row)
-        if pre is None:
-            return False
-        tokens = prompt_tokens(req)
-        try:
-            row.sent = True
-            done = self.client.complete(self.model, tokens, req.max_tokens)
-        except EngineError as e:
-            row.issues.append(str(e))
-            return False
-        self._completed(row, done)
-        measured = self._after(row, pre, len(tokens), 1)
-        if measured is not None:
-            row.queries, row.hits = measured
-        return not self.stopped
-
-    def wave(self, reqs: list, rows: list[Row], step_s: float) -> bool:
-        from concurrent.futures import ThreadPoolExecutor
-
-        head = rows[0]
-        pre = self._before(head)
-        if pre is None:
-            return False
-        prompts = [prompt_tokens(r) for r in reqs]
-        with ThreadPoolExecutor(max_workers=len(reqs), thread_name_prefix="kvspec-wave") as pool:
-            futures = []
-            for req, row, tokens in zip(reqs, rows, prompts):
-                if futures and req.arrival:
-                    time.sleep(req.arrival * step_s)
-                row.sent = True
-                futures.append(pool.submit(self.client.complete, self.model, tokens, req.max_tokens))
-            failed = False
-            for row, future in zip(rows, futures):
-                try:  # each completion is bounded by the client's timeout
-                    done = future.result()
-                except EngineError as e:
-                    row.issues.append(str(e))
-                    failed = True
-                    continue
-                self._completed(row, done)
-        if failed:
-            return False
-        total = sum(len(t) for t in prompts)
-        measured = self._after(head, pre, total, len(reqs))
-        entry = {"requests": [r.index for r in rows], "queries": None, "hits": None}
-        self.waves.append(entry)
-        if measured is not None:
-            entry["queries"], entry["hits"] = measured
-        return not self.stopped
 
 
 def replay(
@@ -613,18 +377,18 @@ def _replay(
             for i, r in enumerate(case.trace)
         ]
         global_issues: list[str] = []
-        first = _wait_idle(client, info.model, min(IDLE_WAIT_S, timeout_s))
+        first = wait_idle(client, info.model, min(IDLE_WAIT_S, timeout_s))
         if first.queries is None or first.hits is None:
             raise Unsupported("server vllm:prefix_cache_queries_total=absent: cannot measure hits; allowed: a vLLM server with prefix caching metrics")
         if first.running or first.waiting:
-            global_issues.append(f"server busy before the replay (running={_n(first.running)}, waiting={_n(first.waiting)})")
+            global_issues.append(f"server busy before the replay (running={number_text(first.running)}, waiting={number_text(first.waiting)})")
         if concurrent:
             notes.append(
                 f"concurrent trace: the model predicts the first {serial_prefix(case)} request(s); each wave of requests sharing the server is sent "
                 f"with 'arrival' d as d x {step_s:g} s (--step-s) after the previous request (a live server's steps cannot be timed from outside), "
                 "and judged on its summed counters against the most each request can resume whatever the batching"
             )
-        sender = _Sender(client, info.model, first, min(settle_s, timeout_s), notes)
+        sender = Sender(client, info.model, first, min(settle_s, timeout_s), notes)
         for k, wave in enumerate(waves(case)):
             if k > 0 and gap_s:
                 time.sleep(gap_s)
@@ -681,23 +445,6 @@ def resolve_on_engine(case: Case, version: str) -> dict:
         return engine.resolve(case)
 
 
-def one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def redact_url(url: str) -> str:
-    """The URL without any ``user:password@`` part (never printed or saved)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-
-
 def _reference_hits(case: Case, version: str, rule: str = "promise") -> list[int]:
     from reference.knobs import SUPPORTED_VERSIONS
     from reference.predict import predict
@@ -705,9 +452,6 @@ def _reference_hits(case: Case, version: str, rule: str = "promise") -> list[int
     if version not in SUPPORTED_VERSIONS:
         raise Unsupported(f"server version={version}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: one of them")
     return list(predict(case, as_version=version, rule=rule)["hits"])
-
-
-# ---------------------------------------------------------------- render
 
 
 def render(report: Report, console=None) -> None:
@@ -742,19 +486,19 @@ def render(report: Report, console=None) -> None:
             mark = "in a wave"
         elif not r.sent:
             mark = "not sent"
-        cells = [str(r.index), str(r.prompt_tokens), _n(r.expected) if r.bound is None else f"<= {_n(r.bound)}"]
+        cells = [str(r.index), str(r.prompt_tokens), number_text(r.expected) if r.bound is None else f"<= {number_text(r.bound)}"]
         if report.implemented_rule:
-            cells.append(_n(r.implemented))
+            cells.append(number_text(r.implemented))
         if report.kind == "finding":
-            cells.append(_n(r.target))
-        cells += [_n(r.hits), _n(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
+            cells.append(number_text(r.target))
+        cells += [number_text(r.hits), number_text(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
         table.add_row(*cells)
     console.print(table)
     for w in report.waves:
         idx = w["requests"]
         cap = sum(report.rows[i].bound or 0 for i in idx)
         state = "-" if w["hits"] is None else ("ok" if w["hits"] <= cap else "above the bounds")
-        console.print(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {_n(w['hits'])} (<= {_n(cap)}: {state}), queries {_n(w['queries'])}", highlight=False)
+        console.print(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {number_text(w['hits'])} (<= {number_text(cap)}: {state}), queries {number_text(w['queries'])}", highlight=False)
     knobs = ", ".join(f"{k}={v}" for k, v in report.server_knobs.items())
     console.print(f"server knobs: {knobs}", highlight=False)
     for n in report.notes:
