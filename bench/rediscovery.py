@@ -8,7 +8,7 @@ driver beside atheris, in the same run) and each of K seeds, one default
 campaign runs exactly as a user runs it::
 
     kvspec fuzz --engine vllm==R --driver D --seed S --max-time B+STARTUP \\
-                --out FRESH --corpus EMPTY --json
+                --out FRESH [--corpus EMPTY: atheris] --json
 
 from an empty corpus and an empty findings folder: no ``examples/`` file
 is a seed (the z3 boundary cases, derived from the proofs, are, as in
@@ -52,7 +52,7 @@ def run_campaign(release: str, driver: str, seed: int, budget: float, startup: f
     out, corpus = work / "out", work / "corpus"
     corpus.mkdir(parents=True)
     cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", f"vllm=={release}", "--driver", driver, "--seed", str(seed),
-           "--max-time", str(budget + startup), "--out", str(out), "--corpus", str(corpus), "--json"]
+           "--max-time", str(budget + startup), "--out", str(out), "--json"] + (["--corpus", str(corpus)] if driver == "atheris" else [])
     began = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget + startup + 120, env=dict(os.environ))
     try:
