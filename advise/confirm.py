@@ -117,7 +117,7 @@ def compare(case: Case, outcome: Outcome, observation: dict, lookahead: int) -> 
 
 def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout: float = RUN_TIMEOUT_S, progress=None) -> dict:
     """Run every setting of ``advice`` on ``engine``; compare; write findings."""
-    from fuzz.campaign import harness_error_of
+    from fuzz.verdict import harness_error_of
     from fuzz.findings import make_finding, write_finding
     from fuzz.oracles import Divergence, check_engine_error, resolved
     from engine_adapter.versions import parse_engine

@@ -498,8 +498,6 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         import vllm.v1.core.kv_cache_utils as ku
 
         kcfg = ku.generate_scheduler_kv_cache_config(cfgs)
-        from engine_adapter.setup import engine_core_block_sizes
-
         sbs, hbs, alignment = engine_core_block_sizes(vc, kcfg, also=cfgs)
     except KvspecError:
         raise
@@ -686,3 +684,32 @@ def summary(res: Resolution) -> dict:
 def needed_blocks(trace_tokens: list[int], block: int, k: int = 0) -> int:
     """Blocks per group a serial trace needs without eviction."""
     return 16 + sum(math.ceil((n + k + 2) / block) + k + 4 for n in trace_tokens)
+
+
+def engine_core_block_sizes(vllm_config, kv_cache_config, also=()) -> tuple[int, int, int | None]:
+    """What vLLM's ``EngineCore`` does between the KV-cache plan and the
+    scheduler (``_initialize_kv_caches``, then ``__init__``; 0.29.0-0.33.0):
+    the cache config takes the pool's block count and the smallest
+    prefix-cacheable group block, vLLM validates it, and
+    ``resolve_kv_cache_block_sizes`` gives the scheduler block and the hash
+    block; from 0.32.0 ``resolve_cache_hit_alignment_tokens`` gives the
+    cache-hit alignment, written into the KV-cache config (and ``also``:
+    the per-worker configs) as vLLM does. Returns (scheduler block, hash
+    block, alignment or None)."""
+    import vllm.v1.core.kv_cache_utils as kv_cache_utils
+
+    cc = vllm_config.cache_config
+    groups = kv_cache_config.kv_cache_groups
+    cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
+    cc.num_gpu_blocks = kv_cache_config.num_blocks
+    cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
+    if hasattr(vllm_config, "validate_block_size"):
+        vllm_config.validate_block_size()
+    scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    alignment = None
+    if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
+        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
+        for c in (*also, kv_cache_config):
+            c.hash_block_size = hash_block_size
+            c.cache_hit_alignment_tokens = alignment
+    return scheduler_block_size, hash_block_size, alignment

@@ -51,6 +51,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.structured_output import StructuredOutputManager
 
 from engine_adapter.failure import VllmFailure, vllm_outcome
+from engine_adapter.resolve import engine_core_block_sizes
 from ground.home import models_dir
 from reference.case import Case
 from ground.files import write_text_if_changed
@@ -111,33 +112,6 @@ def start_scheduler(caps: Capabilities, vllm_config, kv_cache_config, scheduler_
     if caps.hasher_takes_lookahead:
         hasher_args.append(vllm_config.num_hash_lookahead_tokens)
     return scheduler, kv_cache_utils.get_request_block_hasher(*hasher_args)
-
-
-def engine_core_block_sizes(vllm_config, kv_cache_config, also=()) -> tuple[int, int, int | None]:
-    """What vLLM's ``EngineCore`` does between the KV-cache plan and the
-    scheduler (``_initialize_kv_caches``, then ``__init__``; 0.29.0-0.33.0):
-    the cache config takes the pool's block count and the smallest
-    prefix-cacheable group block, vLLM validates it, and
-    ``resolve_kv_cache_block_sizes`` gives the scheduler block and the hash
-    block; from 0.32.0 ``resolve_cache_hit_alignment_tokens`` gives the
-    cache-hit alignment, written into the KV-cache config (and ``also``:
-    the per-worker configs) as vLLM does. Returns (scheduler block, hash
-    block, alignment or None)."""
-    cc = vllm_config.cache_config
-    groups = kv_cache_config.kv_cache_groups
-    cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
-    cc.num_gpu_blocks = kv_cache_config.num_blocks
-    cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
-    if hasattr(vllm_config, "validate_block_size"):
-        vllm_config.validate_block_size()
-    scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    alignment = None
-    if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
-        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
-        for c in (*also, kv_cache_config):
-            c.hash_block_size = hash_block_size
-            c.cache_hit_alignment_tokens = alignment
-    return scheduler_block_size, hash_block_size, alignment
 
 
 def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:

@@ -46,6 +46,7 @@ from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, Kv
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
+from fuzz.verdict import harness_error_of
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
 from fuzz.shrink import shrink
@@ -99,22 +100,6 @@ class Stats:
 
 class HarnessFailure(Exception):
     """The harness, not vLLM, failed on a case: never judged, never a finding."""
-
-
-def harness_error_of(observation: dict) -> str | None:
-    """The rule: only an error of kind ``vllm`` (vLLM itself raised) is vLLM
-    behaviour. Any other error in an observation (``worker``: died or timed
-    out; ``internal``: an adapter exception; no kind at all) is a harness
-    error, returned as text; ``None`` when the observation may be judged."""
-    err = observation.get("error")
-    if err is None:
-        return None
-    if not isinstance(err, dict):
-        return f"malformed error in observation: {err!r}"[:2000]
-    if err.get("kind") == "vllm":
-        return None
-    head = f"{err.get('kind', 'unknown')} error: {err.get('message', '')}".strip()
-    return head + ("\n" + err["traceback"] if err.get("traceback") else "")
 
 
 class Campaign:

@@ -33,7 +33,7 @@ fire; it fires first at another request; request i hit a, the finding b;
 vLLM raised now). It is **inconclusive** when the observation is not vLLM's
 behaviour: an error of any kind but ``vllm`` (a worker that died or timed
 out, an exception in kvspec's adapter) in either engine's observation
-(:func:`fuzz.campaign.harness_error_of`: kvspec's own failures are never
+(:func:`harness_error_of`: kvspec's own failures are never
 vLLM's). Live replay adds its own inconclusive rules before asking the
 judge (foreign traffic, restarts, knobs that differ, ...). A case the
 reference model cannot judge on that version (``Unsupported``) is
@@ -189,11 +189,25 @@ def _hit_differences(observed: list, claimed: list, what: str, only: list[int] |
     return out
 
 
+def harness_error_of(observation: dict) -> str | None:
+    """The rule: only an error of kind ``vllm`` (vLLM itself raised) is vLLM
+    behaviour. Any other error in an observation (``worker``: died or timed
+    out; ``internal``: an adapter exception; no kind at all) is a harness
+    error, returned as text; ``None`` when the observation may be judged."""
+    err = observation.get("error")
+    if err is None:
+        return None
+    if not isinstance(err, dict):
+        return f"malformed error in observation: {err!r}"[:2000]
+    if err.get("kind") == "vllm":
+        return None
+    head = f"{err.get('kind', 'unknown')} error: {err.get('message', '')}".strip()
+    return head + ("\n" + err["traceback"] if err.get("traceback") else "")
+
+
 def _harness_error(observation: dict | None) -> str | None:
     if observation is None:
         return None
-    from fuzz.campaign import harness_error_of
-
     text = harness_error_of(observation)
     return None if text is None else text.splitlines()[0][:300]
 

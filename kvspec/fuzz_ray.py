@@ -37,7 +37,6 @@ libFuzzer process, exactly as ``--jobs 1`` does here.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -122,14 +121,14 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
         return run_atheris(task["engine"], out=out, corpus=corpus, seed_dir=seed_dir, seed=task["seed"], max_time=left, jobs=1, other=task.get("other"), libfuzzer_args=list(task.get("libfuzzer") or []), deadline=deadline, synthetic=bool(task.get("synthetic")))
     from fuzz.seeds import load_seed_cases
     from reference.case import parse_case
-    from kvspec.commands.fuzz import _run_in_process
+    from fuzz.runner import RunConfig, run_in_process
 
-    args = argparse.Namespace(driver=task["driver"], seed=task["seed"], synthetic_geometry=bool(task.get("synthetic")))
+    config = RunConfig(driver=task["driver"], seed=task["seed"], synthetic=bool(task.get("synthetic")))
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
     names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
     given = [(name, parse_case(raw["case"] if "case" in raw else raw)) for name, raw in zip(names, raws)]
-    return _run_in_process(args, engines, out, seeds, given, started, deadline)
+    return run_in_process(config, engines, out, seeds, given, started, deadline)
 
 
 # ------------------------------------------------------------ on the driver

@@ -70,6 +70,20 @@ from hashlib import blake2b
 from typing import Any
 
 from reference.deployment import Deployment, parse_deployment
+from reference.limits import (  # noqa: F401 - the case's limits, also read from here
+    MAX_PROMPT_TOKENS,
+    MAX_MAX_TOKENS,
+    MAX_SEGMENTS,
+    MAX_REQUESTS,
+    MAX_CASE_TOKENS,
+    MAX_BLOCK_SIZE,
+    MAX_GROUPS,
+    MAX_GROUP_COUNT,
+    MAX_SPECULATIVE_TOKENS,
+    MAX_RETENTION_INTERVAL,
+    MAX_ARRIVAL_STEPS,
+    MAX_BATCHED_TOKENS,
+)
 from ground.errors import InvalidArgument, Unsupported, invalid
 from ground.files import field_key, load_json, write_json_atomic
 
@@ -86,20 +100,6 @@ TOKEN_VOCAB = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-# Limits of a case (see the module docstring for why each is where it is).
-MAX_PROMPT_TOKENS = 1 << 20
-MAX_MAX_TOKENS = 1 << 20
-MAX_SEGMENTS = 256
-MAX_REQUESTS = 1000
-MAX_CASE_TOKENS = 1 << 22
-MAX_BLOCK_SIZE = 1 << 20
-MAX_GROUPS = 256
-MAX_GROUP_COUNT = MAX_GROUPS
-MAX_SPECULATIVE_TOKENS = 64
-MAX_RETENTION_INTERVAL = 1 << 20
-#: A request's ``arrival`` (scheduler steps after the previous request).
-MAX_ARRIVAL_STEPS = 1 << 20
-MAX_BATCHED_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ MAX_SEQS = 1 << 16
 def int_bounds() -> dict[str, int]:
     """The largest integer each size flag takes (``reference.case``'s
     documented limits; read late: ``reference.case`` imports this module)."""
-    from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_PROMPT_TOKENS, MAX_RETENTION_INTERVAL
+    from reference.limits import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_PROMPT_TOKENS, MAX_RETENTION_INTERVAL
 
     return {
         "--block-size": MAX_BLOCK_SIZE,
@@ -256,7 +256,7 @@ def check_speculative_config(text: str, where: str) -> dict[str, Any]:
         if not ok:
             raise invalid(field, value, f"a {want.__name__}")
         if want is int:
-            from reference.case import MAX_SPECULATIVE_TOKENS
+            from reference.limits import MAX_SPECULATIVE_TOKENS
 
             top = MAX_SPECULATIVE_TOKENS if key == "num_speculative_tokens" else int_bounds()["--max-model-len"]
             if not 1 <= value <= top:

@@ -30,11 +30,7 @@ KNOWN_BACK_ARROWS: set[tuple[str, str]] = set()
 #: Circles of files today, each a sorted tuple of paths.
 KNOWN_CIRCLES = {
     ("engine_adapter/builds.py", "engine_adapter/environments.py"),
-    ("engine_adapter/resolve.py", "engine_adapter/setup.py"),
     ("engine_adapter/warm.py", "engine_adapter/worker.py"),
-    ("fuzz/campaign.py", "fuzz/findings.py", "fuzz/verdict.py"),
-    ("kvspec/commands/fuzz.py", "kvspec/fuzz_ray.py"),
-    ("reference/case.py", "reference/deployment.py", "reference/vllm_flags.py"),
 }
 
 

@@ -215,7 +215,10 @@ def main(args) -> int:
             tty = sys.stderr.isatty()
             summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say, synthetic=args.synthetic_geometry)
         else:
-            summary = _run_in_process(args, engines, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline)
+            from fuzz.runner import RunConfig, run_in_process
+
+            config = RunConfig(driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry)
+            summary = run_in_process(config, engines, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline, say=_say)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
@@ -264,65 +267,3 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
         print(f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started")
     if summary.get("harness_errors"):
         print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'} (not findings)")
-
-
-def _run_in_process(args, engines, out, seeds, given, started: float, deadline: float) -> dict:
-    """``given``: the user's --case files as ``(name, case)`` pairs, run
-    first and as they are (a hand geometry among them is labelled synthetic
-    in its finding), each accounted for (``fuzz.drivers.run_given``: the
-    summary's ``case_files``); then ``seeds``, the z3 boundary cases
-    (mapped onto deployments unless --synthetic-geometry), then the driver's
-    own cases, all until the deadline. The engine's worker is started once,
-    within the deadline; one that cannot start is not started again."""
-    from engine_adapter import open_engine
-    from fuzz.atheris_runner import STOP_GRACE_S
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
-    from fuzz.progress import Heartbeat, progress_line
-    from ground.errors import EngineError
-
-    stop_at = deadline - STOP_GRACE_S
-    opened = [open_engine(name) for name in engines]
-    bounded = [BoundedEngine(e, stop_at) for e in opened]
-    try:
-        for e in bounded:  # start a worker now (within the deadline), so its start-up is measured apart
-            try:
-                e.start()
-            except EngineError:
-                pass  # remembered: the first run reports it (a harness error, or cut past the deadline)
-        ready, ready_at = time.monotonic(), time.time()
-        engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
-        campaign = Campaign(engine, out, other=other, seed=args.seed, deadline=stop_at)
-        s = campaign.stats
-        synthetic = args.synthetic_geometry
-
-        def line() -> str:
-            elapsed = time.monotonic() - started
-            return progress_line(elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors)
-
-        with Heartbeat(line, _say):
-            case_files = run_given(campaign, list(given), deadline=stop_at)
-            if not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
-                from fuzz.seeds import on_deployments
-
-                mappable = [c for c in seeds if c.deployment is None] if not engine_down(campaign) else []
-                seeds = on_deployments(mappable, campaign.resolver, stop=campaign.past_deadline) + [c for c in seeds if c.deployment is not None]
-            run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
-            left = max(0.0, stop_at - time.monotonic())
-            if args.driver == "hypothesis":
-                run_hypothesis(campaign, args.seed, max_time=left, synthetic=synthetic)
-            elif args.driver == "random":
-                run_random(campaign, args.seed, max_time=left, synthetic=synthetic)
-    finally:
-        for e in opened:
-            e.close()
-    findings = []
-    for path in s.findings:
-        data = json.loads(Path(path).read_text())
-        findings.append({"path": path, "summary": data["summary"]})
-    end = time.monotonic()
-    elapsed = end - started
-    fuzzing = max(end - ready, 1e-9)
-    return {"engine": engines[0], "driver": args.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
-            "cases": s.cases, "startup_s": round(ready - started, 2), "ready_at": ready_at, "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s, "reach": s.reach.as_dict(),
-            "case_files": case_files}

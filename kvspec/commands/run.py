@@ -165,7 +165,7 @@ def main(args) -> int:
             observed = engine.run(case, options, timeout=args.timeout)
         else:
             observed = engine.run(case, options)
-    from fuzz.campaign import harness_error_of
+    from fuzz.verdict import harness_error_of
 
     harness = harness_error_of(observed)
     if harness is not None:
