@@ -128,7 +128,7 @@ IDENTITY_NAMES = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "TZ")
 #: ... but for the warm engines' own settings, read by the client only.
 NOT_IDENTITY = ("KVSPEC_WARM", "KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
 #: Sources a warm engine runs: a change to any of them makes it stale.
-FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "kvspec/__init__.py", "ground/home.py")
+FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "ground/**/*.py", "kvspec/__init__.py")
 
 
 def enabled() -> bool:
