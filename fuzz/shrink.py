@@ -228,27 +228,30 @@ def shrink(case: Case, predicate: Predicate, max_calls: int = 300, block: int | 
     calls = 0
     seen: set = set()
 
-    def holds(candidate: Case, than: Case) -> bool:
+    def ask(candidate: Case, than: Case) -> Case | None:
+        """The candidate as validated when it is smaller than ``than`` and
+        the predicate holds on it; else None."""
         nonlocal calls
         candidate = _valid(candidate)
         if candidate is None or size(candidate) >= size(than):
-            return False
+            return None
         key = repr(candidate)
         if key in seen:  # asked already, and it did not hold
-            return False
+            return None
         if calls >= max_calls:
             raise _OutOfCalls
         seen.add(key)
         calls += 1
-        return predicate(candidate)
+        return candidate if predicate(candidate) else None
 
     def candidates(best: Case, shrink_pass) -> Case:
         progress = True
         while progress:
             progress = False
             for candidate in shrink_pass(best):
-                if holds(candidate, best):
-                    best, progress = _valid(candidate), True
+                smaller = ask(candidate, best)
+                if smaller is not None:
+                    best, progress = smaller, True
                     break
         return best
 
@@ -256,10 +259,17 @@ def shrink(case: Case, predicate: Predicate, max_calls: int = 300, block: int | 
         i = 0
         while i < len(rungs := shrink_pass(best, block)):
             step, most = rungs[i]
-            base = best
-            k = find_integer(lambda k: holds(step(k), base), most)
+            base, held = best, {}
+
+            def holds(k: int) -> bool:
+                smaller = ask(step(k), base)
+                if smaller is not None:
+                    held[k] = smaller
+                return smaller is not None
+
+            k = find_integer(holds, most)
             if k:
-                best = _valid(step(k))
+                best = held[k]
             i += 1
         return best
 
