@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter import platform as _platform
+from ground.files import hash_files
 from ground.home import contain_this_process
 
 contain_this_process()
@@ -101,11 +102,8 @@ def vllm_files_sha256(root: str | os.PathLike | None = None) -> str:
     if root is None and _FILES_SHA256 is not None:
         return _FILES_SHA256
     base = Path(root if root is not None else os.path.dirname(vllm.__file__))
-    files = sorted({p for pattern in VLLM_FILES_UNDER_TEST for p in base.glob(pattern) if p.is_file()})
     h = hashlib.sha256()
-    for path in files:
-        h.update(path.relative_to(base).as_posix().encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
+    hash_files(h, base, VLLM_FILES_UNDER_TEST)
     digest = h.hexdigest()
     if root is None:
         _FILES_SHA256 = digest

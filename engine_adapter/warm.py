@@ -98,7 +98,7 @@ from pathlib import Path
 
 from engine_adapter.venvs import wait_flock
 from ground.home import REPO_ROOT, kvspec_home
-from ground.files import write_json_atomic
+from ground.files import hash_files, write_json_atomic
 from ground.errors import EngineError, invalid
 
 #: Default idle seconds before a warm engine exits by itself.
@@ -259,10 +259,7 @@ def fingerprint(version: str, platform: str, python: str | None = None) -> str:
     key = (version, platform, python)
     if key not in _FINGERPRINTS:
         h = hashlib.sha256(f"kvspec-warm\0{PROTOCOL_VERSION}\0{version}\0{platform}\0{python}\0".encode())
-        files = sorted({p for pattern in FINGERPRINT_SOURCES for p in REPO_ROOT.glob(pattern) if p.is_file() and "__pycache__" not in p.parts})
-        for path in files:
-            h.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0")
-            h.update(path.read_bytes() + b"\0")
+        hash_files(h, REPO_ROOT, FINGERPRINT_SOURCES)
         try:
             h.update(b"marker\0" + environments.marker_path(version).read_bytes())
         except OSError:

@@ -23,7 +23,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ground.errors import KvspecError, invalid
 
@@ -321,3 +321,15 @@ def write_text_if_changed(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
     """:func:`write_text_atomic` of ``obj`` as JSON and a final newline."""
     write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def hash_files(h: Any, root: Path, patterns: Iterable[str]) -> None:
+    """Feed the hash ``h`` (``hashlib``) the files under ``root`` that the
+    glob ``patterns`` match, ``__pycache__`` left out, in path order: each
+    its path relative to ``root``, a NUL, its bytes and a NUL. The digest of
+    a source tree (a warm engine's sources, the vLLM files under test, the
+    code that judges a mutation run)."""
+    files = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts})
+    for path in files:
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")

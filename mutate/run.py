@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ground.errors import InvalidArgument
-from ground.files import write_json_atomic
+from ground.files import hash_files, write_json_atomic
 
 #: Per-task wall bound on Ray: build, engine start, budget, vLLM's tests.
 TASK_OVERHEAD_S = 900.0
@@ -46,9 +46,7 @@ def sources_sha256(root: Path = ROOT) -> str:
     """sha256 over kvspec's judging sources (:data:`JUDGING_PACKAGES`'
     ``*.py``, paths and contents)."""
     h = hashlib.sha256(b"kvspec-judging-sources\0")
-    for pkg in JUDGING_PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    hash_files(h, root, [f"{pkg}/**/*.py" for pkg in JUDGING_PACKAGES])
     return h.hexdigest()
 
 
