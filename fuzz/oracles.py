@@ -416,7 +416,8 @@ def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
             if j < len(m):
                 mine |= held_states(m[j]) or set()
         mine.update(p for M in Ms for p in junction_states(int(e.get("junction") or 0), U, M, has_speculative(case)))
-        mine.update(int(x) for x in (hits[j] if j < len(hits) else 0,) if x)
+        if j < len(hits) and hits[j]:
+            mine.add(int(hits[j]))
         own.append(mine)
     bad, expected, observed, outputs, notes = [], [], [], [], []
     for i, e in enumerate(explain):
