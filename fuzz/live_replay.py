@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import check_case, rescale_case
-from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, Row, Sender, number_text, one_line, redact_url, server_info, wait_idle  # noqa: F401 - redact_url re-exported
+from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, Row, Sender, number_text, one_line, redact_url, server_info, wait_idle
 from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
 from ground.files import load_json
 from reference.case import Case, case_to_dict, is_concurrent, parse_case, serial_prefix, waves, with_resolution
