@@ -120,7 +120,7 @@ def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout:
     from fuzz.verdict import harness_error_of
     from fuzz.findings import make_finding, write_finding
     from fuzz.oracles import Divergence, check_engine_error, resolved
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host.versions import parse_engine
 
     version = parse_engine(source.engine)
     lookahead = advice["knobs"]["hash_lookahead_tokens"]

@@ -3,7 +3,7 @@ or a running server.
 
 * **A deployment** (``--model M -- FLAGS``, or a case file's deployment) is
   resolved in the engine environment of the version under test
-  (``engine_adapter.resolve`` through ``Engine.resolve``). A resolution is
+  (``engine_adapter.vllm_engine.resolve`` through ``Engine.resolve``). A resolution is
   kept on disk under kvspec's home (``cache/advise-resolutions/``), keyed
   by the engine, the deployment, the resolver's version, the engine
   environment's install marker and a digest of kvspec's resolver code
@@ -68,9 +68,9 @@ class Source:
 
 
 #: The kvspec code a resolution is made of (``Engine.resolve`` runs
-#: ``engine_adapter.resolve.resolve`` and ``summary`` over these); the shipped
+#: ``engine_adapter.vllm_engine.resolve.resolve`` and ``summary`` over these); the shipped
 #: model configs too.
-RESOLVER_FILES = ("resolve.py", "standins.py", "platform.py", "worker.py")
+RESOLVER_FILES = ("vllm_engine/resolve.py", "vllm_engine/standins.py", "vllm_engine/platform.py", "inside/worker.py")
 
 
 def _code_digest() -> str:
@@ -87,9 +87,9 @@ def _code_digest() -> str:
 
 def cache_key(engine: str, case: Case) -> str:
     """The resolution cache key of a deployment on an engine."""
-    from engine_adapter import environments
-    from engine_adapter.resolve import RESOLVER_VERSION
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host import environments
+    from engine_adapter.vllm_engine.resolve import RESOLVER_VERSION
+    from engine_adapter.host.versions import parse_engine
 
     marker = environments.read_marker(parse_engine(engine)) or {}
     text = json.dumps({"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "resolver": RESOLVER_VERSION, "env": [marker.get("fingerprint"), marker.get("created")], "code": _code_digest()}, sort_keys=True)

@@ -58,7 +58,7 @@ def time_command(argv: list[str], repeat: int) -> tuple[float, float]:
 
 
 def command_figures(repeat: int) -> None:
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     rows = [
         ("agent, 10,000 requests, hand geometry (#53504's)", ["examples/seed-53504.json", "--engine", "vllm==0.29.0", "--workload", "agent", "--requests", "10000"]),

@@ -7,7 +7,7 @@ side by side in this one run, alternating, medians):
 
 * **adapter vs bare loop**: requests/s through kvspec's adapter
   (``VllmDriver.run``: wrapped methods, explain records, block-pool scan)
-  vs a bare loop over the same vLLM calls (``engine_adapter.baseline``),
+  vs a bare loop over the same vLLM calls (``engine_adapter.vllm_engine.baseline``),
   in the same process, alternating which goes first, on the seed case and
   on a 50-request mixed trace; in CPU seconds of this process (the figure
   to read on a shared machine) and in wall seconds; also the adapter with
@@ -85,13 +85,13 @@ def inner(repeats: int) -> dict:
     repeat runs the adapter, the bare loop and the lean adapter, in an order
     that rotates, so that none always runs first."""
     t0 = time.perf_counter()
-    from engine_adapter.baseline import bare_run
-    from engine_adapter.driver import get_driver
+    from engine_adapter.vllm_engine.baseline import bare_run
+    from engine_adapter.vllm_engine.driver import get_driver
     from reference.case import parse_case
 
     import_s = time.perf_counter() - t0
     driver = get_driver()
-    from engine_adapter.worker import settle
+    from engine_adapter.inside.handler import settle
 
     settle()  # as the worker does after vLLM's import
     out: dict = {"vllm_version": driver.version, "import_s": import_s, "cases": {}}
@@ -140,7 +140,7 @@ def _kvspec(argv: list[str], env: dict) -> tuple[float, int, str]:
 
 def commands(version: str, other: str, rounds: int) -> dict:
     """Wall seconds of each command, cold (KVSPEC_WARM=0) vs warm, alternated."""
-    from engine_adapter import warm
+    from engine_adapter.host import warm
     from ground.home import kvspec_home
 
     seed = str(ROOT / "examples" / "seed-53504.json")
@@ -185,9 +185,9 @@ def commands(version: str, other: str, rounds: int) -> dict:
 
 
 def outer(args) -> int:
-    from engine_adapter import environments
-    from engine_adapter.engine import WorkerEngine
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host import environments
+    from engine_adapter.host.engine import WorkerEngine
+    from engine_adapter.host.versions import parse_engine
 
     version, other = parse_engine(args.engine), parse_engine(args.other)
     for v in (version, other):

@@ -8,7 +8,7 @@
    atheris/random in both units, and the coverage each reached in the
    budget, counted the same way: libFuzzer's ``cov`` (edges) under the
    instrumentation atheris fuzzes with (the vLLM functions under test,
-   ``engine_adapter.coverage``); for the random driver, its very cases
+   ``engine_adapter.vllm_engine.coverage``); for the random driver, its very cases
    (the seeds, then ``random_cases(seed)``, as many as it checked) replayed
    by libFuzzer (``KVSPEC_FUZZ_GENERATOR=random``, ``-runs=N``).
    ``--also-core`` adds atheris instrumenting all of ``vllm.v1.core`` (how
@@ -25,7 +25,7 @@
    drawn list of N deployment cases (``random_cases(seed)`` with the
    engine's resolver; vllm==0.33.0 by default, ``--bare-engine``): cases/s
    of ``Campaign.check`` (every oracle, their variant runs, confirming and
-   shrinking findings) and of ``engine_adapter.baseline.bare_run`` (the
+   shrinking findings) and of ``engine_adapter.vllm_engine.baseline.bare_run`` (the
    same vLLM calls, nothing observed, nothing judged), in-process, each
    case built from its deployment in both, in one run; the ratio.
 
@@ -53,8 +53,8 @@ VERSION = os.environ.get("KVSPEC_BENCH_FUZZ_VERSION", "0.29.0")
 
 
 def _reexec_in_engine_env() -> None:
-    from engine_adapter import environments
-    from engine_adapter.engine import inprocess_vllm_version
+    from engine_adapter.host import environments
+    from engine_adapter.host.engine import inprocess_vllm_version
 
     if inprocess_vllm_version() == VERSION:
         return
@@ -189,8 +189,8 @@ def print_drivers(runs: dict, engine: str, budget: float) -> None:
 
 def vs_bare(n: int, seed: int) -> None:
     """Part 4 (inside the engine environment)."""
-    from engine_adapter.baseline import bare_run
-    from engine_adapter.engine import open_engine
+    from engine_adapter.vllm_engine.baseline import bare_run
+    from engine_adapter.host.engine import open_engine
 
     from fuzz.campaign import Campaign
     from fuzz.drivers import random_cases
@@ -270,7 +270,7 @@ def main() -> None:
             return
     _reexec_in_engine_env()
 
-    from engine_adapter.engine import open_engine
+    from engine_adapter.host.engine import open_engine
     from ground.home import kvspec_home
 
     from fuzz.drivers import random_cases

@@ -4,7 +4,7 @@
 
 On the same cases (the proofs' boundary cases mapped onto deployments, then
 ``--cases`` seeded random deployment cases, each resolved by vLLM), run on
-the release and on its patched build (``engine_adapter.builds``), one worker
+the release and on its patched build (``engine_adapter.host.builds``), one worker
 each:
 
 * **hits**, request by request: how many requests the build hits fewer
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from engine_adapter import open_engine
-    from engine_adapter.builds import prepare
+    from engine_adapter.host.builds import prepare
     from ground.home import kvspec_home
 
     from fuzz.campaign import Campaign, harness_error_of

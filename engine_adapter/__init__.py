@@ -19,11 +19,11 @@ __all__ = ["open_engine", "Engine", "SUPPORTED_VERSIONS", "DEFAULT_ENGINE", "par
 
 def __getattr__(name: str) -> Any:
     if name in ("open_engine", "Engine", "InProcessEngine", "WorkerEngine"):
-        from engine_adapter import engine
+        from engine_adapter.host import engine
 
         return getattr(engine, name)
     if name in ("SUPPORTED_VERSIONS", "DEFAULT_ENGINE", "DEFAULT_VERSION", "parse_engine"):
-        from engine_adapter import versions
+        from engine_adapter.host import versions
 
         return getattr(versions, name)
     raise AttributeError(f"module 'engine_adapter' has no attribute {name!r}")

@@ -19,7 +19,7 @@ Worker -> parent, one response per request::
     {"id": 1, "ok": true, "result": {...}}
     {"id": 1, "ok": false, "error": {"kind": "kvspec", "class": "Unsupported", "message": "..."}}
 
-The same lines serve a **warm engine** (``engine_adapter.warm``): a
+The same lines serve a **warm engine** (``engine_adapter.host.warm``): a
 worker listening on a Unix socket, one request per connection (the client
 sends one line, reads one line, closes), requests served one at a time.
 A warm request also carries ``"fingerprint"`` (the client's sources); a
@@ -30,7 +30,7 @@ A warm request may carry ``"timeout_s"``, its client's time left (seconds,
 0 < S <= 604800; anything else is a ``protocol`` error): the server then
 sends ``{"event": "started", "id": 1, "pid": 123}`` when it begins the
 request (before that the client is queued behind another one) and ends
-itself if the request runs past that bound (``engine_adapter.warm``). A
+itself if the request runs past that bound (``engine_adapter.host.warm``). A
 line that starts ``{"event":`` is never an answer. A request whose client
 hung up before the server began it is skipped.
 
@@ -53,6 +53,8 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 OPS = ("run", "resolve", "ping", "shutdown", "status")
+#: How the log of a warm engine killed for a request past its bound ends.
+KILLED_MARK = "kvspec warm engine: killed:"
 
 
 def encode(obj: dict[str, Any]) -> str:

@@ -107,16 +107,16 @@ FUZZ_TOOLS = ("atheris", "hypothesis", "sortedcontainers")
 def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
     """Install the fuzzing tools (at this interpreter's versions, no
     dependencies) into an engine environment that lacks them; bounded by
-    ``timeout`` seconds (``engine_adapter.venvs.ensure_tools``)."""
-    from engine_adapter.venvs import ensure_tools
+    ``timeout`` seconds (``engine_adapter.host.venvs.ensure_tools``)."""
+    from engine_adapter.host.venvs import ensure_tools
 
     return ensure_tools(python, ("atheris", "hypothesis"), FUZZ_TOOLS, timeout)
 
 
 def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
-    from engine_adapter import environments
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host import environments
+    from engine_adapter.host.versions import parse_engine
 
     version = parse_engine(engine)
     if environments.is_ready(version):
@@ -132,8 +132,8 @@ def target_env(engine: str, in_process: bool) -> dict[str, str]:
     (``environments.worker_env``: the platform, and the torchvision stub
     without which vLLM cannot import Qwen3.5's model class and every
     Qwen3.5 deployment would fail to resolve); else kvspec's own."""
-    from engine_adapter import environments
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host import environments
+    from engine_adapter.host.versions import parse_engine
     from ground.home import contained_env
 
     env = environments.worker_env(parse_engine(engine)) if in_process else contained_env()

@@ -11,7 +11,7 @@ Finding schema 2 (``"kvspec_finding": 2``) also records everything involved:
 
 * ``engine``: the engine under test: ``name`` (``vllm==X``), ``version``,
   ``vllm_files_sha256`` (the vLLM files under test, hashed by the engine:
-  ``engine_adapter.driver.vllm_files_sha256``), ``knobs``;
+  ``engine_adapter.vllm_engine.driver.vllm_files_sha256``), ``knobs``;
 * ``other_engine``: for a ``versions`` finding the engine it was compared
   with (``name``, ``version``, ``vllm_files_sha256`` when its observation
   was at hand), else null;
@@ -149,7 +149,7 @@ def _engine_record(version: str, observation: dict | None) -> dict:
     observation = observation or {}
     record = {"name": f"vllm=={version}", "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
     if "+" in version:
-        from engine_adapter.builds import describe
+        from engine_adapter.host.builds import describe
 
         record["build"] = describe(version)
     return record

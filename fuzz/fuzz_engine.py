@@ -24,7 +24,7 @@ libFuzzer owns argv; kvspec's settings come from the environment:
 
 When this interpreter can import the engine's vLLM (run from that version's
 environment), the engine runs in-process and only the vLLM functions under
-test are instrumented (``engine_adapter.coverage``: lookup, boundaries,
+test are instrumented (``engine_adapter.vllm_engine.coverage``: lookup, boundaries,
 retention, the align-mode split, block-size resolution; not all of
 ``vllm/v1/core``: ``KVSPEC_FUZZ_INSTRUMENT=core`` brings that back), so
 their coverage guides the search. Otherwise the engine
@@ -76,18 +76,18 @@ _LAST_REPORT = [0.0]
 
 
 #: ``KVSPEC_FUZZ_INSTRUMENT``: ``under-test`` (default) instruments only the
-#: vLLM functions under test (``engine_adapter.coverage``); ``core`` all of
+#: vLLM functions under test (``engine_adapter.vllm_engine.coverage``); ``core`` all of
 #: ``vllm.v1.core`` (5x slower per execution; kept for comparison).
 INSTRUMENT_MODES = ("under-test", "core")
 
 
 def _instrumented_engine(name: str):
     """Open the engine; if it runs in this process, instrument the vLLM
-    functions under test (``engine_adapter.coverage.UNDER_TEST``: lookup,
+    functions under test (``engine_adapter.vllm_engine.coverage.UNDER_TEST``: lookup,
     boundaries, retention, the align-mode split, block-size resolution), so
     that their coverage, and only theirs, guides the search."""
-    from engine_adapter.engine import inprocess_vllm_version, open_engine
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host.engine import inprocess_vllm_version, open_engine
+    from engine_adapter.host.versions import parse_engine
 
     if inprocess_vllm_version() == parse_engine(name):
         if os.environ.get("KVSPEC_FUZZ_INSTRUMENT") == "core":
@@ -100,7 +100,7 @@ def _instrumented_engine(name: str):
                 import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
             return open_engine(name, mode="inprocess")
         engine = open_engine(name, mode="inprocess")  # imports vLLM
-        from engine_adapter.coverage import functions_under_test
+        from engine_adapter.vllm_engine.coverage import functions_under_test
 
         funcs, _missing = functions_under_test()
         for func in funcs:
@@ -139,7 +139,7 @@ def _setup() -> None:
     other_name = os.environ.get("KVSPEC_FUZZ_OTHER")
     other = None
     if other_name:
-        from engine_adapter.engine import open_engine
+        from engine_adapter.host.engine import open_engine
 
         other = open_engine(other_name, mode="worker")
     out = Path(os.environ.get("KVSPEC_FUZZ_OUT") or kvspec_home() / "findings")

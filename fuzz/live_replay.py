@@ -431,7 +431,7 @@ def resolve_on_engine(case: Case, version: str) -> dict:
     server's), on kvspec's engine of that version (``kvspec engines
     install``; in-process when this interpreter imports it). An engine that
     is not there is a one-line refusal: nothing has been sent yet."""
-    from engine_adapter.engine import open_engine
+    from engine_adapter.host.engine import open_engine
 
     what = f"case.deployment={case.deployment.model!r}" if case.deployment is not None else "case"
     try:

@@ -83,11 +83,11 @@ def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | No
     ``versions`` finding also on the other engine it names (or
     ``other_name``): the finding's own engine when ``engine_name`` is the
     other one. ``warm``: on the versions' warm engines
-    (``engine_adapter.warm``) or on workers of this call's own; default as
+    (``engine_adapter.host.warm``) or on workers of this call's own; default as
     ``kvspec replay --engine`` does (warm unless ``KVSPEC_WARM=0``)."""
     from engine_adapter import open_engine
-    from engine_adapter import warm as warm_engines
-    from engine_adapter.versions import engine_name as name_of, parse_engine
+    from engine_adapter.host import warm as warm_engines
+    from engine_adapter.host.versions import engine_name as name_of, parse_engine
 
     if warm is None:
         warm = warm_engines.enabled()

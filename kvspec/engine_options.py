@@ -11,7 +11,7 @@ report --matrix, check-build).
   a local source tree's or a wheel's Python files over release X.
 
 :func:`engine_names` turns them into engine names, building each build's
-environment first (``engine_adapter.builds``: seconds from the release's).
+environment first (``engine_adapter.host.builds``: seconds from the release's).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default:
     """The engine names the options give, each build built first. A
     ``--patch`` / ``--base`` with no engine to attach to applies to
     ``default``."""
-    from engine_adapter.builds import prepare
+    from engine_adapter.host.builds import prepare
     from ground.errors import invalid
 
     specs = list(getattr(args, dest, None) or ([] if default is None else [default]))

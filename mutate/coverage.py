@@ -77,8 +77,8 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
     the CPUs, at most 4), each on every ``jobs``-th case under its own data
     file, combined: the union of what they executed is what one process
     would have. Each waits at most ``timeout_s``."""
-    from engine_adapter.environments import REPO_ROOT, env_python, worker_env
-    from engine_adapter.testtools import ensure_coverage
+    from engine_adapter.host.environments import REPO_ROOT, env_python, worker_env
+    from engine_adapter.host.testtools import ensure_coverage
     from ground.errors import EngineError
 
     from mutate.vllm_tests import target_paths

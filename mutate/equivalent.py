@@ -110,7 +110,7 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     from mutate.kill import _build, _drop_build, fixed_cases
     from mutate.run import base_engine, default_base_patches, select_mutants
 
-    from engine_adapter.environments import engines_dir, env_dir
+    from engine_adapter.host.environments import engines_dir, env_dir
 
     say = progress or (lambda _line: None)
     patches = default_base_patches(release)

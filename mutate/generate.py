@@ -6,7 +6,7 @@ as Cosmic Ray counts them) whose changed lines all lie in a target
 function's body (:mod:`mutate.targets`), whose mutated file still compiles,
 and which changes the text. It is kept as a unified diff against the
 release's ``vllm/`` tree (``a/vllm/<file>``), the format
-``engine_adapter.builds`` applies. No AST mutator of kvspec's own: the
+``engine_adapter.host.builds`` applies. No AST mutator of kvspec's own: the
 mutation itself is Cosmic Ray's ``mutate_code``.
 
 Which mutants are run: every candidate, sorted by a seeded shuffle, picked

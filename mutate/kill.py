@@ -61,7 +61,7 @@ def read_result(out: Path, mid: str) -> dict | None:
 def _build(mutant: dict, release: str, diff_path: Path, base_patches: list[str] = ()) -> tuple[str | None, dict | None]:
     """(engine name, None) or (None, the crash/harness verdict). The build
     is the release with the base patches, then the mutant's diff."""
-    from engine_adapter.builds import prepare
+    from engine_adapter.host.builds import prepare
 
     try:
         return prepare(f"vllm=={release}", patches=[*base_patches, str(diff_path)], selftest="import", progress=_quiet), None
@@ -266,7 +266,7 @@ def _drop_build(engine: str, options: dict) -> None:
     left for ``kvspec engines remove``)."""
     if options.get("keep_build"):
         return
-    from engine_adapter.builds import remove
+    from engine_adapter.host.builds import remove
 
     try:
         remove(engine.split("==", 1)[1], progress=_quiet)

@@ -14,7 +14,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from engine_adapter.engine import open_engine
+    from engine_adapter.host.engine import open_engine
     from reference.case import parse_case
     from ground.errors import KvspecError
 

@@ -79,7 +79,7 @@ def default_base_patches(release: str) -> list[str]:
 
 
 def base_engine(release: str, base_patches: list[str]) -> str:
-    from engine_adapter.builds import prepare
+    from engine_adapter.host.builds import prepare
 
     return prepare(f"vllm=={release}", patches=base_patches or None, progress=_quiet)
 

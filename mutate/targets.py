@@ -101,8 +101,8 @@ def span_at(all_spans: list[Span], file: str, line: int) -> Span | None:
 def release_vllm_root(release: str) -> Path:
     """The installed ``vllm/`` package of a release's (or a build's, by its
     version ``X+LABEL.HASH``) engine environment."""
-    from engine_adapter.builds import site_packages
-    from engine_adapter.environments import env_dir
+    from engine_adapter.host.builds import site_packages
+    from engine_adapter.host.environments import env_dir
 
     sp = site_packages(env_dir(release))
     if sp is None or not (sp / "vllm").is_dir():

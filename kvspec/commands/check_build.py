@@ -61,9 +61,9 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from engine_adapter.versions import DEFAULT_ENGINE
+    from engine_adapter.host.versions import DEFAULT_ENGINE
     from fuzz.checkbuild import EXIT_HARNESS, check_build, render
-    from engine_adapter.builds import prepare
+    from engine_adapter.host.builds import prepare
     from kvspec.engine_options import engine_names
     from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds

@@ -5,7 +5,7 @@ One isolated environment per vLLM version under ``$KVSPEC_HOME/engines``
 ``engine_adapter/requirements/vllm-X.txt``. ``install`` is idempotent, shows
 progress on stderr, and leaves no half-built environment that looks ready.
 
-Warm engines (``engine_adapter.warm``): ``run``, ``replay --engine``,
+Warm engines (``engine_adapter.host.warm``): ``run``, ``replay --engine``,
 ``resolve`` and ``matrix`` start one per version and platform on first use
 and reuse it; it exits after ``KVSPEC_WARM_IDLE_S`` idle seconds (default
 600). ``list`` shows the warm ones (pid, idle seconds left), ``stop``
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 
-from engine_adapter import environments
-from engine_adapter.versions import DEFAULT_ENGINE, SUPPORTED_VERSIONS, parse_engine
+from engine_adapter.host import environments
+from engine_adapter.host.versions import DEFAULT_ENGINE, SUPPORTED_VERSIONS, parse_engine
 
 HELP = "install, list or remove the per-version vLLM engine environments"
 
@@ -55,7 +55,7 @@ def main(args) -> int:
             environments.install(v, force=args.force)
         return 0
     if cmd == "remove":
-        from engine_adapter import warm
+        from engine_adapter.host import warm
 
         for v in [parse_engine(s) for s in args.versions]:
             warm.stop(v)  # a warm engine never runs from a deleted environment
@@ -65,7 +65,7 @@ def main(args) -> int:
     if cmd == "start":
         return _start(args)
     if cmd == "stop":
-        from engine_adapter import warm
+        from engine_adapter.host import warm
 
         versions = [parse_engine(s) for s in args.versions]
         stopped = [r for v in (versions or [None]) for r in warm.stop(v)]
@@ -74,7 +74,7 @@ def main(args) -> int:
         if not stopped:
             print("no warm engine running")
         return 0
-    from engine_adapter import warm
+    from engine_adapter.host import warm
 
     warm_rows = warm.list_warm()
     rows = environments.list_engines(size=args.size)
@@ -105,7 +105,7 @@ def _fmt_warm(rows: list[dict]) -> str:
 def _start(args) -> int:
     import time
 
-    from engine_adapter.engine import WarmEngine
+    from engine_adapter.host.engine import WarmEngine
     from kvspec.options import seconds
 
     if args.idle_timeout is not None:

@@ -154,9 +154,9 @@ def _validate(args, engines: list[str]) -> None:
 def unusable_engine(engines: list[str]) -> str | None:
     """The first engine that can run neither in this interpreter nor in a
     ready environment, as a one-line message; None when all can."""
-    from engine_adapter import environments
-    from engine_adapter.engine import inprocess_vllm_version
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host import environments
+    from engine_adapter.host.engine import inprocess_vllm_version
+    from engine_adapter.host.versions import parse_engine
 
     for name in engines:
         version = parse_engine(name)
@@ -167,8 +167,8 @@ def unusable_engine(engines: list[str]) -> str | None:
 
 
 def main(args) -> int:
-    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
-    from engine_adapter.resolve import check_case_model
+    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.vllm_engine.resolve import check_case_model
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS, outcome
     from fuzz.progress import resume_line

@@ -26,8 +26,9 @@ def main(args) -> int:
     if args.chart:
         output_file("--chart", args.chart)  # before any engine work
 
-    from engine_adapter import open_engine, warm
-    from engine_adapter.versions import engine_name, parse_engine
+    from engine_adapter import open_engine
+    from engine_adapter.host import warm
+    from engine_adapter.host.versions import engine_name, parse_engine
 
     from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
 

@@ -52,7 +52,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from engine_adapter.versions import is_build, parse_engine
+    from engine_adapter.host.versions import is_build, parse_engine
     from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds, whole
     from ground.errors import EngineError, invalid

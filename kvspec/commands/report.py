@@ -71,7 +71,7 @@ def main(args) -> int:
     matrix = []
     if args.matrix:
         from engine_adapter import open_engine
-        from engine_adapter.versions import engine_name, parse_engine
+        from engine_adapter.host.versions import engine_name, parse_engine
 
         from kvspec.engine_options import engine_names
 

@@ -1,7 +1,7 @@
 """kvspec resolve CASE --engine vllm==X [--json] | --model M [--platform P] [--device D] --engine vllm==X -- FLAGS | --table [--engine ...] [--markdown]
 
 What vLLM builds for a deployment, resolved by vLLM's own code in the engine
-environment of that version (``engine_adapter.resolve``): the geometry
+environment of that version (``engine_adapter.vllm_engine.resolve``): the geometry
 (groups, scheduler / hash / Mamba block, retention, chunk budget, internal
 prefill checkpoints), the speculative settings, the knobs the reference
 model reads, the facts behind them (attention backend, GDN prefill kernel,
@@ -57,7 +57,7 @@ def _deployment_case(args):
 
 
 def main(args) -> int:
-    from engine_adapter.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
 
     from kvspec.engine_options import engine_names
 
@@ -83,7 +83,8 @@ def main(args) -> int:
         case = _deployment_case(args)
     if case.deployment is None:
         return _reachability(case, engines, args)
-    from engine_adapter import open_engine, warm
+    from engine_adapter import open_engine
+    from engine_adapter.host import warm
 
     results = []
     for name in engines:
@@ -114,7 +115,7 @@ def _render(r: dict) -> None:
 
 
 def _reachability(case, engines, args) -> int:
-    from engine_adapter.versions import parse_engine
+    from engine_adapter.host.versions import parse_engine
     from reference.reachability import reachability
 
     rows = [{"engine": e, **reachability(case, parse_engine(e), args.platform)} for e in engines]
@@ -128,7 +129,8 @@ def _reachability(case, engines, args) -> int:
 
 
 def _table(engines: list[str], args) -> int:
-    from engine_adapter import open_engine, warm
+    from engine_adapter import open_engine
+    from engine_adapter.host import warm
     from reference.case import parse_case
 
     from engine_adapter.models.table import table_deployments

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine_adapter.versions import DEFAULT_ENGINE, parse_engine
+from engine_adapter.host.versions import DEFAULT_ENGINE, parse_engine
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
@@ -156,8 +156,8 @@ def main(args) -> int:
 
     if args.compare and case.geometry is not None and case.deployment is None:
         reference = predict(case, f"vllm=={version}", rule)  # its one-line errors exit 2 before any engine work
-    from engine_adapter import warm
-    from engine_adapter.engine import open_engine
+    from engine_adapter.host import warm
+    from engine_adapter.host.engine import open_engine
 
     with open_engine(f"vllm=={version}", mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
         options = {"eagle_groups": args.eagle_groups}

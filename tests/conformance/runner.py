@@ -1,7 +1,7 @@
 """Evaluate the conformance manifest against the reference model and the engine.
 
 Shared by ``test_vllm_conformance.py`` and ``table.py``. Imports no vLLM:
-the engine runs in its own environment (``engine_adapter.engine``).
+the engine runs in its own environment (``engine_adapter.host.engine``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ REPO_ROOT = HERE.parents[1]
 
 def sdist() -> Path:
     """vLLM {VERSION}'s unpacked sdist (fetched from PyPI on first use)."""
-    from engine_adapter.sources import sdist_dir
+    from engine_adapter.host.sources import sdist_dir
 
     return sdist_dir(VERSION)
 
@@ -174,7 +174,7 @@ def knob_failures(entry: dict, knobs: dict, case: Case, engine: bool, options: d
 
 
 def engine_chunk_ends(explain: dict) -> list[int]:
-    """The engine's chunk ends (``engine_adapter.steploop.serve`` records the
+    """The engine's chunk ends (``engine_adapter.vllm_engine.steploop.serve`` records the
     prompt's last one as N even when vLLM schedules draft-token slots past
     the prompt with it)."""
     return [int(x) for x in explain["chunk_ends"]]

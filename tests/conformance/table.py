@@ -126,7 +126,7 @@ def render(engine_runs: EngineRuns) -> str:
 
 
 def main() -> int:
-    from engine_adapter.engine import WorkerEngine
+    from engine_adapter.host.engine import WorkerEngine
 
     engine = WorkerEngine(runner.VERSION)
     try:

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from engine_adapter import environments
-from engine_adapter.engine import WorkerEngine
+from engine_adapter.host import environments
+from engine_adapter.host.engine import WorkerEngine
 
 TESTED_VERSIONS = ("0.29.0", "0.33.0")
 

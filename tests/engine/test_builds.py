@@ -1,4 +1,4 @@
-"""Builds of a release (engine_adapter.builds): the strict patch applier,
+"""Builds of a release (engine_adapter.host.builds): the strict patch applier,
 names, one-line errors, and (engine) a patched environment that shares the
 release's files by hard links without touching the ones it replaces."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import builds, patches
-from engine_adapter.versions import is_build, parse_engine, release_of
+from engine_adapter.host import builds, patches
+from engine_adapter.host.versions import is_build, parse_engine, release_of
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
 
@@ -149,7 +149,7 @@ def test_a_patch_that_does_not_apply_is_one_line_naming_the_file_and_hunk(releas
 
 @pytest.mark.engine
 def test_a_patched_build_shares_the_release_files_by_hard_links_and_replaces_only_its_own(release_033):
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     overlay = builds.overlay_from_patches("0.33.0", [LONGER_SIBLING])
     assert list(overlay.files) == ["vllm/v1/core/kv_cache_coordinator.py"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from fuzz.oracles import ORACLES, check_all, resolved
 from reference.case import case_to_dict, load_case
 from tests.engine.conftest import ensure_env
@@ -25,7 +25,7 @@ EXAMPLE = environments.REPO_ROOT / "examples" / "concurrent-resend-during-prefil
 
 PLANT = r"""
 import json, sys
-from engine_adapter.driver import get_driver
+from engine_adapter.vllm_engine.driver import get_driver
 from reference.case import load_case
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 

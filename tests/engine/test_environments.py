@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from ground.home import kvspec_home
 from ground.errors import EngineError
 from tests.engine.conftest import ensure_env

@@ -1,5 +1,5 @@
 """The one rule for what an exception around a vLLM call is
-(``engine_adapter.failure.vllm_outcome``): vLLM refusing, vLLM crashing, or
+(``engine_adapter.vllm_engine.failure.vllm_outcome``): vLLM refusing, vLLM crashing, or
 kvspec's own failure. Frames are compiled with file names under a stand-in
 vLLM root and under kvspec's own packages, so no engine is needed; the real
 engine's side is in ``test_resolve.py``."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import failure
-from engine_adapter.failure import REFUSALS, raised_by_vllm, vllm_outcome
+from engine_adapter.vllm_engine import failure
+from engine_adapter.vllm_engine.failure import REFUSALS, raised_by_vllm, vllm_outcome
 
 REPO = Path(failure.__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def vllm_root(tmp_path):
 
 
 def kvspec(name: str) -> Path:
-    return REPO / "engine_adapter" / name
+    return REPO / "engine_adapter" / "vllm_engine" / name
 
 
 def test_an_exception_vllm_raises_is_a_refusal_or_a_crash_by_where_it_was_raised(vllm_root):

@@ -120,7 +120,7 @@ def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
 
 RESOLVE_QWEN35 = r"""
 import json
-from engine_adapter.driver import get_driver
+from engine_adapter.vllm_engine.driver import get_driver
 from reference.case import parse_case
 from ground.errors import KvspecError
 
@@ -139,7 +139,7 @@ def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
     torchvision stub vLLM cannot import Qwen3.5's model class: every Qwen3.5
     deployment failed to resolve, which kvspec had taken for vLLM's refusal,
     so the in-process campaigns never ran one."""
-    from engine_adapter import environments
+    from engine_adapter.host import environments
     from fuzz.atheris_runner import target_env
     from ground.home import contained_env
 

@@ -7,14 +7,14 @@ import subprocess
 
 import pytest
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
 
 SCRIPT = """
 import json, sys
-from engine_adapter.engine import open_engine, InProcessEngine
+from engine_adapter.host.engine import open_engine, InProcessEngine
 from reference.case import parse_case
 def make(spec):
     return parse_case({"schema": 1, "speculative": spec,

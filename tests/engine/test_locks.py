@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter import environments
-from engine_adapter.versions import SUPPORTED_VERSIONS, parse_engine
+from engine_adapter.host import environments
+from engine_adapter.host.versions import SUPPORTED_VERSIONS, parse_engine
 
 
 def test_the_in_process_twin_of_the_live_server_is_supported():
@@ -18,7 +18,7 @@ def test_the_in_process_twin_of_the_live_server_is_supported():
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 def test_each_supported_version_has_a_lock(version):
     path = environments.requirements_file(version)
-    assert path.is_file(), f"{path}: run python -m engine_adapter.environments lock {version}"
+    assert path.is_file(), f"{path}: run python -m engine_adapter.host.environments lock {version}"
     lines = [x.strip() for x in path.read_text().splitlines() if x.strip() and not x.startswith("#")]
     assert lines[0] == environments.TORCH_PIN  # the CPU build, never an unpinned torch
     assert lines[1] == f"vllm=={version}"

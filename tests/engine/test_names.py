@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from engine_adapter.engine import open_engine
-from engine_adapter.versions import parse_engine
+from engine_adapter.host.engine import open_engine
+from engine_adapter.host.versions import parse_engine
 from ground.errors import EngineError, InvalidArgument, Unsupported
 
 ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0"

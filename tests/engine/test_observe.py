@@ -1,4 +1,4 @@
-"""The retained-state scan (engine_adapter.observe.RetainedScan) answers the
+"""The retained-state scan (engine_adapter.vllm_engine.observe.RetainedScan) answers the
 same with its incremental index of the block map as by asking the map for
 every key, on the real vLLM 0.33.0 and 0.29.0 schedulers; and a write to
 the map that bypasses the wrapped insert/pop makes it ask the map again.
@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from fuzz.oracles import check_block_table
 from reference.case import parse_case
 from tests.engine.conftest import ensure_env
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.engine
 
 SCRIPT = r"""
 import json, random, sys
-from engine_adapter import observe
-from engine_adapter.driver import get_driver
+from engine_adapter.vllm_engine import observe
+from engine_adapter.vllm_engine.driver import get_driver
 from fuzz.generate import RandomChooser, build_case
 from reference.case import load_case, parse_case
 sys.path.insert(0, "bench")
@@ -82,7 +82,7 @@ def test_the_index_answers_as_the_map_does(version):
 
 RETIRE = r"""
 import json
-from engine_adapter.driver import get_driver
+from engine_adapter.vllm_engine.driver import get_driver
 from reference.case import parse_case
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager

@@ -1,4 +1,4 @@
-"""Patched engines end to end (engine_adapter.builds, kvspec report,
+"""Patched engines end to end (engine_adapter.host.builds, kvspec report,
 kvspec check-build):
 
 * the regression test ``kvspec report`` writes for each of the two campaign
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import builds, environments
-from engine_adapter.testtools import ensure_pytest
+from engine_adapter.host import builds, environments
+from engine_adapter.host.testtools import ensure_pytest
 from ground.home import REPO_ROOT, contained_env
 
 pytestmark = [pytest.mark.engine]

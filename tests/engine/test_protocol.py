@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from engine_adapter.protocol import PROTOCOL_VERSION
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.engine.conftest import ensure_env
@@ -28,7 +28,7 @@ def test_protocol_round_trip_and_bad_lines():
         json.dumps({"id": 5, "op": "shutdown"}),
     ]
     proc = subprocess.run(
-        [str(environments.env_python("0.33.0")), "-m", "engine_adapter.worker"],
+        [str(environments.env_python("0.33.0")), "-m", "engine_adapter.inside.worker"],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,

@@ -63,7 +63,7 @@ def test_kvspec_replay_engine_runs_a_versions_finding_on_both_engines(versions_f
         opened.append(name)
         return _Borrowed(engines(name.removeprefix("vllm==")))
 
-    monkeypatch.setattr("engine_adapter.engine.open_engine", open_engine)
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", open_engine)
     assert cli_main(["replay", str(path), "--engine", "vllm==0.29.0"]) == 0
     out = capsys.readouterr().out
     assert opened == ["vllm==0.29.0", "vllm==0.33.0"]

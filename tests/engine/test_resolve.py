@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from fuzz.oracles import check_engine_error
 from reference.case import case_to_dict, load_case, parse_case
 from ground.errors import DeploymentRejected, InvalidArgument, Unsupported
@@ -132,10 +132,10 @@ def test_one_kv_cache_group_refuses_a_finer_prefix_match_unit_on_033(engine_033)
 CRASH = r"""
 import json
 import vllm.v1.core.kv_cache_utils as ku
-from engine_adapter.driver import get_driver
-import engine_adapter.observe as observe
-import engine_adapter.resolve as R
-from engine_adapter.failure import raised_by_vllm
+from engine_adapter.vllm_engine.driver import get_driver
+import engine_adapter.vllm_engine.observe as observe
+import engine_adapter.vllm_engine.resolve as R
+from engine_adapter.vllm_engine.failure import raised_by_vllm
 from reference.case import parse_case
 from ground.errors import DeploymentCrashes
 
@@ -194,7 +194,7 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     comes back with ``error`` (phase setup; the ``engine_error`` oracle
     judges it), and ``resolve`` says ``DeploymentCrashes``. The same
     exception raised from kvspec's own code goes to the harness, at start-up
-    and at a step (``engine_adapter.failure.vllm_outcome``)."""
+    and at a step (``engine_adapter.vllm_engine.failure.vllm_outcome``)."""
     ensure_env("0.33.0")
     case = load_case("examples/one-group-mamba2-deployment.json")
     proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", CRASH % json.dumps(case_to_dict(case))], capture_output=True, text=True, timeout=600,
@@ -231,7 +231,7 @@ def test_a_deployment_vllm_rejects_is_one_line_with_vllms_words(engine_033, flag
 
 def test_an_unknown_model_names_the_field():
     with pytest.raises(InvalidArgument, match="deployment.model"):
-        from engine_adapter.resolve import model_config_dict
+        from engine_adapter.vllm_engine.resolve import model_config_dict
 
         model_config_dict(deployment("no_such_model").deployment)
 
@@ -244,7 +244,7 @@ def test_cli_resolve_rejection_is_exit_2_one_line(tmp_path):
 
 
 def test_layer_checkpoint_facts_still_match_vllms_source():
-    """engine_adapter.standins.CHECKPOINT_EXPORTERS restates which Mamba layers
+    """engine_adapter.vllm_engine.standins.CHECKPOINT_EXPORTERS restates which Mamba layers
     export internal prefill checkpoints; check vLLM 0.33.0's source still
     says so (a drift guard, run in that engine's interpreter)."""
     code = (
@@ -262,14 +262,14 @@ def test_layer_checkpoint_facts_still_match_vllms_source():
     env = environments.worker_env("0.33.0")
     p = subprocess.run([str(environments.env_python("0.33.0")), "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
-    ours = (environments.REPO_ROOT / "engine_adapter" / "standins.py").read_text()
+    ours = (environments.REPO_ROOT / "engine_adapter" / "vllm_engine" / "standins.py").read_text()
     assert 'CHECKPOINT_EXPORTERS = {"mamba2": (0, 32, 0), "gdn": (0, 33, 0)}' in ours
 
 
 MEMO_SCRIPT = r'''
 import json
-from engine_adapter import resolve as R
-from engine_adapter.driver import VllmDriver
+from engine_adapter.vllm_engine import resolve as R
+from engine_adapter.vllm_engine.driver import VllmDriver
 from reference.case import parse_case
 
 def snapshot(res):
@@ -295,7 +295,7 @@ print(json.dumps({"same_object": again is first, "unchanged": snapshot(again) ==
 
 
 def test_a_resolution_is_kept_per_process_and_nothing_writes_to_it():
-    """engine_adapter.resolve keeps each (deployment, pool size) resolution:
+    """engine_adapter.vllm_engine.resolve keeps each (deployment, pool size) resolution:
     running cases on it leaves vLLM's config objects as resolved, two runs
     of a case observe the same, and a trace too long for the default pool
     gets a larger one (a second resolution) without eviction."""

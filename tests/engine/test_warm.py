@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from engine_adapter import warm
-from engine_adapter.engine import WarmEngine
+from engine_adapter.host import warm
+from engine_adapter.host.engine import WarmEngine
 from fuzz.campaign import Campaign
 from fuzz.generate import RandomChooser, build_case
 from ground.home import REPO_ROOT

@@ -1,7 +1,7 @@
-"""Warm engines' lifecycle (engine_adapter.warm), on a stand-in driver.
+"""Warm engines' lifecycle (engine_adapter.host.warm), on a stand-in driver.
 
-The server here is the real ``python -m engine_adapter.worker --socket``
-loop with a stand-in for ``engine_adapter.driver`` (no vLLM: it echoes the
+The server here is the real ``python -m engine_adapter.inside.worker --socket``
+loop with a stand-in for ``engine_adapter.vllm_engine.driver`` (no vLLM: it echoes the
 case, sleeps or dies when asked), so start, reuse, idle exit, stale files,
 a changed fingerprint, concurrency, time-outs and crashes are checked in
 seconds. tests/engine/test_warm.py runs the real engine.
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import warm
-from engine_adapter.warm import Paths, WarmClient
+from engine_adapter import sockets
+from engine_adapter.host import warm
+from engine_adapter.host.warm import Paths, WarmClient
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
 
@@ -47,10 +48,10 @@ class Driver:
                 "env": os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
     def resolve(self, case):
         return {"pid": os.getpid()}
-fake = types.ModuleType("engine_adapter.driver")
+fake = types.ModuleType("engine_adapter.vllm_engine.driver")
 fake.get_driver = lambda: Driver()
-sys.modules["engine_adapter.driver"] = fake
-from engine_adapter.worker import main
+sys.modules["engine_adapter.vllm_engine.driver"] = fake
+from engine_adapter.inside.worker import main
 sys.exit(main(sys.argv[3:]))
 '''
 
@@ -128,7 +129,7 @@ def test_a_stale_socket_and_a_dead_pid_are_cleaned(stand_in, folder):
     dead = subprocess.Popen(["true"])
     dead.wait()
     s = socket.socket(socket.AF_UNIX)
-    with warm._address(paths.sock) as address:  # a deep tmp_path (the engine's name carries its environment) passes 107 bytes
+    with sockets.address(paths.sock) as address:  # a deep tmp_path (the engine's name carries its environment) passes 107 bytes
         s.bind(address)  # a socket file nobody listens on
     s.close()
     paths.state.write_text(json.dumps({"pid": dead.pid, "version": "0.33.0", "platform": "cuda", "fingerprint": "x", "socket_inode": os.stat(paths.sock).st_ino}))
@@ -199,8 +200,8 @@ def test_a_deep_kvspec_home_still_fits_a_unix_socket_address(stand_in, tmp_path)
 
 
 def test_kvspec_warm_0_opens_a_worker_of_its_own(monkeypatch):
-    from engine_adapter import environments
-    from engine_adapter.engine import WarmEngine, WorkerEngine, open_engine
+    from engine_adapter.host import environments
+    from engine_adapter.host.engine import WarmEngine, WorkerEngine, open_engine
 
     if not environments.is_ready("0.33.0"):
         pytest.skip("vllm==0.33.0 not installed")
@@ -235,7 +236,7 @@ def test_a_zombie_leader_whose_thread_still_runs_has_not_exited():
             time.sleep(0.01)
         assert warm._proc_state(proc.pid) == "Z" and len(os.listdir(f"/proc/{proc.pid}/task")) == 2
         assert not warm._exited(proc.pid)
-        warm._connect(Path(path), 1.0).close()  # its socket still accepts
+        sockets.connect(Path(path), 1.0).close()  # its socket still accepts
         assert wait_gone(proc.pid, 10) and proc.wait(5) == 0
     finally:
         proc.kill()

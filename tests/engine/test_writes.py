@@ -1,5 +1,5 @@
 """What the engine observes of the model runner's Mamba writes
-(engine_adapter.writes, explain ``written``) and the ``stale`` oracle on it,
+(engine_adapter.vllm_engine.writes, explain ``written``) and the ``stale`` oracle on it,
 vLLM 0.33.0:
 
 * an internal prefill checkpoint that is no chunk end is observed: Qwen3.5

@@ -223,7 +223,7 @@ def test_a_versions_finding_whose_other_engine_differs_from_the_finding_is_not_r
 def test_replay_on_engine_opens_the_other_engine_a_versions_finding_names(tmp_path, monkeypatch):
     doubles = {"0.29.0": ReferenceDouble("0.29.0", "legacy"), "0.33.0": ReferenceDouble("0.33.0", "replay")}
     opened = []
-    monkeypatch.setattr("engine_adapter.engine.open_engine", lambda name, **kw: opened.append(name) or doubles[name.removeprefix("vllm==")])
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: opened.append(name) or doubles[name.removeprefix("vllm==")])
     case = seed()
     obs, other = doubles["0.29.0"].run(case), doubles["0.33.0"].run(case)
     (div,) = check_versions(case, "0.29.0", obs, "0.33.0", other)
@@ -391,7 +391,7 @@ def test_run_compare_predicts_a_deployment_on_its_resolution_and_exits_by_the_ju
     # a block-aligned prompt's one-token extension: 0.33.0 resumes at the replay boundary 1152, the promise says 1280
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case((1280, 1281), spec=False))))
-    monkeypatch.setattr("engine_adapter.engine.open_engine", lambda name, **kw: _Opened(ResolvingDouble("0.33.0", "replay", 128)))
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: _Opened(ResolvingDouble("0.33.0", "replay", 128)))
     assert cli_main(["run", str(path), "--engine", "vllm==0.33.0", "--compare", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == AGREES and out["reference"]["hits"] == [0, 1152] and out["observed"]["hits"] == [0, 1152]
@@ -407,7 +407,7 @@ def test_run_exits_3_when_the_engine_did_not_run_the_case(tmp_path, monkeypatch,
 
     path = tmp_path / "seed.json"
     path.write_text(json.dumps(case_to_dict(seed())))
-    monkeypatch.setattr("engine_adapter.engine.open_engine", lambda name, **kw: _Opened(Dead("0.33.0", "replay")))
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: _Opened(Dead("0.33.0", "replay")))
     for extra in ([], ["--compare"]):
         assert cli_main(["run", str(path), "--engine", "vllm==0.33.0", *extra]) == 3
         err = capsys.readouterr().err
@@ -418,7 +418,7 @@ def test_predict_resolves_a_deployment_through_the_engine_of_its_version(tmp_pat
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case())))
     opened = []
-    monkeypatch.setattr("engine_adapter.engine.open_engine", lambda name, **kw: opened.append(name) or _Opened(ResolvingDouble(name.removeprefix("vllm=="), "replay", 1568)))
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: opened.append(name) or _Opened(ResolvingDouble(name.removeprefix("vllm=="), "replay", 1568)))
     assert cli_main(["predict", str(path), "--as", "vllm==0.29.0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert opened == ["vllm==0.29.0"] and out["resolved_by"] == "vllm==0.29.0" and out["knobs"]["scheduler_block_size"] == 1568

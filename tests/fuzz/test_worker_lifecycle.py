@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.environments import MARKER_NAME, fingerprint
+from engine_adapter.host.environments import MARKER_NAME, fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.33.0"

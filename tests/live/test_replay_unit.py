@@ -403,8 +403,8 @@ def test_a_resolved_geometry_the_server_does_not_have_is_refused_before_sending(
 
 
 def test_a_deployment_case_without_the_servers_engine_is_refused_in_one_line(monkeypatch, tmp_path, capsys):
-    from engine_adapter import engine as engine_mod
-    from engine_adapter import environments
+    from engine_adapter.host import engine as engine_mod
+    from engine_adapter.host import environments
 
     monkeypatch.setattr(environments, "is_ready", lambda version: False)
     monkeypatch.setattr(engine_mod, "inprocess_vllm_version", lambda: None)

@@ -47,7 +47,7 @@ def test_selection_is_seeded_round_robin_and_every_diff_applies_inside_its_funct
 
 
 def test_a_diff_is_what_the_builds_applier_takes(root, cands, tmp_path):
-    from engine_adapter.builds import overlay_from_patches
+    from engine_adapter.host.builds import overlay_from_patches
 
     m = select(root, cands, only=["replay-82bcea0f"])[0]
     assert (m["before"], m["after"]) == ("resend = (num_prompt_tokens - 1) // block * block", "resend = (num_prompt_tokens - 1) // block // block")

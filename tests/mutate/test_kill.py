@@ -71,7 +71,7 @@ def _hand_mutant(root, mid: str, after: str) -> dict:
 
 
 def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
-    from engine_adapter import builds
+    from engine_adapter.host import builds
 
     cands = [m for m in positions(root) if m["function"] == "MambaManager.find_longest_cache_hit" and m["operator"] == "core/ReplaceBreakWithContinue"]
     (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("break  # we just need the last match")]

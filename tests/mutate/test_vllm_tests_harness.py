@@ -39,7 +39,7 @@ def test_a_run_that_cannot_start_is_a_harness_failure_and_a_failing_test_a_kill(
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     sdist = _sdist(tmp_path)
     monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
-    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: True)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: True)
     # no pytest in the build: exit 1, no test ran
     monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, 'echo "No module named pytest" >&2; exit 1\n'))
     res = vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")
@@ -51,7 +51,7 @@ def test_a_run_that_cannot_start_is_a_harness_failure_and_a_failing_test_a_kill(
     res = vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")
     assert res["killed"] is True and res.get("killing_test")
     # pytest that cannot be installed
-    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: False)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: False)
     assert "cannot install pytest" in vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")["harness"]
 
 
@@ -63,9 +63,9 @@ def test_a_killing_test_the_base_cannot_run_is_no_verdict_on_the_base(tmp_path, 
     sdist = _sdist(tmp_path)
     monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
     node = "tests/v1/core/test_x.py::test_a"
-    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: False)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: False)
     assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is None
-    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: True)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: True)
     monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, 'echo "No module named pytest" >&2; exit 1\n'))
     assert vt.run_one("vllm==0.33.0+base.000000", _base(sdist), node) is None
     monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, "exit 1\n"))
@@ -98,8 +98,8 @@ def test_a_baseline_file_that_timed_out_is_run_again_not_reused(tmp_path, monkey
     monkeypatch.setattr(vt, "run_root", lambda s: sdist)
     monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
     monkeypatch.setattr(vt, "target_paths", lambda version: [str(tmp_path / "site-packages" / "vllm" / "v1" / "core" / "x.py")])
-    monkeypatch.setattr("engine_adapter.testtools.ensure_pytest", lambda python, timeout=None: True)
-    monkeypatch.setattr("engine_adapter.testtools.ensure_coverage", lambda python, timeout=None: True)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: True)
+    monkeypatch.setattr("engine_adapter.host.testtools.ensure_coverage", lambda python, timeout=None: True)
     monkeypatch.setattr(vt, "FILE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(vt, "_python", lambda release: _python(tmp_path, "sleep 5\n"))
     first = vt.baseline("0.33.0", out=tmp_path / "base")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import builds, patches, source_files
+from engine_adapter.host import builds, patches, source_files
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
 
@@ -182,7 +182,7 @@ def test_the_version_is_read_from_vllm_s_own_version_file_as_text(tmp_path, rele
 
 @pytest.mark.timeout(60)
 def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outside_it(tmp_path, release_double, monkeypatch):
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     pkg = _tree(tmp_path / "src")
     (pkg / "x.py").chmod(0o600)

@@ -28,8 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import warm
-from engine_adapter.warm import Paths, WarmClient
+from engine_adapter import sockets
+from engine_adapter.host import warm
+from engine_adapter.inside import warm_server
+from engine_adapter.host.warm import Paths, WarmClient
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
 from tests.engine.test_warm_lifecycle import case, folder, stand_in, wait_gone  # noqa: F401 - fixtures
@@ -69,7 +71,7 @@ def test_a_wedged_request_costs_its_engine_and_the_next_command_gets_a_fresh_one
     command, queued behind it, gets a fresh engine well within its own time,
     and says so."""
     pid = run(client(stand_in, folder))["result"]["pid"]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.warm import WarmClient\n"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
             "from tests.engine.test_warm_lifecycle import case\n"
             "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
             "print('sent', flush=True); c.request('run', 3.0, case=case(), options={'open': sys.argv[4]})\n")
@@ -139,10 +141,10 @@ def test_the_server_skips_a_request_whose_client_gave_up_in_the_queue(stand_in, 
 def test_a_request_bound_that_is_not_a_number_is_a_protocol_error(stand_in, folder):
     c = client(stand_in, folder)
     run(c)
-    sock = warm._connect(c.paths.sock, 5)
+    sock = sockets.connect(c.paths.sock, 5)
     try:
-        warm._send_line(sock, b'{"id": 1, "op": "ping", "timeout_s": "NaN"}\n', time.monotonic() + 5)
-        resp = json.loads(warm._read_line(sock, time.monotonic() + 5))
+        sockets.send_line(sock, b'{"id": 1, "op": "ping", "timeout_s": "NaN"}\n', time.monotonic() + 5)
+        resp = json.loads(sockets.read_line(sock, time.monotonic() + 5))
     finally:
         sock.close()
     assert resp["error"]["kind"] == "protocol" and "timeout_s" in resp["error"]["message"]
@@ -318,7 +320,7 @@ def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand
     fresh one."""
     c = client(stand_in, folder)
     pid = run(c)["result"]["pid"]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.warm import WarmClient\n"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
             "from tests.engine.test_warm_lifecycle import case\n"
             "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
             "print('sent', flush=True); c.request('run', 1.0, case=case(), options={'gil': True})\n")
@@ -328,7 +330,7 @@ def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand
         time.sleep(0.5)
         hog.kill()  # its client gone: only the engine's own bound can end it
         hog.wait(10)
-        assert wait_gone(pid, 1.0 + warm.OVERRUN_GRACE_S + warm.HARD_GRACE_S + 5)
+        assert wait_gone(pid, 1.0 + warm_server.OVERRUN_GRACE_S + warm_server.HARD_GRACE_S + 5)
     finally:
         hog.kill()
         hog.wait(10)

@@ -1,6 +1,6 @@
 """The Python files of a stranger's vLLM source tree (``--engine path:DIR``)
 or wheel (``--engine wheel:FILE.whl``), read for a build
-(:mod:`engine_adapter.builds`) without following the input anywhere it
+(:mod:`engine_adapter.host.builds`) without following the input anywhere it
 should not lead, and bounded before the work grows.
 
 Rules:
@@ -28,12 +28,12 @@ Rules:
   :data:`MAX_RATIO` to 1 (past 1 MiB). Members are inflated in 1 MiB reads,
   never more than they declare, so a zip bomb costs one bounded read, not a
   ``MemoryError``. A member name under ``vllm/`` must be a plain relative
-  path (:func:`engine_adapter.patches.check_rel`: no ``..``, no control
+  path (:func:`engine_adapter.host.patches.check_rel`: no ``..``, no control
   character, no backslash); nothing is extracted to disk.
 * **Permissions never widen.** Each file comes with the permission bits of
   its source (the file; for a wheel member, its own bits if recorded, and
   the wheel file's): a build writes it with no more than those
-  (:func:`engine_adapter.builds.build`), so a 0600 file stays owner-only.
+  (:func:`engine_adapter.host.builds.build`), so a 0600 file stays owner-only.
 * **The version is text.** ``vllm/_version.py`` (setuptools-scm's
   ``__version__ = version = '0.33.0'``) is read with a regular expression,
   never imported or executed.
@@ -52,7 +52,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from engine_adapter.patches import check_rel
+from engine_adapter.host.patches import check_rel
 from ground.errors import InvalidArgument, KvspecError, invalid
 
 #: The longest file kvspec reads for a build (a patch, a source file, a wheel member).

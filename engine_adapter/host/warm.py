@@ -2,8 +2,8 @@
 started on first use and reused by later commands.
 
 Importing vLLM takes ~25 s in every process; a warm engine pays it once.
-It is ``python -m engine_adapter.worker --socket ...`` (this module's
-:func:`serve_socket`) in the version's environment, listening on a Unix
+It is ``python -m engine_adapter.inside.worker --socket ...`` (its loop is
+:func:`engine_adapter.inside.warm_server.serve_socket`) in the version's environment, listening on a Unix
 socket under kvspec's home::
 
     $KVSPEC_HOME/warm/vllm-0.33.0-cuda-ENVID.sock    mode 0600
@@ -79,7 +79,6 @@ The client side never imports vLLM.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -89,38 +88,25 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_adapter.venvs import wait_flock
+from engine_adapter.host.venvs import wait_flock
+from engine_adapter.protocol import KILLED_MARK
+from engine_adapter.sockets import Lines, connect, event_of, read_line, remove_if, send_line
 from ground.home import REPO_ROOT, kvspec_home
-from ground.files import hash_files, write_json_atomic
+from ground.files import hash_files
 from ground.errors import EngineError, invalid
 
 #: Default idle seconds before a warm engine exits by itself.
 IDLE_TIMEOUT_S = 600.0
-#: Seconds a warm engine waits for the request line of a connection it accepted.
-REQUEST_READ_TIMEOUT_S = 30.0
-#: Seconds a warm engine may take to hand over one response.
-RESPONSE_SEND_TIMEOUT_S = 60.0
-#: Longest request or response line, in bytes.
-MAX_LINE_BYTES = 256 << 20
 #: Seconds ``stop`` waits for each step (shutdown, SIGTERM) before the next.
 STOP_WAIT_S = 10.0
 #: Seconds a client waits for the warm engine to begin its request (busy
 #: with another command's) before it starts a fresh engine of its own.
 QUEUE_WAIT_S = 30.0
-#: Seconds a request may run past its own bound before its server ends itself.
-OVERRUN_GRACE_S = 2.0
-#: Seconds after that when the kernel ends a server whose watchdog thread
-#: could not run (a request holding the GIL): SIGALRM, default action.
-HARD_GRACE_S = 5.0
-#: How the log of a warm engine killed for a request past its bound ends.
-KILLED_MARK = "kvspec warm engine: killed:"
 #: Environment variables that are part of a warm engine's identity:
 #: these prefixes and names (:func:`identity_env`) ...
 IDENTITY_PREFIXES = ("VLLM_", "KVSPEC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON", "LD_")
@@ -233,7 +219,7 @@ class Paths:
         the environment ``env`` (:func:`env_id`; default: the one this
         process would start it with), in ``directory``'s private folder."""
         if env is None:
-            from engine_adapter import environments
+            from engine_adapter.host import environments
 
             env = env_id(environments.worker_env(version, platform))
         return cls.named(private_dir(directory or warm_dir()) / f"vllm-{version}-{platform}-{env}")
@@ -252,7 +238,7 @@ def fingerprint(version: str, platform: str, python: str | None = None) -> str:
     kvspec's engine-side sources (:data:`FINGERPRINT_SOURCES`), the
     environment's ready marker (rewritten by every install), the
     interpreter and the platform. Computed once per process."""
-    from engine_adapter import environments
+    from engine_adapter.host import environments
     from engine_adapter.protocol import PROTOCOL_VERSION
 
     python = python or str(environments.env_python(version))
@@ -266,100 +252,6 @@ def fingerprint(version: str, platform: str, python: str | None = None) -> str:
             h.update(b"no marker\0")
         _FINGERPRINTS[key] = h.hexdigest()
     return _FINGERPRINTS[key]
-
-
-# ------------------------------------------------------------------ sockets
-
-
-@contextlib.contextmanager
-def _address(path: Path) -> Iterator[str]:
-    """An address for ``path`` that fits a Unix socket's ~107 bytes: the
-    path itself, or the same file through ``/proc/self/fd`` (Linux) when
-    kvspec's home is deep."""
-    text = str(path)
-    if len(text.encode()) < 100:
-        yield text
-        return
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
-def _connect(path: Path, timeout: float) -> socket.socket:
-    """A connection to the socket at ``path``; OSError if nobody listens."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(max(0.05, timeout))
-    try:
-        with _address(path) as addr:
-            sock.connect(addr)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _send_line(sock: socket.socket, data: bytes, deadline: float) -> None:
-    sock.settimeout(max(0.05, deadline - time.monotonic()))
-    sock.sendall(data)
-
-
-class _Lines:
-    """The lines of one connection, read with a deadline each (a server
-    may send an event line and its answer in one packet)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-
-    def next(self, deadline: float) -> bytes | None:
-        """One line (without the newline), or None at EOF; socket.timeout past ``deadline``."""
-        while True:
-            end = self.buf.find(b"\n")
-            if end >= 0:
-                line = bytes(self.buf[:end])
-                del self.buf[:end + 1]
-                return line
-            if len(self.buf) > MAX_LINE_BYTES:
-                raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("deadline")
-            self.sock.settimeout(min(left, 1.0))
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except socket.timeout:
-                continue
-            if not chunk:
-                return None
-            self.buf += chunk
-
-
-def _event(raw: bytes | None) -> dict | None:
-    """An event line of the server (``{"event": ...}``), else None (an answer)."""
-    if raw is None or not raw.startswith(b'{"event":'):
-        return None
-    try:
-        event = json.loads(raw)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
-
-
-def _read_line(sock: socket.socket, deadline: float) -> bytes | None:
-    """One line (without the newline), or None at EOF; socket.timeout past ``deadline``."""
-    return _Lines(sock).next(deadline)
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the peer of ``sock`` has closed its end (a queued client
-    that gave up its wait)."""
-    import select
-
-    poller = select.poll()
-    poller.register(sock, select.POLLHUP | getattr(select, "POLLRDHUP", 0))
-    return bool(poller.poll(0))
 
 
 # ------------------------------------------------------------------ processes
@@ -407,7 +299,7 @@ def _is_server(pid: object, sock: Path) -> bool:
     cmd = _cmdline(pid)
     if not cmd or _proc_state(pid) in (None, "Z", "X"):
         return False  # gone or exiting: it serves no one
-    return "engine_adapter.worker" in cmd and "--socket" in cmd and str(sock) in cmd
+    return "engine_adapter.inside.worker" in cmd and "--socket" in cmd and str(sock) in cmd
 
 
 def _wait_gone(pid: int, sock: Path, seconds: float) -> bool:
@@ -418,7 +310,7 @@ def _wait_gone(pid: int, sock: Path, seconds: float) -> bool:
         if _exited(pid):
             return True
         cmd = _cmdline(pid)
-        return bool(cmd) and not ("engine_adapter.worker" in cmd and str(sock) in cmd)  # the pid was reused
+        return bool(cmd) and not ("engine_adapter.inside.worker" in cmd and str(sock) in cmd)  # the pid was reused
 
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -436,24 +328,14 @@ def read_state(paths: Paths) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def _remove_if(path: Path, inode: int | None = None) -> None:
-    """Unlink ``path`` (only if it still has ``inode``, when given)."""
-    try:
-        if inode is not None and os.stat(path).st_ino != inode:
-            return
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
 def _clean(paths: Paths, pid: int | None) -> None:
     """Remove a gone server's socket and state file (a live server's, or
     another server's, are left alone)."""
     state = read_state(paths)
     if state is not None and state.get("pid") == pid:
         if state.get("socket_inode") is not None:
-            _remove_if(paths.sock, state.get("socket_inode"))
-        _remove_if(paths.state)
+            remove_if(paths.sock, state.get("socket_inode"))
+        remove_if(paths.state)
 
 
 def _kill(paths: Paths, pid: int, sig: int = signal.SIGKILL, wait_s: float = STOP_WAIT_S) -> bool:
@@ -499,8 +381,8 @@ class WarmClient:
     (or replacing) it when needed."""
 
     def __init__(self, version: str, platform: str = "cuda", *, idle_timeout: float | None = None, start_timeout: float = 180.0, directory: Path | None = None, python: str | None = None, queue_wait: float = QUEUE_WAIT_S, say=None) -> None:
-        from engine_adapter import environments
-        from engine_adapter.versions import engine_name
+        from engine_adapter.host import environments
+        from engine_adapter.host.versions import engine_name
 
         self.version, self.platform = version, platform
         self.engine = engine_name(version)
@@ -544,13 +426,13 @@ class WarmClient:
             state = read_state(self.paths)
             behind = state.get("pid") if state is not None else None
             line = encode({"id": rid, "op": op, "fingerprint": self.fingerprint, "timeout_s": round(max(0.05, deadline - time.monotonic()), 3), **fields}).encode()
-            lines = _Lines(sock)
+            lines = Lines(sock)
             serving: int | None = None
             try:
                 try:
-                    _send_line(sock, line, deadline)
+                    send_line(sock, line, deadline)
                     raw = lines.next(min(deadline, time.monotonic() + self.queue_wait))
-                    event = _event(raw)
+                    event = event_of(raw)
                     if event is not None and event.get("event") == "started":
                         serving = event.get("pid") if isinstance(event.get("pid"), int) else behind
                         raw = lines.next(deadline)
@@ -618,15 +500,15 @@ class WarmClient:
         """A connection to a live server (maybe of other sources: the
         request's fingerprint tells); starts one when none answers."""
         try:
-            return _connect(self.paths.sock, deadline - time.monotonic())
+            return connect(self.paths.sock, deadline - time.monotonic())
         except OSError:
             pass
         self.folder_ready()
         with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
             with contextlib.suppress(OSError):
-                return _connect(self.paths.sock, deadline - time.monotonic())
+                return connect(self.paths.sock, deadline - time.monotonic())
             self._start(deadline)
-            return _connect(self.paths.sock, deadline - time.monotonic())
+            return connect(self.paths.sock, deadline - time.monotonic())
 
     def replace(self, deadline: float) -> None:
         """Start a server of this client's sources unless one already took
@@ -654,10 +536,10 @@ class WarmClient:
             # A live server of other sources keeps its socket until the new
             # one takes its path over; one nobody listens on is stale.
             try:
-                _connect(paths.sock, 1.0).close()
+                connect(paths.sock, 1.0).close()
             except OSError:
-                _remove_if(paths.sock)
-        cmd = [self.python, "-m", "engine_adapter.worker", "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
+                remove_if(paths.sock)
+        cmd = [self.python, "-m", "engine_adapter.inside.worker", "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
         with open(paths.log, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO_ROOT), start_new_session=True)
         end = min(deadline, time.monotonic() + self.start_timeout)
@@ -668,7 +550,7 @@ class WarmClient:
             state = read_state(paths)
             if state is not None and state.get("pid") == proc.pid:
                 with contextlib.suppress(OSError):
-                    _connect(paths.sock, 1.0).close()
+                    connect(paths.sock, 1.0).close()
                     self.started = proc.pid
                     if killed and announce:
                         self.say(f"kvspec: the warm engine {self.engine} was killed (a request ran past its time limit); started a fresh one")
@@ -765,10 +647,10 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
         if _is_server(pid, paths.sock):
             how = "shutdown"
             with contextlib.suppress(OSError, ValueError, socket.timeout):
-                sock = _connect(paths.sock, 2.0)
+                sock = connect(paths.sock, 2.0)
                 try:
-                    _send_line(sock, encode({"id": 0, "op": "shutdown"}).encode(), time.monotonic() + 2.0)
-                    _read_line(sock, time.monotonic() + STOP_WAIT_S)
+                    send_line(sock, encode({"id": 0, "op": "shutdown"}).encode(), time.monotonic() + 2.0)
+                    read_line(sock, time.monotonic() + STOP_WAIT_S)
                 finally:
                     sock.close()
             if not _wait_gone(pid, paths.sock, STOP_WAIT_S):
@@ -779,197 +661,3 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
         _clean(paths, pid)
         stopped.append({"engine": f"vllm=={_version_of(path, state)}", "platform": state.get("platform"), "pid": pid, "how": how})
     return stopped
-
-
-# ------------------------------------------------------------------ the server
-
-
-def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: float) -> int:
-    """The warm engine's main loop (``python -m engine_adapter.worker
-    --socket PATH``): import vLLM, take over the socket (0600), write the
-    state file, serve one connection at a time until idle, replaced,
-    stopped or its environment changes."""
-    import selectors
-
-    from engine_adapter.driver import get_driver  # imports vLLM
-    from engine_adapter.venvs import marker_path
-
-    from engine_adapter.worker import settle
-
-    t0 = time.time()
-    driver = get_driver()
-    settle()
-    sock_file = Path(sock_path)
-    state_file = Path(state_path) if state_path else sock_file.with_name(sock_file.name.removesuffix(".sock") + ".json")
-    marker = marker_path(Path(sys.prefix))
-
-    def marker_sig():
-        with contextlib.suppress(OSError):
-            st = os.stat(marker)
-            return (st.st_ino, st.st_mtime_ns, st.st_size)
-        return None
-
-    env_sig = marker_sig()
-    # Take over the socket path: a server of other sources still bound to it
-    # sees its socket file gone and leaves; the client that started this one
-    # holds the start lock, so other clients wait for it rather than race.
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    _remove_if(sock_file)
-    old_umask = os.umask(0o177)
-    try:
-        with _address(sock_file) as addr:
-            listener.bind(addr)
-    finally:
-        os.umask(old_umask)
-    os.chmod(sock_file, 0o600)
-    listener.listen(64)
-    inode = os.stat(sock_file).st_ino
-    write_json_atomic(state_file, {
-        "pid": os.getpid(), "version": driver.version, "engine": f"vllm=={driver.version}",
-        "platform": os.environ.get("KVSPEC_PLATFORM", "cuda"), "fingerprint": fp, "python": sys.executable,
-        "socket": str(sock_file), "socket_inode": inode, "idle_timeout_s": idle_timeout,
-        "started": t0, "ready": time.time(),
-    })
-    stopping = [False]
-    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
-    signal.signal(signal.SIGINT, lambda *_: stopping.__setitem__(0, True))
-    listener.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
-    last = time.monotonic()
-    served = 0
-
-    def ours() -> bool:
-        try:
-            return os.stat(sock_file).st_ino == inode
-        except OSError:
-            return False
-
-    def leave() -> None:
-        """No new client finds this engine: its socket and state go."""
-        if ours():
-            _remove_if(sock_file, inode)
-        state = None
-        with contextlib.suppress(OSError, ValueError):
-            state = json.loads(state_file.read_text())
-        if isinstance(state, dict) and state.get("pid") == os.getpid():
-            _remove_if(state_file)
-
-    def overrun(bound: float) -> None:
-        """A request ran past its own bound: this engine serves no one
-        else; it leaves and exits (the next command starts a fresh one)."""
-        with contextlib.suppress(Exception):
-            print(f"{KILLED_MARK} a request ran past its time limit of {bound:.0f}s (+{OVERRUN_GRACE_S:.0f}s); this warm engine exits", file=sys.stderr, flush=True)
-            leave()
-        os._exit(70)
-
-    while not stopping[0]:
-        left = idle_timeout - (time.monotonic() - last)
-        if left <= 0 or not ours() or marker_sig() != env_sig:
-            break
-        if not sel.select(timeout=min(1.0, left)):
-            continue
-        try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            continue
-        what = _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1), "version": driver.version}, overrun)
-        if what == "used":
-            served += 1
-            last = time.monotonic()
-            with contextlib.suppress(OSError):
-                if ours():
-                    os.utime(sock_file)  # `kvspec engines list` reads the idle time here
-        elif what == "shutdown":
-            break
-    # Leave: no new client finds the socket, then serve those already queued.
-    leave()
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            break
-        _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": 0.0, "version": driver.version}, overrun)
-    listener.close()
-    return 0
-
-
-def _request_bound(msg: dict) -> float | None:
-    """The request's ``timeout_s`` (its client's time left), None when it
-    has none (an older client); ValueError when it is not a bound."""
-    bound = msg.get("timeout_s")
-    if bound is None:
-        return None
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not (math.isfinite(bound) and 0 < bound <= 86400 * 7):
-        raise ValueError(f"timeout_s={bound!r}: allowed: seconds, 0 < S <= 604800")
-    return float(bound)
-
-
-def _serve_connection(conn: socket.socket, driver, fp: str, status, overrun=None) -> str:
-    """Read one request line, answer it, close. Returns ``used``,
-    ``status``, ``shutdown`` or ``none`` (nothing read, or a request whose
-    client hung up while it waited in the queue: skipped). A request with a
-    bound (``timeout_s``) is answered ``{"event": "started"}`` first and
-    watched: ``overrun(bound)`` runs if it is still running
-    :data:`OVERRUN_GRACE_S` past its bound."""
-    from engine_adapter.protocol import decode, encode
-    from engine_adapter.worker import _error, handle
-
-    what = "none"
-    try:
-        conn.setblocking(True)
-        raw = _read_line(conn, time.monotonic() + REQUEST_READ_TIMEOUT_S)
-        if raw is None:
-            return what
-        rid = None
-        try:
-            msg = decode(raw.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            resp = {"ok": False, "error": _error("protocol", f"bad request line: {e}")}
-        else:
-            rid = msg.get("id")
-            op = msg.get("op")
-            try:
-                bound = _request_bound(msg)
-            except ValueError as e:
-                bound, resp = None, {"ok": False, "error": _error("protocol", str(e))}
-            else:
-                resp = None
-            if resp is not None:
-                pass
-            elif _hung_up(conn):
-                return what  # its client gave up waiting: run nothing for no one
-            elif op == "shutdown":
-                resp, what = {"ok": True, "result": {"bye": True}}, "shutdown"
-            elif op == "status":
-                resp, what = {"ok": True, "result": status()}, "status"
-            else:
-                watch = None
-                if bound is not None:
-                    _send_line(conn, encode({"event": "started", "id": rid, "pid": os.getpid()}).encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
-                    if overrun is not None:
-                        watch = threading.Timer(bound + OVERRUN_GRACE_S, overrun, (bound,))
-                        watch.daemon = True
-                        watch.start()
-                        # the backstop, for a request that holds the GIL (the
-                        # thread above never runs): SIGALRM's default action
-                        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-                        signal.setitimer(signal.ITIMER_REAL, bound + OVERRUN_GRACE_S + HARD_GRACE_S)
-                try:
-                    resp, what = handle(driver, msg, fp), "used"
-                finally:
-                    if watch is not None:
-                        signal.setitimer(signal.ITIMER_REAL, 0)
-                        watch.cancel()
-        resp["id"] = rid
-        try:
-            data = encode(resp)
-        except ValueError as e:  # e.g. NaN in a result
-            data = encode({"id": rid, "ok": False, "error": _error("internal", f"result not encodable: {e}")})
-        _send_line(conn, data.encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
-    except (OSError, ValueError) as e:  # the client went away or sent too much
-        if isinstance(e, OSError) and e.errno not in (None, errno.EPIPE, errno.ECONNRESET):
-            print(f"kvspec warm engine: connection: {e}", file=sys.stderr, flush=True)
-    finally:
-        conn.close()
-    return what

@@ -1,5 +1,5 @@
 """One manager for the virtual environments kvspec builds: the engine
-environments (``engine_adapter.environments``, one per vLLM version) and the
+environments (``engine_adapter.host.environments``, one per vLLM version) and the
 live server's (``engine_adapter.live.env``).
 
 What they share:

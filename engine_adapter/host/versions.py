@@ -1,6 +1,6 @@
 """Engine names: ``vllm==X`` for the vLLM releases kvspec can drive, and
 ``vllm==X+LABEL.HASH`` for a build of release X (a patched, local-tree or
-wheel overlay: ``engine_adapter.builds``), a PEP 440 local version of X.
+wheel overlay: ``engine_adapter.host.builds``), a PEP 440 local version of X.
 
 Parsing never imports vLLM. Bad names are one-line errors naming the value
 and what is allowed.

@@ -13,7 +13,7 @@ the engine environment of the version under test, on this CPU machine:
 2. **The worker's block-size step**: vLLM sets the final block size in each
    worker, after the model is built (``Platform.update_block_size_for_backend``
    -> ``_align_hybrid_block_size``). kvspec registers stand-in layers
-   (``engine_adapter.standins``) for the model's attention, Mamba and draft
+   (``engine_adapter.vllm_engine.standins``) for the model's attention, Mamba and draft
    layers and calls the platform's own method: the interface's on cuda (CUDA
    does not override it), ``CpuPlatform``'s on cpu.
 3. **KV-cache groups**: the stand-ins' specs go through vLLM's grouping and
@@ -28,10 +28,10 @@ Mamba group: vLLM's single-group branch of ``resolve_kv_cache_block_sizes``
 and its unitary coordinator). Whether an exception is vLLM refusing the
 deployment (``DeploymentRejected``), vLLM crashing (``VllmFailure``, the
 run's error, judged by ``engine_error``) or kvspec's own failure (re-raised
-to the harness) is ``engine_adapter.failure.vllm_outcome``'s rule, the same
+to the harness) is ``engine_adapter.vllm_engine.failure.vllm_outcome``'s rule, the same
 in every step here and when the scheduler starts.
 
-The answers kvspec gives to vLLM's hardware questions (``engine_adapter.platform``)
+The answers kvspec gives to vLLM's hardware questions (``engine_adapter.vllm_engine.platform``)
 and the attention backend it aligns with are reported as ``assumptions``.
 Only ``engine_adapter`` imports vLLM; this module observes, it does not judge.
 """
@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from engine_adapter import platform as kplatform
+from engine_adapter.vllm_engine import platform as kplatform
 from ground.home import models_dir
-from engine_adapter.failure import VllmFailure, vllm_outcome
+from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
 from engine_adapter.models import SHIPPED, load_config
 from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
 from ground.files import write_text_atomic
@@ -258,7 +258,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
 
 
 def raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
-    """Raise what ``e`` is (``engine_adapter.failure.vllm_outcome``): vLLM
+    """Raise what ``e`` is (``engine_adapter.vllm_engine.failure.vllm_outcome``): vLLM
     refusing (``VllmRejected``, ``refused: <vLLM's words>``), vLLM crashing
     (``VllmFailure`` of ``phase``), or kvspec's own error (``e`` itself)."""
     outcome = vllm_outcome(e, where)
@@ -343,7 +343,7 @@ def _attention_backend(dep: Deployment):
 def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) -> None:
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
-    from engine_adapter.standins import CHECKPOINT_EXPORTERS, AttentionStandIn, MambaStandIn
+    from engine_adapter.vllm_engine.standins import CHECKPOINT_EXPORTERS, AttentionStandIn, MambaStandIn
 
     arch = vc.model_config.architecture
     kind = MAMBA_KIND.get(arch)
@@ -481,7 +481,7 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     try:
         _install_layers(vc, dep, version, facts)
         _update_block_size(vc, dep)
-        from engine_adapter.standins import kv_cache_specs
+        from engine_adapter.vllm_engine.standins import kv_cache_specs
 
         specs = kv_cache_specs(vc)
         page = max(s.page_size_bytes for s in specs.values())

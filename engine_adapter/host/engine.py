@@ -5,11 +5,11 @@
   tier's atheris can instrument ``vllm/v1/core`` this way);
 * **worker** (:class:`WorkerEngine`): any other version runs in its own
   environment (``kvspec engines install vllm==X``) as a long-lived
-  ``python -m engine_adapter.worker`` subprocess spoken to over
+  ``python -m engine_adapter.inside.worker`` subprocess spoken to over
   :mod:`engine_adapter.protocol`;
 * **warm** (:class:`WarmEngine`): the same worker, started once and shared
   by later commands over a Unix socket until it has been idle for a while
-  (:mod:`engine_adapter.warm`); ``run``, ``replay --engine``, ``resolve``
+  (:mod:`engine_adapter.host.warm`); ``run``, ``replay --engine``, ``resolve``
   and ``matrix`` use it unless ``KVSPEC_WARM=0``.
 
 Both return the same result dict from ``run(case)``::
@@ -41,9 +41,9 @@ import threading
 import time
 from typing import Any
 
-from engine_adapter import environments
+from engine_adapter.host import environments
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.versions import engine_name, parse_engine, release_of
+from engine_adapter.host.versions import engine_name, parse_engine, release_of
 from ground import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
 from ground.errors import EngineError, InvalidArgument
@@ -63,10 +63,10 @@ def _as_case_dict(case: Case | dict) -> dict:
 
 def inprocess_vllm_version() -> str | None:
     """The vLLM version importable here, without importing it (in a build's
-    environment: the build, ``X+LABEL.HASH``; ``engine_adapter.builds``)."""
+    environment: the build, ``X+LABEL.HASH``; ``engine_adapter.host.builds``)."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    from engine_adapter.builds import inprocess_build_version
+    from engine_adapter.host.builds import inprocess_build_version
 
     build = inprocess_build_version()
     if build is not None:
@@ -111,7 +111,7 @@ class InProcessEngine(Engine):
 
     def __init__(self, version: str) -> None:
         super().__init__(version)
-        from engine_adapter.driver import get_driver  # imports vLLM here
+        from engine_adapter.vllm_engine.driver import get_driver  # imports vLLM here
 
         self.driver = get_driver()
         if self.driver.version != release_of(version):
@@ -125,8 +125,8 @@ class InProcessEngine(Engine):
 
 
 class WorkerProcess:
-    """One ``python -m engine_adapter.worker`` process of an engine
-    environment, under one platform (``engine_adapter.platform``)."""
+    """One ``python -m engine_adapter.inside.worker`` process of an engine
+    environment, under one platform (``engine_adapter.vllm_engine.platform``)."""
 
     def __init__(self, version: str, platform: str = "cuda", *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
         self.version = version
@@ -151,7 +151,7 @@ class WorkerProcess:
             raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
-            [self.python, "-m", "engine_adapter.worker"],
+            [self.python, "-m", "engine_adapter.inside.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -362,7 +362,7 @@ class WorkerEngine(Engine):
 
 class WarmEngine(Engine):
     """An engine in its own environment, served by a warm engine
-    (:mod:`engine_adapter.warm`): one long-lived worker per version and
+    (:mod:`engine_adapter.host.warm`): one long-lived worker per version and
     platform, shared by every command until it has been idle for its idle
     timeout. ``close`` leaves it running. Results say ``harness.mode:
     worker`` (a worker ran them) and ``harness.warm: true``."""
@@ -371,7 +371,7 @@ class WarmEngine(Engine):
 
     def __init__(self, version: str, *, idle_timeout: float | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S, directory=None) -> None:
         super().__init__(version)
-        from engine_adapter import warm
+        from engine_adapter.host import warm
 
         self._warm = warm
         self._options = {"idle_timeout": idle_timeout, "start_timeout": start_timeout, "directory": directory}
@@ -429,7 +429,7 @@ def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool
     else in X's environment (installed first if ``install``; otherwise a
     missing environment is an EngineError naming the install command): on
     the warm engine when ``warm`` (the commands pass
-    ``engine_adapter.warm.enabled()``), else in a worker of its own.
+    ``engine_adapter.host.warm.enabled()``), else in a worker of its own.
     ``mode="warm"`` asks for the warm engine, ``mode="worker"`` for a
     worker of its own."""
     version = parse_engine(spec)

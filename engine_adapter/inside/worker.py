@@ -1,4 +1,4 @@
-"""``python -m engine_adapter.worker``: serve cases to the vLLM of this interpreter.
+"""``python -m engine_adapter.inside.worker``: serve cases to the vLLM of this interpreter.
 
 Runs inside an engine environment (``$KVSPEC_HOME/engines/vllm-X``) and
 speaks :mod:`engine_adapter.protocol` on stdin/stdout. Before anything else
@@ -18,7 +18,8 @@ import argparse
 import os
 import sys
 import time
-import traceback
+
+from engine_adapter.inside.handler import error, handle, settle
 
 
 def _claim_stdout():
@@ -27,49 +28,6 @@ def _claim_stdout():
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return os.fdopen(proto_fd, "w", buffering=1, encoding="utf-8")
-
-
-def _error(kind: str, message: str, cls: str | None = None, tb: str | None = None) -> dict:
-    err = {"kind": kind, "message": message}
-    if cls:
-        err["class"] = cls
-    if tb:
-        err["traceback"] = tb[-20000:]
-    return err
-
-
-def handle(driver, msg: dict, fingerprint: str | None = None) -> dict:
-    """Carry out one decoded request (``run``, ``resolve``, ``ping``); the
-    response without its ``id``. A warm server (``fingerprint`` set) refuses
-    a request that names another fingerprint (``kind: "stale"``): the client
-    then starts a server of its own sources."""
-    from engine_adapter.protocol import OPS
-    from ground.errors import KvspecError
-
-    try:
-        op = msg.get("op")
-        want = msg.get("fingerprint")
-        if fingerprint is not None and want is not None and want != fingerprint:
-            return {"ok": False, "error": _error("stale", f"this warm server runs fingerprint {fingerprint[:12]}, the client {str(want)[:12]}")}
-        if op not in OPS:
-            return {"ok": False, "error": _error("protocol", f"op={op!r}: allowed: {', '.join(OPS)}")}
-        if op == "ping":
-            pong = {"pong": True, "vllm_version": driver.version}
-            if fingerprint is not None:
-                pong.update(pid=os.getpid(), fingerprint=fingerprint)
-            return {"ok": True, "result": pong}
-        if op == "resolve":
-            return {"ok": True, "result": driver.resolve(msg.get("case"))}
-        if op == "run":
-            options = msg.get("options") or {}
-            if not isinstance(options, dict):
-                raise TypeError("options must be an object")
-            return {"ok": True, "result": driver.run(msg.get("case"), options)}
-        return {"ok": False, "error": _error("protocol", f"op={op!r}: not served here")}
-    except KvspecError as e:
-        return {"ok": False, "error": _error("kvspec", str(e), type(e).__name__)}
-    except Exception as e:  # an adapter bug: report it, keep serving
-        return {"ok": False, "error": _error("internal", f"{type(e).__name__}: {e}", tb=traceback.format_exc())}
 
 
 def _hello(driver, t0: float) -> dict:
@@ -86,22 +44,11 @@ def _hello(driver, t0: float) -> dict:
     }
 
 
-def settle() -> None:
-    """After vLLM's import: move everything allocated so far out of the
-    garbage collector's reach (``gc.freeze``), so that the collections a
-    long-lived engine process triggers case after case walk only what the
-    cases allocate, not vLLM's and torch's modules."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 def serve(out, inp) -> int:
     from engine_adapter.protocol import decode, encode
 
     t0 = time.perf_counter()
-    from engine_adapter.driver import get_driver  # imports vLLM
+    from engine_adapter.vllm_engine.driver import get_driver  # imports vLLM
 
     driver = get_driver()
     settle()
@@ -113,7 +60,7 @@ def serve(out, inp) -> int:
         try:
             msg = decode(line)
         except ValueError as e:
-            resp = {"ok": False, "error": _error("protocol", f"bad request line: {e}")}
+            resp = {"ok": False, "error": error("protocol", f"bad request line: {e}")}
         else:
             rid = msg.get("id")
             if msg.get("op") == "shutdown":
@@ -124,7 +71,7 @@ def serve(out, inp) -> int:
         try:
             out.write(encode(resp))
         except ValueError as e:  # e.g. NaN in a result
-            out.write(encode({"id": rid, "ok": False, "error": _error("internal", f"result not encodable: {e}")}))
+            out.write(encode({"id": rid, "ok": False, "error": error("internal", f"result not encodable: {e}")}))
     return 0
 
 
@@ -140,7 +87,7 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     import json
 
     t0 = time.perf_counter()
-    from engine_adapter.driver import get_driver, selftest_case
+    from engine_adapter.vllm_engine.driver import get_driver, selftest_case
 
     driver = get_driver()
     import_s = time.perf_counter() - t0
@@ -180,17 +127,17 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_adapter.worker")
+    parser = argparse.ArgumentParser(prog="python -m engine_adapter.inside.worker")
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument("--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case")
     parser.add_argument("--expect-version")
-    parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.warm)")
+    parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.host.warm)")
     parser.add_argument("--state", help="with --socket: the state file to write")
-    parser.add_argument("--fingerprint", help="with --socket: the sources' fingerprint (engine_adapter.warm.fingerprint)")
+    parser.add_argument("--fingerprint", help="with --socket: the sources' fingerprint (engine_adapter.host.warm.fingerprint)")
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="with --socket: exit after this many idle seconds")
     args = parser.parse_args(argv)
     if args.socket:
-        from engine_adapter.warm import serve_socket
+        from engine_adapter.inside.warm_server import serve_socket
 
         return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout)
     out = _claim_stdout()

@@ -1,5 +1,5 @@
 """Unified diffs against a release's ``vllm/`` tree: kvspec's strict parser
-and applier (used by :mod:`engine_adapter.builds`).
+and applier (used by :mod:`engine_adapter.host.builds`).
 
 A patch comes from a stranger, so:
 

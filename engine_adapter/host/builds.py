@@ -27,14 +27,14 @@ from the release's ready environment:
    files are never touched; their stale ``__pycache__`` entries are unlinked
    in the build only;
 3. the self-test (the worker drives the real scheduler once);
-4. the ready marker, written last and atomically (:mod:`engine_adapter.venvs`),
+4. the ready marker, written last and atomically (:mod:`engine_adapter.host.venvs`),
    with what the build is made of (release, sources and their sha256, the
    files it replaces and their sha256).
 
 Patches, trees and wheels come from strangers: they are read as data, never
-run, bounded before any work (:mod:`engine_adapter.patches`: patch bytes,
+run, bounded before any work (:mod:`engine_adapter.host.patches`: patch bytes,
 counts, malformed headers, a linear-time applier;
-:mod:`engine_adapter.source_files`: no symlink out of a tree, a wheel judged
+:mod:`engine_adapter.host.source_files`: no symlink out of a tree, a wheel judged
 by its central directory, permissions that never widen), and every file a
 build writes is a file of ``vllm/`` inside the build's own site-packages. A
 patch that does not apply, like every refused input, is one line naming the
@@ -60,9 +60,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_adapter import patches as patches_mod
-from engine_adapter import source_files, venvs
-from engine_adapter.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
+from engine_adapter.host import patches as patches_mod
+from engine_adapter.host import source_files, venvs
+from engine_adapter.host.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
 from ground.console import say as _say
 from ground.home import engines_dir
 from ground.files import write_bytes_atomic
@@ -155,7 +155,7 @@ class Overlay:
 
 def _release_env(release: str) -> Path:
     """The release's ready environment's site-packages (a build starts there)."""
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     if not environments.is_ready(release):
         state = environments.status(release)["state"]
@@ -183,7 +183,7 @@ def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str,
 def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
     """Apply ``patches`` in order to release's vLLM files; the overlay is the
     files that end up different from the release's. The patches are read
-    and bounded (:mod:`engine_adapter.patches`: bytes, count, file patches,
+    and bounded (:mod:`engine_adapter.host.patches`: bytes, count, file patches,
     hunks) before any is applied; a file they make keeps no more permission
     than the patches that made it."""
     release = release_of(parse_engine(release, "--engine"))
@@ -299,7 +299,7 @@ def _overlay_of(release: str, kind: str, label: str, members: dict[str, source_f
 def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
     """The Python files of a local vLLM source tree (its ``vllm`` package
     folder, or the checkout holding it) that differ from the release's,
-    read by :func:`engine_adapter.source_files.tree_files` (no symlink out of
+    read by :func:`engine_adapter.host.source_files.tree_files` (no symlink out of
     the tree, bounded). The release is the one its ``vllm/_version.py``
     states (read as text), or ``base``."""
     root = Path(path).expanduser()
@@ -322,7 +322,7 @@ def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engi
 
 def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
     """The Python files of a vLLM wheel that differ from the release's, read
-    by :func:`engine_adapter.source_files.wheel_files` (judged by its central
+    by :func:`engine_adapter.host.source_files.wheel_files` (judged by its central
     directory first; nothing extracted)."""
     whl = Path(path).expanduser()
     what = f"wheel:{path}"
@@ -348,7 +348,7 @@ def read_marker(version: str) -> dict | None:
 def is_ready(version: str) -> bool:
     """A build is ready when its marker names it and was made from the
     release environment as it is now (the same requirement lock)."""
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     marker = read_marker(version)
     if not marker or marker.get("engine") != engine_name(version) or not env_python(version).exists():
@@ -420,7 +420,7 @@ def link_tree(src: Path, dst: Path, *, skip_top: tuple[str, ...] = ()) -> int:
 
 
 def _selftest(version: str, import_only: bool = False) -> dict:
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     return environments._selftest(version, import_only=import_only)
 
@@ -433,7 +433,7 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
     oracles judge; its marker says so)."""
     if selftest not in ("run", "import"):
         raise invalid("selftest", selftest, "one of: run, import")
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     version = overlay.version
     name = engine_name(version)
@@ -562,6 +562,6 @@ def inprocess_build_version(prefix: str | None = None) -> str | None:
 def run_python(version: str, args: list[str], *, timeout: float, platform: str = "cuda") -> subprocess.CompletedProcess:
     """Run the build's (or release's) interpreter with kvspec's worker
     environment, bounded by ``timeout``."""
-    from engine_adapter import environments
+    from engine_adapter.host import environments
 
     return subprocess.run([str(environments.env_python(version)), *args], env=environments.worker_env(version, platform), capture_output=True, text=True, timeout=timeout, cwd=str(environments.REPO_ROOT))

@@ -5,7 +5,7 @@ Two ways in:
 
 * :func:`build_deployment` (a case with a ``deployment``): everything comes
   from vLLM's own code for that model and those flags
-  (``engine_adapter.resolve``), and the KV cache config is the one vLLM's
+  (``engine_adapter.vllm_engine.resolve``), and the KV cache config is the one vLLM's
   grouping functions produced.
 * :func:`build_hand` (a hand geometry): the KV cache groups are the case's,
   built as the GPU model runner would report them for a tiny Qwen3-Next-style
@@ -15,7 +15,7 @@ Two ways in:
 Both end in :func:`start_scheduler`, as ``EngineCore.__init__`` does. vLLM
 raising here is a :class:`VllmFailure` (phase ``config`` / ``setup``), or a
 refusal when the scheduler of a deployment starts; kvspec's own exceptions
-go to the harness (``engine_adapter.failure.vllm_outcome``).
+go to the harness (``engine_adapter.vllm_engine.failure.vllm_outcome``).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.structured_output import StructuredOutputManager
 
-from engine_adapter.failure import VllmFailure, vllm_outcome
-from engine_adapter.resolve import engine_core_block_sizes
+from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
+from engine_adapter.vllm_engine.resolve import engine_core_block_sizes
 from ground.home import models_dir
 from reference.case import Case
 from ground.files import write_text_if_changed
@@ -116,9 +116,9 @@ def start_scheduler(caps: Capabilities, vllm_config, kv_cache_config, scheduler_
 
 def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     """What ``EngineCore`` builds for the case's deployment (vLLM's own
-    resolution, ``engine_adapter.resolve``), with a block pool sized so that
+    resolution, ``engine_adapter.vllm_engine.resolve``), with a block pool sized so that
     nothing in the serial trace is ever evicted."""
-    from engine_adapter import resolve as R
+    from engine_adapter.vllm_engine import resolve as R
 
     dep = case.deployment
     assert dep is not None

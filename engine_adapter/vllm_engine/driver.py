@@ -25,7 +25,7 @@ What is observed, per request (``explain``):
   (only where ``max_tokens`` > 1);
 * ``written``: the positions this request's prefill wrote a Mamba state at
   in every Mamba group: its chunk ends and the internal prefill checkpoints
-  vLLM's worker-side builder places (``engine_adapter.writes``); ``null``
+  vLLM's worker-side builder places (``engine_adapter.vllm_engine.writes``); ``null``
   where this vLLM's checkpoint writes cannot be observed;
 * ``cache_blocks``: ``num_tokens`` of each Mamba ``cache_blocks`` call;
 * ``retained_mamba_blocks``: per Mamba block size M, the indices i of this
@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine_adapter import platform as _platform
+from engine_adapter.vllm_engine import platform as _platform
 from ground.files import hash_files
 from ground.home import contain_this_process
 
@@ -74,11 +74,11 @@ _platform.install()
 
 import vllm  # noqa: E402
 
-from engine_adapter.failure import VllmFailure, vllm_outcome  # noqa: E402
-from engine_adapter.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
-from engine_adapter.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
-from engine_adapter.steploop import Arrival, serve, serve_wave  # noqa: E402
-from engine_adapter.writes import checkpoint_writer, written  # noqa: E402
+from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
+from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
+from engine_adapter.vllm_engine.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
+from engine_adapter.vllm_engine.steploop import Arrival, serve, serve_wave  # noqa: E402
+from engine_adapter.vllm_engine.writes import checkpoint_writer, written  # noqa: E402
 from reference.case import Case, case_to_dict, is_concurrent, parse_case, prompt_tokens, waves  # noqa: E402
 
 VLLM_VERSION = vllm.__version__
@@ -130,7 +130,7 @@ class VllmDriver:
 
     def resolve(self, case_or_dict: Case | dict) -> dict:
         """The resolution of a deployment case (geometry, facts, assumptions)."""
-        from engine_adapter.resolve import resolve, summary
+        from engine_adapter.vllm_engine.resolve import resolve, summary
 
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
         if case.deployment is None:
@@ -297,7 +297,7 @@ def get_driver() -> VllmDriver:
     return _DRIVER
 
 
-if __name__ == "__main__":  # python -m engine_adapter.driver CASE.json
+if __name__ == "__main__":  # python -m engine_adapter.vllm_engine.driver CASE.json
     from reference.case import load_case
 
     print(json.dumps(get_driver().run(case_to_dict(load_case(sys.argv[1]))), indent=2))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from engine_adapter.driver import SAMPLED_TOKEN, VllmDriver  # first: it sets up vLLM's platform
+from engine_adapter.vllm_engine.driver import SAMPLED_TOKEN, VllmDriver  # first: it sets up vLLM's platform
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402

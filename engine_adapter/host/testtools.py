@@ -1,13 +1,13 @@
 """pytest inside an engine environment, for the regression tests
 ``kvspec report`` writes and vLLM's own tests (they run against that
 environment's vLLM): installed by the one venv manager
-(:func:`engine_adapter.venvs.ensure_tools`), at the versions kvspec's own
+(:func:`engine_adapter.host.venvs.ensure_tools`), at the versions kvspec's own
 interpreter has; nothing is installed when pytest already imports there.
 """
 
 from __future__ import annotations
 
-from engine_adapter.venvs import ensure_tools
+from engine_adapter.host.venvs import ensure_tools
 
 TEST_TOOLS = ("pytest", "pluggy", "iniconfig")
 

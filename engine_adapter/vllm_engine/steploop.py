@@ -18,7 +18,7 @@ step's ``prefix_cache_stats`` are summed (vLLM resets them every step):
 that is what ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` grow
 by. A request that makes no progress is a vLLM failure (``EngineStall``),
 bounded in steps; an exception vLLM raises is one too, and one from
-kvspec's own code goes to the harness (``engine_adapter.failure``).
+kvspec's own code goes to the harness (``engine_adapter.vllm_engine.failure``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 
-from engine_adapter.failure import VllmFailure, vllm_outcome
-from engine_adapter.observe import SAMPLED_TOKEN
+from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
+from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN
 
 #: Idle steps (nothing scheduled) before a request counts as stalled.
 MAX_IDLE_STEPS = 8
@@ -51,7 +51,7 @@ class Served:
     preempted_queries: int = 0
     chunk_ends: list[int] = field(default_factory=list)
     #: (sequence length, query length) of each prefill step, as the model
-    #: runner sees it (``engine_adapter.writes`` places its checkpoints).
+    #: runner sees it (``engine_adapter.vllm_engine.writes`` places its checkpoints).
     prefill_steps: list[tuple[int, int]] = field(default_factory=list)
     #: (tokens computed before the step, tokens it asked for: the sampled
     #: token plus the drafts, tokens scheduled) of each step after the
@@ -131,7 +131,7 @@ def _sum_stats(outputs, totals: list[int]) -> None:
 def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None) -> Served:
     """Run one request to completion (the scheduler holds no other).
 
-    The loop makes the bare loop's vLLM calls (``engine_adapter.baseline``)
+    The loop makes the bare loop's vLLM calls (``engine_adapter.vllm_engine.baseline``)
     and adds only what is observed: the chunk end and the lengths of each
     prefill step and the summed ``prefix_cache_stats`` (names bound once, no
     copies). ``watch(request_id, start)``, asked after each step of the
