@@ -68,6 +68,7 @@ from pathlib import Path
 
 from reference.case import Case, parse_case
 
+from fuzz.oracle_registry import KNOWN_ORACLES
 from fuzz.oracles import request_kinds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,7 +183,6 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
 
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random
-    from fuzz.oracles import ORACLES
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
     from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
 
@@ -215,7 +215,7 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
             say(f"[check-build] {pid}: FAIL{' (new)' if against else ''} at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
 
     bounded = BoundedEngine(engine, deadline)
-    campaign = Campaign(bounded, out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline,
+    campaign = Campaign(bounded, out, oracles=KNOWN_ORACLES, seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline,
                         baseline=None if baseline is None else BoundedEngine(baseline, deadline))
 
     def stop() -> bool:

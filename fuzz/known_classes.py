@@ -43,10 +43,8 @@ from dataclasses import dataclass
 from reference.case import parse_case
 from ground.errors import KvspecError
 
+from fuzz.oracle_registry import HIT_ORACLES
 from fuzz.oracles import SAME_STEP_READ, request_kinds
-
-#: Oracles that judge one request's hit against what must hold.
-HIT_ORACLES = ("promise", "sparse_dense", "spec_on_off")
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ from typing import Callable
 from reference.case import Case
 from ground.errors import Unsupported, invalid
 
-from fuzz.oracles import KNOWN_ORACLES, ORACLES, SAME_HITS_ORACLES, Divergence, check_all, check_versions, oracles_for
+from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
+from fuzz.oracles import Divergence, check_all, check_versions, oracles_for
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -70,8 +71,6 @@ AGREES = "agrees"
 DIVERGES = "diverges"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, AGREES, DIVERGES)
 EXIT = {REPRODUCED: 0, AGREES: 0, NOT_REPRODUCED: 1, DIVERGES: 1, INCONCLUSIVE: 3}
-#: Oracles judged on one engine's observation (``versions`` needs two).
-SINGLE_ENGINE_ORACLES = tuple(o for o in ORACLES if o != "versions")
 
 
 def _hits(value, where: str) -> list | None:
@@ -302,7 +301,7 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
-    if claim.oracle in ("knobs", "engine_error", "resolution") + SAME_HITS_ORACLES:
+    if claim.oracle in NOT_BY_COUNTERS:
         return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
     if claim.observed is None:
         return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)

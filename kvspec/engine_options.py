@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 
+from fuzz.oracle_registry import BY_NAME, ORACLES, listed
+
 PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"
 BASE_HELP = "the release a path: or wheel: engine is based on (default: the tree's vllm/_version.py, read as text, or the wheel's version)"
-NOTE = ("a build (--patch, path:, wheel:) is judged by the promise, stale, retention, split, checkpoint, hit_blocks, shared_prefix, "
-        "block_table, resolution, sparse_dense, spec_on_off, engine_error and versions oracles: the reference and knobs oracles state its release's rule, not the build's")
+NOTE = (f"a build (--patch, path:, wheel:) is judged by the {listed(o for o in ORACLES if BY_NAME[o].build)} oracles: "
+        f"the {listed(o for o in ORACLES if not BY_NAME[o].build)} oracles state its release's rule, not the build's")
 
 
 class _EngineAction(argparse.Action):

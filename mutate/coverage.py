@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ground.files import write_json_atomic
 
+from fuzz.oracle_registry import KNOWN_ORACLES
 from mutate.targets import Span, spans
 
 
@@ -37,7 +38,6 @@ def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progre
 
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random
-    from fuzz.oracles import ORACLES
 
     from mutate.kill import fixed_cases
 
@@ -47,7 +47,7 @@ def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progre
     if hasattr(engine, "start"):
         engine.start()
     deadline = time.monotonic() + seconds
-    campaign = Campaign(BoundedEngine(engine, deadline), out / "coverage-campaign", oracles=ORACLES + ("junction",), seed=seed, shrink_calls=0, deadline=deadline)
+    campaign = Campaign(BoundedEngine(engine, deadline), out / "coverage-campaign", oracles=KNOWN_ORACLES, seed=seed, shrink_calls=0, deadline=deadline)
     ran: list[dict] = []
     check = campaign.check
 

@@ -13,7 +13,7 @@ atomically. The verdicts:
   (kvspec itself failed: the build could not be made, the engine could not
   start, harness errors above the limit; counted apart, never a kill);
 * ``kvspec.killed``: the oracles that judge a build
-  (``fuzz.oracles.BUILD_ORACLES``, ``junction`` included; never the
+  (``fuzz.oracle_registry.BUILD_ORACLES``, ``junction`` included; never the
   release's own rule), given ``budget`` seconds from the engine's
   start (the examples and the proofs' boundary cases on deployments,
   :func:`fixed_cases`, then seeded random cases over deployments), found a
@@ -35,6 +35,8 @@ from pathlib import Path
 
 from ground.files import write_json_atomic, write_text_atomic
 from ground.errors import EngineError, KvspecError
+
+from fuzz.oracle_registry import KNOWN_ORACLES
 
 #: Share of the budget spent on the examples and boundary cases; the rest is random cases.
 CASES_SHARE = 0.6
@@ -121,7 +123,6 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     from fuzz.campaign import Campaign
     from fuzz.checkbuild import promise_of
     from fuzz.drivers import BoundedEngine, run_random
-    from fuzz.oracles import ORACLES
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
 
     t0 = time.monotonic()
@@ -140,7 +141,7 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
         if not first:
             first.append((time.monotonic() - ready, path, finding))
 
-    campaign = Campaign(BoundedEngine(engine, deadline), out, oracles=ORACLES + ("junction",), seed=seed, shrink_calls=0, on_finding=on_finding, deadline=deadline)
+    campaign = Campaign(BoundedEngine(engine, deadline), out, oracles=KNOWN_ORACLES, seed=seed, shrink_calls=0, on_finding=on_finding, deadline=deadline)
     fixed = 0
     try:
         cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []

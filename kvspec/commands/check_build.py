@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 
 from ground.console import say as _say
+
+from fuzz.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
 
 NAME = "check-build"
 HELP = "does a vLLM build (a release, vllm==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
@@ -28,11 +31,10 @@ exit codes:
   3  the harness failed: the build's environment or engine could not be
      made or started, nothing ran, or harness errors above the limit
 
-A build is judged by the promise, stale, retention, split, checkpoint,
-hit_blocks, shared_prefix, block_table, resolution, sparse_dense,
-spec_on_off, engine_error and junction oracles,
-never by the rule its release implements (the reference and knobs
-oracles). --against BUILD judges every counterexample on BUILD too (a
+""" + textwrap.fill(
+    f"A build is judged by the {listed(o for o in KNOWN_ORACLES if BY_NAME[o].build and not BY_NAME[o].second_engine)} oracles, "
+    f"never by the rule its release implements (the {listed(o for o in KNOWN_ORACLES if not BY_NAME[o].build)} oracles).", 72) + """
+--against BUILD judges every counterexample on BUILD too (a
 release, or a build from `kvspec engines list`): a promise the baseline
 breaks on the same case is listed apart ("fails on baseline too"), so a
 patch on a release with known failures shows only its own regressions. Building its environment (~30 s once) comes before the clock;

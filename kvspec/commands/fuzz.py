@@ -21,11 +21,14 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from ground.console import say as _say
 from ground.errors import invalid
+
+from fuzz.oracle_registry import build_sentence, help_text
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
 DRIVERS = ("atheris", "hypothesis", "random", "cases")
@@ -60,15 +63,14 @@ not start is not started again; ~20 s of it go to starting the engine;
 the campaign stops 2 s before it, so the command ends by about --max-time,
 a few seconds more when stopping a worker is slow); building
 a build's environment (--patch, path:, wheel:; ~30 s once) comes first, before
-the clock starts. A build is judged by the promise, sparse_dense,
-spec_on_off, engine_error and versions oracles: the reference and knobs
-oracles state the rule of its release, which a patch is meant to change.
-Harness
-errors (kvspec's own bugs, a dead or hung engine worker) are never findings:
-they are counted and stored under OUT/harness-errors/. When stderr is not a
-terminal, a progress line is printed every ~10 s. At the end the findings in
-OUT are grouped into classes (see kvspec findings).
-"""
+the clock starts.
+
+Harness errors (kvspec's own bugs, a dead or hung engine worker) are never
+findings: they are counted and stored under OUT/harness-errors/. When stderr
+is not a terminal, a progress line is printed every ~10 s. At the end the
+findings in OUT are grouped into classes (see kvspec findings).
+
+""" + textwrap.fill(build_sentence(), 78) + "\n\n" + help_text() + "\n"
 
 
 def configure(parser) -> None:
