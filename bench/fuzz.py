@@ -127,7 +127,7 @@ def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: fl
     from fuzz.seeds import seed_dir
 
     return run_atheris(engine, out=folder / "out", corpus=folder / "corpus", seed_dir=seed_dir(kvspec_home()), seed=seed, max_time=max(600.0, 10 * budget),
-                       libfuzzer_args=[f"-runs={max(1, cases) + 200}"], env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)})
+                       libfuzzer_args=[f"-runs={max(1, cases) + 200}"], env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)}).to_dict()
 
 
 def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fuzz.codec import encode
+from fuzz.summary import ATHERIS_KEYS, CampaignSummary
 from reference.case import Case
 from ground.files import write_bytes_atomic
 
@@ -222,9 +223,9 @@ def run_atheris(
     emit=None,
     progress_every: float = 10.0,
     synthetic: bool = False,
-) -> dict:
+) -> CampaignSummary:
     """Run the campaign until ``deadline`` (``time.monotonic()``; default
-    ``max_time`` from now), start-up included; return a summary dict. With
+    ``max_time`` from now), start-up included; return its summary. With
     ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
     progress line is passed to it every ``progress_every`` seconds."""
     started = time.monotonic()
@@ -306,35 +307,36 @@ def run_atheris(
     ended = time.monotonic()
     ready = [st.ready_at for st in states if st.ready_at is not None]
     fuzz_s = max(1e-9, ended - max(ready)) if ready else None
-    return {
-        "engine": engine,
-        "in_process": in_process,
-        "jobs": len(procs),
-        "elapsed_s": round(time.monotonic() - started, 2),
-        "execs": sum(st.execs for st in states),
-        "exec_per_s": sum(st.exec_s for st in states),
-        "engine_runs": sum(st.engine_runs for st in states),
-        "cases": sum(st.cases for st in states),
+    return CampaignSummary(
+        ATHERIS_KEYS,
+        engine=engine,
+        in_process=in_process,
+        jobs=len(procs),
+        elapsed_s=round(time.monotonic() - started, 2),
+        execs=sum(st.execs for st in states),
+        exec_per_s=sum(st.exec_s for st in states),
+        engine_runs=sum(st.engine_runs for st in states),
+        cases=sum(st.cases for st in states),
         # start-up (vLLM's import, the seeds mapped) apart from fuzzing;
         # the rates are per second of fuzzing, all workers together
-        "startup_s": round(max(ready) - started, 2) if ready else None,
+        startup_s=round(max(ready) - started, 2) if ready else None,
         # the wall-clock time (time.time()) the last worker was ready: a
         # finding file's mtime minus this is its time from the engine ready
-        "ready_at": time.time() - (time.monotonic() - max(ready)) if ready else None,
-        "cases_per_s": round(sum(st.cases for st in states) / fuzz_s, 2) if fuzz_s else None,
-        "engine_runs_per_s": round(sum(st.engine_runs for st in states) / fuzz_s, 2) if fuzz_s else None,
-        "coverage": max((st.cov for st in states), default=0),
-        "unsupported": sum(st.unsupported for st in states),
-        "rejected": sum(st.rejected for st in states),
-        "harness_errors": sum(st.harness_errors for st in states),
-        "findings": [{"at_s": t, "path": p, "summary": s} for t, p, s in findings],
-        "first_finding_s": findings[0][0] if findings else None,
-        "duplicates": sum(st.duplicates for st in states),
-        "worker_exit_codes": [st.returncode for st in states],
-        "workers_died": sum(st.died for st in states),
-        "stopped_at_deadline": any(st.stopped for st in states),
-        "worker_tail": states[0].lines[-5:] if states else [],
-    }
+        ready_at=time.time() - (time.monotonic() - max(ready)) if ready else None,
+        cases_per_s=round(sum(st.cases for st in states) / fuzz_s, 2) if fuzz_s else None,
+        engine_runs_per_s=round(sum(st.engine_runs for st in states) / fuzz_s, 2) if fuzz_s else None,
+        coverage=max((st.cov for st in states), default=0),
+        unsupported=sum(st.unsupported for st in states),
+        rejected=sum(st.rejected for st in states),
+        harness_errors=sum(st.harness_errors for st in states),
+        findings=[{"at_s": t, "path": p, "summary": s} for t, p, s in findings],
+        first_finding_s=findings[0][0] if findings else None,
+        duplicates=sum(st.duplicates for st in states),
+        worker_exit_codes=[st.returncode for st in states],
+        workers_died=sum(st.died for st in states),
+        stopped_at_deadline=any(st.stopped for st in states),
+        worker_tail=states[0].lines[-5:] if states else [],
+    )
 
 
 def _drain(q: queue.Queue, states: list[WorkerState]) -> None:

@@ -46,7 +46,7 @@ from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, Kv
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
-from fuzz.verdict import harness_error_of
+from fuzz.verdict import HarnessFailure, harness_error_of
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
 from fuzz.shrink import shrink
@@ -96,10 +96,6 @@ class Stats:
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
-
-
-class HarnessFailure(Exception):
-    """The harness, not vLLM, failed on a case: never judged, never a finding."""
 
 
 class Campaign:

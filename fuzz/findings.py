@@ -249,13 +249,23 @@ def upgrade(finding: dict) -> dict:
     return out
 
 
+def is_finding(raw) -> bool:
+    """The one rule for what a file holds: a finding is a JSON object with
+    its ``case`` inside; anything else is read as a bare case."""
+    return isinstance(raw, dict) and "case" in raw
+
+
 def load_finding(path: str | Path) -> tuple[Case, dict]:
-    """A finding file (or a bare case file) -> (case, finding fields, in
-    schema 2's shape: :func:`upgrade`); ``{}`` for a bare case."""
+    """The one loader of finding files (``kvspec fuzz --case``, ``replay``,
+    ``report``, ``matrix``, ``findings``, live replay): a finding file (or a
+    bare case file) -> (case, finding fields, in schema 2's shape:
+    :func:`upgrade`); ``{}`` for a bare case. Read within
+    ``ground.files``' limits; every refusal is one line naming the field
+    and what is allowed (:class:`ground.errors.InvalidArgument`)."""
     raw = load_json(path, "finding file")
     if not isinstance(raw, dict):
         raise invalid("finding file", str(path), "must hold a JSON object (a finding or a case)")
-    if "case" in raw:
+    if is_finding(raw):
         return parse_case(raw["case"]), upgrade(raw)
     return parse_case(raw), {}
 

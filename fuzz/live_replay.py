@@ -59,13 +59,12 @@ from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import check_case, rescale_case
 from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, Row, Sender, number_text, one_line, redact_url, server_info, wait_idle
 from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
-from ground.files import load_json
-from reference.case import Case, case_to_dict, is_concurrent, parse_case, serial_prefix, waves, with_resolution
+from reference.case import Case, case_to_dict, is_concurrent, serial_prefix, waves, with_resolution
 from reference.knobs import implemented_rule
 from reference.predict import unpredicted_bounds
 from reference.serial import RULES
 
-from fuzz.findings import upgrade
+from fuzz.findings import load_finding
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, judge  # noqa: F401 - the judge's words, re-exported
 from fuzz.verdict import Target as Prediction
 
@@ -73,8 +72,10 @@ DEFAULT_GAP_S = 1.0
 
 
 @dataclass(frozen=True)
-class Target:
-    """What a replay is compared against."""
+class LiveTarget:
+    """What a live replay is compared against (a case or a finding, read by
+    :func:`load_target`; the judge's bare-case target is
+    :class:`fuzz.verdict.Target`, here ``Prediction``)."""
 
     case: Case
     kind: str  # "case" | "finding"
@@ -94,31 +95,31 @@ def _hits_list(value: Any, where: str, n: int) -> list[int]:
     return list(value)
 
 
-def load_target(path: str) -> Target:
+def load_target(path: str) -> LiveTarget:
     """A bare case file, or a finding (``{"case": ..., "oracle", "expected",
-    "observed", "engine"}``)."""
-    raw = load_json(path)
-    if isinstance(raw, dict) and "case" in raw and "geometry" not in raw:
-        case = parse_case(raw["case"])
+    "observed", "engine"}``), read by :func:`fuzz.findings.load_finding`;
+    a finding must state the hits the engine showed."""
+    case, finding = load_finding(path)
+    if finding:
         n = len(case.trace)
-        if "observed" not in raw:
+        if "observed" not in finding:
             raise InvalidArgument("finding.observed: missing; a finding must say what the engine did")
-        obs = raw["observed"]
+        obs = finding["observed"]
         if isinstance(obs, dict) and obs.get("error"):
             err = obs["error"]
             what = err.get("type", "error") if isinstance(err, dict) else "error"
             raise Unsupported(f"finding.observed.error={what}: the engine raised, there is no hit pattern to replay; allowed: a finding with observed hits")
         observed = _hits_list(obs, "finding.observed", n)
         try:
-            expected = _hits_list(raw["expected"], "finding.expected", n) if raw.get("expected") is not None else None
+            expected = _hits_list(finding["expected"], "finding.expected", n) if finding.get("expected") is not None else None
         except InvalidArgument:
             expected = None  # partial expectations: the reference model fills in
-        claim = Claim.of(upgrade(raw))  # one line on a malformed oracle or first divergence
-        engine = raw.get("engine")
+        claim = Claim.of(finding)  # one line on a malformed oracle or first divergence
+        engine = finding.get("engine")
         if isinstance(engine, dict):
             engine = engine.get("version") or engine.get("name")
-        return Target(case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first)
-    return Target(parse_case(raw), "case", None, None)
+        return LiveTarget(case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first)
+    return LiveTarget(case, "case", None, None)
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Report:
         }
 
 
-def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: Target | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
+def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: LiveTarget | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
     """The verdict from the rows. Any doubt about the run makes it
     inconclusive (the rules of the module docstring); a clean run is judged
     by :func:`fuzz.verdict.judge` on its hit deltas: a finding against its
@@ -208,7 +209,7 @@ def decide(rows: list[Row], differences: list[str], global_issues: list[str], ta
 
 
 def replay(
-    target: Target,
+    target: LiveTarget,
     server: str,
     *,
     api_key: str | None = None,
@@ -276,7 +277,7 @@ def redact_report(report: Report, secret: str | None) -> Report:
 
 
 def _replay(
-    target: Target,
+    target: LiveTarget,
     server: str,
     *,
     api_key: str | None,

@@ -1,4 +1,4 @@
-"""The one list of oracles: every oracle kvspec has is one :class:`Oracle`
+"""The one list of oracles: every oracle kvspec has is one :class:`OracleRule`
 of :data:`REGISTRY`, and every other list of oracle names (the campaign's
 default set, the oracles that judge a build, those a live server's hit
 counters cannot judge, the text of ``kvspec fuzz --help`` and the docs'
@@ -26,7 +26,7 @@ from ground.files import write_text_atomic
 
 
 @dataclass(frozen=True)
-class Oracle:
+class OracleRule:
     """One oracle and what kind of judge it is."""
 
     name: str
@@ -60,31 +60,31 @@ class Oracle:
     counters: bool = True
 
 
-REGISTRY: tuple[Oracle, ...] = (
-    Oracle("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True),
-    Oracle("stale", "every hit resumes from a Mamba state an earlier prefill wrote over the same tokens; no request keys a state it never computed",
+REGISTRY: tuple[OracleRule, ...] = (
+    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True),
+    OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill wrote over the same tokens; no request keys a state it never computed",
            concurrent=True),
-    Oracle("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
+    OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
            same_hits=True, counters=False),
-    Oracle("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
+    OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
            same_hits=True, counters=False),
-    Oracle("checkpoint", "a last chunk whose internal prefill checkpoint the kernel can export is not split there",
+    OracleRule("checkpoint", "a last chunk whose internal prefill checkpoint the kernel can export is not split there",
            same_hits=True, counters=False),
-    Oracle("hit_blocks", "a request takes exactly the full-attention blocks its hit covers", same_hits=True, counters=False),
-    Oracle("shared_prefix", "the junction a request reports is 0, or above its hit and within what full attention can have cached",
+    OracleRule("hit_blocks", "a request takes exactly the full-attention blocks its hit covers", same_hits=True, counters=False),
+    OracleRule("shared_prefix", "the junction a request reports is 0, or above its hit and within what full attention can have cached",
            same_hits=True, counters=False),
-    Oracle("block_table", "a running request's Mamba block table holds no freed or unretired block; a finished request leaks none",
+    OracleRule("block_table", "a running request's Mamba block table holds no freed or unretired block; a finished request leaks none",
            same_hits=True, concurrent=True, counters=False),
-    Oracle("resolution", "the geometry vLLM resolved keeps its flags: hash block = --prefix-match-unit, dividing every block size",
+    OracleRule("resolution", "the geometry vLLM resolved keeps its flags: hash block = --prefix-match-unit, dividing every block size",
            concurrent=True, counters=False),
-    Oracle("reference", "every request hits what the reference model predicts for the rule its release implements", build=False),
-    Oracle("knobs", "the engine resolved the same knobs as the reference model", build=False, concurrent=True, counters=False),
-    Oracle("sparse_dense", "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
+    OracleRule("reference", "every request hits what the reference model predicts for the rule its release implements", build=False),
+    OracleRule("knobs", "the engine resolved the same knobs as the reference model", build=False, concurrent=True, counters=False),
+    OracleRule("sparse_dense", "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
            variant=True, hit=True),
-    Oracle("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True),
-    Oracle("versions", "two vLLM versions agree on every request's hit", second_engine=True, concurrent=True),
-    Oracle("engine_error", "vLLM raised on a case the model accepts", concurrent=True, counters=False),
-    Oracle("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
+    OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True),
+    OracleRule("versions", "two vLLM versions agree on every request's hit", second_engine=True, concurrent=True),
+    OracleRule("engine_error", "vLLM raised on a case the model accepts", concurrent=True, counters=False),
+    OracleRule("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
            default=False, variant=True),
 )
 

@@ -1,7 +1,7 @@
 """One campaign in this process, as ``kvspec fuzz`` runs it with the
 random, Hypothesis or cases driver, and as each Ray worker runs it
 (``kvspec.fuzz_ray``): the user's case files first, then the z3 boundary
-cases, then the driver's own cases, until the deadline; its summary.
+cases, then the driver's own cases, until the deadline; its summary (``fuzz.summary``).
 (atheris runs libFuzzer processes instead: ``fuzz.atheris_runner``.)"""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fuzz.atheris_runner import STOP_GRACE_S
 from fuzz.campaign import Campaign
 from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
 from fuzz.progress import Heartbeat, progress_line
+from fuzz.summary import IN_PROCESS_KEYS, CampaignSummary
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class RunConfig:
     synthetic: bool = False
 
 
-def run_in_process(config: RunConfig, engines: list[str], out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> dict:
+def run_in_process(config: RunConfig, engines: list[str], out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> CampaignSummary:
     """``given``: the user's --case files as ``(name, case)`` pairs, run
     first and as they are (a hand geometry among them is labelled synthetic
     in its finding), each accounted for (``fuzz.drivers.run_given``: the
@@ -83,6 +84,7 @@ def run_in_process(config: RunConfig, engines: list[str], out: Path, seeds: list
     end = time.monotonic()
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
-    return {"engine": engines[0], "driver": config.driver, "elapsed_s": round(elapsed, 2), "execs": s.execs, "exec_per_s": round(s.execs / max(elapsed, 1e-9), 1),
-            "cases": s.cases, "startup_s": round(ready - started, 2), "ready_at": ready_at, "cases_per_s": round(s.cases / fuzzing, 2), "engine_runs_per_s": round(s.execs / fuzzing, 2), "coverage": None, "unsupported": s.unsupported, "rejected": s.rejected, "harness_errors": s.harness_errors, "cut_at_deadline": s.cut_at_deadline, "duplicates": s.duplicates, "workers_died": 0, "findings": findings, "first_finding_s": s.first_finding_s, "reach": s.reach.as_dict(),
-            "case_files": case_files}
+    return CampaignSummary(IN_PROCESS_KEYS, engine=engines[0], driver=config.driver, elapsed_s=round(elapsed, 2), execs=s.execs, exec_per_s=round(s.execs / max(elapsed, 1e-9), 1),
+                           cases=s.cases, startup_s=round(ready - started, 2), ready_at=ready_at, cases_per_s=round(s.cases / fuzzing, 2), engine_runs_per_s=round(s.execs / fuzzing, 2), coverage=None,
+                           unsupported=s.unsupported, rejected=s.rejected, harness_errors=s.harness_errors, cut_at_deadline=s.cut_at_deadline, duplicates=s.duplicates, workers_died=0,
+                           findings=findings, first_finding_s=s.first_finding_s, reach=s.reach.as_dict(), case_files=case_files)

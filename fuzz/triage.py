@@ -22,18 +22,13 @@ reading never raises on a file's content.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import stat
 from pathlib import Path
 
 from reference.case import Case, parse_case
 
+from fuzz.findings import load_finding
 from fuzz.oracles import request_kinds
-
-#: Finding files larger than this are listed as malformed, not read.
-MAX_FINDING_BYTES = 16 << 20
 
 
 def geometry_class(case: Case, knobs: dict) -> str:
@@ -137,30 +132,16 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:200]
 
 
-def read_bytes(path: Path, cap: int = MAX_FINDING_BYTES) -> bytes:
-    """A regular file's bytes, at most ``cap`` (else ValueError); special
-    files (FIFOs, devices, folders) are refused without being opened."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError("not a regular file")
-    if st.st_size > cap:
-        raise ValueError(f"{st.st_size} bytes, over the {cap}-byte limit")
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise ValueError(f"over the {cap}-byte limit")
-    return data
-
-
 def read_findings(folder: Path) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The finding files (``*.json``, not recursive) in ``folder``,
-    described; and the malformed ones as (path, one-line reason)."""
+    """The finding files (``*.json``, not recursive) in ``folder``, read by
+    the one loader (:func:`fuzz.findings.load_finding`) and described; and
+    the malformed ones (a bare case among them) as (path, one-line reason)."""
     described, malformed = [], []
     for path in sorted(folder.glob("*.json")):
         if path.name.startswith("."):
             continue  # a temporary file of an atomic write
         try:
-            described.append(describe(str(path), json.loads(read_bytes(path))))
+            described.append(describe(str(path), load_finding(path)[1]))
         except Exception as e:  # noqa: BLE001 - any content is listed, never raised
             malformed.append((str(path), _one_line(e)))
     return described, malformed

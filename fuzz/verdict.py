@@ -344,7 +344,10 @@ Run = Callable[[Case], dict]
 
 
 class HarnessFailure(Exception):
-    """A run the judge needed came back with a harness error."""
+    """The harness, not vLLM, failed on a case: a run came back with a
+    harness error (:func:`harness_error_of`), or kvspec could not reach an
+    engine. Never judged, never a finding. The one such exception: the judge
+    raises it for a variant run, :mod:`fuzz.campaign` for any run."""
 
 
 def divergences(case: Case, version: str, observation: dict, oracle: str | None = None, *, run: Run | None = None, other_version: str | None = None, other_observation: dict | None = None) -> list[Divergence]:

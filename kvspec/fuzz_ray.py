@@ -42,8 +42,11 @@ import json
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from fuzz.findings import is_finding
+from fuzz.summary import EMPTY_KEYS, RAY_KEYS, CampaignSummary
 from ground.files import load_json, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 #: Seconds before the command's deadline at which workers are told to end,
@@ -52,7 +55,6 @@ COLLECT_S = 3.0
 #: Caps on what one remote worker sends back (bytes of corpus inputs; files).
 MAX_CORPUS_BYTES = 8 << 20
 MAX_FILES = 1000
-_SUMS = ("execs", "engine_runs", "cases", "unsupported", "rejected", "harness_errors", "duplicates", "workers_died")
 
 
 def _findings(folder: Path) -> set[str]:
@@ -92,7 +94,7 @@ def campaign_task(task: dict) -> dict:
         seed_dir = given if shared and given is not None and (given / "READY").exists() else z3_seed_dir(kvspec_home())
     left = task["deadline_unix"] - time.time()
     summary = _empty(task) if left < 1.0 else _campaign(task, out, corpus, seed_dir, left)
-    result = {"summary": summary, "shared": shared, "started_unix": started_unix, "host": socket.gethostname(), "pid": os.getpid(), "findings": [], "harness_errors": [], "corpus": []}
+    result = {"summary": summary.to_dict(), "shared": shared, "started_unix": started_unix, "host": socket.gethostname(), "pid": os.getpid(), "findings": [], "harness_errors": [], "corpus": []}
     if not shared:  # send back what this worker's node holds
         result["findings"] = [{"name": p.name, "data": json.loads(p.read_text())} for p in sorted(out.glob("*.json"))[:MAX_FILES]]
         herr = out / "harness-errors"
@@ -107,11 +109,11 @@ def campaign_task(task: dict) -> dict:
     return result
 
 
-def _empty(task: dict) -> dict:
-    return {"engine": task["engine"], "driver": task["driver"], "elapsed_s": 0.0, "execs": 0, "exec_per_s": 0, "findings": [], "first_finding_s": None, "harness_errors": 0, "unsupported": 0, "rejected": 0, "duplicates": 0, "workers_died": 0, "coverage": None}
+def _empty(task: dict) -> CampaignSummary:
+    return CampaignSummary(EMPTY_KEYS, engine=task["engine"], driver=task["driver"], elapsed_s=0.0, execs=0, exec_per_s=0, findings=[], first_finding_s=None, harness_errors=0, unsupported=0, rejected=0, duplicates=0, workers_died=0, coverage=None)
 
 
-def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> dict:
+def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> CampaignSummary:
     started = time.monotonic()
     deadline = started + left
     engines = [task["engine"]] + ([task["other"]] if task.get("other") else [])
@@ -127,14 +129,14 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
     names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
-    given = [(name, parse_case(raw["case"] if "case" in raw else raw)) for name, raw in zip(names, raws)]
+    given = [(name, parse_case(raw["case"] if is_finding(raw) else raw)) for name, raw in zip(names, raws)]
     return run_in_process(config, engines, out, seeds, given, started, deadline)
 
 
 # ------------------------------------------------------------ on the driver
 
 
-def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed_dir: Path | None, started: float, deadline: float, say) -> dict:
+def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed_dir: Path | None, started: float, deadline: float, say) -> CampaignSummary:
     """Run ``args.jobs`` campaign workers on Ray (``args.ray``) until
     ``deadline`` (``time.monotonic()``); the summary ``kvspec fuzz`` prints."""
     from fuzz.atheris_runner import STOP_GRACE_S
@@ -202,15 +204,14 @@ def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
     return {**counts, "unfinished": [{"path": n, "why": w} for n, w in why.items() if w != "run"]}
 
 
-def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Path | None, before: set[str], started: float, started_unix: float) -> dict:
-    """Write what remote workers sent back, then add up the summaries."""
-    totals = {k: 0 for k in _SUMS}
-    rate, coverage, firsts, tasks, failed = 0.0, None, [], [], 0
-    runs_per_s, cases_per_s, ready = 0.0, 0.0, []
-    case_files = _case_files([((env.get("result") or {}).get("summary") or {}).get("case_files") for env in results], list(getattr(args, "case", None) or []))
+def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Path | None, before: set[str], started: float, started_unix: float) -> CampaignSummary:
+    """Write what remote workers sent back, then add up the summaries
+    (:meth:`fuzz.summary.CampaignSummary.merge`)."""
+    firsts, tasks, failed, ready, workers = [], [], 0, [], []
     for env in results:
         res = env.get("result") or {}
-        s = res.get("summary") or {}
+        s = CampaignSummary.from_dict(res.get("summary") or {})
+        workers.append(s)
         for f in res.get("findings", []):
             if not (out / f["name"]).exists():
                 write_json_atomic(out / f["name"], f["data"])
@@ -221,20 +222,16 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
             for c in res.get("corpus", []):
                 if not (corpus / c["name"]).exists():
                     write_bytes_atomic(corpus / c["name"], base64.b64decode(c["b64"]))
-        for k in _SUMS:
-            totals[k] += int(s.get(k) or 0)
-        rate += float(s.get("exec_per_s") or 0)
-        runs_per_s += float(s.get("engine_runs_per_s") or 0)
-        cases_per_s += float(s.get("cases_per_s") or 0)
-        if s.get("startup_s") is not None and res.get("started_unix"):
-            ready.append(res["started_unix"] - started_unix + float(s["startup_s"]))
-        if s.get("coverage") is not None:
-            coverage = max(coverage or 0, int(s["coverage"]))
-        if s.get("first_finding_s") is not None and res.get("started_unix"):
-            firsts.append(res["started_unix"] - started_unix + float(s["first_finding_s"]))
+        if s.startup_s is not None and res.get("started_unix"):
+            ready.append(res["started_unix"] - started_unix + float(s.startup_s))
+        if s.first_finding_s is not None and res.get("started_unix"):
+            firsts.append(res["started_unix"] - started_unix + float(s.first_finding_s))
         if env["status"] != "ok":
             failed += 1
-        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.get("execs"), "findings_reported": len(s.get("findings") or []), "duplicates": s.get("duplicates"), "harness_errors": s.get("harness_errors"), "error": env.get("error")})
+        reported = "execs" in s.keys  # a worker that returned no summary reports none of its counts
+        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.execs if reported else None, "findings_reported": len(s.findings or []),
+                      "duplicates": s.duplicates if "duplicates" in s.keys else None, "harness_errors": s.harness_errors if "harness_errors" in s.keys else None, "error": env.get("error")})
+    case_files = _case_files([s.case_files for s in workers], list(getattr(args, "case", None) or []))
     new = sorted(_findings(out) - before)
     findings = []
     for name in new:
@@ -243,16 +240,14 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         except (OSError, ValueError):
             summary = None
         findings.append({"path": str(out / name), "summary": summary})
+    total = CampaignSummary(RAY_KEYS, engine=engines[0], driver=args.driver, ray=args.ray, jobs=args.jobs).merge(*workers)
     elapsed = time.monotonic() - started
-    return {
-        "engine": engines[0], "driver": args.driver, "ray": args.ray, "jobs": args.jobs,
-        "elapsed_s": round(elapsed, 2), "execs": totals["execs"], "exec_per_s": round(rate, 1),
-        "engine_runs": totals["engine_runs"], "cases": totals["cases"], "coverage": coverage,
+    return replace(
+        total, elapsed_s=round(elapsed, 2), exec_per_s=round(total.exec_per_s, 1),
         # start-up: until the last worker was ready (Ray's start included); rates per second of fuzzing, workers added up
-        "startup_s": round(max(ready), 2) if ready else None, "engine_runs_per_s": round(runs_per_s, 2), "cases_per_s": round(cases_per_s, 2),
-        "unsupported": totals["unsupported"], "rejected": totals["rejected"], "harness_errors": totals["harness_errors"],
-        "duplicates": totals["duplicates"], "workers_died": totals["workers_died"] + failed,
-        "findings": findings, "first_finding_s": round(min(firsts), 2) if firsts else None, "case_files": case_files,
-        "ray_tasks": tasks, "ray_retried": sum(1 for t in tasks if (t["attempt"] or 0) > 0),
-        "ray_nodes": sorted({t["host"] for t in tasks if t["host"]}),
-    }
+        startup_s=round(max(ready), 2) if ready else None, engine_runs_per_s=round(total.engine_runs_per_s, 2), cases_per_s=round(total.cases_per_s, 2),
+        workers_died=total.workers_died + failed,
+        findings=findings, first_finding_s=round(min(firsts), 2) if firsts else None, case_files=case_files,
+        ray_tasks=tasks, ray_retried=sum(1 for t in tasks if (t["attempt"] or 0) > 0),
+        ray_nodes=sorted({t["host"] for t in tasks if t["host"]}),
+    )

@@ -172,7 +172,7 @@ def main(args) -> int:
     from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
     from engine_adapter.vllm_engine.resolve import check_case_model
     from fuzz.findings import load_finding
-    from fuzz.outcome import EXIT_HARNESS, outcome
+    from fuzz.outcome import EXIT_HARNESS
     from fuzz.progress import resume_line
     from kvspec.engine_options import engine_names
     from ground.home import kvspec_home
@@ -224,10 +224,11 @@ def main(args) -> int:
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
-    code, reason = outcome(execs=summary["execs"], harness_errors=summary["harness_errors"], new_findings=len(summary["findings"]), workers_died=summary.get("workers_died", 0), limit=args.harness_error_limit, cases=summary.get("case_files"))
-    summary["classes"], summary["malformed"] = _classes(out, summary)
-    summary["exit_code"], summary["outcome"] = code, reason
-    _print(summary, args, engines, out)
+    code, reason = summary.outcome(limit=args.harness_error_limit)
+    report = summary.to_dict()
+    report["classes"], report["malformed"] = _classes(out, report)
+    report["exit_code"], report["outcome"] = code, reason
+    _print(report, args, engines, out)
     _say(f"kvspec fuzz: exit {code}: {reason}")
     return code
 

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from engine_adapter.live.metrics import parse_metrics
-from fuzz.live_replay import INCONCLUSIVE, Target, replay
+from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.case import case_to_dict, parse_case, with_resolution
 
@@ -161,7 +161,7 @@ def agree(engine, server, deployment: dict, *, block: int, cases: int, seed: int
             res = inproc["resolution"]
             assert res["geometry"]["scheduler_block_size"] == block
             case = with_resolution(parse_case(raw), res["geometry"], res["speculative"], f"vllm=={VERSION}")
-            report = replay(Target(case, "case", None, None), server.url, gap_s=GAP_S, predict_fn=lambda c, v, r, h=inproc["hits"]: list(h))
+            report = replay(LiveTarget(case, "case", None, None), server.url, gap_s=GAP_S, predict_fn=lambda c, v, r, h=inproc["hits"]: list(h))
             if report.verdict != INCONCLUSIVE:
                 break
         live = [None if r.hits is None else int(r.hits) for r in report.rows]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.live_replay import AGREES, Target, replay
+from fuzz.live_replay import AGREES, LiveTarget, replay
 from fuzz.oracles import CONCURRENT_ORACLES, check_all, resolved
 from fuzz.verdict import Target as Prediction
 from fuzz.verdict import judge
@@ -48,7 +48,7 @@ def test_a_concurrent_wave_agrees_in_process_and_live(live_server, live_case, en
     in_process = judge(Prediction(expected["hits"], "promise", bounds=expected["bounds"]), observed, check_all(judged, VERSION, observed, None, oracles))
     assert in_process.verdict == AGREES, in_process.reasons
 
-    live = replay(Target(case, "case", None, None), live_server.url, gap_s=0.2, timeout_s=300.0)
+    live = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=0.2, timeout_s=300.0)
     assert live.verdict == AGREES, live.reasons
     (wave,) = live.waves
     assert wave["requests"] == [1, 2, 3] and wave["queries"] == 3 * n + B

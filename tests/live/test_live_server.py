@@ -27,7 +27,7 @@ import time
 import httpx
 import pytest
 
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
 from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
@@ -128,8 +128,8 @@ def test_a_a_deployment_vllm_builds_otherwise_is_refused_before_sending(live_ser
     assert counters(live_server) == before  # nothing was sent
 
 
-def load_target_dict(raw: dict) -> Target:
-    return Target(parse_case(raw), "case", None, None)
+def load_target_dict(raw: dict) -> LiveTarget:
+    return LiveTarget(parse_case(raw), "case", None, None)
 
 
 def test_a_rescaled_seed_reproduces(live_server, block, seg):
@@ -139,7 +139,7 @@ def test_a_rescaled_seed_reproduces(live_server, block, seg):
     B = block
     a = seg("A")
     seed = make_case(hybrid(1600, 1600), [[(a, 11910)]] * 3, name="seed-53504-spec-off")
-    rep = replay(Target(seed, "case", None, None), live_server.url, gap_s=GAP, rescale=True)
+    rep = replay(LiveTarget(seed, "case", None, None), live_server.url, gap_s=GAP, rescale=True)
     assert rep.verdict == AGREES, rep.reasons
     n = rescale_length(11910, 1600, B)
     assert n // B == 7 and 0 < n % B <= CPU_SPLIT_BLOCK
@@ -181,7 +181,7 @@ def test_b_a_finding_the_server_does_not_show_is_not_reproduced(live_server, liv
 def test_c_what_the_server_cannot_run_is_refused_before_sending(live_server, live_case, block, seg, build, match):
     before = counters(live_server)
     with pytest.raises(Unsupported, match=match.replace("{B}", str(block))):
-        replay(Target(build(seg("A"), block, live_case), "case", None, None), live_server.url, gap_s=GAP)
+        replay(LiveTarget(build(seg("A"), block, live_case), "case", None, None), live_server.url, gap_s=GAP)
     assert counters(live_server) == before  # nothing was sent
 
 
@@ -196,7 +196,7 @@ def test_d_foreign_traffic_in_the_gap_is_inconclusive(live_server, live_case, bl
             r = httpx.post(f"{live_server.url}/v1/completions", json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1}, timeout=60)
             assert r.status_code == 200
 
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
     assert rep.verdict == INCONCLUSIVE
     assert any("request 1: counters moved between requests (queries +200" in r for r in rep.reasons), rep.reasons
     # the hits alone would have looked fine: exactly the false finding this rule prevents
@@ -229,7 +229,7 @@ def test_d_foreign_traffic_overlapping_a_request_is_inconclusive(live_server, li
             else:
                 raise AssertionError("the foreign request never reached the server")
 
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=0.0, after_request=intruder)
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=0.0, after_request=intruder)
     for t in threads:
         t.join(timeout=120)
     assert rep.verdict == INCONCLUSIVE
@@ -249,14 +249,14 @@ def test_b_a_longer_sibling_of_a_block_aligned_prompt_departs_from_the_promise(l
     n = BUDGET + B
     e = seg("E")
     case = live_case([[(e, n)], [(e, n + 1)]], "aligned-extension")
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP)
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP)
     assert rep.verdict == DIVERGES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, BUDGET]
     assert [r.target for r in rep.rows] == [0, n] and [r.implemented for r in rep.rows] == [0, BUDGET]
     assert rep.implemented_rule == "replay"
     f = seg("F")
     case = live_case([[(f, n)], [(f, n + 1)]], "aligned-extension-replay-rule")
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
     assert rep.verdict == AGREES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, BUDGET]
 
@@ -273,7 +273,7 @@ def test_b_a_split_below_the_block_masks_the_aligned_prompts_state(live_server, 
     split = case.geometry.split_block
     expect = 9 * B if (10 * B - 1) // split * split == 9 * B else 0
     assert predict(case, as_version="0.32.0", rule="replay")["hits"] == [0, expect]
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, rule="replay")
     assert rep.verdict == AGREES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, expect]
 
@@ -299,7 +299,7 @@ def test_junction_siblings_agree_with_the_promise_under_periodic_retention(perio
     prompts, junction = junction_trace(block, seg)
     case = live_case(prompts, "issue-10-siblings-periodic", periodic_config)
     assert case.geometry.retention_interval == block
-    rep = replay(Target(case, "case", None, None), periodic_server.url, gap_s=GAP)
+    rep = replay(LiveTarget(case, "case", None, None), periodic_server.url, gap_s=GAP)
     assert rep.verdict == AGREES, rep.reasons
     assert [r.target for r in rep.rows] == [0, 0, junction]  # the promise
     assert [r.hits for r in rep.rows] == [0, 0, junction]
@@ -308,7 +308,7 @@ def test_junction_siblings_agree_with_the_promise_under_periodic_retention(perio
 def test_junction_siblings_agree_with_the_promise_under_sparse_retention(live_server, live_case, block, seg):
     prompts, junction = junction_trace(block, seg)
     case = live_case(prompts, "issue-10-siblings-sparse")
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP)
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP)
     assert rep.verdict == AGREES, rep.reasons
     assert [r.target for r in rep.rows] == [0, 0, junction]
     assert [r.hits for r in rep.rows] == [0, 0, junction]
@@ -357,7 +357,7 @@ def test_d_a_foreign_request_that_skips_the_prefix_cache_is_seen(live_server, li
             )
             assert r.status_code == 200, r.text[:200]
 
-    rep = replay(Target(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
+    rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
     assert rep.verdict == INCONCLUSIVE
     assert "request 1: requests finished between ours (request_success_total +1): foreign traffic" in rep.reasons, rep.reasons
     assert counters(live_server)[0] - before[0] == 2 * n  # the foreign prompt was no query
@@ -369,6 +369,6 @@ def test_the_workaround_keeps_the_longer_siblings_block(periodic_server, periodi
     e = seg("E")
     n = BUDGET + block
     case = live_case([[(e, n)], [(e, n + 1)]], "aligned-extension-periodic", periodic_config)
-    rep = replay(Target(case, "case", None, None), periodic_server.url, gap_s=GAP)
+    rep = replay(LiveTarget(case, "case", None, None), periodic_server.url, gap_s=GAP)
     assert rep.verdict == AGREES, rep.reasons
     assert [r.hits for r in rep.rows] == [0, n]

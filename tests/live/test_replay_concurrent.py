@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, Target, render, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, LiveTarget, render, replay
 from reference.case import parse_case, prompt_tokens
 from ground.errors import Unsupported
 from tests.conftest import hybrid
@@ -44,7 +44,7 @@ def by_prompt(case, hits):
 
 
 def run(stub, case, **kw):
-    return replay(Target(case, "case", None, None), stub.url, **{**FAST, **kw})
+    return replay(LiveTarget(case, "case", None, None), stub.url, **{**FAST, **kw})
 
 
 def test_a_wave_within_its_bounds_agrees_and_is_measured_as_a_whole():
@@ -121,7 +121,7 @@ def test_a_concurrent_finding_or_rescale_is_refused_before_sending():
     case = wave_case()
     with StubVllm() as stub:
         with pytest.raises(Unsupported, match=r"^finding\.case: a concurrent trace"):
-            replay(Target(case, "finding", [0] * 5, [0] * 5, "vllm==0.33.0", "stale", 2), stub.url, **FAST)
+            replay(LiveTarget(case, "finding", [0] * 5, [0] * 5, "vllm==0.33.0", "stale", 2), stub.url, **FAST)
         with pytest.raises(Unsupported, match=r"^--rescale: the trace is concurrent"):
             run(stub, case, rescale=True)
         assert stub.admitted == []
@@ -130,4 +130,4 @@ def test_a_concurrent_finding_or_rescale_is_refused_before_sending():
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), 61.0])
 def test_step_s_is_checked(bad):
     with pytest.raises(Exception, match=r"--step-s"):
-        replay(Target(wave_case(), "case", None, None), "http://127.0.0.1:9", **{**FAST, "step_s": bad})
+        replay(LiveTarget(wave_case(), "case", None, None), "http://127.0.0.1:9", **{**FAST, "step_s": bad})

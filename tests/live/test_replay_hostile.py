@@ -15,7 +15,7 @@ import time
 import pytest
 
 from engine_adapter.live.client import LiveClient, LiveError, LiveTimeout, check_base_url, redact, split_lines
-from fuzz.live_replay import INCONCLUSIVE, Target, replay
+from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict
 from ground.errors import InvalidArgument, KvspecError
@@ -52,7 +52,7 @@ def test_a_trickled_completion_stream_is_cut_and_the_run_is_inconclusive():
     case = repeat_case()
     with StubVllm(follows(predicted(case)), faults=Faults(trickle_s={"/v1/completions": 0.2})) as stub:
         t0 = time.monotonic()
-        rep = replay(Target(case, "case", None, None), stub.url, **{**FAST, "timeout_s": 2.0})
+        rep = replay(LiveTarget(case, "case", None, None), stub.url, **{**FAST, "timeout_s": 2.0})
         took = time.monotonic() - t0
     assert rep.verdict == INCONCLUSIVE
     assert any("timeout_s=2.0: POST /v1/completions did not finish in time" in r for r in rep.reasons)
@@ -173,7 +173,7 @@ def test_garbage_metrics_between_requests_is_inconclusive_too():
                 stub.faults.metrics_garbage_after = 1  # from the scrape before request 1 on
             calls["n"] += 1
 
-        rep = replay(Target(case, "case", None, None), stub.url, after_request=break_metrics, **FAST)
+        rep = replay(LiveTarget(case, "case", None, None), stub.url, after_request=break_metrics, **FAST)
     assert rep.verdict == INCONCLUSIVE
     assert any(r.startswith("request 1: metrics before the request unreadable") for r in rep.reasons), rep.reasons
 
@@ -219,9 +219,9 @@ def test_non_finite_or_negative_seconds_are_one_line(tmp_path, capsys, argv):
 
 def test_replay_api_refuses_nan_too():
     with pytest.raises(InvalidArgument, match=r"^--gap=nan"):
-        replay(Target(repeat_case(), "case", None, None), "http://127.0.0.1:9", gap_s=float("nan"))
+        replay(LiveTarget(repeat_case(), "case", None, None), "http://127.0.0.1:9", gap_s=float("nan"))
     with pytest.raises(InvalidArgument, match=r"^--timeout=nan"):
-        replay(Target(repeat_case(), "case", None, None), "http://127.0.0.1:9", timeout_s=float("nan"))
+        replay(LiveTarget(repeat_case(), "case", None, None), "http://127.0.0.1:9", timeout_s=float("nan"))
 
 
 def test_json_report_path_is_checked_before_anything_is_sent(tmp_path, capsys):
@@ -249,4 +249,4 @@ def test_errors_stay_kvspec_errors():
     case = make_case(hybrid(128, 128), [[("A", 10)]])
     with StubVllm(faults=Faults(metrics_garbage_after=0)) as stub:
         with pytest.raises(KvspecError, match=r"^metrics='<html>"):
-            replay(Target(case, "case", None, None), stub.url, **FAST)
+            replay(LiveTarget(case, "case", None, None), stub.url, **FAST)

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from engine_adapter.live.geometry import rescale_case
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Target, load_target, render, replay
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, render, replay
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
 from ground.errors import InvalidArgument, KvspecError, Unsupported
@@ -37,7 +37,7 @@ def follows(hits):
 
 
 def run(stub, case, **kw):
-    return replay(Target(case, "case", None, None), stub.url, **{**FAST, **kw})
+    return replay(LiveTarget(case, "case", None, None), stub.url, **{**FAST, **kw})
 
 
 # ---------------------------------------------------------------- verdicts
@@ -234,7 +234,7 @@ def test_unreachable_server_is_one_line():
     port = s.getsockname()[1]
     s.close()
     with pytest.raises(KvspecError) as e:
-        replay(Target(repeat_case(), "case", None, None), f"http://127.0.0.1:{port}", retries=0, **FAST)
+        replay(LiveTarget(repeat_case(), "case", None, None), f"http://127.0.0.1:{port}", retries=0, **FAST)
     assert "\n" not in str(e.value) and "/v1/models" in str(e.value)
 
 
@@ -594,7 +594,7 @@ def test_credentials_in_the_url_are_never_shown(capsys):
     case = repeat_case()
     with StubVllm(follows(predicted(case))) as stub:
         url = stub.url.replace("http://", "http://user:s3cret@")
-        rep = replay(Target(case, "case", None, None), url, **FAST)
+        rep = replay(LiveTarget(case, "case", None, None), url, **FAST)
     from rich.console import Console
 
     render(rep, Console(width=200))
