@@ -12,12 +12,13 @@ the error lives here, since a variant run's error is judged by it too:
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from dataclasses import dataclass, field
 from typing import Callable
 
 from reference.case import Case, prompt_tokens
 
-Run = Callable[[Case], dict]
+Run = Callable[[Case], Observation]
 
 
 @dataclass
@@ -81,7 +82,7 @@ def same_hits(oracle: str, version: str, hits: list, context: dict[str, list], d
     return [Divergence(oracle, version, bad, list(hits), list(hits), detail(bad[0]), context)]
 
 
-def check_engine_error(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_engine_error(case: Case, version: str, obs: Observation) -> list[Divergence]:
     if "error" not in obs:
         return []
     err = obs["error"]

@@ -31,6 +31,7 @@ flipped (a variant run) or another vLLM version.
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from reference.case import Case
 from ground.errors import DeploymentRejected
 from reference.knobs import implemented_rule, resolve_knobs
@@ -42,7 +43,7 @@ from fuzz.oracle_resolution import comparable_resolutions, resolved
 from fuzz.oracle_states import written_before
 
 
-def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """Promised requests hit what the promise predicts. Below it is lost
     reuse; above it is a stale state unless a prefill wrote a state there
     (:func:`written_before`: vLLM may keep more states than the promise
@@ -56,7 +57,7 @@ def check_promise(case: Case, version: str, obs: dict) -> list[Divergence]:
     return [Divergence("promise", version, bad, expected["hits"], obs["hits"], context={"model_explain": expected["explain"]})]
 
 
-def check_reference(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_reference(case: Case, version: str, obs: Observation) -> list[Divergence]:
     rule = implemented_rule(version)
     expected = predict_with_knobs(case, resolve_knobs(case, version), rule)
     bad = differing(expected["hits"], obs["hits"])
@@ -66,7 +67,7 @@ def check_reference(case: Case, version: str, obs: dict) -> list[Divergence]:
 
 
 
-def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
     if case.geometry is None or case.geometry.retention_interval != 0:
         return []
     promise = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
@@ -82,7 +83,7 @@ def check_sparse_dense(case: Case, version: str, obs: dict, run: Run) -> list[Di
     return [Divergence("sparse_dense", version, bad, dense["hits"], obs["hits"], "expected = the same engine under dense retention")]
 
 
-def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
     if not has_speculative(case):
         return []
     kinds = request_kinds(case)
@@ -113,7 +114,7 @@ def check_spec_on_off(case: Case, version: str, obs: dict, run: Run) -> list[Div
     return [Divergence("spec_on_off", version, [first], expected, obs["hits"], f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}")]
 
 
-def check_versions(case: Case, version: str, obs: dict, other_version: str, other: dict) -> list[Divergence]:
+def check_versions(case: Case, version: str, obs: Observation, other_version: str, other: Observation) -> list[Divergence]:
     if "error" in other or "error" in obs:
         return []
     if comparable_resolutions(obs, other) is False:
@@ -125,7 +126,7 @@ def check_versions(case: Case, version: str, obs: dict, other_version: str, othe
 
 
 
-def check_junction(case: Case, version: str, obs: dict, run: Run) -> list[Divergence]:
+def check_junction(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
     """Under sparse retention, a sibling (a prompt that shares a prefix with
     an earlier one and diverges inside it) hits at least what the promise
     predicts for it (its divergence point once an earlier request observed

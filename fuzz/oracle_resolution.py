@@ -19,6 +19,7 @@ knobs the engine resolved, and those are judged first.
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from reference.case import Case, with_resolution
 from reference.knobs import resolve_knobs
 
@@ -28,7 +29,7 @@ from fuzz.oracle_base import Divergence
 COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment")
 
 
-def check_resolution(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_resolution(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """The engine's ``resolution`` of a deployment case against what vLLM
     documents of the deployment's flags (see the module docstring):
     ``prefix_match_unit`` set -> ``hash_block_size`` equals it, and the hash
@@ -58,7 +59,7 @@ def check_resolution(case: Case, version: str, obs: dict) -> list[Divergence]:
     return []
 
 
-def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_knobs(case: Case, version: str, obs: Observation) -> list[Divergence]:
     model = resolve_knobs(case, version).as_dict()
     engine = (obs.get("knobs") or {})
     wrong = [k for k in COMPARED_KNOBS if k in engine and engine[k] != model[k]]
@@ -67,7 +68,7 @@ def check_knobs(case: Case, version: str, obs: dict) -> list[Divergence]:
     return [Divergence("knobs", version, [], [model[k] for k in wrong], [engine[k] for k in wrong], "knobs differ: " + ", ".join(f"{k} model={model[k]} engine={engine[k]}" for k in wrong))]
 
 
-def resolved(case: Case, obs: dict, version: str) -> Case:
+def resolved(case: Case, obs: Observation, version: str) -> Case:
     """The case the model judges: a deployment case with the geometry the
     engine resolved for it (the observation's ``resolution``); a hand case
     as it is."""

@@ -41,6 +41,7 @@ hits, which its divergences carry unchanged (:func:`fuzz.oracle_base.same_hits`)
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position
 from reference.case import Case, Request, prompt_tokens
 from reference.serial import common_prefix, known_common
@@ -48,12 +49,12 @@ from reference.serial import common_prefix, known_common
 from fuzz.oracle_base import Divergence, same_hits
 
 
-def _budget(g, knobs: dict) -> int:
+def _budget(g, knobs: Observation) -> int:
     """The chunk budget the engine resolved, else the geometry's."""
     return int(knobs.get("max_num_scheduled_tokens") or g.max_num_batched_tokens or 0)
 
 
-def _prefill_chunks(case: Case, obs: dict) -> list[tuple[int, int, list[tuple[int, int]]]]:
+def _prefill_chunks(case: Case, obs: Observation) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Per request: (its prompt length N, the junction the engine observed
     or 0, its prefill chunks as (start, end) from the engine's
     ``chunk_ends``, the first starting at its admission hit)."""
@@ -70,7 +71,7 @@ def _prefill_chunks(case: Case, obs: dict) -> list[tuple[int, int, list[tuple[in
     return out
 
 
-def check_split(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_split(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """Every prefill chunk end ``e`` below a prompt's length N (the engine's
     ``chunk_ends``, the first chunk starting at the hit) is on the hash grid
     H, on the CPU engine core's split block, at the junction the engine
@@ -119,7 +120,7 @@ def _cut_steps(steps: list, budget: int, max_model_len: int) -> list[list[int]]:
     return [[int(a), int(q), int(n)] for a, q, n in steps if n < q and budget >= q + 64 and n < max_model_len - 1 - a]
 
 
-def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_checkpoint(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """A uniform geometry (one block B for every group) with an internal
     checkpoint grid: for each request of N tokens, a chunk start ``s`` (its
     hit or a chunk end) on the block grid, with N - s within the chunk
@@ -148,7 +149,7 @@ def check_checkpoint(case: Case, version: str, obs: dict) -> list[Divergence]:
         f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})"))
 
 
-def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_hit_blocks(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """Each full-attention group's hit (the engine's ``attention_blocks``:
     [block size, blocks taken] at admission) has exactly ceil(hit / block)
     blocks, ``hit`` the admission's ``scheduler_hit``: full attention is
@@ -172,7 +173,7 @@ def check_hit_blocks(case: Case, version: str, obs: dict) -> list[Divergence]:
         + (f"{extra[i]} beyond its hit" if extra[i] > 0 else f"{-extra[i]} fewer than its hit covers (its skipped tokens have no keys and values)")))
 
 
-def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """The junction a request reports at admission (the engine's
     ``junction``: vLLM's ``shared_prefix_boundary``, the hit plus the
     coordinator's ``num_uncached_common_prefix_tokens``, i.e. the longest
@@ -204,7 +205,7 @@ def check_shared_prefix(case: Case, version: str, obs: dict) -> list[Divergence]
            if bad[i][0] > bad[i][2] else "not above its hit")))
 
 
-def check_block_table(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_block_table(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """After each step is scheduled a running request's Mamba block tables
     (align mode) hold no block it has freed (reference count below 1: the
     pool may hand it to another request while this one reads or writes it)

@@ -27,6 +27,7 @@ whose forward pass runs in the same step is not there yet).
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from reference.boundaries import junction_states, resumable_states
 from reference.case import Case, is_concurrent, prompt_tokens, waves
 from reference.knobs import implemented_rule, resolve_knobs
@@ -46,7 +47,7 @@ def _written(e: dict) -> list[int] | None:
     return None if "written" in e else e.get("chunk_ends")
 
 
-def writes_before(case: Case, obs: dict, i: int) -> list[tuple[int, set[int]]]:
+def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[int]]]:
     """``(j, positions)``: the Mamba states request ``j``'s prefill wrote
     (:func:`_written`) before request ``i`` first ran. In a serial trace,
     every state of every earlier request. In a concurrent one (the engine's
@@ -71,7 +72,7 @@ def writes_before(case: Case, obs: dict, i: int) -> list[tuple[int, set[int]]]:
     return out
 
 
-def written_before(case: Case, obs: dict, i: int, pos: int) -> bool:
+def written_before(case: Case, obs: Observation, i: int, pos: int) -> bool:
     """Did a prefill before request ``i`` write a Mamba state at ``pos``
     over the same first ``pos`` tokens (:func:`writes_before`)? Then
     resuming at ``pos`` is reuse the promise may not require, not a stale
@@ -82,7 +83,7 @@ def written_before(case: Case, obs: dict, i: int, pos: int) -> bool:
     return any(pos in ps and prompt_tokens(case.trace[j])[:pos] == mine for j, ps in writes_before(case, obs, i))
 
 
-def stale_keys(case: Case, obs: dict) -> list[list[int]]:
+def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
     """Per request ``j``: the prompt positions whose Mamba state the cache
     holds once ``j`` finished (:func:`held_states`) that ``j``'s prefill did
     not write (``written``) and that no earlier request over the same tokens
@@ -116,7 +117,7 @@ def stale_keys(case: Case, obs: dict) -> list[list[int]]:
 SAME_STEP_READ = "read in the same step or before it was computed"
 
 
-def check_stale(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """No request resumes where no earlier prefill wrote a Mamba state over
     its tokens, and no request leaves a state held that its prefill did not
     write (:func:`stale_keys`; the later hit on it looks like reuse of an
@@ -179,7 +180,7 @@ def held_states(e: dict) -> set[int] | None:
     return {(int(b) + 1) * int(size) for size, bs in blocks.items() for b in bs}
 
 
-def check_retention(case: Case, version: str, obs: dict) -> list[Divergence]:
+def check_retention(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """Sparse and periodic retention keep what they say (see the module
     note). Allowed for request ``i``: over the same tokens as its prompt,
     a state some request ``j <= i`` may leave behind: one a later request

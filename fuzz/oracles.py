@@ -18,6 +18,7 @@ prefix (:func:`serial_part`), where their rules were stated.
 
 from __future__ import annotations
 
+from engine_adapter.interface import Observation
 from dataclasses import replace
 
 from reference.case import Case, is_concurrent, serial_prefix
@@ -59,7 +60,7 @@ SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale
                      ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference))
 
 
-def serial_part(case: Case, obs: dict) -> tuple[Case, dict] | None:
+def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None:
     """A concurrent trace's serial prefix (:func:`reference.case.serial_prefix`)
     as a serial case of its own, with the observation of those requests
     (they ran alone, as they would in that case); None when there is none."""
@@ -73,7 +74,7 @@ def serial_part(case: Case, obs: dict) -> tuple[Case, dict] | None:
     return replace(case, trace=case.trace[:k]), part
 
 
-def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
+def check_all(case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix
@@ -90,7 +91,7 @@ def check_all(case: Case, version: str, obs: dict, run: Run | None = None, oracl
     return out
 
 
-def _check(case: Case, version: str, obs: dict, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
+def _check(case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
     out: list[Divergence] = []
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:

@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from engine_adapter.host import environments
+from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
 from engine_adapter.host.versions import engine_name, parse_engine, release_of
 from ground import errors as kvspec_errors
@@ -111,14 +112,16 @@ class InProcessEngine(Engine):
 
     def __init__(self, version: str) -> None:
         super().__init__(version)
-        from engine_adapter.vllm_engine.driver import get_driver  # imports vLLM here
-
-        self.driver = get_driver()
+        self.driver = get_driver("vllm")  # imports vLLM here
         if self.driver.version != release_of(version):
             raise EngineError(f"engine={self.engine!r}: this interpreter imports vLLM {self.driver.version}")
 
-    def run(self, case: Case | dict, options: dict | None = None) -> dict:
-        return _tag(self.driver.run(case if isinstance(case, Case) else parse_case(case), options), self.mode)
+    def run(self, case: Case | dict, options: dict | None = None) -> Observation:
+        result = self.driver.run(case if isinstance(case, Case) else parse_case(case), options)
+        problem = observation_problem(result)
+        if problem is not None:
+            return _harness_error(self.engine, "internal", problem)
+        return _tag(result, self.mode)
 
     def resolve(self, case: Case | dict) -> dict:
         return self.driver.resolve(case if isinstance(case, Case) else parse_case(case))
@@ -290,18 +293,26 @@ def _run_result(engine: str, resp: dict, **harness) -> dict:
     structured error result for a dead or hung worker or an adapter bug
     (kvspec's failure, never vLLM's), or the kvspec error it reported."""
     if resp.get("ok"):
+        problem = observation_problem(resp.get("result"))
+        if problem is not None:  # the worker answered something the judge cannot read: kvspec's failure
+            return _harness_error(engine, "protocol", problem)
         result = _tag(resp["result"], "worker")
-        if harness and isinstance(result, dict):
+        if harness:
             result["harness"].update(harness)
         return result
     err = resp.get("error") or {}
     _raise_kvspec(err)
     if err.get("kind") in ("worker", "internal"):
-        return {"engine": engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
-            "kind": err["kind"], "phase": "worker", "request": None, "type": err["kind"],
-            "message": err.get("message", ""), "traceback": err.get("traceback"),
-        }}
+        return _harness_error(engine, err["kind"], err.get("message", ""), err.get("traceback"))
     raise EngineError(f"engine={engine!r}: {err.get('message', json.dumps(err))}")
+
+
+def _harness_error(engine: str, kind: str, message: str, traceback: str | None = None) -> Observation:
+    """An observation of nothing, carrying kvspec's own failure (``kind`` is
+    never ``vllm``): the judge counts it as a harness error."""
+    return {"engine": engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
+        "kind": kind, "phase": "worker", "request": None, "type": kind, "message": message, "traceback": traceback,
+    }}
 
 
 def _resolve_result(engine: str, resp: dict) -> dict:

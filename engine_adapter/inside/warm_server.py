@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine_adapter.host.venvs import marker_path
 from engine_adapter.inside.handler import error, handle, settle
+from engine_adapter.interface import get_driver
 from engine_adapter.protocol import KILLED_MARK, decode, encode
 from engine_adapter.sockets import address, hung_up, read_line, remove_if, send_line
 from ground.files import write_json_atomic
@@ -37,14 +38,13 @@ OVERRUN_GRACE_S = 2.0
 HARD_GRACE_S = 5.0
 
 
-def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: float) -> int:
+def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: float, family: str = "vllm") -> int:
     """The warm engine's main loop (``python -m engine_adapter.inside.worker
     --socket PATH``): import vLLM, take over the socket (0600), write the
     state file, serve one connection at a time until idle, replaced,
     stopped or its environment changes."""
-    from engine_adapter.vllm_engine.driver import get_driver  # imports vLLM
     t0 = time.time()
-    driver = get_driver()
+    driver = get_driver(family)  # imports the engine
     settle()
     sock_file = Path(sock_path)
     state_file = Path(state_path) if state_path else sock_file.with_name(sock_file.name.removesuffix(".sock") + ".json")

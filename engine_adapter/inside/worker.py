@@ -20,6 +20,7 @@ import sys
 import time
 
 from engine_adapter.inside.handler import error, handle, settle
+from engine_adapter.interface import FAMILIES, family_module, get_driver
 
 
 def _claim_stdout():
@@ -44,13 +45,11 @@ def _hello(driver, t0: float) -> dict:
     }
 
 
-def serve(out, inp) -> int:
+def serve(out, inp, family: str = "vllm") -> int:
     from engine_adapter.protocol import decode, encode
 
     t0 = time.perf_counter()
-    from engine_adapter.vllm_engine.driver import get_driver  # imports vLLM
-
-    driver = get_driver()
+    driver = get_driver(family)  # imports the engine
     settle()
     out.write(encode(_hello(driver, t0)))
     for line in inp:
@@ -75,21 +74,14 @@ def serve(out, inp) -> int:
     return 0
 
 
-#: The modules an import-only self-test imports: where the scheduler, the
-#: KV cache managers and the block-size resolution live.
-IMPORT_CHECK = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
-                "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface", "vllm.v1.engine.core")
-
-
-def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
+def selftest(expect_version: str | None, out, *, import_only: bool = False, family: str = "vllm") -> int:
     """Import the stack (and, unless ``import_only``, run one tiny MTP case);
     print a JSON summary, exit 1 with one line on stderr when it fails."""
     import json
 
     t0 = time.perf_counter()
-    from engine_adapter.vllm_engine.driver import get_driver, selftest_case
-
-    driver = get_driver()
+    module = family_module(family)  # imports the engine
+    driver = module.get_driver()
     import_s = time.perf_counter() - t0
     if expect_version and driver.version != expect_version:
         print(f"selftest: this environment has vLLM {driver.version}, expected {expect_version}", file=sys.stderr)
@@ -102,12 +94,12 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     if import_only:
         import importlib
 
-        for mod in IMPORT_CHECK:
+        for mod in module.IMPORT_CHECK:
             importlib.import_module(mod)
         out.write(json.dumps({"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2), "import_only": True}) + "\n")
         out.flush()
         return 0
-    result = driver.run(selftest_case())
+    result = driver.run(module.selftest_case())
     if result.get("error"):
         print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
         return 1
@@ -128,6 +120,7 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine_adapter.inside.worker")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="vllm", help="the engine family whose driver serves (default vllm)")
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument("--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case")
     parser.add_argument("--expect-version")
@@ -139,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.socket:
         from engine_adapter.inside.warm_server import serve_socket
 
-        return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout)
+        return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout, family=args.family)
     out = _claim_stdout()
     if args.selftest:
-        return selftest(args.expect_version, out, import_only=args.import_only)
+        return selftest(args.expect_version, out, import_only=args.import_only, family=args.family)
     return serve(out, sys.stdin)
 
 

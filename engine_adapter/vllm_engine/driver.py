@@ -287,6 +287,13 @@ def selftest_case() -> dict:
     }
 
 
+#: The modules an import-only self-test imports (``engine_adapter.inside.worker --selftest --import-only``): where the scheduler, the
+#: KV cache managers and the block-size resolution live.
+IMPORT_CHECK = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
+                "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface", "vllm.v1.engine.core")
+
+
+
 _DRIVER: VllmDriver | None = None
 
 

@@ -1,0 +1,152 @@
+"""The one interface an engine family implements, and the observation it
+returns: the contract between the engine package and the judge.
+
+A **family** (vLLM now: :mod:`engine_adapter.vllm_engine`; SGLang joins as
+a sibling) runs inside its engine's environment and offers a driver with
+three jobs, whichever way a case reaches it (in-process, a worker's pipe,
+a warm engine's socket):
+
+* ``resolve(case)``: a deployment (model config + serve flags) resolved by
+  the engine's own code: the geometry, the facts read, the assumptions;
+* ``run(case, options)``: the case's trace through the engine's real
+  scheduler and cache, returning an :class:`Observation`;
+* ``version``: the release it imports.
+
+An :class:`Observation` is what the engine did, never a judgement: the hits
+and lookups the engine's own metrics count, the knobs read from the objects
+it built, and per request what was observed (:class:`RequestObservation`).
+If the engine raised, ``error`` says where (:class:`EngineFailure`); only
+``kind: "vllm"`` is the engine's own failure, any other kind is kvspec's
+(``fuzz.verdict.harness_error_of``). The wire carries it as JSON
+(:mod:`engine_adapter.protocol`); the types here are ``TypedDict`` so the
+same dicts are read on both sides, and :func:`observation_problem` checks
+the shape where an observation enters kvspec's interpreter: a worker that
+answers something else is a harness error, never a finding.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, TypedDict
+
+from ground.errors import invalid
+
+#: The families kvspec drives: family name -> the module (inside the
+#: family's environment) whose ``get_driver()`` returns its driver.
+FAMILIES = {"vllm": "engine_adapter.vllm_engine.driver"}
+
+
+class EngineFailure(TypedDict, total=False):
+    """Where a run stopped: ``kind`` ``vllm`` (the engine raised; ``phase``
+    config / add_request / step, at ``request``) or kvspec's own
+    (``worker``, ``internal``, ``protocol``)."""
+
+    kind: str
+    phase: str
+    request: int | None
+    type: str
+    message: str
+    traceback: str | None
+
+
+class RequestObservation(TypedDict, total=False):
+    """One request, as the engine served it (vLLM: ``driver.VllmDriver._explain``)."""
+
+    request: int
+    prompt_tokens: int
+    hit: int  # tokens the engine's hit metric counted
+    query: int
+    scheduler_hit: int | None  # what the scheduler's lookup returned
+    junction: int | None
+    shared_prefix_boundary: int | None
+    lookups: int
+    attention_blocks: list[int] | None
+    boundaries: list[int] | None
+    chunk_ends: list[int]
+    decode_steps: list[list[int]]
+    written: list[int] | None  # positions at which a prefill wrote a Mamba state
+    cache_blocks: list[int]
+    retained_mamba_blocks: dict[str, list[int]] | None
+    retained_mamba_tokens: dict[str, list[int]] | None
+    retained_output_states: list[int] | None
+    retained_mamba_by_group: dict[str, Any]
+    block_table: list[list[int]]
+    leaked_blocks: int
+    steps: int
+    # a concurrent trace: when it ran, and when each state was written
+    first_step: int | None
+    written_steps: list[list[int | None]] | None
+    wave: list[int]
+    wave_stats: dict[str, int]
+    preempted_hits: int
+    preempted_queries: int
+
+
+class Observation(TypedDict, total=False):
+    """What one run of a case observed (the worker's ``run`` result)."""
+
+    engine: str
+    hits: list[int]
+    queries: list[int]
+    knobs: dict[str, Any] | None
+    explain: list[RequestObservation]
+    error: EngineFailure
+    resolution: dict[str, Any]
+    timing: dict[str, float]
+    vllm_files_sha256: str
+    harness: dict[str, Any]
+
+
+class FamilyDriver(Protocol):
+    """What a family's ``get_driver()`` returns, inside its environment."""
+
+    version: str
+
+    def resolve(self, case: Any) -> dict[str, Any]: ...
+
+    def run(self, case: Any, options: dict | None = None) -> Observation: ...
+
+
+def family_module(family: str = "vllm"):
+    """The family's driver module in this interpreter (imports the engine):
+    ``get_driver()``, ``selftest_case()``, ``IMPORT_CHECK`` (the engine's
+    modules an import-only self-test imports)."""
+    if family not in FAMILIES:
+        raise invalid("family", family, f"allowed: {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[family])
+
+
+def get_driver(family: str = "vllm") -> FamilyDriver:
+    """The driver of ``family`` in this interpreter (imports the engine)."""
+    return family_module(family).get_driver()
+
+
+def _ints(value: object, allow_none: bool = False) -> bool:
+    return isinstance(value, list) and all((isinstance(x, int) and not isinstance(x, bool)) or (allow_none and x is None) for x in value)
+
+
+def observation_problem(result: object) -> str | None:
+    """What is wrong with the shape of an observation (one line naming the
+    field), or None when it has the shape the judge reads: ``hits`` and
+    ``queries`` lists of ints, one ``explain`` object per request with its
+    index, ``error`` an object with a string ``kind``."""
+    if not isinstance(result, dict):
+        return f"observation={type(result).__name__}: must be a JSON object"
+    for key in ("hits", "queries"):
+        if not _ints(result.get(key)):
+            return f"observation.{key}={str(result.get(key))[:60]}: must be a list of integers"
+    explain = result.get("explain")
+    if not isinstance(explain, list) or not all(isinstance(e, dict) for e in explain):
+        return f"observation.explain={str(explain)[:60]}: must be a list of objects"
+    if not len(result["hits"]) == len(result["queries"]) == len(explain):
+        return f"observation: hits, queries and explain have {len(result['hits'])}, {len(result['queries'])} and {len(explain)} entries; allowed: one each per request served"
+    for i, e in enumerate(explain):
+        if not isinstance(e.get("request"), int) or isinstance(e.get("request"), bool):
+            return f"observation.explain[{i}].request={e.get('request')!r}: must be the request's index"
+    if "error" in result:
+        err = result["error"]
+        if not isinstance(err, dict) or not isinstance(err.get("kind"), str):
+            return f"observation.error={str(err)[:60]}: must be an object with a string kind"
+    if result.get("knobs") is not None and not isinstance(result["knobs"], dict):
+        return f"observation.knobs={str(result['knobs'])[:60]}: must be an object or null"
+    return None

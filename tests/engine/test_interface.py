@@ -1,0 +1,64 @@
+"""The engine-family interface and the observation contract
+(``engine_adapter.interface``): a worker's answer is checked where it enters
+kvspec's interpreter, and one that is not an observation becomes a harness
+error (kvspec's failure), never something the oracles judge."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapter.host.engine import _run_result
+from engine_adapter.interface import FAMILIES, family_module, observation_problem
+from fuzz.verdict import harness_error_of
+from ground.errors import InvalidArgument
+
+
+def observation(**over):
+    obs = {"engine": "vllm==0.33.0", "hits": [0, 32], "queries": [40, 40], "knobs": {"eagle_drop": True},
+           "explain": [{"request": 0, "hit": 0}, {"request": 1, "hit": 32}], "harness": {"platform": "cuda"}}
+    obs.update(over)
+    return obs
+
+
+def test_a_well_formed_observation_passes_and_comes_back_tagged():
+    assert observation_problem(observation()) is None
+    assert observation_problem(observation(error={"kind": "vllm", "message": "x"}, hits=[0], queries=[40], explain=[{"request": 0}])) is None
+    result = _run_result("vllm==0.33.0", {"ok": True, "result": observation()})
+    assert result["hits"] == [0, 32] and result["harness"] == {"platform": "cuda", "mode": "worker"}
+    assert harness_error_of(result) is None
+
+
+@pytest.mark.parametrize("bad, field", [
+    ([1, 2], "observation=list"),
+    (observation(hits=None), "observation.hits=None"),
+    (observation(hits=[0, "32"]), "observation.hits="),
+    (observation(hits=[0, True]), "observation.hits="),
+    (observation(queries=[40]), "observation: hits, queries and explain have 2, 1 and 2 entries"),
+    (observation(explain=[{"request": 0}, "x"]), "observation.explain="),
+    (observation(explain=[{"request": 0}, {"hit": 1}]), "observation.explain[1].request=None"),
+    (observation(error="boom"), "observation.error=boom"),
+    (observation(error={"message": "no kind"}), "observation.error="),
+    (observation(knobs=[1]), "observation.knobs=[1]"),
+])
+def test_a_malformed_answer_is_named_by_its_field_and_is_a_harness_error(bad, field):
+    problem = observation_problem(bad)
+    assert problem is not None and problem.startswith(field), problem
+    result = _run_result("vllm==0.33.0", {"ok": True, "result": bad})
+    assert result["hits"] == [] and result["error"]["kind"] == "protocol"
+    assert result["error"]["message"] == problem
+    assert harness_error_of(result).startswith("protocol error: observation")
+
+
+def test_the_families_are_named_and_an_unknown_one_is_refused_in_one_line():
+    assert FAMILIES == {"vllm": "engine_adapter.vllm_engine.driver"}
+    with pytest.raises(InvalidArgument, match=r"^family='sglang'.*allowed: vllm$"):
+        family_module("sglang")
+
+
+def test_the_worker_takes_only_a_known_family(capsys):
+    from engine_adapter.inside.worker import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--family", "nope", "--selftest"])
+    assert e.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
