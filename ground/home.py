@@ -13,10 +13,31 @@ is on ``PYTHONPATH``), ``fuzz`` and the commands alike.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: kvspec's top-level packages. Their names are generic (``fuzz``,
+#: ``reference``, ``spec``): kvspec runs from its checkout, installed
+#: editable into its own virtual environment (docs/architecture.md, "How
+#: kvspec installs"), and :func:`foreign_packages` says when another
+#: package of the same name would be imported instead.
+PACKAGES = ("ground", "reference", "spec", "engine_adapter", "fuzz", "advise", "mutate", "kvspec")
+
+
+def foreign_packages() -> list[tuple[str, str]]:
+    """``(name, where it imports from)`` for each of :data:`PACKAGES` that
+    this interpreter would import from somewhere other than kvspec's
+    checkout (another installed package of the same name, earlier on
+    ``sys.path``); empty when every one is kvspec's."""
+    found = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        origin = None if spec is None else (spec.origin or next(iter(spec.submodule_search_locations or []), None))
+        if origin is None or not Path(origin).resolve().is_relative_to(REPO_ROOT / name):
+            found.append((name, str(origin)))
+    return found
 
 
 def kvspec_home() -> Path:

@@ -20,6 +20,7 @@ import pkgutil
 import sys
 
 import kvspec.commands as commands
+from ground.home import REPO_ROOT, foreign_packages
 from ground.console import say as _say
 from ground.errors import KvspecError
 
@@ -88,6 +89,11 @@ def _silence_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    clash = foreign_packages()
+    if clash:
+        name, where = clash[0]
+        _say(f"kvspec: package={name!r} imports from {where}, not from kvspec's checkout {REPO_ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)")
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -159,3 +159,20 @@ def test_the_campaign_and_the_judge_raise_one_harness_failure():
     import fuzz.verdict
 
     assert fuzz.campaign.HarnessFailure is fuzz.verdict.HarnessFailure
+
+
+def test_kvspec_refuses_to_run_when_another_package_takes_one_of_its_names(tmp_path):
+    """kvspec's top-level names are generic (docs/architecture.md, "How kvspec
+    installs"): a package of the same name earlier on sys.path would be
+    imported instead of kvspec's. The CLI says so in one line, exit 2."""
+    from ground.home import PACKAGES, foreign_packages
+
+    assert foreign_packages() == []
+    assert {"fuzz", "reference", "spec"} <= set(PACKAGES)
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-c", "import sys; from kvspec.cli import main; sys.exit(main(['--help']))"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [f"kvspec: package='spec' imports from {tmp_path / 'spec' / '__init__.py'}, not from kvspec's checkout {ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)"]
