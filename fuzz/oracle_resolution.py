@@ -25,8 +25,10 @@ from reference.knobs import resolve_knobs
 
 from fuzz.oracle_base import Divergence
 
-#: Knob names both the model and the engine report.
-COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment")
+#: Knob names both the model and the engine report: the ``knobs`` oracle
+#: and ``kvspec run --compare`` compare these (one list; --compare also had
+#: ``partial_hash_hits``, which the oracle now compares too).
+COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment", "partial_hash_hits")
 
 
 def check_resolution(case: Case, version: str, obs: Observation) -> list[Divergence]:

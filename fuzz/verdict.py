@@ -62,7 +62,7 @@ from reference.case import Case
 from ground.errors import Unsupported, invalid
 
 from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
-from fuzz.oracles import Divergence, check_all, check_versions, oracles_for
+from fuzz.oracles import COMPARED_KNOBS, Divergence, check_all, check_versions, oracles_for
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -417,3 +417,30 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     except Unsupported as e:  # kvspec's model cannot judge it: says nothing about vLLM
         return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [f"the reference model cannot judge this case on vllm=={engine.version}: {e}"], claim.oracle if claim else None), other_obs)
     return Judged(judged, obs, divs, judge(claim, obs, divs, other_observation=other_obs), other_obs)
+
+
+def differences(reference: dict, observed: dict) -> list[dict]:
+    """Every difference between a prediction and an observation, request by
+    request (hits, queries), then the knobs both report (``COMPARED_KNOBS``):
+    the rows ``kvspec run --compare`` marks MISMATCH."""
+    out: list[dict] = []
+    if observed.get("error"):
+        out.append({"what": "error", "reference": None, "observed": observed["error"].get("message")})
+    ref_h, obs_h = reference["hits"], observed.get("hits") or []
+    ref_q, obs_q = reference["queries"], observed.get("queries") or []
+    for i in range(max(len(ref_h), len(obs_h))):
+        rh = ref_h[i] if i < len(ref_h) else None
+        oh = obs_h[i] if i < len(obs_h) else None
+        if rh is None and i < len(ref_h):
+            continue  # not predicted (a concurrent trace past its serial prefix): the oracles judge it
+        if rh != oh:
+            out.append({"what": "hits", "request": i, "reference": rh, "observed": oh})
+        rq = ref_q[i] if i < len(ref_q) else None
+        oq = obs_q[i] if i < len(obs_q) else None
+        if rq != oq:
+            out.append({"what": "queries", "request": i, "reference": rq, "observed": oq})
+    ok, rk = observed.get("knobs") or {}, reference.get("knobs") or {}
+    for k in COMPARED_KNOBS:
+        if k in rk and k in ok and rk[k] != ok[k]:
+            out.append({"what": f"knobs.{k}", "reference": rk[k], "observed": ok[k]})
+    return out

@@ -30,14 +30,13 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, parse_engine
+from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
 
 HELP = "run a case on the real vLLM scheduler (CPU) and print the observed hits; --compare with the reference"
 
-#: Knobs both the reference and the engine report, compared by --compare.
-SHARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment", "partial_hash_hits")
 RULE_CHOICES = ("auto", "promise", "replay", "legacy")
 
 
@@ -53,31 +52,6 @@ def configure(parser) -> None:
     parser.add_argument("--mode", choices=("auto", "inprocess", "worker", "warm"), default="auto", help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)")
     parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
-
-
-def compare(reference: dict, observed: dict) -> list[dict]:
-    """Every difference between a prediction and an observation."""
-    out: list[dict] = []
-    if observed.get("error"):
-        out.append({"what": "error", "reference": None, "observed": observed["error"].get("message")})
-    ref_h, obs_h = reference["hits"], observed.get("hits") or []
-    ref_q, obs_q = reference["queries"], observed.get("queries") or []
-    for i in range(max(len(ref_h), len(obs_h))):
-        rh = ref_h[i] if i < len(ref_h) else None
-        oh = obs_h[i] if i < len(obs_h) else None
-        if rh is None and i < len(ref_h):
-            continue  # not predicted (a concurrent trace past its serial prefix): the oracles judge it
-        if rh != oh:
-            out.append({"what": "hits", "request": i, "reference": rh, "observed": oh})
-        rq = ref_q[i] if i < len(ref_q) else None
-        oq = obs_q[i] if i < len(obs_q) else None
-        if rq != oq:
-            out.append({"what": "queries", "request": i, "reference": rq, "observed": oq})
-    ok, rk = observed.get("knobs") or {}, reference.get("knobs") or {}
-    for k in SHARED_KNOBS:
-        if k in rk and k in ok and rk[k] != ok[k]:
-            out.append({"what": f"knobs.{k}", "reference": rk[k], "observed": ok[k]})
-    return out
 
 
 def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str], verdict) -> None:
@@ -116,7 +90,7 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     for col in ("", "knob", "reference", "vLLM"):
         knobs.add_column(col, no_wrap=True)
     rk, ok = reference.get("knobs") or {}, observed.get("knobs") or {}
-    for k in SHARED_KNOBS:
+    for k in COMPARED_KNOBS:
         if k in rk or k in ok:
             same = rk.get(k) == ok.get(k)
             knobs.add_row("[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-")))
@@ -177,7 +151,7 @@ def main(args) -> int:
         print(json.dumps(observed, indent=2))
         return 1 if observed.get("error") else 0
     from fuzz.oracles import resolved
-    from fuzz.verdict import Target, judge
+    from fuzz.verdict import Target, differences, judge
 
     judged = resolved(case, observed, version)
     if reference is None:
@@ -185,7 +159,7 @@ def main(args) -> int:
             reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
         else:
             reference = predict(judged, f"vllm=={version}", rule)
-    mismatches = compare(reference, observed)
+    mismatches = differences(reference, observed)
     rk = reference.get("knobs") or {}
     # What the model does not predict (a concurrent trace past its serial
     # prefix) the oracles that state the rules of concurrent steps judge.
@@ -194,7 +168,7 @@ def main(args) -> int:
         from fuzz.oracles import CONCURRENT_ORACLES, check_all
 
         concurrent = check_all(judged, version, observed, None, tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")))
-    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in SHARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
+    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in COMPARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
     if args.json:
         print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ground.home import REPO_ROOT
-from kvspec.commands.run import compare
+from fuzz.verdict import differences as compare
 from reference.knobs import implemented_rule
 from reference.case import load_case
 from reference.predict import predict
