@@ -1,6 +1,6 @@
 """One campaign in this process, as ``kvspec fuzz`` runs it with the
 random, Hypothesis or cases driver, and as each Ray worker runs it
-(``kvspec.fuzz_ray``): the user's case files first, then the z3 boundary
+(``fuzz.ray_runner``): the user's case files first, then the z3 boundary
 cases, then the driver's own cases, until the deadline; its summary (``fuzz.summary``).
 (atheris runs libFuzzer processes instead: ``fuzz.atheris_runner``.)"""
 

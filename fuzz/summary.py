@@ -1,6 +1,6 @@
 """A campaign's summary: the one type every campaign runner returns (one
 campaign in this process, ``fuzz.runner``; atheris's libFuzzer workers,
-``fuzz.atheris_runner``; N workers on Ray, ``kvspec.fuzz_ray``), that Ray
+``fuzz.atheris_runner``; N workers on Ray, ``fuzz.ray_runner``), that Ray
 workers' summaries are added up with (:meth:`CampaignSummary.merge`), that
 gives ``kvspec fuzz`` its exit code (:meth:`CampaignSummary.outcome`), and
 that is written as JSON (:meth:`CampaignSummary.to_dict`).
@@ -23,7 +23,7 @@ IN_PROCESS_KEYS = ("engine", "driver", "elapsed_s", "execs", "exec_per_s", "case
 #: atheris's libFuzzer workers (``fuzz.atheris_runner.run_atheris``).
 ATHERIS_KEYS = ("engine", "in_process", "jobs", "elapsed_s", "execs", "exec_per_s", "engine_runs", "cases", "startup_s", "ready_at", "cases_per_s", "engine_runs_per_s", "coverage", "unsupported", "rejected",
                 "harness_errors", "findings", "first_finding_s", "duplicates", "worker_exit_codes", "workers_died", "stopped_at_deadline", "worker_tail")
-#: N campaign workers on Ray, added up (``kvspec.fuzz_ray.run_on_ray``).
+#: N campaign workers on Ray, added up (``fuzz.ray_runner.run_on_ray``).
 RAY_KEYS = ("engine", "driver", "ray", "jobs", "elapsed_s", "execs", "exec_per_s", "engine_runs", "cases", "coverage", "startup_s", "engine_runs_per_s", "cases_per_s", "unsupported", "rejected", "harness_errors",
             "duplicates", "workers_died", "findings", "first_finding_s", "case_files", "ray_tasks", "ray_retried", "ray_nodes")
 #: A Ray worker started too close to the deadline to run anything.

@@ -206,7 +206,7 @@ def main(args) -> int:
     seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
     try:
         if getattr(args, "ray", None) is not None:
-            from kvspec.fuzz_ray import run_on_ray
+            from fuzz.ray_runner import run_on_ray
 
             summary = run_on_ray(args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say)
         elif args.driver == "atheris":

@@ -62,7 +62,7 @@ def test_the_exit_code_reads_the_summary():
 
 
 def test_ray_adds_up_its_workers_in_ray_keys(tmp_path):
-    from kvspec.fuzz_ray import _empty, _merge
+    from fuzz.ray_runner import _empty, _merge
 
     now = time.time()
     empty = _empty({"engine": "vllm==0.33.0", "driver": "random"}).to_dict()

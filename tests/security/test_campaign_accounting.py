@@ -230,7 +230,7 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
 
 
 def test_ray_workers_case_files_merge_run_when_any_worker_ran_it():
-    from kvspec.fuzz_ray import _case_files
+    from fuzz.ray_runner import _case_files
 
     names = ["a.json", "b.json", "c.json"]
     first = {"given": 3, "unfinished": [{"path": "b.json", "why": "cut_at_deadline"}, {"path": "c.json", "why": "not_started"}]}
