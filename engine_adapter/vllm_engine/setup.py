@@ -166,7 +166,7 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     }
 
 
-def model_dir(num_attention: int, num_mamba: int) -> Path:
+def hand_model_dir(num_attention: int, num_mamba: int) -> Path:
     """A local model directory holding only the ``config.json`` of a tiny
     Qwen3-Next-style hybrid with ``num_mamba`` linear-attention and
     ``num_attention`` full-attention layers and one MTP module."""
@@ -277,7 +277,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
 
     # -- configs, as `vllm serve <model> --enable-prefix-caching ...` builds them
     try:
-        model_config = ModelConfig(model=str(model_dir(num_attention, num_mamba)), skip_tokenizer_init=True, max_model_len=max_model_len)
+        model_config = ModelConfig(model=str(hand_model_dir(num_attention, num_mamba)), skip_tokenizer_init=True, max_model_len=max_model_len)
         cache_kwargs: dict[str, Any] = {
             "block_size": min(x.block_size for x in g.groups),
             "enable_prefix_caching": True,
