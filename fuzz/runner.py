@@ -34,8 +34,9 @@ class RunConfig:
     synthetic: bool = False
 
 
-def run_in_process(config: RunConfig, engines: list[str], out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> CampaignSummary:
-    """``given``: the user's --case files as ``(name, case)`` pairs, run
+def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> CampaignSummary:
+    """``engines``: names, or engines parsed at the command line's edge
+    (``EngineSpec``: opened without parsing again). ``given``: the user's --case files as ``(name, case)`` pairs, run
     first and as they are (a hand geometry among them is labelled synthetic
     in its finding), each accounted for (``fuzz.drivers.run_given``: the
     summary's ``case_files``); then ``seeds``, the z3 boundary cases
@@ -84,7 +85,7 @@ def run_in_process(config: RunConfig, engines: list[str], out: Path, seeds: list
     end = time.monotonic()
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
-    return CampaignSummary(IN_PROCESS_KEYS, engine=engines[0], driver=config.driver, elapsed_s=round(elapsed, 2), execs=s.execs, exec_per_s=round(s.execs / max(elapsed, 1e-9), 1),
+    return CampaignSummary(IN_PROCESS_KEYS, engine=getattr(engines[0], "name", engines[0]), driver=config.driver, elapsed_s=round(elapsed, 2), execs=s.execs, exec_per_s=round(s.execs / max(elapsed, 1e-9), 1),
                            cases=s.cases, startup_s=round(ready - started, 2), ready_at=ready_at, cases_per_s=round(s.cases / fuzzing, 2), engine_runs_per_s=round(s.execs / fuzzing, 2), coverage=None,
                            unsupported=s.unsupported, rejected=s.rejected, harness_errors=s.harness_errors, cut_at_deadline=s.cut_at_deadline, duplicates=s.duplicates, workers_died=0,
                            findings=findings, first_finding_s=s.first_finding_s, reach=s.reach.as_dict(), case_files=case_files)

@@ -10,15 +10,22 @@ report --matrix, check-build).
 * ``--engine path:/src/vllm`` / ``--engine wheel:FILE.whl`` ``[--base vllm==X]``:
   a local source tree's or a wheel's Python files over release X.
 
-:func:`engine_names` turns them into engine names, building each build's
-environment first (``engine_adapter.host.builds``: seconds from the release's).
+:func:`engine_specs` turns them into engines
+(``engine_adapter.host.versions.EngineSpec``), building each build's
+environment first (``engine_adapter.host.builds``: seconds from the
+release's): each name is parsed here, once, and the commands hand the
+parsed engine down; :func:`engine_names` gives their names.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from fuzz.oracle_registry import BY_NAME, ORACLES, listed
+
+if TYPE_CHECKING:
+    from engine_adapter.host.versions import EngineSpec
 
 PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"
 BASE_HELP = "the release a path: or wheel: engine is based on (default: the tree's vllm/_version.py, read as text, or the wheel's version)"
@@ -60,20 +67,35 @@ def add_engine_arguments(parser, *, dest: str = "engine", flag: str = "--engine"
     parser.add_argument("--base", dest=f"{dest}_bases", action=_AttachAction, engines_dest=dest, many=False, default=None, metavar="vllm==X", help=BASE_HELP)
 
 
-def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[str]:
-    """The engine names the options give, each build built first. A
-    ``--patch`` / ``--base`` with no engine to attach to applies to
-    ``default``."""
+def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[EngineSpec]:
+    """The engines the options give (:class:`EngineSpec`, each name parsed
+    once, here), each build built first. A ``--patch`` / ``--base`` with no
+    engine to attach to applies to ``default``. A build made here is the
+    name its build gives (read once), with the patches it is made of."""
+    from dataclasses import replace
+
     from engine_adapter.host.builds import prepare
+    from engine_adapter.host.versions import EngineSpec
     from ground.errors import invalid
 
-    specs = list(getattr(args, dest, None) or ([] if default is None else [default]))
+    texts = list(getattr(args, dest, None) or ([] if default is None else [default]))
     patches = dict(getattr(args, f"{dest}_patches", None) or {})
     bases = dict(getattr(args, f"{dest}_bases", None) or {})
-    if not specs and (patches or bases):
+    if not texts and (patches or bases):
         raise invalid("--patch" if patches else "--base", (patches or bases).get(0), f"needs {flag} vllm==X (or path:DIR / wheel:FILE.whl) to apply to")
     kwargs = {} if progress is None else {"progress": progress}
-    return [prepare(spec, patches.get(i), bases.get(i), flag=flag, **kwargs) for i, spec in enumerate(specs)]
+    out = []
+    for i, text in enumerate(texts):
+        local = isinstance(text, str) and text.strip().startswith(("path:", "wheel:"))  # builds.prepare reads those
+        spec = text if local else EngineSpec.parse(text, flag)
+        name = prepare(spec, patches.get(i), bases.get(i), flag=flag, **kwargs)
+        out.append(spec if not local and name == spec.name else replace(EngineSpec.parse(name), patches=tuple(map(str, patches.get(i) or ()))))
+    return out
+
+
+def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[str]:
+    """The names of :func:`engine_specs`' engines."""
+    return [spec.name for spec in engine_specs(args, dest=dest, flag=flag, default=default, progress=progress)]
 
 
 def has_build_options(args, dest: str = "engine") -> bool:

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from engine_adapter.host import patches as patches_mod
 from engine_adapter.host import source_files, venvs
-from engine_adapter.host.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
+from engine_adapter.host.versions import SUPPORTED_VERSIONS, EngineSpec, engine_name, is_build, parse_engine, release_of
 from ground.console import say as _say
 from ground.home import engines_dir
 from ground.files import write_bytes_atomic
@@ -186,7 +186,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
     and bounded (:mod:`engine_adapter.host.patches`: bytes, count, file patches,
     hunks) before any is applied; a file they make keeps no more permission
     than the patches that made it."""
-    release = release_of(parse_engine(release, "--engine"))
+    release = (release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")).release  # parsed at the edge, or here
     if not patches:
         raise invalid(flag, [], "give at least one patch file")
     if len(patches) > patches_mod.MAX_PATCHES:
@@ -516,7 +516,7 @@ def describe(version: str) -> dict | None:
 # ------------------------------------------------------------------ engine specs
 
 
-def prepare(spec: str, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", selftest: str = "run", progress: Progress = _say) -> str:
+def prepare(spec: str | EngineSpec, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", selftest: str = "run", progress: Progress = _say) -> str:
     """An engine spec from the command line -> an engine name, building the
     build it names first: ``vllm==X`` (with ``patches``: the patched build),
     ``vllm==X+LABEL.HASH`` (a build made earlier), ``path:DIR``,
@@ -533,14 +533,15 @@ def prepare(spec: str, patches: list[str] | None = None, base: str | None = None
             raise invalid(flag, text, f"{kind}: names a path with a control character; allowed: a printable path")
         overlay = overlay_from_tree(where, base, flag=flag) if kind == "path" else overlay_from_wheel(where, base, flag=flag)
     else:
-        version = parse_engine(text, flag)
+        parsed = text if isinstance(text, EngineSpec) else EngineSpec.parse(text, flag)  # parsed at the edge, or here
+        version = parsed.version
         if base is not None:
             raise invalid("--base", base, "goes with --engine path:DIR or wheel:FILE.whl")
         if not patches:
             return engine_name(version)
         if is_build(version):
             raise invalid("--patch", patches[0], f"applies to a release (vllm=={release_of(version)}), not to the build {engine_name(version)}")
-        overlay = overlay_from_patches(version, patches)
+        overlay = overlay_from_patches(parsed, patches)
     if not overlay.files:
         progress(f"[{overlay.name}] note: the overlay changes no vLLM file: the build equals {engine_name(overlay.release)}")
     build(overlay, selftest=selftest, progress=progress)

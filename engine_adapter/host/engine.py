@@ -44,7 +44,7 @@ from typing import Any
 from engine_adapter.host import environments
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.host.versions import engine_name, parse_engine, release_of
+from engine_adapter.host.versions import EngineSpec, engine_name, parse_engine, release_of
 from ground import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
 from ground.errors import EngineError, InvalidArgument
@@ -433,8 +433,9 @@ def _platform_of(case: Case) -> str:
     return case.deployment.platform if case.deployment is not None else "cuda"
 
 
-def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None, warm: bool = False) -> Engine:
-    """An Engine for ``spec`` (``vllm==X``).
+def open_engine(spec: str | EngineSpec = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None, warm: bool = False) -> Engine:
+    """An Engine for ``spec`` (``vllm==X``, or an :class:`EngineSpec` parsed
+    at the command line's edge: not parsed again).
 
     ``mode="auto"`` runs in-process when this interpreter imports vLLM X,
     else in X's environment (installed first if ``install``; otherwise a
@@ -443,7 +444,7 @@ def open_engine(spec: str = "vllm==0.33.0", *, mode: str = "auto", install: bool
     ``engine_adapter.host.warm.enabled()``), else in a worker of its own.
     ``mode="warm"`` asks for the warm engine, ``mode="worker"`` for a
     worker of its own."""
-    version = parse_engine(spec)
+    version = spec.version if isinstance(spec, EngineSpec) else parse_engine(spec)
     if mode not in MODES:
         raise InvalidArgument(f"mode={mode!r}: allowed: {', '.join(MODES)}")
     here = inprocess_vllm_version()

@@ -2,13 +2,19 @@
 ``vllm==X+LABEL.HASH`` for a build of release X (a patched, local-tree or
 wheel overlay: ``engine_adapter.host.builds``), a PEP 440 local version of X.
 
-Parsing never imports vLLM. Bad names are one-line errors naming the value
-and what is allowed.
+:class:`EngineSpec` is the one reader of a name (:meth:`EngineSpec.parse`):
+the command line parses each name once, at its edge
+(``kvspec.engine_options.engine_specs``), and hands the spec down;
+:func:`parse_engine`, :func:`engine_name`, :func:`release_of` and
+:func:`is_build` are thin functions over it for code that holds a version
+string. Parsing never imports vLLM. Bad names are one-line errors naming
+the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ground.errors import InvalidArgument, Unsupported
 
@@ -17,31 +23,90 @@ SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
 DEFAULT_VERSION = "0.33.0"
 DEFAULT_ENGINE = f"vllm=={DEFAULT_VERSION}"
 
-_SPEC = re.compile(r"^vllm==(\d+\.\d+\.\d+(?:\+[a-z0-9][a-z0-9.-]*)?)$")
-_BARE = re.compile(r"^\d+\.\d+\.\d+(?:\+[a-z0-9][a-z0-9.-]*)?$")
+#: Engine families a name may start with, each with its supported releases
+#: (SGLang joins here).
+FAMILIES = {"vllm": SUPPORTED_VERSIONS}
+
+_VERSION = r"(\d+\.\d+\.\d+)(?:\+([a-z0-9][a-z0-9.-]*))?"
+_SPEC = re.compile(rf"^({'|'.join(map(re.escape, FAMILIES))})=={_VERSION}$")
+_BARE = re.compile(rf"^{_VERSION}$")
 
 
 def allowed_text() -> str:
     return "allowed: " + ", ".join(f"vllm=={v}" for v in SUPPORTED_VERSIONS)
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine, parsed: ``family==release`` (a release) or
+    ``family==release+label.hash`` (a build of it). ``hash`` is None for a
+    release, and for a build label with no dot in it. ``patches``: the
+    patch files a build is made of, when the command line gave them (never
+    part of the name)."""
+
+    family: str
+    release: str
+    label: str | None = None
+    hash: str | None = None
+    patches: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: object, field: str = "engine") -> EngineSpec:
+        """``"vllm==0.33.0"`` (or a bare ``"0.33.0"``, of vLLM) or a build
+        ``"vllm==0.33.0+fix.1a2b3c"`` (its release must be supported;
+        whether it is built is the environment's business).
+
+        Malformed names raise InvalidArgument; well-formed but unsupported
+        releases raise Unsupported. Both are one line."""
+        if not isinstance(text, str):
+            raise InvalidArgument(f"{field}={text!r}: must be a string like {DEFAULT_ENGINE}; {allowed_text()}")
+        raw = text.strip()
+        m = _SPEC.match(raw)
+        if m:
+            family, release, local = m.groups()
+        elif (b := _BARE.match(raw)) is not None:
+            family, (release, local) = "vllm", b.groups()
+        else:
+            raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z; {allowed_text()}")
+        if release not in FAMILIES[family]:
+            raise Unsupported(f"{field}={text!r}: vLLM {release} has no kvspec engine environment; {allowed_text()}")
+        if local is None:
+            return cls(family, release)
+        label, dot, digest = local.rpartition(".")
+        return cls(family, release, label, digest) if dot else cls(family, release, local)
+
+    @property
+    def local(self) -> str | None:
+        """The PEP 440 local label of a build (``LABEL.HASH``), else None."""
+        if self.label is None:
+            return None
+        return self.label if self.hash is None else f"{self.label}.{self.hash}"
+
+    @property
+    def version(self) -> str:
+        """``X`` for a release, ``X+LABEL.HASH`` for a build."""
+        return self.release if self.label is None else f"{self.release}+{self.local}"
+
+    @property
+    def name(self) -> str:
+        """The canonical name: ``vllm==X`` or ``vllm==X+LABEL.HASH``."""
+        return f"{self.family}=={self.version}"
+
+    @property
+    def is_build(self) -> bool:
+        return self.label is not None
+
+    @property
+    def release_spec(self) -> EngineSpec:
+        """The release a build is made from (a release is its own)."""
+        return EngineSpec(self.family, self.release)
+
+
 def parse_engine(text: object, field: str = "engine") -> str:
     """``"vllm==0.33.0"`` (or a bare ``"0.33.0"``) -> ``"0.33.0"``; a build
-    ``"vllm==0.33.0+fix.1a2b3c"`` -> ``"0.33.0+fix.1a2b3c"`` (its release
-    must be supported; whether it is built is the environment's business).
-
-    Malformed names raise InvalidArgument; well-formed but unsupported
-    versions raise Unsupported. Both are one line."""
-    if not isinstance(text, str):
-        raise InvalidArgument(f"{field}={text!r}: must be a string like {DEFAULT_ENGINE}; {allowed_text()}")
-    raw = text.strip()
-    m = _SPEC.match(raw)
-    version = m.group(1) if m else (raw if _BARE.match(raw) else None)
-    if version is None:
-        raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z; {allowed_text()}")
-    if release_of(version) not in SUPPORTED_VERSIONS:
-        raise Unsupported(f"{field}={text!r}: vLLM {release_of(version)} has no kvspec engine environment; {allowed_text()}")
-    return version
+    ``"vllm==0.33.0+fix.1a2b3c"`` -> ``"0.33.0+fix.1a2b3c"``
+    (:meth:`EngineSpec.parse`'s version)."""
+    return EngineSpec.parse(text, field).version
 
 
 def release_of(version: str) -> str:

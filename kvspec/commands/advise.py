@@ -187,7 +187,7 @@ def main(args) -> int:
     from advise.chart import chart
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report
-    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE, EngineSpec, parse_engine
     from kvspec.commands.replay import _api_key
     from ground.files import write_json_atomic
 
@@ -208,12 +208,13 @@ def main(args) -> int:
     if args.confirm:
         check_explicit(workload.requests)
     out = Path(args.out) if args.out is not None else _default_out()
-    lazy = None
+    lazy = spec = None
     try:
         if args.server is not None:
             src = sources.from_server(args.server, api_key=api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0))
         else:
-            name = engine_name(parse_engine(args.engine or DEFAULT_ENGINE, "--engine"))
+            spec = EngineSpec.parse(args.engine or DEFAULT_ENGINE, "--engine")  # the name parsed once, here
+            name = spec.name
             lazy = LazyEngine(name)
             if case.deployment is not None:
                 src = sources.from_deployment(case, name, lazy, use_cache=not args.fresh)
@@ -221,7 +222,7 @@ def main(args) -> int:
                 src = sources.Source("hand", name, case.geometry, case.speculative, {}, ["a hand geometry: no deployment resolved it (kvspec resolve CASE says whether one reaches it)"], describe=case.name or str(args.case))
         if lazy is None:
             lazy = LazyEngine(src.engine)
-        version = parse_engine(src.engine)
+        version = spec.version if spec is not None and src.engine == spec.name else parse_engine(src.engine)  # a server's engine: read here
         _check_lengths(workload, src.facts.get("max_model_len"))
         resolved = src.case(workload.requests, workload.name)
         advice = model.advise(resolved, version, src.facts)

@@ -24,11 +24,15 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ground.console import say as _say
 from ground.errors import invalid
 
 from fuzz.oracle_registry import build_sentence, help_text
+
+if TYPE_CHECKING:
+    from engine_adapter.host.versions import EngineSpec
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
 DRIVERS = ("atheris", "hypothesis", "random", "cases")
@@ -153,28 +157,27 @@ def _validate(args, engines: list[str]) -> None:
         output_dir("--corpus", args.corpus)
 
 
-def unusable_engine(engines: list[str]) -> str | None:
+def unusable_engine(engines: list[EngineSpec]) -> str | None:
     """The first engine that can run neither in this interpreter nor in a
     ready environment, as a one-line message; None when all can."""
     from engine_adapter.host import environments
     from engine_adapter.host.engine import inprocess_vllm_version
-    from engine_adapter.host.versions import parse_engine
 
-    for name in engines:
-        version = parse_engine(name)
+    for spec in engines:
+        version = spec.version
         if inprocess_vllm_version() != version and not environments.is_ready(version):
             state = environments.status(version)["state"]
-            return f"engine={name!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {name}"
+            return f"engine={spec.name!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {spec.name}"
     return None
 
 
 def main(args) -> int:
-    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE
     from engine_adapter.vllm_engine.resolve import check_case_model
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS
     from fuzz.progress import resume_line
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
     from ground.home import kvspec_home
     from ground.errors import EngineError
 
@@ -184,16 +187,17 @@ def main(args) -> int:
         check_case_model(case)
     # a build (--patch, path:, wheel:) is built before the clock starts
     try:
-        engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE, progress=_say)]
+        specs = engine_specs(args, default=DEFAULT_ENGINE, progress=_say)  # each name parsed once, there
     except EngineError as e:  # a build's environment could not be made (its self-test failed, say)
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
+    engines = [spec.name for spec in specs]
     started = time.monotonic()
     deadline = started + args.max_time
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
     corpus = (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")) if args.driver == "atheris" else None
-    missing = unusable_engine(engines)
+    missing = unusable_engine(specs)
     if missing:
         _say(f"kvspec: {missing} (harness failed, exit 3)")
         return EXIT_HARNESS
@@ -220,7 +224,7 @@ def main(args) -> int:
             from fuzz.runner import RunConfig, run_in_process
 
             config = RunConfig(driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry)
-            summary = run_in_process(config, engines, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline, say=_say)
+            summary = run_in_process(config, specs, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline, say=_say)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS

@@ -28,14 +28,13 @@ def main(args) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from engine_adapter.host.versions import engine_name, parse_engine
-
     from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
 
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
 
-    versions = [parse_engine(e, "--engine") for e in engine_names(args)]
-    engines = [open_engine(engine_name(v), warm=warm.enabled()) for v in versions]
+    specs = engine_specs(args)  # each name parsed once, there
+    versions = [spec.version for spec in specs]
+    engines = [open_engine(spec, warm=warm.enabled()) for spec in specs]
     try:
         rows = run_matrix(args.cases, engines)
     finally:

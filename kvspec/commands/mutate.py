@@ -52,13 +52,14 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from engine_adapter.host.versions import is_build, parse_engine
+    from engine_adapter.host.versions import EngineSpec
     from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds, whole
     from ground.errors import EngineError, invalid
 
-    release = parse_engine(args.engine, "--engine")
-    if is_build(release):
+    spec = EngineSpec.parse(args.engine, "--engine")
+    release = spec.version
+    if spec.is_build:
         raise invalid("--engine", args.engine, "mutate plants faults in a release (vllm==X), not in a build")
     seconds("--budget", args.budget)
     whole("--mutants", args.mutants, minimum=1, maximum=5000)

@@ -71,13 +71,11 @@ def main(args) -> int:
     matrix = []
     if args.matrix:
         from engine_adapter import open_engine
-        from engine_adapter.host.versions import engine_name, parse_engine
+        from kvspec.engine_options import engine_specs
 
-        from kvspec.engine_options import engine_names
-
-        for name in engine_names(args, dest="matrix", flag="--matrix"):
-            engine = engine_name(parse_engine(name, "--matrix"))
-            with open_engine(engine) as e:
+        for spec in engine_specs(args, dest="matrix", flag="--matrix"):  # each name parsed once, there
+            engine = spec.name
+            with open_engine(spec) as e:
                 obs = e.run(case)
             matrix.append({"engine": engine, "hits": obs.get("hits"), "error": (obs.get("error") or {}).get("message")})
     live = None

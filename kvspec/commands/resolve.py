@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from ground.errors import KvspecError, invalid
+
+if TYPE_CHECKING:
+    from engine_adapter.host.versions import EngineSpec
 
 HELP = "what vLLM builds for a deployment (model + vllm serve flags), or whether a hand geometry is reachable"
 
@@ -57,11 +61,11 @@ def _deployment_case(args):
 
 
 def main(args) -> int:
-    from engine_adapter.host.versions import DEFAULT_ENGINE, engine_name, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE
 
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
 
-    engines = [engine_name(parse_engine(e, "--engine")) for e in engine_names(args, default=DEFAULT_ENGINE)]
+    engines = engine_specs(args, default=DEFAULT_ENGINE)  # each name parsed once, there
     if args.table:
         if args.case or args.model:
             raise invalid("--table", True, "takes no CASE and no --model")
@@ -87,8 +91,8 @@ def main(args) -> int:
     from engine_adapter.host import warm
 
     results = []
-    for name in engines:
-        with open_engine(name, warm=warm.enabled()) as engine:
+    for spec in engines:
+        with open_engine(spec, warm=warm.enabled()) as engine:
             results.append(engine.resolve(case))
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
@@ -115,10 +119,9 @@ def _render(r: dict) -> None:
 
 
 def _reachability(case, engines, args) -> int:
-    from engine_adapter.host.versions import parse_engine
     from reference.reachability import reachability
 
-    rows = [{"engine": e, **reachability(case, parse_engine(e), args.platform)} for e in engines]
+    rows = [{"engine": spec.name, **reachability(case, spec.version, args.platform)} for spec in engines]
     if args.json:
         print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
     else:
@@ -128,7 +131,7 @@ def _reachability(case, engines, args) -> int:
     return 1 if any(r["reachable"] is False for r in rows) else 0
 
 
-def _table(engines: list[str], args) -> int:
+def _table(specs: list[EngineSpec], args) -> int:
     from engine_adapter import open_engine
     from engine_adapter.host import warm
     from reference.case import parse_case
@@ -137,8 +140,9 @@ def _table(engines: list[str], args) -> int:
 
     plan = table_deployments(args.device)
     cells: dict[tuple, dict] = {}
-    for name in engines:
-        with open_engine(name, warm=warm.enabled()) as engine:
+    engines = [spec.name for spec in specs]
+    for spec, name in zip(specs, engines):
+        with open_engine(spec, warm=warm.enabled()) as engine:
             for row in plan:
                 case = parse_case({"schema": 1, "deployment": row["deployment"], "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
                 key = (name, row["model"], row["tp"], row["dtype"], row["mtp"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine_adapter.host.versions import DEFAULT_ENGINE, parse_engine
+from engine_adapter.host.versions import DEFAULT_ENGINE
 from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
@@ -115,17 +115,18 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
 
 
 def main(args) -> int:
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
     from ground.errors import invalid
 
     seconds("--timeout", args.timeout)
     if args.engine and len(args.engine) > 1:
         raise invalid("--engine", args.engine, "run takes one engine")
     case = load_case(args.case)
-    version = parse_engine(engine_names(args, default=DEFAULT_ENGINE)[0], "--engine")
+    spec = engine_specs(args, default=DEFAULT_ENGINE)[0]  # the name parsed once, there
+    version = spec.version
     reference = None
     # a build is compared with kvspec's promise: the implemented rule is its release's
-    rule = ("promise" if "+" in version else implemented_rule(version)) if args.rule == "auto" else args.rule
+    rule = ("promise" if spec.is_build else implemented_rule(version)) if args.rule == "auto" else args.rule
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:
@@ -133,7 +134,7 @@ def main(args) -> int:
     from engine_adapter.host import warm
     from engine_adapter.host.engine import open_engine
 
-    with open_engine(f"vllm=={version}", mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
+    with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
         options = {"eagle_groups": args.eagle_groups}
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
