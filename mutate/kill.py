@@ -267,7 +267,7 @@ def _drop_build(engine: str, options: dict) -> None:
     left for ``kvspec engines remove``)."""
     if options.get("keep_build"):
         return
-    from engine_adapter.host.builds import remove
+    from engine_adapter.host.environments import remove
 
     try:
         remove(engine.split("==", 1)[1], progress=_quiet)

@@ -27,7 +27,6 @@ The rules of the count:
 from __future__ import annotations
 
 import io
-import json
 import statistics
 from pathlib import Path
 

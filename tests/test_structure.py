@@ -1,6 +1,6 @@
 """Structure (issues 10, 28): kvspec's home and the shared basics on the
 ground floor (``ground/``), one atomic writer, one venv manager (its install
-lock and ready marker)."""
+lock, ready marker and install transaction)."""
 
 from __future__ import annotations
 
@@ -116,14 +116,86 @@ def test_the_ready_marker_is_written_atomically_and_read_back(tmp_path):
 
 
 def test_both_venv_kinds_use_the_shared_manager():
-    from engine_adapter.host import environments, venvs
+    from engine_adapter.host import builds, environments, venvs
     from engine_adapter.live import env as live_env
 
-    for module in (environments, live_env):
+    for module in (environments, builds, live_env):
         text = Path(module.__file__).read_text()
         assert "fcntl" not in text and "venvs." in text, module.__name__
+        # one install transaction: none of them removes on failure or writes the marker itself
+        assert "venvs.install(" in text and "except BaseException" not in text and "write_marker" not in text, module.__name__
     assert live_env.marker_path() == venvs.marker_path(live_env.env_dir())
     assert environments.marker_path("0.33.0") == venvs.marker_path(environments.env_dir("0.33.0"))
+
+
+def _transaction(root, steps, **kw):
+    """venvs.install of ``root`` whose build runs ``steps()`` (a venv folder
+    with one file in it) and returns a marker; the progress lines it said."""
+    from engine_adapter.host import venvs
+
+    lines: list[str] = []
+
+    def build():
+        (root / "bin").mkdir(parents=True)
+        (root / "bin" / "python").write_text("")
+        steps()
+        return {"fingerprint": "new"}
+
+    kw.setdefault("is_ready", lambda: venvs.read_marker(root) is not None)
+    marker = venvs.install(root, label="vllm==9.9.9", wait_s=5, build=build, progress=lines.append, stale_line=f"removing {root}",
+                           ready_line=lambda m: f"ready at {root} ({m.get('fingerprint')})", built_line=lambda m: f"built {m['fingerprint']}", **kw)
+    return marker, lines
+
+
+def test_the_install_transaction_leaves_a_ready_venv_as_it_is(tmp_path):
+    from engine_adapter.host import venvs
+
+    root = tmp_path / "engines" / "vllm-9.9.9"
+    venvs.write_marker(root, {"fingerprint": "old"})
+    marker, lines = _transaction(root, lambda: pytest.fail("a ready venv was built again"))
+    assert marker == {"fingerprint": "old"} and lines == [f"ready at {root} (old)"]
+    assert os.listdir(root) == [venvs.MARKER_NAME]
+
+
+def test_the_install_transaction_removes_what_stands_then_builds_and_writes_the_marker_last(tmp_path):
+    from engine_adapter.host import venvs
+
+    root = tmp_path / "engines" / "vllm-9.9.9"
+    (root / "junk").mkdir(parents=True)  # incomplete: no marker
+    seen = []
+    marker, lines = _transaction(root, lambda: seen.append(venvs.marker_path(root).exists()))
+    assert seen == [False]  # the build's steps never see a marker: it is written last
+    assert marker == venvs.read_marker(root) == {"fingerprint": "new"}
+    assert lines == [f"removing {root}", "built new"]
+    assert sorted(os.listdir(root)) == sorted([venvs.MARKER_NAME, "bin"])  # the junk went first
+
+
+def test_the_install_transaction_rebuilds_a_ready_venv_when_forced(tmp_path):
+    from engine_adapter.host import venvs
+
+    root = tmp_path / "engines" / "vllm-9.9.9"
+    venvs.write_marker(root, {"fingerprint": "old"})
+    seen = []
+    marker, lines = _transaction(root, lambda: seen.append(venvs.marker_path(root).exists()), force=True)
+    assert seen == [False] and marker == venvs.read_marker(root) == {"fingerprint": "new"}
+    assert lines == [f"removing {root}", "built new"]
+
+
+@pytest.mark.parametrize("error", [EngineError("pip_exit=1: failed; allowed: 0"), KeyboardInterrupt()])
+def test_a_failed_install_transaction_removes_the_half_built_venv_and_writes_no_marker(tmp_path, error):
+    from engine_adapter.host import venvs
+
+    root = tmp_path / "engines" / "vllm-9.9.9"
+
+    def fail():
+        raise error
+
+    with pytest.raises(type(error)):
+        _transaction(root, fail)
+    assert not root.exists() and venvs.read_marker(root) is None
+    # the lock is free again: the next install goes through
+    marker, _lines = _transaction(root, lambda: None)
+    assert marker == {"fingerprint": "new"}
 
 
 #: Class names defined in more than one module of ours today (issue 28: a

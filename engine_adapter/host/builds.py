@@ -27,9 +27,17 @@ from the release's ready environment:
    files are never touched; their stale ``__pycache__`` entries are unlinked
    in the build only;
 3. the self-test (the worker drives the real scheduler once);
-4. the ready marker, written last and atomically (:mod:`engine_adapter.host.venvs`),
-   with what the build is made of (release, sources and their sha256, the
-   files it replaces and their sha256).
+4. the ready marker, written last and atomically, with what the build is
+   made of (release, sources and their sha256, the files it replaces and
+   their sha256). Steps 1-4 are one install transaction
+   (:func:`engine_adapter.host.venvs.install`: under the build's lock, a
+   failure removes the half-built directory).
+
+A build's state (ready, stale, incomplete, missing), its row in ``kvspec
+engines list``, its listing and its removal are
+:mod:`engine_adapter.host.environments`' (every engine environment's state is
+read there); this module makes builds and imports that one, never the other
+way round.
 
 Patches, trees and wheels come from strangers: they are read as data, never
 run, bounded before any work (:mod:`engine_adapter.host.patches`: patch bytes,
@@ -52,7 +60,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -60,31 +67,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine_adapter.host import environments
 from engine_adapter.host import patches as patches_mod
 from engine_adapter.host import source_files, venvs
 from engine_adapter.host.versions import SUPPORTED_VERSIONS, EngineSpec, engine_name, is_build, parse_engine, release_of
 from ground.console import say as _say
-from ground.home import engines_dir
 from ground.files import write_bytes_atomic
-from ground.errors import EngineError, InvalidArgument, KvspecError, invalid, shown
+from ground.errors import EngineError, InvalidArgument, invalid, shown
 
 Progress = Callable[[str], None]
-#: Bound for waiting on another build of the same name (link copy + self-test).
-LOCK_WAIT_S = 900.0
 #: Hex digits of the content hash in a build's name.
 HASH_DIGITS = 6
 KINDS = ("patch", "path", "wheel")
 
 
 # ------------------------------------------------------------------ names
-
-
-def env_dir(version: str) -> Path:
-    return engines_dir() / f"vllm-{version}"
-
-
-def env_python(version: str) -> Path:
-    return env_dir(version) / "bin" / "python"
 
 
 def site_packages(root: Path) -> Path | None:
@@ -155,8 +152,6 @@ class Overlay:
 
 def _release_env(release: str) -> Path:
     """The release's ready environment's site-packages (a build starts there)."""
-    from engine_adapter.host import environments
-
     if not environments.is_ready(release):
         state = environments.status(release)["state"]
         raise EngineError(f"engine={engine_name(release)!r}: environment {state} at {environments.env_dir(release)}; a build starts from the release's ready environment; run: kvspec engines install {engine_name(release)}")
@@ -341,58 +336,6 @@ def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--eng
 # ------------------------------------------------------------------ environments
 
 
-def read_marker(version: str) -> dict | None:
-    return venvs.read_marker(env_dir(version))
-
-
-def is_ready(version: str) -> bool:
-    """A build is ready when its marker names it and was made from the
-    release environment as it is now (the same requirement lock)."""
-    from engine_adapter.host import environments
-
-    marker = read_marker(version)
-    if not marker or marker.get("engine") != engine_name(version) or not env_python(version).exists():
-        return False
-    release = release_of(version)
-    return environments.requirements_file(release).exists() and marker.get("base_fingerprint") == environments.fingerprint(release)
-
-
-def status(version: str) -> dict:
-    """One row of ``kvspec engines list`` for a build."""
-    target = env_dir(version)
-    marker = read_marker(version)
-    if marker and is_ready(version):
-        state = "ready"
-    elif marker:
-        state = "stale"  # its release environment was rebuilt from another lock
-    elif target.exists():
-        state = "incomplete"
-    else:
-        state = "missing"
-    row = {"engine": engine_name(version), "state": state, "path": str(target), "installed": state in ("ready", "stale"), "base": engine_name(release_of(version))}
-    if marker:
-        build = marker.get("build") or {}
-        row.update({"created": marker.get("created"), "install_seconds": marker.get("build_seconds"), "size_bytes": marker.get("own_bytes"),
-                    "kind": build.get("kind"), "sources": [s.get("path") for s in build.get("sources", [])], "files": sorted(build.get("files", {}))})
-    return row
-
-
-def list_builds() -> list[str]:
-    """The versions of every build environment under the engines folder."""
-    root = engines_dir()
-    if not root.is_dir():
-        return []
-    out = []
-    for d in sorted(root.iterdir()):
-        name = d.name
-        if d.is_dir() and name.startswith("vllm-") and "+" in name:
-            try:
-                out.append(parse_engine(name[len("vllm-") :]))
-            except KvspecError:  # not a build kvspec named
-                continue
-    return out
-
-
 def link_tree(src: Path, dst: Path, *, skip_top: tuple[str, ...] = ()) -> int:
     """Hard-link every file of ``src`` into ``dst`` (symlinks re-created as
     they are); return the number of files linked."""
@@ -419,12 +362,6 @@ def link_tree(src: Path, dst: Path, *, skip_top: tuple[str, ...] = ()) -> int:
     return n
 
 
-def _selftest(version: str, import_only: bool = False) -> dict:
-    from engine_adapter.host import environments
-
-    return environments._selftest(version, import_only=import_only)
-
-
 def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progress: Progress = _say) -> dict:
     """Build (or find) the environment of ``overlay``; returns its marker.
 
@@ -433,53 +370,31 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
     oracles judge; its marker says so)."""
     if selftest not in ("run", "import"):
         raise invalid("selftest", selftest, "one of: run, import")
-    from engine_adapter.host import environments
-
     version = overlay.version
     name = engine_name(version)
     prefix = f"[{name}]"
-    target = env_dir(version)
-    with venvs.install_lock(target, wait_s=LOCK_WAIT_S, label=name, progress=progress):
-        marker = read_marker(version) if is_ready(version) and not force else None
-        if marker is not None and not (selftest == "run" and (marker.get("selftest") or {}).get("import_only")):
-            return marker  # (a build only import-checked is remade when its case must run)
-        if target.exists():
-            progress(f"{prefix} removing incomplete or stale build {target}")
-            shutil.rmtree(target)
+    target = environments.env_dir(version)
+    release = overlay.release
+    release_dir = environments.env_dir(release)
+
+    def ready() -> bool:  # (a build only import-checked is remade when its case must run)
+        marker = environments.read_marker(version) or {}
+        return environments.is_ready(version) and not (selftest == "run" and (marker.get("selftest") or {}).get("import_only"))
+
+    def make() -> dict:
         start = time.monotonic()
-        release = overlay.release
-        try:
-            with venvs.install_lock(environments.env_dir(release), wait_s=environments.LOCK_WAIT_S, label=engine_name(release), progress=progress):
-                _release_env(release)  # still ready under its lock
-                try:
-                    linked = link_tree(environments.env_dir(release), target, skip_top=(venvs.MARKER_NAME,))
-                except OSError as e:
-                    raise EngineError(f"engine={name!r}: cannot hard-link {environments.env_dir(release)} into {target} ({e.strerror or e}); allowed: an engines folder on one file system") from None
-            link_s = time.monotonic() - start
-            sp = site_packages(target)
-            own = 0
-            for rel, data in sorted(overlay.files.items()):
-                path = sp / rel
-                if not path.parent.resolve().is_relative_to(sp.resolve()):  # a folder linked out of the build
-                    raise EngineError(f"engine={name!r}: {rel} would be written outside {sp}")
-                cache = path.parent / "__pycache__"
-                for pyc in cache.glob(f"{path.stem}.*.pyc") if cache.is_dir() else ():
-                    pyc.unlink()
-                if data is None:
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                    continue
-                mode = (path.stat().st_mode & 0o777 if path.exists() else 0o644) & overlay.modes.get(rel, 0o777)
-                write_bytes_atomic(path, data)  # a new file (created 0600): the release's stays as it was
-                path.chmod(mode)  # never more than the release's file nor the source's
-                own += len(data)
-            progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
-            progress(f"{prefix} self-test ({'imports vLLM' if selftest == 'import' else 'drives the real scheduler once'})")
-            selftest_result = _selftest(version, import_only=selftest == "import")
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        marker = {
+        with venvs.install_lock(release_dir, wait_s=environments.LOCK_WAIT_S, label=engine_name(release), progress=progress):
+            _release_env(release)  # still ready under its lock
+            try:
+                linked = link_tree(release_dir, target, skip_top=(venvs.MARKER_NAME,))
+            except OSError as e:
+                raise EngineError(f"engine={name!r}: cannot hard-link {release_dir} into {target} ({e.strerror or e}); allowed: an engines folder on one file system") from None
+        link_s = time.monotonic() - start
+        own = _write_overlay(overlay, site_packages(target), name)
+        progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
+        progress(f"{prefix} self-test ({'imports vLLM' if selftest == 'import' else 'drives the real scheduler once'})")
+        selftest_result = environments._selftest(version, import_only=selftest == "import")
+        return {
             "engine": name,
             "version": version,
             "build": overlay.describe(),
@@ -491,25 +406,41 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
             "own_bytes": own,
             "selftest": selftest_result,
         }
-        venvs.write_marker(target, marker)
-        progress(f"{prefix} ready in {marker['build_seconds']}s at {target}")
-        return marker
+
+    return venvs.install(
+        target, label=name, wait_s=environments.BUILD_LOCK_WAIT_S, is_ready=ready, build=make, force=force, progress=progress,
+        stale_line=f"{prefix} removing incomplete or stale build {target}",
+        built_line=lambda marker: f"{prefix} ready in {marker['build_seconds']}s at {target}",
+    )
 
 
-def remove(version: str, *, progress: Progress = _say) -> bool:
-    target = env_dir(version)
-    with venvs.install_lock(target, wait_s=LOCK_WAIT_S, label=engine_name(version), progress=progress):
-        if not target.exists():
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            venvs.marker_path(target).unlink()  # not ready from this instant on
-        shutil.rmtree(target)
-        return True
+def _write_overlay(overlay: Overlay, sp: Path, name: str) -> int:
+    """Write the overlay's files into the build's site-packages ``sp`` as new
+    files (never more permission than the release's file nor the source's),
+    unlink their stale bytecode and the files it deletes; return the bytes
+    written."""
+    own = 0
+    for rel, data in sorted(overlay.files.items()):
+        path = sp / rel
+        if not path.parent.resolve().is_relative_to(sp.resolve()):  # a folder linked out of the build
+            raise EngineError(f"engine={name!r}: {rel} would be written outside {sp}")
+        cache = path.parent / "__pycache__"
+        for pyc in cache.glob(f"{path.stem}.*.pyc") if cache.is_dir() else ():
+            pyc.unlink()
+        if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        mode = (path.stat().st_mode & 0o777 if path.exists() else 0o644) & overlay.modes.get(rel, 0o777)
+        write_bytes_atomic(path, data)  # a new file (created 0600): the release's stays as it was
+        path.chmod(mode)  # never more than the release's file nor the source's
+        own += len(data)
+    return own
 
 
 def describe(version: str) -> dict | None:
     """What a build is made of (its marker's ``build``), or None."""
-    marker = read_marker(version) if is_build(version) else None
+    marker = environments.read_marker(version) if is_build(version) else None
     return (marker or {}).get("build")
 
 
@@ -563,6 +494,4 @@ def inprocess_build_version(prefix: str | None = None) -> str | None:
 def run_python(version: str, args: list[str], *, timeout: float, platform: str = "cuda") -> subprocess.CompletedProcess:
     """Run the build's (or release's) interpreter with kvspec's worker
     environment, bounded by ``timeout``."""
-    from engine_adapter.host import environments
-
     return subprocess.run([str(environments.env_python(version)), *args], env=environments.worker_env(version, platform), capture_output=True, text=True, timeout=timeout, cwd=str(environments.REPO_ROOT))

@@ -3,12 +3,18 @@
 Layout: ``$KVSPEC_HOME/engines/vllm-X/`` is a plain venv (default
 ``<repo>/.kvspec/engines/vllm-X``). It is *ready* when
 ``vllm-X/.kvspec-ready.json`` exists and records the sha256 of the
-requirement file it was built from. The ready marker and the install lock
-are :mod:`engine_adapter.host.venvs`' (shared with the live server's env): the
-marker is written last and atomically, after a self-test that drives the
-real scheduler, so a killed or failed install leaves no marker and the next
-install wipes the half-built directory and starts over; the lock makes
+requirement file it was built from. The ready marker, the install lock and
+the install transaction are :mod:`engine_adapter.host.venvs`' (shared with
+the builds and the live server's env): the marker is written last and
+atomically, after a self-test that drives the real scheduler, so a killed or
+failed install leaves no marker and nothing half-built; the lock makes
 concurrent installers wait for one another instead of racing.
+
+A build of a release (``vllm-X+LABEL.HASH``, patched, local-tree or wheel)
+is made by :mod:`engine_adapter.host.builds`; its state (ready, stale,
+incomplete, missing), its row in ``kvspec engines list`` and its removal are
+this module's, like a release's: every engine environment is read here, and
+this module never imports the builds.
 
 Each version's requirement file, ``engine_adapter/requirements/vllm-X.txt``,
 is a lock: every package pinned, installed in ONE ``pip install --no-deps``
@@ -40,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from engine_adapter.host import venvs
@@ -58,6 +64,8 @@ TORCH_PIN = "torch==2.13.0+cpu"
 PIP_TIMEOUT_S = 1200
 SELFTEST_TIMEOUT_S = 300
 LOCK_WAIT_S = PIP_TIMEOUT_S + SELFTEST_TIMEOUT_S + 300
+#: Bound for waiting on another build of the same name (link copy + self-test).
+BUILD_LOCK_WAIT_S = 900.0
 
 #: What ``vllm.v1.core`` and ``vllm.config`` import (names; ``lock`` takes
 #: their versions from vLLM's own Requires-Dist where it states one).
@@ -111,12 +119,23 @@ def read_marker(version: str) -> dict | None:
 
 
 def is_ready(version: str) -> bool:
-    if is_build(version):  # a patched / local / wheel build of a release
-        from engine_adapter.host import builds
-
-        return builds.is_ready(version)
+    """A release's environment is ready when its marker records the sha256 of
+    the requirement file as it is now; a build's (a patched, local or wheel
+    build of a release, made by ``engine_adapter.host.builds``) when its
+    marker names it and was made from its release's environment as it is now
+    (the same requirement lock)."""
     marker = read_marker(version)
+    if is_build(version):
+        if not marker or marker.get("engine") != engine_name(version) or not env_python(version).exists():
+            return False
+        release = release_of(version)
+        return requirements_file(release).exists() and marker.get("base_fingerprint") == fingerprint(release)
     return bool(marker) and marker.get("fingerprint") == fingerprint(version) and env_python(version).exists()
+
+
+def lock_wait_s(version: str) -> float:
+    """How long an install (or removal) of ``version`` waits for another."""
+    return BUILD_LOCK_WAIT_S if is_build(version) else LOCK_WAIT_S
 
 
 def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, str]:
@@ -136,12 +155,6 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
     env.pop("PYTHONHOME", None)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
-
-
-@contextlib.contextmanager
-def _install_lock(version: str, progress: Progress) -> Iterator[None]:
-    with venvs.install_lock(env_dir(version), wait_s=LOCK_WAIT_S, label=engine_name(version), progress=progress):
-        yield
 
 
 _NOISE = ("WARNING: Location 'file://", "is ignored: it is neither a file nor a directory")
@@ -187,54 +200,41 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
     """Build (or find) the environment of ``version``; returns its marker.
 
     Idempotent: a ready environment built from the current requirement file
-    is left as is (unless ``force``)."""
+    is left as is (unless ``force``). The transaction (lock, removal of a
+    stale directory, removal on failure, marker last) is :func:`venvs.install`'s."""
     version = parse_engine(version)
     if is_build(version):
-        from engine_adapter.host import builds
-
-        if builds.is_ready(version) and not force:
-            return builds.read_marker(version) or {}
-        raise EngineError(f"engine={engine_name(version)!r}: {builds.status(version)['state']}: a build is made from its sources: --engine vllm=={release_of(version)} --patch FILE.diff, --engine path:DIR or --engine wheel:FILE.whl")
+        if is_ready(version) and not force:
+            return read_marker(version) or {}
+        raise EngineError(f"engine={engine_name(version)!r}: {status(version)['state']}: a build is made from its sources: --engine vllm=={release_of(version)} --patch FILE.diff, --engine path:DIR or --engine wheel:FILE.whl")
     prefix = f"[{engine_name(version)}]"
     req = requirements_file(version)
     if not req.exists():
         raise EngineError(f"engine={engine_name(version)!r}: requirement file {req} is missing from this checkout")
-    with _install_lock(version, progress):
-        if is_ready(version) and not force:
-            marker = read_marker(version) or {}
-            progress(f"{prefix} ready at {env_dir(version)} (built {marker.get('created', '?')})")
-            return marker
-        target = env_dir(version)
-        if target.exists():
-            progress(f"{prefix} removing incomplete or stale environment {target}")
-            shutil.rmtree(target)
+    target = env_dir(version)
+
+    def build() -> dict:
         start = time.monotonic()
         env = contained_env()
         uv = _uv_bin()
         n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
-        try:
-            if uv:
-                progress(f"{prefix} step 1/3: uv venv {target}")
-                _run([uv, "venv", "--python", sys.executable, "--no-project", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
-                progress(f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})")
-                _run([uv, "pip", "install", "--python", str(env_python(version)), "--no-deps", *_uv_index_args(), "-r", str(req)],
-                     env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
-            else:
-                progress(f"{prefix} step 1/3: python -m venv {target}")
-                _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
-                progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
-                _run(
-                    [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
-                    env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
-                )
-            progress(f"{prefix} step 3/3: self-test (drives the real scheduler once; warms vLLM's model-inspection cache)")
-            selftest = _selftest(version)
-        except BaseException:
-            # No marker was written: the directory is not ready. Remove it so
-            # nothing half-built lingers (a later install would too).
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        marker = {
+        if uv:
+            progress(f"{prefix} step 1/3: uv venv {target}")
+            _run([uv, "venv", "--python", sys.executable, "--no-project", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
+            progress(f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})")
+            _run([uv, "pip", "install", "--python", str(env_python(version)), "--no-deps", *_uv_index_args(), "-r", str(req)],
+                 env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+        else:
+            progress(f"{prefix} step 1/3: python -m venv {target}")
+            _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
+            progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
+            _run(
+                [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
+                env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
+            )
+        progress(f"{prefix} step 3/3: self-test (drives the real scheduler once; warms vLLM's model-inspection cache)")
+        selftest = _selftest(version)
+        return {
             "engine": engine_name(version),
             "fingerprint": fingerprint(version),
             "requirements": str(req.relative_to(REPO_ROOT)) if req.is_relative_to(REPO_ROOT) else str(req),
@@ -245,9 +245,13 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             "size_bytes": _dir_size(target),
             "selftest": selftest,
         }
-        venvs.write_marker(env_dir(version), marker)
-        progress(f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}")
-        return marker
+
+    return venvs.install(
+        target, label=engine_name(version), wait_s=LOCK_WAIT_S, is_ready=lambda: is_ready(version), build=build, force=force, progress=progress,
+        stale_line=f"{prefix} removing incomplete or stale environment {target}",
+        ready_line=lambda marker: f"{prefix} ready at {target} (built {marker.get('created', '?')})",
+        built_line=lambda marker: f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}",
+    )
 
 
 def _uv_bin() -> str | None:
@@ -309,13 +313,10 @@ def _selftest(version: str, *, import_only: bool = False) -> dict:
 
 
 def remove(version: str, *, progress: Progress = _stderr_progress) -> bool:
+    """Remove the environment of a release or a build (under its install lock)."""
     version = parse_engine(version)
-    if is_build(version):
-        from engine_adapter.host import builds
-
-        return builds.remove(version, progress=progress)
-    with _install_lock(version, progress):
-        target = env_dir(version)
+    target = env_dir(version)
+    with venvs.install_lock(target, wait_s=lock_wait_s(version), label=engine_name(version), progress=progress):
         if not target.exists():
             return False
         with contextlib.suppress(FileNotFoundError):
@@ -326,20 +327,18 @@ def remove(version: str, *, progress: Progress = _stderr_progress) -> bool:
 
 def status(version: str, *, size: bool = False) -> dict:
     """One row of ``kvspec engines list``."""
-    if is_build(version):
-        from engine_adapter.host import builds
-
-        return builds.status(version)
     target = env_dir(version)
     marker = read_marker(version)
     if marker and is_ready(version):
         state = "ready"
     elif marker:
-        state = "stale"  # built from another requirement file
+        state = "stale"  # built from another requirement file (a build: its release was rebuilt from another lock)
     elif target.exists():
         state = "incomplete"
     else:
         state = "missing"
+    if is_build(version):
+        return _build_row(version, state, marker)
     row = {
         "engine": engine_name(version),
         "state": state,
@@ -355,11 +354,35 @@ def status(version: str, *, size: bool = False) -> dict:
     return row
 
 
-def list_engines(*, size: bool = False) -> list[dict]:
-    """Every supported release's row, then every build's (``engine_adapter.host.builds``)."""
-    from engine_adapter.host import builds
+def _build_row(version: str, state: str, marker: dict | None) -> dict:
+    """A build's row: its state, its release, and what it is made of (its marker's ``build``)."""
+    row = {"engine": engine_name(version), "state": state, "path": str(env_dir(version)), "installed": state in ("ready", "stale"), "base": engine_name(release_of(version))}
+    if marker:
+        build = marker.get("build") or {}
+        row.update({"created": marker.get("created"), "install_seconds": marker.get("build_seconds"), "size_bytes": marker.get("own_bytes"),
+                    "kind": build.get("kind"), "sources": [s.get("path") for s in build.get("sources", [])], "files": sorted(build.get("files", {}))})
+    return row
 
-    return [status(v, size=size) for v in SUPPORTED_VERSIONS] + [status(v) for v in builds.list_builds()]
+
+def list_builds() -> list[str]:
+    """The versions of every build environment under the engines folder."""
+    root = engines_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        name = d.name
+        if d.is_dir() and name.startswith("vllm-") and "+" in name:
+            try:
+                out.append(parse_engine(name[len("vllm-") :]))
+            except KvspecError:  # not a build kvspec named
+                continue
+    return out
+
+
+def list_engines(*, size: bool = False) -> list[dict]:
+    """Every supported release's row, then every build's."""
+    return [status(v, size=size) for v in SUPPORTED_VERSIONS] + [status(v) for v in list_builds()]
 
 
 # ---------------------------------------------------------------- lock (maintainers)

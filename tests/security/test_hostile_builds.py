@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.host import builds, patches, source_files
+from engine_adapter.host import builds, environments, patches, source_files
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
 
@@ -182,8 +182,6 @@ def test_the_version_is_read_from_vllm_s_own_version_file_as_text(tmp_path, rele
 
 @pytest.mark.timeout(60)
 def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outside_it(tmp_path, release_double, monkeypatch):
-    from engine_adapter.host import environments
-
     pkg = _tree(tmp_path / "src")
     (pkg / "x.py").chmod(0o600)
     (pkg / "v1" / "new.py").write_text("b = 2\n")
@@ -193,17 +191,17 @@ def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outsi
     env = release_double.parents[2]
     (env / "bin").mkdir()
     (env / "bin" / "python").write_text("")
-    monkeypatch.setattr(builds, "_selftest", lambda version, import_only=False: {"double": True})  # a test double: no vLLM here
+    monkeypatch.setattr(environments, "_selftest", lambda version, import_only=False: {"double": True})  # a test double: no vLLM here
     monkeypatch.setattr(environments, "fingerprint", lambda release: "double")
     before = _files(tmp_path)
     builds.build(overlay, progress=lambda line: None)
-    sp = builds.site_packages(builds.env_dir(overlay.version))
+    sp = builds.site_packages(environments.env_dir(overlay.version))
     assert (sp / "vllm" / "x.py").read_bytes() == (pkg / "x.py").read_bytes()
     assert stat.S_IMODE(os.stat(sp / "vllm" / "x.py").st_mode) == 0o600  # was 0644 (the release's file mode)
     assert stat.S_IMODE(os.stat(sp / "vllm" / "v1" / "new.py").st_mode) == 0o640  # a new file: 0644 & the source's
     assert stat.S_IMODE(os.stat(release_double / "vllm" / "x.py").st_mode) != 0o600 and (release_double / "vllm" / "x.py").read_text() == SOURCE
     after = _files(tmp_path)
-    build_dir = builds.env_dir(overlay.version).relative_to(tmp_path).as_posix()
+    build_dir = environments.env_dir(overlay.version).relative_to(tmp_path).as_posix()
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed and all(k.startswith(build_dir) or k.startswith("home/engines/.") or k.endswith(".lock") for k in changed), sorted(changed)[:10]
 
@@ -490,7 +488,7 @@ def test_vllm_0_33_0_s_own_version_file_names_its_release():
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
-    sp = builds.site_packages(builds.env_dir("0.33.0"))
+    sp = builds.site_packages(environments.env_dir("0.33.0"))
     data, _ = source_files.read_regular(sp / "vllm" / "_version.py", "--engine", "path:release", follow=False)
     assert source_files.version_in(data.decode()) == "0.33.0"
 
@@ -508,7 +506,7 @@ def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_privat
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
-    sp = builds.site_packages(builds.env_dir("0.33.0"))
+    sp = builds.site_packages(environments.env_dir("0.33.0"))
 
     def release_hashes() -> dict[str, str]:
         return {p.relative_to(sp).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((sp / "vllm").rglob("*")) if p.is_file()}
@@ -523,8 +521,8 @@ def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_privat
     assert overlay.release == "0.33.0" and list(overlay.files) == [rel]
     try:
         builds.build(overlay, selftest="import", progress=lambda line: None)
-        built = builds.site_packages(builds.env_dir(overlay.version)) / rel
+        built = builds.site_packages(environments.env_dir(overlay.version)) / rel
         assert built.read_bytes() == (src / rel).read_bytes() and stat.S_IMODE(built.stat().st_mode) == 0o600
         assert release_hashes() == before and len(before) > 5000
     finally:
-        builds.remove(overlay.version, progress=lambda line: None)
+        environments.remove(overlay.version, progress=lambda line: None)
