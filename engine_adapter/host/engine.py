@@ -41,7 +41,8 @@ import threading
 import time
 from typing import Any
 
-from engine_adapter.host import environments
+from engine_adapter.host import environments, warm
+from engine_adapter.host.builds import inprocess_build_version
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
 from engine_adapter.host.versions import EngineSpec, engine_name, parse_engine, release_of
@@ -67,8 +68,6 @@ def inprocess_vllm_version() -> str | None:
     environment: the build, ``X+LABEL.HASH``; ``engine_adapter.host.builds``)."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    from engine_adapter.host.builds import inprocess_build_version
-
     build = inprocess_build_version()
     if build is not None:
         return build
@@ -382,8 +381,6 @@ class WarmEngine(Engine):
 
     def __init__(self, version: str, *, idle_timeout: float | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S, directory=None) -> None:
         super().__init__(version)
-        from engine_adapter.host import warm
-
         self._warm = warm
         self._options = {"idle_timeout": idle_timeout, "start_timeout": start_timeout, "directory": directory}
         self.clients: dict = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ground.files import write_json_atomic
+from ground.home import contained_env
 from ground.errors import EngineError
 
 MARKER_NAME = ".kvspec-ready.json"
@@ -159,10 +161,6 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     ``dists`` at the versions kvspec's own interpreter has, without
     dependencies (pip's cache under kvspec's home). Each step is bounded by
     its own limit and by ``timeout`` seconds; False when it did not work."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from ground.home import contained_env
-
     def bound(limit: float) -> float:
         return min(limit, timeout) if timeout else limit
 
@@ -173,8 +171,8 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     if probe.returncode == 0:
         return True
     try:
-        pins = [f"{name}=={version(name)}" for name in dists]
-    except PackageNotFoundError:
+        pins = [f"{name}=={importlib.metadata.version(name)}" for name in dists]
+    except importlib.metadata.PackageNotFoundError:
         return False
     try:
         done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=bound(INSTALL_TIMEOUT_S), check=False)

@@ -93,9 +93,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_adapter.host import environments
 from engine_adapter.host.venvs import wait_flock
-from engine_adapter.protocol import KILLED_MARK
+from engine_adapter.host.versions import engine_name
+from engine_adapter.protocol import KILLED_MARK, PROTOCOL_VERSION, encode
 from engine_adapter.sockets import Lines, connect, event_of, read_line, remove_if, send_line
+from ground.console import say as console_say
 from ground.home import REPO_ROOT, kvspec_home
 from ground.files import hash_files
 from ground.errors import EngineError, invalid
@@ -219,8 +222,6 @@ class Paths:
         the environment ``env`` (:func:`env_id`; default: the one this
         process would start it with), in ``directory``'s private folder."""
         if env is None:
-            from engine_adapter.host import environments
-
             env = env_id(environments.worker_env(version, platform))
         return cls.named(private_dir(directory or warm_dir()) / f"vllm-{version}-{platform}-{env}")
 
@@ -238,9 +239,6 @@ def fingerprint(version: str, platform: str, python: str | None = None) -> str:
     kvspec's engine-side sources (:data:`FINGERPRINT_SOURCES`), the
     environment's ready marker (rewritten by every install), the
     interpreter and the platform. Computed once per process."""
-    from engine_adapter.host import environments
-    from engine_adapter.protocol import PROTOCOL_VERSION
-
     python = python or str(environments.env_python(version))
     key = (version, platform, python)
     if key not in _FINGERPRINTS:
@@ -381,9 +379,6 @@ class WarmClient:
     (or replacing) it when needed."""
 
     def __init__(self, version: str, platform: str = "cuda", *, idle_timeout: float | None = None, start_timeout: float = 180.0, directory: Path | None = None, python: str | None = None, queue_wait: float = QUEUE_WAIT_S, say=None) -> None:
-        from engine_adapter.host import environments
-        from engine_adapter.host.versions import engine_name
-
         self.version, self.platform = version, platform
         self.engine = engine_name(version)
         self.python = python or str(environments.env_python(version))
@@ -394,9 +389,7 @@ class WarmClient:
         self.idle_timeout = idle_timeout if idle_timeout is not None else idle_timeout_default()
         self.start_timeout = start_timeout
         self.queue_wait = queue_wait
-        if say is None:
-            from ground.console import say
-        self.say = say  # one line on stderr (ground.console.say) when this client starts a fresh engine for a reason
+        self.say = say if say is not None else console_say  # one line on stderr (ground.console.say) when this client starts a fresh engine for a reason
         self.fingerprint = fingerprint(version, platform, self.python)
         self.started: int | None = None  # pid of a server this client started
         self.restarts = 0
@@ -416,8 +409,6 @@ class WarmClient:
         next request starts a fresh one), or when the engine stayed busy
         with another command's request and no fresh one could be started in
         time (nothing is killed then)."""
-        from engine_adapter.protocol import encode
-
         deadline = time.monotonic() + timeout
         self._next_id += 1
         rid = self._next_id
@@ -634,8 +625,6 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
     """Stop the warm engines (of ``version``, or all): ``shutdown`` over the
     socket (after the request in progress), then SIGTERM, then SIGKILL, each
     wait bounded; by pid, checked on its command line."""
-    from engine_adapter.protocol import encode
-
     stopped = []
     for path in _state_files(directory):
         paths = _paths_of_state(path)
