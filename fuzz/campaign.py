@@ -46,6 +46,7 @@ from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, Kv
 from reference.knobs import resolve_knobs
 
 from fuzz import findings as F
+from engine_adapter.interface import Observation
 from fuzz.verdict import HarnessFailure, harness_error_of
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
@@ -63,10 +64,13 @@ def against_signature(sig: str) -> str:
     return hashlib.sha256(f"{sig}|new-against-baseline".encode()).hexdigest()[:16]
 
 
-class Engine(Protocol):
+class CampaignEngine(Protocol):
+    """What a campaign needs of an engine: its version and ``run`` (an
+    ``engine_adapter`` Engine, or a test double named as one)."""
+
     version: str
 
-    def run(self, case: Case) -> dict: ...
+    def run(self, case: Case) -> Observation: ...
 
 
 @dataclass
@@ -101,11 +105,11 @@ class Stats:
 class Campaign:
     def __init__(
         self,
-        engine: Engine,
+        engine: CampaignEngine,
         out_dir: str | Path,
         *,
-        other: Engine | None = None,
-        baseline: Engine | None = None,
+        other: CampaignEngine | None = None,
+        baseline: CampaignEngine | None = None,
         oracles: tuple[str, ...] | None = None,
         seed: int | None = None,
         shrink_calls: int = 200,
@@ -133,7 +137,7 @@ class Campaign:
 
     # -------------------------------------------------------------- judging
 
-    def _observe(self, engine: Engine, case: Case) -> dict:
+    def _observe(self, engine: CampaignEngine, case: Case) -> dict:
         """Run ``case``; an observation carrying a harness error (see
         ``harness_error_of``) raises HarnessFailure instead of being judged."""
         obs = engine.run(case)
@@ -143,7 +147,7 @@ class Campaign:
             raise HarnessFailure(text)
         return obs
 
-    def _judge(self, case: Case, engine: Engine | None = None, only: str | None = None) -> tuple[Case, dict, list[Divergence]]:
+    def _judge(self, case: Case, engine: CampaignEngine | None = None, only: str | None = None) -> tuple[Case, dict, list[Divergence]]:
         """Run and judge ``case`` on ``engine`` (default: the engine under
         test): (the case as judged, the observation, the divergences). A
         deployment case is judged with the geometry the engine resolved for
