@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reference.case import Case, Geometry, Group, Speculative, with_resolution
-from ground.files import load_json, write_json_atomic
+from ground.files import hash_files, load_json, write_json_atomic
 from ground.errors import KvspecError, Unsupported
 
 #: Bump when the cached record's shape changes.
@@ -70,18 +70,15 @@ class Source:
 #: The kvspec code a resolution is made of (``Engine.resolve`` runs
 #: ``engine_adapter.vllm_engine.resolve.resolve`` and ``summary`` over these); the shipped
 #: model configs too.
-RESOLVER_FILES = ("vllm_engine/resolve.py", "vllm_engine/standins.py", "vllm_engine/platform.py", "inside/worker.py")
+RESOLVER_FILES = ("vllm_engine/resolve.py", "vllm_engine/served_model.py", "vllm_engine/engine_core.py", "vllm_engine/resolution.py", "vllm_engine/failure.py",
+                  "vllm_engine/standins.py", "vllm_engine/platform.py", "inside/worker.py")
 
 
 def _code_digest() -> str:
     """A digest of the resolver's code (RESOLVER_FILES and the shipped model
     configs under ``engine_adapter/``): a change there may change a resolution."""
-    root = Path(__file__).resolve().parents[1] / "engine_adapter"
     h = hashlib.sha256()
-    for path in sorted([*(root / f for f in RESOLVER_FILES), *(root / "models").rglob("*")]):
-        if path.is_file() and "__pycache__" not in path.parts:
-            h.update(path.relative_to(root).as_posix().encode())
-            h.update(path.read_bytes())
+    hash_files(h, Path(__file__).resolve().parents[1] / "engine_adapter", (*RESOLVER_FILES, "models/**/*"))
     return h.hexdigest()
 
 

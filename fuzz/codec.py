@@ -28,7 +28,8 @@ import struct
 from reference.case import Case, case_to_dict, parse_case
 from ground.errors import KvspecError
 
-from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, BytesChooser, build_case, deployment_classes
+from fuzz.choosers import BytesChooser
+from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, build_case, deployment_classes
 
 _NAMES = "ABCDEFGHIJKLMNOP"
 _RETENTION = ("sparse", "dense", "periodic")

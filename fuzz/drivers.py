@@ -22,7 +22,8 @@ from reference.case import Case
 from ground.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
-from fuzz.generate import RandomChooser, another_trace, build_case, class_schedule
+from fuzz.choosers import RandomChooser
+from fuzz.generate import another_trace, build_case, class_schedule
 
 #: Traces the random driver draws on each deployment it draws.
 TRACES_PER_DEPLOYMENT = 4

@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
 from reference.case import Case, case_to_dict, parse_case
 from ground.files import load_json, write_json_atomic
 from ground.errors import InvalidArgument, invalid
+from ground.home import REPO_ROOT
 from ground.printable import printable
 
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
@@ -159,11 +162,6 @@ def _engine_record(version: str, observation: dict | None) -> dict:
 def kvspec_version() -> dict:
     """This kvspec: the package version, and the git commit of the checkout
     when it is one (``dirty``: tracked files changed since). Once per process."""
-    import importlib.metadata
-    import subprocess
-
-    from ground.home import REPO_ROOT
-
     try:
         version = importlib.metadata.version("kvspec")
     except importlib.metadata.PackageNotFoundError:

@@ -40,6 +40,7 @@ guard, ``atheris.Setup`` + ``atheris.Fuzz``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -54,8 +55,6 @@ def _die_with_parent() -> None:
     gone (it died before this line ran), exit now."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     parent = os.environ.get("KVSPEC_FUZZ_PARENT")

@@ -1,8 +1,8 @@
 """Case generation from a stream of choices, shared by Hypothesis and atheris.
 
 Both drivers feed the same builder through a ``Chooser`` (``integer(lo, hi)``
-and ``choice(seq)``), so a Hypothesis example and an atheris input describe
-the same space.
+and ``choice(seq)``, ``fuzz.choosers``), so a Hypothesis example and an
+atheris input describe the same space.
 
 By default a case is a **deployment** (``draw_deployment``): a shipped model
 (six hybrids; two attention-free Mamba models, with a ``--block-size`` of
@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
+from fuzz.choosers import BytesChooser, Chooser, HypothesisChooser
 from reference.case import Case, case_to_dict, parse_case
 
 #: Production-like geometries: (attention block, Mamba block, Mamba groups, prefix_match_unit).
@@ -78,12 +78,6 @@ MAX_DRAWN_PROMPT = 24_000
 Resolver = Callable[[dict], "dict | None"]
 #: When every drawn deployment is rejected: one vLLM always builds.
 FALLBACK_DEPLOYMENT = {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"}
-
-
-class Chooser(Protocol):
-    def integer(self, lo: int, hi: int) -> int: ...
-
-    def choice(self, options: Sequence): ...
 
 
 def _geometry(c: Chooser) -> dict:
@@ -453,64 +447,6 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias)), block)
     raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
-
-
-# ------------------------------------------------------------- the choosers
-
-
-class HypothesisChooser:
-    """Draws through a Hypothesis ``draw`` function (``st.composite``)."""
-
-    def __init__(self, draw):
-        from hypothesis import strategies as st
-
-        self._draw, self._st = draw, st
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self._draw(self._st.integers(lo, hi))
-
-    def choice(self, options: Sequence):
-        return self._draw(self._st.sampled_from(list(options)))
-
-
-class BytesChooser:
-    """Draws from fuzzer bytes (atheris ``FuzzedDataProvider`` semantics,
-    without importing atheris): an exhausted input keeps yielding the
-    smallest choice, so every input decodes to a valid case."""
-
-    def __init__(self, data: bytes):
-        self._data, self._pos = data, 0
-
-    def _take(self, n: int) -> int:
-        chunk = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return int.from_bytes(chunk.ljust(n, b"\0"), "little")
-
-    def integer(self, lo: int, hi: int) -> int:
-        span = hi - lo + 1
-        nbytes = max(1, (span.bit_length() + 7) // 8)
-        return lo + self._take(nbytes) % span
-
-    def choice(self, options: Sequence):
-        return options[self.integer(0, len(options) - 1)]
-
-
-class RandomChooser:
-    """Draws from a seeded ``random.Random``."""
-
-    def __init__(self, rng):
-        self._rng = rng
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self._rng.randint(lo, hi)
-
-    def choice(self, options: Sequence):
-        return options[self._rng.randrange(len(options))]
-
-    def side(self) -> "RandomChooser":
-        """A chooser seeded by this one's state that draws nothing from it:
-        choices added after the stream was laid out leave it as it was."""
-        return RandomChooser(random.Random(repr(self._rng.getstate())))
 
 
 def case_from_bytes(data: bytes, resolver: Resolver | None = None) -> Case:

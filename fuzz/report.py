@@ -259,7 +259,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
 
 def live_summary(raw, path: str, requests: int) -> dict:
     """The parts of a live replay report (``kvspec replay --server URL --json
-    REPORT.json``: ``fuzz.live_replay.Report.as_dict``) that
+    REPORT.json``: ``fuzz.live_report.Report.as_dict``) that
     ISSUE.md quotes; a document of another shape is one line."""
     from ground.errors import invalid
 

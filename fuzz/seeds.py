@@ -19,16 +19,17 @@ from reference.boundaries import rescale_length
 from reference.case import Case, Segment, parse_case, request_to_dict
 
 from fuzz.codec import decode
+from ground.files import hash_files
 
 _ROOT = Path(__file__).resolve().parent.parent
 
 
 def fingerprint() -> str:
+    """A digest of the code the z3 seeds are computed from (``spec/*.py``
+    and ``reference/*.py``): their folder's name, so a change there
+    computes them again."""
     h = hashlib.sha256()
-    for folder in ("spec", "reference"):
-        for path in sorted((_ROOT / folder).glob("*.py")):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+    hash_files(h, _ROOT, ("spec/*.py", "reference/*.py"))
     return h.hexdigest()[:12]
 
 

@@ -36,6 +36,7 @@ import os
 import re
 import subprocess
 import time
+import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -93,8 +94,6 @@ def _pytest_ini(sdist: Path) -> str:
     """The sdist's own pytest settings (``[tool.pytest.ini_options]`` of its
     pyproject.toml: its markers) as the run folder's ``pytest.ini``, which
     also makes that folder pytest's rootdir."""
-    import tomllib
-
     opts = tomllib.loads((sdist / "pyproject.toml").read_text()).get("tool", {}).get("pytest", {}).get("ini_options", {})
     lines = ["[pytest]"]
     for key, value in opts.items():

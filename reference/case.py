@@ -131,7 +131,7 @@ class Geometry:
     #: The block the align-mode prefill split works in (``cache_config.
     #: block_size`` as the scheduler reads it); None = the smallest group
     #: block. vLLM's CPU engine core resets it to 128 below a larger KV block
-    #: up to 0.32.0 (``engine_adapter.vllm_engine.resolve._engine_core_handshake``).
+    #: up to 0.32.0 (``engine_adapter.vllm_engine.engine_core.engine_core_handshake``).
     split_block_size: int | None = None
 
     @property

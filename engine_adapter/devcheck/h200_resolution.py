@@ -20,6 +20,11 @@ It lives under ``engine_adapter/`` because it imports vLLM; it is not part of
 ``docs/deployments.md``, "Checked on a real H200", and
 ``docs/data/h200-resolution.json``.
 
+It is one file of about 670 lines on purpose: a one-off check, run on a
+borrowed GPU machine with its result kept in ``docs/data/``, whose parts
+(the stubs, the child that questions a platform, the comparison) serve only
+that run; split, they would be modules nothing else imports.
+
 The GPU machine's image has torch (2.11, CUDA 13.0), transformers and triton
 but no vLLM, and no network. What travels: vLLM 0.33.0's package tree
 from kvspec's engine environment without its compiled extensions (``*.so``,

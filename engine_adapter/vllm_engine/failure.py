@@ -37,8 +37,9 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
+from ground.errors import DeploymentRejected
 from ground.home import REPO_ROOT
 
 _TRACEBACK_LIMIT = 20000
@@ -136,3 +137,35 @@ def vllm_outcome(e: BaseException, where: str, vllm_root: Path | None = None) ->
     if isinstance(e, ImportError) or MODEL_CLASS_NOT_INSPECTED in str(e) or not raised_by_vllm(e, vllm_root):
         return None
     return "refused" if isinstance(e, REFUSALS[where]) else "crashed"
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def vllm_message(e: BaseException) -> str:
+    """vLLM's own words for an exception, on one line: a pydantic validation
+    error gives its first message (and field), anything else its text."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            msg = str(first.get("msg", "")).removeprefix("Value error, ")
+            loc = ".".join(str(x) for x in first.get("loc", ()) if x not in ("__root__",))
+            return one_line(f"{loc}: {msg}" if loc else msg)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    return one_line(f"{type(e).__name__}: {e}")
+
+
+def raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
+    """Raise what ``e`` is (:func:`vllm_outcome`): vLLM
+    refusing (``DeploymentRejected``, ``refused: <vLLM's words>``), vLLM crashing
+    (``VllmFailure`` of ``phase``), or kvspec's own error (``e`` itself)."""
+    outcome = vllm_outcome(e, where)
+    if outcome == "refused":
+        raise DeploymentRejected(f"{refused}: {vllm_message(e)}") from None
+    if outcome == "crashed":
+        raise VllmFailure(phase, e) from None
+    raise e

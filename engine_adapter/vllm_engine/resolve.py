@@ -34,45 +34,33 @@ in every step here and when the scheduler starts.
 The answers kvspec gives to vLLM's hardware questions (``engine_adapter.vllm_engine.platform``)
 and the attention backend it aligns with are reported as ``assumptions``.
 Only ``engine_adapter`` imports vLLM; this module observes, it does not judge.
+
+Its parts live beside it: the model config vLLM reads
+(``engine_adapter.vllm_engine.served_model``), ``EngineCore``'s KV-cache plan
+and block sizes (``engine_adapter.vllm_engine.engine_core``), the
+:class:`Resolution` and its case form (``engine_adapter.vllm_engine.resolution``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from engine_adapter.vllm_engine import platform as kplatform
-from ground.home import models_dir
-from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
-from engine_adapter.models import SHIPPED, load_config
-from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
-from ground.files import write_text_atomic
-from reference.deployment import Deployment
-from reference.model_config import check_model_config
+from engine_adapter.vllm_engine.engine_core import engine_core_block_sizes, engine_core_handshake, kv_cache_configs
+from engine_adapter.vllm_engine.failure import one_line, raise_outcome
+from engine_adapter.vllm_engine.resolution import Resolution, check_limits
+from engine_adapter.vllm_engine.served_model import MAMBA_KIND, model_config_dict, model_dir
 from ground.errors import DeploymentRejected as VllmRejected
-from ground.errors import InvalidArgument, KvspecError, Unsupported
+from ground.errors import KvspecError, Unsupported
+from reference.deployment import Deployment
 
-#: vLLM architecture -> the kind of its Mamba-like layers.
-MAMBA_KIND = {
-    "Qwen3NextForCausalLM": "gdn",
-    "Qwen3_5ForCausalLM": "gdn",
-    "Qwen3_5MoeForCausalLM": "gdn",
-    "NemotronHForCausalLM": "mamba2",
-    "FalconH1ForCausalLM": "mamba2",
-    "GraniteMoeHybridForCausalLM": "mamba2",
-    "BambaForCausalLM": "mamba2",
-    "JambaForCausalLM": "mamba1",
-    # Attention-free: Mamba layers only, one KV cache group (vLLM's
-    # ``MambaModelConfig`` turns on align mode with prefix caching).
-    "Mamba2ForCausalLM": "mamba2",
-    "FalconMambaForCausalLM": "mamba1",
-    "MambaForCausalLM": "mamba1",
-}
+# Names other modules import from here; their homes are the modules above.
+from engine_adapter.vllm_engine.resolution import RESOLVER_VERSION, summary  # noqa: F401
+from engine_adapter.vllm_engine.served_model import check_case_model  # noqa: F401
+
 MAMBA_BACKEND = {"gdn": "GDN_ATTN", "mamba2": "MAMBA2", "mamba1": "MAMBA1"}
 #: Where the attention layers' backend is chosen on CUDA (vLLM's
 #: ``_get_backend_priorities``): FLASH_ATTN on SM80/SM90, FLASHINFER on SM100
@@ -83,13 +71,12 @@ ALIGNMENT_BACKEND = "FLASH_ATTN"
 #: Bytes of KV cache kvspec lets vLLM plan with: enough that nothing is ever
 #: evicted in a serial trace (checked per case), small enough for the block pool.
 MAX_BLOCKS = 200_000
-RESOLVER_VERSION = 1
 #: Blocks per group of KV cache a deployment is resolved with by default
 #: (kvspec's choice: a trace that needs more is resolved again with more).
 DEFAULT_POOL_BLOCKS = 256
 #: Resolutions this process keeps (:func:`resolve`), most recent last.
 RESOLUTION_MEMO_SIZE = 256
-_MEMO: dict[tuple[str, int], "Resolution"] = {}
+_MEMO: dict[tuple[str, int], Resolution] = {}
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -98,115 +85,6 @@ def _version_tuple(v: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in part if ch.isdigit())
         out.append(int(digits or 0))
     return tuple(out)
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def vllm_message(e: BaseException) -> str:
-    """vLLM's own words for an exception, on one line: a pydantic validation
-    error gives its first message (and field), anything else its text."""
-    errors = getattr(e, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            msg = str(first.get("msg", "")).removeprefix("Value error, ")
-            loc = ".".join(str(x) for x in first.get("loc", ()) if x not in ("__root__",))
-            return _one_line(f"{loc}: {msg}" if loc else msg)
-        except Exception:  # noqa: BLE001 - fall back to the text
-            pass
-    return _one_line(f"{type(e).__name__}: {e}")
-
-
-# ---------------------------------------------------------------- model dir
-
-
-def model_config_dict(dep: Deployment) -> dict:
-    """The config.json the deployment serves: a shipped one or the user's,
-    with ``model_overrides`` applied. Before vLLM reads it: no code-loading
-    key (``auto_map``, ...), layers and dimensions within
-    ``reference.model_config``'s limits, and ``architectures[0]`` one kvspec
-    knows (``MAMBA_KIND``)."""
-    if dep.model in SHIPPED:
-        cfg = load_config(dep.model)
-    else:
-        path = Path(dep.model).expanduser()
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise InvalidArgument(f"deployment.model={dep.model!r}: neither a shipped model ({', '.join(SHIPPED)}) nor a readable config.json")
-        try:
-            if path.stat().st_size > 4 << 20:
-                raise InvalidArgument(f"deployment.model={dep.model!r}: config.json above 4 MiB; allowed: a model config")
-            cfg = json.loads(path.read_bytes().decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise InvalidArgument(f"deployment.model={dep.model!r}: not a JSON config ({_one_line(e, 120)})") from None
-        if not isinstance(cfg, dict):
-            raise InvalidArgument(f"deployment.model={dep.model!r}: config.json must hold an object")
-        check_model_config(cfg, f"deployment.model={dep.model!r}: config.json field")
-    cfg = dict(cfg)
-    cfg.update(dep.model_overrides)
-    check_model_config(cfg, "deployment model config")  # merged: also a Deployment built without parse_deployment
-    archs = cfg.get("architectures")
-    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise InvalidArgument(f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config")
-    if archs[0] not in MAMBA_KIND:
-        raise Unsupported(f"deployment.model architectures[0]={archs[0]!r}: not an architecture kvspec knows; allowed: {', '.join(sorted(MAMBA_KIND))}")
-    return cfg
-
-
-def check_case_model(case) -> None:
-    """The model config of ``case``'s deployment (a user's config.json naming
-    code, unreadable or too large; overrides merged), checked as
-    :func:`model_config_dict` checks it, before any build or engine starts:
-    the commands that take a case call it first, so a refusal is one line,
-    exit 2, not found after an engine start. A hand geometry has none; an
-    architecture kvspec does not know stays the run's to report."""
-    if case.deployment is None or case.geometry is not None:
-        return
-    try:
-        model_config_dict(case.deployment)
-    except Unsupported:
-        pass
-
-
-def model_dir(cfg: dict) -> Path:
-    """A folder holding ``cfg`` as config.json, keyed by its content (written
-    atomically under kvspec's home)."""
-    text = json.dumps(cfg, indent=1, sort_keys=True) + "\n"
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = models_dir() / f"deploy-{digest}"
-    target = path / "config.json"
-    if target.is_file():
-        return path
-    write_text_atomic(target, text)
-    return path
-
-
-# ---------------------------------------------------------------- resolution
-
-
-@dataclass
-class Resolution:
-    """What vLLM built for a deployment."""
-
-    deployment: Deployment
-    vllm_config: Any
-    specs: dict
-    kv_cache_config: Any  # the scheduler's
-    scheduler_block_size: int
-    hash_block_size: int
-    alignment_tokens: int | None
-    facts: dict = field(default_factory=dict)
-    assumptions: list[str] = field(default_factory=list)
-
-    @property
-    def version(self) -> str:
-        import vllm
-
-        return vllm.__version__
 
 
 _PARSER: list = []
@@ -245,7 +123,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     except SystemExit:
         lines = [x for x in said.getvalue().splitlines() if x.strip()]
         reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
-        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {_one_line(reason, 300)}") from None
+        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {one_line(reason, 300)}") from None
     except Exception as e:
         raise_outcome(e, "config", f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser", phase="config")
     try:
@@ -255,18 +133,6 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
         raise
     except Exception as e:
         raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM rejects it", phase="config")
-
-
-def raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:
-    """Raise what ``e`` is (``engine_adapter.vllm_engine.failure.vllm_outcome``): vLLM
-    refusing (``VllmRejected``, ``refused: <vLLM's words>``), vLLM crashing
-    (``VllmFailure`` of ``phase``), or kvspec's own error (``e`` itself)."""
-    outcome = vllm_outcome(e, where)
-    if outcome == "refused":
-        raise VllmRejected(f"{refused}: {vllm_message(e)}") from None
-    if outcome == "crashed":
-        raise VllmFailure(phase, e) from None
-    raise e
 
 
 def layer_kinds(vc) -> list[str]:
@@ -398,36 +264,6 @@ def _update_block_size(vc, dep: Deployment) -> None:
     Platform.update_block_size_for_backend(vc)
 
 
-def _resolve_layout(vc, specs: dict) -> None:
-    """``EngineCore``: resolve the KV cache layout before grouping (vLLM
-    versions that have ``resolve_kv_cache_layout``), from the backends of the
-    registered layers."""
-    try:
-        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    except ImportError:
-        return
-    classes = []
-    for layer in vc.compilation_config.static_forward_context.values():
-        b = layer.get_attn_backend()
-        if b not in classes:
-            classes.append(b)
-    resolve_kv_cache_layout(vc, [[x.name for x in get_supported_kv_cache_layouts(classes)]], list(specs.values()))
-
-
-def _kv_cache_configs(vc, specs: dict, memory: int):
-    import vllm.v1.core.kv_cache_utils as ku
-
-    try:
-        import vllm.v1.core.kv_cache_planning as kp
-    except ImportError:
-        kp = None
-    _resolve_layout(vc, specs)
-    if kp is not None and hasattr(kp, "get_global_kv_cache_groups"):
-        groups = kp.get_global_kv_cache_groups(vc, [specs])
-        return kp.get_kv_cache_configs(vc, [specs], [memory], groups)
-    return ku.get_kv_cache_configs(vc, [specs], [memory])
-
-
 def resolve(dep: Deployment, *, num_blocks: int = DEFAULT_POOL_BLOCKS) -> Resolution:
     """What vLLM builds for ``dep`` (enough KV cache for ``num_blocks`` blocks
     per group). Raises VllmRejected / Unsupported / InvalidArgument, one line;
@@ -494,7 +330,7 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         # to MAX_BLOCKS a layer: past that vLLM's refusal stands)
         one_request = sum(int(s.max_memory_usage_bytes(vc)) for s in specs.values())
         memory = max(memory, min(one_request + one_request // 16 + 2 * page * len(specs), page * len(specs) * MAX_BLOCKS))
-        cfgs = _kv_cache_configs(vc, specs, memory)
+        cfgs = kv_cache_configs(vc, specs, memory)
         import vllm.v1.core.kv_cache_utils as ku
 
         kcfg = ku.generate_scheduler_kv_cache_config(cfgs)
@@ -529,187 +365,12 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     elif dep.platform == "cuda":
         assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
         assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
-    _engine_core_handshake(vc, dep, facts, assumptions)
+    engine_core_handshake(vc, dep, facts, assumptions)
     res = Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
     check_limits(res)
     return res
 
 
-def check_limits(res: Resolution) -> None:
-    """Refuse (one line, ``Unsupported``) a resolution with a size outside
-    ``reference.case``'s documented limits: a block (any group's, the
-    scheduler's, the hash block, the match unit, the checkpoint grid, the
-    split block, the hit alignment) above ``MAX_BLOCK_SIZE``, more than
-    ``MAX_GROUPS`` groups, a retention interval, chunk budget or speculative
-    token count above its limit. kvspec never prints, runs or stores a
-    geometry a case could not hold (vLLM computes one from an extreme model
-    config: a Mamba state page of gigabytes gives blocks of 10^9 tokens).
-    Only sizes: whether vLLM's structural rules hold is vLLM's answer."""
-    vc, kcfg = res.vllm_config, res.kv_cache_config
-    groups = list(kcfg.kv_cache_groups)
-    blocks = [("scheduler_block_size", res.scheduler_block_size), ("hash_block_size", res.hash_block_size), ("cache_hit_alignment_tokens", res.alignment_tokens),
-              ("prefix_match_unit", getattr(vc.cache_config, "prefix_match_unit", None)), ("split_block_size", res.facts.get("chunk_split_block_size"))]
-    blocks += [(f"groups[{i}].block_size", g.kv_cache_spec.block_size) for i, g in enumerate(groups)]
-    blocks += [(f"groups[{i}].prefill_checkpoint_alignment", getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None)) for i, g in enumerate(groups)]
-    sc = vc.speculative_config
-    limits = [(name, value, MAX_BLOCK_SIZE) for name, value in blocks]
-    limits += [("groups", len(groups), MAX_GROUPS),
-               ("retention_interval", getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", None)), MAX_RETENTION_INTERVAL),
-               ("max_num_batched_tokens", getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens, MAX_BATCHED_TOKENS),
-               ("num_speculative_tokens", getattr(sc, "num_speculative_tokens", None) if sc is not None else None, MAX_SPECULATIVE_TOKENS)]
-    for name, value, top in limits:
-        if isinstance(value, int) and not isinstance(value, bool) and value > top:
-            raise Unsupported(f"deployment={res.deployment.describe()!r}: vLLM resolves {name}={value}, outside kvspec's documented case limits; allowed: at most {top:,}")
-
-
-def _engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[str]) -> None:
-    """``vllm serve`` runs its engine core in a process of its own
-    (``EngineCoreProc``), which re-runs ``VllmConfig.__post_init__()`` once
-    the KV cache and the scheduler are built, at the end of its start-up
-    handshake (``_perform_handshakes``, vLLM 0.29.0-0.33.0). The scheduler
-    reads ``cache_config.block_size`` again at every align-mode chunk split
-    (``_mamba_block_aligned_split``), so that re-run is part of what serves.
-
-    It changes nothing on cuda, nor on cpu from 0.33.0 or with
-    ``--block-size`` given; on cpu up to 0.32.0 ``CpuPlatform.
-    check_and_update_config`` resets a block size the user did not set to
-    its default 128, below a hybrid-aligned KV block (256 for the live
-    server's model on a CPU with AVX512-BF16): chunks then end on 128-token
-    boundaries while the KV cache blocks stay 256 (seen on the live server:
-    an identical resend of a 1,470-token prompt misses once). The KV-cache
-    geometry is unchanged; ``facts["chunk_split_block_size"]`` says which
-    block the split uses."""
-    cc = vc.cache_config
-    before = int(cc.block_size)
-    try:
-        vc.__post_init__()
-    except KvspecError:
-        raise
-    except Exception as e:
-        raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step", phase="config")
-    after = int(cc.block_size)
-    facts["chunk_split_block_size"] = after
-    if after != before:
-        assumptions.append(
-            f"engine core: VllmConfig.__post_init__ after the scheduler is built resets cache_config.block_size {before} -> {after} "
-            f"(as `vllm serve` runs it); the align-mode prefill chunk split uses {after}, the KV cache blocks stay {before}"
-        )
-
-
-# ---------------------------------------------------------------- case form
-
-
-def _group_kind(spec) -> str:
-    name = type(spec).__name__
-    if name == "MambaSpec":
-        return "mamba"
-    if name == "FullAttentionSpec":
-        return "full_attention"
-    raise Unsupported(f"KV cache group of {name}: outside kvspec's model (full attention and Mamba groups only)")
-
-
-def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
-    """(geometry, speculative, checkpoint facts) in the case's own form."""
-    vc = res.vllm_config
-    threshold = int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0)
-    if threshold > 0:
-        raise Unsupported(f"long_prefill_token_threshold={threshold}: a second prefill chunk limit is outside kvspec's model; allowed: 0 (vLLM's default)")
-    groups: list[dict] = []
-    for g in res.kv_cache_config.kv_cache_groups:
-        kind = _group_kind(g.kv_cache_spec)
-        bs = int(g.kv_cache_spec.block_size)
-        if groups and groups[-1]["kind"] == kind and groups[-1]["block_size"] == bs:
-            groups[-1]["count"] += 1
-        else:
-            groups.append({"kind": kind, "block_size": bs, "count": 1})
-    kcfg = res.kv_cache_config
-    retention = getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", 0))
-    pmu = getattr(vc.cache_config, "prefix_match_unit", None)
-    grids = {getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None) for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec" and getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0)}
-    mamba_groups = [g for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec"]
-    every = all(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) for g in mamba_groups)
-    grid = next(iter(grids)) if (every and len(grids) == 1) else None
-    geometry = {
-        "groups": groups,
-        "hash_block_size": res.hash_block_size,
-        "prefix_match_unit": pmu if pmu is not None and pmu != res.scheduler_block_size else None,
-        "scheduler_block_size": res.scheduler_block_size,
-        "retention_interval": retention,
-        "max_num_batched_tokens": int(getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens),
-        "prefill_checkpoint_grid": int(grid) if grid is not None else None,
-        "shared_prefix_checkpoint": bool(getattr(vc.cache_config, "enable_mamba_shared_prefix_checkpoint", False)),
-        "split_block_size": _split_block(res),
-    }
-    spec = None
-    sc = vc.speculative_config
-    if sc is not None:
-        method = sc.method
-        if method not in ("mtp", "eagle", "eagle3"):
-            raise Unsupported(f"speculative method={method}: outside kvspec's model (mtp, eagle, eagle3)")
-        spec = {"method": method, "num_speculative_tokens": int(sc.num_speculative_tokens)}
-        for name in ("disable_eagle_block_drop", "disable_lookahead_block_hashes"):
-            value = getattr(sc, name, None)
-            if isinstance(value, bool) and value:
-                spec[name] = True
-    checkpoints = {}
-    for g in res.kv_cache_config.kv_cache_groups:
-        s = g.kv_cache_spec
-        if type(s).__name__ == "MambaSpec" and getattr(s, "num_prefill_checkpoint_blocks", 0):
-            checkpoints = {"internal_prefill_checkpoints": True, "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None)}
-            break
-    return geometry, spec, checkpoints
-
-
-def _split_block(res: Resolution) -> int | None:
-    """The align-mode split's block when it is not the smallest group block."""
-    split = res.facts.get("chunk_split_block_size")
-    smallest = min(int(g.kv_cache_spec.block_size) for g in res.kv_cache_config.kv_cache_groups)
-    return int(split) if split and int(split) != smallest else None
-
-
-def summary(res: Resolution) -> dict:
-    """The resolution as JSON: geometry, speculative, facts, assumptions."""
-    geometry, spec, checkpoints = case_parts(res)
-    return {
-        "engine": f"vllm=={res.version}",
-        "deployment": res.deployment.as_dict(),
-        "geometry": geometry,
-        "speculative": spec,
-        "facts": {**res.facts, **checkpoints, "scheduler_block_size": res.scheduler_block_size, "hash_block_size": res.hash_block_size, "cache_hit_alignment_tokens": res.alignment_tokens},
-        "assumptions": res.assumptions,
-        "resolver": RESOLVER_VERSION,
-    }
-
-
 def needed_blocks(trace_tokens: list[int], block: int, k: int = 0) -> int:
     """Blocks per group a serial trace needs without eviction."""
     return 16 + sum(math.ceil((n + k + 2) / block) + k + 4 for n in trace_tokens)
-
-
-def engine_core_block_sizes(vllm_config, kv_cache_config, also=()) -> tuple[int, int, int | None]:
-    """What vLLM's ``EngineCore`` does between the KV-cache plan and the
-    scheduler (``_initialize_kv_caches``, then ``__init__``; 0.29.0-0.33.0):
-    the cache config takes the pool's block count and the smallest
-    prefix-cacheable group block, vLLM validates it, and
-    ``resolve_kv_cache_block_sizes`` gives the scheduler block and the hash
-    block; from 0.32.0 ``resolve_cache_hit_alignment_tokens`` gives the
-    cache-hit alignment, written into the KV-cache config (and ``also``:
-    the per-worker configs) as vLLM does. Returns (scheduler block, hash
-    block, alignment or None)."""
-    import vllm.v1.core.kv_cache_utils as kv_cache_utils
-
-    cc = vllm_config.cache_config
-    groups = kv_cache_config.kv_cache_groups
-    cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
-    cc.num_gpu_blocks = kv_cache_config.num_blocks
-    cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
-    if hasattr(vllm_config, "validate_block_size"):
-        vllm_config.validate_block_size()
-    scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    alignment = None
-    if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
-        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
-        for c in (*also, kv_cache_config):
-            c.hash_block_size = hash_block_size
-            c.cache_hit_alignment_tokens = alignment
-    return scheduler_block_size, hash_block_size, alignment

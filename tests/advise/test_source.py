@@ -81,3 +81,18 @@ def test_server_geometry_from_metrics_labels():
 def test_server_geometry_refusals(labels, message):
     with pytest.raises(Unsupported, match=message):
         source.server_geometry(_info(**labels))
+
+
+def test_the_resolver_digest_names_every_file_the_resolver_is_made_of():
+    """The resolution cache key digests ``RESOLVER_FILES`` (a missing name
+    is skipped without a word): each is there, and every ``vllm_engine``
+    module ``resolve.py`` imports is among them."""
+    import ast
+    from pathlib import Path
+
+    root = Path(source.__file__).resolve().parents[1] / "engine_adapter"
+    assert [f for f in source.RESOLVER_FILES if not (root / f).is_file()] == []
+    tree = ast.parse((root / "vllm_engine" / "resolve.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("engine_adapter.vllm_engine.")}
+    imported |= {f"engine_adapter.vllm_engine.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "engine_adapter.vllm_engine" for a in n.names}
+    assert imported and {m.removeprefix("engine_adapter.").replace(".", "/") + ".py" for m in imported} - set(source.RESOLVER_FILES) == set()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.distribute import MAX_TEMP_DIR, RaySession, check_temp_dir, resolve_address, run_tasks
+from fuzz.distribute import run_tasks
+from fuzz.ray_cluster import MAX_TEMP_DIR, RaySession, check_temp_dir, resolve_address
 from ground.errors import InvalidArgument
 from tests.distribute import tasks as T
 
@@ -30,7 +31,7 @@ ray = pytest.importorskip("ray")
 def cluster():
     """A local Ray cluster of 2 CPUs on 127.0.0.1, started by this process
     and stopped after the module; yields its GCS address."""
-    from fuzz.distribute import ray_temp_dir
+    from fuzz.ray_cluster import ray_temp_dir
 
     # 'local' starts a cluster of its own even where `ray start` left an
     # address behind (here a dead one)

@@ -2,7 +2,7 @@
 platform cpu: vLLM's own ``CpuPlatform`` in a worker under
 ``KVSPEC_PLATFORM=cpu``), and the engine core's start-up config step that
 ``vllm serve`` runs after building the scheduler
-(``engine_adapter.vllm_engine.resolve._engine_core_handshake``).
+(``engine_adapter.vllm_engine.engine_core.engine_core_handshake``).
 
 No server here: ``tests/live/test_agreement.py`` compares with the server.
 The server's block size depends on the CPU (an SSM state in float32 where

@@ -26,7 +26,8 @@ SCRIPT = r"""
 import json, random, sys
 from engine_adapter.vllm_engine import observe
 from engine_adapter.vllm_engine.driver import get_driver
-from fuzz.generate import RandomChooser, build_case
+from fuzz.choosers import RandomChooser
+from fuzz.generate import build_case
 from reference.case import load_case, parse_case
 sys.path.insert(0, "bench")
 from engine import mixed_case, seed_case

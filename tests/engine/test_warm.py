@@ -19,7 +19,8 @@ import pytest
 from engine_adapter.host import warm
 from engine_adapter.host.engine import WarmEngine
 from fuzz.campaign import Campaign
-from fuzz.generate import RandomChooser, build_case
+from fuzz.choosers import RandomChooser
+from fuzz.generate import build_case
 from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case
 from ground.errors import DeploymentRejected

@@ -327,7 +327,8 @@ def test_a_deployment_vllm_crashes_on_is_drawn_and_one_it_refuses_is_not(tmp_pat
     import random
 
     from fuzz.campaign import CRASH_TRACE_BLOCK
-    from fuzz.generate import RandomChooser, build_deployment_case
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import build_deployment_case
 
     campaign = Campaign(_ResolveDouble(), tmp_path, oracles=("engine_error",))
     dep = {"model": "mamba2", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"}

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from fuzz.generate import RandomChooser, build_case
+from fuzz.choosers import RandomChooser
+from fuzz.generate import build_case
 from fuzz.oracles import CONCURRENT_ORACLES, ORACLES, check_all, check_stale, serial_part
 from fuzz.reach import trace_shape
 from fuzz.shrink import shrink

@@ -322,7 +322,8 @@ def test_every_generated_request_may_decode():
     or without speculative decoding, after the prompts."""
     import random
 
-    from fuzz.generate import RandomChooser, build_case
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import build_case
 
     drawn = [build_case(RandomChooser(random.Random(seed)), speculative=None) for seed in range(40)]
     outputs = {r.max_tokens for case in drawn for r in case.trace}
@@ -561,7 +562,8 @@ def test_a_drawn_unit_that_does_not_divide_the_block_is_kept_only_where_the_engi
     without the flag, one that accepts it (a build that lost vLLM's check)
     gets it. TEST DOUBLES: the resolvers answer every deployment with
     block 544."""
-    from fuzz.generate import RandomChooser, build_case
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import build_case
 
     def release(dep):
         args = dep["vllm_args"]
@@ -590,7 +592,8 @@ def test_a_class_that_asks_for_a_hash_unit_keeps_one_the_release_accepts():
     release refuses the drawn unit that does not divide the block, a case of
     a unit class gets a dividing unit instead of none (a resolver test
     double: block 544, units that do not divide it rejected)."""
-    from fuzz.generate import DeploymentClass, RandomChooser, build_case
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import DeploymentClass, build_case
 
     def release(dep):
         args = dep["vllm_args"]
@@ -683,7 +686,8 @@ def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_acce
     resolver refuses it. (The resolver is a test double: the block a
     deployment sets, 544 for a hybrid; it refuses any unit on an
     attention-free model and the shared-prefix flag everywhere.)"""
-    from fuzz.generate import ATTENTION_FREE_MODELS, MTP_MODELS, RandomChooser, build_deployment_case
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import ATTENTION_FREE_MODELS, MTP_MODELS, build_deployment_case
 
     asked = []
 
@@ -722,7 +726,8 @@ def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_acce
 def test_lengths_include_a_short_remainder_past_a_block_multiple():
     """Biased lengths are kB-1, kB, kB+1 and kB+r with 2 <= r <= k, where
     N % B and N // B meet in replay_boundaries' arithmetic."""
-    from fuzz.generate import RandomChooser, _length
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import _length
 
     rng = random.Random(5)
     block = 144
@@ -762,7 +767,8 @@ def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
     from the chooser's side stream (never an empty kind); a chooser without
     a side stream (atheris bytes, Hypothesis) uses every feature, so its
     inputs mean what they meant."""
-    from fuzz.generate import EVERY_FEATURE, BytesChooser, RandomChooser, Swarm, _length, _trace, draw_swarm
+    from fuzz.choosers import BytesChooser, RandomChooser
+    from fuzz.generate import EVERY_FEATURE, Swarm, _length, _trace, draw_swarm
 
     rng = random.Random(11)
     swarms = [draw_swarm(RandomChooser(random.Random(rng.random()))) for _ in range(300)]
@@ -796,7 +802,8 @@ def test_a_case_drawn_for_a_deployment_class_is_of_that_class():
     test double that accepts every deployment at block 544). The "off"
     classes of the MTP models used to draw MTP: 12 of 66 classes were
     never run, and their share went to the MTP classes."""
-    from fuzz.generate import RandomChooser, build_case, deployment_classes
+    from fuzz.choosers import RandomChooser
+    from fuzz.generate import build_case, deployment_classes
     from fuzz.reach import deployment_class_of
 
     def lenient(dep):

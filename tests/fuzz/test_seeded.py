@@ -38,3 +38,21 @@ def test_plain_random_search_misses_the_half_fix(tmp_path):
     run_random(campaign, seed=1, max_time=30, max_execs=300, boundary_bias=False, geometry=GEOMETRY_1600, speculative=MTP_DROP)
     assert campaign.stats.execs >= 300
     assert campaign.stats.findings == []
+
+
+def test_the_seed_folder_is_named_by_the_spec_and_reference_code(tmp_path, monkeypatch):
+    """The z3 seeds' folder (``fuzz.seeds.fingerprint``) changes with a file
+    of spec/ or reference/, and not with code elsewhere."""
+    import fuzz.seeds as seeds
+
+    for rel in ("spec/a.py", "reference/b.py", "fuzz/c.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    monkeypatch.setattr(seeds, "_ROOT", tmp_path)
+    first = seeds.fingerprint()
+    (tmp_path / "fuzz/c.py").write_text("x = 2\n")
+    assert seeds.fingerprint() == first
+    for rel in ("spec/a.py", "reference/b.py"):
+        (tmp_path / rel).write_text("x = 3\n")
+        assert seeds.fingerprint() != first
+        first = seeds.fingerprint()

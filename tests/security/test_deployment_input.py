@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.models import load_config
-from engine_adapter.vllm_engine.resolve import MAMBA_KIND, model_config_dict
+from engine_adapter.vllm_engine.served_model import MAMBA_KIND, model_config_dict
 from ground.home import REPO_ROOT
 from reference.deployment import Deployment, parse_deployment
 from ground.errors import InvalidArgument, Unsupported
@@ -266,10 +266,11 @@ def test_a_cache_setting_in_any_spelling_is_accepted(args):
 def test_the_generators_draws_and_the_live_servers_flags_still_pass():
     from engine_adapter.live.server import ServerConfig, server_deployment
     from fuzz import generate as g
+    from fuzz.choosers import RandomChooser
 
     for seed in range(300):
         rng = random.Random(seed)
-        case = g.build_deployment_case(g.RandomChooser(random.Random(seed)), lambda d: {"block": rng.choice([64, 256, 544, 2048]), "hash": 16, "max_model_len": 32768})
+        case = g.build_deployment_case(RandomChooser(random.Random(seed)), lambda d: {"block": rng.choice([64, 256, 544, 2048]), "hash": 16, "max_model_len": 32768})
         assert case.deployment is not None
     server = server_deployment(ServerConfig(speculative_config='{"method":"mtp","num_speculative_tokens":2}', block_size=256, retention_interval=256))
     assert parse_deployment({**server, "model": "/tmp/tiny/config.json"}).vllm_args == tuple(server["vllm_args"])
