@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter import sockets
-from engine_adapter.host import warm
+from engine_adapter.host import warm, warm_state
 from engine_adapter.host.warm import Paths, WarmClient
 from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
@@ -92,7 +92,7 @@ def wait_gone(pid: int, seconds: float = 15) -> bool:
     """Until the process has exited and closed its socket (gone, or a zombie with no thread left)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if warm._exited(pid):
+        if warm_state._exited(pid):
             return True
         time.sleep(0.05)
     return False
@@ -232,10 +232,10 @@ def test_a_zombie_leader_whose_thread_still_runs_has_not_exited():
     proc = subprocess.Popen([sys.executable, "-c", code, path])
     try:
         end = time.monotonic() + 10
-        while warm._proc_state(proc.pid) != "Z" and time.monotonic() < end:
+        while warm_state._proc_state(proc.pid) != "Z" and time.monotonic() < end:
             time.sleep(0.01)
-        assert warm._proc_state(proc.pid) == "Z" and len(os.listdir(f"/proc/{proc.pid}/task")) == 2
-        assert not warm._exited(proc.pid)
+        assert warm_state._proc_state(proc.pid) == "Z" and len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+        assert not warm_state._exited(proc.pid)
         sockets.connect(Path(path), 1.0).close()  # its socket still accepts
         assert wait_gone(proc.pid, 10) and proc.wait(5) == 0
     finally:

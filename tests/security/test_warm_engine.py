@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter import sockets
-from engine_adapter.host import warm
+from engine_adapter.host import warm, warm_state
 from engine_adapter.inside import warm_server
 from engine_adapter.host.warm import Paths, WarmClient
 from ground.home import REPO_ROOT
@@ -334,7 +334,7 @@ def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand
     finally:
         hog.kill()
         hog.wait(10)
-        if not warm._exited(pid):
+        if not warm_state._exited(pid):
             os.kill(pid, signal.SIGKILL)
     out = run(c, timeout=30)
     assert out["ok"] and out["result"]["pid"] != pid
