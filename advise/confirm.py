@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from advise.model import Outcome, held_on_path, kept_positions, retention_label
+from advise.model import RuleOutcome, held_on_path, kept_positions, retention_label
 from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
 from ground.errors import invalid
 
@@ -91,7 +91,7 @@ def _same_geometry(a, b) -> bool:
     return replace(a, retention_interval=None) == replace(b, retention_interval=None)
 
 
-def compare(case: Case, outcome: Outcome, observation: dict, lookahead: int) -> dict:
+def compare(case: Case, outcome: RuleOutcome, observation: dict, lookahead: int) -> dict:
     """The model's outcome against the engine's observation of one setting."""
     model_held, model_states = held_on_path(case.trace, [kept_positions(s) for s in outcome.steps], lookahead)
     seen = engine_held(observation)

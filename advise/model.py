@@ -85,7 +85,7 @@ def with_interval(case: Case, interval: int | None) -> Case:
 
 
 @dataclass
-class Outcome:
+class RuleOutcome:
     """One simulation of the workload: per-request hits and junctions, and
     the distinct Mamba states cached at the end."""
 
@@ -101,14 +101,14 @@ class Outcome:
         return sum(self.hits)
 
 
-def run(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]]) -> list[Outcome]:
+def run(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]]) -> list[RuleOutcome]:
     """Simulate the workload under several (retention interval, rule) runs
     in one pass (``serial.simulate_many``); count the distinct states each
     run's channel of the shared radix tree holds."""
     index = PrefixIndex(knobs.hash_lookahead_tokens, len(runs))
     all_steps = simulate_many(case, knobs, runs, index=index)
     return [
-        Outcome(interval, rule, [s.hit for s in steps], [s.junction for s in steps], sum(index.state_count(r).values()), steps)
+        RuleOutcome(interval, rule, [s.hit for s in steps], [s.junction for s in steps], sum(index.state_count(r).values()), steps)
         for r, ((interval, rule), steps) in enumerate(zip(runs, all_steps))
     ]
 
@@ -305,7 +305,7 @@ def recommend(rows: list[dict]) -> dict:
 def advise(case: Case, version: str, facts: dict | None = None) -> dict:
     """The advice for a resolved case whose trace is the workload (items 1-4
     of ``kvspec advise``), as a JSON-able dict; ``outcomes`` (per retention
-    setting, the Outcome of the implemented rule) and ``promise`` are kept
+    setting, the RuleOutcome of the implemented rule) and ``promise`` are kept
     beside it for confirmation and the chart."""
     g = case.geometry
     knobs = resolve_knobs(case, version)
@@ -315,7 +315,7 @@ def advise(case: Case, version: str, facts: dict | None = None) -> dict:
     current = g.retention_interval
     settings = retention_settings(g.scheduler_block_size, max(tokens), current)
     *swept, promise = run(case, knobs, [*((interval, rule) for interval in settings), (None, "promise")])
-    outcomes: dict[int | None, Outcome] = {o.interval: o for o in swept}
+    outcomes: dict[int | None, RuleOutcome] = {o.interval: o for o in swept}
     implemented = outcomes[current]
     memory = state_bytes(facts)
     per_state = memory["per_gpu"]

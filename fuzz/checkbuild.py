@@ -150,7 +150,7 @@ def interleave(cases: list[Case]) -> list[Case]:
 
 
 @dataclass
-class Report:
+class BuildReport:
     engine: str
     rows: list[dict] = field(default_factory=list)
     counterexamples: dict[str, str] = field(default_factory=dict)  # promise id -> finding path (new ones, against a baseline)
@@ -173,7 +173,7 @@ class Report:
 
 def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_time: float = 240.0, seed: int = 1, fail_fast: bool = False,
                 shrink_calls: int = 12, progress=None, harness_error_limit: float | None = None, started: float | None = None,
-                against: str | None = None) -> Report:
+                against: str | None = None) -> BuildReport:
     """Run check-build on ``engine_name`` (a ready engine) and return the
     report; with ``against`` (a ready engine's name: the baseline) each
     failure is sorted into new or shared with the baseline."""
@@ -188,7 +188,7 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
 
     say = progress or (lambda line: None)
     started = time.monotonic() if started is None else started
-    report = Report(engine_name, out=str(out), against=against)
+    report = BuildReport(engine_name, out=str(out), against=against)
     deadline = started + cases_time + max_time
     baseline = None
     try:
@@ -290,7 +290,7 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
     return report
 
 
-def render(report: Report) -> list[str]:
+def render(report: BuildReport) -> list[str]:
     """The report as text: one row per promise, then each failing promise's
     first counterexample (the finding, rendered)."""
     from fuzz.findings import render as render_finding

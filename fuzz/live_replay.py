@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import check_case, rescale_case
-from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, Row, Sender, number_text, one_line, redact_url, server_info, wait_idle
+from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, LiveRow, Sender, number_text, one_line, redact_url, server_info, wait_idle
 from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
 from reference.case import Case, case_to_dict, is_concurrent, serial_prefix, waves, with_resolution
 from reference.knobs import implemented_rule
@@ -65,7 +65,7 @@ from reference.predict import unpredicted_bounds
 from reference.serial import RULES
 
 from fuzz.findings import load_finding
-from fuzz.live_report import Report, redact_report
+from fuzz.live_report import LiveReport, redact_report
 from fuzz.live_report import render  # noqa: F401 - re-exported: the CLI prints a replay's report with it
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, judge  # noqa: F401 - the judge's words, re-exported
 from fuzz.verdict import Target as Prediction
@@ -124,7 +124,7 @@ def load_target(path: str) -> LiveTarget:
     return LiveTarget(case, "case", None, None)
 
 
-def decide(rows: list[Row], differences: list[str], global_issues: list[str], target: LiveTarget | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
+def decide(rows: list[LiveRow], differences: list[str], global_issues: list[str], target: LiveTarget | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
     """The verdict from the rows. Any doubt about the run makes it
     inconclusive (the rules of the module docstring); a clean run is judged
     by :func:`fuzz.verdict.judge` on its hit deltas: a finding against its
@@ -169,7 +169,7 @@ def replay(
     rule: str = "promise",
     resolve_fn: Callable[[Case, str], dict] | None = None,
     step_s: float = DEFAULT_STEP_S,
-) -> Report:
+) -> LiveReport:
     """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
 
     ``after_request(i)`` runs after request i is measured (tests inject
@@ -217,7 +217,7 @@ def _replay(
     rule: str,
     resolve_fn: Callable[[Case, str], dict] | None = None,
     step_s: float = DEFAULT_STEP_S,
-) -> Report:
+) -> LiveReport:
     """replay() after its arguments were checked; the report unredacted."""
     predict_fn = predict_fn or _reference_hits
     notes: list[str] = []
@@ -292,7 +292,7 @@ def _replay(
 
         bounds = unpredicted_bounds(case)
         rows = [
-            Row(
+            LiveRow(
                 i, r.num_prompt_tokens, r.max_tokens,
                 expected[i] if expected else None,
                 goal[i] if goal else None,
@@ -328,7 +328,7 @@ def _replay(
                 for i in wave:
                     after_request(i)
         verdict, reasons = decide(rows, check.differences, global_issues, target, rule, sender.waves)
-    return Report(
+    return LiveReport(
         name=case.name,
         kind=target.kind,
         server=redact_url(server),

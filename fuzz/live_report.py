@@ -1,5 +1,5 @@
 """A live replay's report: what :func:`fuzz.live_replay.replay` measured and
-concluded (:class:`Report`, its ``--json`` form), the same with the API key
+concluded (:class:`LiveReport`, its ``--json`` form), the same with the API key
 redacted (:func:`redact_report`) and printed as a per-request table with the
 verdict (:func:`render`).
 """
@@ -10,18 +10,18 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engine_adapter.live.client import redact
-from engine_adapter.live.measure import Row, number_text
+from engine_adapter.live.measure import LiveRow, number_text
 from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 
 @dataclass
-class Report:
+class LiveReport:
     name: str | None
     kind: str
     server: str
     model: str
     server_version: str | None
-    rows: list[Row]
+    rows: list[LiveRow]
     verdict: str
     reasons: list[str]
     differences: list[str]
@@ -71,7 +71,7 @@ class Report:
         }
 
 
-def redact_report(report: Report, secret: str | None) -> Report:
+def redact_report(report: LiveReport, secret: str | None) -> LiveReport:
     """The report with the API key (and any ``Bearer`` token) replaced by
     ``[redacted]`` in every string it holds: what is printed and what
     ``--json`` writes."""
@@ -83,14 +83,14 @@ def redact_report(report: Report, secret: str | None) -> Report:
             return [clean(v) for v in value]
         if isinstance(value, dict):
             return {clean(k): clean(v) for k, v in value.items()}
-        if isinstance(value, Row):
+        if isinstance(value, LiveRow):
             return replace(value, **{f.name: clean(getattr(value, f.name)) for f in fields(value)})
         return value
 
     return replace(report, **{f.name: clean(getattr(report, f.name)) for f in fields(report)})
 
 
-def render(report: Report, console=None) -> None:
+def render(report: LiveReport, console=None) -> None:
     """Print the per-request table and the verdict with rich."""
     from rich.console import Console
     from rich.table import Table

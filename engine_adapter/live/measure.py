@@ -7,7 +7,7 @@ scraped and the deltas of ``vllm:prefix_cache_queries_total`` and
 ``vllm:prefix_cache_hits_total`` taken, each bounded in time
 (:data:`SETTLE_S`, :data:`IDLE_WAIT_S`). Anything that makes a
 measurement untrustworthy (foreign traffic, a restart, a counter that went
-down, a request that failed) is recorded on the request's :class:`Row` as
+down, a request that failed) is recorded on the request's :class:`LiveRow` as
 an issue, for the judge to weigh.
 """
 
@@ -32,7 +32,7 @@ IDLE_WAIT_S = 10.0
 
 
 @dataclass
-class Row:
+class LiveRow:
     index: int
     prompt_tokens: int
     max_tokens: int
@@ -137,7 +137,7 @@ class Sender:
         self.waves: list[dict] = []
         self.stopped = False
 
-    def _before(self, row: Row) -> Snapshot | None:
+    def _before(self, row: LiveRow) -> Snapshot | None:
         """The counters before a send; the issues they show go to ``row``."""
         try:
             pre = self.client.metrics(self.model)
@@ -158,7 +158,7 @@ class Sender:
             row.issues.append("vllm:cache_config_info changed during the replay")
         return pre
 
-    def _after(self, row: Row, pre: Snapshot, prompt_len: int, count: int) -> tuple[float, float] | None:
+    def _after(self, row: LiveRow, pre: Snapshot, prompt_len: int, count: int) -> tuple[float, float] | None:
         """The query and hit deltas of ``count`` requests of ``prompt_len``
         tokens in all, once the counters settled (None when they cannot be
         taken; ``stopped`` when the counters could not be read); issues go
@@ -193,12 +193,12 @@ class Sender:
         self.prev = post
         return measured
 
-    def _completed(self, row: Row, done: Completion) -> None:
+    def _completed(self, row: LiveRow, done: Completion) -> None:
         row.ttft_s, row.latency_s = done.ttft_s, done.latency_s
         if done.attempts > 1:
             self.notes.append(f"request {row.index}: sent {done.attempts} times (connection retries)")
 
-    def one(self, req, row: Row) -> bool:
+    def one(self, req, row: LiveRow) -> bool:
         pre = self._before(row)
         if pre is None:
             return False
@@ -215,7 +215,7 @@ class Sender:
             row.queries, row.hits = measured
         return not self.stopped
 
-    def wave(self, reqs: list, rows: list[Row], step_s: float) -> bool:
+    def wave(self, reqs: list, rows: list[LiveRow], step_s: float) -> bool:
         from concurrent.futures import ThreadPoolExecutor
 
         head = rows[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from fuzz.campaign import Campaign, against_signature
-from fuzz.checkbuild import Report, render
+from fuzz.checkbuild import BuildReport, render
 from fuzz.drivers import run_cases
 from fuzz.oracles import check_all
 from tests.conftest import MTP_DROP, hybrid, make_case
@@ -84,7 +84,7 @@ def test_a_known_class_never_hides_a_new_failure_of_the_same_signature(tmp_path)
 
 
 def test_the_report_separates_new_from_known_and_the_exit_follows_what_is_new():
-    report = Report("vllm==0.33.0+x.abc", against="vllm==0.33.0", known={"R2": "/tmp/r2.json"},
+    report = BuildReport("vllm==0.33.0+x.abc", against="vllm==0.33.0", known={"R2": "/tmp/r2.json"},
                     rows=[{"promise": "R1", "name": "identical resend", "verdict": "pass"},
                           {"promise": "R2", "name": "longer sibling", "verdict": "fails on baseline too"}])
     text = "\n".join(render(report))
