@@ -31,45 +31,28 @@ segments concatenated. So ``A:5000`` is a prefix of ``A:11910`` and
 ``[A:5000, B:300]`` / ``[A:5000, C:300]`` are siblings diverging at 5000
 (the model always uses the real longest common prefix of the token lists).
 
-Limits (refused with one line naming the field; docs/case-format.md's case-file
-section states the same), at what vLLM itself accepts:
-
-* a prompt: 1 to ``MAX_PROMPT_TOKENS`` = 1,048,576 tokens. vLLM refuses a
-  prompt longer than ``max_model_len``, which it bounds by the model's
-  ``max_position_embeddings``; the hybrid models kvspec targets (Qwen3-Next,
-  Qwen3.5) have 262,144 natively and about one million with YaRN scaling.
-  ``max_tokens`` has the same bound (the output shares ``max_model_len``).
-* at most ``MAX_SEGMENTS`` = 256 segments per prompt, ``MAX_REQUESTS`` =
-  1,000 requests and ``MAX_CASE_TOKENS`` = 4,194,304 prompt tokens per case
-  (the model holds every prompt's token ids, about 50 bytes a token, and
-  compares each request with the earlier ones that share its first token);
-* block sizes (``block_size``, ``hash_block_size``, ``prefix_match_unit``,
-  ``scheduler_block_size``, the LCM of the group block sizes) at most
-  ``MAX_BLOCK_SIZE`` = 1,048,576 (no block can be longer than the longest
-  prompt), at most ``MAX_GROUPS`` = 256 KV cache groups in all (counts
-  summed), ``retention_interval`` and ``max_num_batched_tokens`` at most
-  1,048,576, ``num_speculative_tokens`` at most ``MAX_SPECULATIVE_TOKENS`` =
-  64 (far above what vLLM's MTP/EAGLE drafters propose);
-* ``schema`` is exactly the integer 1 (``true`` and ``1.0`` are not).
+Limits: :mod:`reference.limits` (each refused with one line naming the
+field; docs/case-format.md states the same).
 
 A case or finding file is read as :mod:`ground.files` reads a stranger's
 JSON file.
+
+Over 500 lines on purpose: one format, so its dataclasses, its parser and
+its writer stay in one module (the token streams are :mod:`reference.tokens`,
+the limits :mod:`reference.limits`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
 import re
-import sys
-from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
-from hashlib import blake2b
 from typing import Any
 
 from reference.deployment import Deployment, parse_deployment
+from reference.tokens import TOKEN_VOCAB, draw_tokens, segment_tokens  # noqa: F401 - read from here too
 from reference.limits import (  # noqa: F401 - the case's limits, also read from here
     MAX_PROMPT_TOKENS,
     MAX_MAX_TOKENS,
@@ -95,8 +78,6 @@ GROUP_KINDS = ("full_attention", "mamba")
 SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3")
 #: vLLM's own SpeculativeConfig option names that change prefix caching.
 SPECULATIVE_OPTIONS = ("disable_eagle_block_drop", "disable_lookahead_block_hashes")
-#: Token ids of every segment stream lie in [1, TOKEN_VOCAB).
-TOKEN_VOCAB = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -209,68 +190,6 @@ class Case:
 
 
 # ---------------------------------------------------------------- tokens
-
-try:  # numpy (matplotlib's dependency) draws tokens in bulk; without it, the same in pure Python
-    import numpy as _np
-except ImportError:  # pragma: no cover
-    _np = None
-
-_STREAMS: dict[str, list[int]] = {}
-_RNGS: dict[str, random.Random] = {}
-
-
-def segment_tokens(name: str, length: int) -> list[int]:
-    """The first ``length`` tokens of stream ``name`` (ids in [1, TOKEN_VOCAB)).
-
-    The stream is a pseudo-random sequence seeded by blake2b(name), so it is
-    the same on every machine and Python version, and any shorter slice is a
-    prefix of any longer one.
-    """
-    stream = _STREAMS.get(name)
-    if stream is None:
-        seed = int.from_bytes(blake2b(name.encode(), digest_size=16).digest(), "big")
-        stream = _STREAMS[name] = []
-        _RNGS[name] = random.Random(seed)
-    if len(stream) < length:
-        stream.extend(draw_tokens(_RNGS[name], length - len(stream)))
-    return stream[:length]
-
-
-#: ``randrange(TOKEN_VOCAB - 1)`` reads the top this-many bits of one 32-bit
-#: output of the generator per try, and retries a value >= TOKEN_VOCAB - 1.
-_TOKEN_BITS = (TOKEN_VOCAB - 1).bit_length()
-
-
-def draw_tokens(rng: random.Random, count: int) -> list[int]:
-    """``[1 + rng.randrange(TOKEN_VOCAB - 1) for _ in range(count)]``, drawn
-    in bulk, leaving ``rng`` in the same state.
-
-    ``randrange(n)`` takes ``getrandbits(k)`` (k = n's bit length: the top k
-    bits of one 32-bit output) until it is below n; ``getrandbits(32 * m)``
-    returns m outputs, the first one in the lowest bits. So m outputs give
-    the tokens of the m tries, minus the rejected ones; the rejected ones are
-    drawn again, exactly as many as were rejected, so no output is consumed
-    that the one-by-one loop would not have consumed
-    (``tests/reference/test_token_draw.py`` compares both)."""
-    out: list[int] = []
-    shift = 32 - _TOKEN_BITS
-    limit = (TOKEN_VOCAB - 1) << shift  # w >> shift < TOKEN_VOCAB - 1
-    while len(out) < count:
-        m = count - len(out)
-        words = array("I")
-        if words.itemsize != 4:  # pragma: no cover - every platform CPython supports has a 4-byte unsigned int
-            return out + [1 + rng.randrange(TOKEN_VOCAB - 1) for _ in range(m)]
-        raw = rng.getrandbits(32 * m).to_bytes(4 * m, "little")
-        if _np is not None and m >= 64:  # the same selection, vectorised
-            w = _np.frombuffer(raw, dtype="<u4")
-            out.extend((1 + (w[w < limit] >> shift)).tolist())
-            continue
-        words.frombytes(raw)
-        if sys.byteorder != "little":  # pragma: no cover
-            words.byteswap()
-        out.extend([1 + (w >> shift) for w in words if w < limit])
-    return out
-
 
 def prompt_tokens(request: Request) -> list[int]:
     """The token ids of a request's prompt: its segments concatenated."""

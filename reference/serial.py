@@ -25,6 +25,9 @@ nothing is evicted. For each request R of N prompt tokens the model states:
 A block is matched through its hash, which with lookahead hashes also covers
 the L tokens after it: a boundary p is usable by R only if p + L tokens are
 shared with the request that cached it and R has p + L tokens.
+
+Over 500 lines on purpose: the serial model's lookup, chunking, retention
+and steps are one simulation, read top to bottom.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ It lives under ``engine_adapter/`` because it imports vLLM; it is not part of
 ``docs/deployments.md``, "Checked on a real H200", and
 ``docs/data/h200-resolution.json``.
 
-It is one file of about 670 lines on purpose: a one-off check, run on a
+It is one file of about 670 lines (over 500 lines) on purpose: a one-off check, run on a
 borrowed GPU machine with its result kept in ``docs/data/``, whose parts
 (the stubs, the child that questions a platform, the comparison) serve only
 that run; split, they would be modules nothing else imports.

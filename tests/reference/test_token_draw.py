@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
-import reference.case as case_module
-from reference.case import TOKEN_VOCAB, draw_tokens, segment_tokens
+import reference.tokens as tokens_module
+from reference.tokens import TOKEN_VOCAB, draw_tokens, segment_tokens
 
 
 def _one_by_one(rng: random.Random, count: int) -> list[int]:
@@ -37,8 +37,8 @@ def test_rejections_are_exercised():
 
 
 def test_streams_grown_in_steps_are_the_definition(monkeypatch):
-    monkeypatch.setattr(case_module, "_STREAMS", {})
-    monkeypatch.setattr(case_module, "_RNGS", {})
+    monkeypatch.setattr(tokens_module, "_STREAMS", {})
+    monkeypatch.setattr(tokens_module, "_RNGS", {})
     grown = [segment_tokens("G", n) for n in (5, 3, 700, 2000)]
     from hashlib import blake2b
 
