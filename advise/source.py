@@ -70,7 +70,7 @@ class Source:
 #: The kvspec code a resolution is made of (``Engine.resolve`` runs
 #: ``engine_adapter.vllm_engine.resolve.resolve`` and ``summary`` over these); the shipped
 #: model configs too.
-RESOLVER_FILES = ("vllm_engine/resolve.py", "vllm_engine/served_model.py", "vllm_engine/engine_core.py", "vllm_engine/resolution.py", "vllm_engine/failure.py",
+RESOLVER_FILES = ("vllm_engine/resolve.py", "models/served.py", "vllm_engine/engine_core.py", "vllm_engine/resolution.py", "vllm_engine/failure.py",
                   "vllm_engine/standins.py", "vllm_engine/platform.py", "inside/worker.py")
 
 

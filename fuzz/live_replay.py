@@ -57,7 +57,8 @@ from typing import Any, Callable
 
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import check_case, rescale_case
-from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, LiveRow, Sender, number_text, one_line, redact_url, server_info, wait_idle
+from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, LiveRow, Sender, number_text, redact_url, server_info, wait_idle
+from ground.printable import one_line
 from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
 from reference.case import Case, case_to_dict, is_concurrent, serial_prefix, waves, with_resolution
 from reference.knobs import implemented_rule

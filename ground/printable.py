@@ -49,3 +49,10 @@ def printable(text: object, *, keep: str = "") -> str:
         return " " if c in _BREAKS else ""
 
     return _CONTROL.sub(one, text)
+
+
+def one_line(text: object, limit: int | None = None) -> str:
+    """``text`` with every run of whitespace (line breaks included) made one
+    space, cut to ``limit`` characters (ending ``...``) when given."""
+    line = " ".join(str(text).split())
+    return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."

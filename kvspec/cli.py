@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BROKEN_PIPE = 141
 
 
-def one_line(message: str) -> str:
+def escape_line_breaks(message: str) -> str:
     """A message as one line: CR and LF shown as ``\\r`` and ``\\n``."""
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except KvspecError as e:
-        _say(f"kvspec: {one_line(str(e))}")
+        _say(f"kvspec: {escape_line_breaks(str(e))}")
         return 2
     except KeyboardInterrupt:
         _say("kvspec: interrupted")

@@ -13,7 +13,7 @@ called, at every nesting level (``text_config`` and the like):
   a model's code; it never needs a tokenizer or processor class.
 * **Known architecture.** ``architectures``, where given, is a list of 1 to
   8 class names of ``[A-Za-z0-9_]``; that its first entry is one kvspec
-  knows is checked against ``engine_adapter.vllm_engine.served_model.MAMBA_KIND`` on the
+  knows is checked against ``engine_adapter.models.served.MAMBA_KIND`` on the
   merged config, before vLLM sees it.
 * **Bounded sizes.** A layer count (:data:`LAYER_FIELDS`) is at most
   :data:`MAX_LAYERS` = 1,024, and so is the length of a per-layer list

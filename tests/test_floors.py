@@ -192,3 +192,21 @@ def test_only_the_engine_family_imports_an_engine_and_it_never_imports_the_host_
             wrong += [f"{rel[module]} -> {rel[dst]} (the family runs inside; it never imports the host side)" for dst in sorted(graph[module]) if _side(dst) == "host"]
     assert wrong == []
     assert {_side(m) for m in modules} >= {"host", "inside", "family"}  # the sides exist where this test looks
+
+
+#: Host-side modules that may import the vLLM family, and why.
+FAMILY_IMPORTS_ALLOWED = {
+    "fuzz.fuzz_engine": "the atheris harness runs inside the engine's environment, with vLLM in-process",
+    "advise.source": "a resolution cache key names the family's resolver version (RESOLVER_VERSION, no vLLM import)",
+}
+
+
+def test_the_host_side_reaches_the_family_only_through_the_engine_interface():
+    """The CLI, campaigns, advise and mutate talk to an engine through
+    ``engine_adapter``'s host side and interface; a family's own modules
+    (``engine_adapter.vllm_engine``) are imported only where listed, so a
+    second family joins without touching them."""
+    graph, rel = _graph()
+    wrong = [f"{rel[src]} -> {rel[dst]}" for src, dsts in graph.items() for dst in sorted(dsts)
+             if src.split(".")[0] in ("fuzz", "advise", "mutate", "kvspec") and _side(dst) == "family" and src not in FAMILY_IMPORTS_ALLOWED]
+    assert wrong == []

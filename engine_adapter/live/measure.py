@@ -250,10 +250,6 @@ class Sender:
         return not self.stopped
 
 
-def one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def redact_url(url: str) -> str:
     """The URL without any ``user:password@`` part (never printed or saved)."""
     from urllib.parse import urlsplit, urlunsplit

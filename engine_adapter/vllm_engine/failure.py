@@ -41,6 +41,7 @@ from typing import Literal, NoReturn
 
 from ground.errors import DeploymentRejected
 from ground.home import REPO_ROOT
+from ground.printable import one_line
 
 _TRACEBACK_LIMIT = 20000
 #: kvspec's own packages (a frame there is kvspec's code, not vLLM's).
@@ -139,11 +140,6 @@ def vllm_outcome(e: BaseException, where: str, vllm_root: Path | None = None) ->
     return "refused" if isinstance(e, REFUSALS[where]) else "crashed"
 
 
-def one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def vllm_message(e: BaseException) -> str:
     """vLLM's own words for an exception, on one line: a pydantic validation
     error gives its first message (and field), anything else its text."""
@@ -153,10 +149,10 @@ def vllm_message(e: BaseException) -> str:
             first = errors()[0]
             msg = str(first.get("msg", "")).removeprefix("Value error, ")
             loc = ".".join(str(x) for x in first.get("loc", ()) if x not in ("__root__",))
-            return one_line(f"{loc}: {msg}" if loc else msg)
+            return one_line(f"{loc}: {msg}" if loc else msg, 400)
         except Exception:  # noqa: BLE001 - fall back to the text
             pass
-    return one_line(f"{type(e).__name__}: {e}")
+    return one_line(f"{type(e).__name__}: {e}", 400)
 
 
 def raise_outcome(e: Exception, where: str, refused: str, phase: str = "setup") -> NoReturn:

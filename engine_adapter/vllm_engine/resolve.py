@@ -36,7 +36,7 @@ and the attention backend it aligns with are reported as ``assumptions``.
 Only ``engine_adapter`` imports vLLM; this module observes, it does not judge.
 
 Its parts live beside it: the model config vLLM reads
-(``engine_adapter.vllm_engine.served_model``), ``EngineCore``'s KV-cache plan
+(``engine_adapter.models.served``), ``EngineCore``'s KV-cache plan
 and block sizes (``engine_adapter.vllm_engine.engine_core``), the
 :class:`Resolution` and its case form (``engine_adapter.vllm_engine.resolution``).
 """
@@ -50,16 +50,16 @@ from typing import Any
 
 from engine_adapter.vllm_engine import platform as kplatform
 from engine_adapter.vllm_engine.engine_core import engine_core_block_sizes, engine_core_handshake, kv_cache_configs
-from engine_adapter.vllm_engine.failure import one_line, raise_outcome
+from engine_adapter.vllm_engine.failure import raise_outcome
+from ground.printable import one_line
 from engine_adapter.vllm_engine.resolution import Resolution, check_limits
-from engine_adapter.vllm_engine.served_model import MAMBA_KIND, model_config_dict, model_dir
+from engine_adapter.models.served import MAMBA_KIND, model_config_dict, model_dir
 from ground.errors import DeploymentRejected as VllmRejected
 from ground.errors import KvspecError, Unsupported
 from reference.deployment import Deployment
 
 # Names other modules import from here; their homes are the modules above.
 from engine_adapter.vllm_engine.resolution import RESOLVER_VERSION, summary  # noqa: F401
-from engine_adapter.vllm_engine.served_model import check_case_model  # noqa: F401
 
 MAMBA_BACKEND = {"gdn": "GDN_ATTN", "mamba2": "MAMBA2", "mamba1": "MAMBA1"}
 #: Where the attention layers' backend is chosen on CUDA (vLLM's

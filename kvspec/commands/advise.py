@@ -201,7 +201,7 @@ def main(args) -> int:
     elif args.model is not None:
         case = _deployment_case(args)
     if case is not None:  # a model config kvspec refuses: before the engine starts
-        from engine_adapter.vllm_engine.resolve import check_case_model
+        from engine_adapter.models.served import check_case_model
 
         check_case_model(case)
     workload = build_workload(args, case)

@@ -173,7 +173,7 @@ def unusable_engine(engines: list[EngineSpec]) -> str | None:
 
 def main(args) -> int:
     from engine_adapter.host.versions import DEFAULT_ENGINE
-    from engine_adapter.vllm_engine.resolve import check_case_model
+    from engine_adapter.models.served import check_case_model
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS
     from fuzz.progress import resume_line

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.models import load_config
-from engine_adapter.vllm_engine.served_model import MAMBA_KIND, model_config_dict
+from engine_adapter.models.served import MAMBA_KIND, model_config_dict
 from ground.home import REPO_ROOT
 from reference.deployment import Deployment, parse_deployment
 from ground.errors import InvalidArgument, Unsupported

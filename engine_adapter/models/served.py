@@ -4,7 +4,10 @@ A deployment names a shipped model or a user's ``config.json``, with
 ``model_overrides`` on top. This module reads it (bounded), checks it
 (``reference.model_config``'s limits, no code-loading key, an architecture
 kvspec knows: :data:`MAMBA_KIND`) and writes it, keyed by its content, to
-the folder vLLM's parser is pointed at (``engine_adapter.vllm_engine.resolve``).
+the folder an engine's parser is pointed at (vLLM:
+``engine_adapter.vllm_engine.resolve``). Family-neutral and engine-free: the
+host side checks a case's model with it (:func:`check_case_model`) before
+any engine starts.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import json
 from pathlib import Path
 
 from engine_adapter.models import SHIPPED, load_config
-from engine_adapter.vllm_engine.failure import one_line
 from ground.errors import InvalidArgument, Unsupported
 from ground.files import write_text_atomic
 from ground.home import models_dir
+from ground.printable import one_line
 from reference.deployment import Deployment
 from reference.model_config import check_model_config
 
