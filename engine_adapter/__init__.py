@@ -1,4 +1,4 @@
-"""engine_adapter: drive the real vLLM scheduler on CPU, one environment per vLLM version.
+"""engine_adapter: the real engine, driven on CPU in an environment of its own per release (vLLM now).
 
 Public API (importing this package never imports vLLM)::
 

@@ -54,6 +54,10 @@ from typing import Any
 PROTOCOL_VERSION = 1
 OPS = ("run", "resolve", "ping", "shutdown", "status")
 #: How the log of a warm engine killed for a request past its bound ends.
+#: The ready marker of every engine environment, written last by an install
+#: (``engine_adapter.host.venvs``); a warm server leaves when it changes.
+READY_MARKER = ".kvspec-ready.json"
+#: How the log of a warm engine killed for a request past its bound ends.
 KILLED_MARK = "kvspec warm engine: killed:"
 
 

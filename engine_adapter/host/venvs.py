@@ -41,9 +41,10 @@ from pathlib import Path
 
 from ground.files import write_json_atomic
 from ground.home import contained_env
+from engine_adapter.protocol import READY_MARKER
 from ground.errors import EngineError
 
-MARKER_NAME = ".kvspec-ready.json"
+MARKER_NAME = READY_MARKER
 
 
 def marker_path(root: Path) -> Path:

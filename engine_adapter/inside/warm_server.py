@@ -20,10 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-from engine_adapter.host.venvs import marker_path
 from engine_adapter.inside.handler import error, handle, settle
 from engine_adapter.interface import get_driver
-from engine_adapter.protocol import KILLED_MARK, decode, encode
+from engine_adapter.protocol import KILLED_MARK, READY_MARKER, decode, encode
 from engine_adapter.sockets import address, hung_up, read_line, remove_if, send_line
 from ground.files import write_json_atomic
 
@@ -48,7 +47,7 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
     settle()
     sock_file = Path(sock_path)
     state_file = Path(state_path) if state_path else sock_file.with_name(sock_file.name.removesuffix(".sock") + ".json")
-    marker = marker_path(Path(sys.prefix))
+    marker = Path(sys.prefix) / READY_MARKER
 
     def marker_sig():
         with contextlib.suppress(OSError):
