@@ -75,47 +75,10 @@ def serve(out, inp, family: str = "vllm") -> int:
 
 
 def selftest(expect_version: str | None, out, *, import_only: bool = False, family: str = "vllm") -> int:
-    """Import the stack (and, unless ``import_only``, run one tiny MTP case);
-    print a JSON summary, exit 1 with one line on stderr when it fails."""
-    import json
-
-    t0 = time.perf_counter()
-    module = family_module(family)  # imports the engine
-    driver = module.get_driver()
-    import_s = time.perf_counter() - t0
-    if expect_version and driver.version != expect_version:
-        print(f"selftest: this environment has vLLM {driver.version}, expected {expect_version}", file=sys.stderr)
-        return 1
-    import torch
-
-    if torch.version.cuda is not None:
-        print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
-        return 1
-    if import_only:
-        import importlib
-
-        for mod in module.IMPORT_CHECK:
-            importlib.import_module(mod)
-        out.write(json.dumps({"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2), "import_only": True}) + "\n")
-        out.flush()
-        return 0
-    result = driver.run(module.selftest_case())
-    if result.get("error"):
-        print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
-        return 1
-    hits = result["hits"]
-    if not (hits[0] == 0 and hits[2] > 0):
-        print(f"selftest: implausible hits {hits} (the second resend must hit)", file=sys.stderr)
-        return 1
-    out.write(json.dumps({
-        "vllm_version": driver.version,
-        "torch_version": torch.__version__,
-        "hits": hits,
-        "import_s": round(import_s, 2),
-        "run_s": result["timing"]["total_s"],
-    }) + "\n")
-    out.flush()
-    return 0
+    """The family's self-test (its module's ``selftest``): import the stack
+    and, unless ``import_only``, run one tiny case; a JSON summary on
+    ``out``, exit 1 with one line on stderr when it fails."""
+    return family_module(family).selftest(expect_version, out, import_only=import_only)  # imports the engine
 
 
 def main(argv: list[str] | None = None) -> int:

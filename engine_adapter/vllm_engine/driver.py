@@ -57,6 +57,7 @@ process) and ``harness.platform``, the platform this process runs vLLM under
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -72,6 +73,7 @@ contain_this_process()
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 _platform.install()
 
+import torch  # noqa: E402
 import vllm  # noqa: E402
 
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
@@ -292,6 +294,46 @@ def selftest_case() -> dict:
 IMPORT_CHECK = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
                 "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface", "vllm.v1.engine.core")
 
+
+
+def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
+    """The vLLM family's self-test (``python -m engine_adapter.inside.worker
+    --selftest``, before an install is marked ready): import the stack
+    (and, unless ``import_only``, run one tiny MTP case, whose second resend
+    must hit); a JSON summary on ``out``, exit 1 with one line on stderr
+    when it fails."""
+    t0 = time.perf_counter()
+    driver = get_driver()
+    import_s = time.perf_counter() - t0
+    if expect_version and driver.version != expect_version:
+        print(f"selftest: this environment has vLLM {driver.version}, expected {expect_version}", file=sys.stderr)
+        return 1
+    if torch.version.cuda is not None:
+        print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
+        return 1
+    if import_only:
+        for mod in IMPORT_CHECK:
+            importlib.import_module(mod)
+        out.write(json.dumps({"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2), "import_only": True}) + "\n")
+        out.flush()
+        return 0
+    result = driver.run(selftest_case())
+    if result.get("error"):
+        print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
+        return 1
+    hits = result["hits"]
+    if not (hits[0] == 0 and hits[2] > 0):
+        print(f"selftest: implausible hits {hits} (the second resend must hit)", file=sys.stderr)
+        return 1
+    out.write(json.dumps({
+        "vllm_version": driver.version,
+        "torch_version": torch.__version__,
+        "hits": hits,
+        "import_s": round(import_s, 2),
+        "run_s": result["timing"]["total_s"],
+    }) + "\n")
+    out.flush()
+    return 0
 
 
 _DRIVER: VllmDriver | None = None
