@@ -47,6 +47,7 @@ from ground.errors import InvalidArgument, invalid
 from ground.home import REPO_ROOT
 from ground.printable import printable
 
+from fuzz.impact import compute as compute_cost
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 
 FINDING_SCHEMA = 2
@@ -192,7 +193,7 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
     run_platform = harness.get("platform") or (case.deployment.platform if case.deployment else platform)
     reach = reachability(case, div.version, case.deployment.platform if case.deployment else platform)
     other_version = div.context.get("other_version") if div.oracle == "versions" else None
-    return {
+    finding = {
         "kvspec_finding": FINDING_SCHEMA,
         "summary": summary(case, div, observation.get("explain")),
         "oracle": div.oracle,
@@ -216,6 +217,8 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
         "resolution": observation.get("resolution"),
         "case": case_to_dict(case),
     }
+    finding["cost"] = compute_cost(finding)  # not part of the signature: what the finding costs, never which bug it is
+    return finding
 
 
 def write_finding(finding: dict, out_dir: str | Path) -> Path:
@@ -332,7 +335,7 @@ def check_fields(finding: dict) -> dict:
     for key in ("summary", "case_kind", "reachability"):
         if not isinstance(finding.get(key), (str, type(None))):
             raise invalid(key, finding[key], "must be a string or absent")
-    for key in ("other_engine", "kvspec", "harness", "resolution"):
+    for key in ("other_engine", "kvspec", "harness", "resolution", "cost"):
         if not isinstance(finding.get(key), (dict, type(None))):
             raise invalid(key, finding[key], "must be an object or null")
     assumptions = (finding.get("resolution") or {}).get("assumptions")

@@ -58,37 +58,53 @@ class OracleRule:
     #: A finding of it can be judged from a live server's hit counters
     #: alone (no knobs, explain or exception there).
     counters: bool = True
+    #: What a finding of it costs a user, one of :data:`SEVERITIES`
+    #: (``fuzz.cost``): ``wrong output possible`` (a state resumed that no
+    #: prefill wrote), ``crash`` (vLLM raised), ``lost reuse`` (fewer hits
+    #: than what must hold), ``memory only`` (the hits right, what the cache
+    #: holds or how it schedules wrong).
+    severity: str = ""
+    #: Its divergences compare hit counts (expected vs observed per request):
+    #: where the engine hit less, the difference is prefill recomputed
+    #: (``fuzz.cost``). The others have no token cost (the hits agree, or no
+    #: hit is compared).
+    token_cost: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
-    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True),
+    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True),
     OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill wrote over the same tokens; no request keys a state it never computed",
-           concurrent=True),
+           concurrent=True, severity="wrong output possible"),
     OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
-           same_hits=True, counters=False),
+           same_hits=True, counters=False, severity="memory only"),
     OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
-           same_hits=True, counters=False),
+           same_hits=True, counters=False, severity="memory only"),
     OracleRule("checkpoint", "a last chunk whose internal prefill checkpoint the kernel can export is not split there",
-           same_hits=True, counters=False),
-    OracleRule("hit_blocks", "a request takes exactly the full-attention blocks its hit covers", same_hits=True, counters=False),
+           same_hits=True, counters=False, severity="memory only"),
+    OracleRule("hit_blocks", "a request takes exactly the full-attention blocks its hit covers", same_hits=True, counters=False, severity="memory only"),
     OracleRule("shared_prefix", "the junction a request reports is 0, or above its hit and within what full attention can have cached",
-           same_hits=True, counters=False),
+           same_hits=True, counters=False, severity="memory only"),
     OracleRule("block_table", "a running request's Mamba block table holds no freed or unretired block; a finished request leaks none",
-           same_hits=True, concurrent=True, counters=False),
+           same_hits=True, concurrent=True, counters=False, severity="wrong output possible"),
     OracleRule("resolution", "the geometry vLLM resolved keeps its flags: hash block = --prefix-match-unit, dividing every block size",
-           concurrent=True, counters=False),
-    OracleRule("reference", "every request hits what the reference model predicts for the rule its release implements", build=False),
-    OracleRule("knobs", "the engine resolved the same knobs as the reference model", build=False, concurrent=True, counters=False),
+           concurrent=True, counters=False, severity="lost reuse"),
+    OracleRule("reference", "every request hits what the reference model predicts for the rule its release implements", build=False, severity="lost reuse", token_cost=True),
+    OracleRule("knobs", "the engine resolved the same knobs as the reference model", build=False, concurrent=True, counters=False, severity="lost reuse"),
     OracleRule("sparse_dense", "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
-           variant=True, hit=True),
-    OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True),
-    OracleRule("versions", "two vLLM versions agree on every request's hit", second_engine=True, concurrent=True),
-    OracleRule("engine_error", "vLLM raised on a case the model accepts", concurrent=True, counters=False),
+           variant=True, hit=True, severity="lost reuse", token_cost=True),
+    OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True, severity="lost reuse", token_cost=True),
+    OracleRule("versions", "two vLLM versions agree on every request's hit", second_engine=True, concurrent=True, severity="lost reuse", token_cost=True),
+    OracleRule("engine_error", "vLLM raised on a case the model accepts", concurrent=True, counters=False, severity="crash"),
     OracleRule("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
-           default=False, variant=True),
+           default=False, variant=True, severity="lost reuse", token_cost=True),
 )
 
 BY_NAME = {o.name: o for o in REGISTRY}
+
+#: Severities, worst first: a silent wrong answer, then a crash, then
+#: prefill recomputed, then memory held (``kvspec findings`` orders classes
+#: by this, then by tokens recomputed).
+SEVERITIES = ("wrong output possible", "crash", "lost reuse", "memory only")
 
 
 def names(keep=lambda o: True) -> tuple[str, ...]:
@@ -155,10 +171,10 @@ def _yes(flag: bool) -> str:
 
 def docs_table() -> str:
     """The docs' table of every oracle."""
-    rows = ["| oracle | what it judges | default | build | variant run | concurrent | hit counters |", "|---|---|---|---|---|---|---|"]
+    rows = ["| oracle | what it judges | default | build | variant run | concurrent | hit counters | severity |", "|---|---|---|---|---|---|---|---|"]
     for o in REGISTRY:
         rows.append(f"| `{o.name}` | {o.judges} | {_yes(o.default)} | {_yes(o.build)} | {'second engine' if o.second_engine else _yes(o.variant)} "
-                    f"| {_yes(o.concurrent)} | {_yes(o.counters)} |")
+                    f"| {_yes(o.concurrent)} | {_yes(o.counters)} | {o.severity}{' (tokens)' if o.token_cost else ''} |")
     return "\n".join(rows)
 
 

@@ -48,6 +48,8 @@ from reference.case import parse_case
 from ground.errors import KvspecError, invalid
 from ground.printable import printable
 
+from fuzz.impact import cost_of, impact_lines
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Known finding classes: how to recognise one (a predicate over the finding
@@ -231,6 +233,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
               " Expected: kvspec's promise, where a request resumes under dense retention (every Mamba state written is kept)"
               + (", and never on a state no prefill chunk wrote" if cls and cls["id"] == "stale-state-after-partial-hit" else "") + ".", ""]
+    lines += impact_lines(cost_of(finding))
     if matrix:
         lines += ["## Versions", "", "| engine | hits |", "|---|---|"]
         for row in matrix:

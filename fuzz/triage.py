@@ -28,6 +28,7 @@ from pathlib import Path
 from reference.case import Case, parse_case
 
 from fuzz.findings import load_finding
+from fuzz.impact import cost_of, severity_rank
 from fuzz.oracles import request_kinds
 
 
@@ -105,26 +106,32 @@ def describe(path: str, finding: dict) -> dict:
         "requests": requests,
         "tokens": tokens,
         "summary": str(finding.get("summary", ""))[:300],
+        "cost": cost_of(finding),
     }
 
 
 def triage(described: list[dict], new: set[str] = frozenset()) -> list[dict]:
-    """Group described findings into classes, largest class first; each
-    with its count, how many of its files are in ``new``, and the smallest
-    finding as its representative."""
+    """Group described findings into classes, the worst severity first, then
+    the most tokens recomputed, then the largest class; each with its
+    count, how many of its files are in ``new``, the smallest finding as its
+    representative, and the cost of its costliest member (``cost``: see
+    :mod:`fuzz.cost`)."""
     groups: dict[tuple, list[dict]] = {}
     for d in described:
         groups.setdefault(tuple(d["key"]), []).append(d)
     classes = []
     for key, members in groups.items():
         rep = min(members, key=lambda d: (d["requests"], d["tokens"], d["path"]))
+        costliest = max(members, key=lambda d: (d["cost"].get("tokens_total") or 0, d["path"]))["cost"]
         classes.append({
             "oracle": key[0], "request_kind": key[1], "geometry": key[2], "hint": key[3],
             "count": len(members), "new": sum(d["path"] in new for d in members),
             "representative": {k: rep[k] for k in ("path", "requests", "tokens", "summary")},
             "paths": sorted(d["path"] for d in members),
+            "severity": costliest["severity"], "cost": costliest,
         })
-    return sorted(classes, key=lambda c: (-c["count"], c["oracle"], c["request_kind"], c["geometry"], c["hint"]))
+    return sorted(classes, key=lambda c: (severity_rank(c["cost"]), -(c["cost"].get("tokens_total") or 0), -c["count"], c["oracle"], c["request_kind"],
+                                          c["geometry"], c["hint"]))
 
 
 def _one_line(e: BaseException) -> str:

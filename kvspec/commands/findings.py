@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from fuzz.impact import short
 from ground.errors import invalid
 from ground.printable import printable
 
@@ -13,6 +14,11 @@ HELP = "group the finding files in a folder into classes, one smallest represent
 EPILOG = """\
 A class is oracle x request kind x geometry class x root-cause hint; its
 representative is its smallest case (fewest requests, then fewest tokens).
+Classes are listed worst first: by severity (wrong output possible, crash,
+lost reuse, memory only), then by prefill tokens recomputed; the last
+column is the cost of the class's costliest finding (fuzz/cost.py: tokens,
+and prefill time on the deployment's GPU at 40% of its dense BF16 peak;
+docs/cost.md).
 Files that are not findings are listed apart, one line each.
 
 exit codes:
@@ -37,7 +43,8 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
     for i, c in enumerate(classes, 1):
         rep = c["representative"]
         new = f", {c['new']} new" if c.get("new") else ""
-        lines.append(f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}  ({c['count']} file(s){new})")
+        cost = f" | {short(c['cost'])}" if c.get("cost") else ""
+        lines.append(f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}{cost}  ({c['count']} file(s){new})")
         lines.append(f"     smallest: {rep['path']} ({rep['requests']} request(s), {rep['tokens']} tokens)")
         if rep["summary"]:
             lines.append(f"     {rep['summary']}")

@@ -231,8 +231,9 @@ def test_findings_group_into_classes_with_the_smallest_representative(tmp_path):
     described, malformed = read_findings(tmp_path)
     assert malformed == []
     classes = triage(described)
-    assert [(c["oracle"], c["request_kind"], c["geometry"], c["count"]) for c in classes] == [("promise", "resend", "uniform", 2), ("engine_error", "fresh", "uniform", 1)]
-    promise, raised = classes
+    # worst severity first (a crash before lost reuse), then tokens recomputed, then the count
+    assert [(c["oracle"], c["request_kind"], c["geometry"], c["count"]) for c in classes] == [("engine_error", "fresh", "uniform", 1), ("promise", "resend", "uniform", 2)]
+    raised, promise = classes
     assert promise["hint"] == "resend low, block-aligned prompt"
     assert promise["representative"]["path"].endswith("promise-small.json")
     assert (promise["representative"]["requests"], promise["representative"]["tokens"]) == (2, 96)
@@ -274,7 +275,7 @@ def test_kvspec_findings_lists_classes_and_malformed_files_one_line_each(tmp_pat
     assert f"{len(MALFORMED) + 1} malformed file(s), not findings:" in lines
     assert kvspec(["findings", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["findings"] == 3 and [c["count"] for c in report["classes"]] == [2, 1]
+    assert report["findings"] == 3 and [c["count"] for c in report["classes"]] == [1, 2]
     assert len(report["malformed"]) == len(MALFORMED) + 1
 
 

@@ -1,0 +1,148 @@
+"""What a finding costs (fuzz/cost.py, fuzz/impact.py): the arithmetic on
+hand-computed numbers, a severity for every oracle, tokens only without a
+model, and old finding files (no ``cost``) still listed by ``kvspec
+findings`` with their cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fuzz import findings as F
+from fuzz.cost import GPUS, UTILISATION, model_dims, recompute_flops, recomputed, seconds
+from fuzz.impact import compute, impact_lines, short
+from fuzz.oracle_registry import BY_NAME, REGISTRY, SEVERITIES
+from fuzz.oracles import Divergence
+from fuzz.report import issue_markdown
+from fuzz.triage import read_findings, triage
+from kvspec.cli import main as kvspec
+from tests.conftest import hybrid, make_case
+
+#: A tiny Qwen3-Next-shaped config whose numbers are counted by hand below.
+TINY = {"architectures": ["TinyHybrid"], "hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 2,
+        "intermediate_size": 8, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 1, "linear_key_head_dim": 2,
+        "linear_num_value_heads": 1, "linear_value_head_dim": 2}
+
+
+def test_the_arithmetic_on_a_hand_counted_model():
+    # attention: q 4*2*2=16, k+v 2*4*1*2=16, o 2*2*4=16 -> 48, width 2*2=4
+    # Gated DeltaNet: qkvz 4*(2*1*2+2*1*2)=32, ba 4*2*1=8, out 1*2*4=8 -> 48
+    # MLP (gated, 3 matrices): 3*4*8=96 in each of the 2 layers -> 192
+    dims = model_dims(TINY)
+    assert dims == {"active_params": 48 + 48 + 192, "attention_layers": 1, "attention_width": 4, "mamba_layers": 1}
+    # positions [2, 5): 2*288*3 = 1728 for the weights; 4*1*4*(3+4+5) = 192 for attention
+    assert recompute_flops(dims, 2, 5) == 1728 + 192
+    assert recompute_flops(dims, 5, 5) == 0
+    # 1920 FLOPs on 2 H100s at 40% of 989 TFLOPS
+    assert UTILISATION == 0.40 and GPUS["h100"][1] == 989e12 and GPUS["a100"][1] == 312e12 and GPUS["b200"][1] == 2250e12
+    assert seconds(1920, "h100", tp=2) == pytest.approx(1920 / (2 * 989e12 * 0.4))
+
+
+def test_tokens_recomputed_count_only_requests_that_hit_less():
+    per = recomputed([0, 1360, 50, 32], [0, 0, 80, 16], [1, 2])  # request 2 hit more; request 3 is not one the judge named
+    assert per == [{"request": 1, "tokens": 1360, "from": 0, "to": 1360}]
+
+
+def test_a_real_model_s_cost_by_hand():
+    # Qwen3-Next (shipped defaults): P = 48 x 35,651,584 (MoE: 10 experts x 3 x 2048 x 512 + shared 3 x 2048 x 512 + router 2048 x 512)
+    #   + 36 x 33,685,504 (Gated DeltaNet) + 12 x 27,262,976 (gated attention) = 3,251,109,888; 12 attention layers of width 16 x 256
+    dims = model_dims(json.loads((F.REPO_ROOT / "engine_adapter" / "models" / "qwen3_next.json").read_text()))
+    assert dims == {"active_params": 3_251_109_888, "attention_layers": 12, "attention_width": 4096, "mamba_layers": 36}
+    # 1360 tokens from 0: 2 x 3,251,109,888 x 1360 + 4 x 12 x 4096 x (1360 x 1361 / 2) = 8,843,018,895,360 + 181,956,771,840 = 9,024,975,667,200 FLOPs
+    assert recompute_flops(dims, 0, 1360) == 9_024_975_667_200
+    assert seconds(9_024_975_667_200, "h100") == pytest.approx(0.022813, rel=1e-4)  # 22.8 ms on one H100
+
+
+def test_every_registered_oracle_has_a_severity_and_the_mapping_is_the_documented_one():
+    assert SEVERITIES == ("wrong output possible", "crash", "lost reuse", "memory only")
+    assert all(o.severity in SEVERITIES for o in REGISTRY)
+    assert BY_NAME["stale"].severity == "wrong output possible" and BY_NAME["engine_error"].severity == "crash"
+    assert {o.name for o in REGISTRY if o.severity == "lost reuse"} == {"promise", "reference", "sparse_dense", "spec_on_off", "versions", "junction",
+                                                                        "knobs", "resolution"}
+    assert {o.name for o in REGISTRY if o.severity == "memory only"} == {"retention", "split", "checkpoint", "hit_blocks", "shared_prefix"}
+    assert {o.name for o in REGISTRY if o.token_cost} == {"promise", "reference", "sparse_dense", "spec_on_off", "versions", "junction"}
+    assert not any(o.token_cost and (o.same_hits or o.severity != "lost reuse") for o in REGISTRY)
+
+
+def _finding(oracle="promise", expected=(0, 32), observed=(0, 16), context=None):
+    case = make_case(hybrid(16, 16), [[("A", 48)]] * 2)
+    div = Divergence(oracle, "0.29.0", [1], list(expected), list(observed), "", context or {})
+    return F.make_finding(case, div, {"hits": list(observed), "queries": [], "knobs": {}, "explain": []})
+
+
+def test_a_hand_geometry_costs_tokens_only():
+    cost = _finding()["cost"]
+    assert cost["severity"] == "lost reuse" and cost["tokens_total"] == 16 and cost["tokens_per_request"][0]["tokens"] == 16
+    assert cost["note"] == "no model: tokens only" and cost["prefill_seconds"] is None and cost["flops"] is None
+    assert cost["memory"] == "not measured"
+    assert short(cost) == "lost reuse: 16 token(s) recomputed (no model: tokens only)"
+    assert "No model (a hand geometry, or a config kvspec cannot read): tokens only." in impact_lines(cost)
+
+
+def test_a_deployment_costs_time_on_each_gpu_divided_by_tensor_parallelism():
+    finding = _finding(expected=(0, 1360), observed=(0, 0))
+    finding["case"]["deployment"] = {"model": "qwen3_next", "vllm_args": ["--tensor-parallel-size", "2"], "device": "a100"}
+    cost = compute(finding)
+    assert cost["model"] == "qwen3_next" and cost["tensor_parallel"] == 2 and cost["flops"] == 9_024_975_667_200
+    assert set(cost["prefill_seconds"]) == {"h100", "a100", "b200"}
+    assert cost["prefill_seconds"]["a100"] == pytest.approx(9_024_975_667_200 / (2 * 312e12 * 0.4))
+    assert short(cost).endswith("on a100 (TP 2)")
+
+
+def test_oracles_without_a_token_cost_and_memory_where_states_are_carried():
+    stale = compute(_finding("stale", (0, 16), (0, 16)))
+    assert stale["severity"] == "wrong output possible" and stale["tokens_total"] is None and short(stale) == "wrong output possible"
+    cost = _finding("retention", (0, 16), (0, 16), {"expected_states": [[16], [32]], "observed_states": [[16, 32], []]})["cost"]
+    assert cost["severity"] == "memory only" and cost["memory"] == {"extra_states": 1, "missing_states": 1, "state_bytes": None, "extra_bytes": None}
+
+
+def test_the_cost_is_not_part_of_a_finding_s_identity():
+    a, b = _finding(), _finding()
+    b["cost"] = {"severity": "crash"}
+    assert a["signature"] == b["signature"] == F.signature(F.parse_case(a["case"]), Divergence("promise", "0.29.0", [1], [0, 32], [0, 16], ""), {})
+
+
+def test_old_finding_files_without_a_cost_still_list_with_their_cost(tmp_path, capsys):
+    old = _finding()
+    del old["cost"]
+    (tmp_path / "promise-old.json").write_text(json.dumps(old))
+    crash = _finding("engine_error", (), ())
+    del crash["cost"]
+    crash["observed"]["error"] = {"type": "ValueError", "message": "boom"}
+    (tmp_path / "engine_error-old.json").write_text(json.dumps(crash))
+    described, malformed = read_findings(tmp_path)
+    assert malformed == [] and [c["severity"] for c in triage(described)] == ["crash", "lost reuse"]
+    assert kvspec(["findings", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"2 finding(s) in 2 class(es) in {tmp_path}"
+    assert lines[1].startswith("  1. engine_error |") and "| crash  (1 file(s))" in lines[1]
+    assert "| lost reuse: 16 token(s) recomputed (no model: tokens only)  (1 file(s))" in lines[4]
+
+
+def test_the_report_has_an_impact_section():
+    text = issue_markdown(_finding())
+    assert "## Impact" in text and "Severity: **lost reuse**." in text and "Prefill tokens recomputed: 16 over the trace" in text
+
+
+def test_a_stranger_s_model_path_is_read_only_as_a_run_reads_it(tmp_path):
+    """A finding comes from a stranger: its ``deployment.model`` path is read
+    only if it is a regular config.json a run would accept; a FIFO (which
+    would block a plain open) or a config naming code costs tokens only."""
+    import os
+    import time
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    finding = _finding(expected=(0, 1360), observed=(0, 0))
+    finding["case"]["deployment"] = {"model": str(fifo), "vllm_args": []}
+    t0 = time.monotonic()
+    cost = compute(finding)
+    assert time.monotonic() - t0 < 5
+    assert cost["flops"] is None and cost["tokens_total"] == 1360 and cost["note"].startswith("model config not readable")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "config.json").write_text('{"architectures": ["Qwen3NextForCausalLM"], "auto_map": {"AutoConfig": "x.Y"}}')
+    finding["case"]["deployment"] = {"model": str(code), "vllm_args": []}
+    cost = compute(finding)
+    assert cost["flops"] is None and cost["note"].startswith("model config not readable")
