@@ -25,7 +25,7 @@ import inspect
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import vllm
@@ -256,6 +256,15 @@ def speculative_kwargs(caps: Capabilities, case: Case) -> tuple[dict, dict]:
 
 
 
+def _hand_failure(e: Exception, phase: str) -> NoReturn:
+    """What vLLM raised building a hand geometry: a ``VllmFailure`` of
+    ``phase`` when the exception is vLLM's (:func:`vllm_outcome`), else ``e``
+    itself (kvspec's own bug, raised as it is)."""
+    if vllm_outcome(e, "hand") is None:
+        raise e
+    raise VllmFailure(phase, e) from None
+
+
 def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     """What ``EngineCore`` builds for a hand geometry: the KV cache groups as
     the GPU model runner would report them for a tiny Qwen3-Next-style model
@@ -318,9 +327,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     except KvspecError:
         raise
     except Exception as e:
-        if vllm_outcome(e, "hand") is None:
-            raise
-        raise VllmFailure("config", e) from None
+        _hand_failure(e, "config")
 
     # -- the KV cache groups, as the GPU model runner reports them for this geometry
     try:
@@ -374,9 +381,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     except KvspecError:
         raise
     except Exception as e:
-        if vllm_outcome(e, "hand") is None:
-            raise
-        raise VllmFailure("setup", e) from None
+        _hand_failure(e, "setup")
     return {
         "vllm_config": vllm_config,
         "scheduler": scheduler,
