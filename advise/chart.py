@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ground.files import write_bytes_atomic
 from ground.printable import printable
+from ground.home import cache_dir
 
 BARS_UP_TO = 40
 LINES_UP_TO = 1500
@@ -24,7 +25,6 @@ LINES_UP_TO = 1500
 
 def chart(advice: dict, title: str, path: Path) -> Path:
     """Draw and write the PNG; returns its path."""
-    from ground.home import cache_dir
 
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir("matplotlib")))
     from matplotlib import colormaps

@@ -33,6 +33,10 @@ from pathlib import Path
 from advise.model import RuleOutcome, held_on_path, kept_positions, retention_label
 from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
 from ground.errors import invalid
+from engine_adapter.host.versions import parse_engine
+from fuzz.findings import make_finding, write_finding
+from fuzz.oracles import Divergence, check_engine_error, resolved
+from fuzz.verdict import harness_error_of
 
 CONFIRM_REQUESTS = 200
 CONFIRM_TOKENS = 2_000_000
@@ -117,10 +121,6 @@ def compare(case: Case, outcome: RuleOutcome, observation: dict, lookahead: int)
 
 def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout: float = RUN_TIMEOUT_S, progress=None) -> dict:
     """Run every setting of ``advice`` on ``engine``; compare; write findings."""
-    from fuzz.verdict import harness_error_of
-    from fuzz.findings import make_finding, write_finding
-    from fuzz.oracles import Divergence, check_engine_error, resolved
-    from engine_adapter.host.versions import parse_engine
 
     version = parse_engine(source.engine)
     lookahead = advice["knobs"]["hash_lookahead_tokens"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from advise.model import RESENDS
+from ground.printable import printable
 
 #: Request rows printed: the first ones, then those losing reuse, up to this many.
 MAX_ROWS = 30
@@ -56,7 +57,6 @@ def _mcp(m: dict, key: str) -> str:
 
 def printable_doc(value):
     """``value`` with every string in it (keys too) :func:`printable`."""
-    from ground.printable import printable
 
     if isinstance(value, str):
         return printable(value)

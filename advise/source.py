@@ -27,6 +27,14 @@ from pathlib import Path
 from reference.case import Case, Geometry, Group, Speculative, with_resolution
 from ground.files import hash_files, load_json, write_json_atomic
 from ground.errors import KvspecError, Unsupported
+from engine_adapter.host import environments
+from engine_adapter.host.versions import parse_engine
+from engine_adapter.live.client import LiveClient, check_base_url
+from engine_adapter.live.measure import redact_url, server_info
+from ground.errors import EngineError
+from ground.home import cache_dir
+from reference.case import case_to_dict
+from reference.knobs import SUPPORTED_VERSIONS
 
 #: Bump when the cached record's shape changes.
 CACHE_SCHEMA = 1
@@ -58,7 +66,6 @@ class Source:
         return Case(self.geometry, self.speculative, tuple(requests), name)
 
     def as_dict(self) -> dict:
-        from reference.case import case_to_dict
 
         geometry = case_to_dict(Case(self.geometry, self.speculative, ()))
         return {"kind": self.kind, "engine": self.engine, "describe": self.describe, "geometry": geometry["geometry"], "speculative": geometry["speculative"], "facts": self.facts, "assumptions": self.assumptions, "resolution_cached": self.cached}
@@ -84,9 +91,7 @@ def _code_digest() -> str:
 
 def cache_key(engine: str, case: Case) -> str:
     """The resolution cache key of a deployment on an engine."""
-    from engine_adapter.host import environments
     from engine_adapter.vllm_engine.resolve import RESOLVER_VERSION
-    from engine_adapter.host.versions import parse_engine
 
     marker = environments.read_marker(parse_engine(engine)) or {}
     text = json.dumps({"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "resolver": RESOLVER_VERSION, "env": [marker.get("fingerprint"), marker.get("created")], "code": _code_digest()}, sort_keys=True)
@@ -94,7 +99,6 @@ def cache_key(engine: str, case: Case) -> str:
 
 
 def cache_path(engine: str, case: Case) -> Path:
-    from ground.home import cache_dir
 
     return cache_dir("advise-resolutions") / f"{cache_key(engine, case)}.json"
 
@@ -187,12 +191,7 @@ def server_geometry(info) -> tuple[Geometry, Speculative | None, list[str]]:
 
 def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: float) -> Source:
     """The geometry of a running server (one line when unreachable)."""
-    from engine_adapter.live.client import LiveClient, check_base_url
-    from engine_adapter.live.measure import server_info
-    from reference.knobs import SUPPORTED_VERSIONS
 
-    from engine_adapter.live.measure import redact_url
-    from ground.errors import EngineError
 
     check_base_url(url, "--server")
     try:

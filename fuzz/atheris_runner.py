@@ -40,6 +40,11 @@ from fuzz.codec import encode
 from fuzz.summary import ATHERIS_KEYS, CampaignSummary
 from reference.case import Case
 from ground.files import write_bytes_atomic
+from engine_adapter.host import environments
+from engine_adapter.host.venvs import ensure_tools
+from engine_adapter.host.versions import parse_engine
+from fuzz.progress import progress_line
+from ground.home import contained_env
 
 TARGET = Path(__file__).resolve().parent / "fuzz_engine.py"
 ROOT = TARGET.parent.parent
@@ -109,15 +114,12 @@ def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
     """Install the fuzzing tools (at this interpreter's versions, no
     dependencies) into an engine environment that lacks them; bounded by
     ``timeout`` seconds (``engine_adapter.host.venvs.ensure_tools``)."""
-    from engine_adapter.host.venvs import ensure_tools
 
     return ensure_tools(python, ("atheris", "hypothesis"), FUZZ_TOOLS, timeout)
 
 
 def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
-    from engine_adapter.host import environments
-    from engine_adapter.host.versions import parse_engine
 
     version = parse_engine(engine)
     if environments.is_ready(version):
@@ -133,9 +135,6 @@ def target_env(engine: str, in_process: bool) -> dict[str, str]:
     (``environments.worker_env``: the platform, and the torchvision stub
     without which vLLM cannot import Qwen3.5's model class and every
     Qwen3.5 deployment would fail to resolve); else kvspec's own."""
-    from engine_adapter.host import environments
-    from engine_adapter.host.versions import parse_engine
-    from ground.home import contained_env
 
     env = environments.worker_env(parse_engine(engine)) if in_process else contained_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
@@ -353,7 +352,6 @@ def _drain(q: queue.Queue, states: list[WorkerState]) -> None:
 
 
 def _progress_line(states: list[WorkerState], elapsed: float) -> str:
-    from fuzz.progress import progress_line
 
     found = len({p for s in states for (_, p, _) in s.findings})
     return progress_line(elapsed, sum(s.execs for s in states), sum(s.exec_s for s in states), max((s.cov for s in states), default=0) or None, found, sum(s.harness_errors for s in states))

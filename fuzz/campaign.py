@@ -51,6 +51,7 @@ from fuzz.verdict import HarnessFailure, harness_error_of
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
 from fuzz.shrink import shrink
+from reference.case import parse_case
 
 
 #: The block a trace is drawn on for a deployment vLLM crashes on (no
@@ -202,7 +203,6 @@ class Campaign:
         to resolve it. Cached per deployment."""
         import json
 
-        from reference.case import parse_case
 
         key = json.dumps(deployment, sort_keys=True)
         if key in self._resolved:

@@ -24,6 +24,7 @@ from ground.errors import EngineError
 from fuzz.campaign import Campaign, Stats
 from fuzz.choosers import RandomChooser
 from fuzz.generate import another_trace, build_case, class_schedule
+from fuzz.generate import hypothesis_cases
 
 #: Traces the random driver draws on each deployment it draws.
 TRACES_PER_DEPLOYMENT = 4
@@ -177,7 +178,6 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
-    from fuzz.generate import hypothesis_cases
 
     deadline = time.monotonic() + max_time
     done = [0, False]  # examples run, stop requested

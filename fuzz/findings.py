@@ -49,6 +49,9 @@ from ground.printable import printable
 
 from fuzz.impact import compute as compute_cost
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
+from fuzz.oracles import KNOWN_ORACLES
+from fuzz.verdict import other_engine_version
+from reference.reachability import reachability
 
 FINDING_SCHEMA = 2
 #: Finding schemas this kvspec reads.
@@ -186,7 +189,6 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
     with whether it breaks a rule every vLLM deployment obeys
     (``reference.reachability``). ``other_observation``: the other engine's
     run of a ``versions`` finding (for its files' digest)."""
-    from reference.reachability import reachability
 
     knobs = (observation.get("knobs") or {})
     harness = observation.get("harness") if isinstance(observation.get("harness"), dict) else {}
@@ -237,7 +239,6 @@ def upgrade(finding: dict) -> dict:
         raise invalid("kvspec_finding", schema, f"this kvspec reads finding schemas {', '.join(map(str, READS_SCHEMAS))}")
     if schema == FINDING_SCHEMA:
         return finding
-    from fuzz.verdict import other_engine_version
 
     out = dict(finding)
     engine = out.get("engine") if isinstance(out.get("engine"), dict) else {}
@@ -303,7 +304,6 @@ def check_fields(finding: dict) -> dict:
     ``observed`` are objects with hit lists, the request indices are
     integers, the texts are strings. The first malformed field is one line
     naming it (``field=value: allowed``); the finding is returned as is."""
-    from fuzz.oracles import KNOWN_ORACLES
 
     sig = finding.get("signature")
     if not isinstance(sig, str) or not SIGNATURE.match(sig):

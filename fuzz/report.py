@@ -49,6 +49,9 @@ from ground.errors import KvspecError, invalid
 from ground.printable import printable
 
 from fuzz.impact import cost_of, impact_lines
+from fuzz.findings import check_fields
+from ground.errors import invalid
+from ground.home import engines_dir as default_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +108,6 @@ def classify(finding: dict) -> dict | None:
 def vllm_line(version: str, path: str, anchor: str, needle: str, engines_dir: Path | None = None) -> str | None:
     """``path:line`` of ``needle`` after ``anchor`` in the installed vLLM of
     ``version`` (its engine environment), read as text; None if not found."""
-    from ground.home import engines_dir as default_dir
 
     base = (engines_dir or default_dir()) / f"vllm-{version}"
     for site in sorted(base.glob("lib/python3*/site-packages")):
@@ -264,7 +266,6 @@ def live_summary(raw, path: str, requests: int) -> dict:
     """The parts of a live replay report (``kvspec replay --server URL --json
     REPORT.json``: ``fuzz.live_report.Report.as_dict``) that
     ISSUE.md quotes; a document of another shape is one line."""
-    from ground.errors import invalid
 
     shape = "a JSON object written by kvspec replay --server --json"
     if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list) or not isinstance(raw.get("verdict"), str):
@@ -509,7 +510,6 @@ def regression_test(finding: dict) -> str:
     """The vLLM-style regression test's source for a finding (checked with
     ``check_fields`` first). Every value from the finding is a literal
     (:func:`_literal`); the docstring holds only kvspec's own class title."""
-    from fuzz.findings import check_fields
 
     check_fields(finding)
     case = _case_of(finding)
@@ -540,7 +540,6 @@ def bundle(finding: dict, *, matrix: list[dict] | None = None, live: dict | None
     """{file name: text} of the report bundle; a malformed finding field is
     one line naming it (``fuzz.findings.check_fields``), before any text is
     made."""
-    from fuzz.findings import check_fields
 
     check_fields(finding)
     files = {"ISSUE.md": issue_markdown(finding, matrix=matrix, live=live, finding_path=finding_path)}

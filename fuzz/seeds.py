@@ -20,6 +20,7 @@ from reference.case import Case, Segment, parse_case, request_to_dict
 
 from fuzz.codec import decode
 from ground.files import hash_files
+from fuzz.atheris_runner import write_seeds
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,6 @@ def fingerprint() -> str:
 
 def seed_dir(home: Path) -> Path:
     """The folder of encoded z3 seeds, computed on first use."""
-    from fuzz.atheris_runner import write_seeds
 
     folder = home / "seeds" / f"z3-{fingerprint()}"
     if not (folder / "READY").exists():

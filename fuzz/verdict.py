@@ -63,6 +63,7 @@ from ground.errors import Unsupported, invalid
 
 from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
 from fuzz.oracles import COMPARED_KNOBS, Divergence, check_all, check_versions, oracles_for
+from fuzz.oracles import check_resolution, resolved
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -395,7 +396,6 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     ``other``), evaluate the claim's oracle (every single-engine oracle for
     a bare case) on the case as this engine resolved it, and judge. A
     ``versions`` claim without ``other`` is inconclusive."""
-    from fuzz.oracles import check_resolution, resolved
 
     if isinstance(claim, dict):
         claim = Claim.of(claim)

@@ -33,13 +33,13 @@ from pathlib import Path
 from ground.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 from mutate.equivalent import reviewed
+from mutate.kill import read_result
 
 CLASSES = ("both", "kvspec only", "vLLM tests only", "neither")
 
 
 def load_results(out: Path) -> list[dict]:
     """Every judged mutant's result under ``OUT/mutants``, by id."""
-    from mutate.kill import read_result
 
     folder = Path(out) / "mutants"
     out_list = []

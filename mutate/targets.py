@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ground.errors import EngineError
+from engine_adapter.host.builds import site_packages
+from engine_adapter.host.environments import env_dir
 
 #: (area, file under vllm/, qualified name: a function, a method or a class)
 TARGETS: tuple[tuple[str, str, str], ...] = (
@@ -101,8 +103,6 @@ def span_at(all_spans: list[Span], file: str, line: int) -> Span | None:
 def release_vllm_root(release: str) -> Path:
     """The installed ``vllm/`` package of a release's (or a build's, by its
     version ``X+LABEL.HASH``) engine environment."""
-    from engine_adapter.host.builds import site_packages
-    from engine_adapter.host.environments import env_dir
 
     sp = site_packages(env_dir(release))
     if sp is None or not (sp / "vllm").is_dir():
