@@ -201,11 +201,13 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     two case files, the second cut by --max-time; never exit 0."""
     import engine_adapter
 
+    import fuzz.runner
     import kvspec.commands.fuzz as fuzz_cmd
 
     double = SlowCaseDouble(delay=1.6)
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(engine_adapter, "open_engine", lambda name, **k: double)
+    monkeypatch.setattr(fuzz.runner, "open_engine", lambda name, **k: double)  # bound there when an earlier test imported it
     monkeypatch.setattr(fuzz_cmd, "unusable_engine", lambda engines: None)
     files = []
     for name in ("fast", "slow"):
