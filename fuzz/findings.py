@@ -47,7 +47,7 @@ from ground.errors import InvalidArgument, invalid
 from ground.home import REPO_ROOT
 from ground.printable import printable
 
-from fuzz.impact import compute as compute_cost
+from fuzz.impact import cost_of
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 from fuzz.oracles import KNOWN_ORACLES
 from fuzz.verdict import other_engine_version
@@ -219,7 +219,7 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
         "resolution": observation.get("resolution"),
         "case": case_to_dict(case),
     }
-    finding["cost"] = compute_cost(finding)  # not part of the signature: what the finding costs, never which bug it is
+    finding["cost"] = cost_of(finding)  # not part of the signature: what the finding costs, never which bug it is
     return finding
 
 

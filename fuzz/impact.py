@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from engine_adapter.models.served import model_config_dict
 from ground.errors import KvspecError
-from reference.deployment import parse_deployment
+from reference.deployment import get_flag, parse_deployment
+from reference.vllm_flags import canonical_flag, is_number
 
 from fuzz.cost import GPUS, UTILISATION, finding_cost, model_dims
 from fuzz.oracle_registry import BY_NAME, SEVERITIES
@@ -43,22 +44,29 @@ def _model(deployment: dict) -> tuple[dict | None, str | None, str]:
 
 
 def _tensor_parallel(deployment: dict, facts: dict) -> int:
+    """The resolution's ``tensor_parallel_size``, else the flag's value as
+    vLLM's parser reads it (an alias or ``_`` spelling is its long flag; the
+    last one given wins), else 1."""
     tp = facts.get("tensor_parallel_size")
     if type(tp) is int and tp >= 1:
         return tp
-    args = [str(a) for a in deployment.get("vllm_args") or []]
-    for i, a in enumerate(args):
-        for flag in ("--tensor-parallel-size", "-tp"):
-            if a == flag and i + 1 < len(args) and args[i + 1].isdigit():
-                return max(int(args[i + 1]), 1)
-            if a.startswith(flag + "=") and a[len(flag) + 1:].isdigit():
-                return max(int(a[len(flag) + 1:]), 1)
-    return 1
+    args = tuple(_canonical(str(a)) for a in deployment.get("vllm_args") or [])
+    value = get_flag(args, "--tensor-parallel-size")
+    return max(int(value), 1) if value is not None and value.isdigit() else 1
 
 
-def compute(finding: dict) -> dict:
+def _canonical(token: str) -> str:
+    """A flag token spelled as its long flag (its ``=value`` kept); a value as it is."""
+    if not token.startswith("-") or is_number(token):
+        return token
+    _, eq, value = token.partition("=")
+    return canonical_flag(token) + eq + value
+
+
+def cost_of(finding: dict) -> dict:
     """The ``cost`` object (:func:`fuzz.cost.finding_cost`) of a finding in
-    schema 2's shape (``fuzz.findings.upgrade``)."""
+    schema 2's shape (``fuzz.findings.upgrade``), recomputed from its fields
+    (see the module docstring): an old finding without one gets the same."""
     rule = BY_NAME.get(str(finding.get("oracle")))
     severity, token_cost = (rule.severity, rule.token_cost) if rule else ("lost reuse", False)
     exp = (finding.get("expected") or {}) if isinstance(finding.get("expected"), dict) else {}
@@ -86,12 +94,6 @@ def compute(finding: dict) -> dict:
     if note:
         out["note"] = note
     return out
-
-
-def cost_of(finding: dict) -> dict:
-    """The finding's cost, recomputed from its fields (see the module
-    docstring); an old finding without a ``cost`` object gets the same."""
-    return compute(finding)
 
 
 def severity_rank(cost: dict) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from fuzz import findings as F
 from fuzz.cost import GPUS, UTILISATION, model_dims, recompute_flops, recomputed, seconds
-from fuzz.impact import compute, impact_lines, short
+from fuzz.impact import cost_of, impact_lines, short
 from fuzz.oracle_registry import BY_NAME, REGISTRY, SEVERITIES
 from fuzz.oracles import Divergence
 from fuzz.report import issue_markdown
@@ -83,7 +83,7 @@ def test_a_hand_geometry_costs_tokens_only():
 def test_a_deployment_costs_time_on_each_gpu_divided_by_tensor_parallelism():
     finding = _finding(expected=(0, 1360), observed=(0, 0))
     finding["case"]["deployment"] = {"model": "qwen3_next", "vllm_args": ["--tensor-parallel-size", "2"], "device": "a100"}
-    cost = compute(finding)
+    cost = cost_of(finding)
     assert cost["model"] == "qwen3_next" and cost["tensor_parallel"] == 2 and cost["flops"] == 9_024_975_667_200
     assert set(cost["prefill_seconds"]) == {"h100", "a100", "b200"}
     assert cost["prefill_seconds"]["a100"] == pytest.approx(9_024_975_667_200 / (2 * 312e12 * 0.4))
@@ -91,7 +91,7 @@ def test_a_deployment_costs_time_on_each_gpu_divided_by_tensor_parallelism():
 
 
 def test_oracles_without_a_token_cost_and_memory_where_states_are_carried():
-    stale = compute(_finding("stale", (0, 16), (0, 16)))
+    stale = cost_of(_finding("stale", (0, 16), (0, 16)))
     assert stale["severity"] == "wrong output possible" and stale["tokens_total"] is None and short(stale) == "wrong output possible"
     cost = _finding("retention", (0, 16), (0, 16), {"expected_states": [[16], [32]], "observed_states": [[16, 32], []]})["cost"]
     assert cost["severity"] == "memory only" and cost["memory"] == {"extra_states": 1, "missing_states": 1, "state_bytes": None, "extra_bytes": None}
@@ -137,12 +137,22 @@ def test_a_stranger_s_model_path_is_read_only_as_a_run_reads_it(tmp_path):
     finding = _finding(expected=(0, 1360), observed=(0, 0))
     finding["case"]["deployment"] = {"model": str(fifo), "vllm_args": []}
     t0 = time.monotonic()
-    cost = compute(finding)
+    cost = cost_of(finding)
     assert time.monotonic() - t0 < 5
     assert cost["flops"] is None and cost["tokens_total"] == 1360 and cost["note"].startswith("model config not readable")
     code = tmp_path / "code"
     code.mkdir()
     (code / "config.json").write_text('{"architectures": ["Qwen3NextForCausalLM"], "auto_map": {"AutoConfig": "x.Y"}}')
     finding["case"]["deployment"] = {"model": str(code), "vllm_args": []}
-    cost = compute(finding)
+    cost = cost_of(finding)
     assert cost["flops"] is None and cost["note"].startswith("model config not readable")
+
+
+def test_tensor_parallelism_is_read_as_vllm_s_parser_reads_the_flag():
+    from fuzz.impact import _tensor_parallel
+
+    assert _tensor_parallel({"vllm_args": ["-tp", "4"]}, {}) == 4
+    assert _tensor_parallel({"vllm_args": ["--tensor_parallel_size=8"]}, {}) == 8
+    assert _tensor_parallel({"vllm_args": ["--tensor-parallel-size", "2", "-tp=4"]}, {}) == 4  # the last one wins
+    assert _tensor_parallel({"vllm_args": ["--enable-prefix-caching"]}, {}) == 1
+    assert _tensor_parallel({"vllm_args": ["-tp", "4"]}, {"tensor_parallel_size": 2}) == 2  # the resolution first
