@@ -110,7 +110,8 @@ def campaign_task(task: dict) -> dict:
 
 
 def _empty(task: dict) -> CampaignSummary:
-    return CampaignSummary(EMPTY_KEYS, engine=task["engine"], driver=task["driver"], elapsed_s=0.0, execs=0, exec_per_s=0, findings=[], first_finding_s=None, harness_errors=0, unsupported=0, rejected=0, duplicates=0, workers_died=0, coverage=None)
+    """A worker's summary when nothing ran: every count at the type's default."""
+    return CampaignSummary(EMPTY_KEYS, engine=task["engine"], driver=task["driver"])
 
 
 def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> CampaignSummary:
