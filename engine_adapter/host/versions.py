@@ -23,12 +23,12 @@ SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
 DEFAULT_VERSION = "0.33.0"
 DEFAULT_ENGINE = f"vllm=={DEFAULT_VERSION}"
 
-#: Engine families a name may start with, each with its supported releases
-#: (SGLang joins here).
-FAMILIES = {"vllm": SUPPORTED_VERSIONS}
+#: The supported releases of each engine family a name may start with: the
+#: families of ``engine_adapter.interface.FAMILIES`` (SGLang joins both).
+RELEASES = {"vllm": SUPPORTED_VERSIONS}
 
 _VERSION = r"(\d+\.\d+\.\d+)(?:\+([a-z0-9][a-z0-9.-]*))?"
-_SPEC = re.compile(rf"^({'|'.join(map(re.escape, FAMILIES))})=={_VERSION}$")
+_SPEC = re.compile(rf"^({'|'.join(map(re.escape, RELEASES))})=={_VERSION}$")
 _BARE = re.compile(rf"^{_VERSION}$")
 
 
@@ -68,7 +68,7 @@ class EngineSpec:
             family, (release, local) = "vllm", b.groups()
         else:
             raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z; {allowed_text()}")
-        if release not in FAMILIES[family]:
+        if release not in RELEASES[family]:
             raise Unsupported(f"{field}={text!r}: vLLM {release} has no kvspec engine environment; {allowed_text()}")
         if local is None:
             return cls(family, release)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.host.engine import _run_result
+from engine_adapter.host.versions import RELEASES
 from engine_adapter.interface import FAMILIES, family_module, observation_problem
 from fuzz.verdict import harness_error_of
 from ground.errors import InvalidArgument
@@ -51,6 +52,7 @@ def test_a_malformed_answer_is_named_by_its_field_and_is_a_harness_error(bad, fi
 
 def test_the_families_are_named_and_an_unknown_one_is_refused_in_one_line():
     assert FAMILIES == {"vllm": "engine_adapter.vllm_engine.driver"}
+    assert set(RELEASES) == set(FAMILIES)  # every family a name may start with has a driver
     with pytest.raises(InvalidArgument, match=r"^family='sglang'.*allowed: vllm$"):
         family_module("sglang")
 
