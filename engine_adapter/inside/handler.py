@@ -11,7 +11,7 @@ import gc
 import os
 import traceback
 
-from engine_adapter.protocol import OPS
+from engine_adapter.protocol import OPS, encode
 from ground.errors import KvspecError
 
 
@@ -62,3 +62,13 @@ def settle() -> None:
     cases allocate, not vLLM's and torch's modules."""
     gc.collect()
     gc.freeze()
+
+
+def response_line(resp: dict, rid: object) -> str:
+    """A response as its protocol line, with the request's ``id``; a result
+    JSON cannot carry (NaN) becomes an ``internal`` error instead."""
+    resp["id"] = rid
+    try:
+        return encode(resp)
+    except ValueError as e:
+        return encode({"id": rid, "ok": False, "error": error("internal", f"result not encodable: {e}")})

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine_adapter.inside.handler import error, handle, settle
+from engine_adapter.inside.handler import error, handle, response_line, settle
 from engine_adapter.interface import get_driver
 from engine_adapter.protocol import KILLED_MARK, READY_MARKER, decode, encode
 from engine_adapter.sockets import address, hung_up, read_line, remove_if, send_line
@@ -204,12 +204,7 @@ def _serve_connection(conn: socket.socket, driver, fp: str, status, overrun=None
                     if watch is not None:
                         signal.setitimer(signal.ITIMER_REAL, 0)
                         watch.cancel()
-        resp["id"] = rid
-        try:
-            data = encode(resp)
-        except ValueError as e:  # e.g. NaN in a result
-            data = encode({"id": rid, "ok": False, "error": error("internal", f"result not encodable: {e}")})
-        send_line(conn, data.encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
+        send_line(conn, response_line(resp, rid).encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
     except (OSError, ValueError) as e:  # the client went away or sent too much
         if isinstance(e, OSError) and e.errno not in (None, errno.EPIPE, errno.ECONNRESET):
             print(f"kvspec warm engine: connection: {e}", file=sys.stderr, flush=True)

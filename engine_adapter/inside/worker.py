@@ -19,8 +19,9 @@ import os
 import sys
 import time
 
-from engine_adapter.inside.handler import error, handle, settle
+from engine_adapter.inside.handler import error, handle, response_line, settle
 from engine_adapter.interface import FAMILIES, family_module, get_driver
+from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
 
 
 def _claim_stdout():
@@ -32,8 +33,6 @@ def _claim_stdout():
 
 
 def _hello(driver, t0: float) -> dict:
-    from engine_adapter.protocol import PROTOCOL_VERSION
-
     return {
         "protocol": PROTOCOL_VERSION,
         "event": "hello",
@@ -46,8 +45,6 @@ def _hello(driver, t0: float) -> dict:
 
 
 def serve(out, inp, family: str = "vllm") -> int:
-    from engine_adapter.protocol import decode, encode
-
     t0 = time.perf_counter()
     driver = get_driver(family)  # imports the engine
     settle()
@@ -66,11 +63,7 @@ def serve(out, inp, family: str = "vllm") -> int:
                 out.write(encode({"id": rid, "ok": True, "result": {"bye": True}}))
                 return 0
             resp = handle(driver, msg)
-        resp["id"] = rid
-        try:
-            out.write(encode(resp))
-        except ValueError as e:  # e.g. NaN in a result
-            out.write(encode({"id": rid, "ok": False, "error": error("internal", f"result not encodable: {e}")}))
+        out.write(response_line(resp, rid))
     return 0
 
 
