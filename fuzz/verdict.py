@@ -189,9 +189,13 @@ def _hit_differences(observed: list, claimed: list, what: str, only: list[int] |
     return out
 
 
+#: The error kinds that are an engine's own failure (one per family).
+ENGINE_ERROR_KINDS = ("vllm", "sglang")
+
+
 def harness_error_of(observation: dict) -> str | None:
-    """The rule: only an error of kind ``vllm`` (vLLM itself raised) is vLLM
-    behaviour. Any other error in an observation (``worker``: died or timed
+    """The rule: only an error of an engine family's kind (``vllm``: vLLM
+    itself raised; ``sglang``: SGLang did) is engine behaviour. Any other error in an observation (``worker``: died or timed
     out; ``internal``: an adapter exception; no kind at all) is a harness
     error, returned as text; ``None`` when the observation may be judged."""
     err = observation.get("error")
@@ -199,7 +203,7 @@ def harness_error_of(observation: dict) -> str | None:
         return None
     if not isinstance(err, dict):
         return f"malformed error in observation: {err!r}"[:2000]
-    if err.get("kind") == "vllm":
+    if err.get("kind") in ENGINE_ERROR_KINDS:
         return None
     head = f"{err.get('kind', 'unknown')} error: {err.get('message', '')}".strip()
     return head + ("\n" + err["traceback"] if err.get("traceback") else "")

@@ -404,8 +404,8 @@ def _parse_deployment_case(raw: dict) -> Case:
             if raw.get(key) is not None:
                 raise invalid(key, raw[key], "with a deployment, vLLM resolves it; allowed: absent (or a resolved case with resolved_by)")
         return Case(None, None, requests, name, deployment)
-    if not isinstance(resolved_by, str) or not re.match(r"^vllm==[0-9A-Za-z.+_-]{1,64}$", resolved_by):
-        raise invalid("resolved_by", resolved_by, "an engine name vllm==X")
+    if not isinstance(resolved_by, str) or not re.match(r"^(vllm|sglang)==[0-9A-Za-z.+_-]{1,64}$", resolved_by):
+        raise invalid("resolved_by", resolved_by, "an engine name vllm==X or sglang==X")
     if "geometry" not in raw:
         raise InvalidArgument("geometry: missing; a resolved case (resolved_by) carries the geometry its engine resolved")
     return Case(parse_geometry(raw["geometry"]), parse_speculative(raw.get("speculative")), requests, name, deployment, resolved_by)

@@ -54,9 +54,12 @@ from typing import Any
 
 from ground.errors import InvalidArgument, invalid
 from reference.model_config import check_model_config
+from reference.sglang_flags import check_sglang_args
 from reference.vllm_flags import check_vllm_args
 
 PLATFORMS = ("cuda", "cpu")
+#: The engine families a deployment may name (``engine``; vLLM by default).
+ENGINES = ("vllm", "sglang")
 #: GPUs kvspec can answer vLLM's hardware queries for: compute capability.
 DEVICES = {"a100": (8, 0), "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
 DEFAULT_DEVICE = "h100"
@@ -78,15 +81,27 @@ class Deployment:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"
     device: str | None = DEFAULT_DEVICE
+    #: The engine family the flags are for; SGLang's are ``sglang_args``.
+    engine: str = "vllm"
+    sglang_args: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "model": self.model,
             "model_overrides": dict(self.model_overrides),
             "vllm_args": list(self.vllm_args),
             "platform": self.platform,
             "device": self.device,
         }
+        if self.engine != "vllm":  # a vLLM deployment's form (and cache key) is as it was
+            out.update(engine=self.engine, sglang_args=list(self.sglang_args))
+            del out["vllm_args"]
+        return out
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The serve flags of the deployment's engine."""
+        return self.sglang_args if self.engine == "sglang" else self.vllm_args
 
     def key(self) -> str:
         """A canonical text of the deployment (a cache key)."""
@@ -94,10 +109,11 @@ class Deployment:
 
     def describe(self) -> str:
         """One line: model, flags, platform."""
-        args = " ".join(self.vllm_args)
+        args = " ".join(self.args)
         over = f" {self.model_overrides}" if self.model_overrides else ""
         where = self.platform + (f"/{self.device}" if self.device else "")
-        return f"{self.model}{over} [{where}] {args}".rstrip()
+        engine = "" if self.engine == "vllm" else f"{self.engine}: "
+        return f"{engine}{self.model}{over} [{where}] {args}".rstrip()
 
 
 def _override_value(key: str, value: Any, depth: int = 0) -> Any:
@@ -131,7 +147,7 @@ def parse_deployment(raw: Any) -> Deployment:
     """Validate the ``deployment`` block of a case (shape only)."""
     if not isinstance(raw, dict):
         raise invalid("deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device")
-    allowed = ("model", "model_overrides", "vllm_args", "platform", "device")
+    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", "sglang_args")
     for key in raw:
         if key not in allowed:
             raise invalid(f"deployment.{key}", raw[key], f"unknown field; allowed: {', '.join(allowed)}")
@@ -149,6 +165,16 @@ def parse_deployment(raw: Any) -> Deployment:
         if not isinstance(a, str) or len(a) > MAX_ARG_CHARS or "\0" in a:
             raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
     check_vllm_args(args)
+    engine = raw.get("engine", "vllm")
+    if engine not in ENGINES:
+        raise invalid("deployment.engine", engine, f"allowed: {', '.join(ENGINES)}")
+    sglang_args = raw.get("sglang_args", [])
+    if engine == "sglang":
+        if args:
+            raise invalid("deployment.vllm_args", args, "with engine sglang the flags are sglang_args; allowed: absent or []")
+        check_sglang_args(sglang_args)
+    elif sglang_args:
+        raise invalid("deployment.sglang_args", sglang_args, "only with \"engine\": \"sglang\"; allowed: absent or []")
     overrides = raw.get("model_overrides", {})
     if overrides is None:
         overrides = {}
@@ -169,7 +195,9 @@ def parse_deployment(raw: Any) -> Deployment:
             raise invalid("deployment.device", device, f"allowed with platform cuda: {', '.join(DEVICES)}")
     elif device is not None:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
-    return Deployment(model.strip(), tuple(args), clean, platform, device)
+    if engine == "sglang" and platform != "cuda":
+        raise invalid("deployment.platform", platform, "with engine sglang: SGLang's hybrid cache is resolved as on a CUDA device; allowed: cuda")
+    return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(sglang_args))
 
 
 # ------------------------------------------------------------- flag edits

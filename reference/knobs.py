@@ -42,6 +42,8 @@ from ground.errors import Unsupported, invalid
 
 #: Versions whose knob resolution this model states; others are unsupported.
 SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
+#: SGLang releases the promise is stated for (``sglang==X``; :func:`sglang_knobs`).
+SGLANG_VERSIONS = ("0.5.23",)
 DEFAULT_VERSION = "0.33.0"
 
 
@@ -81,6 +83,10 @@ def parse_version(text: str) -> str:
     engine) is that release: the model states the rule the release
     implements."""
     raw = text
+    if text.startswith("sglang=="):
+        if text.split("+", 1)[0][len("sglang==") :] not in SGLANG_VERSIONS:
+            raise invalid("version", raw, f"supported: {', '.join('sglang==' + v for v in SGLANG_VERSIONS)}")
+        return text.split("+", 1)[0]
     if text.startswith("vllm=="):
         text = text[len("vllm==") :]
     text = text.split("+", 1)[0]
@@ -93,7 +99,10 @@ def implemented_rule(version: str) -> str:
     """The retention rule vLLM ``version`` implements: ``legacy`` before
     0.30.0 (which added ``replay_boundaries``), ``replay`` from 0.30.0. A
     version string that does not parse (a server's local build) counts as
-    newer."""
+    newer. SGLang (``sglang==X``) has no rule of its own in the model:
+    it is held to the promise."""
+    if version.startswith("sglang=="):
+        return "promise"
     try:
         major_minor = tuple(int(x) for x in version.split(".")[:2])
     except ValueError:
@@ -113,9 +122,32 @@ def partial_hash_hits(case: Case) -> bool:
     return any(m > g.hash_block_size for m in g.mamba_block_sizes)
 
 
+def sglang_knobs(case: Case, version: str) -> Knobs:
+    """The knobs the promise reads for an SGLang deployment (SGLang 0.5.23,
+    the geometry ``engine_adapter.sglang_engine.resolve`` states): hits
+    capped at N-1 (``schedule_batch.py _compute_max_prefix_len``), no EAGLE
+    block drop and no lookahead hashes (a hybrid tree keys raw tokens:
+    ``unified_tree_core.py`` clears ``is_eagle`` when MAMBA is a
+    component), full attention matched per page, a Mamba state resumable on
+    the checkpoint grid."""
+    g = require_geometry(case)
+    if case.speculative is not None:
+        raise Unsupported("speculative: SGLang's speculative decoding is not in this model; allowed: none")
+    partial = partial_hash_hits(case)
+    return Knobs(
+        version=version, eagle_drop=False, hash_lookahead_tokens=0, scheduler_block_size=g.scheduler_block_size,
+        hash_block_size=g.hash_block_size, alignment=g.hash_block_size if partial else g.scheduler_block_size,
+        partial_hash_hits=partial, eagle_lookup_ceiling="hashed", junction_back_off=False, tail_checkpoint="checkpoint",
+        has_replay_boundaries=False, fa_tail="cap_hashed",
+    )
+
+
 def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
-    """Resolve the knobs of ``case`` the way vLLM ``version`` does."""
+    """Resolve the knobs of ``case`` the way vLLM ``version`` does (or,
+    for ``sglang==X``, as :func:`sglang_knobs` states them)."""
     version = parse_version(version)
+    if version.startswith("sglang=="):
+        return sglang_knobs(case, version)
     v = _version_tuple(version)
     g = require_geometry(case)
     spec = case.speculative

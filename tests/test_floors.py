@@ -164,7 +164,10 @@ def test_the_reader_sees_a_planted_back_arrow_and_circle(tmp_path):
 #: runs inside its engine's environment and may import vLLM; the host side,
 #: the family-neutral inside side and the live client never import an
 #: engine directly, and the family never reaches back to the host side.
-ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", "engine_adapter.vllm_engine": "family"}
+ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", "engine_adapter.vllm_engine": "family",
+                "engine_adapter.sglang_engine": "family"}
+#: The engine each family may import (its own only).
+FAMILY_ENGINE = {"engine_adapter.vllm_engine": "vllm", "engine_adapter.sglang_engine": "sglang"}
 
 
 def _side(module: str) -> str | None:
@@ -187,7 +190,10 @@ def test_only_the_engine_family_imports_an_engine_and_nothing_inside_imports_the
     for module, path in modules.items():
         side = _side(module)
         if side in ("host", "inside") and _engine_imports(path):
-            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path))} (only engine_adapter/vllm_engine may)")
+            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path))} (only a family, engine_adapter/vllm_engine or sglang_engine, may)")
+        own = next((e for prefix, e in FAMILY_ENGINE.items() if module.startswith(prefix + ".") or module == prefix), None)
+        if own and _engine_imports(path) - {own}:
+            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path) - {own})} (a family imports its own engine only: {own})")
         if side in ("family", "inside"):
             wrong += [f"{rel[module]} -> {rel[dst]} (it runs inside the engine's environment; it never imports the host side)" for dst in sorted(graph[module]) if _side(dst) == "host"]
     assert wrong == []

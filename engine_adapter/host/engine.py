@@ -45,7 +45,7 @@ from engine_adapter.host import environments, warm
 from engine_adapter.host.builds import inprocess_build_version
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.host.versions import EngineSpec, engine_name, parse_engine, release_of
+from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number, release_of
 from ground import errors as kvspec_errors
 from reference.case import Case, case_to_dict, parse_case
 from ground.errors import EngineError, InvalidArgument
@@ -153,7 +153,7 @@ class WorkerProcess:
             raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
-            [self.python, "-m", "engine_adapter.inside.worker"],
+            [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -172,9 +172,9 @@ class WorkerProcess:
         if msg.get("protocol") != PROTOCOL_VERSION or msg.get("event") != "hello":
             self._kill()
             raise EngineError(f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}")
-        if msg.get("vllm_version") != release_of(self.version):
+        if msg.get("vllm_version") != release_number(self.version):
             self._kill()
-            raise EngineError(f"engine={self.engine!r}: worker environment has vLLM {msg.get('vllm_version')}")
+            raise EngineError(f"engine={self.engine!r}: worker environment has {msg.get('engine') or msg.get('vllm_version')}")
         self.hello = msg
         return msg
 

@@ -1,6 +1,6 @@
-"""One isolated virtual environment per vLLM version: install, list, remove, lock.
+"""One isolated virtual environment per engine version (vLLM's, SGLang's): install, list, remove, lock.
 
-Layout: ``$KVSPEC_HOME/engines/vllm-X/`` is a plain venv (default
+Layout: ``$KVSPEC_HOME/engines/vllm-X/`` (``sglang-X/``) is a plain venv (default
 ``<repo>/.kvspec/engines/vllm-X``). It is *ready* when
 ``vllm-X/.kvspec-ready.json`` exists and records the sha256 of the
 requirement file it was built from. The ready marker, the install lock and
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine_adapter.host import venvs
-from engine_adapter.host.versions import SUPPORTED_VERSIONS, engine_name, is_build, parse_engine, release_of
+from engine_adapter.host.versions import RELEASES, env_slug, engine_name, family_of, is_build, parse_engine, release_number, release_of
 from ground.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
 from ground.files import write_text_atomic
 from ground.errors import EngineError, KvspecError
@@ -95,11 +95,11 @@ def _stderr_progress(line: str) -> None:
 
 
 def requirements_file(version: str) -> Path:
-    return REQUIREMENTS_DIR / f"vllm-{version}.txt"
+    return REQUIREMENTS_DIR / f"{env_slug(version)}.txt"
 
 
 def env_dir(version: str) -> Path:
-    return engines_dir() / f"vllm-{version}"
+    return engines_dir() / env_slug(version)
 
 
 def env_python(version: str) -> Path:
@@ -146,9 +146,11 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
     vLLM import the text-only Qwen3.5 model class beside the CPU torch
     (``engine_adapter/live/stubs``)."""
     # a build shares its release's vLLM cache (the same model classes)
-    env = contained_env(vllm_version=release_of(version) if version else version)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(STUBS_DIR)])
-    env["KVSPEC_TORCHVISION_STUB"] = "1"
+    vllm = version is None or family_of(version) == "vllm"
+    env = contained_env(vllm_version=(release_of(version) if version else version) if vllm else None)
+    # SGLang's driver installs its own torchvision stand-in (sglang_engine/stubs.py)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(STUBS_DIR)] if vllm else [str(REPO_ROOT)])
+    env["KVSPEC_TORCHVISION_STUB"] = "1" if vllm else "0"
     env["KVSPEC_PLATFORM"] = platform
     env.pop("VLLM_TARGET_DEVICE", None)
     env["PYTHONNOUSERSITE"] = "1"
@@ -232,7 +234,7 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
                 [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
                 env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
             )
-        progress(f"{prefix} step 3/3: self-test (drives the real scheduler once; warms vLLM's model-inspection cache)")
+        progress(f"{prefix} step 3/3: self-test (drives the real scheduler once" + ("; warms vLLM's model-inspection cache)" if family_of(version) == "vllm" else ")"))
         selftest = _selftest(version)
         return {
             "engine": engine_name(version),
@@ -298,7 +300,7 @@ def _uv_index_args() -> list[str]:
 def _selftest(version: str, *, import_only: bool = False) -> dict:
     """Import the stack and (unless ``import_only``) run one tiny MTP case
     through the worker."""
-    cmd = [str(env_python(version)), "-m", "engine_adapter.inside.worker", "--selftest", "--expect-version", release_of(version), *(["--import-only"] if import_only else [])]
+    cmd = [str(env_python(version)), "-m", "engine_adapter.inside.worker", "--family", family_of(version), "--selftest", "--expect-version", release_number(version), *(["--import-only"] if import_only else [])]
     try:
         proc = subprocess.run(cmd, env=worker_env(version), capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -381,8 +383,8 @@ def list_builds() -> list[str]:
 
 
 def list_engines(*, size: bool = False) -> list[dict]:
-    """Every supported release's row, then every build's."""
-    return [status(v, size=size) for v in SUPPORTED_VERSIONS] + [status(v) for v in list_builds()]
+    """Every supported release's row (vLLM's, then SGLang's), then every build's."""
+    return [status(parse_engine(f"{f}=={v}"), size=size) for f, vs in RELEASES.items() for v in vs] + [status(v) for v in list_builds()]
 
 
 # ---------------------------------------------------------------- lock (maintainers)
@@ -407,8 +409,11 @@ def _vllm_requirement_specs(python: Path) -> dict[str, str]:
 
 
 def lock(version: str, *, wheel: str | None = None, progress: Progress = _stderr_progress) -> Path:
-    """Regenerate ``requirements/vllm-X.txt`` by resolving once in a scratch venv."""
+    """Regenerate ``requirements/vllm-X.txt`` by resolving once in a scratch venv
+    (vLLM only: SGLang's lock is written from its probe environment, see its header)."""
     version = parse_engine(version)
+    if family_of(version) != "vllm":
+        raise EngineError(f"engine={engine_name(version)!r}: lock regenerates vLLM locks only; allowed: vllm==X")
     prefix = f"[lock {engine_name(version)}]"
     env = contained_env()
     kvspec_home().mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,13 @@
-"""Engine names: ``vllm==X`` for the vLLM releases kvspec can drive, and
+"""Engine names: ``vllm==X`` for the vLLM releases kvspec can drive,
 ``vllm==X+LABEL.HASH`` for a build of release X (a patched, local-tree or
-wheel overlay: ``engine_adapter.host.builds``), a PEP 440 local version of X.
+wheel overlay: ``engine_adapter.host.builds``), a PEP 440 local version of X,
+and ``sglang==X`` for the SGLang releases (the second family).
+
+The *version key* code passes around is vLLM's bare ``X`` (``0.33.0``,
+``0.33.0+fix.1a2b3c``: vLLM was the only family and its key stays as it
+was, so every cache and file name of a vLLM engine is unchanged), and the
+full name for another family (``sglang==0.5.23``): :func:`family_of` reads
+the family back, :func:`engine_name` the name.
 
 :class:`EngineSpec` is the one reader of a name (:meth:`EngineSpec.parse`):
 the command line parses each name once, at its edge
@@ -23,9 +30,12 @@ SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
 DEFAULT_VERSION = "0.33.0"
 DEFAULT_ENGINE = f"vllm=={DEFAULT_VERSION}"
 
+#: SGLang releases with a shipped requirement file.
+SGLANG_VERSIONS = ("0.5.23",)
+
 #: The supported releases of each engine family a name may start with: the
-#: families of ``engine_adapter.interface.FAMILIES`` (SGLang joins both).
-RELEASES = {"vllm": SUPPORTED_VERSIONS}
+#: families of ``engine_adapter.interface.FAMILIES``.
+RELEASES = {"vllm": SUPPORTED_VERSIONS, "sglang": SGLANG_VERSIONS}
 
 _VERSION = r"(\d+\.\d+\.\d+)(?:\+([a-z0-9][a-z0-9.-]*))?"
 _SPEC = re.compile(rf"^({'|'.join(map(re.escape, RELEASES))})=={_VERSION}$")
@@ -33,7 +43,7 @@ _BARE = re.compile(rf"^{_VERSION}$")
 
 
 def allowed_text() -> str:
-    return "allowed: " + ", ".join(f"vllm=={v}" for v in SUPPORTED_VERSIONS)
+    return "allowed: " + ", ".join(f"{family}=={v}" for family, versions in RELEASES.items() for v in versions)
 
 
 @dataclass(frozen=True)
@@ -67,9 +77,11 @@ class EngineSpec:
         elif (b := _BARE.match(raw)) is not None:
             family, (release, local) = "vllm", b.groups()
         else:
-            raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z; {allowed_text()}")
+            raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z; {allowed_text()}")
         if release not in RELEASES[family]:
-            raise Unsupported(f"{field}={text!r}: vLLM {release} has no kvspec engine environment; {allowed_text()}")
+            raise Unsupported(f"{field}={text!r}: {FAMILY_TITLES[family]} {release} has no kvspec engine environment; {allowed_text()}")
+        if local is not None and family != "vllm":
+            raise Unsupported(f"{field}={text!r}: builds (+LABEL) are made of vLLM releases only; allowed: {family}=={release}")
         if local is None:
             return cls(family, release)
         label, dot, digest = local.rpartition(".")
@@ -84,13 +96,15 @@ class EngineSpec:
 
     @property
     def version(self) -> str:
-        """``X`` for a release, ``X+LABEL.HASH`` for a build."""
-        return self.release if self.label is None else f"{self.release}+{self.local}"
+        """The version key: ``X`` for a vLLM release, ``X+LABEL.HASH`` for a
+        build, ``family==X`` for another family's release."""
+        bare = self.release if self.label is None else f"{self.release}+{self.local}"
+        return bare if self.family == "vllm" else f"{self.family}=={bare}"
 
     @property
     def name(self) -> str:
-        """The canonical name: ``vllm==X`` or ``vllm==X+LABEL.HASH``."""
-        return f"{self.family}=={self.version}"
+        """The canonical name: ``vllm==X``, ``vllm==X+LABEL.HASH``, ``sglang==X``."""
+        return engine_name(self.version)
 
     @property
     def is_build(self) -> bool:
@@ -110,8 +124,26 @@ def parse_engine(text: object, field: str = "engine") -> str:
 
 
 def release_of(version: str) -> str:
-    """The release a version names: ``0.33.0+fix.1a2b3c`` -> ``0.33.0``."""
+    """The release a version key names: ``0.33.0+fix.1a2b3c`` -> ``0.33.0``
+    (``sglang==0.5.23`` is its own)."""
     return version.split("+", 1)[0]
+
+
+def family_of(version: str) -> str:
+    """The family of a version key: ``sglang`` for ``sglang==X``, else ``vllm``."""
+    head, sep, _ = version.partition("==")
+    return head if sep else "vllm"
+
+
+def release_number(version: str) -> str:
+    """The bare release of a version key: ``sglang==0.5.23`` -> ``0.5.23``,
+    ``0.33.0+fix.1a2b3c`` -> ``0.33.0`` (what the engine's own package reports)."""
+    return release_of(version).partition("==")[2] or release_of(version)
+
+
+def env_slug(version: str) -> str:
+    """The file name of a version key's environment and lock: ``vllm-X``, ``sglang-X``."""
+    return f"{family_of(version)}-{version.partition('==')[2] or version}"
 
 
 def is_build(version: str) -> bool:
@@ -119,5 +151,11 @@ def is_build(version: str) -> bool:
     return "+" in version
 
 
+#: How each family is named in a message.
+FAMILY_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
 def engine_name(version: str) -> str:
-    return f"vllm=={version}"
+    """The engine name of a version key: ``0.33.0`` -> ``vllm==0.33.0``;
+    ``sglang==0.5.23`` is its own."""
+    return version if "==" in version else f"vllm=={version}"

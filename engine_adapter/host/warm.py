@@ -88,7 +88,7 @@ import time
 from pathlib import Path
 
 from engine_adapter.host import environments
-from engine_adapter.host.versions import engine_name
+from engine_adapter.host.versions import engine_name, family_of
 from engine_adapter.protocol import KILLED_MARK, encode
 from engine_adapter.host.warm_state import enabled  # noqa: F401 - part of the warm-engine API (kvspec's commands read it here)
 from engine_adapter.host.warm_state import (
@@ -263,7 +263,7 @@ class WarmClient:
                 connect(paths.sock, 1.0).close()
             except OSError:
                 remove_if(paths.sock)
-        cmd = [self.python, "-m", "engine_adapter.inside.worker", "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
+        cmd = [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version), "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
         with open(paths.log, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO_ROOT), start_new_session=True)
         end = min(deadline, time.monotonic() + self.start_timeout)

@@ -1,4 +1,4 @@
-"""``python -m engine_adapter.inside.worker``: serve cases to the vLLM of this interpreter.
+"""``python -m engine_adapter.inside.worker``: serve cases to the engine of this interpreter (``--family``: vLLM by default, or SGLang).
 
 Runs inside an engine environment (``$KVSPEC_HOME/engines/vllm-X``) and
 speaks :mod:`engine_adapter.protocol` on stdin/stdout. Before anything else
@@ -36,7 +36,7 @@ def _hello(driver, t0: float) -> dict:
     return {
         "protocol": PROTOCOL_VERSION,
         "event": "hello",
-        "engine": f"vllm=={driver.version}",
+        "engine": f"{getattr(driver, 'family', 'vllm')}=={driver.version}",
         "vllm_version": driver.version,
         "pid": os.getpid(),
         "python": sys.version.split()[0],
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     out = _claim_stdout()
     if args.selftest:
         return selftest(args.expect_version, out, import_only=args.import_only, family=args.family)
-    return serve(out, sys.stdin)
+    return serve(out, sys.stdin, family=args.family)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,13 @@ from __future__ import annotations
 import json
 import sys
 
-from engine_adapter.host.versions import DEFAULT_ENGINE
+from engine_adapter.host.versions import DEFAULT_ENGINE, FAMILY_TITLES
 from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
 
-HELP = "run a case on the real vLLM scheduler (CPU) and print the observed hits; --compare with the reference"
+HELP = "run a case on the real engine's scheduler and cache (CPU: vLLM, or SGLang with --engine sglang==X) and print the observed hits; --compare with the reference"
 
 RULE_CHOICES = ("auto", "promise", "replay", "legacy")
 
@@ -44,7 +44,7 @@ def configure(parser) -> None:
     parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, help=f"vLLM version to run (default: {DEFAULT_ENGINE}), a build vllm==X+LABEL.HASH, path:DIR or wheel:FILE.whl")
+    add_engine_arguments(parser, help=f"engine to run (default: {DEFAULT_ENGINE}): vllm==X, a build vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl, or sglang==0.5.23 (a deployment case with \"engine\": \"sglang\")")
     parser.add_argument("--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch")
     parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)")
     parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
@@ -52,6 +52,7 @@ def configure(parser) -> None:
     parser.add_argument("--mode", choices=("auto", "inprocess", "worker", "warm"), default="auto", help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)")
     parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
+    parser.add_argument("--tree-core", choices=("python", "rust"), default="python", help="SGLang only: which tree core its UnifiedRadixCache runs (default: %(default)s)")
 
 
 def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str], verdict) -> None:
@@ -65,8 +66,9 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     console = Console(width=None if sys.stdout.isatty() else 200)
     bad_requests = {m.get("request") for m in mismatches if "request" in m}
     table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
-    for col in ("", "req", "tokens", "hit ref", "hit vLLM", "junction ref", "junction vLLM", "chunk ends ref", "chunk ends vLLM", "Mamba kept ref", "Mamba kept vLLM"):
-        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit vLLM") else "left", no_wrap=col == "")
+    who = "SGLang" if engine.startswith("sglang==") else "vLLM"
+    for col in ("", "req", "tokens", "hit ref", f"hit {who}", "junction ref", f"junction {who}", "chunk ends ref", f"chunk ends {who}", "Mamba kept ref", f"Mamba kept {who}"):
+        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", f"hit {who}") else "left", no_wrap=col == "")
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
     for i in range(max(len(rex), len(oex))):
         r = (rex[i] if i < len(rex) else None) or {}
@@ -87,10 +89,10 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
         )
     console.print(table)
     knobs = Table(title="knobs")
-    for col in ("", "knob", "reference", "vLLM"):
+    for col in ("", "knob", "reference", who):
         knobs.add_column(col, no_wrap=True)
     rk, ok = reference.get("knobs") or {}, observed.get("knobs") or {}
-    for k in COMPARED_KNOBS:
+    for k in COMPARED_KNOBS if observed.get("knobs") is not None else ():  # SGLang reports no vLLM knobs
         if k in rk or k in ok:
             same = rk.get(k) == ok.get(k)
             knobs.add_row("[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-")))
@@ -102,12 +104,12 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
                       "none resumes past what a request sent before it computed; no oracle that judges concurrent steps fires (stale, block_table)")
     if observed.get("error"):
         e = observed["error"]
-        console.print(f"[red]vLLM raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
-    if observed.get("resolution"):
+        console.print(f"[red]{who} raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
+    if observed.get("resolution") and observed["resolution"].get("geometry"):
         g = observed["resolution"]["geometry"]
         console.print(f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}", highlight=False)
     if verdict.verdict == "agrees":  # the judge's verdict (it agrees only where nothing mismatches)
-        console.print("[green]reference and vLLM agree[/green]")
+        console.print(f"[green]reference and {who} agree[/green]")
     else:
         console.print(f"[red]{len(mismatches)} mismatch(es): {verdict.verdict}[/red]")
         for reason in verdict.reasons:
@@ -124,18 +126,21 @@ def main(args) -> int:
     case = load_case(args.case)
     spec = engine_specs(args, default=DEFAULT_ENGINE)[0]  # the name parsed once, there
     version = spec.version
+    name, title = spec.name, FAMILY_TITLES[spec.family]
+    if (case.deployment is not None and case.deployment.engine != spec.family) or (case.deployment is None and spec.family != "vllm"):
+        raise invalid("--engine", spec.name, f"the case's deployment is for {case.deployment.engine if case.deployment else 'vllm (a hand geometry)'}; allowed: an engine of that family")
     reference = None
     # a build is compared with kvspec's promise: the implemented rule is its release's
     rule = ("promise" if spec.is_build else implemented_rule(version)) if args.rule == "auto" else args.rule
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:
-        reference = predict(case, f"vllm=={version}", rule)  # its one-line errors exit 2 before any engine work
+        reference = predict(case, name, rule)  # its one-line errors exit 2 before any engine work
     from engine_adapter.host import warm
     from engine_adapter.host.engine import open_engine
 
     with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
-        options = {"eagle_groups": args.eagle_groups}
+        options = {"eagle_groups": args.eagle_groups} if spec.family == "vllm" else {"tree_core": args.tree_core}
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
@@ -146,7 +151,7 @@ def main(args) -> int:
     if harness is not None:
         print(json.dumps(observed, indent=2))
         sys.stdout.flush()
-        print(f"kvspec: engine=vllm=={version}: did not run the case (kvspec's own failure, not vLLM's): {' '.join(harness.split())[:300]}", file=sys.stderr)
+        print(f"kvspec: engine={name}: did not run the case (kvspec's own failure, not {title}'s): {' '.join(harness.split())[:300]}", file=sys.stderr)
         return 3
     if not args.compare:
         print(json.dumps(observed, indent=2))
@@ -156,10 +161,15 @@ def main(args) -> int:
 
     judged = resolved(case, observed, version)
     if reference is None:
-        if judged.geometry is None:  # vLLM raised before it resolved the deployment
+        if judged.geometry is None and spec.family != "vllm" and observed.get("resolution"):
+            from ground.errors import Unsupported
+
+            raise Unsupported(f"--compare: {title} resolved {case.deployment.describe()} to a cache the promise is not stated for "
+                              f"(strategy {observed['resolution'].get('mamba_radix_cache_strategy')}: a state only where a prefill ends); allowed: run without --compare")
+        if judged.geometry is None:  # the engine raised before it resolved the deployment
             reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
         else:
-            reference = predict(judged, f"vllm=={version}", rule)
+            reference = predict(judged, name, rule)
     mismatches = differences(reference, observed)
     rk = reference.get("knobs") or {}
     # What the model does not predict (a concurrent trace past its serial
@@ -171,8 +181,8 @@ def main(args) -> int:
         concurrent = check_all(judged, version, observed, None, tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")))
     verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in COMPARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
     if args.json:
-        print(json.dumps({"engine": f"vllm=={version}", "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
+        print(json.dumps({"engine": name, "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:
-        _render(reference, observed, mismatches, f"vllm=={version}", rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent], verdict)
+        _render(reference, observed, mismatches, name, rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent], verdict)
     sys.stdout.flush()
     return verdict.exit_code

@@ -1,0 +1,1 @@
+"""SGLang's engine family: the only code that imports SGLang (runs inside an SGLang environment)."""

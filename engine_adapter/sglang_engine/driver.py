@@ -1,0 +1,370 @@
+"""SGLang 0.5.23's hybrid radix cache and prefill admission, driven
+in-process on CPU (the entry point inside an SGLang environment).
+
+What is SGLang's own, unchanged: the deployment's resolution
+(:mod:`engine_adapter.sglang_engine.resolve`), the pools
+(``HybridReqToTokenPool`` with its ``MambaPool``, ``HybridLinearKVPool``,
+the token allocator of the page size), ``UnifiedRadixCache`` with the FULL
+and MAMBA components and the tree core asked for (Python or the bundled
+Rust one), and per request the scheduler's own steps
+(``Scheduler._get_new_batch_prefill_raw`` and the prefill branch of
+``process_batch_result_prefill``, in their order):
+
+1. ``Req.init_next_round_input(tree_cache)``: the match, capped at N-1
+   (``schedule_batch.py _compute_max_prefill_len``), with the Mamba
+   copy-on-write staged;
+2. ``PrefillAdder.add_one_req`` / ``add_chunked_req`` with the resolved
+   ``chunked_prefill_size``: where a chunk is cut;
+3. ``ScheduleBatch.init_new`` + ``prepare_for_extend``: KV allocation and,
+   with the extra buffer, where the Mamba state is tracked
+   (``_mamba_radix_cache_v2_req_prepare_for_extend`` sets
+   ``mamba_last_track_seqlen``);
+4. between chunks ``checkpoint_kv_cache`` (the scheduler's
+   ``stash_chunked_request``); at the end ``release_kv_cache(checkpoint=True)``
+   (the tree keeps what it can key).
+
+Stood in: the model forward pass only. The model runner's deferred Mamba
+clear and copy-on-write run through the pool's own methods
+(``model_runner._maybe_execute_deferred_mamba_cow_and_clear``); the kernel's
+state writes are a **fingerprint**: the working slot gets
+``(tokens computed, crc of those tokens)`` at the extend's end, and a tracked
+slot the same for its track length. So when a request resumes, the state
+copied into its slot says which tokens it was computed over: the
+observation's ``resumed_state`` (the engine-neutral stale rule, read off
+the state itself).
+
+Not driven (refused as ``Unsupported``, never guessed): decode steps
+(``max_tokens`` > 1: the decode-time tracking every
+``--mamba-track-interval``), speculative decoding, concurrent traces.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+import time
+import traceback
+import zlib
+from array import array
+
+from engine_adapter.sglang_engine.stubs import install as _install_stubs
+
+_install_stubs()
+
+import torch  # noqa: E402
+
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.environ import envs  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
+from sglang.srt.managers.schedule_policy import PrefillAdder  # noqa: E402
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from engine_adapter.interface import Observation, RequestObservation  # noqa: E402
+from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
+from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
+from ground.printable import one_line  # noqa: E402
+from reference.case import Case, is_concurrent, parse_case, prompt_tokens  # noqa: E402
+
+#: The tree cores ``UnifiedRadixCache`` can run (``tree_core_registry.py``).
+TREE_CORES = ("python", "rust")
+DEFAULT_TREE_CORE = "python"
+#: The stand-in model: 4 layers, the last full attention (the wheel's own
+#: test fixtures use the same shape, ``sglang/test/kits/unified_radix_cache``).
+_LAYERS, _FULL = 4, (3,)
+#: A fingerprint is two float32 numbers: exact up to 2**24.
+_FP_MOD = 1 << 24
+#: The most requests a case may have here (the Mamba pool holds a few slots each).
+MAX_SGLANG_REQUESTS = 200
+
+
+def _fingerprint(tokens) -> tuple[int, int]:
+    """What a stood-in kernel writes for a state computed over ``tokens``."""
+    return len(tokens) % _FP_MOD, zlib.crc32(array("q", tokens).tobytes()) % _FP_MOD
+
+
+class _Cache:
+    """One case's pools and radix cache, as ``ModelRunner`` and the
+    scheduler build them for a hybrid model (CPU, stand-in layer shapes)."""
+
+    def __init__(self, res: SglangResolution, total_tokens: int, requests: int, tree_core: str) -> None:
+        page = res.page_size
+        mamba_ids = [i for i in range(_LAYERS) if i not in _FULL]
+        with envs.SGLANG_MAMBA_SSM_DTYPE.override("float32"):
+            shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=2, head_dim=16, state_size=16, conv_kernel=4)
+            params = Mamba2CacheParams(shape=shape, layers=mamba_ids)
+        size = (total_tokens + 4 * page + 1024) // page * page + page
+        chunks = sum(1 for _ in range(requests)) * (2 + total_tokens // max(1, res.chunked_prefill_size))
+        self.req_pool = HybridReqToTokenPool(
+            size=requests + 4, mamba_size=2 * chunks + 4 * requests + 16, mamba_spec_state_size=requests + 4, max_context_len=total_tokens + 16,
+            device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=mamba_ids,
+            enable_mamba_extra_buffer=res.extra_buffer, speculative_num_draft_tokens=res.draft_tokens or 3,
+        )
+        kv = HybridLinearKVPool(size=size, dtype=torch.bfloat16, page_size=page, head_num=1, head_dim=8, full_attention_layer_ids=list(_FULL),
+                                device="cpu", enable_memory_saver=False, mamba_pool=self.req_pool.mamba_pool)
+        if page == 1:
+            self.allocator = TokenToKVPoolAllocator(size=size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(size=size, page_size=page, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+        self.tree = UnifiedRadixCache(params=CacheInitParams(
+            req_to_token_pool=self.req_pool, token_to_kv_pool_allocator=self.allocator, page_size=page, disable=False,
+            tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=res.extra_buffer,
+            eviction_policy="lru", is_eagle=False, tree_core_backend=tree_core,
+        ))
+        self.tree_core = type(self.tree.tree_core).__name__
+
+    # ---- the stood-in model runner
+    def _slots(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.req_pool.translate_mamba_indices(idx)
+
+    def deferred_cow_and_clear(self, batch) -> None:
+        """The model runner's deferred Mamba clear and copy-on-write, by the
+        pool's own methods (``_maybe_execute_deferred_mamba_cow_and_clear``)."""
+        if batch.mamba_clear_indices is not None and len(batch.mamba_clear_indices):
+            self.req_pool.mamba_pool.clear_slots(self._slots(batch.mamba_clear_indices))
+        if batch.mamba_cow_src_indices is not None and len(batch.mamba_cow_src_indices):
+            self.req_pool.copy_mamba_state(self._slots(batch.mamba_cow_src_indices), self._slots(batch.mamba_cow_dst_indices))
+
+    def _temporal(self) -> torch.Tensor:
+        return self.req_pool.mamba_pool.mamba_cache.temporal
+
+    def write(self, slot: torch.Tensor, tokens) -> None:
+        n, crc = _fingerprint(tokens)
+        t = self._temporal()
+        phys = int(self._slots(slot.reshape(1))[0])
+        t[:, phys].zero_()
+        flat = t[0, phys].view(-1)
+        flat[0], flat[1] = float(n), float(crc)
+
+    def read(self, slot: torch.Tensor) -> tuple[int, int]:
+        phys = int(self._slots(slot.reshape(1))[0])
+        flat = self._temporal()[0, phys].view(-1)
+        return int(flat[0].item()), int(flat[1].item())
+
+
+class SglangDriver:
+    """The SGLang family's driver (``engine_adapter.interface.FamilyDriver``)."""
+
+    family = "sglang"
+
+    def __init__(self) -> None:
+        self.version = importlib.metadata.version("sglang")
+
+    def resolve(self, case) -> dict:
+        case = _as_case(case)
+        return resolve(_deployment(case)).summary()
+
+    def run(self, case, options: dict | None = None) -> Observation:
+        options = options or {}
+        t0 = time.perf_counter()
+        case = _as_case(case)
+        tree_core = options.get("tree_core", DEFAULT_TREE_CORE)
+        if tree_core not in TREE_CORES:
+            raise InvalidArgument(f"options.tree_core={tree_core!r}: allowed: {', '.join(TREE_CORES)}")
+        _check_case(case)
+        res = resolve(_deployment(case))
+        prompts = [prompt_tokens(r) for r in case.trace]
+        cache = _Cache(res, sum(len(p) + r.max_tokens for p, r in zip(prompts, case.trace)), len(prompts), tree_core)
+        self._model_config = ModelConfig.from_server_args(res.server_args)  # SGLang's own, from the deployment's config.json
+        t1 = time.perf_counter()
+        explain: list[RequestObservation] = []
+        error = None
+        for i, tokens in enumerate(prompts):
+            try:
+                explain.append(self._serve(cache, res, i, tokens))
+            except KvspecError:
+                raise
+            except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
+                error = {"kind": _failure_kind(e), "phase": "step", "request": i, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__, "traceback": traceback.format_exc()[-4000:]}
+                break
+        out: Observation = {
+            "engine": f"sglang=={self.version}",
+            "hits": [e["hit"] for e in explain],
+            "queries": [e["query"] for e in explain],
+            "knobs": None,
+            "explain": explain,
+            "resolution": res.summary(),
+            "timing": {"setup_s": round(t1 - t0, 4), "run_s": round(time.perf_counter() - t1, 4)},
+            "harness": {"tree_core": tree_core, "tree_core_class": cache.tree_core},
+        }
+        if error:
+            out["error"] = error
+        return out
+
+    def _serve(self, cache: _Cache, res: SglangResolution, i: int, tokens: list[int]) -> RequestObservation:
+        """One request through the scheduler's prefill path, alone."""
+        params = SamplingParams(temperature=0, max_new_tokens=1)
+        params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
+        req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+        running = ScheduleBatch.init_new([], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE)
+        chunked = None
+        hit = branching = None
+        resumed = None
+        chunk_ends: list[int] = []
+        written: list[int] = []
+        tracked: list[int] = []
+        for _round in range(len(tokens) + 2):
+            if chunked is not None:
+                checkpoint_kv_cache(chunked, cache.tree)
+            adder = PrefillAdder(res.page_size, cache.tree, cache.allocator, running, 1.0, res.max_prefill_tokens, res.chunked_prefill_size)
+            if chunked is not None:
+                chunked.init_next_round_input()
+                chunked = adder.add_chunked_req(chunked)
+            else:
+                req.init_next_round_input(cache.tree)
+                hit, branching = req.prefix_len, req.mamba_branching_seqlen
+                adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                if req not in adder.can_run_list:
+                    raise RuntimeError(f"PrefillAdder did not admit request {i} ({len(tokens)} tokens) into an empty batch")
+            if adder.new_chunked_req is not None:
+                chunked = adder.new_chunked_req
+            if chunked is not None:
+                chunked.inflight_middle_chunks += 1
+            batch = ScheduleBatch.init_new(adder.can_run_list, cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE, chunked_req=chunked)
+            batch.prepare_for_extend()
+            cache.deferred_cow_and_clear(batch)
+            if resumed is None:
+                resumed = cache.read(req.kv.mamba_pool_idx) if hit else (0, 0)
+            end = req.extend_end
+            chunk_ends.append(end)
+            cache.write(req.kv.mamba_pool_idx, tokens[:end])
+            written.append(end)
+            if res.extra_buffer and batch.mamba_prefill_track_mask_cpu is not None and batch.mamba_prefill_track_mask_cpu[0]:
+                at = req.kv.mamba_last_track_seqlen
+                cache.write(batch.mamba_track_indices[0], tokens[:at])
+                tracked.append(at)
+                if at not in written:
+                    written.append(at)
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1
+                continue
+            req.output_ids.append(0)
+            req.update_finish_state()
+            release_kv_cache(req, cache.tree, checkpoint=True)
+            break
+        else:
+            raise RuntimeError(f"request {i}: prefill did not finish within {len(tokens) + 2} rounds")
+        want = _fingerprint(tokens[:hit]) if hit else (0, 0)
+        return {
+            "request": i,
+            "prompt_tokens": len(tokens),
+            "hit": int(hit),
+            "query": len(tokens),
+            "scheduler_hit": int(hit),
+            "junction": None,
+            "branching": branching,
+            "chunk_ends": chunk_ends,
+            "written": sorted(written),
+            "tracked": tracked,
+            "resumed_state": {"tokens": resumed[0], "same_tokens": resumed == want} if hit else None,
+            "decode_steps": [],
+            "lookups": 1,
+            "steps": len(chunk_ends),
+        }
+
+
+def _failure_kind(e: BaseException) -> str:
+    """``sglang`` when the innermost frame that raised is SGLang's code (its
+    own failure, judged as engine behaviour), ``internal`` when it is
+    kvspec's (an adapter bug, a harness error)."""
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return "sglang" if last and _SGLANG_DIR in last else "internal"
+
+
+_SGLANG_DIR = str(__import__("pathlib").Path(importlib.import_module("sglang").__file__).parent)
+
+
+def _as_case(case) -> Case:
+    return case if isinstance(case, Case) else parse_case(case)
+
+
+def _deployment(case: Case):
+    if case.deployment is None or case.deployment.engine != "sglang":
+        raise Unsupported("case.deployment: SGLang runs deployment cases with \"engine\": \"sglang\"; allowed: a deployment block with engine sglang and sglang_args")
+    return case.deployment
+
+
+def _check_case(case: Case) -> None:
+    """What this driver does not drive yet is refused, never guessed."""
+    if len(case.trace) > MAX_SGLANG_REQUESTS:
+        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on SGLang: at most {MAX_SGLANG_REQUESTS}")
+    if is_concurrent(case):
+        raise Unsupported("trace: a concurrent trace (arrival); allowed on SGLang: serial requests (concurrent batching is not driven yet)")
+    for i, r in enumerate(case.trace):
+        if r.max_tokens != 1:
+            raise Unsupported(f"trace[{i}].max_tokens={r.max_tokens}: allowed on SGLang: 1 (decode-time Mamba tracking is not driven yet)")
+    if any(f in case.deployment.sglang_args for f in ("--speculative-algorithm",)):
+        raise Unsupported("deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags")
+
+
+_DRIVER: SglangDriver | None = None
+
+
+def get_driver() -> SglangDriver:
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = SglangDriver()
+    return _DRIVER
+
+
+def selftest_case() -> dict:
+    """Three identical 3,300-token requests on Qwen3-Next with the extra
+    buffer, page 64, chunks of 2,048: the whole path (resolution, both
+    chunk kinds, tracking, copy-on-write) in a few seconds."""
+    return {
+        "schema": 1,
+        "name": "kvspec-sglang-selftest",
+        "deployment": {"model": "qwen3_next", "engine": "sglang",
+                       "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"]},
+        "trace": [{"prompt": [{"segment": "selftest", "length": 3300}]}] * 3,
+    }
+
+
+#: The SGLang modules an import-only self-test imports.
+IMPORT_CHECK = ("sglang.srt.mem_cache.unified_radix_cache", "sglang.srt.managers.schedule_batch", "sglang.srt.managers.schedule_policy")
+
+
+def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
+    """The SGLang family's self-test: import the stack and, unless
+    ``import_only``, run :func:`selftest_case` on both tree cores (the
+    second request must hit, both cores the same); a JSON line on ``out``,
+    exit 1 with one line on stderr when it fails."""
+    t0 = time.perf_counter()
+    driver = get_driver()
+    import_s = time.perf_counter() - t0
+    if expect_version and driver.version != expect_version:
+        print(f"selftest: this environment has SGLang {driver.version}, expected {expect_version}", file=sys.stderr)
+        return 1
+    summary = {"vllm_version": driver.version, "engine": f"sglang=={driver.version}", "torch_version": torch.__version__, "import_s": round(import_s, 2)}
+    if import_only:
+        for mod in IMPORT_CHECK:
+            importlib.import_module(mod)
+        out.write(json.dumps({**summary, "import_only": True}) + "\n")
+        out.flush()
+        return 0
+    hits = {}
+    for core in TREE_CORES:
+        result = driver.run(selftest_case(), {"tree_core": core})
+        if result.get("error"):
+            print(f"selftest: SGLang raised ({core} tree core): {result['error']['message']}", file=sys.stderr)
+            return 1
+        hits[core] = result["hits"]
+    if hits["python"] != hits["rust"] or not (hits["python"][0] == 0 and hits["python"][1] > 0):
+        print(f"selftest: implausible hits {hits} (the resend must hit; both tree cores the same)", file=sys.stderr)
+        return 1
+    out.write(json.dumps({**summary, "hits": hits["python"], "tree_cores": list(TREE_CORES)}) + "\n")
+    out.flush()
+    return 0

@@ -1,0 +1,141 @@
+"""A deployment resolved with SGLang's own argument code (SGLang 0.5.23):
+``sglang serve``'s parser (``prepare_server_args``) and its resolution
+pipeline (``ServerArgs.resolve_once``: ``arg_groups/pipeline.py``, the
+mamba hooks ``arg_groups/mamba_hook.py`` and ``model_hook.py
+handle_mamba_radix_cache``), on the deployment's model config.
+
+The platform: SGLang's hybrid cache is resolved as on a CUDA device
+(``--device cuda`` with ``runtime_context.override_platform(is_cuda=True)``,
+SGLang's own way to say what kind of machine it is), so ``auto`` resolves
+as it does where SGLang serves; the cache itself then runs on CPU. What the
+resolution reads:
+
+* ``page_size``, ``chunked_prefill_size``, ``max_prefill_tokens``;
+* ``mamba_radix_cache_strategy`` (``auto`` resolved), whether the extra
+  buffer is on (``get_exec().mamba.enable_mamba_extra_buffer``);
+* ``mamba_cache_chunk_size`` (max of the model's FLA chunk and the page:
+  ``runtime_context.mamba_cache_chunk_size``), the checkpoint grid
+  (``mamba_checkpoint_grid``: lcm of that and the page) and the decode
+  track grid (``mamba_track_grid``: also the track interval);
+* ``mamba_max_states_per_path`` and the speculative settings.
+
+A deployment SGLang refuses (its parser's exit, an ``AssertionError`` or
+``ValueError`` of a hook) is :class:`ground.errors.DeploymentRejected` with
+SGLang's own message, one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.runtime_context import get_exec, mamba_cache_chunk_size, mamba_checkpoint_grid, mamba_track_grid, override_platform
+from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
+
+from engine_adapter.models.served import model_config_dict, model_dir
+from ground.errors import DeploymentRejected, Unsupported
+from ground.printable import one_line
+from reference.deployment import Deployment
+
+#: What the summary reads from the resolved ServerArgs (its own field names).
+READ_FIELDS = ("page_size", "chunked_prefill_size", "max_prefill_tokens", "mamba_radix_cache_strategy", "mamba_track_interval",
+               "mamba_max_states_per_path", "disable_radix_cache", "disable_overlap_schedule", "speculative_algorithm",
+               "speculative_num_draft_tokens", "attention_backend", "uses_mamba_radix_cache")
+
+
+@dataclass(frozen=True)
+class SglangResolution:
+    """What SGLang resolved for a deployment: its own ServerArgs (global for
+    the scheduler once :func:`resolve` returns) and the numbers kvspec reads."""
+
+    server_args: Any
+    page_size: int
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    strategy: str
+    extra_buffer: bool
+    chunk: int
+    checkpoint_grid: int
+    track_grid: int
+    track_interval: int
+    max_states_per_path: int
+    speculative: str | None
+    draft_tokens: int | None
+    fields: dict
+
+    def geometry(self) -> dict | None:
+        """The resolution in kvspec's case geometry, for the engine-neutral
+        promise (``reference``): full attention keyed per page, a Mamba state
+        writable on the checkpoint grid (the extra buffer tracks the last
+        grid point of every extend), the chunk budget, sparse retention.
+        None under ``no_buffer``: a state is written only where a prefill
+        ends (``mamba.py``: no buffer to track into), which no grid states."""
+        if not self.extra_buffer:
+            return None
+        return {
+            "groups": [{"kind": "full_attention", "block_size": self.page_size}, {"kind": "mamba", "block_size": self.checkpoint_grid}],
+            "hash_block_size": self.page_size, "scheduler_block_size": self.checkpoint_grid, "prefix_match_unit": None,
+            "retention_interval": 0, "max_num_batched_tokens": self.chunked_prefill_size,
+        }
+
+    def summary(self) -> dict:
+        return {
+            "engine_family": "sglang",
+            "geometry": self.geometry(),
+            "speculative": None,
+            "page_size": self.page_size,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "mamba_radix_cache_strategy": self.strategy,
+            "extra_buffer": self.extra_buffer,
+            "mamba_cache_chunk_size": self.chunk,
+            "checkpoint_grid": self.checkpoint_grid,
+            "track_grid": self.track_grid,
+            "mamba_track_interval": self.track_interval,
+            "mamba_max_states_per_path": self.max_states_per_path,
+            "speculative_algorithm": self.speculative,
+            "speculative_num_draft_tokens": self.draft_tokens,
+            "server_args": self.fields,
+            "read_by": "sglang.srt.server_args.prepare_server_args + ServerArgs.resolve_once (platform: cuda)",
+        }
+
+
+def argv_of(dep: Deployment, model_path: str) -> list[str]:
+    """The ``sglang serve`` command line kvspec resolves: the model, the
+    CUDA device, then the deployment's allow-listed flags."""
+    return ["--model-path", model_path, "--device", "cuda", *dep.sglang_args]
+
+
+def resolve(dep: Deployment) -> SglangResolution:
+    """Resolve ``dep`` with SGLang's own code; the result's ServerArgs is the
+    scheduler's global one from here on."""
+    if dep.engine != "sglang":
+        raise Unsupported(f"deployment.engine={dep.engine!r}: this is SGLang's driver; allowed: sglang")
+    path = str(model_dir(model_config_dict(dep)))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), override_platform(is_cuda=True):
+            sa = prepare_server_args(argv_of(dep, path))
+            sa.resolve_once()
+            set_global_server_args_for_scheduler(sa)
+            resolved = sa.resolved_dict()
+            chunk = mamba_cache_chunk_size()
+            page = resolved["page_size"]
+            grid, track = mamba_checkpoint_grid(page), mamba_track_grid(page)
+            extra = bool(get_exec().mamba.enable_mamba_extra_buffer)
+    except SystemExit:
+        lines = [x for x in err.getvalue().splitlines() if x.strip()]
+        raise DeploymentRejected(f"deployment.sglang_args: SGLang's parser refused them: {one_line(lines[-1] if lines else 'exit', 300)}") from None
+    except (AssertionError, ValueError, TypeError) as e:
+        raise DeploymentRejected(f"deployment: SGLang refused it: {one_line(e, 300) or type(e).__name__}") from None
+    if not resolved.get("uses_mamba_radix_cache"):
+        raise Unsupported(f"deployment.model={dep.model!r}: SGLang does not route it through the hybrid Mamba radix cache; allowed: a hybrid model")
+    fields = {k: resolved.get(k) for k in READ_FIELDS}
+    return SglangResolution(
+        server_args=sa, page_size=page, chunked_prefill_size=resolved["chunked_prefill_size"], max_prefill_tokens=resolved["max_prefill_tokens"],
+        strategy=resolved["mamba_radix_cache_strategy"], extra_buffer=extra, chunk=chunk, checkpoint_grid=grid, track_grid=track,
+        track_interval=resolved["mamba_track_interval"], max_states_per_path=resolved["mamba_max_states_per_path"],
+        speculative=resolved["speculative_algorithm"], draft_tokens=resolved["speculative_num_draft_tokens"], fields=fields,
+    )

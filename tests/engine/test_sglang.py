@@ -1,0 +1,103 @@
+"""SGLang 0.5.23's hybrid radix cache through kvspec's worker (the real
+wheel in its own environment, ``engine_adapter.sglang_engine``): the
+resolution, the run on both tree cores, the resumed states, and the
+promise's verdict on the grid-multiple resend (examples/README.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.host.engine import WorkerEngine
+from reference.case import parse_case, with_resolution
+from reference.predict import predict
+from tests.engine.conftest import ensure_env
+
+pytestmark = pytest.mark.xdist_group("sglang")
+
+VERSION = "sglang==0.5.23"
+ROOT = Path(__file__).resolve().parents[2]
+CASE = ROOT / "examples" / "sglang-grid-resend-qwen3_next.json"
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    ensure_env(VERSION)
+    engine = WorkerEngine(VERSION)
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def _case(strategy_args: list[str], lengths: list[list[tuple[str, int]]]) -> dict:
+    return {"schema": 1, "name": "t", "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": strategy_args},
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in lengths]}
+
+
+def test_resolution_is_sglangs_own(sglang):
+    res = sglang.resolve(json.loads(CASE.read_text()))
+    assert res["mamba_radix_cache_strategy"] == "extra_buffer" and res["extra_buffer"] is True
+    assert res["page_size"] == 64 and res["chunked_prefill_size"] == 2048
+    assert res["checkpoint_grid"] == 64 and res["track_grid"] == 256  # lcm(64, page) and lcm(grid, --mamba-track-interval 256)
+    auto = sglang.resolve(_case([], [[("A", 10)]]))
+    assert auto["mamba_radix_cache_strategy"] == "extra_buffer"  # "auto" for Qwen3-Next on CUDA, as SGLang resolves it
+
+
+def test_sglang_refuses_what_it_refuses(sglang):
+    with pytest.raises(Exception) as e:
+        sglang.resolve(_case(["--mamba-radix-cache-strategy", "no_buffer", "--page-size", "64"], [[("A", 10)]]))
+    assert "no_buffer only supports page_size=1" in str(e.value)
+
+
+def test_both_tree_cores_agree_and_every_resumed_state_is_its_tokens(sglang):
+    case = json.loads(CASE.read_text())
+    runs = {core: sglang.run(case, {"tree_core": core}) for core in ("python", "rust")}
+    assert runs["python"]["harness"]["tree_core_class"] != runs["rust"]["harness"]["tree_core_class"]
+    assert runs["python"]["hits"] == runs["rust"]["hits"]
+    for run in runs.values():
+        assert "error" not in run
+        for e in run["explain"]:
+            assert e["hit"] == 0 or e["resumed_state"] == {"tokens": e["hit"], "same_tokens": True}, e
+
+
+def test_grid_multiple_resend_misses_the_promise(sglang):
+    """A prompt of k x grid tokens (3,200 = 50 x 64) keeps its tracked state
+    at 3,200; the resend is capped at 3,199, so it resumes at the chunk end
+    (2,048) and only the third request reaches 3,136. The 3,300-token
+    prompt, off the grid, is kept at 3,264 and its resend hits that."""
+    raw = json.loads(CASE.read_text())
+    obs = sglang.run(raw)
+    res = obs["resolution"]
+    promised = predict(with_resolution(parse_case(raw), res["geometry"], res["speculative"], VERSION), VERSION, "promise")["hits"]
+    grid = res["checkpoint_grid"]
+    assert promised[1] == (3200 - 1) // grid * grid
+    assert obs["hits"][1] < promised[1]  # the class: the resend loses reuse
+    assert obs["hits"][2] == promised[2]  # the third resumes where the promise says the second should
+    assert obs["hits"][3:] == promised[3:]  # off the grid: as promised
+    assert 3200 in obs["explain"][0]["tracked"] and 3136 not in obs["explain"][0]["tracked"]
+
+
+def test_no_buffer_keeps_states_where_prefills_end(sglang):
+    obs = sglang.run(_case(["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "2048"],
+                           [[("A", 3300)], [("A", 3300)], [("A", 3300), ("B", 100)]]))
+    assert obs["resolution"]["geometry"] is None  # the promise is not stated for it
+    assert obs["hits"][0] == 0 and obs["hits"][1] == 2048 and obs["hits"][2] == 3300  # a chunk end; the whole earlier prompt
+    assert all(e["written"] == e["chunk_ends"] for e in obs["explain"])
+
+
+def test_cli_compare_exits_1_on_the_divergence():
+    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(CASE), "--engine", VERSION, "--compare", "--json", "--mode", "worker"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "diverges" and out["engine"] == VERSION and out["rule"] == "promise"
+
+
+def test_cli_refuses_a_vllm_case_on_sglang():
+    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(ROOT / "examples" / "seed-53504.json"), "--engine", VERSION],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "--engine='sglang==0.5.23'" in proc.stderr, proc.stderr[-500:]
