@@ -277,6 +277,8 @@ def resolve(dep: Deployment, *, num_blocks: int = DEFAULT_POOL_BLOCKS) -> Resolu
     scheduler runs writes to them afterwards, checked by
     tests/engine/test_resolve.py). The device is set again on every call,
     as the run that follows reads it. A refusal or a crash is not kept."""
+    if dep.engine != "vllm":
+        raise Unsupported(f"deployment.engine={dep.engine!r}: its flags are for another engine; allowed: vllm (run it with --engine {dep.engine}==X)")
     kplatform.set_device(dep.device)
     key = (dep.key(), int(num_blocks))
     hit = _MEMO.pop(key, None)
