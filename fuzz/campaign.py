@@ -212,6 +212,8 @@ class Campaign:
             probe = parse_case({"schema": 1, "deployment": deployment, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
             r = self.engine.resolve(probe)
             g, facts = r["geometry"], r.get("facts", {})
+            if g is None:  # resolved to no geometry the model states (SGLang's no_buffer): its own units
+                g = {"scheduler_block_size": facts["block"], "hash_block_size": facts["hash"]}
             info = {"block": g["scheduler_block_size"], "hash": g["hash_block_size"], "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}

@@ -23,7 +23,9 @@ from ground.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
 from fuzz.choosers import RandomChooser
+from engine_adapter.host.versions import family_of
 from fuzz.generate import another_trace, build_case, class_schedule
+from fuzz.generate_sglang import build_sglang_case, sglang_case_on
 from fuzz.generate import hypothesis_cases
 
 #: Traces the random driver draws on each deployment it draws.
@@ -77,15 +79,33 @@ class BoundedEngine:
             raise EngineError(f"engine={self.engine.version!r}: not run: past the campaign's deadline")
         return left
 
-    def run(self, case: Case) -> dict:
+    def run(self, case: Case, options: dict | None = None) -> dict:
         if not self._worker():
-            return self.engine.run(case)
-        return self.engine.run(case, timeout=self._left(case))
+            return self.engine.run(case, options)
+        return self.engine.run(case, options, timeout=self._left(case))
 
     def resolve(self, case: Case) -> dict:
         if not self._worker():
             return self.engine.resolve(case)
         return self.engine.resolve(case, timeout=self._left(case))
+
+
+class TreeCoreTwin:
+    """The same SGLang engine on its other tree core (Rust), as the
+    campaign's second engine: the ``versions`` oracle then holds SGLang's
+    two tree cores to the same hits on every case (issue 26)."""
+
+    tree_core = "rust"
+
+    def __init__(self, bounded: BoundedEngine) -> None:
+        self.bounded, self.version = bounded, bounded.version
+        self.failed = bounded.failed
+
+    def run(self, case: Case) -> dict:
+        return self.bounded.run(case, {"tree_core": self.tree_core})
+
+    def resolve(self, case: Case) -> dict:
+        return self.bounded.resolve(case)
 
 
 def engine_down(campaign: Campaign) -> str | None:
@@ -139,6 +159,14 @@ def random_cases(seed: int, **pinned) -> Iterable[Case]:
     ``TRACES_PER_DEPLOYMENT`` traces are drawn on each drawn deployment
     (vLLM's resolution of a deployment costs more than a run)."""
     rng = random.Random(seed)
+    if pinned.pop("family", "vllm") == "sglang":  # SGLang's deployments (fuzz.generate_sglang), the same traces
+        chooser = RandomChooser(rng)
+        while True:
+            case = build_sglang_case(chooser, pinned["resolver"])
+            yield case
+            info = pinned["resolver"](case.deployment.as_dict())
+            for _ in range(TRACES_PER_DEPLOYMENT - 1 if info else 0):
+                yield sglang_case_on(chooser, case.deployment.as_dict(), info, None)
     if pinned.get("resolver") is None:
         while True:
             yield build_case(RandomChooser(rng), **pinned)
@@ -163,6 +191,8 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     synthetic = synthetic or "geometry" in pinned or "speculative" in pinned  # a pinned hand geometry
     if not synthetic and "resolver" not in pinned:
         pinned["resolver"] = campaign.resolver
+    if family_of(campaign.engine.version) != "vllm":
+        pinned["family"] = family_of(campaign.engine.version)
     cases = iter(random_cases(seed, **pinned))
     # checked before each case is drawn: drawing one asks the engine to resolve deployments
     while not (time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign)):

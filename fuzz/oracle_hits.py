@@ -49,6 +49,8 @@ def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence
     (:func:`written_before`: vLLM may keep more states than the promise
     requires, e.g. the block-floored replay boundary beside the
     hash-unit one; that costs memory, not correctness)."""
+    if case.geometry is None:  # resolved to a cache the promise is not stated for (SGLang's no_buffer)
+        return []
     expected = predict_with_knobs(case, resolve_knobs(case, version), "promise")
     bad = [i for i in differing(expected["hits"], obs["hits"], promised(case))
            if i >= len(obs["hits"]) or obs["hits"][i] < expected["hits"][i] or not written_before(case, obs, i, obs["hits"][i])]
@@ -122,7 +124,9 @@ def check_versions(case: Case, version: str, obs: Observation, other_version: st
     bad = differing(other["hits"], obs["hits"])
     if not bad:
         return []
-    return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = vllm=={other_version}", {"other_version": other_version})]
+    core = (other.get("harness") or {}).get("tree_core")
+    label = (other_version if "==" in other_version else f"vllm=={other_version}") + (f" ({core} tree core)" if core else "")
+    return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = {label}", {"other_version": other_version})]
 
 
 

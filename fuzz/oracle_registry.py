@@ -69,12 +69,17 @@ class OracleRule:
     #: (``fuzz.cost``). The others have no token cost (the hits agree, or no
     #: hit is compared).
     token_cost: bool = False
+    #: States the promise itself, about hybrid prefix caches and not one
+    #: engine's code: it judges every engine family (SGLang too). The
+    #: others state one engine's rules (vLLM's align-mode chunks, block
+    #: tables, knobs, its retention rule) and judge that engine only.
+    neutral: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
-    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True),
+    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill wrote over the same tokens; no request keys a state it never computed",
-           concurrent=True, severity="wrong output possible"),
+           concurrent=True, severity="wrong output possible", neutral=True),
     OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
            same_hits=True, counters=False, severity="memory only"),
     OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
@@ -93,8 +98,11 @@ REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("sparse_dense", "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
            variant=True, hit=True, severity="lost reuse", token_cost=True),
     OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True, severity="lost reuse", token_cost=True),
-    OracleRule("versions", "two vLLM versions agree on every request's hit", second_engine=True, concurrent=True, severity="lost reuse", token_cost=True),
-    OracleRule("engine_error", "vLLM raised on a case the model accepts", concurrent=True, counters=False, severity="crash"),
+    OracleRule("resumed_state", "a request that resumes reads a Mamba state computed over exactly the tokens it resumes with, where the engine's state can be read",
+               build=False, concurrent=True, counters=False, severity="wrong output possible", neutral=True),  # no vLLM build reads its states
+    OracleRule("versions", "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)", second_engine=True, concurrent=True,
+               severity="lost reuse", token_cost=True, neutral=True),
+    OracleRule("engine_error", "the engine raised on a case the model accepts", concurrent=True, counters=False, severity="crash", neutral=True),
     OracleRule("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
            default=False, variant=True, severity="lost reuse", token_cost=True),
 )
@@ -132,6 +140,8 @@ HIT_ORACLES = names(lambda o: o.hit)
 NOT_BY_COUNTERS = names(lambda o: not o.counters)
 #: Oracles that run the case again on the same engine with a knob flipped.
 VARIANT_ORACLES = names(lambda o: o.variant)
+#: Oracles that judge every engine family (the promise's own rules).
+NEUTRAL_ORACLES = names(lambda o: o.neutral)
 
 
 def listed(items) -> str:

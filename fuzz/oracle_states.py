@@ -117,6 +117,23 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
 SAME_STEP_READ = "read in the same step or before it was computed"
 
 
+def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Divergence]:
+    """A request that resumes at h reads a Mamba state computed over exactly
+    its first h tokens. Judged where the engine's driver read the state it
+    resumed from (``explain[i].resumed_state``: SGLang's driver, whose
+    stood-in kernel writes a fingerprint of the tokens computed); a state of
+    other tokens is a wrong answer served from the cache. Expected hits: 0
+    (nothing that can be trusted to resume from)."""
+    explain = obs.get("explain") or []
+    hits = list(obs.get("hits") or [])
+    bad = [i for i, e in enumerate(explain) if isinstance(e.get("resumed_state"), dict) and e["resumed_state"].get("same_tokens") is False]
+    if not bad:
+        return []
+    got = explain[bad[0]]["resumed_state"]
+    detail = f"request {bad[0]} resumed at {hits[bad[0]]} from a state computed over {got.get('tokens')} tokens that are not its first {hits[bad[0]]}"
+    return [Divergence("resumed_state", version, bad, [0 if i in bad else h for i, h in enumerate(hits)], hits, detail)]
+
+
 def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
     """No request resumes where no earlier prefill wrote a Mamba state over
     its tokens, and no request leaves a state held that its prefill did not

@@ -50,7 +50,6 @@ from ground.printable import printable
 
 from fuzz.impact import cost_of, impact_lines
 from fuzz.findings import check_fields
-from ground.errors import invalid
 from ground.home import engines_dir as default_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from ground.errors import EngineError
 
 from fuzz.atheris_runner import STOP_GRACE_S
 from fuzz.campaign import Campaign
-from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
+from engine_adapter.host.versions import family_of
+from fuzz.drivers import BoundedEngine, TreeCoreTwin, engine_down, run_cases, run_given, run_hypothesis, run_random
 from fuzz.progress import Heartbeat, progress_line
 from fuzz.summary import IN_PROCESS_KEYS, CampaignSummary
 
@@ -54,6 +55,8 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
                 pass  # remembered: the first run reports it (a harness error, or cut past the deadline)
         ready, ready_at = time.monotonic(), time.time()
         engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
+        if other is None and family_of(engine.version) == "sglang":  # SGLang's two tree cores, held to the same hits
+            other = TreeCoreTwin(engine)
         campaign = Campaign(engine, out, other=other, seed=config.seed, deadline=stop_at)
         s = campaign.stats
         synthetic = config.synthetic
@@ -64,7 +67,9 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
 
         with Heartbeat(line, say):
             case_files = run_given(campaign, list(given), deadline=stop_at)
-            if not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
+            if family_of(engine.version) != "vllm":  # the z3 seeds are mapped onto vLLM deployments
+                seeds = []
+            elif not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
                 from fuzz.seeds import on_deployments
 
                 mappable = [c for c in seeds if c.deployment is None] if not engine_down(campaign) else []

@@ -64,19 +64,34 @@ class SglangResolution:
     speculative: str | None
     draft_tokens: int | None
     fields: dict
+    context_length: int | None = None
 
     def geometry(self) -> dict | None:
         """The resolution in kvspec's case geometry, for the engine-neutral
-        promise (``reference``): full attention keyed per page, a Mamba state
-        writable on the checkpoint grid (the extra buffer tracks the last
-        grid point of every extend), the chunk budget, sparse retention.
-        None under ``no_buffer``: a state is written only where a prefill
-        ends (``mamba.py``: no buffer to track into), which no grid states."""
-        if not self.extra_buffer:
+        promise (``reference``): a state resumable on the checkpoint grid and
+        nowhere else. With the extra buffer SGLang tracks the last grid
+        point of every extend, relative to its prefix
+        (``schedule_batch.py _mamba_radix_cache_v2_req_prepare_for_extend``:
+        ``prefix_len + (extend_len // grid) * grid``), and donates only
+        tracked states, at chunk ends and at the end
+        (``components/mamba.py _select_finished_checkpoint``); every prefix
+        it resumes from is such a state and every chunk budget here is a
+        multiple of the grid, so every state is on the absolute grid: the
+        promise's blocks (full attention and Mamba) are the grid. Full
+        attention is matched per page in SGLang; stating it per grid only
+        lowers what the promise asks (no finding from a finer page). None
+        under ``no_buffer``: a state is written only where a prefill ends
+        (no buffer to track into), which no grid states; and under
+        ``--mamba-max-states-per-path N``, whose documented job is to drop
+        a path's interior states (``exec_.py``: "the shallowest eligible
+        interior states beyond the cap are removed"): the user traded that
+        reuse for memory, so the promise is not stated there either."""
+        if not self.extra_buffer or self.chunked_prefill_size % self.checkpoint_grid or self.max_states_per_path != -1:
             return None
+        grid = self.checkpoint_grid
         return {
-            "groups": [{"kind": "full_attention", "block_size": self.page_size}, {"kind": "mamba", "block_size": self.checkpoint_grid}],
-            "hash_block_size": self.page_size, "scheduler_block_size": self.checkpoint_grid, "prefix_match_unit": None,
+            "groups": [{"kind": "full_attention", "block_size": grid}, {"kind": "mamba", "block_size": grid}],
+            "hash_block_size": grid, "scheduler_block_size": grid, "prefix_match_unit": None,
             "retention_interval": 0, "max_num_batched_tokens": self.chunked_prefill_size,
         }
 
@@ -85,6 +100,8 @@ class SglangResolution:
             "engine_family": "sglang",
             "geometry": self.geometry(),
             "speculative": None,
+            # the units a trace is drawn on (fuzz.campaign.Campaign.resolver), whatever the strategy
+            "facts": {"block": self.checkpoint_grid, "hash": self.page_size, "max_model_len": self.context_length, "max_num_seqs": 256},
             "page_size": self.page_size,
             "chunked_prefill_size": self.chunked_prefill_size,
             "max_prefill_tokens": self.max_prefill_tokens,
@@ -138,4 +155,5 @@ def resolve(dep: Deployment) -> SglangResolution:
         strategy=resolved["mamba_radix_cache_strategy"], extra_buffer=extra, chunk=chunk, checkpoint_grid=grid, track_grid=track,
         track_interval=resolved["mamba_track_interval"], max_states_per_path=resolved["mamba_max_states_per_path"],
         speculative=resolved["speculative_algorithm"], draft_tokens=resolved["speculative_num_draft_tokens"], fields=fields,
+        context_length=resolved.get("context_length"),
     )

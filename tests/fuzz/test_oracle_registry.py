@@ -12,7 +12,7 @@ import pytest
 
 from fuzz import oracle_registry as registry
 from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACLES, HIT_ORACLES, KNOWN_ORACLES, NOT_BY_COUNTERS, ORACLES,
-                                  REGISTRY, SAME_HITS_ORACLES, SINGLE_ENGINE_ORACLES, VARIANT_ORACLES)
+                                  NEUTRAL_ORACLES, REGISTRY, SAME_HITS_ORACLES, SINGLE_ENGINE_ORACLES, VARIANT_ORACLES)
 from fuzz.oracles import SINGLE_RUN_CHECKS
 from kvspec.commands import check_build
 from kvspec.commands import fuzz as fuzz_command
@@ -32,17 +32,19 @@ def test_the_lists_keep_what_they_held_before_the_registry():
     """The literals each list was written as before it was derived (issue
     28): the same names in the same order; CONCURRENT_ORACLES and the
     oracles hit counters cannot judge were only ever tested by membership,
-    so their order is the registry's."""
+    so their order is the registry's. ``resumed_state`` joined with SGLang
+    (issue 26), before ``versions``."""
     assert ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
-                       "knobs", "sparse_dense", "spec_on_off", "versions", "engine_error")
+                       "knobs", "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error")
     assert BUILD_ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
                              "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+    assert NEUTRAL_ORACLES == ("promise", "stale", "resumed_state", "versions", "engine_error")
     assert EXTRA_ORACLES == ("junction",) and KNOWN_ORACLES == ORACLES + ("junction",)
     assert SAME_HITS_ORACLES == ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table")
     assert SINGLE_ENGINE_ORACLES == tuple(o for o in ORACLES if o != "versions")
     assert HIT_ORACLES == ("promise", "sparse_dense", "spec_on_off")
-    assert set(CONCURRENT_ORACLES) == {"knobs", "stale", "block_table", "engine_error", "versions", "resolution"}
-    assert set(NOT_BY_COUNTERS) == {"knobs", "engine_error", "resolution", *SAME_HITS_ORACLES}
+    assert set(CONCURRENT_ORACLES) == {"knobs", "stale", "block_table", "engine_error", "versions", "resolution", "resumed_state"}
+    assert set(NOT_BY_COUNTERS) == {"knobs", "engine_error", "resolution", "resumed_state", *SAME_HITS_ORACLES}
     assert VARIANT_ORACLES == ("sparse_dense", "spec_on_off", "junction")
 
 

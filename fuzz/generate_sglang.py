@@ -1,0 +1,79 @@
+"""SGLang deployments for a campaign (``kvspec fuzz --engine sglang==X``):
+SGLang's own knobs, drawn here; the traces are the engine-neutral ones of
+:mod:`fuzz.generate` (resends, longer siblings, siblings diverging
+anywhere, junction chains, lengths biased to kB-1, kB, kB+1 and kB+r)
+drawn on the unit SGLang resolved, exactly as for vLLM.
+
+A deployment: a shipped hybrid model SGLang routes through its hybrid
+Mamba radix cache x ``--mamba-radix-cache-strategy`` {auto, extra_buffer,
+no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
+``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
+``--mamba-track-interval`` {default, 256, 512, 1024} x
+``--mamba-max-states-per-path`` {default, 1, 2, 4}, with
+``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
+``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
+(``no_buffer`` with a page above 1, a track interval that is not a multiple
+of the page) it refuses through the resolver, and another deployment is
+drawn. The trace is drawn on what SGLang resolved (the resolver: the
+checkpoint grid as the block, the page as the hash unit): SGLang's rule of
+where a state can be kept, never a known bug's lengths.
+
+Requests generate one token each and run one after another: what the
+SGLang driver drives (decode tracking, speculative decoding and concurrent
+batching are refused there, so they are not drawn).
+"""
+
+from __future__ import annotations
+
+from fuzz.choosers import Chooser
+from fuzz.generate import MAX_DRAWN_PROMPT, _trace
+from reference.case import Case, parse_case
+
+#: Shipped models SGLang 0.5.23 serves through its hybrid Mamba radix cache.
+SGLANG_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid")
+STRATEGIES = (None, "extra_buffer", "no_buffer")
+PAGE_SIZES = (None, 1, 16, 64, 256)
+CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
+TRACK_INTERVALS = (None, 256, 512, 1024)
+MAX_STATES = (None, 1, 2, 4)
+#: When every drawn deployment is refused: one SGLang always builds.
+FALLBACK = {"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}
+
+
+def draw_sglang_deployment(c: Chooser) -> dict:
+    """One SGLang deployment (a ``deployment`` block), its flags drawn apart."""
+    args: list[str] = []
+    strategy = c.choice(STRATEGIES)
+    if strategy is not None:
+        args += ["--mamba-radix-cache-strategy", strategy]
+    for flag, options in (("--page-size", PAGE_SIZES), ("--chunked-prefill-size", CHUNKED_PREFILL),
+                          ("--mamba-track-interval", TRACK_INTERVALS), ("--mamba-max-states-per-path", MAX_STATES)):
+        value = c.choice(options)
+        if value is not None:
+            args += [flag, str(value)]
+    if strategy == "no_buffer":
+        args.append("--disable-overlap-schedule")
+    return {"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}
+
+
+def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
+    """A deployment SGLang builds (up to four draws, then :data:`FALLBACK`)
+    and a serial trace on the unit it resolved."""
+    dep, info = None, None
+    for _ in range(4):
+        dep = draw_sglang_deployment(c)
+        info = resolver(dep)
+        if info:
+            break
+    if not info:
+        dep = dict(FALLBACK)
+        info = resolver(dep) or {"block": 64, "hash": 64, "max_model_len": 32768}
+    return sglang_case_on(c, dep, info, name, boundary_bias)
+
+
+def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, boundary_bias: bool = True) -> Case:
+    """A trace on a resolved SGLang deployment (``info``: its block and hash unit)."""
+    block, unit = int(info["block"]), int(info["hash"])
+    cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
+    trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
+    return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
