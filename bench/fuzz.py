@@ -83,7 +83,7 @@ def _is_53504(finding_path: str) -> bool:
 
 def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float | None:
     from fuzz.campaign import Campaign
-    from fuzz.drivers import run_cases, run_hypothesis, run_random
+    from fuzz.drivers import run_hypothesis, run_random
 
     with tempfile.TemporaryDirectory() as out:
         found = []

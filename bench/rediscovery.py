@@ -3,7 +3,8 @@
 Time to bug, as FuzzBench and Magma measure it. For each release that has
 a known class (``fuzz.known_classes``: 0.29.0's #53504 resend; 0.33.0's
 longer sibling, hashed longer sibling on Falcon-H1, stale state, resend
-beside an internal checkpoint, dense below sparse), each driver (the random
+beside an internal checkpoint, dense below sparse; SGLang 0.5.23's grid
+resend and sibling branch, ``--releases sglang==0.5.23``), each driver (the random
 driver beside atheris, in the same run) and each of K seeds, one default
 campaign runs exactly as a user runs it::
 
@@ -51,7 +52,8 @@ def run_campaign(release: str, driver: str, seed: int, budget: float, startup: f
     known class, the seconds from the engine ready to its first finding."""
     out, corpus = work / "out", work / "corpus"
     corpus.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", f"vllm=={release}", "--driver", driver, "--seed", str(seed),
+    engine = release if "==" in release else f"vllm=={release}"  # sglang==X names its family
+    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", engine, "--driver", driver, "--seed", str(seed),
            "--max-time", str(budget + startup), "--out", str(out), "--json"] + (["--corpus", str(corpus)] if driver == "atheris" else [])
     began = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget + startup + 120, env=dict(os.environ))
@@ -105,7 +107,7 @@ def main() -> None:
             results = list(pool.map(one, jobs))
     table = {}
     print(f"\nrediscovery: {args.seeds} seeds, found = first finding of the class within {args.budget:.0f} s of the engine ready; {time.monotonic() - started:.0f} s in all")
-    print(f"{'class':<26} {'release':<8} " + " ".join(f"{d + ' found':>14} {d + ' median s':>16}" for d in drivers))
+    print(f"{'class':<26} {'release':<14} " + " ".join(f"{d + ' found':>14} {d + ' median s':>16}" for d in drivers))
     for k in KNOWN_CLASSES:
         if k.release not in releases:
             continue
@@ -117,10 +119,10 @@ def main() -> None:
             row[d] = {"found": len(times), "of": len(runs), "times_s": [x["times"].get(k.id) for x in runs], "median_s": statistics.median(times) if times else None}
             cells.append(f"{len(times):>8}/{len(runs):<5} {('-' if not times else f'{statistics.median(times):.1f}'):>16}")
         table[k.id] = row
-        print(f"{k.id:<26} {k.release:<8} " + " ".join(cells))
+        print(f"{k.id:<26} {k.release:<14} " + " ".join(cells))
     errors = [x for x in results if "error" in x]
     speed = {d: statistics.median([x["cases_per_s"] for x in results if x["driver"] == d and x.get("cases_per_s")] or [0]) for d in drivers}
-    print(f"cases/s (median over campaigns): " + ", ".join(f"{d} {v}" for d, v in speed.items()) + (f"; {len(errors)} campaign(s) failed" if errors else ""))
+    print("cases/s (median over campaigns): " + ", ".join(f"{d} {v}" for d, v in speed.items()) + (f"; {len(errors)} campaign(s) failed" if errors else ""))
     print(json.dumps({"bench": "rediscovery", "seeds": args.seeds, "budget_s": args.budget, "classes": table, "cases_per_s": speed,
                       "failed_campaigns": [x["error"] for x in errors]}, separators=(",", ":")))
 

@@ -34,6 +34,8 @@ stored apart (``OUT/harness-errors/``) and never judged.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name
+
 import hashlib
 import time
 import traceback
@@ -336,7 +338,7 @@ class Campaign:
             finding = F.make_finding(small_judged, final, small_obs, seed=self.seed, other_observation=self.last_other if final.oracle == "versions" else None)
             finding["signature"] = key
             if self.baseline is not None:
-                finding["baseline"] = {"engine": f"vllm=={self.baseline.version}", "fails_too": fails_too}
+                finding["baseline"] = {"engine": engine_name(self.baseline.version), "fails_too": fails_too}
             path = F.write_finding(finding, self.out_dir)
             written.append(path)
             self.stats.findings.append(str(path))

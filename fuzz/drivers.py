@@ -223,7 +223,7 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     n = 0
     while not done[1] and done[0] < max_examples and time.monotonic() < deadline and not engine_down(campaign):
         run = hseed(seed * 1_000_003 + n)(
-            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver))(step))
+            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, family_of(campaign.engine.version)))(step))
         )
         run()
         n += 1

@@ -32,6 +32,8 @@ own file instead of adding another.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name
+
 import functools
 import hashlib
 import importlib.metadata
@@ -154,7 +156,7 @@ def _engine_record(version: str, observation: dict | None) -> dict:
     local-tree or wheel engine) also records what it is made of: its
     release, sources (each patch's path and sha256) and replaced files."""
     observation = observation or {}
-    record = {"name": f"vllm=={version}", "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
+    record = {"name": engine_name(version), "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
     if "+" in version:
         from engine_adapter.host.builds import describe
 
@@ -243,9 +245,9 @@ def upgrade(finding: dict) -> dict:
     out = dict(finding)
     engine = out.get("engine") if isinstance(out.get("engine"), dict) else {}
     version = engine.get("version")
-    out["engine"] = {**({"name": f"vllm=={version}", "version": version, "vllm_files_sha256": None} if version else {}), **engine}
+    out["engine"] = {**({"name": engine_name(version), "version": version, "vllm_files_sha256": None} if version else {}), **engine}
     other = other_engine_version(finding)
-    out.setdefault("other_engine", {"name": f"vllm=={other}", "version": other, "vllm_files_sha256": None} if other else None)
+    out.setdefault("other_engine", {"name": engine_name(other), "version": other, "vllm_files_sha256": None} if other else None)
     for key in ("kvspec", "harness", "case_kind", "reachable", "reachability", "resolution"):
         out.setdefault(key, None)
     return out

@@ -29,6 +29,14 @@ class                        release   recognised by
                                        dense or periodic retention (which keep
                                        more than sparse) with a hash unit below
                                        the block (where sparse retention holds)
+``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
+                             0.5.23    of k x grid tokens hits below the promise
+                                       (its tracked state is at k x grid, one
+                                       grid past the N-1 cap)
+``sglang-sibling-branch``    sglang    SGLang: a resend or extension of a sibling
+                             0.5.23    hits below the promise (the sibling's
+                                       prefill tracked its branching point, not
+                                       its own last grid point)
 ===========================  ========  =========================================
 
 The promise-breaking oracles that speak of one request's hit (``promise``,
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.case import parse_case
+from reference.case import parse_case, prompt_tokens
 from ground.errors import KvspecError
 
 from fuzz.oracle_registry import HIT_ORACLES
@@ -62,6 +70,8 @@ KNOWN_CLASSES = (
     KnownClass("stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"),
     KnownClass("resend-beside-checkpoint", "0.33.0", "R1", "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention"),
     KnownClass("dense-below-sparse", "0.33.0", "R2", "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block"),
+    KnownClass("sglang-grid-resend", "sglang==0.5.23", "R1", "SGLang: an identical resend of a prompt of k x grid tokens hits below the promise"),
+    KnownClass("sglang-sibling-branch", "sglang==0.5.23", "R2", "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)"),
 )
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
@@ -99,11 +109,13 @@ def classify(finding: dict) -> str | None:
     if low is None:
         return None
     kind, g = low
+    version = str((finding.get("engine") or {}).get("version") or "")
+    if version.startswith("sglang=="):
+        return _sglang_class(finding, kind, g)
     knobs = (finding.get("engine") or {}).get("knobs") or {}
     drop = bool(knobs.get("eagle_drop"))
     hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]
     retention = {None: "dense", 0: "sparse"}.get(g.get("retention_interval"), "periodic")
-    version = str((finding.get("engine") or {}).get("version") or "")
     if kind == "resend":
         if hashed and drop and retention != "sparse":
             return "resend-beside-checkpoint"
@@ -117,4 +129,32 @@ def classify(finding: dict) -> str | None:
             return "hashed-longer-sibling"
         if retention == "sparse" and not hashed:
             return "longer-sibling"
+    return None
+
+
+def _sglang_class(finding: dict, kind: str, g: dict) -> str | None:
+    """An SGLang finding's class: the first low request's earliest prefix
+    in the trace (the request it resends or extends) was itself a sibling
+    (it diverged inside an earlier prompt): ``sglang-sibling-branch``; else
+    a resend of a prompt of a whole number of grids (the geometry's block):
+    ``sglang-grid-resend``."""
+    if kind not in ("resend", "extension"):
+        return None
+    try:
+        case = parse_case(finding["case"])
+    except (KvspecError, KeyError, TypeError):
+        return None
+    i = finding["first_divergence"]
+    kinds = request_kinds(case)
+    mine = prompt_tokens(case.trace[i])
+    earlier = [j for j in range(i) if len(prompt_tokens(case.trace[j])) <= len(mine) and mine[: len(prompt_tokens(case.trace[j]))] == prompt_tokens(case.trace[j])]
+    if not earlier:
+        return None
+    base = max(earlier, key=lambda j: (len(prompt_tokens(case.trace[j])), -j))
+    first = min(j for j in earlier if prompt_tokens(case.trace[j]) == prompt_tokens(case.trace[base]))
+    if kinds[first] == "sibling":
+        return "sglang-sibling-branch"
+    grid = g.get("scheduler_block_size")
+    if kind == "resend" and isinstance(grid, int) and grid > 0 and len(mine) % grid == 0:
+        return "sglang-grid-resend"
     return None

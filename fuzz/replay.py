@@ -13,6 +13,8 @@ request, the first divergence marked, as in a finding file.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name as name_of
+
 from pathlib import Path
 
 from reference.case import Case
@@ -59,15 +61,15 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
         if claim is not None and claim.observed is not None:
             row["finding"] = claim.observed[i] if i < len(claim.observed) else None
         if judged.other_observation is not None:
-            row[f"vllm=={other.version}"] = other_hits[i] if i < len(other_hits) else None
+            row[name_of(other.version)] = other_hits[i] if i < len(other_hits) else None
         row["observed"] = observed[i] if i < len(observed) else None
         rows.append(row)
     resolution = obs.get("resolution")
     return {
         "verdict": judged.verdict.verdict,
         "reasons": judged.verdict.reasons,
-        "engine": f"vllm=={version}",
-        "other_engine": f"vllm=={other.version}" if other is not None and judged.other_observation is not None else None,
+        "engine": name_of(version),
+        "other_engine": name_of(other.version) if other is not None and judged.other_observation is not None else None,
         "oracle": claim.oracle if claim else None,
         "first_divergence": judged.verdict.first,
         "divergences": [{"oracle": d.oracle, "requests": d.requests, "detail": d.detail} for d in judged.divergences],
@@ -87,7 +89,7 @@ def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | No
     ``kvspec replay --engine`` does (warm unless ``KVSPEC_WARM=0``)."""
     from engine_adapter import open_engine
     from engine_adapter.host import warm as warm_engines
-    from engine_adapter.host.versions import engine_name as name_of, parse_engine
+    from engine_adapter.host.versions import parse_engine
 
     if warm is None:
         warm = warm_engines.enabled()

@@ -15,6 +15,8 @@ version's warm engines first.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name
+
 import json
 
 from engine_adapter.host import environments
@@ -60,7 +62,7 @@ def main(args) -> int:
         for v in [parse_engine(s) for s in args.versions]:
             warm.stop(v)  # a warm engine never runs from a deleted environment
             removed = environments.remove(v)
-            print(f"vllm=={v}: {'removed' if removed else 'not installed'}")
+            print(f"{engine_name(v)}: {'removed' if removed else 'not installed'}")
         return 0
     if cmd == "start":
         return _start(args)
@@ -119,5 +121,5 @@ def _start(args) -> int:
     for v in versions:
         t = time.monotonic()
         pong = WarmEngine(v, idle_timeout=args.idle_timeout).ping(args.platform)
-        print(f"vllm=={v} ({args.platform}): warm engine pid {pong.get('pid')} ready in {time.monotonic() - t:.1f}s")
+        print(f"{engine_name(v)} ({args.platform}): warm engine pid {pong.get('pid')} ready in {time.monotonic() - t:.1f}s")
     return 0

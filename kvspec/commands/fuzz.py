@@ -142,6 +142,14 @@ def _validate(args, engines: list[str]) -> None:
             raise invalid("libfuzzer", " ".join(args.libfuzzer), f"flags after -- go to libFuzzer; allowed with --driver atheris (the driver is {args.driver})")
         if args.jobs > 1 and ray is None:
             raise invalid("--jobs", args.jobs, f"parallel workers are libFuzzer processes (--driver atheris) or Ray tasks (--ray); allowed with --driver {args.driver} and no --ray: 1")
+    sglang = next((e for e in engines if str(e).strip().startswith("sglang==")), None)
+    if sglang is not None:  # SGLang's driver runs in its worker: no in-process atheris harness, deployments only
+        if args.driver == "atheris":
+            raise invalid("--driver", "atheris", f"instruments vLLM in-process; allowed with --engine {sglang}: random, hypothesis, cases")
+        if args.synthetic_geometry or ray is not None:
+            raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: SGLang runs deployment cases in one process; allowed: neither")
+        if len(engines) > 1:
+            raise invalid("--engine", engines, f"with {sglang} the second engine is SGLang's Rust tree core, always; allowed: one --engine")
     if args.case and args.driver == "atheris":
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
     if args.driver == "cases" and not args.case and args.no_z3_seeds:

@@ -101,3 +101,31 @@ def test_cli_refuses_a_vllm_case_on_sglang():
     proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(ROOT / "examples" / "seed-53504.json"), "--engine", VERSION],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "--engine='sglang==0.5.23'" in proc.stderr, proc.stderr[-500:]
+
+
+def test_a_campaign_finds_both_sglang_classes_by_itself(sglang, tmp_path):
+    """A default SGLang campaign from an empty folder (seeded, bounded by
+    runs, not time): deployments drawn from SGLang's knobs, traces from the
+    promise's shapes; every finding is one of the two SGLang classes, the
+    two tree cores agree on every case, and nothing is a harness error."""
+    from fuzz.campaign import Campaign
+    from fuzz.drivers import BoundedEngine, TreeCoreTwin, run_random
+    from fuzz.known_classes import classify
+    import time
+
+    bounded = BoundedEngine(sglang, time.monotonic() + 600)
+    campaign = Campaign(bounded, tmp_path, other=TreeCoreTwin(bounded), seed=2)
+    stats = run_random(campaign, 2, max_time=500, max_execs=300)
+    assert stats.harness_errors == 0
+    found = [json.loads(Path(p).read_text()) for p in stats.findings]
+    classes = {classify(f) for f in found}
+    assert classes == {"sglang-grid-resend", "sglang-sibling-branch"}, [(f["oracle"], f["summary"]) for f in found]
+    assert all(f["engine"]["name"] == VERSION for f in found)
+    assert not any(f["oracle"] == "versions" for f in found)  # Python and Rust tree cores: the same hits throughout
+
+
+def test_fuzz_refuses_what_the_sglang_family_does_not_drive():
+    for extra, flag in ((["--driver", "atheris"], "--driver"), (["--synthetic-geometry"], "--synthetic-geometry"), (["--engine", "vllm==0.33.0"], "--engine")):
+        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", VERSION, *extra, "--max-time", "5"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 2 and f"kvspec: {flag}=" in proc.stderr, (extra, proc.stderr[-400:])

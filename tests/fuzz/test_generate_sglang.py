@@ -1,0 +1,146 @@
+"""SGLang deployments and cases for a campaign (fuzz/generate_sglang.py),
+the SGLang known classes (fuzz/known_classes.py), and the flags that name
+SGLang (reference/sglang_flags.py, reference/deployment.py,
+reference/knobs.py). Engine-free: the resolver here is a named test double
+(a function answering what a resolution would), never the engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fuzz.choosers import RandomChooser
+from fuzz.generate_sglang import FALLBACK, build_sglang_case, draw_sglang_deployment, sglang_case_on
+from fuzz.known_classes import BY_ID, classify
+from ground.errors import InvalidArgument, Unsupported
+from reference.case import parse_case, with_resolution
+from reference.deployment import parse_deployment
+from reference.knobs import implemented_rule, resolve_knobs
+from reference.predict import predict
+from reference.sglang_flags import check_sglang_args, get_flag
+
+
+def fake_resolver(refuse=lambda dep: False, block=64, hash_=1):
+    """Test double of ``Campaign.resolver``: SGLang's answer, stated by hand."""
+    seen = []
+
+    def resolve(dep: dict) -> dict | None:
+        seen.append(dep)
+        return None if refuse(dep) else {"block": block, "hash": hash_, "max_model_len": 32768, "max_num_seqs": 256}
+
+    resolve.seen = seen
+    return resolve
+
+
+def test_drawn_deployments_parse_and_keep_to_the_allow_list():
+    c = RandomChooser(random.Random(3))
+    for _ in range(200):
+        dep = draw_sglang_deployment(c)
+        parsed = parse_deployment(dep)
+        assert parsed.engine == "sglang" and parsed.vllm_args == ()
+        check_sglang_args(dep["sglang_args"])
+        if get_flag(dep["sglang_args"], "--mamba-radix-cache-strategy") == "no_buffer":
+            assert get_flag(dep["sglang_args"], "--disable-overlap-schedule") == ""
+
+
+def test_cases_are_serial_one_token_requests_drawn_on_the_resolved_unit():
+    resolver = fake_resolver(block=256, hash_=16)
+    cases = [build_sglang_case(RandomChooser(random.Random(s)), resolver) for s in range(40)]
+    for case in cases:
+        assert case.deployment.engine == "sglang"
+        assert all(r.max_tokens == 1 and r.arrival is None for r in case.trace)
+    lengths = [r.num_prompt_tokens for case in cases for r in case.trace]
+    assert any(n % 256 == 0 for n in lengths) and any(n % 256 not in (0, 1, 255) for n in lengths)  # biased to the grid, not only on it
+    again = [build_sglang_case(RandomChooser(random.Random(s)), fake_resolver(block=256, hash_=16)) for s in range(40)]
+    assert again == cases  # seeded
+
+
+def test_a_refused_draw_is_drawn_again_then_the_fallback():
+    refuse_all = fake_resolver(refuse=lambda dep: True)
+    case = build_sglang_case(RandomChooser(random.Random(1)), refuse_all)
+    assert len(refuse_all.seen) == 5 and case.deployment.as_dict()["sglang_args"] == FALLBACK["sglang_args"]
+    refuse_no_buffer = fake_resolver(refuse=lambda dep: "no_buffer" in dep["sglang_args"])
+    for s in range(20):
+        case = build_sglang_case(RandomChooser(random.Random(s)), refuse_no_buffer)
+        assert "no_buffer" not in case.deployment.sglang_args
+
+
+def test_sglang_flags_are_an_allow_list():
+    with pytest.raises(InvalidArgument, match=r"^deployment.sglang_args\[2\]='--trust-remote-code': loads code"):
+        check_sglang_args(["--page-size", "64", "--trust-remote-code"])
+    with pytest.raises(InvalidArgument, match=r"--page-size='1_000': allowed: an integer"):
+        check_sglang_args(["--page-size=1_000"])
+    with pytest.raises(InvalidArgument, match=r"--mamba-radix-cache-strategy='all': allowed: auto, no_buffer, extra_buffer"):
+        check_sglang_args(["--mamba-radix-cache-strategy", "all"])
+    with pytest.raises(InvalidArgument, match=r"--disable-radix-cache takes no value"):
+        check_sglang_args(["--disable-radix-cache=1"])
+    with pytest.raises(InvalidArgument, match=r"not a flag or a flag's value"):
+        check_sglang_args(["64"])
+    check_sglang_args(["--page_size", "64", "--chunked-prefill-size=2048", "--disable-overlap-schedule"])
+    assert get_flag(("--page-size", "16", "--page_size=64"), "--page-size") == "64"  # the last one wins
+
+
+def test_a_deployment_names_its_engine_and_keeps_vllms_form():
+    vllm = parse_deployment({"model": "qwen3_next", "vllm_args": ["--block-size", "64"]})
+    assert "engine" not in vllm.as_dict() and vllm.engine == "vllm"  # a vLLM deployment's JSON (and cache keys) as before
+    sg = parse_deployment({"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--page-size", "64"]})
+    assert sg.as_dict()["engine"] == "sglang" and "vllm_args" not in sg.as_dict() and sg.args == ("--page-size", "64")
+    assert parse_deployment(sg.as_dict()) == sg
+    with pytest.raises(InvalidArgument, match=r"^deployment.vllm_args=.*with engine sglang the flags are sglang_args"):
+        parse_deployment({"model": "qwen3_next", "engine": "sglang", "vllm_args": ["--block-size", "64"]})
+    with pytest.raises(InvalidArgument, match=r"^deployment.platform='cpu': with engine sglang"):
+        parse_deployment({"model": "qwen3_next", "engine": "sglang", "platform": "cpu"})
+
+
+GRID = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}], "hash_block_size": 64,
+        "scheduler_block_size": 64, "prefix_match_unit": None, "retention_interval": 0, "max_num_batched_tokens": 2048}
+
+
+def _case(prompts: list[list[tuple[str, int]]]) -> dict:
+    return {"schema": 1, "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": []},
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]}
+
+
+def test_the_promise_on_an_sglang_resolution_has_no_eagle_drop_and_lands_on_the_grid():
+    case = with_resolution(parse_case(_case([[("A", 3200)], [("A", 3200)], [("A", 3300)], [("A", 3300), ("B", 10)]])), GRID, None, "sglang==0.5.23")
+    assert implemented_rule("sglang==0.5.23") == "promise"
+    knobs = resolve_knobs(case, "sglang==0.5.23")
+    assert not knobs.eagle_drop and knobs.hash_lookahead_tokens == 0 and knobs.alignment == 64
+    assert predict(case, "sglang==0.5.23", "promise")["hits"] == [0, 3136, 3200, 3264]
+    with pytest.raises(InvalidArgument, match=r"supported: sglang==0.5.23"):
+        resolve_knobs(case, "sglang==0.5.22")
+    spec = with_resolution(parse_case(_case([[("A", 10)]])), GRID, {"method": "mtp", "num_speculative_tokens": 2}, "sglang==0.5.23")
+    with pytest.raises(Unsupported):
+        resolve_knobs(spec, "sglang==0.5.23")
+
+
+def _finding(prompts, expected, observed, first, grid_case=True) -> dict:
+    raw = _case(prompts)
+    if grid_case:
+        raw = {**raw, "geometry": GRID, "speculative": None, "resolved_by": "sglang==0.5.23"}
+    return {"oracle": "promise", "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
+            "case": raw, "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}}}
+
+
+def test_the_sglang_classes_are_told_apart_by_the_rule_they_break():
+    assert BY_ID["sglang-grid-resend"].release == BY_ID["sglang-sibling-branch"].release == "sglang==0.5.23"
+    grid = _finding([[("A", 128)], [("A", 128)]], [0, 64], [0, 0], 1)
+    assert classify(grid) == "sglang-grid-resend"
+    off_grid = _finding([[("A", 130)], [("A", 130)]], [0, 128], [0, 64], 1)
+    assert classify(off_grid) is None  # low, but not this class's shape
+    sibling_ext = _finding([[("A", 128)], [("A", 64), ("B", 64)], [("A", 64), ("B", 64), ("D", 1)]], [0, 0, 128], [0, 0, 64], 2)
+    assert classify(sibling_ext) == "sglang-sibling-branch"
+    sibling_resend = _finding([[("A", 146)], [("A", 108), ("B", 21)], [("A", 108), ("B", 21)]], [0, 0, 128], [0, 0, 64], 2)
+    assert classify(sibling_resend) == "sglang-sibling-branch"
+    as_vllm = {**grid, "engine": {"name": "vllm==0.33.0", "version": "0.33.0", "knobs": {}}}
+    assert classify(as_vllm) is None  # the same numbers on vLLM are not an SGLang class
+    high = _finding([[("A", 128)], [("A", 128)]], [0, 64], [0, 128], 1)
+    assert classify(high) is None
+
+
+def test_a_case_on_a_resolution_keeps_the_deployment():
+    dep = {"model": "qwen3_5", "engine": "sglang", "sglang_args": ["--page-size", "16"]}
+    case = sglang_case_on(RandomChooser(random.Random(2)), dep, {"block": 64, "hash": 16, "max_model_len": 500}, "n")
+    assert case.deployment.as_dict()["sglang_args"] == ["--page-size", "16"] and case.name == "n"
+    assert max(r.num_prompt_tokens for r in case.trace) <= 436  # capped below max_model_len
