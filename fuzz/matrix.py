@@ -14,6 +14,13 @@ agrees with every oracle. A deployment case resolves per version, so each
 cell shows the scheduler block that version resolved beside its hits
 (``[block 1600]``), and the promise is that of the first engine's
 resolution (per cell in the JSON rows).
+
+Across engine families (``--engine vllm==X --engine sglang==Y``): a
+deployment case is run on the other family's engine with the same model,
+model overrides and trace and that engine's default serve flags (its own
+resolution of the same model: the cell says ``defaults``), and each cell is
+judged against the promise on what its engine resolved. A hand geometry
+is vLLM's only.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from dataclasses import replace
+
+from engine_adapter.host.versions import engine_name, family_of
 from reference.case import Case
 from ground.errors import Unsupported
 from reference.knobs import resolve_knobs
@@ -42,6 +52,22 @@ def _promise(case: Case, version: str) -> list[int] | None:
         return None
 
 
+def case_for(case: Case, family: str) -> tuple[Case, str | None]:
+    """``case`` as ``family``'s engine runs it, and a note when it was
+    retargeted: a deployment of another family keeps its model, overrides
+    and trace and takes ``family``'s default flags. Unsupported for a hand
+    geometry on an engine other than vLLM."""
+    dep = case.deployment
+    if dep is None:
+        if family != "vllm":
+            raise Unsupported(f"case: a hand geometry runs on vLLM only; allowed on {family}: a deployment case")
+        return case, None
+    if dep.engine == family:
+        return case, None
+    moved = replace(dep, engine=family, vllm_args=(), sglang_args=())
+    return replace(case, geometry=None, speculative=None, deployment=moved, resolved_by=None), f"{family}'s defaults"
+
+
 def run_matrix(paths: list[str], engines: list) -> list[dict]:
     """Every case on every engine, each cell judged. ``engines``: objects
     with ``version`` and ``run(case)``."""
@@ -61,17 +87,25 @@ def run_matrix(paths: list[str], engines: list) -> list[dict]:
                     other = by_version.get(str((finding.get("engine") or {}).get("version")))
                 else:
                     other = by_version.get(claim.other_version)
-            judged = observe_and_judge(case, c, engine, other)
+            try:
+                mine, note = case_for(case, family_of(engine.version))
+            except Unsupported as e:
+                cells[engine.version] = {"error": str(e), "promise": None}
+                continue
+            judged = observe_and_judge(mine, c if note is None else None, engine, other)
             obs = judged.observation
             cell: dict = {"verdict": judged.verdict.verdict, "reasons": judged.verdict.reasons}
+            if note:
+                cell["flags"] = note
             if "error" in obs:
                 cell["error"] = f"{obs['error'].get('type')}: {obs['error'].get('message')}"
             else:
                 cell.update({"hits": obs["hits"], "pattern": pattern(obs["hits"])})
             res = obs.get("resolution")
             if res is not None:
-                cell["block"] = res["geometry"]["scheduler_block_size"]
-                cell["hash_block"] = res["geometry"]["hash_block_size"]
+                g = res.get("geometry") or {"scheduler_block_size": res["facts"]["block"], "hash_block_size": res["facts"]["hash"]}
+                cell["block"] = g["scheduler_block_size"]
+                cell["hash_block"] = g["hash_block_size"]
             cell["promise"] = _promise(judged.case, engine.version)
             cells[engine.version] = cell
         first = cells[engines[0].version]
@@ -89,13 +123,15 @@ def _cell_text(cell: dict) -> str:
     text = ("error: " + cell["error"]) if "error" in cell else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
     if cell.get("block") is not None:
         text += f" [block {cell['block']}]"
+    if cell.get("flags"):
+        text += f" ({cell['flags']})"
     if cell.get("verdict"):
         text += f" {cell['verdict']}"
     return text
 
 
 def to_markdown(rows: list[dict], versions: list[str]) -> str:
-    head = "| case | " + " | ".join(f"vllm=={v}" for v in versions) + " | promise |"
+    head = "| case | " + " | ".join(engine_name(v) for v in versions) + " | promise |"
     lines = [head, "|" + "---|" * (len(versions) + 2)]
     for r in rows:
         promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
@@ -104,7 +140,7 @@ def to_markdown(rows: list[dict], versions: list[str]) -> str:
 
 
 def to_html(rows: list[dict], versions: list[str]) -> str:
-    head = "".join(f"<th>vllm=={html.escape(v)}</th>" for v in versions)
+    head = "".join(f"<th>{html.escape(engine_name(v))}</th>" for v in versions)
     body = []
     for r in rows:
         promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
@@ -119,7 +155,7 @@ def to_rich(rows: list[dict], versions: list[str]):
     table = Table(title="prefix-cache hits per request")
     table.add_column("case")
     for v in versions:
-        table.add_column(f"vllm=={v}")
+        table.add_column(engine_name(v))
     table.add_column("promise")
     for r in rows:
         promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
@@ -152,7 +188,7 @@ def figure(rows: list[dict], versions: list[str]):
         x = list(range(r["requests"]))
         for j, v in enumerate(versions):
             cell = r["cells"][v]
-            label = f"vllm=={v}" + (f" [block {cell['block']}]" if cell.get("block") is not None else "")
+            label = engine_name(v) + (f" [block {cell['block']}]" if cell.get("block") is not None else "")
             if "hits" not in cell:
                 ax.bar([], [], width=bar, color=colors[j % len(colors)], label=f"{label}: {cell.get('error', 'no hits')}"[:80])
                 continue

@@ -41,6 +41,8 @@ def check_resolution(case: Case, version: str, obs: Observation) -> list[Diverge
     carries the hits unchanged; ``context``: ``rule`` (for the signature),
     ``resolution``."""
     r = obs.get("resolution") if case.deployment is not None and "error" not in obs else None
+    if (r or {}).get("engine_family", "vllm") != "vllm":  # vLLM's documented flags; another family states its own
+        return []
     g = (r or {}).get("geometry") or {}
     unit, hashed = g.get("prefix_match_unit"), g.get("hash_block_size")
     if hashed is None:

@@ -1,4 +1,4 @@
-"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--markdown|--html] [--chart PNG]"""
+"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]"""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ def configure(parser) -> None:
     parser.add_argument("cases", nargs="+", help="case or finding files")
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, required=True, metavar="vllm==X", help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
+    add_engine_arguments(parser, required=True, metavar="vllm==X", help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl; or sglang==0.5.23 (a deployment case of the other family runs there with that engine's default flags)")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
     fmt.add_argument("--html", action="store_true", help="print an HTML table")
+    fmt.add_argument("--json", action="store_true", help="print the rows as JSON (each cell: hits, verdict, block, promise)")
     parser.add_argument("--chart", default=None, help="write a hits-per-request chart (PNG) here")
 
 
@@ -41,7 +42,11 @@ def main(args) -> int:
         for e in engines:
             if hasattr(e, "close"):
                 e.close()
-    if args.markdown:
+    if args.json:
+        import json
+
+        print(json.dumps([{k: v for k, v in r.items() if k != "_case"} for r in rows], indent=1))
+    elif args.markdown:
         print(to_markdown(rows, versions), end="")
     elif args.html:
         print(to_html(rows, versions), end="")

@@ -129,3 +129,20 @@ def test_fuzz_refuses_what_the_sglang_family_does_not_drive():
         proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", VERSION, *extra, "--max-time", "5"],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert proc.returncode == 2 and f"kvspec: {flag}=" in proc.stderr, (extra, proc.stderr[-400:])
+
+
+def test_a_matrix_across_families_judges_each_engine_on_its_own_resolution():
+    """``kvspec matrix`` with a vLLM and an SGLang engine: each deployment
+    case runs on the other family with that engine's default flags (the
+    cell says so), and each cell is judged against the promise on the
+    geometry its own engine resolved."""
+    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "matrix", str(CASE), str(ROOT / "examples" / "seed-53504-deployment.json"),
+                           "--engine", "vllm==0.33.0", "--engine", VERSION, "--json"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode in (0, 1), proc.stderr[-1500:]
+    rows = {r["name"]: r["cells"] for r in json.loads(proc.stdout)}
+    grid = rows["sglang-grid-resend-qwen3_next"]
+    assert grid[VERSION]["verdict"] == "diverges" and "flags" not in grid[VERSION]
+    assert grid["0.33.0"]["flags"] == "vllm's defaults" and grid["0.33.0"]["verdict"] == "agrees"
+    seed = rows["seed-53504-qwen3.5-27b-tp2-fp8-mtp2"]
+    assert seed[VERSION]["flags"] == "sglang's defaults" and seed[VERSION]["block"] == 64
+    assert seed[VERSION]["promise"] != seed["0.33.0"]["promise"]  # each judged on its own resolution
