@@ -13,18 +13,27 @@ from ground.home import REPO_ROOT
 
 def test_the_live_server_and_build_tests_each_stay_in_one_group(request):
     """The live server's tests and every user of the session's in-process
-    0.32.0 engine in one group; the builds in another; nothing else grouped."""
+    0.32.0 engine in one group; the builds in another; SGLang's engine tests
+    (one SGLang worker per module, started once) in a third; nothing else grouped."""
     items = request.session.items
     groups = {item.nodeid: (m.args[0] if (m := item.get_closest_marker("xdist_group")) else None) for item in items}
     live = [item.nodeid for item in items if {"live_servers", "engine_032"} & set(item.fixturenames)]
     builds = [item.nodeid for item in items if item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")]
     assert all(groups[n] == "live-server" for n in live)
     assert all(groups[n] == "builds" for n in builds if n not in live)
-    assert all(groups[n] is None for n in groups if n not in live and n not in builds)
+    sglang = [item.nodeid for item in items if "sglang" in item.path.name]
+    assert all(groups[n] == "sglang" for n in sglang if item_uses_engine(n))
+    assert all(groups[n] is None for n in groups if n not in live and n not in builds and groups[n] != "sglang")
+    assert all("sglang" in n.split("::")[0] for n in groups if groups[n] == "sglang")
     if getattr(request.config.option, "loadgroup", False):
         # On an xdist worker under --dist loadgroup: the scheduler groups by
         # the "@<group>" suffix of the node id, not by the mark.
         assert all(n.endswith(f"@{g}") for n, g in groups.items() if g is not None), [n for n, g in groups.items() if g and not n.endswith(f"@{g}")][:3]
+
+
+def item_uses_engine(nodeid: str) -> bool:
+    """A test of SGLang's that runs its engine (tests/engine/, tests/conformance/)."""
+    return nodeid.startswith(("tests/engine/", "tests/conformance/"))
 
 
 def test_loadgroup_runs_a_group_on_one_worker():
