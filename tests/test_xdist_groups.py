@@ -21,19 +21,14 @@ def test_the_live_server_and_build_tests_each_stay_in_one_group(request):
     builds = [item.nodeid for item in items if item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")]
     assert all(groups[n] == "live-server" for n in live)
     assert all(groups[n] == "builds" for n in builds if n not in live)
-    sglang = [item.nodeid for item in items if "sglang" in item.path.name]
-    assert all(groups[n] == "sglang" for n in sglang if item_uses_engine(n))
+    sglang = [item.nodeid for item in items if "sglang" in item.fixturenames]  # SGLang's worker (tests/engine/test_sglang.py)
+    assert all(groups[n] == "sglang" for n in sglang)
     assert all(groups[n] is None for n in groups if n not in live and n not in builds and groups[n] != "sglang")
     assert all("sglang" in n.split("::")[0] for n in groups if groups[n] == "sglang")
     if getattr(request.config.option, "loadgroup", False):
         # On an xdist worker under --dist loadgroup: the scheduler groups by
         # the "@<group>" suffix of the node id, not by the mark.
         assert all(n.endswith(f"@{g}") for n, g in groups.items() if g is not None), [n for n, g in groups.items() if g and not n.endswith(f"@{g}")][:3]
-
-
-def item_uses_engine(nodeid: str) -> bool:
-    """A test of SGLang's that runs its engine (tests/engine/, tests/conformance/)."""
-    return nodeid.startswith(("tests/engine/", "tests/conformance/"))
 
 
 def test_loadgroup_runs_a_group_on_one_worker():
