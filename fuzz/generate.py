@@ -364,6 +364,19 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
     return args
 
 
+def first_resolved(draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4) -> tuple[dict, dict]:
+    """The first of up to ``tries`` drawn deployments the engine resolves
+    (``resolver``), with what it resolved; else ``fallback`` (one the engine
+    always builds), with ``unresolved``'s units if even that is not resolved."""
+    for _ in range(tries):
+        dep = draw()
+        info = resolver(dep)
+        if info:
+            return dep, info
+    dep = dict(fallback)
+    return dep, resolver(dep) or unresolved
+
+
 def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True, cls: DeploymentClass | None = None) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
@@ -373,15 +386,7 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     test) accepts it: a release rejects it, so the flag is dropped there;
     a build that accepts it gets the case (``resolution`` judges it).
     ``cls`` pins the deployment class (:class:`DeploymentClass`)."""
-    dep, info = None, None
-    for _ in range(4):
-        dep = draw_deployment(c, cls)
-        info = resolver(dep)
-        if info:
-            break
-    if not info:
-        dep = dict(FALLBACK_DEPLOYMENT)
-        info = resolver(dep) or {"block": 544, "hash": 544, "max_model_len": 32768}
+    dep, info = first_resolved(lambda: draw_deployment(c, cls), resolver, FALLBACK_DEPLOYMENT, {"block": 544, "hash": 544, "max_model_len": 32768})
     block = int(info["block"])
     args = list(dep["vllm_args"]) + _deployment_flags(c, block, info, cls if cls is not None and dep["model"] == cls.model else None)
     unit = None

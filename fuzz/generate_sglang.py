@@ -26,7 +26,7 @@ batching are refused there, so they are not drawn).
 from __future__ import annotations
 
 from fuzz.choosers import Chooser
-from fuzz.generate import MAX_DRAWN_PROMPT, _trace
+from fuzz.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
 from reference.case import Case, parse_case
 
 #: Shipped models SGLang 0.5.23 serves through its hybrid Mamba radix cache.
@@ -59,15 +59,7 @@ def draw_sglang_deployment(c: Chooser) -> dict:
 def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
     """A deployment SGLang builds (up to four draws, then :data:`FALLBACK`)
     and a serial trace on the unit it resolved."""
-    dep, info = None, None
-    for _ in range(4):
-        dep = draw_sglang_deployment(c)
-        info = resolver(dep)
-        if info:
-            break
-    if not info:
-        dep = dict(FALLBACK)
-        info = resolver(dep) or {"block": 64, "hash": 64, "max_model_len": 32768}
+    dep, info = first_resolved(lambda: draw_sglang_deployment(c), resolver, FALLBACK, {"block": 64, "hash": 64, "max_model_len": 32768})
     return sglang_case_on(c, dep, info, name, boundary_bias)
 
 
