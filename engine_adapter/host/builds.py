@@ -70,7 +70,7 @@ from pathlib import Path
 from engine_adapter.host import environments
 from engine_adapter.host import patches as patches_mod
 from engine_adapter.host import source_files, venvs
-from engine_adapter.host.versions import SUPPORTED_VERSIONS, EngineSpec, engine_name, is_build, parse_engine, release_of
+from engine_adapter.host.versions import FAMILY_TITLES, SUPPORTED_VERSIONS, EngineSpec, engine_name, is_build, parse_engine, release_number, release_of
 from ground.console import say as _say
 from ground.files import write_bytes_atomic
 from ground.errors import EngineError, InvalidArgument, invalid, shown
@@ -101,7 +101,7 @@ def patch_label(path: str | os.PathLike, release: str) -> str:
     stem = Path(path).name
     for suffix in (".diff", ".patch"):
         stem = stem.removesuffix(suffix)
-    stem = re.sub(rf"^vllm-?{re.escape(release)}-?", "", stem)
+    stem = re.sub(rf"^(vllm|sglang)-?{re.escape(release_number(release))}-?", "", stem)
     words = [w for w in _label(stem).split("-") if w]
     return "-".join(words[:2]) or "patch"
 
@@ -126,7 +126,7 @@ class Overlay:
 
     @property
     def digest(self) -> str:
-        h = hashlib.sha256(f"vllm=={self.release}\0".encode())
+        h = hashlib.sha256(f"{engine_name(self.release)}\0".encode())
         for rel in sorted(self.files):
             data = self.files[rel]
             h.update(rel.encode() + b"\0" + (b"D" if data is None else b"F" + hashlib.sha256(data).digest()) + b"\0")
@@ -161,7 +161,12 @@ def _release_env(release: str) -> Path:
     return sp
 
 
-def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str) -> None:
+def _title(package: str) -> str:
+    """How the engine whose package tree is ``package`` is named in a message."""
+    return FAMILY_TITLES.get(package, package)
+
+
+def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str, package: str = "vllm") -> None:
     """Every file a build writes is a file: not a folder of the release, not
     below a file of the release or of the build (else writing it would fail
     half-way through the build)."""
@@ -169,10 +174,10 @@ def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str,
     for rel in sorted(written):
         path = sp / rel
         if path.is_dir() and not path.is_symlink():
-            raise invalid(flag, what, f"{rel} is a folder in vLLM {release}; allowed: files of vLLM's vllm/ tree")
+            raise invalid(flag, what, f"{rel} is a folder in {_title(package)} {release_number(release)}; allowed: files of {_title(package)}'s {package}/ tree")
         for parent in list(Path(rel).parents)[:-1]:
             if parent.as_posix() in written or ((sp / parent).exists() and not (sp / parent).is_dir()):
-                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of vLLM's vllm/ tree")
+                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of {_title(package)}'s {package}/ tree")
 
 
 def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
@@ -181,7 +186,10 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
     and bounded (:mod:`engine_adapter.host.patches`: bytes, count, file patches,
     hunks) before any is applied; a file they make keeps no more permission
     than the patches that made it."""
-    release = (release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")).release  # parsed at the edge, or here
+    spec = release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")  # parsed at the edge, or here
+    # the release's version key (vLLM's bare X; sglang==X), its package tree and its name in messages
+    release, package, title = spec.release_spec.version, spec.family, FAMILY_TITLES[spec.family]
+    shown_release = spec.release
     if not patches:
         raise invalid(flag, [], "give at least one patch file")
     if len(patches) > patches_mod.MAX_PATCHES:
@@ -203,9 +211,9 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
     parsed, nfiles, nhunks = [], 0, 0
     for p, raw, mode, text in read:
         where = f"{flag}={str(p)!r}"
-        fps = patches_mod.parse_patch(text, where, max_files=patches_mod.MAX_FILE_PATCHES - nfiles, max_hunks=patches_mod.MAX_HUNKS - nhunks)
+        fps = patches_mod.parse_patch(text, where, max_files=patches_mod.MAX_FILE_PATCHES - nfiles, max_hunks=patches_mod.MAX_HUNKS - nhunks, package=package)
         if not fps:
-            raise invalid(flag, str(p), "holds no file patch ('--- a/vllm/...' / '+++ b/vllm/...' with hunks); allowed: a unified diff against vLLM's vllm/ tree")
+            raise invalid(flag, str(p), f"holds no file patch ('--- a/{package}/...' / '+++ b/{package}/...' with hunks); allowed: a unified diff against {title}'s {package}/ tree")
         nfiles += len(fps)
         nhunks += sum(len(fp.hunks) for fp in fps)
         parsed.append((p, raw, mode, fps))
@@ -223,7 +231,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
                 try:
                     state[rel] = patches_mod.split_lines(path.read_bytes().decode("utf-8"))
                 except UnicodeDecodeError:
-                    raise InvalidArgument(f"{where}: {rel} is not UTF-8 text in vLLM {release}; allowed: patches to vLLM {release}'s text files") from None
+                    raise InvalidArgument(f"{where}: {rel} is not UTF-8 text in {title} {shown_release}; allowed: patches to {title} {shown_release}'s text files") from None
         return state[rel]
 
     for p, raw, mode, fps in parsed:
@@ -231,13 +239,13 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         for fp in fps:
             if fp.old is None:  # a new file
                 if current(fp.new, where) is not None:
-                    raise InvalidArgument(f"{where}: {fp.new} is created by the patch but exists in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
+                    raise InvalidArgument(f"{where}: {fp.new} is created by the patch but exists in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree")
                 lines: list[str] = []
             else:
                 lines = current(fp.old, where)
                 if lines is None:
-                    raise InvalidArgument(f"{where}: {fp.old}: no such file in vLLM {release}; allowed: a unified diff against vLLM {release}'s vllm/ tree")
-            result = patches_mod.apply_hunks(lines, fp, where, release)
+                    raise InvalidArgument(f"{where}: {fp.old}: no such file in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree")
+            result = patches_mod.apply_hunks(lines, fp, where, shown_release, title, package)
             if fp.new is None:
                 state[fp.old] = None
             else:
@@ -257,7 +265,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         data = "".join(lines).encode("utf-8")
         if not orig.is_file() or orig.read_bytes() != data:
             files[rel] = data
-    _check_paths(sp, files, flag, [str(p) for p in patches], release)
+    _check_paths(sp, files, flag, [str(p) for p in patches], release, package)
     label = ".".join(dict.fromkeys(labels))
     return Overlay(release, "patch", label, files, sources, {rel: m for rel, m in modes.items() if rel in files})
 

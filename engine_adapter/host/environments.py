@@ -367,16 +367,17 @@ def _build_row(version: str, state: str, marker: dict | None) -> dict:
 
 
 def list_builds() -> list[str]:
-    """The versions of every build environment under the engines folder."""
+    """The versions of every build environment under the engines folder
+    (``vllm-X+LABEL.HASH``, ``sglang-X+LABEL.HASH``)."""
     root = engines_dir()
     if not root.is_dir():
         return []
     out = []
     for d in sorted(root.iterdir()):
-        name = d.name
-        if d.is_dir() and name.startswith("vllm-") and "+" in name:
+        family, _, rest = d.name.partition("-")
+        if d.is_dir() and family in RELEASES and "+" in rest:
             try:
-                out.append(parse_engine(name[len("vllm-") :]))
+                out.append(parse_engine(rest if family == "vllm" else f"{family}=={rest}"))
             except KvspecError:  # not a build kvspec named
                 continue
     return out

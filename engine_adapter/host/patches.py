@@ -95,27 +95,30 @@ class FilePatch:
         return self.new or self.old or "?"
 
 
-def check_rel(rel: str, where: str) -> str:
-    """``rel`` if it is a file path inside vLLM's ``vllm/`` tree (see the
-    module docstring), else one line saying why not."""
+def check_rel(rel: str, where: str, package: str = "vllm") -> str:
+    """``rel`` if it is a file path inside the engine's package tree
+    (``vllm/``; ``sglang/`` for an SGLang build; see the module docstring),
+    else one line saying why not."""
     shown = shown_value(rel)
     if not rel.isprintable() or "\\" in rel:
         raise InvalidArgument(f"{where}: path {shown} holds a control character or a backslash; allowed: printable paths like a/vllm/v1/core/kv_cache_coordinator.py")
     if len(rel) > MAX_PATH_CHARS:
         raise InvalidArgument(f"{where}: path {shown} is longer than {MAX_PATH_CHARS} characters; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py")
     parts = rel.split("/")
-    if not rel.startswith("vllm/") or any(p in ("", ".", "..") for p in parts):
-        raise InvalidArgument(f"{where}: path {shown} is not a file of vLLM's vllm/ tree; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py")
+    if not rel.startswith(package + "/") or any(p in ("", ".", "..") for p in parts):
+        like = "a/vllm/v1/core/kv_cache_coordinator.py" if package == "vllm" else f"a/{package}/srt/managers/schedule_policy.py"
+        owner = "vLLM" if package == "vllm" else "SGLang"
+        raise InvalidArgument(f"{where}: path {shown} is not a file of {owner}'s {package}/ tree; allowed: paths like {like}")
     return rel
 
 
-def _header_path(text: str, where: str) -> str | None:
+def _header_path(text: str, where: str, package: str = "vllm") -> str | None:
     text = text.removesuffix("\n").removesuffix("\r").split("\t", 1)[0].strip(" ")
     if text == "/dev/null":
         return None
     if text.startswith(("a/", "b/")):
         text = text[2:]
-    return check_rel(text, where)
+    return check_rel(text, where, package)
 
 
 def _strip_newline(hunk: Hunk, tag: str) -> None:
@@ -125,10 +128,11 @@ def _strip_newline(hunk: Hunk, tag: str) -> None:
             side[-1] = side[-1].removesuffix("\n").removesuffix("\r")
 
 
-def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_hunks: int = MAX_HUNKS) -> list[FilePatch]:
+def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_hunks: int = MAX_HUNKS, package: str = "vllm") -> list[FilePatch]:
     """The file patches of a unified diff; lines outside a file's hunks
     (``diff --git``, ``index``, prose) are ignored. ``max_files`` /
-    ``max_hunks``: how many more file patches / hunks the build allows."""
+    ``max_hunks``: how many more file patches / hunks the build allows;
+    ``package``: the tree every path must lie in (``vllm``, ``sglang``)."""
     lines = split_lines(text)
     nlines = len(lines)
     files: list[FilePatch] = []
@@ -138,7 +142,7 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         line = lines[i]
         if line.startswith("--- ") and i + 1 < nlines and lines[i + 1].startswith("+++ "):
             where = f"{flag}: line {i + 1}"
-            old, new = _header_path(line[4:], where), _header_path(lines[i + 1][4:], f"{flag}: line {i + 2}")
+            old, new = _header_path(line[4:], where, package), _header_path(lines[i + 1][4:], f"{flag}: line {i + 2}", package)
             if old is None and new is None:
                 raise InvalidArgument(f"{where}: both sides of the file header are /dev/null; allowed: '--- a/vllm/...' or '--- /dev/null' (a new file), then '+++ b/vllm/...' or '+++ /dev/null' (a deleted file)")
             if len(files) >= max_files:
@@ -264,7 +268,7 @@ class _OverBudget(Exception):
     pass
 
 
-def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str) -> list[str]:
+def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str, title: str = "vLLM", package: str = "vllm") -> list[str]:
     """``lines`` with ``fp``'s hunks applied in order (see the module
     docstring); one line naming the hunk if one is not in the file."""
     out: list[str] = []
@@ -285,12 +289,12 @@ def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str) -> lis
                     found = _find(lines, index, old, want, cursor, budget)
                 except _OverBudget:
                     raise InvalidArgument(f"{flag}: line {hunk.line}: hunk {k} of {fp.path} ({hunk.header}) is far from its line number and was not found within "
-                                          f"{SEARCH_FACTOR} candidates per line; allowed: hunks at or near the lines they name in vLLM {release}'s file") from None
+                                          f"{SEARCH_FACTOR} candidates per line; allowed: hunks at or near the lines they name in {title} {release}'s file") from None
                 if found is None:
                     first = old[0].strip()
                     raise InvalidArgument(
-                        f"{flag}: hunk {k} of {fp.path} ({hunk.header}) does not apply to vLLM {release}: its context and removed lines are not in the file"
-                        f" (first: {first[:80]!r}); allowed: a unified diff against vLLM {release}'s vllm/ tree"
+                        f"{flag}: hunk {k} of {fp.path} ({hunk.header}) does not apply to {title} {release}: its context and removed lines are not in the file"
+                        f" (first: {first[:80]!r}); allowed: a unified diff against {title} {release}'s {package}/ tree"
                     )
                 at = found
         out.extend(lines[cursor:at])

@@ -80,8 +80,6 @@ class EngineSpec:
             raise InvalidArgument(f"{field}={text!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z; {allowed_text()}")
         if release not in RELEASES[family]:
             raise Unsupported(f"{field}={text!r}: {FAMILY_TITLES[family]} {release} has no kvspec engine environment; {allowed_text()}")
-        if local is not None and family != "vllm":
-            raise Unsupported(f"{field}={text!r}: builds (+LABEL) are made of vLLM releases only; allowed: {family}=={release}")
         if local is None:
             return cls(family, release)
         label, dot, digest = local.rpartition(".")

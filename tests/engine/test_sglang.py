@@ -146,3 +146,34 @@ def test_a_matrix_across_families_judges_each_engine_on_its_own_resolution():
     seed = rows["seed-53504-qwen3.5-27b-tp2-fp8-mtp2"]
     assert seed[VERSION]["flags"] == "sglang's defaults" and seed[VERSION]["block"] == 64
     assert seed[VERSION]["promise"] != seed["0.33.0"]["promise"]  # each judged on its own resolution
+
+
+FIX = ROOT / "fixes" / "sglang-0.5.23-keep-cut.diff"
+
+
+def test_a_patched_sglang_build_keeps_the_promise_on_both_classes(tmp_path):
+    """``--engine sglang==0.5.23 --patch fixes/sglang-0.5.23-keep-cut.diff``:
+    the build (SGLang's sglang/ tree overlaid, hard-linked from the release)
+    keeps the promise on both examples the release breaks it on."""
+    from engine_adapter.host.builds import overlay_from_patches, prepare
+
+    overlay = overlay_from_patches(VERSION, [str(FIX)])
+    assert list(overlay.files) == ["sglang/srt/managers/schedule_policy.py"] and overlay.version.startswith("sglang==0.5.23+keep-cut.")
+    name = prepare(VERSION, [str(FIX)])
+    assert name == overlay.name
+    for example in (CASE, ROOT / "examples" / "sglang-sibling-branch-qwen3_next.json"):
+        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(example), "--engine", name, "--compare", "--json", "--mode", "worker"],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        out = json.loads(proc.stdout)
+        assert out["verdict"] == "agrees" and out["engine"] == name
+
+
+def test_an_sglang_patch_stays_in_sglangs_tree(tmp_path):
+    from engine_adapter.host.builds import overlay_from_patches
+    from ground.errors import InvalidArgument
+
+    bad = tmp_path / "bad.diff"
+    bad.write_text("--- a/vllm/v1/core/sched/scheduler.py\n+++ b/vllm/v1/core/sched/scheduler.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(InvalidArgument, match=r"is not a file of SGLang's sglang/ tree; allowed: paths like a/sglang/srt/managers/schedule_policy.py"):
+        overlay_from_patches(VERSION, [str(bad)])
