@@ -47,6 +47,7 @@ import time
 import traceback
 import zlib
 from array import array
+from pathlib import Path
 
 from engine_adapter.sglang_engine.stubs import install as _install_stubs
 
@@ -96,16 +97,20 @@ class _Cache:
     """One case's pools and radix cache, as ``ModelRunner`` and the
     scheduler build them for a hybrid model (CPU, stand-in layer shapes)."""
 
-    def __init__(self, res: SglangResolution, total_tokens: int, requests: int, tree_core: str) -> None:
+    def __init__(self, res: SglangResolution, lengths: list[int], tree_core: str) -> None:
         page = res.page_size
         mamba_ids = [i for i in range(_LAYERS) if i not in _FULL]
         with envs.SGLANG_MAMBA_SSM_DTYPE.override("float32"):
             shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=2, head_dim=16, state_size=16, conv_kernel=4)
             params = Mamba2CacheParams(shape=shape, layers=mamba_ids)
+        total_tokens, requests = sum(lengths) + len(lengths), len(lengths)
         size = (total_tokens + 4 * page + 1024) // page * page + page
-        chunks = sum(1 for _ in range(requests)) * (2 + total_tokens // max(1, res.chunked_prefill_size))
+        # Room for every state the trace can leave in the tree and every
+        # slot a request holds (its own, the ping-pong pair), so SGLang never
+        # evicts: a hit lost to kvspec's pool size would be kvspec's finding.
+        states = sum(n // max(1, res.chunked_prefill_size) + 6 for n in lengths) + 16
         self.req_pool = HybridReqToTokenPool(
-            size=requests + 4, mamba_size=2 * chunks + 4 * requests + 16, mamba_spec_state_size=requests + 4, max_context_len=total_tokens + 16,
+            size=requests + 4, mamba_size=states, mamba_spec_state_size=requests + 4, max_context_len=max(lengths, default=1) + 16,
             device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=mamba_ids,
             enable_mamba_extra_buffer=res.extra_buffer, speculative_num_draft_tokens=res.draft_tokens or 3,
         )
@@ -173,7 +178,7 @@ class SglangDriver:
         _check_case(case)
         res = resolve(_deployment(case))
         prompts = [prompt_tokens(r) for r in case.trace]
-        cache = _Cache(res, sum(len(p) + r.max_tokens for p, r in zip(prompts, case.trace)), len(prompts), tree_core)
+        cache = _Cache(res, [len(p) for p in prompts], tree_core)
         self._model_config = ModelConfig.from_server_args(res.server_args)  # SGLang's own, from the deployment's config.json
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
@@ -284,7 +289,7 @@ def _failure_kind(e: BaseException) -> str:
     return "sglang" if last and _SGLANG_DIR in last else "internal"
 
 
-_SGLANG_DIR = str(__import__("pathlib").Path(importlib.import_module("sglang").__file__).parent)
+_SGLANG_DIR = str(Path(importlib.import_module("sglang").__file__).parent)
 
 
 def _as_case(case) -> Case:
