@@ -15,12 +15,16 @@ from reference.case import parse_case
 #: patched builds of one
 #: release (a mutant build is removed after its test; making one holds the
 #: release's install lock while it links the release, so the test that
-#: times a ready release's install runs with them). Everything else is
+#: times a ready release's install runs with them), and SGLang's engine
+#: tests (one SGLang worker per module, started once). Everything else is
 #: spread over both workers; ``make test`` runs tests/distribute (a local
 #: Ray cluster of two vLLM workers) after the parallel run, alone.
+#: The modules that drive SGLang's engine (its worker, its builds).
+SGLANG_ENGINE_TESTS = ("test_sglang.py", "test_sglang_conformance.py")
 XDIST_GROUPS = (
     ("live-server", lambda item: bool({"live_servers", "engine_032"} & set(getattr(item, "fixturenames", ())))),
     ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")),
+    ("sglang", lambda item: item.path.name in SGLANG_ENGINE_TESTS),
 )
 
 

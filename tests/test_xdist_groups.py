@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from ground.home import REPO_ROOT
+from tests.conftest import SGLANG_ENGINE_TESTS
 
 
 def test_the_live_server_and_build_tests_each_stay_in_one_group(request):
@@ -21,7 +22,7 @@ def test_the_live_server_and_build_tests_each_stay_in_one_group(request):
     builds = [item.nodeid for item in items if item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")]
     assert all(groups[n] == "live-server" for n in live)
     assert all(groups[n] == "builds" for n in builds if n not in live)
-    sglang = [item.nodeid for item in items if "sglang" in item.fixturenames]  # SGLang's worker (tests/engine/test_sglang.py)
+    sglang = [item.nodeid for item in items if item.path.name in SGLANG_ENGINE_TESTS]  # SGLang's worker and builds
     assert all(groups[n] == "sglang" for n in sglang)
     assert all(groups[n] is None for n in groups if n not in live and n not in builds and groups[n] != "sglang")
     assert all("sglang" in n.split("::")[0] for n in groups if groups[n] == "sglang")

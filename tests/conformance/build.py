@@ -38,7 +38,6 @@ draft layer's group only, which is what the case alone runs).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 

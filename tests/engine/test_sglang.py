@@ -17,8 +17,6 @@ from reference.case import parse_case, with_resolution
 from reference.predict import predict
 from tests.engine.conftest import ensure_env
 
-pytestmark = pytest.mark.xdist_group("sglang")
-
 VERSION = "sglang==0.5.23"
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "examples" / "sglang-grid-resend-qwen3_next.json"
