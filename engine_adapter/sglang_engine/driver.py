@@ -166,7 +166,8 @@ class SglangDriver:
 
     def resolve(self, case) -> dict:
         case = _as_case(case)
-        return resolve(_deployment(case)).summary()
+        dep = _deployment(case)
+        return {"engine": f"sglang=={self.version}", "deployment": dep.as_dict(), **resolve(dep).summary()}
 
     def run(self, case, options: dict | None = None) -> Observation:
         options = options or {}

@@ -29,7 +29,7 @@ from ground.errors import KvspecError, invalid
 if TYPE_CHECKING:
     from engine_adapter.host.versions import EngineSpec
 
-HELP = "what vLLM builds for a deployment (model + vllm serve flags), or whether a hand geometry is reachable"
+HELP = "what the engine builds for a deployment (model + vllm serve or sglang serve flags), or whether a hand geometry is reachable"
 
 
 
@@ -51,10 +51,12 @@ def configure(parser) -> None:
     parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
 
 
-def _deployment_case(args):
+def _deployment_case(args, family: str = "vllm"):
     from reference.case import parse_case
 
     dep = {"model": args.model, "vllm_args": list(args.flags), "platform": args.platform}
+    if family != "vllm":  # the flags after -- are that engine's (sglang serve's)
+        dep = {"model": args.model, "engine": family, "sglang_args": list(args.flags), "platform": args.platform}
     if args.device is not None:
         dep["device"] = args.device
     return parse_case({"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
@@ -84,7 +86,10 @@ def main(args) -> int:
 
         case, _ = load_finding(args.case)
     else:
-        case = _deployment_case(args)
+        families = {spec.family for spec in engines}
+        if len(families) > 1:
+            raise invalid("--engine", [spec.name for spec in engines], "with --model the flags after -- are one engine's; allowed: engines of one family")
+        case = _deployment_case(args, families.pop())
     if case.deployment is None:
         return _reachability(case, engines, args)
     from engine_adapter import open_engine
@@ -103,6 +108,8 @@ def main(args) -> int:
 
 
 def _render(r: dict) -> None:
+    if r.get("engine_family") == "sglang":
+        return _render_sglang(r)
     g, f = r["geometry"], r["facts"]
     groups = ", ".join(f"{x['count']}x {x['kind']} {x['block_size']}" for x in g["groups"])
     print(f"{r['engine']}  {r['deployment']['model']} on {f['platform']}" + (f"/{f['device']}" if f.get("device") else ""))
@@ -116,6 +123,21 @@ def _render(r: dict) -> None:
     print("  reachable:         yes (vLLM built it)")
     for a in r.get("assumptions", []):
         print(f"  assumption:        {a}")
+
+
+def _render_sglang(r: dict) -> None:
+    """What SGLang resolved (its own field names), and the geometry the
+    promise reads (or that it is not stated for this cache)."""
+    g = r.get("geometry")
+    print(f"{r['engine']}  {r['deployment']['model']} (SGLang's ServerArgs pipeline, as on CUDA)")
+    print(f"  strategy:          {r['mamba_radix_cache_strategy']}   extra buffer: {r['extra_buffer']}   page: {r['page_size']}")
+    print(f"  chunked prefill:   {r['chunked_prefill_size']}   max prefill tokens: {r['max_prefill_tokens']}")
+    print(f"  Mamba chunk:       {r['mamba_cache_chunk_size']}   checkpoint grid: {r['checkpoint_grid']}   track grid: {r['track_grid']} (interval {r['mamba_track_interval']})")
+    print(f"  states per path:   {r['mamba_max_states_per_path']}   speculative: {r['speculative_algorithm']} ({r['speculative_num_draft_tokens']} draft tokens)")
+    if g:
+        print(f"  the promise reads: block {g['scheduler_block_size']} (full attention and Mamba), chunk budget {g['max_num_batched_tokens']}")
+    else:
+        print("  the promise reads: nothing: not stated for this cache (no_buffer keeps a state only where a prefill ends; a states-per-path cap drops them by design)")
 
 
 def _reachability(case, engines, args) -> int:
