@@ -175,3 +175,11 @@ def test_an_sglang_patch_stays_in_sglangs_tree(tmp_path):
     bad.write_text("--- a/vllm/v1/core/sched/scheduler.py\n+++ b/vllm/v1/core/sched/scheduler.py\n@@ -1 +1 @@\n-a\n+b\n")
     with pytest.raises(InvalidArgument, match=r"is not a file of SGLang's sglang/ tree; allowed: paths like a/sglang/srt/managers/schedule_policy.py"):
         overlay_from_patches(VERSION, [str(bad)])
+
+
+def test_kvspec_resolve_prints_what_sglang_built_and_relays_its_refusal():
+    ok = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", str(CASE), "--engine", VERSION], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ok.returncode == 0 and "strategy:          extra_buffer" in ok.stdout and "the promise reads: block 64" in ok.stdout, ok.stdout + ok.stderr[-500:]
+    refused = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_next", "--engine", VERSION, "--",
+                              "--mamba-radix-cache-strategy", "no_buffer", "--page-size", "64"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert refused.returncode == 2 and refused.stderr.strip() == "kvspec: deployment: SGLang refused it: no_buffer only supports page_size=1.", refused.stderr[-500:]
