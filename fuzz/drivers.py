@@ -81,7 +81,7 @@ class BoundedEngine:
 
     def run(self, case: Case, options: dict | None = None) -> dict:
         if not self._worker():
-            return self.engine.run(case, options)
+            return self.engine.run(case) if options is None else self.engine.run(case, options)
         return self.engine.run(case, options, timeout=self._left(case))
 
     def resolve(self, case: Case) -> dict:
@@ -223,7 +223,7 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     n = 0
     while not done[1] and done[0] < max_examples and time.monotonic() < deadline and not engine_down(campaign):
         run = hseed(seed * 1_000_003 + n)(
-            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, family_of(campaign.engine.version)))(step))
+            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, build_sglang_case if family_of(campaign.engine.version) == "sglang" else None))(step))
         )
         run()
         n += 1

@@ -458,17 +458,16 @@ def case_from_bytes(data: bytes, resolver: Resolver | None = None) -> Case:
     return build_case(BytesChooser(data), resolver=resolver)
 
 
-def hypothesis_cases(resolver: Resolver | None = None, family: str = "vllm"):
-    """A Hypothesis strategy of cases (deployments with a ``resolver``; an
-    SGLang campaign's, ``family="sglang"``, from ``fuzz.generate_sglang``)."""
+def hypothesis_cases(resolver: Resolver | None = None, builder: Callable[[Chooser, Resolver], Case] | None = None):
+    """A Hypothesis strategy of cases (deployments with a ``resolver``;
+    ``builder(chooser, resolver)`` draws another family's instead, e.g.
+    ``fuzz.generate_sglang.build_sglang_case``)."""
     from hypothesis import strategies as st
 
     @st.composite
     def cases(draw):
-        if family == "sglang":
-            from fuzz.generate_sglang import build_sglang_case
-
-            return build_sglang_case(HypothesisChooser(draw), resolver)
+        if builder is not None:
+            return builder(HypothesisChooser(draw), resolver)
         return build_case(HypothesisChooser(draw), resolver=resolver)
 
     return cases()

@@ -1,7 +1,8 @@
-"""Builds of a vLLM release: patched, local-tree and wheel engines.
+"""Builds of a release: patched, local-tree and wheel engines (SGLang: patched only).
 
-A *build* is a release's engine environment with some of vLLM's Python files
-replaced. Three sources:
+A *build* is a release's engine environment with some of its Python files
+replaced (``--engine sglang==X --patch FILE.diff``: a diff of SGLang's
+``sglang/`` tree, the same way). Three sources:
 
 * ``--engine vllm==X --patch FILE.diff [--patch ...]``: unified diffs against
   release X's ``vllm/`` tree (paths ``a/vllm/v1/core/...``), applied in
@@ -161,23 +162,18 @@ def _release_env(release: str) -> Path:
     return sp
 
 
-def _title(package: str) -> str:
-    """How the engine whose package tree is ``package`` is named in a message."""
-    return FAMILY_TITLES.get(package, package)
-
-
 def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str, package: str = "vllm") -> None:
     """Every file a build writes is a file: not a folder of the release, not
     below a file of the release or of the build (else writing it would fail
     half-way through the build)."""
-    written = {rel for rel, data in files.items() if data is not None}
+    written, title = {rel for rel, data in files.items() if data is not None}, FAMILY_TITLES.get(package, package)
     for rel in sorted(written):
         path = sp / rel
         if path.is_dir() and not path.is_symlink():
-            raise invalid(flag, what, f"{rel} is a folder in {_title(package)} {release_number(release)}; allowed: files of {_title(package)}'s {package}/ tree")
+            raise invalid(flag, what, f"{rel} is a folder in {title} {release_number(release)}; allowed: files of {title}'s {package}/ tree")
         for parent in list(Path(rel).parents)[:-1]:
             if parent.as_posix() in written or ((sp / parent).exists() and not (sp / parent).is_dir()):
-                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of {_title(package)}'s {package}/ tree")
+                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of {title}'s {package}/ tree")
 
 
 def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
@@ -188,8 +184,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
     than the patches that made it."""
     spec = release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")  # parsed at the edge, or here
     # the release's version key (vLLM's bare X; sglang==X), its package tree and its name in messages
-    release, package, title = spec.release_spec.version, spec.family, FAMILY_TITLES[spec.family]
-    shown_release = spec.release
+    release, package, title, shown_release = spec.release_spec.version, spec.family, FAMILY_TITLES[spec.family], spec.release
     if not patches:
         raise invalid(flag, [], "give at least one patch file")
     if len(patches) > patches_mod.MAX_PATCHES:

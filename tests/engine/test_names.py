@@ -73,8 +73,9 @@ def test_sglang_names_carry_their_family_in_the_version_key():
     assert engine_name(spec.version) == "sglang==0.5.23"
     with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23$"):
         EngineSpec.parse("sglang==0.33.0")
-    with pytest.raises(Unsupported, match=r"builds \(\+LABEL\) are made of vLLM releases only"):
-        EngineSpec.parse("sglang==0.5.23+fix.1a2b3c")
+    build = EngineSpec.parse("sglang==0.5.23+keep-cut.88f092")  # an SGLang build (--patch)
+    assert (build.family, build.release, build.label, build.version) == ("sglang", "0.5.23", "keep-cut", "sglang==0.5.23+keep-cut.88f092")
+    assert env_slug(build.version) == "sglang-0.5.23+keep-cut.88f092" and build.release_spec.name == "sglang==0.5.23"
 
 
 @pytest.mark.parametrize("name", ["vllm==0.31.0", "vllm==9.9.9", "0.28.0"])

@@ -38,8 +38,26 @@ CASES = {
 }
 
 
+def _sglang_finding(prompts, expected, observed) -> dict:
+    """An SGLang finding on the grid-64 resolution (examples/sglang-*.json)."""
+    case = case_to_dict(make_case(hybrid(64, 64, retention_interval=0), prompts, None))
+    case.update(deployment={"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"]},
+                resolved_by="sglang==0.5.23")
+    first = next((i for i, (e, o) in enumerate(zip(expected, observed)) if e != o), None)
+    return {"oracle": "promise", "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
+            "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}}, "case": case}
+
+
+CASES.update({
+    # sglang-grid-resend-qwen3_next.json: 0 / 2048 where the promise gives 0 / 3136
+    "sglang-grid-resend": _sglang_finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048]),
+    # sglang-sibling-branch-qwen3_next.json: the sibling's resend, 640 where the promise gives 1024
+    "sglang-sibling-branch": _sglang_finding([[("A", 1024)], [("A", 640), ("B", 400)], [("A", 640), ("B", 400)]], [0, 0, 1024], [0, 0, 640]),
+})
+
+
 def test_every_known_class_has_a_finding_here_and_a_release():
-    assert set(CASES) == set(BY_ID) and all(k.release in ("0.29.0", "0.33.0") for k in KNOWN_CLASSES)
+    assert set(CASES) == set(BY_ID) and all(k.release in ("0.29.0", "0.33.0", "sglang==0.5.23") for k in KNOWN_CLASSES)
 
 
 @pytest.mark.parametrize("cls", sorted(CASES))
