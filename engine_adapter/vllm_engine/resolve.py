@@ -352,6 +352,9 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
         "num_blocks": int(kcfg.num_blocks),
         "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
+        # --scheduling-policy as vLLM parsed it: the Scheduler kvspec builds
+        # from this config picks its waiting queue by it (create_request_queue)
+        "scheduling_policy": str(vc.scheduler_config.policy),
         "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
         "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
         "max_model_len": int(vc.model_config.max_model_len),
