@@ -40,6 +40,7 @@ Not driven (refused as ``Unsupported``, never guessed): decode steps
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import sys
@@ -70,6 +71,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: 
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
+from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.interface import Observation, RequestObservation  # noqa: E402
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
@@ -316,14 +318,10 @@ def _check_case(case: Case) -> None:
         raise Unsupported("deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags")
 
 
-_DRIVER: SglangDriver | None = None
-
-
+@functools.cache
 def get_driver() -> SglangDriver:
-    global _DRIVER
-    if _DRIVER is None:
-        _DRIVER = SglangDriver()
-    return _DRIVER
+    """The one driver of this process (SGLang imported once)."""
+    return SglangDriver()
 
 
 def selftest_case() -> dict:
@@ -348,19 +346,13 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     ``import_only``, run :func:`selftest_case` on both tree cores (the
     second request must hit, both cores the same); a JSON line on ``out``,
     exit 1 with one line on stderr when it fails."""
-    t0 = time.perf_counter()
-    driver = get_driver()
-    import_s = time.perf_counter() - t0
-    if expect_version and driver.version != expect_version:
-        print(f"selftest: this environment has SGLang {driver.version}, expected {expect_version}", file=sys.stderr)
+    loaded = inside_selftest.load(get_driver, "SGLang", expect_version)
+    if loaded is None:
         return 1
+    driver, import_s = loaded
     summary = {"vllm_version": driver.version, "engine": f"sglang=={driver.version}", "torch_version": torch.__version__, "import_s": round(import_s, 2)}
     if import_only:
-        for mod in IMPORT_CHECK:
-            importlib.import_module(mod)
-        out.write(json.dumps({**summary, "import_only": True}) + "\n")
-        out.flush()
-        return 0
+        return inside_selftest.import_only(out, IMPORT_CHECK, summary)
     hits = {}
     for core in TREE_CORES:
         result = driver.run(selftest_case(), {"tree_core": core})

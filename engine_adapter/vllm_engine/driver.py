@@ -57,7 +57,6 @@ process) and ``harness.platform``, the platform this process runs vLLM under
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import sys
@@ -76,6 +75,7 @@ _platform.install()
 import torch  # noqa: E402
 import vllm  # noqa: E402
 
+from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
 from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.vllm_engine.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
@@ -302,21 +302,12 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     (and, unless ``import_only``, run one tiny MTP case, whose second resend
     must hit); a JSON summary on ``out``, exit 1 with one line on stderr
     when it fails."""
-    t0 = time.perf_counter()
-    driver = get_driver()
-    import_s = time.perf_counter() - t0
-    if expect_version and driver.version != expect_version:
-        print(f"selftest: this environment has vLLM {driver.version}, expected {expect_version}", file=sys.stderr)
+    loaded = inside_selftest.load(get_driver, "vLLM", expect_version)
+    if loaded is None:
         return 1
-    if torch.version.cuda is not None:
-        print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
-        return 1
+    driver, import_s = loaded
     if import_only:
-        for mod in IMPORT_CHECK:
-            importlib.import_module(mod)
-        out.write(json.dumps({"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2), "import_only": True}) + "\n")
-        out.flush()
-        return 0
+        return inside_selftest.import_only(out, IMPORT_CHECK, {"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2)})
     result = driver.run(selftest_case())
     if result.get("error"):
         print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
