@@ -276,7 +276,10 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
     reach = summary.get("reach")
     if reach:
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(reach["shapes"].items(), key=lambda kv: -kv[1]))
-        print(f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}")
+        if engines[0].startswith("vllm=="):
+            print(f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}")
+        else:  # the deployment classes are vLLM's features (speculative mode, hash unit, retention)
+            print(f"  reach: trace shapes: {shapes}")
     files = summary.get("case_files")
     if files and files.get("given"):
         print(f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started")
