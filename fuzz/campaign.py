@@ -34,8 +34,6 @@ stored apart (``OUT/harness-errors/``) and never judged.
 
 from __future__ import annotations
 
-from engine_adapter.host.versions import engine_name
-
 import hashlib
 import time
 import traceback
@@ -43,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
+from engine_adapter.host.versions import engine_name
 from reference.case import Case
 from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
 from reference.knobs import resolve_knobs

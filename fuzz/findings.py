@@ -32,8 +32,6 @@ own file instead of adding another.
 
 from __future__ import annotations
 
-from engine_adapter.host.versions import engine_name
-
 import functools
 import hashlib
 import importlib.metadata
@@ -45,6 +43,7 @@ from pathlib import Path
 
 from reference.case import Case, case_to_dict, parse_case
 from ground.files import load_json, write_json_atomic
+from engine_adapter.host.versions import engine_name
 from ground.errors import InvalidArgument, invalid
 from ground.home import REPO_ROOT
 from ground.printable import printable

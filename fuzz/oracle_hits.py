@@ -31,6 +31,7 @@ flipped (a variant run) or another vLLM version.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name
 from engine_adapter.interface import Observation
 from reference.case import Case
 from ground.errors import DeploymentRejected
@@ -125,7 +126,7 @@ def check_versions(case: Case, version: str, obs: Observation, other_version: st
     if not bad:
         return []
     core = (other.get("harness") or {}).get("tree_core")
-    label = (other_version if "==" in other_version else f"vllm=={other_version}") + (f" ({core} tree core)" if core else "")
+    label = engine_name(other_version) + (f" ({core} tree core)" if core else "")
     return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = {label}", {"other_version": other_version})]
 
 

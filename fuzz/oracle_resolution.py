@@ -19,6 +19,7 @@ knobs the engine resolved, and those are judged first.
 
 from __future__ import annotations
 
+from engine_adapter.host.versions import engine_name
 from engine_adapter.interface import Observation
 from reference.case import Case, with_resolution
 from reference.knobs import resolve_knobs
@@ -81,7 +82,7 @@ def resolved(case: Case, obs: Observation, version: str) -> Case:
     r = obs["resolution"]
     if r.get("geometry") is None:  # resolved to nothing the model states (SGLang's no_buffer)
         return case
-    return with_resolution(case, r["geometry"], r["speculative"], version if "==" in version else f"vllm=={version}")
+    return with_resolution(case, r["geometry"], r["speculative"], engine_name(version))
 
 
 def comparable_resolutions(a: dict, b: dict) -> bool | None:

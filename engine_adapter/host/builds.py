@@ -240,7 +240,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
                 lines = current(fp.old, where)
                 if lines is None:
                     raise InvalidArgument(f"{where}: {fp.old}: no such file in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree")
-            result = patches_mod.apply_hunks(lines, fp, where, shown_release, title, package)
+            result = patches_mod.apply_hunks(lines, fp, where, shown_release, package)
             if fp.new is None:
                 state[fp.old] = None
             else:

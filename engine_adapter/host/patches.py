@@ -40,6 +40,7 @@ import bisect
 import re
 from dataclasses import dataclass, field
 
+from engine_adapter.host.versions import FAMILY_TITLES
 from ground.errors import InvalidArgument
 from ground.errors import shown as shown_value
 
@@ -107,8 +108,7 @@ def check_rel(rel: str, where: str, package: str = "vllm") -> str:
     parts = rel.split("/")
     if not rel.startswith(package + "/") or any(p in ("", ".", "..") for p in parts):
         like = "a/vllm/v1/core/kv_cache_coordinator.py" if package == "vllm" else f"a/{package}/srt/managers/schedule_policy.py"
-        owner = "vLLM" if package == "vllm" else "SGLang"
-        raise InvalidArgument(f"{where}: path {shown} is not a file of {owner}'s {package}/ tree; allowed: paths like {like}")
+        raise InvalidArgument(f"{where}: path {shown} is not a file of {FAMILY_TITLES.get(package, package)}'s {package}/ tree; allowed: paths like {like}")
     return rel
 
 
@@ -268,9 +268,10 @@ class _OverBudget(Exception):
     pass
 
 
-def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str, title: str = "vLLM", package: str = "vllm") -> list[str]:
+def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str, package: str = "vllm") -> list[str]:
     """``lines`` with ``fp``'s hunks applied in order (see the module
     docstring); one line naming the hunk if one is not in the file."""
+    title = FAMILY_TITLES.get(package, package)
     out: list[str] = []
     cursor = 0  # lines[:cursor] are copied (or replaced)
     index: _Index | None = None
