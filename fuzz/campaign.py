@@ -49,6 +49,7 @@ from reference.knobs import resolve_knobs
 from fuzz import findings as F
 from engine_adapter.interface import Observation
 from fuzz.verdict import HarnessFailure, harness_error_of
+from fuzz.oracle_resolution import trace_units
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
 from fuzz.shrink import shrink
@@ -212,10 +213,8 @@ class Campaign:
         try:
             probe = parse_case({"schema": 1, "deployment": deployment, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
             r = self.engine.resolve(probe)
-            g, facts = r["geometry"], r.get("facts", {})
-            if g is None:  # resolved to no geometry the model states (SGLang's no_buffer): its own units
-                g = {"scheduler_block_size": facts["block"], "hash_block_size": facts["hash"]}
-            info = {"block": g["scheduler_block_size"], "hash": g["hash_block_size"], "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
+            (block, hashed), facts = trace_units(r), r.get("facts", {})
+            info = {"block": block, "hash": hashed, "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}
         except EngineError as e:  # kvspec failed to resolve it (a broken engine environment, an adapter bug): counted, never silent

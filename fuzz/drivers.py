@@ -152,14 +152,16 @@ def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline
     return {**counts, "unfinished": unfinished}
 
 
-def random_cases(seed: int, **pinned) -> Iterable[Case]:
+def random_cases(seed: int, family: str = "vllm", **pinned) -> Iterable[Case]:
     """Endless seeded cases; keyword arguments go to ``build_case``. A
     deployment case (a ``resolver`` given) takes the next deployment class
     of a seeded schedule (``fuzz.generate.class_schedule``), and
     ``TRACES_PER_DEPLOYMENT`` traces are drawn on each drawn deployment
-    (vLLM's resolution of a deployment costs more than a run)."""
+    (vLLM's resolution of a deployment costs more than a run). ``family``
+    ``sglang``: SGLang's deployments (``fuzz.generate_sglang``) instead,
+    the same number of traces on each."""
     rng = random.Random(seed)
-    if pinned.pop("family", "vllm") == "sglang":  # SGLang's deployments (fuzz.generate_sglang), the same traces
+    if family == "sglang":  # SGLang's deployments (fuzz.generate_sglang), the same traces
         chooser = RandomChooser(rng)
         while True:
             case = build_sglang_case(chooser, pinned["resolver"])
@@ -191,9 +193,7 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
     synthetic = synthetic or "geometry" in pinned or "speculative" in pinned  # a pinned hand geometry
     if not synthetic and "resolver" not in pinned:
         pinned["resolver"] = campaign.resolver
-    if family_of(campaign.engine.version) != "vllm":
-        pinned["family"] = family_of(campaign.engine.version)
-    cases = iter(random_cases(seed, **pinned))
+    cases = iter(random_cases(seed, family_of(campaign.engine.version), **pinned))
     # checked before each case is drawn: drawing one asks the engine to resolve deployments
     while not (time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign)):
         if campaign.check(next(cases)) and stop_on_finding:

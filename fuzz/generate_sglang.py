@@ -28,6 +28,7 @@ from __future__ import annotations
 from fuzz.choosers import Chooser
 from fuzz.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
 from reference.case import Case, parse_case
+from reference.deployment import parse_deployment
 
 #: Shipped models SGLang 0.5.23 serves through its hybrid Mamba radix cache.
 #: (The shipped nemotron_h config is refused by SGLang's own config class:
@@ -40,11 +41,13 @@ CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
 TRACK_INTERVALS = (None, 256, 512, 1024)
 MAX_STATES = (None, 1, 2, 4)
 #: When every drawn deployment is refused: one SGLang always builds.
-FALLBACK = {"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}
+FALLBACK = parse_deployment({"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}).as_dict()
 
 
 def draw_sglang_deployment(c: Chooser) -> dict:
-    """One SGLang deployment (a ``deployment`` block), its flags drawn apart."""
+    """One SGLang deployment (a ``deployment`` block in its canonical form,
+    ``Deployment.as_dict``: the key the campaign's resolver keeps it under,
+    so a case's own deployment finds it again), its flags drawn apart."""
     args: list[str] = []
     strategy = c.choice(STRATEGIES)
     if strategy is not None:
@@ -56,7 +59,7 @@ def draw_sglang_deployment(c: Chooser) -> dict:
             args += [flag, str(value)]
     if strategy == "no_buffer":
         args.append("--disable-overlap-schedule")
-    return {"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}
+    return parse_deployment({"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}).as_dict()
 
 
 def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:

@@ -37,6 +37,7 @@ from reference.knobs import resolve_knobs
 from reference.predict import predict_with_knobs
 
 from fuzz.findings import load_finding
+from fuzz.oracle_resolution import trace_units
 
 
 def pattern(hits: list[int]) -> str:
@@ -103,9 +104,7 @@ def run_matrix(paths: list[str], engines: list) -> list[dict]:
                 cell.update({"hits": obs["hits"], "pattern": pattern(obs["hits"])})
             res = obs.get("resolution")
             if res is not None:
-                g = res.get("geometry") or {"scheduler_block_size": res["facts"]["block"], "hash_block_size": res["facts"]["hash"]}
-                cell["block"] = g["scheduler_block_size"]
-                cell["hash_block"] = g["hash_block_size"]
+                cell["block"], cell["hash_block"] = trace_units(res)
             cell["promise"] = _promise(judged.case, engine.version)
             cells[engine.version] = cell
         first = cells[engines[0].version]

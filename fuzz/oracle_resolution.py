@@ -85,6 +85,18 @@ def resolved(case: Case, obs: Observation, version: str) -> Case:
     return with_resolution(case, r["geometry"], r["speculative"], engine_name(version))
 
 
+def trace_units(resolution: dict) -> tuple[int, int]:
+    """The block and hash block a trace is drawn on for an engine's
+    resolution: its geometry's, else the engine's own units
+    (``facts.block`` / ``facts.hash``: SGLang's ``no_buffer`` resolves to
+    no geometry the model states)."""
+    g = resolution.get("geometry")
+    if g is None:
+        facts = resolution["facts"]
+        return facts["block"], facts["hash"]
+    return g["scheduler_block_size"], g["hash_block_size"]
+
+
 def comparable_resolutions(a: dict, b: dict) -> bool | None:
     """Did two engines resolve a deployment to the same geometry and
     speculative settings? None for hand cases (nothing resolved)."""

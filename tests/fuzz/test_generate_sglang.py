@@ -39,6 +39,7 @@ def test_drawn_deployments_parse_and_keep_to_the_allow_list():
         dep = draw_sglang_deployment(c)
         parsed = parse_deployment(dep)
         assert parsed.engine == "sglang" and parsed.vllm_args == ()
+        assert parsed.as_dict() == dep  # canonical: a case's own deployment is the key it was resolved under
         check_sglang_args(dep["sglang_args"])
         if get_flag(dep["sglang_args"], "--mamba-radix-cache-strategy") == "no_buffer":
             assert get_flag(dep["sglang_args"], "--disable-overlap-schedule") == ""
@@ -54,6 +55,28 @@ def test_cases_are_serial_one_token_requests_drawn_on_the_resolved_unit():
     assert any(n % 256 == 0 for n in lengths) and any(n % 256 not in (0, 1, 255) for n in lengths)  # biased to the grid, not only on it
     again = [build_sglang_case(RandomChooser(random.Random(s)), fake_resolver(block=256, hash_=16)) for s in range(40)]
     assert again == cases  # seeded
+
+
+def test_the_random_driver_resolves_each_sglang_deployment_once():
+    """The traces drawn on one deployment reuse its resolution (the
+    campaign's resolver keeps it by the deployment's JSON)."""
+    import itertools
+    import json
+
+    from fuzz.drivers import TRACES_PER_DEPLOYMENT, random_cases
+
+    keys, cache = [], {}
+
+    def campaign_like(dep: dict):  # test double of Campaign.resolver: a cache by key over a fake answer
+        key = json.dumps(dep, sort_keys=True)
+        if key not in cache:
+            keys.append(key)
+            cache[key] = {"block": 64, "hash": 16, "max_model_len": 32768}
+        return cache[key]
+
+    cases = list(itertools.islice(random_cases(5, "sglang", resolver=campaign_like), 4 * TRACES_PER_DEPLOYMENT))
+    drawn = {json.dumps(c.deployment.as_dict(), sort_keys=True) for c in cases}
+    assert set(keys) == drawn and len(keys) == 4  # one resolution per drawn deployment, none again per trace
 
 
 def test_a_refused_draw_is_drawn_again_then_the_fallback():
