@@ -100,6 +100,7 @@ class Observation(TypedDict, total=False):
 class FamilyDriver(Protocol):
     """What a family's ``get_driver()`` returns, inside its environment."""
 
+    family: str  # its key in FAMILIES
     version: str
 
     def resolve(self, case: Any) -> dict[str, Any]: ...

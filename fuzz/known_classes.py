@@ -145,13 +145,14 @@ def _sglang_class(finding: dict, kind: str, g: dict) -> str | None:
     except (KvspecError, KeyError, TypeError):
         return None
     i = finding["first_divergence"]
-    kinds = request_kinds(case)
-    mine = prompt_tokens(case.trace[i])
-    earlier = [j for j in range(i) if len(prompt_tokens(case.trace[j])) <= len(mine) and mine[: len(prompt_tokens(case.trace[j]))] == prompt_tokens(case.trace[j])]
+    prompts = [prompt_tokens(r) for r in case.trace[: i + 1]]
+    mine = prompts[i]
+    earlier = [j for j in range(i) if mine[: len(prompts[j])] == prompts[j]]  # its prefixes among the earlier prompts
     if not earlier:
         return None
-    base = max(earlier, key=lambda j: (len(prompt_tokens(case.trace[j])), -j))
-    first = min(j for j in earlier if prompt_tokens(case.trace[j]) == prompt_tokens(case.trace[base]))
+    longest = max(len(prompts[j]) for j in earlier)
+    first = min(j for j in earlier if len(prompts[j]) == longest)  # the first request that sent the prompt it repeats or extends
+    kinds = request_kinds(case)
     if kinds[first] == "sibling":
         return "sglang-sibling-branch"
     grid = g.get("scheduler_block_size")

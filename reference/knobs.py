@@ -128,8 +128,9 @@ def sglang_knobs(case: Case, version: str) -> Knobs:
     capped at N-1 (``schedule_batch.py _compute_max_prefix_len``), no EAGLE
     block drop and no lookahead hashes (a hybrid tree keys raw tokens:
     ``unified_tree_core.py`` clears ``is_eagle`` when MAMBA is a
-    component), full attention matched per page, a Mamba state resumable on
-    the checkpoint grid."""
+    component), and full attention and Mamba states both on the geometry's
+    block: the checkpoint grid, where the extra buffer tracks a state (the
+    resolver states no geometry where the promise does not hold)."""
     g = require_geometry(case)
     if case.speculative is not None:
         raise Unsupported("speculative: SGLang's speculative decoding is not in this model; allowed: none")

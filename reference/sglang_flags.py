@@ -101,21 +101,3 @@ def check_sglang_args(args: list[str]) -> None:
         if kind == "choice" and value not in CHOICES[flag]:
             raise InvalidArgument(f"{where}: {flag}={value[:60]!r}: allowed: {', '.join(CHOICES[flag])}")
         i += step
-
-
-def get_flag(args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    """The value the last ``flag`` gives (``""`` for a switch), else None."""
-    out = None
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if canonical_flag(token) == flag:
-            if FLAGS.get(flag) == "switch":
-                out = ""
-            elif "=" in token:
-                out = token.split("=", 1)[1]
-            elif i + 1 < len(args):
-                out = args[i + 1]
-                i += 1
-        i += 1
-    return out

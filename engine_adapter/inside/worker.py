@@ -36,7 +36,7 @@ def _hello(driver, t0: float) -> dict:
     return {
         "protocol": PROTOCOL_VERSION,
         "event": "hello",
-        "engine": f"{getattr(driver, 'family', 'vllm')}=={driver.version}",
+        "engine": f"{driver.family}=={driver.version}",
         "vllm_version": driver.version,
         "pid": os.getpid(),
         "python": sys.version.split()[0],

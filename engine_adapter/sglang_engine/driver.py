@@ -165,11 +165,12 @@ class SglangDriver:
 
     def __init__(self) -> None:
         self.version = importlib.metadata.version("sglang")
+        self.name = f"sglang=={self.version}"
 
     def resolve(self, case) -> dict:
         case = _as_case(case)
         dep = _deployment(case)
-        return {"engine": f"sglang=={self.version}", "deployment": dep.as_dict(), **resolve(dep).summary()}
+        return {"engine": self.name, "deployment": dep.as_dict(), **resolve(dep).summary()}
 
     def run(self, case, options: dict | None = None) -> Observation:
         options = options or {}
@@ -195,7 +196,7 @@ class SglangDriver:
                 error = {"kind": _failure_kind(e), "phase": "step", "request": i, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__, "traceback": traceback.format_exc()[-4000:]}
                 break
         out: Observation = {
-            "engine": f"sglang=={self.version}",
+            "engine": self.name,
             "hits": [e["hit"] for e in explain],
             "queries": [e["query"] for e in explain],
             "knobs": None,
@@ -350,7 +351,7 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     if loaded is None:
         return 1
     driver, import_s = loaded
-    summary = {"vllm_version": driver.version, "engine": f"sglang=={driver.version}", "torch_version": torch.__version__, "import_s": round(import_s, 2)}
+    summary = {"vllm_version": driver.version, "engine": driver.name, "torch_version": torch.__version__, "import_s": round(import_s, 2)}
     if import_only:
         return inside_selftest.import_only(out, IMPORT_CHECK, summary)
     hits = {}

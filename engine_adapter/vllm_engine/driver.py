@@ -115,6 +115,8 @@ def vllm_files_sha256(root: str | os.PathLike | None = None) -> str:
 class VllmDriver:
     """Runs cases against the vLLM importable in this interpreter."""
 
+    family = "vllm"
+
     def __init__(self) -> None:
         self.version = VLLM_VERSION
         self.caps = detect_capabilities()
