@@ -220,3 +220,23 @@ class EngineRuns:
                 raise RuntimeError(f"{case_path}: vLLM raised in {err.get('phase')}: {err.get('type')}: {err.get('message')}")
             self._runs[key] = result
         return self._runs[key]
+
+
+def regenerate(engine: str, text_of, target: Path) -> int:
+    """Start one worker of ``engine``, write ``text_of(worker)`` to
+    ``target`` atomically and stop the worker (a conformance table's
+    ``python -m`` entry point)."""
+    import sys
+
+    from engine_adapter.host.engine import WorkerEngine
+    from ground.files import write_text_atomic
+
+    worker = WorkerEngine(engine)
+    try:
+        worker.start()
+        text = text_of(worker)
+    finally:
+        worker.close()
+    write_text_atomic(target, text)
+    print(f"wrote {target}", file=sys.stderr)
+    return 0

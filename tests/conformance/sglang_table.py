@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "sglang"
@@ -169,18 +168,9 @@ def run_all(engine) -> dict:
 
 
 def main() -> int:
-    from engine_adapter.host.engine import WorkerEngine
-    from ground.files import write_text_atomic
+    from tests.conformance.runner import regenerate
 
-    engine = WorkerEngine(manifest()["engine"])
-    try:
-        engine.start()
-        text = render(run_all(engine))
-    finally:
-        engine.close()
-    write_text_atomic(DOC, text)
-    print(f"wrote {DOC}", file=sys.stderr)
-    return 0
+    return regenerate(manifest()["engine"], lambda engine: render(run_all(engine)), DOC)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ atomically. ``test_committed_table_is_current`` checks the committed file.
 from __future__ import annotations
 
 import collections
-import sys
 
-from ground.files import write_text_atomic
 from tests.conformance import runner
 from tests.conformance.build import SDIST_TESTS
 from tests.conformance.runner import EngineRuns
@@ -126,17 +124,7 @@ def render(engine_runs: EngineRuns) -> str:
 
 
 def main() -> int:
-    from engine_adapter.host.engine import WorkerEngine
-
-    engine = WorkerEngine(runner.VERSION)
-    try:
-        engine.start()
-        text = render(EngineRuns(lambda: engine))
-    finally:
-        engine.close()
-    write_text_atomic(TABLE, text)
-    print(f"wrote {TABLE}", file=sys.stderr)
-    return 0
+    return runner.regenerate(runner.VERSION, lambda engine: render(EngineRuns(lambda: engine)), TABLE)
 
 
 if __name__ == "__main__":
