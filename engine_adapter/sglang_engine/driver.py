@@ -57,7 +57,6 @@ _install_stubs()
 import torch  # noqa: E402
 
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
-from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.managers.schedule_policy import PrefillAdder  # noqa: E402
@@ -183,7 +182,7 @@ class SglangDriver:
         res = resolve(_deployment(case))
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) for p in prompts], tree_core)
-        self._model_config = ModelConfig.from_server_args(res.server_args)  # SGLang's own, from the deployment's config.json
+        self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
         error = None

@@ -27,17 +27,20 @@ SGLang's own message, one line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.runtime_context import get_exec, mamba_cache_chunk_size, mamba_checkpoint_grid, mamba_track_grid, override_platform
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
 
 from engine_adapter.models.served import model_config_dict, model_dir
 from ground.errors import DeploymentRejected, Unsupported
 from ground.printable import one_line
-from reference.deployment import Deployment
+from reference.deployment import Deployment, parse_deployment
 
 #: What the summary reads from the resolved ServerArgs (its own field names).
 READ_FIELDS = ("page_size", "chunked_prefill_size", "max_prefill_tokens", "mamba_radix_cache_strategy", "mamba_track_interval",
@@ -65,6 +68,8 @@ class SglangResolution:
     draft_tokens: int | None
     fields: dict
     context_length: int | None = None
+    #: SGLang's own ``ModelConfig`` of the deployment (``ScheduleBatch`` reads it).
+    model_config: Any = None
 
     def geometry(self) -> dict | None:
         """The resolution in kvspec's case geometry, for the engine-neutral
@@ -125,11 +130,29 @@ def argv_of(dep: Deployment, model_path: str) -> list[str]:
     return ["--model-path", model_path, "--device", "cuda", *dep.sglang_args]
 
 
+#: Resolutions a process keeps: SGLang's argument pipeline and config
+#: loading cost more than a run of a case, and they are pure in the
+#: deployment (its flags and model config). A refusal is not kept.
+RESOLUTION_MEMO_SIZE = 64
+
+
 def resolve(dep: Deployment) -> SglangResolution:
-    """Resolve ``dep`` with SGLang's own code; the result's ServerArgs is the
-    scheduler's global one from here on."""
+    """Resolve ``dep`` with SGLang's own code (once per deployment in a
+    process); the result's ServerArgs is the scheduler's global one from
+    here on."""
     if dep.engine != "sglang":
         raise Unsupported(f"deployment.engine={dep.engine!r}: this is SGLang's driver; allowed: sglang")
+    res = _resolved(dep.key())
+    set_global_server_args_for_scheduler(res.server_args)  # the last deployment resolved may have been another
+    return res
+
+
+@functools.lru_cache(maxsize=RESOLUTION_MEMO_SIZE)
+def _resolved(key: str) -> SglangResolution:
+    return _resolve_fresh(parse_deployment(json.loads(key)))
+
+
+def _resolve_fresh(dep: Deployment) -> SglangResolution:
     path = str(model_dir(model_config_dict(dep)))
     err = io.StringIO()
     try:
@@ -155,5 +178,5 @@ def resolve(dep: Deployment) -> SglangResolution:
         strategy=resolved["mamba_radix_cache_strategy"], extra_buffer=extra, chunk=chunk, checkpoint_grid=grid, track_grid=track,
         track_interval=resolved["mamba_track_interval"], max_states_per_path=resolved["mamba_max_states_per_path"],
         speculative=resolved["speculative_algorithm"], draft_tokens=resolved["speculative_num_draft_tokens"], fields=fields,
-        context_length=resolved.get("context_length"),
+        context_length=resolved.get("context_length"), model_config=ModelConfig.from_server_args(sa),
     )

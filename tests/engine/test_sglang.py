@@ -183,3 +183,16 @@ def test_kvspec_resolve_prints_what_sglang_built_and_relays_its_refusal():
     refused = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_next", "--engine", VERSION, "--",
                               "--mamba-radix-cache-strategy", "no_buffer", "--page-size", "64"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert refused.returncode == 2 and refused.stderr.strip() == "kvspec: deployment: SGLang refused it: no_buffer only supports page_size=1.", refused.stderr[-500:]
+
+
+def test_a_deployment_resolved_again_runs_under_its_own_arguments(sglang):
+    """Resolutions are kept per deployment in the worker; SGLang's
+    scheduler reads process-wide arguments, so a deployment met again (A,
+    then B, then A) must run under A's, as it did the first time."""
+    a = json.loads(CASE.read_text())
+    b = _case(["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "2048"], [[("A", 3200)], [("A", 3200)]])
+    first = sglang.run(a)
+    other = sglang.run(b)
+    again = sglang.run(a)
+    assert other["resolution"]["mamba_radix_cache_strategy"] == "no_buffer"
+    assert again["hits"] == first["hits"] and [e["tracked"] for e in again["explain"]] == [e["tracked"] for e in first["explain"]]
