@@ -147,7 +147,7 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
     (``engine_adapter/live/stubs``)."""
     # a build shares its release's vLLM cache (the same model classes)
     vllm = version is None or family_of(version) == "vllm"
-    env = contained_env(vllm_version=(release_of(version) if version else version) if vllm else None)
+    env = contained_env(vllm_version=release_of(version) if version and vllm else None)
     # SGLang's driver installs its own torchvision stand-in (sglang_engine/stubs.py)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(STUBS_DIR)] if vllm else [str(REPO_ROOT)])
     env["KVSPEC_TORCHVISION_STUB"] = "1" if vllm else "0"
