@@ -95,6 +95,9 @@ FLAGS: dict[str, str] = {
     "--data-parallel-size": "value",
     # speculative decoding
     "--speculative-config": "json",
+    # KV connectors: CPU offloading (vLLM's own connector, scheduler side on CPU)
+    "--kv-offloading-size": "value",
+    "--kv-offloading-backend": "value",
     # what kvspec passes itself (the live server's flags)
     "--load-format": "value",
     "--skip-tokenizer-init": "switch",
@@ -102,9 +105,15 @@ FLAGS: dict[str, str] = {
 #: Short aliases vLLM's parser knows, read as their long flag.
 ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-sc": "--speculative-config"}
 #: Flags whose value is fixed: no weights are ever loaded.
-FIXED_VALUES = {"--load-format": ("dummy",)}
+FIXED_VALUES = {"--load-format": ("dummy",), "--kv-offloading-backend": ("native",)}
+#: Why each is fixed.
+FIXED_WHY = {"--load-format": "no weights are loaded", "--kv-offloading-backend": "lmcache's connector needs an LMCache server and package; vLLM's own CPU offloading runs in-process"}
 MAX_PARALLEL = 1024
 MAX_SEQS = 1 << 16
+#: Flags that take a decimal number (ASCII digits, an optional fraction)
+#: above 0 and at most this: CPU memory for the offloading connector, GiB.
+DECIMAL_BOUNDS = {"--kv-offloading-size": 1024}
+_DECIMAL = re.compile(r"^[0-9]{1,6}(\.[0-9]{1,6})?$")
 
 
 @cache
@@ -222,7 +231,7 @@ def check_vllm_args(args: list[str]) -> None:
 def check_flag_value(flag: str, value: str, where: str) -> None:
     """A value of an allowed flag: fixed values, integer bounds, JSON keys."""
     if flag in FIXED_VALUES and value not in FIXED_VALUES[flag]:
-        raise invalid(where, value, f"{flag} takes {', '.join(FIXED_VALUES[flag])} only (no weights are loaded)")
+        raise invalid(where, value, f"{flag} takes {', '.join(FIXED_VALUES[flag])} only ({FIXED_WHY[flag]})")
     bounds = int_bounds()
     if flag in bounds and value.strip() not in _UNSET:
         m = _INT_VALUE.match(value)
@@ -233,6 +242,10 @@ def check_flag_value(flag: str, value: str, where: str) -> None:
         size = int(whole) * scale + (int(frac) * scale) // 10 ** len(frac) if frac else int(whole) * scale
         if size > bounds[flag]:
             raise invalid(where, value, f"{flag} at most {bounds[flag]:,} (kvspec's documented limits)")
+    if flag in DECIMAL_BOUNDS:
+        top = DECIMAL_BOUNDS[flag]
+        if not _DECIMAL.match(value) or not 0 < float(value) <= top:
+            raise invalid(where, value, f"{flag} takes a decimal number above 0 and at most {top} (ASCII digits, an optional fraction)")
     if FLAGS[flag] == "json":
         check_speculative_config(value, where)
 

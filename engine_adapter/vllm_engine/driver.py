@@ -258,6 +258,8 @@ class VllmDriver:
         if wave is not None:
             explain["wave"] = wave["wave"]
             explain["wave_stats"] = wave["totals"]
+        if served.external_hits:  # of ``hit``, what a KV connector loaded
+            explain["external_hit"] = served.external_hits
         if served.preempted_hits or served.preempted_queries:
             explain["preempted_hits"] = served.preempted_hits
             explain["preempted_queries"] = served.preempted_queries

@@ -170,6 +170,7 @@ def read_knobs(version: str, built: dict) -> dict:
         "use_eagle_block_drop": bool(spec.use_eagle_block_drop()) if spec is not None and hasattr(spec, "use_eagle_block_drop") else None,
         "use_v2_model_runner": bool(getattr(s, "use_v2_model_runner", False)),
         "coordinator": type(coord).__name__,
+        "kv_connector": None if getattr(s, "connector", None) is None else type(s.connector).__name__,
         "num_blocks": built["num_blocks"],
         "max_model_len": built["max_model_len"],
         "ignored_options": built["ignored_options"],

@@ -117,6 +117,11 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
             value = getattr(sc, name, None)
             if isinstance(value, bool) and value:
                 spec[name] = True
+        if _legacy_hashes_kept(vc, sc):
+            # vLLM 0.33.0 VllmConfig.num_hash_lookahead_tokens: 0 with a KV
+            # connector ("KV connectors keep the legacy hashes"): the block
+            # drop stays, as disable_lookahead_block_hashes has it
+            spec["disable_lookahead_block_hashes"] = True
     checkpoints = {}
     for g in res.kv_cache_config.kv_cache_groups:
         s = g.kv_cache_spec
@@ -124,6 +129,17 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
             checkpoints = {"internal_prefill_checkpoints": True, "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None)}
             break
     return geometry, spec, checkpoints
+
+
+def _legacy_hashes_kept(vc, sc) -> bool:
+    """Whether this vLLM has lookahead block hashes (0.33.0+), the
+    speculative method would use them (the EAGLE block drop in force, the
+    option not set), and yet the engine hashes none
+    (``num_hash_lookahead_tokens`` 0: a KV connector is set)."""
+    if not hasattr(vc, "num_hash_lookahead_tokens") or getattr(sc, "disable_lookahead_block_hashes", None) is not False:
+        return False
+    drop = getattr(sc, "use_eagle_block_drop", None)
+    return callable(drop) and bool(drop()) and bool(vc.cache_config.enable_prefix_caching) and int(vc.num_hash_lookahead_tokens) == 0
 
 
 def _split_block(res: Resolution) -> int | None:

@@ -357,6 +357,9 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         "scheduling_policy": str(vc.scheduler_config.policy),
         "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
         "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
+        # the KV connector vLLM configured (--kv-offloading-size: the
+        # native backend's OffloadingConnector), or None
+        "kv_connector": getattr(getattr(vc, "kv_transfer_config", None), "kv_connector", None),
         "max_model_len": int(vc.model_config.max_model_len),
         "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
         "long_prefill_token_threshold": int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0),

@@ -50,6 +50,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.structured_output import StructuredOutputManager
 
+from engine_adapter.vllm_engine.connector import check_supported
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
 from engine_adapter.vllm_engine.resolve import engine_core_block_sizes
 from ground.home import models_dir
@@ -147,6 +148,7 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
         raise
     except Exception as e:  # a ValueError: a setting vLLM validates when its engine starts (the retention interval against the resolved block)
         R.raise_outcome(e, "scheduler", f"deployment={dep.describe()!r}: vLLM refuses it when its scheduler starts")
+    check_supported(scheduler)
     groups = list(res.kv_cache_config.kv_cache_groups)
     mamba_group_ids = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
     return {

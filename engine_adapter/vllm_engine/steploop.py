@@ -31,6 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 
+from engine_adapter.vllm_engine.connector import worker_output
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
 from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN
 
@@ -47,6 +48,9 @@ class Served:
     request: object
     hits: int = 0
     queries: int = 0
+    #: of ``hits``, the tokens a KV connector loaded (its
+    #: ``connector_prefix_cache_stats``; 0 without one)
+    external_hits: int = 0
     preempted_hits: int = 0
     preempted_queries: int = 0
     chunk_ends: list[int] = field(default_factory=list)
@@ -116,7 +120,9 @@ def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int,
 
 def _sum_stats(outputs, totals: list[int]) -> None:
     """Add each output's ``prefix_cache_stats`` (vLLM resets them every
-    step) to ``totals``: [hits, queries, preempted hits, preempted queries]."""
+    step) to ``totals``: [hits, queries, preempted hits, preempted queries,
+    a KV connector's hits (``connector_prefix_cache_stats``: the tokens it
+    loads beyond the local hit)]."""
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
         pcs = stats.prefix_cache_stats if stats is not None else None
@@ -126,6 +132,31 @@ def _sum_stats(outputs, totals: list[int]) -> None:
             if HAS_PREEMPTED:
                 totals[2] += pcs.preempted_hits
                 totals[3] += pcs.preempted_queries
+        external = getattr(stats, "connector_prefix_cache_stats", None) if stats is not None else None
+        if external is not None:
+            totals[4] += external.hits
+
+
+def _stepping(scheduler: Scheduler):
+    """What keeps the loop stepping: unfinished requests; with a KV
+    connector, as ``EngineCore.has_work`` asks (vLLM 0.33.0
+    ``Scheduler.has_requests``), also finished requests not yet cleared and
+    the connector's pending transfers, so a request's last stores are issued
+    and complete before the next request is sent."""
+    if getattr(scheduler, "connector", None) is not None and hasattr(scheduler, "has_requests"):
+        return scheduler.has_requests
+    return scheduler.has_unfinished_requests
+
+
+def _runner_output(scheduler: Scheduler, so, req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOutput:
+    """The stood-in model runner's output for one step: the sampled tokens,
+    and with a KV connector its stood-in workers' report
+    (``engine_adapter.vllm_engine.connector``)."""
+    out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled)
+    connector_output = worker_output(scheduler, so)
+    if connector_output is not None:
+        out.kv_connector_output = connector_output
+    return out
 
 
 def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None) -> Served:
@@ -142,12 +173,12 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     req = _add_request(scheduler, index, tokens, max_tokens, hasher)
     out = Served(req)
     requests = scheduler.requests
-    schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
+    schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, _stepping(scheduler)
     sampled_one = [SAMPLED_TOKEN]
     num_drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
     drafting = num_drafts > 0 and max_tokens > 1
     propose = scheduler.update_draft_token_ids
-    totals = [0, 0, 0, 0]
+    totals = [0, 0, 0, 0, 0]
     steps = idle = 0
     max_steps = n + max_tokens + 64
     while True:
@@ -161,7 +192,7 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                 _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
-            outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
+            outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
             if drafting and rid in scheduled and not req.is_finished():
                 propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
         except Exception as e:  # kvspec's own (``watch``, the stand-in outputs) goes to the harness
@@ -173,7 +204,8 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
             raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
-    out.hits, out.queries, out.preempted_hits, out.preempted_queries = totals
+    out.hits, out.queries, out.preempted_hits, out.preempted_queries, out.external_hits = totals
+    out.hits += out.external_hits
     out.steps = steps
     return out
 
@@ -210,11 +242,11 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
     added: dict[str, int] = {}
     pending = list(wave)
     requests = scheduler.requests
-    schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, scheduler.has_unfinished_requests
+    schedule, update, unfinished = scheduler.schedule, scheduler.update_from_output, _stepping(scheduler)
     num_drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
     propose = scheduler.update_draft_token_ids
     sampled_one = [SAMPLED_TOKEN]
-    totals = [0, 0, 0, 0]
+    totals = [0, 0, 0, 0, 0]
     steps = idle = due = 0
     max_steps = sum(len(a.tokens) + a.max_tokens for a in wave) + sum(a.after for a in wave) + 64 * len(wave)
     current = wave[0].index
@@ -247,7 +279,7 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
                         admitted(rid)
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
-            outputs = update(so, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled))
+            outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
             if num_drafts:
                 drafting = [rid for rid in req_ids if rid in served and served[rid].request.sampling_params.max_tokens > 1 and not served[rid].request.is_finished()]
                 if drafting:
@@ -269,5 +301,5 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
             raise VllmFailure("step", None, f"no progress: requests {', '.join(late) or '(none)'} of the wave still unfinished after {steps} steps", request=current)
     for out in served.values():
         out.queries = len(out.request.prompt_token_ids)
-    hits, queries, preempted_hits, preempted_queries = totals
-    return [served[f"req-{a.index}"] for a in wave], {"hits": hits, "queries": queries, "preempted_hits": preempted_hits, "preempted_queries": preempted_queries, "steps": steps}
+    hits, queries, preempted_hits, preempted_queries, external_hits = totals
+    return [served[f"req-{a.index}"] for a in wave], {"hits": hits, "queries": queries, "preempted_hits": preempted_hits, "preempted_queries": preempted_queries, "external_hits": external_hits, "steps": steps}

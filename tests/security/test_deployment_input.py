@@ -162,10 +162,21 @@ def test_a_speculative_config_that_is_no_json_object_is_refused(value):
     ["--max-num-seqs", "1G"], ["-tp", "4096"], ["--max-model-len", "1T"], ["--prefix-cache-retention-interval", str(2**40)],
     ["--load-format", "auto"], ["--load-format=tensorizer"], ["--max-num-seqs", "1_000_000_000"], ["--block-size", "\uff11\uff16"],
     ["--max-num-batched-tokens", "2M"], ["--block-size", "1" * 40], ["--max-model-len", "+99999999999"],
+    ["--kv-offloading-size", "0"], ["--kv-offloading-size", "1025"], ["--kv-offloading-size", "1e3"], ["--kv-offloading-size", "nan"],
+    ["--kv-offloading-size", "-1"], ["--kv-offloading-size", "4G"], ["--kv-offloading-size=\uff14"], ["--kv-offloading-backend", "lmcache"],
 ])
 def test_a_size_flag_past_its_limit_or_a_fixed_flag_off_its_value_is_refused(args):
     text = refused(dep(args))
     assert text.startswith("deployment.vllm_args[1]=") or text.startswith("deployment.vllm_args[2]="), text
+
+
+def test_the_offloading_connector_flags_are_accepted_within_their_bounds():
+    for args in (["--kv-offloading-size", "4"], ["--kv-offloading-size=0.5", "--kv-offloading-backend", "native"], ["--kv_offloading_size", "1024"]):
+        assert parse_deployment({"model": "qwen3_next", "vllm_args": args}).vllm_args == tuple(args)
+
+
+def test_the_lmcache_backend_is_refused_with_its_reason():
+    assert "needs an LMCache server" in refused(dep(["--kv-offloading-backend", "lmcache"]))
 
 
 @pytest.mark.parametrize("key", REFUSED_CONFIG_KEYS)
