@@ -9,9 +9,11 @@ By default a case is a **deployment** (``draw_deployment``): a shipped model
 {default, 64, 256, 1024}) x tensor parallel {1, 2, 4, 8} x KV-cache dtype
 {auto, fp8} x speculative {off, MTP 1-3, MTP with the block drop} x GPU
 {h100, a100}, then the flags that leave the block size alone: chunk budget,
-prefix match unit, retention (sparse / dense / periodic), and, with MTP and
-a unit below the block, the shared-prefix checkpoint
-(``--enable-mamba-shared-prefix-checkpoint``). The engine resolves it with
+prefix match unit, retention (sparse / dense / periodic), with MTP and
+a unit below the block the shared-prefix checkpoint
+(``--enable-mamba-shared-prefix-checkpoint``), and, in one deployment in
+four, a KV connector (vLLM's CPU offloading, ``--kv-offloading-size``:
+:data:`CONNECTOR_MODES`; ``kvspec fuzz --kv-connector`` pins it). The engine resolves it with
 vLLM's own code (``resolver``: deployment -> its block, hash block and
 max_model_len, or None when vLLM rejects it), so the trace can be drawn on
 the real block.
@@ -270,6 +272,15 @@ def _fit(prompt: list[dict], cap: int) -> list[dict]:
 #: hashes (0.33.0; the drop before), MTP with the EAGLE block drop.
 SPEC_MODES = ("off", "mtp", "drop")
 RETENTIONS = ("sparse", "dense", "periodic")
+#: KV connectors a deployment may carry: ``drawn`` (one deployment in
+#: four gets vLLM's CPU offloading connector), ``offloading`` (every one),
+#: ``none``. ``--kv-offloading-size`` (GiB of CPU memory) selects vLLM's
+#: ``OffloadingConnector`` (``VllmConfig._post_init_kv_transfer_config``,
+#: 0.33.0), and with any connector vLLM keeps the legacy block hashes
+#: (``num_hash_lookahead_tokens`` is 0): MTP deployments are back on the
+#: EAGLE drop.
+CONNECTOR_MODES = ("drawn", "offloading", "none")
+OFFLOADING_GIB = ("1", "4", "16")
 
 
 @dataclass(frozen=True)
@@ -364,6 +375,15 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
     return args
 
 
+def _connector_flags(c: Chooser, connector: str) -> list[str]:
+    """A KV connector's flags (:data:`CONNECTOR_MODES`): drawn last, so the
+    deployment's other draws stay those of a stream without it."""
+    drawn = c.integer(0, 3) == 0
+    if connector == "offloading" or (connector == "drawn" and drawn):
+        return ["--kv-offloading-size", c.choice(OFFLOADING_GIB)]
+    return []
+
+
 def first_resolved(draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4) -> tuple[dict, dict]:
     """The first of up to ``tries`` drawn deployments the engine resolves
     (``resolver``), with what it resolved; else ``fallback`` (one the engine
@@ -377,7 +397,7 @@ def first_resolved(draw: Callable[[], dict], resolver: Resolver, fallback: dict,
     return dep, resolver(dep) or unresolved
 
 
-def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True, cls: DeploymentClass | None = None) -> Case:
+def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True, cls: DeploymentClass | None = None, connector: str = "drawn") -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
     on its resolved block. A drawn ``--prefix-match-unit`` that does not
@@ -385,7 +405,9 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     attention-free model) is kept only where the resolver (the engine under
     test) accepts it: a release rejects it, so the flag is dropped there;
     a build that accepts it gets the case (``resolution`` judges it).
-    ``cls`` pins the deployment class (:class:`DeploymentClass`)."""
+    ``cls`` pins the deployment class (:class:`DeploymentClass`);
+    ``connector`` whether it carries a KV connector (:data:`CONNECTOR_MODES`:
+    kept only where the engine accepts it, as the unit is)."""
     dep, info = first_resolved(lambda: draw_deployment(c, cls), resolver, FALLBACK_DEPLOYMENT, {"block": 544, "hash": 544, "max_model_len": 32768})
     block = int(info["block"])
     args = list(dep["vllm_args"]) + _deployment_flags(c, block, info, cls if cls is not None and dep["model"] == cls.model else None)
@@ -411,6 +433,9 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
         args.append("--enable-mamba-shared-prefix-checkpoint")
         if not resolver({**dep, "vllm_args": args}):
             args.pop()
+    extra = _connector_flags(c, connector)
+    if extra and resolver({**dep, "vllm_args": args + extra}):
+        args += extra
     return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias)
 
 
@@ -439,13 +464,14 @@ def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
     return _case_on(c, raw, info, unit, case.name, True)
 
 
-def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None, cls: DeploymentClass | None = None) -> Case:
+def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None, cls: DeploymentClass | None = None, connector: str = "drawn") -> Case:
     """Draw one case. Every draw is valid by construction. With a
     ``resolver`` a deployment case (of class ``cls`` when given); without,
     a hand (synthetic) geometry, where ``geometry`` and ``speculative`` pin
-    those parts instead of drawing them."""
+    those parts instead of drawing them (``connector``: a deployment's KV
+    connector, :data:`CONNECTOR_MODES`)."""
     if resolver is not None:
-        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias, cls=cls)
+        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector)
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])

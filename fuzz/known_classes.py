@@ -15,7 +15,8 @@ class                        release   recognised by
 ``resend-53504``             0.29.0    an identical resend hits below the promise
                                        under the EAGLE drop (vLLM #53504)
 ``longer-sibling``           0.33.0    R2: an extension hits below the promise,
-                                       sparse retention, hash block = block
+                                       sparse (or periodic) retention, hash
+                                       block = block
 ``hashed-longer-sibling``    0.33.0    R2 with a hash unit below the block,
                                        sparse retention (first seen on Falcon-H1:
                                        A:288 then A:300, block 144, unit 16, hits
@@ -127,7 +128,11 @@ def classify(finding: dict) -> str | None:
             return "dense-below-sparse"
         if hashed and retention == "sparse":
             return "hashed-longer-sibling"
-        if retention == "sparse" and not hashed:
+        if retention != "dense" and not hashed:
+            # periodic retention keeps the sparse states too: below its
+            # interval it is sparse retention (a Granite 4.0-H deployment
+            # with interval 3B: B then B+1 hits 0 where the promise gives B;
+            # the longer-sibling fix gives B)
             return "longer-sibling"
     return None
 

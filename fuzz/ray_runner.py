@@ -126,7 +126,7 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
     from reference.case import parse_case
     from fuzz.runner import RunConfig, run_in_process
 
-    config = RunConfig(driver=task["driver"], seed=task["seed"], synthetic=bool(task.get("synthetic")))
+    config = RunConfig(driver=task["driver"], seed=task["seed"], synthetic=bool(task.get("synthetic")), connector=task.get("connector") or "drawn")
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
     names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
@@ -161,7 +161,7 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
         "out": str(out.resolve()), "corpus": str(corpus) if corpus is not None else None,
         "z3_seeds": seed_dir is not None, "seed_dir": str(seed_dir) if seed_dir is not None else None,
         "cases": [load_json(p, "case file") for p in args.case], "case_names": list(args.case), "synthetic": bool(args.synthetic_geometry),
-        "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
+        "connector": getattr(args, "kv_connector", "drawn"), "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
     } for j in range(args.jobs)]
     done: list[dict] = []
 

@@ -27,12 +27,15 @@ from fuzz.summary import IN_PROCESS_KEYS, CampaignSummary
 @dataclass(frozen=True)
 class RunConfig:
     """What a campaign run takes from ``kvspec fuzz``'s flags (or a Ray
-    task): the driver (``random``, ``hypothesis``, ``cases``), its seed, and
-    whether it draws hand geometries instead of deployments."""
+    task): the driver (``random``, ``hypothesis``, ``cases``), its seed,
+    whether it draws hand geometries instead of deployments, and whether the
+    random driver's deployments carry a KV connector
+    (``fuzz.generate.CONNECTOR_MODES``)."""
 
     driver: str
     seed: int
     synthetic: bool = False
+    connector: str = "drawn"
 
 
 def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> CampaignSummary:
@@ -79,7 +82,7 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
             if config.driver == "hypothesis":
                 run_hypothesis(campaign, config.seed, max_time=left, synthetic=synthetic)
             elif config.driver == "random":
-                run_random(campaign, config.seed, max_time=left, synthetic=synthetic)
+                run_random(campaign, config.seed, max_time=left, synthetic=synthetic, **({} if synthetic else {"connector": config.connector}))
     finally:
         for e in opened:
             e.close()

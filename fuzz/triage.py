@@ -29,6 +29,7 @@ from reference.case import Case, parse_case
 
 from fuzz.findings import load_finding
 from fuzz.impact import cost_of, severity_rank
+from fuzz.known_classes import classify
 from fuzz.oracles import request_kinds
 
 
@@ -107,6 +108,7 @@ def describe(path: str, finding: dict) -> dict:
         "tokens": tokens,
         "summary": str(finding.get("summary", ""))[:300],
         "cost": cost_of(finding),
+        "known": classify(finding),
     }
 
 
@@ -129,6 +131,8 @@ def triage(described: list[dict], new: set[str] = frozenset()) -> list[dict]:
             "representative": {k: rep[k] for k in ("path", "requests", "tokens", "summary")},
             "paths": sorted(d["path"] for d in members),
             "severity": costliest["severity"], "cost": costliest,
+            # the known classes (fuzz.known_classes) its members belong to
+            "known": sorted({d["known"] for d in members if d.get("known")}),
         })
     return sorted(classes, key=lambda c: (severity_rank(c["cost"]), -(c["cost"].get("tokens_total") or 0), -c["count"], c["oracle"], c["request_kind"],
                                           c["geometry"], c["hint"]))

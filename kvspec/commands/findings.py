@@ -45,6 +45,8 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
         new = f", {c['new']} new" if c.get("new") else ""
         cost = f" | {short(c['cost'])}" if c.get("cost") else ""
         lines.append(f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}{cost}  ({c['count']} file(s){new})")
+        if c.get("known"):
+            lines.append(f"     known class: {', '.join(c['known'])}")
         lines.append(f"     smallest: {rep['path']} ({rep['requests']} request(s), {rep['tokens']} tokens)")
         if rep["summary"]:
             lines.append(f"     {rep['summary']}")

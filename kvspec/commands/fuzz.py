@@ -78,6 +78,7 @@ findings in OUT are grouped into classes (see kvspec findings).
 
 
 def configure(parser) -> None:
+    from fuzz.generate import CONNECTOR_MODES
     from fuzz.outcome import HARNESS_ERROR_LIMIT
 
     parser.epilog = EPILOG
@@ -97,6 +98,7 @@ def configure(parser) -> None:
     parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
     parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
     parser.add_argument("--synthetic-geometry", action="store_true", help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic")
+    parser.add_argument("--kv-connector", choices=CONNECTOR_MODES, default="drawn", help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --, with --driver atheris: flags passed to libFuzzer")
 
@@ -150,6 +152,9 @@ def _validate(args, engines: list[str]) -> None:
             raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: SGLang runs deployment cases in one process; allowed: neither")
         if len(engines) > 1:
             raise invalid("--engine", engines, f"with {sglang} the second engine is SGLang's Rust tree core, always; allowed: one --engine")
+    if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or sglang is not None):
+        why = "SGLang deployments carry none" if sglang is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
+        raise invalid("--kv-connector", args.kv_connector, f"pins the random driver's vLLM deployments; {why}; allowed here: drawn")
     if args.case and args.driver == "atheris":
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
     if args.driver == "cases" and not args.case and args.no_z3_seeds:
@@ -231,7 +236,7 @@ def main(args) -> int:
         else:
             from fuzz.runner import RunConfig, run_in_process
 
-            config = RunConfig(driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry)
+            config = RunConfig(driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry, connector=args.kv_connector)
             summary = run_in_process(config, specs, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline, say=_say)
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")

@@ -81,3 +81,24 @@ def test_the_hash_unit_tail_under_periodic_retention_is_the_dense_below_sparse_c
     assert classify(periodic) == "dense-below-sparse"
     sparse = _finding("promise", hybrid(192, 192, prefix_match_unit=32, retention_interval=0), [[("A", 600)], [("A", 700)]], [0, 224], [0, 192], spec=MTP_DROP, model="qwen3_5")
     assert classify(sparse) == "hashed-longer-sibling"  # sparse retention: the hashed longer sibling
+
+
+def test_the_longer_sibling_under_periodic_retention_without_a_hash_unit_is_the_longer_sibling_class():
+    # a Granite 4.0-H deployment of a connector campaign (interval 3 blocks):
+    # B then B+1 hits 0 where the promise gives B; the longer-sibling fix gives B
+    periodic = _finding("promise", hybrid(528, 528, retention_interval=1584), [[("A", 528)], [("A", 528), ("B", 1)]], [0, 528], [0, 0], model="granitemoehybrid")
+    assert classify(periodic) == "longer-sibling"
+    dense = _finding("promise", hybrid(528, 528, retention_interval=None), [[("A", 528)], [("A", 528), ("B", 1)]], [0, 528], [0, 0], model="granitemoehybrid")
+    assert classify(dense) is None  # dense retention keeps every state: not this class
+
+
+def test_findings_lists_the_known_class_of_a_class(tmp_path):
+    import json
+
+    from kvspec.commands.findings import render
+    from fuzz.triage import read_findings, triage
+
+    (tmp_path / "promise-a.json").write_text(json.dumps(CASES["longer-sibling"]))
+    described, malformed = read_findings(tmp_path)
+    lines = render(triage(described), malformed, str(tmp_path))
+    assert "     known class: longer-sibling" in lines, lines
