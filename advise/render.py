@@ -104,6 +104,10 @@ def render(doc: dict, console=None) -> None:
     if len(shown) < len(rows):
         console.print(f"  ({len(rows) - len(shown):,} more requests in the JSON)")
     console.print(f"[bold]Lost reuse[/bold]: {t['lost_tokens']:,} tokens = {t['lost_share']:.2%} of prefill ({t['requests_losing']:,} requests); hit share {t['implemented_hit_share']:.2%} vs promise {t['promise_hit_share']:.2%}", highlight=False)
+    if doc.get("cost"):
+        from fuzz.impact import short
+
+        console.print(f"[bold]Cost[/bold] (fuzz/cost.py, docs/cost.md): {escape(short(doc['cost']))}", highlight=False)
 
     ft = Table(title=f"Failure classes on this deployment ({doc['rule']} rule, {doc['current_retention']['setting']}) vs the promise", title_justify="left")
     for col in ("class", "exposed", "minimal case", "hits", "promise"):

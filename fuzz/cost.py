@@ -70,13 +70,36 @@ b200   B200 (HGX B200)               2,250                   NVIDIA HGX B200 dat
 
 A hand geometry has no model: its cost is tokens only.
 
-**Memory.** Where the finding's observation carries the Mamba states the
-cache held per request (``retention``: ``observed.states`` vs
-``expected.states``), the states kept beyond what the promise needs and
-those it needs but were dropped, summed over requests; times the bytes of
-one state (``mamba_page_size_bytes`` x Mamba layers, per GPU: vLLM's page
-is already one tensor-parallel rank's shard; from the resolution's facts)
-where known. Otherwise "not measured".
+**Memory** (:func:`memory`): Mamba states, compared as two sets, on one of
+three bases (``basis``), chosen from what the finding carries
+(:mod:`fuzz.impact`):
+
+* ``retention``: the states each request leaves held (``observed.states``)
+  against those the promise allows (``expected.states``), summed over
+  requests;
+* ``before``: for the oracles that compare hits, the distinct states the
+  engine held on the prompts of the requests before the first divergence
+  (its explain: ``retained_mamba_tokens`` / ``retained_mamba_blocks``,
+  SGLang's ``tracked``) against those the promise's reference model keeps
+  for the same requests (``reference.predict``): what the cache held when the
+  request that lost reuse arrived. A state is a prompt position and the
+  tokens before it (two requests' states at p are one state when their
+  prompts share p tokens);
+* ``stale``: the states held that no prefill wrote (``fuzz.oracle_states.
+  stale_keys``): bytes of the cache holding another prefix's state.
+
+::
+
+    extra   = |observed - expected|       # held beyond what the promise keeps
+    missing = |expected - observed|       # the promise keeps, the engine did not
+    bytes   = states x mamba_page_size_bytes x Mamba layers   (per GPU)
+
+One state's bytes per GPU are ``mamba_page_size_bytes`` (vLLM's MambaSpec
+page, already one tensor-parallel rank's shard) times the Mamba layers, from
+the resolution's facts; where the resolution has no page size (SGLang's) the
+counts stand without bytes. Where the finding carries no states (no engine
+explain, a crash, a setting judged without a run) memory is a sentence
+saying why it is not measured.
 """
 
 from __future__ import annotations
@@ -221,24 +244,34 @@ def recomputed(expected: list, observed: list, requests: list[int]) -> list[dict
     return out
 
 
-def memory(expected_states: list | None, observed_states: list | None, state_bytes: int | None) -> dict | str:
-    """Mamba states kept beyond / short of what the promise needs, summed
-    over requests (bytes where one state's size is known); ``not measured``
-    where the finding carries no states."""
+#: What each memory basis compares (module docstring).
+MEMORY_BASES = ("retention", "before", "stale")
+
+
+def memory(expected_states: list | None, observed_states: list | None, state_bytes: int | None, basis: str = "retention",
+           reason: str = "not measured") -> dict | str:
+    """Mamba states held beyond / short of what the promise keeps, summed
+    over the lists' entries (a request each, or one set), with bytes per
+    GPU where one state's size is known; ``reason`` where the finding
+    carries no states. ``basis``: :data:`MEMORY_BASES`."""
     if not isinstance(expected_states, list) or not isinstance(observed_states, list):
-        return "not measured"
-    extra = missing = 0
+        return reason
+    extra = missing = kept = needed = 0
     for e, o in zip(expected_states, observed_states):
         e, o = set(e or []), set(o or [])
         extra += len(o - e)
         missing += len(e - o)
-    out = {"extra_states": extra, "missing_states": missing, "state_bytes": state_bytes}
+        kept += len(o)
+        needed += len(e)
+    out = {"extra_states": extra, "missing_states": missing, "state_bytes": state_bytes, "basis": basis, "kept_states": kept, "promise_states": needed}
     out["extra_bytes"] = extra * state_bytes if state_bytes else None
+    out["missing_bytes"] = missing * state_bytes if state_bytes else None
     return out
 
 
 def finding_cost(*, severity: str, token_cost: bool, expected: list, observed: list, requests: list[int], dims: dict | None,
-                 model: str | None, tp: int = 1, device: str | None = None, states: tuple = (None, None), state_bytes: int | None = None) -> dict:
+                 model: str | None, tp: int = 1, device: str | None = None, states: tuple = (None, None), state_bytes: int | None = None,
+                 memory_basis: str = "retention", memory_reason: str = "not measured") -> dict:
     """The ``cost`` object of a finding (``cost_schema`` 1): severity, tokens
     recomputed per request and in all, the prefill seconds on each GPU of
     :data:`SHOWN_GPUS` (and ``device``) where there is a model, and memory."""
@@ -247,7 +280,7 @@ def finding_cost(*, severity: str, token_cost: bool, expected: list, observed: l
     out = {"cost_schema": COST_SCHEMA, "severity": severity, "token_cost": token_cost, "tokens_per_request": per,
            "tokens_total": total if token_cost else None, "model": model, "tensor_parallel": tp, "device": device,
            "utilisation": UTILISATION, "flops": None, "prefill_seconds": None,
-           "memory": memory(states[0], states[1], state_bytes)}
+           "memory": memory(states[0], states[1], state_bytes, memory_basis, memory_reason)}
     if dims is None:
         out["note"] = "no model: tokens only"
         return out

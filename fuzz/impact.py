@@ -8,8 +8,12 @@ cost (``fuzz.oracle_registry``), the hits, the model config of a deployment
 case (a shipped model of ``engine_adapter/models`` or the config.json its
 path names, with ``model_overrides`` applied: the model *as the case
 carries it*), the tensor parallelism (the resolution's facts, else
-``--tensor-parallel-size`` / ``-tp`` of its flags, else 1), the device, and
-one Mamba state's bytes (the resolution's facts).
+``--tensor-parallel-size`` / ``-tp`` of a vLLM deployment's flags or
+``--tp-size`` of an SGLang one's, else 1), the device, one Mamba state's
+bytes (the resolution's facts), and the Mamba states to compare
+(:func:`memory_states`: the retention oracle's, else the states the engine
+held before the first divergence against the promise's, else the stale
+states).
 
 Readers recompute the cost from the finding's fields (:func:`cost_of`)
 rather than trusting a ``cost`` object in the file: a finding written before
@@ -19,13 +23,21 @@ own numbers.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 from engine_adapter.models.served import model_config_dict
 from ground.errors import KvspecError
+from reference import sglang_flags
+from reference.case import Case, parse_case, prompt_tokens
 from reference.deployment import get_flag, parse_deployment
+from reference.knobs import resolve_knobs
+from reference.predict import predict_with_knobs
 from reference.vllm_flags import canonical_flag, is_number
 
 from fuzz.cost import GPUS, UTILISATION, finding_cost, model_dims
 from fuzz.oracle_registry import BY_NAME, SEVERITIES
+from fuzz.oracle_states import held_states, stale_keys
 
 
 def _model(deployment: dict) -> tuple[dict | None, str | None, str]:
@@ -50,9 +62,22 @@ def _tensor_parallel(deployment: dict, facts: dict) -> int:
     tp = facts.get("tensor_parallel_size")
     if type(tp) is int and tp >= 1:
         return tp
-    args = tuple(_canonical(str(a)) for a in deployment.get("vllm_args") or [])
-    value = get_flag(args, "--tensor-parallel-size")
+    if deployment.get("engine") == "sglang":  # SGLang's allow-list spells it --tp-size only (reference.sglang_flags)
+        args = tuple(_canonical_sglang(str(a)) for a in deployment.get("sglang_args") or [])
+        value = get_flag(args, "--tp-size")
+    else:
+        args = tuple(_canonical(str(a)) for a in deployment.get("vllm_args") or [])
+        value = get_flag(args, "--tensor-parallel-size")
     return max(int(value), 1) if value is not None and value.isdigit() else 1
+
+
+def _canonical_sglang(token: str) -> str:
+    """An SGLang flag token with ``_`` read as ``-`` (its ``=value`` kept);
+    a value as it is."""
+    if not token.startswith("--"):
+        return token
+    _, eq, value = token.partition("=")
+    return sglang_flags.canonical_flag(token) + eq + value
 
 
 def _canonical(token: str) -> str:
@@ -61,6 +86,70 @@ def _canonical(token: str) -> str:
         return token
     _, eq, value = token.partition("=")
     return canonical_flag(token) + eq + value
+
+
+def _state_key(prompts: list[list[int]], j: int, p: int) -> tuple[int, str]:
+    """One Mamba state: the position and the tokens before it (two
+    requests' states at ``p`` are one when their prompts share ``p`` tokens)."""
+    return p, hashlib.sha256(array("q", prompts[j][:p]).tobytes()).hexdigest()
+
+
+def _engine_held(e: dict) -> set[int] | None:
+    """The states an engine's explain record says it holds on the request's
+    prompt (:func:`fuzz.oracle_states.held_states`); SGLang's records name
+    the states its prefill tracked (``tracked``) instead."""
+    held = held_states(e) if isinstance(e, dict) else None
+    if held is None and isinstance(e, dict) and isinstance(e.get("tracked"), list):
+        held = {int(p) for p in e["tracked"] if type(p) is int}
+    return held
+
+
+def memory_states(finding: dict, oracle: str) -> tuple[list | None, list | None, str, str]:
+    """(promise's states, engine's states, basis, reason): what the memory
+    figure compares (``fuzz.cost``, "Memory"), or Nones and why not."""
+    exp = finding.get("expected") if isinstance(finding.get("expected"), dict) else {}
+    obs = finding.get("observed") if isinstance(finding.get("observed"), dict) else {}
+    if isinstance(exp.get("states"), list) and isinstance(obs.get("states"), list):
+        return exp["states"], obs["states"], "retention", ""
+    explain = finding.get("explain") if isinstance(finding.get("explain"), dict) else {}
+    engine = [e for e in explain.get("engine") or [] if isinstance(e, dict)]
+    if not engine or len(engine) != len(explain.get("engine") or []):
+        return None, None, "", "not measured: the finding carries no per-request engine record (a crash, or a setting judged without a run)"
+    try:
+        case = parse_case(finding["case"])
+        prompts = [prompt_tokens(r) for r in case.trace]
+    except (KvspecError, KeyError, TypeError, ValueError):
+        return None, None, "", "not measured: the finding's case cannot be read"
+    if oracle == "stale":
+        stale = {_state_key(prompts, j, p) for j, ps in enumerate(stale_keys(case, {"explain": engine})) if j < len(prompts) for p in ps if p <= len(prompts[j])}
+        return [[]], [sorted(stale)], "stale", ""
+    first = finding.get("first_divergence")
+    if type(first) is not int or first < 0 or case.geometry is None:
+        return None, None, "", "not measured: no diverging request on a resolved geometry"
+    promise = _promise_explain(case, finding)
+    if promise is None:
+        return None, None, "", "not measured: the reference model does not predict this case's states"
+    needed, held = set(), set()
+    for j in range(min(first, len(engine), len(prompts))):
+        mine = _engine_held(engine[j])
+        if mine is None:
+            return None, None, "", "not measured: the engine did not report the Mamba states it holds"
+        theirs = held_states(promise[j]) if j < len(promise) and isinstance(promise[j], dict) else None
+        if theirs is None:
+            return None, None, "", "not measured: the reference model does not predict this case's states"
+        needed |= {_state_key(prompts, j, p) for p in theirs if 0 < p <= len(prompts[j])}
+        held |= {_state_key(prompts, j, p) for p in mine if 0 < p <= len(prompts[j])}
+    return [sorted(needed)], [sorted(held)], "before", ""
+
+
+def _promise_explain(case: Case, finding: dict) -> list | None:
+    """The promise's per-request explain for the case (``reference.predict``,
+    as the ``promise`` oracle computes it), at the finding's engine version."""
+    version = str((finding.get("engine") or {}).get("version") or "") if isinstance(finding.get("engine"), dict) else ""
+    try:
+        return predict_with_knobs(case, resolve_knobs(case, version or "0.33.0"), "promise")["explain"]
+    except (KvspecError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 def cost_of(finding: dict) -> dict:
@@ -89,8 +178,36 @@ def cost_of(finding: dict) -> dict:
             state_bytes = page * layers
         elif type(page) is int and dims:
             state_bytes = page * dims["mamba_layers"]
+    want, held, basis, reason = memory_states(finding, str(finding.get("oracle")))
     out = finding_cost(severity=severity, token_cost=token_cost, expected=hits_e, observed=hits_o, requests=requests, dims=dims, model=model,
-                       tp=tp, device=device, states=(exp.get("states"), obs.get("states")), state_bytes=state_bytes)
+                       tp=tp, device=device, states=(want, held), state_bytes=state_bytes, memory_basis=basis or "retention", memory_reason=reason or "not measured")
+    if note:
+        out["note"] = note
+    return out
+
+
+#: What ``kvspec advise``'s cost says of memory: its retention table holds it.
+WORKLOAD_MEMORY = "per retention setting, in the Retention table (Mamba states kept, bytes per GPU)"
+
+
+def workload_cost(implemented: list[int], promise: list[int], deployment: dict | None, facts: dict | None) -> dict:
+    """The cost of a workload's lost reuse (``kvspec advise``), by the same
+    arithmetic as a finding's (:func:`fuzz.cost.finding_cost`): every request
+    is judged, tokens recomputed where the deployment's rule hits less than
+    the promise; the model, tensor parallelism and device read from the
+    deployment as :func:`cost_of` reads a finding's. Severity ``lost reuse``
+    when a request loses, else ``none``. A server or a hand geometry has no
+    model: tokens only."""
+    facts = facts if isinstance(facts, dict) else {}
+    dims = model = device = None
+    note, tp = "", 1
+    if deployment is not None:
+        dims, model, note = _model(deployment)
+        tp = _tensor_parallel(deployment, facts)
+        device = str(deployment.get("device") or facts.get("device") or "") or None
+    lost = any(p > i for i, p in zip(implemented, promise))
+    out = finding_cost(severity="lost reuse" if lost else "none", token_cost=True, expected=list(promise), observed=list(implemented),
+                       requests=list(range(len(promise))), dims=dims, model=model, tp=tp, device=device, memory_reason=WORKLOAD_MEMORY)
     if note:
         out["note"] = note
     return out
@@ -105,21 +222,51 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def _size(n: int) -> str:
+    """Bytes as B / KiB / MiB / GiB (binary)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):,.1f} {unit}"
+    return f"{n} B"
+
+
+def _bytes(mem: dict, key: str) -> str:
+    return f" ({_size(mem[key])} per GPU)" if mem.get(key) else ""
+
+
+def memory_text(mem) -> str:
+    """The memory figure in one phrase (its basis: ``fuzz.cost``, "Memory")."""
+    if not isinstance(mem, dict):
+        return str(mem)
+    size = "" if mem.get("state_bytes") else "; one state's bytes not resolved"
+    if mem.get("basis") == "stale":
+        return f"{mem['extra_states']} Mamba state(s) held that no prefill wrote{_bytes(mem, 'extra_bytes')}{size}"
+    if mem.get("basis") == "before":
+        return (f"before the first divergence the engine held {mem.get('kept_states', 0)} Mamba state(s) where the promise keeps {mem.get('promise_states', 0)}: "
+                f"{mem['missing_states']} the promise keeps not held{_bytes(mem, 'missing_bytes')}, {mem['extra_states']} held beyond it{_bytes(mem, 'extra_bytes')}{size}")
+    return f"{mem['extra_states']} Mamba state(s) kept beyond what the promise needs{_bytes(mem, 'extra_bytes')}, {mem['missing_states']} it needs dropped{size}"
+
+
 def short(cost: dict) -> str:
-    """One cell: ``lost reuse: 1,360 tokens, 12.3 ms on h100 (TP 1)``."""
+    """One cell, every column: severity, tokens, seconds on an H100 (and on
+    the deployment's GPU when another), memory:
+    ``lost reuse: 1,360 token(s) recomputed, 22.8 ms on h100 (TP 1); memory: ...``."""
     text = cost["severity"]
     if cost.get("tokens_total") is not None:
         text += f": {cost['tokens_total']:,} token(s) recomputed"
         secs = cost.get("prefill_seconds")
-        gpu = cost.get("device") if secs and cost.get("device") in secs else "h100"
         if secs and cost["tokens_total"]:
-            text += f", {_seconds(secs[gpu])} on {gpu} (TP {cost['tensor_parallel']})"
+            text += f", {_seconds(secs['h100'])} on h100"
+            gpu = cost.get("device")
+            if gpu in secs and gpu != "h100":
+                text += f", {_seconds(secs[gpu])} on {gpu}"
+            text += f" (TP {cost['tensor_parallel']})"
         elif cost.get("note") and cost["tokens_total"]:
             text += " (no model: tokens only)"
+    else:
+        text += ": no token cost"
     mem = cost.get("memory")
-    if isinstance(mem, dict) and (mem["extra_states"] or mem["missing_states"]):
-        text += f"; {mem['extra_states']} Mamba state(s) kept beyond the promise, {mem['missing_states']} it needs dropped"
-    return text
+    return text + "; memory: " + (memory_text(mem) if mem is not None else "not measured")
 
 
 def impact_lines(cost: dict) -> list[str]:
@@ -127,7 +274,7 @@ def impact_lines(cost: dict) -> list[str]:
     text is kvspec's own)."""
     lines = ["## Impact", "", f"Severity: **{cost['severity']}**."]
     if cost.get("tokens_total") is None:
-        lines.append("No token cost: this oracle compares no hit counts (the hits agree, or vLLM raised, or only its settings are judged).")
+        lines.append("No token cost: this oracle compares no hit counts (the hits agree, or the engine raised, or only its settings are judged).")
     else:
         per = ", ".join(f"request {r['request']}: {r['tokens']:,} (hit {r['from']:,} of {r['to']:,})" for r in cost["tokens_per_request"]) or "none"
         lines.append(f"Prefill tokens recomputed: {cost['tokens_total']:,} over the trace ({per}).")
@@ -144,9 +291,8 @@ def impact_lines(cost: dict) -> list[str]:
         elif cost["tokens_total"]:
             lines.append("No model (a hand geometry, or a config kvspec cannot read): tokens only.")
     mem = cost.get("memory")
-    if isinstance(mem, dict):
-        size = f" ({mem['extra_bytes']:,} bytes per GPU)" if mem.get("extra_bytes") else ""
-        lines.append(f"Memory: {mem['extra_states']} Mamba state(s) kept beyond what the promise needs{size}, {mem['missing_states']} it needs dropped.")
-    else:
-        lines.append("Memory: not measured.")
+    text = memory_text(mem) if mem is not None else "not measured"
+    lines.append(f"Memory: {text[0].upper() + text[1:]}." if isinstance(mem, dict) else f"Memory: {text}.")
+    if isinstance(mem, dict) and mem.get("state_bytes"):
+        lines.append(f"One Mamba state: {mem['state_bytes']:,} bytes per GPU (the resolution's Mamba page x Mamba layers; kvspec's `fuzz/cost.py`).")
     return lines + [""]

@@ -226,6 +226,10 @@ def main(args) -> int:
         _check_lengths(workload, src.facts.get("max_model_len"))
         resolved = src.case(workload.requests, workload.name)
         advice = model.advise(resolved, version, src.facts)
+        from fuzz.impact import workload_cost
+
+        dep = resolved.deployment.as_dict() if resolved.deployment is not None else None
+        advice["cost"] = workload_cost([r["implemented"] for r in advice["requests"]], [r["promise"] for r in advice["requests"]], dep, src.facts)
         confirmed = None
         skipped = None
         if args.confirm is False:

@@ -34,6 +34,24 @@ def test_rich_output_names_the_recommendation(capsys, tmp_path):
     assert code == 0, err
     assert "Recommended: --prefix-cache-retention-interval 3200" in out
     assert "Lost reuse: 9,600 tokens" in out
+    assert "Cost (fuzz/cost.py, docs/cost.md): lost reuse: 9,600 token(s) recomputed (no model: tokens only); memory: per retention setting" in " ".join(out.split())
+
+
+def test_the_workload_cost_is_a_finding_s_cost(capsys, tmp_path):
+    """tokens recomputed, seconds on a named GPU and severity per workload,
+    by fuzz/cost.py's arithmetic (the #53504 trace on a hand geometry:
+    tokens only; a deployment: the hand-checked 1,360 tokens of docs/cost.md)."""
+    from fuzz.impact import workload_cost
+
+    code, out, err = _run(capsys, SEED, "--engine", "vllm==0.29.0", "--no-confirm", "--out", str(tmp_path), "--json")
+    cost = json.loads(out)["cost"]
+    assert code == 0 and cost["severity"] == "lost reuse" and cost["tokens_total"] == 9600 and cost["prefill_seconds"] is None
+    assert [r["request"] for r in cost["tokens_per_request"]] == [1]
+    cost = workload_cost([0, 0], [0, 1360], {"model": "qwen3_next", "vllm_args": [], "device": "a100"}, {})
+    assert cost["tokens_total"] == 1360 and cost["flops"] == 9_024_975_667_200 and cost["device"] == "a100"
+    assert cost["prefill_seconds"]["h100"] == pytest.approx(0.022813, rel=1e-4) and cost["prefill_seconds"]["a100"] == pytest.approx(9_024_975_667_200 / (312e12 * 0.4))
+    assert workload_cost([0, 1360], [0, 1360], {"model": "qwen3_next", "vllm_args": ["-tp", "2"]}, {})["severity"] == "none"
+    assert workload_cost([0, 1360], [0, 1360], {"model": "qwen3_next", "vllm_args": ["-tp", "2"]}, {})["tensor_parallel"] == 2
 
 
 @pytest.mark.parametrize("argv, message", [
