@@ -63,7 +63,7 @@ PREFIX_REPLAY = f"{SDIST_TESTS}/test_prefix_replay.py"
 NOT_EXPRESSIBLE = {
     "primitive": "calls an internal primitive directly (no scheduler/KV cache manager trace)",
     "hand_state": "sets up by hand cache states or scheduler state that the scheduler never produces",
-    "connector": "needs a KV connector (external computed tokens, boundary-state offloads)",
+    "connector": "needs a KV connector's external computed tokens or its calls observed: a case can carry vLLM's CPU offloading connector (--kv-offloading-size), but kvspec's pool never evicts, so the connector never loads anything, and its offers and lookups are not observed",
     "dcp": "decode context parallelism (dcp_world_size > 1) is not a case setting",
     "group_kind": "a KV cache group kind the case format lacks (sliding window, MLA, circular buffer)",
     "multi_module_mtp": "hash lookahead above 1 token (multi-module MTP) is not a case setting",
@@ -353,7 +353,7 @@ def partial_prefix_cache_hits() -> None:
                              (1127, "connector-finish-registers-tail", "a connector finish registers the partial tail before cleanup"),
                              (1168, "offload-dropped-when-freed", "a hand-off is dropped when the request dies before the drain"),
                              (1216, "offloads-block-aligned-prompt", "a block-aligned prompt hands off its boundary snapshot once")):
-        inexpressible(f"partial-hits/{name}", f"{F}:{line}", what, "connector", "boundary-state offloads to a KV connector; kvspec observes no connector")
+        inexpressible(f"partial-hits/{name}", f"{F}:{line}", what, "connector", "boundary-state offloads to a KV connector; kvspec observes no connector call")
     expressed("partial-hits/truncate-computed-blocks-sparse-positions", f"{F}:1269",
               "an 8-token extension of a 7-token owner hits 6 (then truncates the lookup result)",
               ext, [chunk(0, 0, 6, 1306, role="setup"), hit(1, 6, 1314)], fidelity="adapted", adaptation=owner_adapt, setup=knobs(4, 2, 2),
