@@ -7,13 +7,17 @@ atheris input describe the same space.
 By default a case is a **deployment** (``draw_deployment``): a shipped model
 (six hybrids; two attention-free Mamba models, with a ``--block-size`` of
 {default, 64, 256, 1024}) x tensor parallel {1, 2, 4, 8} x KV-cache dtype
-{auto, fp8} x speculative {off, MTP 1-3, MTP with the block drop} x GPU
-{h100, a100}, then the flags that leave the block size alone: chunk budget,
-prefix match unit, retention (sparse / dense / periodic), with MTP and
-a unit below the block the shared-prefix checkpoint
-(``--enable-mamba-shared-prefix-checkpoint``), and, in one deployment in
-four, a KV connector (vLLM's CPU offloading, ``--kv-offloading-size``:
-:data:`CONNECTOR_MODES`; ``kvspec fuzz --kv-connector`` pins it). The engine resolves it with
+{auto, fp8} x speculative {off, MTP 1-3, MTP with the block drop, another
+method: ``ngram``, ``eagle`` or ``eagle3`` 1-3 with the drop options on and
+off (:data:`OTHER_METHODS`; every model, EAGLE-3 where vLLM serves it)} x GPU {h100, a100}, then the flags that leave the block size
+alone: chunk budget, prefix match unit, retention (sparse / dense /
+periodic), and, with speculative decoding and a unit below the block, the
+shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``); last,
+from a stream of its own, ``--scheduling-policy`` {default, fcfs, priority}
+(a case carries no request priority: every request has priority 0); and,
+in one deployment in four, a KV connector (vLLM's CPU offloading,
+``--kv-offloading-size``: :data:`CONNECTOR_MODES`; ``kvspec fuzz
+--kv-connector`` pins it). The engine resolves it with
 vLLM's own code (``resolver``: deployment -> its block, hash block and
 max_model_len, or None when vLLM rejects it), so the trace can be drawn on
 the real block.
@@ -32,12 +36,15 @@ concurrent wave: a new prompt and 1-3 requests sharing its prefix, sent
 
 The random driver walks the deployment classes (:class:`DeploymentClass`:
 model x speculative mode x hash unit x retention, the features the
-promise's boundaries depend on) in turn (:func:`class_schedule`) rather
+promise's boundaries depend on; a non-MTP method is one ``other`` class per
+model and hash unit, its method and retention drawn inside it) in turn (:func:`class_schedule`) rather
 than drawing each feature apart, so a rare conjunction is reached within
 a minute; atheris's inputs choose the class first (``fuzz.codec``);
 Hypothesis draws every feature apart.
 
-What comes out is a semantic case (``reference.case.Case``), never bytes.
+The trace half (lengths, request kinds, outputs, waves, swarm testing)
+lives in ``fuzz.traces``. What comes out is a semantic case
+(``reference.case.Case``), never bytes.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from fuzz.choosers import BytesChooser, Chooser, HypothesisChooser
+from fuzz.traces import EVERY_FEATURE, MAX_REQUESTS, SEGMENT_NAMES, Swarm, _concurrent_wave, _fit, _length, _outputs, _trace, draw_swarm  # noqa: F401 (re-exported)
 from reference.case import Case, case_to_dict, parse_case
 
 #: Production-like geometries: (attention block, Mamba block, Mamba groups, prefix_match_unit).
@@ -65,8 +73,6 @@ SPECULATIVE = (
     {"method": "mtp", "num_speculative_tokens": 2},  # 0.33.0: lookahead hashes
     {"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True},
 )
-MAX_REQUESTS = 6
-SEGMENT_NAMES = "ABCDEFGH"
 
 #: Shipped models a deployment draws from; those with an MTP layer; the
 #: attention-free ones (one KV cache group, a block ``--block-size`` sets).
@@ -102,175 +108,11 @@ def _geometry(c: Chooser) -> dict:
     return geometry
 
 
-@dataclass(frozen=True)
-class Swarm:
-    """The trace features one case may use (swarm testing, Groce et al.,
-    ISSTA 2012: each case leaves a random subset of features out, so a
-    case that needs many of one kind, e.g. only longer siblings of prompts
-    exactly on a boundary, is no longer diluted by the others). ``ops``:
-    how a later request relates to an earlier one; ``offsets``: where a
-    boundary-biased length sits around a boundary (-1, 0, +1, 2: a short
-    remainder); ``unit_points``: boundaries of a finer hash unit too;
-    ``uniform``: lengths off the boundaries too."""
-
-    ops: tuple[str, ...] = ("resend", "resend", "extend", "sibling", "junction")
-    offsets: tuple[int, ...] = (-1, 0, 1, 2)
-    unit_points: bool = True
-    uniform: bool = True
-
-
-#: Every feature on: what a chooser without a side stream (atheris's bytes,
-#: Hypothesis) draws with, so its inputs keep their meaning.
-EVERY_FEATURE = Swarm()
-
-
-def draw_swarm(c: Chooser) -> Swarm:
-    """A case's feature subset, drawn from the chooser's ``side()`` stream
-    (each feature kept with probability 1/2, never none of a kind); every
-    feature for a chooser without one."""
-    if not hasattr(c, "side"):
-        return EVERY_FEATURE
-    s = c.side()
-
-    def subset(options: tuple) -> tuple:
-        kept = tuple(o for o in dict.fromkeys(options) if s.integer(0, 1))
-        return tuple(o for o in options if o in kept) or options
-
-    return Swarm(subset(EVERY_FEATURE.ops), subset(EVERY_FEATURE.offsets), bool(s.integer(0, 1)), bool(s.integer(0, 1)))
-
-
-def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None, swarm: Swarm = EVERY_FEATURE) -> int:
-    """A prompt length, biased to block boundaries (kB-1, kB, kB+1, and kB+r
-    with a short remainder 2 <= r <= k) and, with
-    a smaller hash ``unit``, to its boundaries too, unless ``bias`` is off
-    (plain uniform lengths, for comparison); at most ``cap``. ``swarm``
-    says which of these a case uses."""
-    top = 8 * block + block // 2 if cap is None else max(1, min(8 * block + block // 2, cap))
-    if bias and (c.integer(0, 2) or not swarm.uniform):
-        k = c.integer(1, 8)
-        if swarm.unit_points and unit is not None and unit < block and c.integer(0, 1):
-            base = k * block + unit * c.integer(1, block // unit - 1) if block // unit > 1 else k * block
-        else:
-            base = k * block
-        off = c.choice(swarm.offsets)
-        if off == 2:
-            # a short remainder, 2 <= N mod B <= N // B: where N % B and
-            # N // B are confused in block arithmetic (replay_boundaries'
-            # extension), a boundary lands inside the prompt
-            off = c.integer(2, k) if k >= 2 else 1
-        return max(1, min(base + off, top))
-    return c.integer(1, top)
-
-
-def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> list[dict]:
-    prompts: list[list[dict]] = []
-    junctions: list[list[dict]] = []  # the shared prefixes siblings diverged at
-    fresh = iter(SEGMENT_NAMES)
-    swarm = draw_swarm(c)
-    for _ in range(c.integer(1, MAX_REQUESTS)):
-        op = c.choice(("fresh",) + swarm.ops) if prompts else "fresh"
-        if op == "junction" and junctions:
-            # another sibling diverging at a junction an earlier sibling
-            # created: the state the junction rule says is kept there
-            prompt = [dict(s) for s in c.choice(junctions)]
-            prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "y", "length": c.integer(1, 2 * block)})
-            prompts.append(_fit(prompt, cap) if cap is not None else prompt)
-            continue
-        if op == "junction":
-            op = "sibling"
-        if op == "fresh":
-            name = next(fresh, None) or c.choice(SEGMENT_NAMES)
-            prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap, swarm)}]
-        else:
-            base = c.choice(prompts)
-            if op == "resend":
-                prompt = [dict(s) for s in base]
-            elif op == "extend":
-                prompt = [dict(s) for s in base]
-                tail = c.integer(1, 3 * block)
-                last = prompt[-1]
-                if len(prompt) == 1 and c.integer(0, 1):
-                    last["length"] += tail  # the same stream, read further
-                else:
-                    prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES), "length": tail})
-            else:  # a sibling diverging inside the base prompt
-                total = sum(s["length"] for s in base)
-                cut = _length(c, block, bias, unit, cap, swarm) if c.integer(0, 1) else c.integer(1, max(1, total))
-                cut = min(max(cut, 1), total)
-                prompt = _fit(base, cut)
-                junctions.append([dict(s) for s in prompt])
-                prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)})
-        if cap is not None:
-            prompt = _fit(prompt, cap)
-        prompts.append(prompt)
-    return [{"prompt": p} for p in prompts]
-
-
-def _outputs(c: Chooser, trace: list[dict]) -> list[dict]:
-    """Each request's ``max_tokens``: 1 (half of them: the prefill's last
-    step samples it), 2 or 4 (steps after the prefill, each with the drafts
-    the step loop proposes under speculative decoding; states inside the
-    output, which retention must not keep). Drawn after the prompts, so the
-    prompts a stream draws stay the same."""
-    for r in trace:
-        r["max_tokens"] = c.choice((1, 1, 2, 4))
-    return trace
-
-
-#: Steps after the previous request a concurrent request is sent: within
-#: the few steps a prefill takes, so it can meet a prompt it shares a
-#: prefix with while that prompt is still being computed.
-ARRIVALS = (0, 0, 1, 2, 3)
-
-
-def _concurrent_wave(c: Chooser, trace: list[dict], block: int, cap: int | None = None) -> list[dict]:
-    """One case in five gets a concurrent wave after its serial trace, so
-    every serial request is still judged by every oracle (the wave starts
-    after them). The wave is shaped by what the concurrent oracles state (a
-    state is read only after the step that computes it; blocks given
-    back): a head that extends an earlier prompt with new tokens (states
-    nobody computed yet), then 1-3 requests sent 0-3 steps after one
-    another that share a prefix with it: its resend, a longer sibling, a
-    sibling diverging inside it. Drawn from the chooser's ``side()`` stream
-    where it has one, after everything else, so the serial trace an input
-    or a seeded campaign draws is the same as without waves."""
-    c = c.side() if hasattr(c, "side") else c
-    if c.integer(0, 4):
-        return trace
-    base = c.choice(trace)["prompt"]
-    head = [dict(s) for s in base] + [{"segment": "W", "length": c.integer(1, 3 * block)}]
-    if cap is not None:
-        head = _fit(head, cap)
-    total = sum(s["length"] for s in head)
-    wave = [{"prompt": head, "max_tokens": c.choice((1, 2))}]
-    for k in range(c.integer(1, 3)):
-        op = c.choice(("resend", "resend", "extend", "sibling"))
-        prompt = [dict(s) for s in head]
-        if op == "extend":
-            prompt.append({"segment": f"W{k}", "length": c.integer(1, 2 * block)})
-        elif op == "sibling":
-            prompt = _fit(head, c.integer(1, total))
-            prompt.append({"segment": f"V{k}", "length": c.integer(1, block)})
-        if cap is not None:
-            prompt = _fit(prompt, cap)
-        wave.append({"prompt": prompt, "max_tokens": c.choice((1, 2)), "arrival": c.choice(ARRIVALS)})
-    return trace + wave
-
-
-def _fit(prompt: list[dict], cap: int) -> list[dict]:
-    """Cut a prompt to at most ``cap`` tokens (keeping its prefix)."""
-    out, left = [], cap
-    for seg in prompt:
-        if left <= 0:
-            break
-        out.append({"segment": seg["segment"], "length": min(seg["length"], left)})
-        left -= seg["length"]
-    return out
-
-
 #: Speculative modes a deployment class names: off, MTP with lookahead
-#: hashes (0.33.0; the drop before), MTP with the EAGLE block drop.
-SPEC_MODES = ("off", "mtp", "drop")
+#: hashes (0.33.0; the drop before), MTP with the EAGLE block drop, and
+#: ``other``: a method other than MTP, drawn inside the class
+#: (:data:`OTHER_METHODS`), with the drop options on and off.
+SPEC_MODES = ("off", "mtp", "drop", "other")
 RETENTIONS = ("sparse", "dense", "periodic")
 #: KV connectors a deployment may carry: ``drawn`` (one deployment in
 #: four gets vLLM's CPU offloading connector), ``offloading`` (every one),
@@ -281,6 +123,27 @@ RETENTIONS = ("sparse", "dense", "periodic")
 #: EAGLE drop.
 CONNECTOR_MODES = ("drawn", "offloading", "none")
 OFFLOADING_GIB = ("1", "4", "16")
+#: Speculative methods an ``other`` class draws, as vLLM 0.33.0 builds them
+#: without a drafter named by the case. ``ngram`` (prompt lookup): no
+#: drafter KV, so no EAGLE block drop and no lookahead hashes whatever the
+#: options say; its drafts widen each decode step and size the Mamba
+#: groups' speculative blocks. ``eagle``, ``eagle3``: kvspec's own one-layer
+#: drafter (``engine_adapter.models.served.drafter_config``), its KV layer
+#: in the attention group: the drop, or lookahead hashes, as single-module
+#: MTP. EAGLE-3 only on :data:`EAGLE3_MODELS`. Draft models, DFlash and
+#: suffix decoding are not drawn (the allow-list refuses them).
+OTHER_METHODS = ("ngram", "eagle", "eagle3")
+#: The shipped models whose vLLM 0.33.0 class implements ``SupportsEagle3``
+#: (qwen3_next.py, qwen3_5.py, nemotron_h.py): vLLM's worker refuses
+#: EAGLE-3 on the others (the resolver says so too).
+EAGLE3_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h")
+#: ``--scheduling-policy`` values a deployment case draws (None: vLLM's
+#: default, fcfs). A case carries no request priority, so under
+#: ``priority`` every request has vLLM's default priority 0.
+SCHEDULING_POLICIES = (None, "fcfs", "priority")
+#: The retention an ``other`` class pins: ``any`` (drawn inside the class,
+#: so the non-MTP methods add one class per model and hash unit, not three).
+ANY_RETENTION = "any"
 
 
 @dataclass(frozen=True)
@@ -296,7 +159,7 @@ class DeploymentClass:
     model: str
     spec: str  # SPEC_MODES
     unit: bool
-    retention: str  # RETENTIONS
+    retention: str  # RETENTIONS, or ANY_RETENTION for spec "other"
 
     def label(self) -> str:
         return f"{self.model}/{self.spec}/{'unit' if self.unit else 'block'}/{self.retention}"
@@ -304,11 +167,13 @@ class DeploymentClass:
 
 @functools.cache
 def deployment_classes() -> tuple[DeploymentClass, ...]:
-    """Every class (speculative modes only for the models with an MTP
-    layer; no finer hash unit for the attention-free models, whose one KV
-    cache group vLLM lets hash only on the block)."""
-    return tuple(DeploymentClass(m, spec, unit, ret) for m in DEPLOYMENT_MODELS for spec in (SPEC_MODES if m in MTP_MODELS else ("off",))
-                 for unit in ((False,) if m in ATTENTION_FREE_MODELS else (False, True)) for ret in RETENTIONS)
+    """Every class (the MTP modes only for the models with an MTP layer;
+    ``other`` for every model, with its retention drawn; no finer hash
+    unit for the attention-free models, whose one KV cache group vLLM lets
+    hash only on the block)."""
+    return tuple(DeploymentClass(m, spec, unit, ret) for m in DEPLOYMENT_MODELS for spec in (SPEC_MODES if m in MTP_MODELS else ("off", "other"))
+                 for unit in ((False,) if m in ATTENTION_FREE_MODELS else (False, True))
+                 for ret in ((ANY_RETENTION,) if spec == "other" else RETENTIONS))
 
 
 def class_schedule(rng) -> Iterator[DeploymentClass]:
@@ -333,17 +198,39 @@ def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
         size = c.choice((None, 64, 256, 1024))
         if size is not None:
             args += ["--block-size", str(size)]
-    if model in MTP_MODELS:
+    if model in MTP_MODELS and (cls is None or cls.spec != "other"):
         if cls is None:
-            spec = c.choice((None, None, 1, 2, 3, "drop"))
+            spec = c.choice((None, None, 1, 2, 3, "drop", "other"))
         else:
             spec = None if cls.spec == "off" else "drop" if cls.spec == "drop" else c.choice((1, 2, 3))
-        if spec is not None:
+        if spec == "other":
+            args += ["--speculative-config", _other_speculative(c, model)]
+        elif spec is not None:
             config = {"method": "mtp", "num_speculative_tokens": 2 if spec == "drop" else spec}
             if spec == "drop":
                 config["disable_lookahead_block_hashes"] = True
             args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    elif (cls is None and c.integer(0, 3) == 0) or (cls is not None and cls.spec == "other"):
+        args += ["--speculative-config", _other_speculative(c, model)]
     return {"model": model, "vllm_args": args, "platform": "cuda", "device": c.choice(DEVICES)}
+
+
+def _other_speculative(c: Chooser, model: str) -> str:
+    """A non-MTP method (:data:`OTHER_METHODS`; EAGLE-3 only on
+    :data:`EAGLE3_MODELS`, ngram only on the attention-free models) with 1-3 draft tokens and the drop options drawn
+    on and off (ngram: prompt lookup of up to 2-5 tokens; the options must
+    leave its hits alone: it has no drafter KV)."""
+    if model in ATTENTION_FREE_MODELS:
+        methods: tuple[str, ...] = ("ngram",)  # an EAGLE drafter there is outside kvspec's model (the resolver says so)
+    else:
+        methods = OTHER_METHODS if model in EAGLE3_MODELS else tuple(m for m in OTHER_METHODS if m != "eagle3")
+    config: dict = {"method": c.choice(methods), "num_speculative_tokens": c.integer(1, 3)}
+    if config["method"] == "ngram" and c.integer(0, 1):
+        config["prompt_lookup_max"] = c.integer(2, 5)
+    for option in ("disable_eagle_block_drop", "disable_lookahead_block_hashes"):
+        if c.integer(0, 3) == 0:
+            config[option] = True
+    return json.dumps(config, separators=(",", ":"))
 
 
 def _dividing_units(block: int) -> list[int]:
@@ -368,7 +255,8 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
         # (build_deployment_case keeps it only where the engine accepts it)
         units.append(next(u for u in range(48, block, 16) if block % u) if any(block % u for u in range(48, block, 16)) else units[0])
         args += ["--prefix-match-unit", str(c.choice(units))]
-    retention = c.choice(("0", "0", "0", "None", "periodic")) if cls is None else {"sparse": "0", "dense": "None", "periodic": "periodic"}[cls.retention]
+    pinned = cls is not None and cls.retention != ANY_RETENTION
+    retention = {"sparse": "0", "dense": "None", "periodic": "periodic"}[cls.retention] if pinned else c.choice(("0", "0", "0", "None", "periodic"))
     if retention == "periodic":
         retention = str(block * c.integer(1, 3))
     args += ["--prefix-cache-retention-interval", retention]
@@ -378,9 +266,9 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
 def _connector_flags(c: Chooser, connector: str) -> list[str]:
     """A KV connector's flags (:data:`CONNECTOR_MODES`): drawn last, so the
     deployment's other draws stay those of a stream without it."""
-    drawn = c.integer(0, 3) == 0
+    drawn, size = c.integer(0, 3) == 0, c.choice(OFFLOADING_GIB)  # both always drawn: the pin moves no later draw
     if connector == "offloading" or (connector == "drawn" and drawn):
-        return ["--kv-offloading-size", c.choice(OFFLOADING_GIB)]
+        return ["--kv-offloading-size", size]
     return []
 
 
@@ -436,15 +324,24 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     extra = _connector_flags(c, connector)
     if extra and resolver({**dep, "vllm_args": args + extra}):
         args += extra
-    return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias)
+    return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias, policy=True)
 
 
-def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: str | None, boundary_bias: bool) -> Case:
+def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: str | None, boundary_bias: bool, policy: bool = False) -> Case:
     """A trace drawn on a resolved deployment (``info``: its block and
-    max_model_len; ``unit``: its hash unit, or None)."""
+    max_model_len; ``unit``: its hash unit, or None); with ``policy``, a
+    ``--scheduling-policy`` (:data:`SCHEDULING_POLICIES`) drawn after
+    everything else, from a stream of its own where the chooser has a side
+    stream (the side stream's side: the wave reads the side stream at this
+    point), so the deployment and trace a seed draws stay as they were. It
+    leaves the block alone, so the resolution ``info`` still holds."""
     block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)), block, cap)
+    if policy and "--scheduling-policy" not in deployment["vllm_args"]:
+        chosen = (c.side().side() if hasattr(c, "side") else c).choice(SCHEDULING_POLICIES)
+        if chosen is not None:
+            deployment = {**deployment, "vllm_args": [*deployment["vllm_args"], "--scheduling-policy", chosen]}
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 

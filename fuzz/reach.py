@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from reference.case import Case, is_concurrent, prompt_tokens
 
-from fuzz.generate import DeploymentClass, deployment_classes
+from fuzz.generate import ANY_RETENTION, DeploymentClass, deployment_classes
 from fuzz.oracles import request_kinds
 
 
@@ -36,8 +36,15 @@ def deployment_class_of(case: Case) -> DeploymentClass | None:
         config = json.loads(spec_text) if spec_text is not None else None
     except ValueError:
         config = None
-    spec = "off" if not isinstance(config, dict) else ("drop" if config.get("disable_lookahead_block_hashes") is True else "mtp")
+    if not isinstance(config, dict):
+        spec = "off"
+    elif config.get("method", "mtp") == "mtp" or str(config.get("method")).endswith("_mtp"):
+        spec = "drop" if config.get("disable_lookahead_block_hashes") is True else "mtp"
+    else:
+        spec = "other"
     retention = {None: "sparse", "0": "sparse", "None": "dense"}.get(value("--prefix-cache-retention-interval"), "periodic")
+    if spec == "other":
+        retention = ANY_RETENTION
     return DeploymentClass(dep.model, spec, "--prefix-match-unit" in args, retention)
 
 

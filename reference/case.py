@@ -74,8 +74,16 @@ SCHEMA_VERSION = 1
 
 #: Group kinds the model covers. Others are rejected, never guessed.
 GROUP_KINDS = ("full_attention", "mamba")
-#: Speculative methods whose drafter needs the EAGLE block drop in vLLM.
-SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3")
+#: Speculative methods whose drafter needs the EAGLE block drop in vLLM
+#: (``SpeculativeConfig.needs_eagle_block_drop``: its KV at a position reads
+#: the next token).
+EAGLE_METHODS = ("mtp", "eagle", "eagle3")
+#: Speculative methods a case may name: the EAGLE ones and ``ngram``
+#: (vLLM's prompt-lookup proposer: drafts from the prompt itself, no drafter
+#: model, no drafter KV, so no block drop and no lookahead hashes; its
+#: drafts still widen each decode step and the Mamba groups' speculative
+#: blocks).
+SPECULATIVE_METHODS = (*EAGLE_METHODS, "ngram")
 #: vLLM's own SpeculativeConfig option names that change prefix caching.
 SPECULATIVE_OPTIONS = ("disable_eagle_block_drop", "disable_lookahead_block_hashes")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192

@@ -4,7 +4,7 @@ Five numbers decide every prefix-cache boundary in this model:
 
 * ``eagle_drop``: the KV cache manager drops the last matched attention block
   of a hit (vLLM's ``use_eagle`` as the coordinator sees it). EAGLE, EAGLE3
-  and MTP drafters need it; ``disable_eagle_block_drop`` turns it off
+  and MTP drafters need it (``ngram``, with no drafter KV, does not); ``disable_eagle_block_drop`` turns it off
   (0.30.0+); lookahead block hashes replace it (0.33.0: ``use_eagle`` is
   cleared when ``num_hash_lookahead_tokens > 0``).
 * ``tail_checkpoint``: with partial hash hits, where the prompt's own
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from reference.case import Case, require_geometry
+from reference.case import EAGLE_METHODS, Case, require_geometry
 from ground.errors import Unsupported, invalid
 
 #: Versions whose knob resolution this model states; others are unsupported.
@@ -162,7 +162,8 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     eagle_drop = False
     lookahead = 0
     if spec is not None:
-        wants_drop = True  # mtp, eagle, eagle3 all need the EAGLE block drop
+        # mtp, eagle, eagle3 need the EAGLE block drop; ngram (no drafter KV) never
+        wants_drop = spec.method in EAGLE_METHODS
         if spec.option("disable_eagle_block_drop"):
             if v < (0, 30, 0):
                 raise Unsupported(f"speculative.disable_eagle_block_drop=True: not an option in vLLM {version} (added in 0.30.0)")
@@ -189,10 +190,12 @@ def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     if g.shared_prefix_checkpoint:
         if v < (0, 32, 0):
             raise Unsupported(f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {version} (0.32.0+; 0.30.0 had --enable-mamba-fine-grained-prefix-cache)")
-        # KVCacheManager: only with an EAGLE group (any speculative method
-        # here; lookahead hashes keep the group flagged), partial hash hits
+        # KVCacheManager: only with an EAGLE group (a drafter's KV layer:
+        # not ngram's; lookahead hashes keep the group flagged), partial hash hits
         # and no multi-module MTP re-prefill.
-        shared_ckpt = spec is not None and partial
+        # (vLLM flags the drafter's group only under use_eagle_block_drop:
+        # not with disable_eagle_block_drop)
+        shared_ckpt = spec is not None and spec.method in EAGLE_METHODS and not spec.option("disable_eagle_block_drop") and partial
     return Knobs(
         version=version,
         eagle_drop=eagle_drop,

@@ -155,9 +155,12 @@ SPECULATIVE_KEYS: dict[str, type | tuple[type, ...]] = {
     "prompt_lookup_min": int,
     "kv_cache_dtype": str,
 }
-#: Speculative methods a deployment may name: kvspec's (``mtp``, ``eagle``,
-#: ``eagle3``) and vLLM's per-model MTP names (``qwen3_next_mtp``, ...).
-SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3")
+#: Speculative methods a deployment may name: kvspec's (``mtp``; ``eagle``
+#: and ``eagle3``, whose drafter is kvspec's own, never a model by name:
+#: ``engine_adapter.models.served.drafter_config``; ``ngram``: prompt
+#: lookup, no drafter model, no drafter KV) and vLLM's per-model MTP names
+#: (``qwen3_next_mtp``, ...).
+SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3", "ngram")
 _MTP_NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*_mtp$")
 _PLAIN_WORD = re.compile(r"^[a-z0-9_]{1,32}$")
 #: A negative integer: a value, not a flag (argparse agrees; without a ``.``,

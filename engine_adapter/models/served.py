@@ -102,3 +102,45 @@ def model_dir(cfg: dict) -> Path:
         return path
     write_text_atomic(target, text)
     return path
+
+
+#: Speculative methods whose drafter kvspec writes itself (a deployment may
+#: not name a drafter ``model``: the allow-list refuses the key).
+DRAFTER_METHODS = ("eagle", "eagle3")
+
+
+def drafter_config(target: dict) -> dict:
+    """The drafter an EAGLE or EAGLE-3 deployment is resolved with: kvspec's
+    own one-layer Llama head sized to the target (its hidden size, vocab,
+    attention heads and head size, so its KV layer has the target's page and
+    joins the target's attention group, as vLLM's worker groups it). vLLM's
+    ``EAGLEConfig`` names it ``EagleLlamaForCausalLM`` or
+    ``Eagle3LlamaForCausalLM`` by method. kvspec's choice, never a path a
+    case names; no weights are loaded (``--load-format dummy``)."""
+    text = target.get("text_config") if isinstance(target.get("text_config"), dict) else target
+    hidden = int(text.get("hidden_size") or 0)
+    heads = int(text.get("num_attention_heads") or 1)
+    head_dim = int(text.get("head_dim") or (hidden // heads if hidden else 0))
+    return {
+        "_kvspec_source": "kvspec's EAGLE drafter for the target (engine_adapter.models.served.drafter_config)",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(text.get("num_key_value_heads") or heads),
+        "head_dim": head_dim,
+        "vocab_size": int(text.get("vocab_size") or 0),
+        "max_position_embeddings": int(text.get("max_position_embeddings") or 32768),
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def drafter_dir(target: dict) -> Path:
+    """The folder holding :func:`drafter_config` for ``target`` (keyed by content)."""
+    return model_dir(drafter_config(target))

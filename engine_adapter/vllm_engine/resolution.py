@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ground.errors import Unsupported
-from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS
+from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 from reference.deployment import Deployment
 
 RESOLVER_VERSION = 1
@@ -110,8 +110,8 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
     sc = vc.speculative_config
     if sc is not None:
         method = sc.method
-        if method not in ("mtp", "eagle", "eagle3"):
-            raise Unsupported(f"speculative method={method}: outside kvspec's model (mtp, eagle, eagle3)")
+        if method not in SPECULATIVE_METHODS:
+            raise Unsupported(f"speculative method={method}: outside kvspec's model ({', '.join(SPECULATIVE_METHODS)})")
         spec = {"method": method, "num_speculative_tokens": int(sc.num_speculative_tokens)}
         for name in ("disable_eagle_block_drop", "disable_lookahead_block_hashes"):
             value = getattr(sc, name, None)

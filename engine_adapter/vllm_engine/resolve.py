@@ -115,7 +115,7 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     import io
 
     parser = _serve_parser(EngineArgs, FlexibleArgumentParser)
-    argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *dep.vllm_args]
+    argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *with_drafter(dep.vllm_args, cfg_dir)]
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -133,6 +133,68 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
         raise
     except Exception as e:
         raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM rejects it", phase="config")
+
+
+def with_drafter(args: tuple[str, ...] | list[str], cfg_dir: Path) -> list[str]:
+    """``args`` with kvspec's own drafter (``served.drafter_dir``: a
+    one-layer EAGLE head sized to the target) as the ``model`` of an
+    ``eagle``/``eagle3`` ``--speculative-config``: vLLM needs a drafter
+    model for them ("num_speculative_tokens was provided but without
+    speculative model"), and a deployment may not name one (the allow-list
+    refuses the key). Other flags and methods pass as they are."""
+    import json
+
+    from engine_adapter.models.served import DRAFTER_METHODS, drafter_dir
+    from reference.vllm_flags import canonical_flag
+
+    out = list(args)
+    for i, token in enumerate(out):
+        if canonical_flag(token) != "--speculative-config":
+            continue
+        explicit = "=" in token
+        at = i if explicit else i + 1
+        if at >= len(out):
+            break
+        text = out[at].split("=", 1)[1] if explicit else out[at]
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            break  # vLLM's parser says what is wrong with it
+        if isinstance(doc, dict) and doc.get("method") in DRAFTER_METHODS and "model" not in doc:
+            target = json.loads((cfg_dir / "config.json").read_text())
+            doc["model"] = str(drafter_dir(target))
+            value = json.dumps(doc)
+            out[at] = f"{token.split('=', 1)[0]}={value}" if explicit else value
+        break
+    return out
+
+
+def check_eagle3_target(vc, dep: Deployment) -> None:
+    """An EAGLE drafter on an attention-free model is Unsupported (kvspec's
+    draft stand-in has the target's attention shape). EAGLE-3 reads the target's auxiliary hidden states: vLLM's worker
+    refuses a target class without ``SupportsEagle3`` when it loads the
+    model (0.33.0 ``gpu_model_runner._setup_eagle3_aux_hidden_state_outputs``:
+    "Model does not support EAGLE3 interface but aux_hidden_state_outputs
+    was requested"; kvspec's drafter keeps vLLM's default
+    ``use_aux_hidden_state``). The same check, with vLLM's own
+    ``supports_eagle3`` on the class its registry loads; a class that does
+    not import on this machine is Unsupported, never guessed."""
+    sc = vc.speculative_config
+    if sc is not None and sc.method in ("eagle", "eagle3") and vc.model_config.is_attention_free:
+        # the draft layer's stand-in takes the target's attention shape
+        # (``standins.AttentionStandIn``), which an attention-free target has not
+        raise Unsupported(f"deployment={dep.describe()!r}: an EAGLE drafter's attention layer beside an attention-free model's single Mamba group is outside kvspec's model; allowed: ngram, or a hybrid model")
+    if sc is None or sc.method != "eagle3":
+        return
+    from vllm.model_executor.models.interfaces import supports_eagle3
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    arch = vc.model_config.architecture
+    cls = ModelRegistry._try_load_model_cls(arch)
+    if cls is None:
+        raise Unsupported(f"deployment={dep.describe()!r}: vLLM's {arch} class does not import on this machine, so whether it supports EAGLE-3 is not known here; allowed: another method")
+    if not supports_eagle3(cls):
+        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it when its worker loads the model: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested ({arch})")
 
 
 def layer_kinds(vc) -> list[str]:
@@ -167,8 +229,15 @@ def layer_kinds(vc) -> list[str]:
 
 
 def _draft_attention_layers(vc) -> int:
+    """The drafter's attention layers the worker registers: none for a
+    proposer without drafter KV (``ngram``: vLLM sets its
+    ``draft_model_config`` to the target's, but loads no drafter;
+    ``SpeculativeConfig.uses_draft_kv_cache``)."""
     spec = vc.speculative_config
     if spec is None:
+        return 0
+    uses_kv = getattr(spec, "uses_draft_kv_cache", None)
+    if (uses_kv is not None and not uses_kv()) or spec.method in ("ngram", "ngram_gpu", "suffix"):
         return 0
     draft = getattr(spec, "draft_model_config", None)
     if draft is None:
@@ -311,6 +380,7 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     cfg_dir = model_dir(cfg)
     facts: dict[str, Any] = {"platform": dep.platform, "device": dep.device, "vllm_version": vllm.__version__}
     vc = _vllm_config(dep, cfg_dir)
+    check_eagle3_target(vc, dep)
     cc = vc.cache_config
     if not cc.enable_prefix_caching:
         raise Unsupported(f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching")

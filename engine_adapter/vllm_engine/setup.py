@@ -54,7 +54,7 @@ from engine_adapter.vllm_engine.connector import check_supported
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
 from engine_adapter.vllm_engine.resolve import engine_core_block_sizes
 from ground.home import models_dir
-from reference.case import Case
+from reference.case import EAGLE_METHODS, Case
 from ground.files import write_text_if_changed
 from ground.errors import KvspecError, Unsupported
 
@@ -352,7 +352,7 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
                 layer_spec = FullAttentionSpec(block_size=x.block_size, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
                 names = [layer]
                 layer_specs[layer] = layer_spec
-                if spec is not None and attn_i == 1:
+                if spec is not None and spec.method in EAGLE_METHODS and attn_i == 1:  # ngram: no drafter layer
                     names.append(draft_layer)
                     layer_specs[draft_layer] = dataclasses.replace(layer_spec, is_draft=True) if caps.has_is_draft else layer_spec
                 groups.append(KVCacheGroupSpec(names, layer_spec))

@@ -59,6 +59,7 @@ def test_a_pinned_connector_does_not_move_the_other_draws():
     other = build_case(RandomChooser(random.Random(9)), resolver=accepting_resolver, connector="offloading")
     assert strip(one.deployment.vllm_args) == strip(other.deployment.vllm_args)
     assert one.deployment.model == other.deployment.model
+    assert one.trace == other.trace
 
 
 @pytest.mark.parametrize("argv, field", [

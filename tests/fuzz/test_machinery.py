@@ -786,7 +786,7 @@ def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
     for _ in range(50):
         r = RandomChooser(random.Random(rng.random()))
         r_swarm = lambda c: only_extend  # noqa: E731
-        import fuzz.generate as G
+        import fuzz.traces as G  # where _trace looks draw_swarm up
 
         saved, G.draw_swarm = G.draw_swarm, r_swarm
         try:

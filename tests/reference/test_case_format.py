@@ -64,7 +64,7 @@ BAD = [
     (["trace", 0, "prompt", 0, "length"], 0, "trace[0].prompt[0].length", None),
     (["trace", 0, "prompt", 0, "length"], -5, "trace[0].prompt[0].length", None),
     (["trace", 0, "max_tokens"], "1", "trace[0].max_tokens", None),
-    (["speculative"], {"method": "ngram", "num_speculative_tokens": 2}, "speculative.method", None),
+    (["speculative"], {"method": "draft_model", "num_speculative_tokens": 2}, "speculative.method", None),
     (["speculative"], {"method": "mtp", "num_speculative_tokens": 2, "fast": True}, "speculative.fast", None),
     (["schema"], 2, "schema", None),
     (["trace"], [], "trace", None),
