@@ -64,6 +64,7 @@ class RequestObservation(TypedDict, total=False):
     boundaries: list[int] | None
     chunk_ends: list[int]
     decode_steps: list[list[int]]
+    computed_tokens: int  # tokens computed once it finished (prompt and outputs but the last)
     written: list[int] | None  # positions at which a prefill wrote a Mamba state
     cache_blocks: list[int]
     retained_mamba_blocks: dict[str, list[int]] | None

@@ -32,7 +32,8 @@ conversations, short prompts and block-aligned prompts (nB-1, nB, nB+1,
 nB+r with 2 <= r <= n, and the same around hash-unit boundaries); each
 request generates 1, 2 or 4 tokens. One case in five ends with a
 concurrent wave: a new prompt and 1-3 requests sharing its prefix, sent
-0-3 scheduler steps after one another (``_concurrent_wave``).
+0-3 scheduler steps after one another (``_concurrent_wave``); one in
+twenty a conversation before that (the chat shape: ``fuzz.conversation``).
 
 The random driver walks the deployment classes (:class:`DeploymentClass`:
 model x speculative mode x hash unit x retention, the features the
@@ -55,7 +56,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from fuzz.choosers import BytesChooser, Chooser, HypothesisChooser
-from fuzz.traces import EVERY_FEATURE, MAX_REQUESTS, SEGMENT_NAMES, Swarm, _concurrent_wave, _fit, _length, _outputs, _trace, draw_swarm  # noqa: F401 (re-exported)
+from fuzz.traces import EVERY_FEATURE, MAX_REQUESTS, SEGMENT_NAMES, Swarm, _concurrent_wave, _fit, _length, _outputs, _trace, _with_conversation, draw_swarm  # noqa: F401 (re-exported)
 from reference.case import Case, case_to_dict, parse_case
 
 #: Production-like geometries: (attention block, Mamba block, Mamba groups, prefix_match_unit).
@@ -337,7 +338,7 @@ def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: s
     leaves the block alone, so the resolution ``info`` still holds."""
     block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
-    trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)), block, cap)
+    trace = _with_conversation(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)), block, cap, cap)
     if policy and "--scheduling-policy" not in deployment["vllm_args"]:
         chosen = (c.side().side() if hasattr(c, "side") else c).choice(SCHEDULING_POLICIES)
         if chosen is not None:
@@ -372,7 +373,7 @@ def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = Tru
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])
-    trace = _concurrent_wave(c, _outputs(c, _trace(c, block, boundary_bias)), block)
+    trace = _with_conversation(c, _outputs(c, _trace(c, block, boundary_bias)), block, None, MAX_DRAWN_PROMPT)
     raw = {"schema": 1, "name": name, "geometry": geometry, "speculative": speculative, "trace": trace}
     return parse_case(raw)
 
@@ -396,15 +397,19 @@ def hypothesis_cases(resolver: Resolver | None = None, builder: Callable[[Choose
     return cases()
 
 
+def _segment_text(s: dict) -> str:
+    return f"out{s['output']}" if "output" in s else f"{s['segment']}:{s['length']}"
+
+
 def describe(case: Case) -> str:
     """A one-line description: geometry (or deployment), speculative, requests."""
     raw = case_to_dict(case)
     if raw.get("geometry") is None:
-        reqs = " ".join("+".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]) for r in raw["trace"])
+        reqs = " ".join("+".join(_segment_text(s) for s in r["prompt"]) for r in raw["trace"])
         return f"{case.deployment.describe()} | {reqs}"
     g = raw["geometry"]
     groups = "+".join(f"{x['kind'][0]}{x['block_size']}x{x['count']}" for x in g["groups"])
     spec = raw["speculative"] or {}
     spec_text = "off" if not spec else f"{spec['method']}{spec['num_speculative_tokens']}" + ("/drop" if spec.get("disable_lookahead_block_hashes") else "")
-    reqs = " ".join("+".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]) for r in raw["trace"])
+    reqs = " ".join("+".join(_segment_text(s) for s in r["prompt"]) for r in raw["trace"])
     return f"{groups} S={g['scheduler_block_size']} ret={g['retention_interval']} spec={spec_text} | {reqs}"

@@ -78,7 +78,7 @@ class OracleRule:
 
 REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
-    OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill wrote over the same tokens; no request keys a state it never computed",
+    OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
            concurrent=True, severity="wrong output possible", neutral=True),
     OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
            same_hits=True, counters=False, severity="memory only"),

@@ -2,9 +2,12 @@
 a state is read only where a prefill wrote it over the same tokens, and
 retention keeps only what it says.
 
-* ``stale``: every hit resumes from a Mamba state an earlier prefill wrote
-  at that position over the same tokens (the engine's ``written``: its
-  chunk ends and the internal checkpoints vLLM's worker-side code places).
+* ``stale``: every hit resumes from a Mamba state an earlier prefill or
+  decode step wrote at that position over the same tokens (the engine's
+  ``written``: its chunk ends and the internal checkpoints vLLM's
+  worker-side code places; inside an output, where a decode step ended:
+  :func:`decode_writes`, which a later prompt quoting that output, the
+  chat shape, resumes at under dense or periodic retention).
   Any other hit serves a state that belongs elsewhere. Also: no request
   leaves a state held at a prompt position its prefill did not write and
   no earlier request held (it keyed a state it never computed). Not judged
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from reference.boundaries import junction_states, resumable_states
-from reference.case import Case, is_concurrent, prompt_tokens, waves
+from reference.case import Case, is_concurrent, prompt_tokens, sequence_tokens, waves
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative
@@ -47,6 +50,21 @@ def _written(e: dict) -> list[int] | None:
     return None if "written" in e else e.get("chunk_ends")
 
 
+def decode_writes(e: dict) -> set[int]:
+    """The positions past a request's prompt where its decode steps left its
+    Mamba state (over its prompt and its first outputs): where each step
+    after the prefill started (``decode_steps``), and where the last one
+    ended (``computed_tokens``, when the engine reported it). vLLM 0.33.0
+    caches the state blocks among them that lie on the block grid, as it
+    does a prompt's (``reference.serial.output_states``)."""
+    n = int(e.get("prompt_tokens") or 0)
+    out = {int(d[0]) for d in e.get("decode_steps") or () if int(d[0]) > n}
+    c = e.get("computed_tokens")
+    if c is not None and int(c) > n:
+        out.add(int(c))
+    return out
+
+
 def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[int]]]:
     """``(j, positions)``: the Mamba states request ``j``'s prefill wrote
     (:func:`_written`) before request ``i`` first ran. In a serial trace,
@@ -57,18 +75,19 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
     resumes from it is not there yet when that request reads it."""
     explain = obs.get("explain") or []
     if i >= len(explain) or "first_step" not in explain[i]:
-        return [(j, set(_written(explain[j]) or ())) for j in range(min(i, len(explain)))]
+        return [(j, set(_written(explain[j]) or ()) | decode_writes(explain[j])) for j in range(min(i, len(explain)))]
     first = explain[i].get("first_step")
     out = []
     for j, e in enumerate(explain):
         steps = e.get("written_steps")
         if j == i or first is None:
             continue
+        finished = j < i and e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first
         if steps is None:  # writes not observed: only a request that finished before i ran
-            if j < i and e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first:
-                out.append((j, set(_written(e) or ())))
+            if finished:
+                out.append((j, set(_written(e) or ()) | decode_writes(e)))
             continue
-        out.append((j, {int(p) for p, s in steps if s is not None and s < first}))
+        out.append((j, {int(p) for p, s in steps if s is not None and s < first} | (decode_writes(e) if finished else set())))
     return out
 
 
@@ -80,7 +99,7 @@ def written_before(case: Case, obs: Observation, i: int, pos: int) -> bool:
     if pos <= 0:
         return True
     mine = prompt_tokens(case.trace[i])[:pos]
-    return any(pos in ps and prompt_tokens(case.trace[j])[:pos] == mine for j, ps in writes_before(case, obs, i))
+    return any(pos in ps and sequence_tokens(case.trace[j])[:pos] == mine for j, ps in writes_before(case, obs, i))
 
 
 def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
@@ -92,7 +111,9 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
     wrote but did not keep is no excuse: its block went back to the pool.)"""
     explain = obs.get("explain") or []
     prompts = [prompt_tokens(r) for r in case.trace]
+    seqs = [sequence_tokens(r) for r in case.trace]  # an earlier request's output states are over its sequence
     held = [held_states(e) for e in explain]
+    held_all = [None if h is None else h | {int(p) for p in e.get("retained_output_states") or ()} for h, e in zip(held, explain)]
     # In a concurrent trace the cache is read once the whole wave finished:
     # a state another request of the wave wrote over the same tokens is
     # that request's, and a request before the wave left held what it held.
@@ -107,7 +128,7 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
         wave = wave_of.get(j, [j])
         mates = [k for k in wave if k != j and k < len(explain)]
         out.append(sorted(p for p in held[j] if p <= len(mine) and p not in w
-                          and not any(held[k] is not None and p in held[k] and prompts[k][:p] == mine[:p] for k in range(min(wave[0], j)))
+                          and not any(held_all[k] is not None and p in held_all[k] and seqs[k][:p] == mine[:p] for k in range(min(wave[0], j)))
                           and not any(p in (explain[k].get("written") or ()) and prompts[k][:p] == mine[:p] for k in mates)))
     return out
 
@@ -152,7 +173,7 @@ def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
             continue
         bad.append(i)
         mine = prompt_tokens(case.trace[i])
-        below = [p for j, ps in writes_before(case, obs, i) for p in ps if p <= h and prompt_tokens(case.trace[j])[:p] == mine[:p]]
+        below = [p for j, ps in writes_before(case, obs, i) for p in ps if p <= h and sequence_tokens(case.trace[j])[:p] == mine[:p]]
         expected[i] = max(below, default=0)
         if concurrent:  # another request did compute it, in the step that first ran i or later: read too early
             late = [(j, s) for j, e in enumerate(explain) if j != i and prompt_tokens(case.trace[j])[:h] == mine[:h]

@@ -228,7 +228,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["## Expected vs observed", "", "Requests run one after another on a fresh server (each finishes before the next starts). Hits are what `vllm:prefix_cache_hits_total` grows by.", ""]
     lines += ["| request | prompt | tokens | expected hits | observed hits |", "|---|---|---|---|---|"]
     for j, r in enumerate(case.trace):
-        prompt = _cell(" + ".join(f"{s.segment}[:{s.length}]" for s in r.prompt))
+        prompt = _cell(" + ".join(f"output of {s.output}" if s.output is not None else f"{s.segment}[:{s.length}]" for s in r.prompt))
         mark = " **<-**" if j == i else ""
         lines.append(f"| {j} | {prompt} | {r.num_prompt_tokens} | {exp[j] if j < len(exp) else '-'} | {obs[j] if j < len(obs) else '-'}{mark} |")
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
@@ -515,6 +515,8 @@ def regression_test(finding: dict) -> str:
     g = case.geometry
     if g is None or len({x.block_size for x in g.groups}) != 1:
         raise ValueError("a regression test needs a resolved geometry with one block size (a deployment's)")
+    if any(s.output is not None for r in case.trace for s in r.prompt):
+        raise ValueError("a regression test for a prompt quoting an earlier output (an output segment) is not written: its template serves one-token outputs")
     cls = classify(finding)
     check = "written" if (cls and cls["id"] == "stale-state-after-partial-hit") else "hits"
     spec = None

@@ -98,7 +98,7 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     if not info:
         return None
     B = int(info["block"])
-    trace = tuple(replace(r, prompt=tuple(Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt)) for r in case.trace)
+    trace = tuple(replace(r, prompt=tuple(x if x.output is not None else Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt)) for r in case.trace)
     longest = max(r.num_prompt_tokens + r.max_tokens for r in trace)
     if info.get("max_model_len") and longest + 64 > int(info["max_model_len"]):
         return None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from reference.case import Case, Group, Segment, parse_case, case_to_dict
+from reference.case import Case, Group, Segment, parse_case, case_to_dict, resync_outputs
 from ground.errors import KvspecError
 
 Predicate = Callable[[Case], bool]
@@ -68,19 +68,30 @@ def _drop_requests(case: Case) -> Iterator[Case]:
             if rest:
                 if rest[0].arrival is not None:  # the first request arrives after none
                     rest = (replace(rest[0], arrival=None),) + rest[1:]
-                yield replace(case, trace=rest)
+                # an output segment follows its request to its new index; a
+                # request whose quoted output is gone is not a candidate
+                synced = resync_outputs(rest, [*range(start), *range(start + width, n)])
+                if synced is not None:
+                    yield replace(case, trace=synced)
         width //= 2
 
 
 def _map_lengths(case: Case, fn: Callable[[str, int], int]) -> Case:
-    trace = tuple(replace(r, prompt=tuple(Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt)) for r in case.trace)
+    """Each stream segment's length mapped; an output segment keeps its
+    request's ``max_tokens``."""
+    trace = tuple(replace(r, prompt=tuple(s if s.output is not None else Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt)) for r in case.trace)
     return replace(case, trace=trace)
+
+
+def _one_token_outputs(case: Case) -> Case:
+    """Every request generating one token (output segments follow)."""
+    return replace(case, trace=resync_outputs(tuple(replace(r, max_tokens=1) for r in case.trace)))
 
 
 def _simplify_geometry(case: Case) -> Iterator[Case]:
     if case.deployment is not None:  # vLLM resolves a deployment's geometry
         if any(r.max_tokens != 1 for r in case.trace):
-            yield replace(case, trace=tuple(replace(r, max_tokens=1) for r in case.trace))
+            yield _one_token_outputs(case)
         return
     g = case.geometry
     if any(x.count > 1 for x in g.groups):
@@ -88,7 +99,7 @@ def _simplify_geometry(case: Case) -> Iterator[Case]:
     if g.max_num_batched_tokens != 8192:
         yield replace(case, geometry=replace(g, max_num_batched_tokens=8192))
     if any(r.max_tokens != 1 for r in case.trace):
-        yield replace(case, trace=tuple(replace(r, max_tokens=1) for r in case.trace))
+        yield _one_token_outputs(case)
     sizes = {x.block_size for x in g.groups}
     if len(sizes) == 1:
         (block,) = sizes
@@ -136,7 +147,7 @@ def _shorten_segments(case: Case, block: int | None) -> list[Ladder]:
     """Shorten one segment stream everywhere (every request holding it), by
     k units."""
     ladders = []
-    for name in dict.fromkeys(s.segment for r in case.trace for s in r.prompt):
+    for name in dict.fromkeys(s.segment for r in case.trace for s in r.prompt if s.output is None):
         shortest = min(s.length for r in case.trace for s in r.prompt if s.segment == name)
         for unit, below in _units(block):
             def step(k: int, name=name, unit=unit) -> Case:
@@ -151,6 +162,8 @@ def _shorten_one_request(case: Case, block: int | None) -> list[Ladder]:
     ladders = []
     for i, request in enumerate(case.trace):
         last = request.prompt[-1]
+        if last.output is not None:  # its length is the quoted request's max_tokens
+            continue
         for unit, below in _units(block):
             def step(k: int, i=i, request=request, last=last, unit=unit) -> Case:
                 prompt = request.prompt[:-1] + (Segment(last.segment, last.length - k * unit),)

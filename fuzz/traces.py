@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuzz.choosers import Chooser
+from fuzz.conversation import conversation
 
 MAX_REQUESTS = 6
 SEGMENT_NAMES = "ABCDEFGH"
@@ -179,3 +180,12 @@ def _fit(prompt: list[dict], cap: int) -> list[dict]:
         out.append({"segment": seg["segment"], "length": min(seg["length"], left)})
         left -= seg["length"]
     return out
+
+
+def _with_conversation(c: Chooser, serial: list[dict], block: int, cap: int | None, longest: int) -> list[dict]:
+    """The serial trace, a conversation (the chat shape, ``fuzz.conversation``:
+    judged by every oracle; its prompts at most ``longest`` tokens), then the
+    wave, drawn before the conversation so every earlier draw stays put."""
+    full = _concurrent_wave(c, serial, block, cap)
+    return serial + conversation(c, serial, block, longest) + full[len(serial):]
+

@@ -31,6 +31,16 @@ segments concatenated. So ``A:5000`` is a prefix of ``A:11910`` and
 ``[A:5000, B:300]`` / ``[A:5000, C:300]`` are siblings diverging at 5000
 (the model always uses the real longest common prefix of the token lists).
 
+Outputs (the chat shape): a segment ``{"output": j}`` stands for the tokens
+request j generated: ``trace[j].max_tokens`` copies of
+:data:`reference.tokens.OUTPUT_TOKEN` (the case defines every output; an
+engine's stood-in sampler samples that token). j must name a request that
+finished before this one is sent (an earlier wave: in a serial trace, any
+earlier request). So ``[A:5000, {"output": 0}, B:300]`` is turn 2 of a
+conversation whose turn 1 (request 0) was ``A:5000``. What vLLM 0.33.0
+caches of an output, and where such a follow-up resumes:
+:mod:`reference.serial` (``output_states``).
+
 Limits: :mod:`reference.limits` (each refused with one line naming the
 field; docs/case-format.md states the same).
 
@@ -52,7 +62,7 @@ from functools import cached_property
 from typing import Any
 
 from reference.deployment import Deployment, parse_deployment
-from reference.tokens import TOKEN_VOCAB, draw_tokens, segment_tokens  # noqa: F401 - read from here too
+from reference.tokens import OUTPUT_TOKEN, TOKEN_VOCAB, draw_tokens, output_tokens, segment_tokens  # noqa: F401 - read from here too
 from reference.limits import (  # noqa: F401 - the case's limits, also read from here
     MAX_PROMPT_TOKENS,
     MAX_MAX_TOKENS,
@@ -154,12 +164,20 @@ class Speculative:
         return bool(self.options.get(name, False))
 
 
+#: The ``segment`` name of an output segment (no stream can have it: it is
+#: not a valid segment name).
+OUTPUT_SEGMENT = "<output>"
+
+
 @dataclass(frozen=True)
 class Segment:
-    """The first ``length`` tokens of the stream named ``segment``."""
+    """The first ``length`` tokens of the stream named ``segment``; or, with
+    ``output`` j set (``segment`` is then :data:`OUTPUT_SEGMENT`), request
+    j's output, ``length`` = its ``max_tokens``."""
 
     segment: str
     length: int
+    output: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,8 +221,53 @@ def prompt_tokens(request: Request) -> list[int]:
     """The token ids of a request's prompt: its segments concatenated."""
     tokens: list[int] = []
     for seg in request.prompt:
-        tokens.extend(segment_tokens(seg.segment, seg.length))
+        tokens.extend(output_tokens(seg.length) if seg.output is not None else segment_tokens(seg.segment, seg.length))
     return tokens
+
+
+def sequence_tokens(request: Request) -> list[int]:
+    """The token ids of a request's whole sequence: its prompt, then its
+    output (``max_tokens`` copies of :data:`OUTPUT_TOKEN`). A state or
+    block inside the output is over these tokens."""
+    return prompt_tokens(request) + output_tokens(request.max_tokens)
+
+
+def output_segment(j: int, trace: tuple[Request, ...] | list[Request]) -> Segment:
+    """The segment standing for request j's output in ``trace``."""
+    return Segment(OUTPUT_SEGMENT, trace[j].max_tokens, j)
+
+
+def quotes_output(request: Request) -> bool:
+    """Whether a prompt holds an earlier request's output (the chat shape)."""
+    return any(s.output is not None for s in request.prompt)
+
+
+def resync_outputs(trace: tuple[Request, ...], kept: list[int] | None = None) -> tuple[Request, ...] | None:
+    """``trace`` with every output segment's length set to its request's
+    ``max_tokens`` again; with ``kept`` (the old indices of the requests
+    left, in order), the output indices renumbered too. None where a
+    request left quotes one that is gone, or one no longer in an earlier
+    wave (what :func:`parse_case` would refuse)."""
+    where = {old: new for new, old in enumerate(kept)} if kept is not None else None
+    out: list[Request] = []
+    start = 0  # the first request of the current wave
+    for i, r in enumerate(trace):
+        if r.arrival is None or i == 0:
+            start = i
+        if not quotes_output(r):
+            out.append(r)
+            continue
+        prompt = []
+        for s in r.prompt:
+            if s.output is None:
+                prompt.append(s)
+                continue
+            j = s.output if where is None else where.get(s.output)
+            if j is None or j >= start:
+                return None
+            prompt.append(output_segment(j, trace))
+        out.append(Request(tuple(prompt), r.max_tokens, r.arrival))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- parsing
@@ -326,7 +389,21 @@ def parse_speculative(raw: Any) -> Speculative | None:
     return Speculative(raw["method"], k, options)
 
 
-def parse_request(raw: Any, i: int) -> Request:
+def _parse_output(s: dict, sw: str, earlier: tuple[Request, ...], wave_start: int) -> Segment:
+    """An output segment ``{"output": j}``: j names a request that finished
+    before this one is sent (an earlier wave)."""
+    _check_fields(s, sw, ("output",), ("output",))
+    if wave_start == 0:
+        raise invalid(f"{sw}.output", s["output"], "no request finished before this one is sent (it is in the first wave); allowed: a stream segment")
+    j = s["output"]
+    if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < wave_start:
+        raise invalid(f"{sw}.output", j, f"must name a request that finished before this one is sent (an earlier wave); allowed: an integer in [0, {wave_start - 1:,}]")
+    return output_segment(j, earlier)
+
+
+def parse_request(raw: Any, i: int, earlier: tuple[Request, ...] = ()) -> Request:
+    """Request ``i``; ``earlier``: the requests before it (an output
+    segment quotes one of them)."""
     where = f"trace[{i}]"
     _check_fields(raw, where, ("prompt", "max_tokens", "arrival"), ("prompt",))
     prompt = raw["prompt"]
@@ -338,10 +415,13 @@ def parse_request(raw: Any, i: int) -> Request:
     tokens = 0
     for j, s in enumerate(prompt):
         sw = f"{where}.prompt[{j}]"
-        _check_fields(s, sw, ("segment", "length"), ("segment", "length"))
-        if not isinstance(s["segment"], str) or not _SEGMENT_NAME.match(s["segment"]):
-            raise invalid(f"{sw}.segment", s["segment"], "must be 1-64 characters of [A-Za-z0-9_.-]")
-        segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1, maximum=MAX_PROMPT_TOKENS)))
+        if isinstance(s, dict) and "output" in s:
+            segments.append(_parse_output(s, sw, earlier, _wave_start(raw, i, earlier)))
+        else:
+            _check_fields(s, sw, ("segment", "length", "output"), ("segment", "length"))
+            if not isinstance(s["segment"], str) or not _SEGMENT_NAME.match(s["segment"]):
+                raise invalid(f"{sw}.segment", s["segment"], "must be 1-64 characters of [A-Za-z0-9_.-]")
+            segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1, maximum=MAX_PROMPT_TOKENS)))
         tokens += segments[-1].length
         if tokens > MAX_PROMPT_TOKENS:
             raise invalid(f"{where}.prompt", f"<{tokens:,}+ tokens>", f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)")
@@ -349,6 +429,17 @@ def parse_request(raw: Any, i: int) -> Request:
     if arrival is not None and i == 0:
         raise invalid(f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null")
     return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1), arrival)
+
+
+def _wave_start(raw: dict, i: int, earlier: tuple[Request, ...]) -> int:
+    """The index of the first request of request i's wave (i itself unless
+    it has an ``arrival``): the requests before it finished before i is sent."""
+    if i == 0 or _int(raw, "arrival", f"trace[{i}]", minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True) is None:
+        return i
+    start = i - 1
+    while start > 0 and earlier[start].arrival is not None:
+        start -= 1
+    return start
 
 
 def _parse_trace(trace: list) -> tuple[Request, ...]:
@@ -359,7 +450,7 @@ def _parse_trace(trace: list) -> tuple[Request, ...]:
     requests = []
     tokens = 0
     for i, r in enumerate(trace):
-        requests.append(parse_request(r, i))
+        requests.append(parse_request(r, i, tuple(requests)))
         tokens += requests[-1].num_prompt_tokens
         if tokens > MAX_CASE_TOKENS:
             raise invalid(f"trace[{i}]", f"<{tokens:,} prompt tokens so far>", f"a case has at most {MAX_CASE_TOKENS:,} prompt tokens in all")
@@ -464,7 +555,8 @@ def _trace_to_list(case: Case) -> list:
 
 
 def request_to_dict(r: Request) -> dict:
-    out: dict[str, Any] = {"prompt": [{"segment": s.segment, "length": s.length} for s in r.prompt], "max_tokens": r.max_tokens}
+    out: dict[str, Any] = {"prompt": [{"output": s.output} if s.output is not None else {"segment": s.segment, "length": s.length} for s in r.prompt],
+                           "max_tokens": r.max_tokens}
     if r.arrival is not None:
         out["arrival"] = r.arrival
     return out

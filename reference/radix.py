@@ -32,7 +32,7 @@ from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from reference.case import Request, segment_tokens
+from reference.case import OUTPUT_TOKEN, Request, segment_tokens
 
 #: Bytes per token in the tree's keys.
 TOKEN_BYTES = 2
@@ -52,9 +52,15 @@ def stream_bytes(name: str, length: int) -> bytes:
     return have[:need]
 
 
+def output_bytes(length: int) -> bytes:
+    """The first ``length`` tokens of any request's output as bytes."""
+    return array("H", [OUTPUT_TOKEN]).tobytes() * length
+
+
 def prompt_bytes(request: Request) -> bytes:
-    """A request's prompt tokens as bytes (its segments' streams joined)."""
-    return b"".join(stream_bytes(s.segment, s.length) for s in request.prompt)
+    """A request's prompt tokens as bytes (its segments' streams joined; an
+    output segment's :data:`~reference.tokens.OUTPUT_TOKEN` copies)."""
+    return b"".join(output_bytes(s.length) if s.output is not None else stream_bytes(s.segment, s.length) for s in request.prompt)
 
 
 @dataclass(eq=False)

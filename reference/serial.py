@@ -26,6 +26,17 @@ A block is matched through its hash, which with lookahead hashes also covers
 the L tokens after it: a boundary p is usable by R only if p + L tokens are
 shared with the request that cached it and R has p + L tokens.
 
+4. **Outputs** (:func:`output_states`). A request of N prompt tokens and
+   ``max_tokens`` m computes C = N + m - 1 tokens (its last output token is
+   sampled, never fed back), and the cache holds them as it holds a
+   prompt's: full attention every full block of them, Mamba the states its
+   decode steps leave on the block grid, as retention says. A later prompt
+   that quotes the output (``{"output": j}``, the chat shape) shares up to
+   :func:`cached_length` tokens with it (C, and with lookahead hashes the
+   last sampled token, which the last block's hash covers); a prompt of streams alone never reaches past N (the
+   output token is in no stream), so a trace without output segments has
+   the answers it had before outputs were modelled.
+
 Over 500 lines on purpose: the serial model's lookup, chunking, retention
 and steps are one simulation, read top to bottom.
 """
@@ -45,10 +56,10 @@ from reference.boundaries import (
     replay_boundaries,
     tail_checkpoint,
 )
-from reference.case import Case, Geometry, Segment, prompt_tokens
+from reference.case import Case, Geometry, Segment, output_tokens, prompt_tokens
 from ground.errors import invalid
 from reference.knobs import Knobs
-from reference.radix import TOKEN_BYTES, PrefixIndex, prompt_bytes
+from reference.radix import TOKEN_BYTES, PrefixIndex, output_bytes, prompt_bytes
 
 RULES = ("promise", "replay", "legacy")
 
@@ -277,9 +288,11 @@ class Step:
     retained: dict[int, list[int]]
     #: Kept states as token counts, when one is not a whole Mamba block.
     retained_tokens: dict[int, list[int]] | None = None
+    #: Kept states inside its output (token counts past the prompt).
+    output_states: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "request": self.request,
             "prompt_tokens": self.prompt_tokens,
             "shared_prefix": self.shared_prefix,
@@ -292,6 +305,9 @@ class Step:
             "retained_mamba_blocks": {str(m): v for m, v in self.retained.items()},
             "retained_mamba_tokens": None if self.retained_tokens is None else {str(m): v for m, v in self.retained_tokens.items()},
         }
+        if self.output_states:  # only a request whose output keeps a state (a trace of max_tokens 1 reads as before)
+            out["retained_output_states"] = list(self.output_states)
+        return out
 
 
 def cacheable_tokens(end: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
@@ -329,6 +345,72 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
         if p and internal_checkpoint_valid(c.start, c.end, p, H, bs, grid) and slot_end not in ends:
             out.add(p)
     return out
+
+
+def output_states(N: int, max_tokens: int, geometry: Geometry, knobs: Knobs) -> dict[int, set[int]]:
+    """Step 4: the Mamba states a request's decode leaves keyed at or past
+    the end of its prompt, per Mamba block size M (token counts p, N <= p
+    <= C, C = N + max_tokens - 1), the same under every rule (vLLM 0.33.0;
+    0.29.0 and 0.30.0 read the same way on the cases checked):
+
+    * every decode step ends one token further (drafts the stood-in
+      sampler rejects roll back), so the running state passes every
+      position up to C, and the state block ending at each multiple of M is
+      left behind when the next block is allocated
+      (``MambaManager.allocate_new_blocks``, single_type_kv_cache_manager.py:1797);
+    * a block is cached once it is computed and its hash exists
+      (:func:`cached_length`): p + L <= the request's cached length. That
+      also reaches the prompt's own last block (p = N) when its hash, with
+      lookahead, waited for the first output token: the prompt rule keeps
+      only states within ``floor(N - L, H)``;
+    * the keep mask (``MambaManager.reachable_block_mask``,
+      single_type_kv_cache_manager.py:1549) is dense (``None``: every
+      block), sparse (0: only ``replay_boundaries(num_prompt_tokens)``,
+      kv_cache_coordinator.py:65, and the junction, which lie below N, so
+      no state here) or periodic (every ``retention_interval``-th token, an
+      interval at or below the block keeping every block).
+
+    Full attention needs no rule here: it caches every full block of the
+    cached length (``SingleTypeKVCacheManager.cache_blocks``, mask None,
+    single_type_kv_cache_manager.py:477), which a later lookup reaches
+    through the common prefix."""
+    C = computed_tokens(N, max_tokens)
+    L = knobs.hash_lookahead_tokens
+    interval = geometry.retention_interval
+    top = min(C, cached_length(N, max_tokens, knobs) - L)
+    prompt_top = floor_to(max(N - L, 0), geometry.hash_block_size)  # the prompt rule's states
+    out: dict[int, set[int]] = {}
+    if interval == 0 or top <= prompt_top:
+        return out
+    for M in dict.fromkeys(geometry.mamba_block_sizes):
+        step = M if interval is None or interval <= M else interval
+        first = max(-(-N // step), prompt_top // step + 1) * step
+        kept = set(range(first, top + 1, step))
+        if kept:
+            out[M] = kept
+    return out
+
+
+def computed_tokens(N: int, max_tokens: int) -> int:
+    """The tokens a request of N prompt tokens computes: its prompt and
+    every output token but the last (sampled, never fed back)."""
+    return N + max(max_tokens - 1, 0)
+
+
+def cached_length(N: int, max_tokens: int, knobs: Knobs) -> int:
+    """How many of a request's tokens (prompt, then output) a later prompt
+    can share with the blocks it cached: its computed tokens C, and with
+    lookahead hashes (L > 0, speculative decoding) the token after them. A
+    block ending at e is cached once computed and hashed: ``allocate_slots``
+    caches up to ``min(computed + new, request.num_tokens)``
+    (kv_cache_manager.py:621), and with speculative decoding
+    ``update_from_output`` caches again after appending the sampled tokens
+    (sched/scheduler.py:2412), when the hash of a block ending at C covers
+    the last sampled token (``get_request_block_hasher``: e + L <=
+    ``request.num_tokens``, kv_cache_utils.py:975). A block ending at e is
+    reachable when e + L tokens are shared, so the cached path is C +
+    min(L, 1) tokens long."""
+    return computed_tokens(N, max_tokens) + min(knobs.hash_lookahead_tokens, 1)
 
 
 def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geometry, knobs: Knobs) -> tuple[list[int], list[int], dict[int, set[int]]]:
@@ -406,7 +488,7 @@ def _explained(bounds: list[int], ends: list[int], kept: dict[int, set[int]]) ->
     )
 
 
-def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple) -> Step:
+def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple, outputs: dict[int, set[int]] | None = None) -> Step:
     """The explain record of request ``i`` (its own copies of the lists)."""
     boundaries, ends, retained, tokens = explained
     return Step(
@@ -421,6 +503,7 @@ def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple) -> Step:
         chunk_ends=list(ends),
         retained={M: list(v) for M, v in retained.items()},
         retained_tokens=None if tokens is None else {M: list(v) for M, v in tokens.items()},
+        output_states=sorted(p for p in set().union(*outputs.values()) if p > N) if outputs else [],  # past the prompt, as an engine reports them
     )
 
 
@@ -460,7 +543,12 @@ def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], 
         data = prompt_bytes(request)
         N = len(data) // TOKEN_BYTES
         match = index.query(data)
-        placed = index.place(data, match)  # the marks below are this request's own: none is read before the next request
+        C = cached_length(N, request.max_tokens, knobs)
+        if C > N:  # its output is cached too: placed as one path with the prompt
+            full = data + output_bytes(C - N)
+            placed = index.place(full, index.query(full))
+        else:
+            placed = index.place(data, match)  # the marks below are this request's own: none is read before the next request
         looked: list[tuple[dict, list, Lookup]] = []  # the lookup reads no retention: runs that reach the same states share it
         for r, (g, (_, rule)) in enumerate(zip(geometries, runs)):
             states, tails = match.channel_states[r], match.channel_tails[r]
@@ -475,8 +563,11 @@ def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], 
                 bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
                 memo = written[r][key] = (kept, prompt_fa_tail(N, g, knobs), _explained(bounds, ends, kept))
             kept, tail, explained = memo
+            outputs = output_states(N, request.max_tokens, g, knobs) if C > N else {}
+            if outputs:
+                kept = {M: kept.get(M, set()) | outputs.get(M, set()) for M in {*kept, *outputs}}
             index.mark(placed, r, kept, tail)
-            steps[r].append(_step(i, N, match.shared, look, explained))
+            steps[r].append(_step(i, N, match.shared, look, explained, outputs))
     return steps
 
 
@@ -498,7 +589,10 @@ def simulate_pairwise(case: Case, knobs: Knobs, rule: str = "promise") -> list[S
         shared = [common_prefix(e.tokens, tokens, known_common(e.prompt, request.prompt)) for e in near]
         look = lookup(N, shared, near, g, knobs)
         bounds, ends, kept = retained_states(rule, N, look.hit, look.junction, g, knobs)
+        outputs = output_states(N, request.max_tokens, g, knobs)
+        held = {M: kept.get(M, set()) | outputs.get(M, set()) for M in {*kept, *outputs}}
         by_first.setdefault(tokens[0], []).append(len(cache))
-        cache.append(Cached(tokens, request.prompt, kept, prompt_fa_tail(N, g, knobs)))
-        steps.append(_step(i, N, max(shared, default=0), look, _explained(bounds, ends, kept)))
+        computed = tokens + output_tokens(cached_length(N, request.max_tokens, knobs) - N)
+        cache.append(Cached(computed, request.prompt, held, prompt_fa_tail(N, g, knobs)))
+        steps.append(_step(i, N, max(shared, default=0), look, _explained(bounds, ends, kept), outputs))
     return steps

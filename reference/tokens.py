@@ -5,7 +5,9 @@ the stream ``name``, a pseudo-random sequence seeded by blake2b(name): the
 same on every machine and Python version, and any shorter slice a prefix of
 any longer one, so two requests share exactly the prefix their segments
 share. Ids lie in [1, TOKEN_VOCAB). :func:`reference.case.prompt_tokens`
-concatenates a request's segments.
+concatenates a request's segments. An output segment ``{"output": j}``
+is request j's output: ``max_tokens`` copies of :data:`OUTPUT_TOKEN`
+(:func:`output_tokens`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from hashlib import blake2b
 
 #: Token ids of every segment stream lie in [1, TOKEN_VOCAB).
 TOKEN_VOCAB = 1024
+#: The token every request of a case generates, ``max_tokens`` times: a
+#: request's output is that many copies of it (an output segment
+#: ``{"output": j}`` stands for request j's). It lies outside every segment
+#: stream, so an output extends a shared prefix only where a later prompt
+#: quotes it. An engine driver's stood-in sampler samples it (vLLM's:
+#: ``engine_adapter.vllm_engine.observe.SAMPLED_TOKEN``).
+OUTPUT_TOKEN = TOKEN_VOCAB
 
 try:  # numpy (matplotlib's dependency) draws tokens in bulk; without it, the same in pure Python
     import numpy as _np
@@ -42,6 +51,11 @@ def segment_tokens(name: str, length: int) -> list[int]:
     if len(stream) < length:
         stream.extend(draw_tokens(_RNGS[name], length - len(stream)))
     return stream[:length]
+
+
+def output_tokens(length: int) -> list[int]:
+    """The first ``length`` tokens of any request's output."""
+    return [OUTPUT_TOKEN] * length
 
 
 #: ``randrange(TOKEN_VOCAB - 1)`` reads the top this-many bits of one 32-bit

@@ -215,7 +215,7 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
 
     groups = tuple(Group(grp.kind, new_block, grp.count) for grp in g.groups)
     trace = tuple(
-        replace(req, prompt=tuple(Segment(s.segment, max(1, _rescale_length(s.length, old, new_block))) for s in req.prompt))
+        replace(req, prompt=tuple(s if s.output is not None else Segment(s.segment, max(1, _rescale_length(s.length, old, new_block))) for s in req.prompt))
         for req in case.trace
     )
     retention = scale_multiple(g.retention_interval, "retention_interval")

@@ -23,6 +23,9 @@ What is observed, per request (``explain``):
 * ``decode_steps``: [tokens computed before, tokens asked for (the sampled
   token and the drafts), tokens scheduled] of each step after the prefill
   (only where ``max_tokens`` > 1);
+* ``computed_tokens``: ``num_computed_tokens`` once it finished (its
+  prompt and every output token but the last; the decode steps' states lie
+  at each ``decode_steps`` start past the prompt and here);
 * ``written``: the positions this request's prefill wrote a Mamba state at
   in every Mamba group: its chunk ends and the internal prefill checkpoints
   vLLM's worker-side builder places (``engine_adapter.vllm_engine.writes``); ``null``
@@ -242,6 +245,7 @@ class VllmDriver:
             "boundaries": boundaries,
             "chunk_ends": served.chunk_ends,
             "decode_steps": [list(d) for d in served.decode_steps],
+            "computed_tokens": served.request.num_computed_tokens,
             "written": None if writer is None else written(served, writer),
             "cache_blocks": cache_blocks,
             "retained_mamba_blocks": by_size,

@@ -23,7 +23,12 @@ from itertools import compress, repeat
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
 
-SAMPLED_TOKEN = 1024
+from reference.tokens import OUTPUT_TOKEN
+
+#: The token the stood-in sampler samples: the case's output token
+#: (``reference.tokens.OUTPUT_TOKEN``), so an output segment of a case
+#: quotes exactly what the engine generated.
+SAMPLED_TOKEN = OUTPUT_TOKEN
 
 
 class Recorder:

@@ -319,15 +319,20 @@ def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
 
 def test_every_generated_request_may_decode():
     """fuzz.generate draws each request's max_tokens from 1, 2 and 4, with
-    or without speculative decoding, after the prompts."""
+    or without speculative decoding, after the prompts; a conversation's
+    turns (a turn quotes the one before it) generate tens to hundreds."""
     import random
 
     from fuzz.choosers import RandomChooser
+    from fuzz.conversation import MAX_DECODE
     from fuzz.generate import build_case
 
     drawn = [build_case(RandomChooser(random.Random(seed)), speculative=None) for seed in range(40)]
-    outputs = {r.max_tokens for case in drawn for r in case.trace}
+    turns = [{s.output for r in case.trace for s in r.prompt if s.output is not None} for case in drawn]
+    turns = [t | {i for i, r in enumerate(case.trace) if any(s.output is not None for s in r.prompt)} for t, case in zip(turns, drawn)]
+    outputs = {r.max_tokens for case, t in zip(drawn, turns) for i, r in enumerate(case.trace) if i not in t}
     assert outputs == {1, 2, 4}
+    assert all(10 <= case.trace[i].max_tokens <= MAX_DECODE for case, t in zip(drawn, turns) for i in t)
 
 
 def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed():
