@@ -78,7 +78,6 @@ findings in OUT are grouped into classes (see kvspec findings).
 
 
 def configure(parser) -> None:
-    from fuzz.generate import CONNECTOR_MODES
     from fuzz.outcome import HARNESS_ERROR_LIMIT
 
     parser.epilog = EPILOG
@@ -98,7 +97,7 @@ def configure(parser) -> None:
     parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
     parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
     parser.add_argument("--synthetic-geometry", action="store_true", help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic")
-    parser.add_argument("--kv-connector", choices=CONNECTOR_MODES, default="drawn", help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)")
+    parser.add_argument("--kv-connector", default="drawn", metavar="drawn|offloading|none", help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --, with --driver atheris: flags passed to libFuzzer")
 
@@ -152,6 +151,10 @@ def _validate(args, engines: list[str]) -> None:
             raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: SGLang runs deployment cases in one process; allowed: neither")
         if len(engines) > 1:
             raise invalid("--engine", engines, f"with {sglang} the second engine is SGLang's Rust tree core, always; allowed: one --engine")
+    from fuzz.generate import CONNECTOR_MODES
+
+    if args.kv_connector not in CONNECTOR_MODES:
+        raise invalid("--kv-connector", args.kv_connector, f"allowed: {', '.join(CONNECTOR_MODES)}")
     if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or sglang is not None):
         why = "SGLang deployments carry none" if sglang is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
         raise invalid("--kv-connector", args.kv_connector, f"pins the random driver's vLLM deployments; {why}; allowed here: drawn")

@@ -67,6 +67,7 @@ def test_a_pinned_connector_does_not_move_the_other_draws():
     (["--driver", "hypothesis", "--kv-connector", "none"], "--kv-connector"),
     (["--synthetic-geometry", "--kv-connector", "offloading"], "--kv-connector"),
     (["--engine", "sglang==0.5.23", "--kv-connector", "offloading"], "--kv-connector"),
+    (["--kv-connector", "lmcache"], "--kv-connector"),
 ])
 def test_the_pin_is_refused_where_no_drawn_deployment_could_carry_it(argv, field):
     import argparse
