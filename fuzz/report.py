@@ -184,6 +184,23 @@ def _literal(value, field: str) -> str:
 # ------------------------------------------------------------- ISSUE.md
 
 
+#: A KV connector's class name, as a report may print it (a finding is a
+#: stranger's text: anything else is not named).
+_CONNECTOR_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+def _connector_text(finding: dict) -> list[str]:
+    """The KV connector the resolution names, and what it does to the
+    hashes (vLLM 0.33.0 ``VllmConfig.num_hash_lookahead_tokens``: 0 with any
+    connector, so the EAGLE block drop stays in force)."""
+    facts = (finding.get("resolution") or {}).get("facts") if isinstance(finding.get("resolution"), dict) else None
+    name = facts.get("kv_connector") if isinstance(facts, dict) else None
+    if not name:
+        return []
+    shown = f"`{name}`" if isinstance(name, str) and _CONNECTOR_NAME.match(name) else "one"
+    return [f"- KV connector: {shown}; with a KV connector vLLM keeps the legacy block hashes (`VllmConfig.num_hash_lookahead_tokens` is 0), so EAGLE/MTP keeps the block drop, as `disable_lookahead_block_hashes` would"]
+
+
 def _geometry_text(case) -> list[str]:
     g = case.geometry
     if g is None:  # a resolution finding, or vLLM raised before it built one
@@ -221,7 +238,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
         lines += [""] + _fence("sh", ["vllm serve <model> " + shlex.join(printable(a) for a in dep.vllm_args)]) + ["", "vLLM resolves it to:"]
     else:
         lines.append(f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):")
-    lines += [""] + _geometry_text(case) + [""]
+    lines += [""] + _geometry_text(case) + _connector_text(finding) + [""]
     res = finding.get("resolution") or {}
     if res.get("assumptions"):
         lines += ["kvspec answered vLLM's hardware questions as: " + "; ".join(_text(a) for a in res["assumptions"]) + ".", ""]

@@ -399,3 +399,17 @@ def test_say_prints_a_message_without_control_characters(capsys):
 
     say("kvspec: vLLM said \x1b[2J\x1b]8;;http://evil.example/\x1b\\here\x1b]8;;\x1b\\ \u202eok\tdone\nnext")
     assert capsys.readouterr().err == "kvspec: vLLM said here ok\tdone\nnext\n"
+
+
+def test_a_connector_deployment_s_report_says_why_the_drop_is_in_force_and_names_only_a_plain_connector():
+    from fuzz.report import issue_markdown
+    from tests.fuzz.test_cost import _finding
+
+    finding = _finding()
+    assert "KV connector" not in issue_markdown(finding)
+    finding["resolution"] = {"facts": {"kv_connector": "OffloadingConnector"}}
+    text = issue_markdown(finding)
+    assert "- KV connector: `OffloadingConnector`; with a KV connector vLLM keeps the legacy block hashes" in text
+    finding["resolution"] = {"facts": {"kv_connector": "Evil`](http://x)\n# injected"}}
+    text = issue_markdown(finding)
+    assert "- KV connector: one; " in text and "injected" not in text
