@@ -19,6 +19,10 @@ that is what ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` grow
 by. A request that makes no progress is a vLLM failure (``EngineStall``),
 bounded in steps; an exception vLLM raises is one too, and one from
 kvspec's own code goes to the harness (``engine_adapter.vllm_engine.failure``).
+With a KV connector each step's output carries its stood-in workers' report
+(``engine_adapter.vllm_engine.connector``), the loop steps on while the
+scheduler ``has_requests()`` (as ``EngineCore``), and a request's hits add
+what the connector loaded.
 """
 
 from __future__ import annotations
