@@ -31,7 +31,7 @@ from ground.errors import KvspecError
 from reference import sglang_flags
 from reference.case import Case, parse_case, prompt_tokens
 from reference.deployment import get_flag, parse_deployment
-from reference.knobs import resolve_knobs
+from reference.knobs import DEFAULT_VERSION, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.vllm_flags import canonical_flag, is_number
 
@@ -63,7 +63,7 @@ def _tensor_parallel(deployment: dict, facts: dict) -> int:
     if type(tp) is int and tp >= 1:
         return tp
     if deployment.get("engine") == "sglang":  # SGLang's allow-list spells it --tp-size only (reference.sglang_flags)
-        args = tuple(_canonical_sglang(str(a)) for a in deployment.get("sglang_args") or [])
+        args = tuple(_canonical(str(a), sglang_flags.canonical_flag) for a in deployment.get("sglang_args") or [])
         value = get_flag(args, "--tp-size")
     else:
         args = tuple(_canonical(str(a)) for a in deployment.get("vllm_args") or [])
@@ -71,21 +71,14 @@ def _tensor_parallel(deployment: dict, facts: dict) -> int:
     return max(int(value), 1) if value is not None and value.isdigit() else 1
 
 
-def _canonical_sglang(token: str) -> str:
-    """An SGLang flag token with ``_`` read as ``-`` (its ``=value`` kept);
-    a value as it is."""
-    if not token.startswith("--"):
-        return token
-    _, eq, value = token.partition("=")
-    return sglang_flags.canonical_flag(token) + eq + value
-
-
-def _canonical(token: str) -> str:
-    """A flag token spelled as its long flag (its ``=value`` kept); a value as it is."""
+def _canonical(token: str, canonical=canonical_flag) -> str:
+    """A flag token spelled as its long flag by the family's ``canonical``
+    (vLLM's by default; SGLang's reads ``_`` as ``-`` and leaves any other
+    token alone), its ``=value`` kept; a value as it is."""
     if not token.startswith("-") or is_number(token):
         return token
     _, eq, value = token.partition("=")
-    return canonical_flag(token) + eq + value
+    return canonical(token) + eq + value
 
 
 def _state_key(prompts: list[list[int]], j: int, p: int) -> tuple[int, str]:
@@ -147,7 +140,7 @@ def _promise_explain(case: Case, finding: dict) -> list | None:
     as the ``promise`` oracle computes it), at the finding's engine version."""
     version = str((finding.get("engine") or {}).get("version") or "") if isinstance(finding.get("engine"), dict) else ""
     try:
-        return predict_with_knobs(case, resolve_knobs(case, version or "0.33.0"), "promise")["explain"]
+        return predict_with_knobs(case, resolve_knobs(case, version or DEFAULT_VERSION), "promise")["explain"]
     except (KvspecError, ValueError, KeyError, TypeError, IndexError):
         return None
 
