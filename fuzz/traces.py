@@ -16,6 +16,7 @@ from fuzz.conversation import conversation
 MAX_REQUESTS = 6
 SEGMENT_NAMES = "ABCDEFGH"
 
+
 @dataclass(frozen=True)
 class Swarm:
     """The trace features one case may use (swarm testing, Groce et al.,

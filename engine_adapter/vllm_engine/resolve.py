@@ -169,9 +169,11 @@ def with_drafter(args: tuple[str, ...] | list[str], cfg_dir: Path) -> list[str]:
     return out
 
 
-def check_eagle3_target(vc, dep: Deployment) -> None:
-    """An EAGLE drafter on an attention-free model is Unsupported (kvspec's
-    draft stand-in has the target's attention shape). EAGLE-3 reads the target's auxiliary hidden states: vLLM's worker
+def check_drafter_target(vc, dep: Deployment) -> None:
+    """Whether the target can take the drafter. An EAGLE drafter on an
+    attention-free model is Unsupported (kvspec's draft stand-in has the
+    target's attention shape). EAGLE-3 reads the target's auxiliary hidden
+    states: vLLM's worker
     refuses a target class without ``SupportsEagle3`` when it loads the
     model (0.33.0 ``gpu_model_runner._setup_eagle3_aux_hidden_state_outputs``:
     "Model does not support EAGLE3 interface but aux_hidden_state_outputs
@@ -380,7 +382,7 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     cfg_dir = model_dir(cfg)
     facts: dict[str, Any] = {"platform": dep.platform, "device": dep.device, "vllm_version": vllm.__version__}
     vc = _vllm_config(dep, cfg_dir)
-    check_eagle3_target(vc, dep)
+    check_drafter_target(vc, dep)
     cc = vc.cache_config
     if not cc.enable_prefix_caching:
         raise Unsupported(f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching")
