@@ -29,11 +29,13 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, TypedDict
 
+from ground.engines import FAMILIES as _REGISTRY
 from ground.errors import invalid
 
 #: The families kvspec drives: family name -> the module (inside the
-#: family's environment) whose ``get_driver()`` returns its driver.
-FAMILIES = {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver"}
+#: family's environment) whose ``get_driver()`` returns its driver; read
+#: from the one registry, ``ground.engines.FAMILIES``.
+FAMILIES = {f.name: f.driver for f in _REGISTRY.values()}
 
 
 class EngineFailure(TypedDict, total=False):

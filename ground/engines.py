@@ -1,0 +1,223 @@
+"""Engine families and engine names: the one grammar of ``family==X`` and
+the one registry of families, on the ground floor so every floor reads the
+same (``reference/`` states each family's rule, ``engine_adapter/`` drives
+it, ``fuzz/`` and the CLI run and print it).
+
+A family is declared once, in :data:`FAMILIES` (one :class:`Family` line
+each): its name and title, its releases, the deployment field its serve
+flags go in, how its server is started, what it supports
+(:class:`Capability`), and where its parts live (the driver module inside
+its ``engine_adapter/<family>_engine/`` package, the flag allow-list and the
+knobs of ``reference/``), named as ``module:attribute`` text so that this
+floor imports none of them: the floor that owns a part loads it
+(:func:`load`). Code outside ``engine_adapter/`` asks a family's
+capability (``family.supports(Capability.DECODE)``), never its name.
+
+An engine name is ``family==X`` (a release) or ``family==X+LABEL.HASH`` (a
+build of release X: a PEP 440 local version); a bare ``X`` is vLLM's
+(the first family, whose *version key* stays the bare release so that
+every cache and file name of a vLLM engine is unchanged). :class:`EngineSpec`
+is the one reader of a name (:meth:`EngineSpec.parse`). Parsing never
+imports an engine. Bad names are one-line errors naming the value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ground.errors import InvalidArgument, Unsupported
+
+
+class Capability(enum.Enum):
+    """What a family's driver can do; code outside the family asks these."""
+
+    #: Requests decode more than one token (outputs a later prompt may quote).
+    DECODE = "decode"
+    #: Speculative decoding (EAGLE/MTP drafters) in its deployments.
+    SPECULATION = "speculation"
+    #: Requests that share scheduler steps (``arrival``).
+    CONCURRENCY = "concurrency"
+    #: KV connectors (offloading) in its deployments.
+    CONNECTORS = "connectors"
+    #: A cache under memory pressure (eviction).
+    PRESSURE = "pressure"
+    #: A live OpenAI-compatible server kvspec can replay against.
+    LIVE_SERVER = "live_server"
+    #: Hand-written geometries (a case without a deployment).
+    GEOMETRY = "geometry"
+    #: Patched builds (``--patch``, ``path:``, ``wheel:``).
+    BUILDS = "builds"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One engine family, declared. ``driver``, ``flags`` and ``knobs`` are
+    ``module:attribute`` texts (:func:`load`): the family's driver module
+    (``get_driver()``), its serve-flag allow-list checker (``check(args)``)
+    and its knobs resolver (``knobs(case, version)``)."""
+
+    name: str
+    title: str
+    releases: tuple[str, ...]
+    default_release: str
+    #: The deployment field holding its serve flags.
+    args_field: str
+    #: The command that starts its server, as a user types it.
+    serve: str
+    #: The Python package of the engine (what a patch's paths start with).
+    package: str
+    driver: str
+    flags: str
+    capabilities: frozenset[Capability] = field(default_factory=frozenset)
+    #: The version key is the bare release (vLLM's historical form).
+    bare_key: bool = False
+
+    def supports(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+    @property
+    def default_engine(self) -> str:
+        return f"{self.name}=={self.default_release}"
+
+
+_ALL = frozenset(Capability)
+
+#: The registry: one line per family. A new family is its package under
+#: ``engine_adapter/`` plus one line here (docs/architecture.md, "Adding an
+#: engine family").
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("vllm", "vLLM", ("0.29.0", "0.30.0", "0.32.0", "0.33.0"), "0.33.0", "vllm_args", "vllm serve", "vllm",
+           "engine_adapter.vllm_engine.driver", "reference.vllm_flags:check_vllm_args", _ALL, bare_key=True),
+    Family("sglang", "SGLang", ("0.5.23",), "0.5.23", "sglang_args", "python -m sglang.launch_server", "sglang",
+           "engine_adapter.sglang_engine.driver", "reference.sglang_flags:check_sglang_args",
+           frozenset({Capability.DECODE, Capability.BUILDS})),
+)}
+
+#: The family a bare ``X`` and a deployment without ``engine`` belong to.
+DEFAULT_FAMILY = "vllm"
+
+
+def family(name: object, field_name: str = "family") -> Family:
+    """The declared family ``name``; another is one line naming the allowed."""
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise InvalidArgument(f"{field_name}={name!r}: not an engine family kvspec drives; allowed: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def load(target: str) -> Any:
+    """A family's part, ``module:attribute`` (or a module), imported by the
+    floor that owns it."""
+    module, _, attribute = target.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attribute) if attribute else loaded
+
+
+_VERSION = r"(\d+\.\d+\.\d+)(?:\+([a-z0-9][a-z0-9.-]*))?"
+_BARE = re.compile(rf"^{_VERSION}$")
+
+
+def _spec_pattern() -> re.Pattern:
+    return re.compile(rf"^({'|'.join(map(re.escape, FAMILIES))})=={_VERSION}$")
+
+
+def allowed_text() -> str:
+    return "allowed: " + ", ".join(f"{f.name}=={v}" for f in FAMILIES.values() for v in f.releases)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine, parsed: ``family==release`` (a release) or
+    ``family==release+label.hash`` (a build of it). ``hash`` is None for a
+    release, and for a build label with no dot in it. ``patches``: the
+    patch files a build is made of, when the command line gave them (never
+    part of the name)."""
+
+    family: str
+    release: str
+    label: str | None = None
+    hash: str | None = None
+    patches: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: object, field: str = "engine") -> EngineSpec:
+        """``"vllm==0.33.0"`` (or a bare ``"0.33.0"``, of vLLM) or a build
+        ``"vllm==0.33.0+fix.1a2b3c"`` (its release must be supported;
+        whether it is built is the environment's business).
+
+        Malformed names raise InvalidArgument; well-formed but unsupported
+        releases raise Unsupported. Both are one line."""
+        default = FAMILIES[DEFAULT_FAMILY].default_engine
+        if not isinstance(text, str):
+            raise InvalidArgument(f"{field}={text!r}: must be a string like {default}; {allowed_text()}")
+        raw = text.strip()
+        m = _spec_pattern().match(raw)
+        if m:
+            name, release, local = m.groups()
+        elif (b := _BARE.match(raw)) is not None:
+            name, (release, local) = DEFAULT_FAMILY, b.groups()
+        else:
+            forms = " or ".join(f"{f}==X.Y.Z" for f in FAMILIES)
+            raise InvalidArgument(f"{field}={text!r}: not an engine name of the form {forms}; {allowed_text()}")
+        fam = FAMILIES[name]
+        if release not in fam.releases:
+            raise Unsupported(f"{field}={text!r}: {fam.title} {release} has no kvspec engine environment; {allowed_text()}")
+        if local is None:
+            return cls(name, release)
+        label, dot, digest = local.rpartition(".")
+        return cls(name, release, label, digest) if dot else cls(name, release, local)
+
+    @property
+    def family_entry(self) -> Family:
+        return FAMILIES[self.family]
+
+    @property
+    def local(self) -> str | None:
+        """The PEP 440 local label of a build (``LABEL.HASH``), else None."""
+        if self.label is None:
+            return None
+        return self.label if self.hash is None else f"{self.label}.{self.hash}"
+
+    @property
+    def version(self) -> str:
+        """The version key: ``X`` for a vLLM release, ``X+LABEL.HASH`` for a
+        build, ``family==X`` for another family's release."""
+        bare = self.release if self.label is None else f"{self.release}+{self.local}"
+        return bare if self.family_entry.bare_key else f"{self.family}=={bare}"
+
+    @property
+    def name(self) -> str:
+        """The canonical name: ``vllm==X``, ``vllm==X+LABEL.HASH``, ``sglang==X``."""
+        bare = self.release if self.label is None else f"{self.release}+{self.local}"
+        return f"{self.family}=={bare}"
+
+    @property
+    def is_build(self) -> bool:
+        return self.label is not None
+
+    @property
+    def release_spec(self) -> EngineSpec:
+        """The release a build is made from (a release is its own)."""
+        return EngineSpec(self.family, self.release)
+
+
+def family_of(version: str) -> str:
+    """The family of a version key (or an engine name): the text before
+    ``==``, else the default family's (a bare key)."""
+    head, sep, _ = version.partition("==")
+    return head if sep else DEFAULT_FAMILY
+
+
+def engine_name(version: str) -> str:
+    """The engine name of a version key: ``0.33.0`` -> ``vllm==0.33.0``;
+    ``sglang==0.5.23`` is its own."""
+    return version if "==" in version else f"{DEFAULT_FAMILY}=={version}"
+
+
+def family_of_deployment(raw: dict) -> Family:
+    """The family a deployment's ``engine`` field names (the default when absent)."""
+    return family(raw.get("engine", DEFAULT_FAMILY), "deployment.engine")
