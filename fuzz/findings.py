@@ -44,10 +44,12 @@ from pathlib import Path
 from reference.case import Case, case_to_dict, parse_case
 from ground.files import load_json, write_json_atomic
 from engine_adapter.host.versions import engine_name
+from ground.engines import FAMILIES
 from ground.errors import InvalidArgument, invalid
 from ground.home import REPO_ROOT
 from ground.printable import printable
 
+from fuzz.finding_text import deployment_text, engine_title, prompt_text
 from fuzz.impact import cost_of
 from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
 from fuzz.oracles import KNOWN_ORACLES
@@ -79,7 +81,7 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     """One line, first divergence first."""
     if div.oracle == "engine_error":
         first_line = " ".join(div.detail.split())[:300]
-        return f"vLLM raised at request {div.first}: {first_line}"
+        return f"{engine_title(engine_name(str(div.version)))} raised at request {div.first}: {first_line}"
     if div.oracle in ("knobs", "resolution"):
         return div.detail
     i = div.first
@@ -275,8 +277,9 @@ def load_finding(path: str | Path) -> tuple[Case, dict]:
 
 #: A finding's signature: hex, as :func:`signature` writes it (16 digits).
 SIGNATURE = re.compile(r"^[0-9a-f]{6,64}$")
-#: An engine version a finding names: a release or a build (X+LABEL.HASH).
-ENGINE_VERSION = re.compile(r"^\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")
+#: An engine version a finding names: a release or a build (X+LABEL.HASH),
+#: of vLLM (bare) or of a family that names itself (``sglang==X``).
+ENGINE_VERSION = re.compile(rf"^(?:(?:{'|'.join(map(re.escape, FAMILIES))})==)?" + r"\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")
 
 
 def _hits(finding: dict, side: str) -> None:
@@ -315,7 +318,7 @@ def check_fields(finding: dict) -> dict:
     engine = finding.get("engine")
     version = engine.get("version") if isinstance(engine, dict) else None
     if not isinstance(version, str) or not ENGINE_VERSION.match(version):
-        raise invalid("engine", engine, "must be an object whose version is a vLLM version (X.Y.Z, or a build X.Y.Z+LABEL.HASH)")
+        raise invalid("engine", engine, "must be an object whose version is a vLLM version (X.Y.Z, or a build X.Y.Z+LABEL.HASH) or FAMILY==X.Y.Z")
     if not isinstance(engine.get("knobs", {}), dict):
         raise invalid("engine.knobs", engine["knobs"], "must be an object")
     for side in ("expected", "observed"):
@@ -352,17 +355,18 @@ def render(finding: dict) -> str:
     stranger's text, and reach a terminal only without control characters
     (a field's line break is a space, never a line of its own)."""
     case = finding["case"]
-    lines = [f"finding {finding['signature']} [{finding['oracle']}] on vllm=={finding['engine']['version']}", f"  {finding['summary']}", "", "inputs:"]
+    engine = finding["engine"]
+    lines = [f"finding {finding['signature']} [{finding['oracle']}] on {engine.get('name') or engine_name(str(engine['version']))}", f"  {finding['summary']}", "", "inputs:"]
     if case.get("deployment"):
-        d = case["deployment"]
-        lines.append(f"  deployment: {d['model']} on {d['platform']}" + (f"/{d['device']}" if d.get("device") else "") + f": vllm serve {' '.join(d['vllm_args'])}")
+        lines.append(f"  deployment: {deployment_text(case['deployment'])}")
     elif finding.get("case_kind") == "synthetic":
         lines.append(f"  SYNTHETIC geometry (written by hand; reachable={finding.get('reachable')}: {finding.get('reachability')})")
     g = case.get("geometry")
+    title = engine_title(engine.get("name") or engine_name(str(engine["version"])))
     if g is None and finding.get("oracle") == "resolution":
-        lines.append("  geometry: not judged further (vLLM's resolution breaks a rule vLLM documents; above)")
+        lines.append(f"  geometry: not judged further ({title}'s resolution breaks a rule {title} documents; above)")
     elif g is None:
-        lines.append("  geometry: not resolved (vLLM raised before it built one)")
+        lines.append(f"  geometry: not resolved ({title} raised before it built one)")
     else:
         groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])
         extra = (f", prefill checkpoint grid {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else "") + (", shared-prefix checkpoint" if g.get("shared_prefix_checkpoint") else "")
@@ -371,7 +375,7 @@ def render(finding: dict) -> str:
     lines.append(f"  engine knobs: {json.dumps(finding['engine']['knobs'], sort_keys=True)}")
     for role, e in (("engine", finding.get("engine")), ("other engine", finding.get("other_engine"))):
         if isinstance(e, dict) and e.get("vllm_files_sha256"):
-            lines.append(f"  {role}: {e.get('name')} (vLLM files under test sha256 {e['vllm_files_sha256'][:16]})")
+            lines.append(f"  {role}: {e.get('name')} ({engine_title(e.get('name'))} files under test sha256 {e['vllm_files_sha256'][:16]})")
         elif isinstance(e, dict) and role == "other engine":
             lines.append(f"  {role}: {e.get('name')}")
     h, k = finding.get("harness") or {}, finding.get("kvspec") or {}
@@ -379,7 +383,7 @@ def render(finding: dict) -> str:
         lines.append(f"  harness: {h.get('mode') or '?'} on {h.get('platform') or '?'}; kvspec {k.get('version') or '?'}" + (f" at {k['commit'][:12]}" + ("+dirty" if k.get("dirty") else "") if k.get("commit") else ""))
     for i, r in enumerate(case["trace"]):
         sent = "" if r.get("arrival") is None else f"  (sent {r['arrival']} scheduler step(s) after request {i - 1}, sharing steps)"
-        lines.append(f"  request {i}: " + " + ".join(f"{s['segment']}:{s['length']}" for s in r["prompt"]) + sent)
+        lines.append(f"  request {i}: " + prompt_text(r["prompt"]) + sent)
     states = finding["expected"].get("states") is not None and finding["observed"].get("states") is not None
     lines += ["", "request  expected  observed" + ("  (Mamba states the cache holds; the hits agree)" if states else "")]
     exp, obs = (finding["expected"]["states"], finding["observed"]["states"]) if states else (finding["expected"]["hits"], finding["observed"]["hits"])

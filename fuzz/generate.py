@@ -55,6 +55,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from fuzz.finding_text import prompt_text
 from fuzz.choosers import BytesChooser, Chooser, HypothesisChooser
 from fuzz.traces import EVERY_FEATURE, MAX_REQUESTS, SEGMENT_NAMES, Swarm, _concurrent_wave, _fit, _length, _outputs, _trace, _with_conversation, draw_swarm  # noqa: F401 (re-exported)
 from reference.case import Case, case_to_dict, parse_case
@@ -397,19 +398,15 @@ def hypothesis_cases(resolver: Resolver | None = None, builder: Callable[[Choose
     return cases()
 
 
-def _segment_text(s: dict) -> str:
-    return f"out{s['output']}" if "output" in s else f"{s['segment']}:{s['length']}"
-
-
 def describe(case: Case) -> str:
     """A one-line description: geometry (or deployment), speculative, requests."""
     raw = case_to_dict(case)
     if raw.get("geometry") is None:
-        reqs = " ".join("+".join(_segment_text(s) for s in r["prompt"]) for r in raw["trace"])
+        reqs = " ".join(prompt_text(r["prompt"], sep="+") for r in raw["trace"])
         return f"{case.deployment.describe()} | {reqs}"
     g = raw["geometry"]
     groups = "+".join(f"{x['kind'][0]}{x['block_size']}x{x['count']}" for x in g["groups"])
     spec = raw["speculative"] or {}
     spec_text = "off" if not spec else f"{spec['method']}{spec['num_speculative_tokens']}" + ("/drop" if spec.get("disable_lookahead_block_hashes") else "")
-    reqs = " ".join("+".join(_segment_text(s) for s in r["prompt"]) for r in raw["trace"])
+    reqs = " ".join(prompt_text(r["prompt"], sep="+") for r in raw["trace"])
     return f"{groups} S={g['scheduler_block_size']} ret={g['retention_interval']} spec={spec_text} | {reqs}"

@@ -44,10 +44,11 @@ import re
 import shlex
 from pathlib import Path
 
-from reference.case import parse_case
+from reference.case import case_to_dict, parse_case
 from ground.errors import KvspecError, invalid
 from ground.printable import printable
 
+from fuzz.finding_text import deployment_title, prompt_text, serve_args
 from fuzz.impact import cost_of, impact_lines
 from fuzz.findings import check_fields
 from ground.home import engines_dir as default_dir
@@ -235,7 +236,8 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     if dep is not None:
         where = _text(dep.platform) + (f" ({_text(dep.device)})" if dep.device else "")
         lines.append("Model " + _code(dep.model) + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "") + f" on {where}:")
-        lines += [""] + _fence("sh", ["vllm serve <model> " + shlex.join(printable(a) for a in dep.vllm_args)]) + ["", "vLLM resolves it to:"]
+        serve, serve_flags = serve_args(dep.as_dict())
+        lines += [""] + _fence("sh", [f"{serve} <model> " + shlex.join(printable(a) for a in serve_flags)]) + ["", f"{deployment_title(dep.as_dict())} resolves it to:"]
     else:
         lines.append(f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):")
     lines += [""] + _geometry_text(case) + _connector_text(finding) + [""]
@@ -245,7 +247,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["## Expected vs observed", "", "Requests run one after another on a fresh server (each finishes before the next starts). Hits are what `vllm:prefix_cache_hits_total` grows by.", ""]
     lines += ["| request | prompt | tokens | expected hits | observed hits |", "|---|---|---|---|---|"]
     for j, r in enumerate(case.trace):
-        prompt = _cell(" + ".join(f"output of {s.output}" if s.output is not None else f"{s.segment}[:{s.length}]" for s in r.prompt))
+        prompt = _cell(prompt_text(case_to_dict(case)["trace"][j]["prompt"], style="prose"))
         mark = " **<-**" if j == i else ""
         lines.append(f"| {j} | {prompt} | {r.num_prompt_tokens} | {exp[j] if j < len(exp) else '-'} | {obs[j] if j < len(obs) else '-'}{mark} |")
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
