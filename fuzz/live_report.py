@@ -92,10 +92,11 @@ def redact_report(report: LiveReport, secret: str | None) -> LiveReport:
 
 def render(report: LiveReport, console=None) -> None:
     """Print the per-request table and the verdict with rich."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ground.console import table_console
+
+    console = console or table_console()
     title = f"replay {report.name or '(unnamed)'} on {report.server} (model {report.model}, vLLM {report.server_version})"
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")

@@ -85,8 +85,9 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from ground.console import table_console
 
     table = Table(title=f"kvspec engines ({environments.engines_dir()})")
     for col in ("engine", "state", "built", "install", "size", "warm", "path"):
@@ -94,7 +95,7 @@ def main(args) -> int:
     for r in rows:
         install_s = r.get("install_seconds")
         table.add_row(r["engine"], r["state"], r.get("created") or "-", f"{install_s:.0f}s" if install_s else "-", _fmt_size(r.get("size_bytes")), _fmt_warm(r["warm"]), r["path"])
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

@@ -265,8 +265,9 @@ def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:
 
 
 def _print(summary: dict, args, engines: list[str], out: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ground.console import table_console
 
     from kvspec.commands.findings import render
 
@@ -278,7 +279,7 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
         table.add_column(col, justify="right")
     cov = summary.get("coverage")
     table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), "-" if cov is None else str(cov), str(summary["unsupported"]), str(summary.get("rejected", 0)), str(summary["harness_errors"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
-    Console().print(table)
+    table_console().print(table)
     malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
     print("\n".join(render(summary["classes"], malformed, str(out))))
     reach = summary.get("reach")

@@ -20,8 +20,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
-
+    from ground.console import table_console
     from kvspec.options import output_file
 
     if args.chart:
@@ -51,7 +50,7 @@ def main(args) -> int:
     elif args.html:
         print(to_html(rows, versions), end="")
     else:
-        Console().print(to_rich(rows, versions))
+        table_console().print(to_rich(rows, versions))
     if args.chart:
         print(f"chart: {chart(rows, versions, Path(args.chart))}")
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -114,10 +113,11 @@ def _cell(r) -> str:
 
 
 def _print_tables(results, cexs, sweep, modes, elapsed, ok, out) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout, width=max(160, Console().width))
+    from ground.console import table_console
+
+    console = table_console(min_width=160)
     groups: dict[tuple, dict[str, object]] = defaultdict(dict)
     for r in results:
         key = (r.row.prop + (f"/{r.row.level}" if r.row.level else ""), r.row.geometry, r.row.rule or "-")

@@ -82,14 +82,13 @@ def _engine_replay(args) -> int:
     show = getattr(module, "render_replay", None) if module else None
     if fn is None or show is None:
         raise Unsupported(f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL")
-    from rich.console import Console
-
+    from ground.console import table_console
     from kvspec.engine_options import engine_names
 
     if len(args.engine) > 1:
         raise invalid("--engine", args.engine, "replay takes one engine (a versions finding names its other engine)")
     result = fn(args.file, engine_names(args)[0])
-    show(result, Console())
+    show(result, table_console())
     if args.json:
         from ground.files import write_json_atomic
 

@@ -21,7 +21,6 @@ deployment (vLLM's own message, one line).
 from __future__ import annotations
 
 import json
-import sys
 from typing import TYPE_CHECKING
 
 from ground.errors import KvspecError, invalid
@@ -197,15 +196,16 @@ def _table(specs: list[EngineSpec], args) -> int:
         for cols in lines:
             print("| " + " | ".join(cols) + " |")
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from ground.console import table_console
 
         t = Table(title=f"scheduler/hash/Mamba block/hit alignment ({args.device or 'h100'}); 'ckpt g': internal prefill checkpoints on grid g")
         for h in header:
             t.add_column(h)
         for cols in lines:
             t.add_row(*cols)
-        Console(width=200 if not sys.stdout.isatty() else None).print(t)
+        table_console().print(t)
     rejected = sorted({(k[0], k[1], v["error"]) for k, v in cells.items() if "error" in v})
     for engine, model, err in rejected[:10]:
         print(f"  {engine} {model}: {err}")

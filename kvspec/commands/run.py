@@ -60,10 +60,11 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     predict (``concurrent``: it shared scheduler steps) shows the
     observation alone, and ``oracle_notes`` what the oracles that judge it
     said. The last line is the judge's ``verdict`` (:func:`fuzz.verdict.judge`)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    from ground.console import table_console
+
+    console = table_console()
     bad_requests = {m.get("request") for m in mismatches if "request" in m}
     table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
     who = FAMILY_TITLES[family_of(engine)]
