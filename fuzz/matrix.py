@@ -65,7 +65,7 @@ def case_for(case: Case, family: str) -> tuple[Case, str | None]:
         return case, None
     if dep.engine == family:
         return case, None
-    moved = replace(dep, engine=family, vllm_args=(), sglang_args=())
+    moved = replace(dep, engine=family, vllm_args=(), family_args=())
     return replace(case, geometry=None, speculative=None, deployment=moved, resolved_by=None), f"{family}'s defaults"
 
 

@@ -34,7 +34,8 @@ from ground.errors import InvalidArgument, Unsupported
 
 
 class Capability(enum.Enum):
-    """What a family's driver can do; code outside the family asks these."""
+    """What a family's driver and model can do; code outside the family asks
+    these, never the family's name."""
 
     #: Requests decode more than one token (outputs a later prompt may quote).
     DECODE = "decode"
@@ -48,18 +49,48 @@ class Capability(enum.Enum):
     PRESSURE = "pressure"
     #: A live OpenAI-compatible server kvspec can replay against.
     LIVE_SERVER = "live_server"
-    #: Hand-written geometries (a case without a deployment).
+    #: Hand-written geometries (a case without a deployment; ``--synthetic-geometry``).
     GEOMETRY = "geometry"
     #: Patched builds (``--patch``, ``path:``, ``wheel:``).
     BUILDS = "builds"
+    #: Driven in kvspec's own process too (atheris' instrumented harness, Ray workers).
+    IN_PROCESS = "in_process"
+    #: The z3 boundary cases map onto its deployments (``fuzz.seeds``).
+    BOUNDARY_SEEDS = "boundary_seeds"
+    #: ``reference/`` states each release's own rule: every oracle judges
+    #: it (else only the promise's engine-neutral oracles).
+    RULE_MODEL = "rule_model"
+    #: Its documented resolution rule (the prefix-match unit divides every
+    #: block: ``fuzz.oracle_resolution``) holds it.
+    RESOLUTION_RULE = "resolution_rule"
+    #: ``fuzz.reach``'s deployment classes (speculative mode, hash unit,
+    #: retention) are its features.
+    DEPLOYMENT_CLASSES = "deployment_classes"
+    #: Every cache it resolves is one the promise is stated for (else a
+    #: resolution may name a cache kvspec does not predict).
+    EVERY_CACHE_STATED = "every_cache_stated"
 
 
 @dataclass(frozen=True)
 class Family:
-    """One engine family, declared. ``driver``, ``flags`` and ``knobs`` are
-    ``module:attribute`` texts (:func:`load`): the family's driver module
-    (``get_driver()``), its serve-flag allow-list checker (``check(args)``)
-    and its knobs resolver (``knobs(case, version)``)."""
+    """One engine family, declared. The parts are ``module:attribute``
+    texts (:func:`load`), each loaded by the floor that owns it:
+
+    * ``driver``: the family's driver module (``get_driver()``), inside
+      its package under ``engine_adapter/``;
+    * ``flags``: its serve-flag allow-list checker (``check(args)``);
+    * ``knobs``: its knobs resolver (``knobs(case, version) -> Knobs``);
+    * ``generator``: its deployments' case builder
+      (``build(chooser, resolver) -> Case``), None: vLLM's
+      (``fuzz.generate``);
+    * ``twin``: a second engine a campaign holds it to when none is given
+      (``twin(engine)``), else None;
+    * ``classes``: its known-class classifier (``classify(finding, kind,
+      geometry)``), None: the default family's;
+    * ``canonical_flag``: its flag-name canonicaliser, None: vLLM's;
+    * ``resolve_printer``: how ``kvspec resolve`` prints its resolution,
+      None: the default's.
+    """
 
     name: str
     title: str
@@ -73,7 +104,19 @@ class Family:
     package: str
     driver: str
     flags: str
+    knobs: str
     capabilities: frozenset[Capability] = field(default_factory=frozenset)
+    #: The platforms its deployments may name.
+    platforms: tuple[str, ...] = ("cuda", "cpu")
+    #: The flag that sets its tensor-parallel size (``fuzz.impact``).
+    tp_flag: str = "--tensor-parallel-size"
+    #: The run options its driver takes (``kvspec run``'s flags of that name).
+    run_options: tuple[str, ...] = ()
+    generator: str | None = None
+    twin: str | None = None
+    classes: str | None = None
+    canonical_flag: str | None = None
+    resolve_printer: str | None = None
     #: The version key is the bare release (vLLM's historical form).
     bare_key: bool = False
 
@@ -92,10 +135,13 @@ _ALL = frozenset(Capability)
 #: engine family").
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("vllm", "vLLM", ("0.29.0", "0.30.0", "0.32.0", "0.33.0"), "0.33.0", "vllm_args", "vllm serve", "vllm",
-           "engine_adapter.vllm_engine.driver", "reference.vllm_flags:check_vllm_args", _ALL, bare_key=True),
+           "engine_adapter.vllm_engine.driver", "reference.vllm_flags:check_vllm_args", "reference.knobs:vllm_knobs", _ALL,
+           run_options=("eagle_groups",), bare_key=True),
     Family("sglang", "SGLang", ("0.5.23",), "0.5.23", "sglang_args", "python -m sglang.launch_server", "sglang",
-           "engine_adapter.sglang_engine.driver", "reference.sglang_flags:check_sglang_args",
-           frozenset({Capability.DECODE, Capability.BUILDS})),
+           "engine_adapter.sglang_engine.driver", "reference.sglang_flags:check_sglang_args", "reference.knobs:sglang_knobs",
+           frozenset({Capability.BUILDS}), platforms=("cuda",), tp_flag="--tp-size", run_options=("tree_core",),
+           generator="fuzz.generate_sglang:build_sglang_case", twin="fuzz.drivers:TreeCoreTwin", classes="fuzz.known_classes:_sglang_class",
+           canonical_flag="reference.sglang_flags:canonical_flag", resolve_printer="kvspec.commands.resolve:_render_sglang"),
 )}
 
 #: The family a bare ``X`` and a deployment without ``engine`` belong to.
@@ -218,6 +264,6 @@ def engine_name(version: str) -> str:
     return version if "==" in version else f"{DEFAULT_FAMILY}=={version}"
 
 
-def family_of_deployment(raw: dict) -> Family:
-    """The family a deployment's ``engine`` field names (the default when absent)."""
-    return family(raw.get("engine", DEFAULT_FAMILY), "deployment.engine")
+def family_of_version(version: str) -> Family:
+    """The declared family of a version key or an engine name."""
+    return family(family_of(version), "engine")

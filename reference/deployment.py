@@ -52,14 +52,15 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
+from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import InvalidArgument, invalid
 from reference.model_config import check_model_config
-from reference.sglang_flags import check_sglang_args
 from reference.vllm_flags import check_vllm_args
 
 PLATFORMS = ("cuda", "cpu")
-#: The engine families a deployment may name (``engine``; vLLM by default).
-ENGINES = ("vllm", "sglang")
+#: The engine families a deployment may name (``engine``; vLLM by default):
+#: the registry's (``ground.engines.FAMILIES``).
+ENGINES = tuple(FAMILIES)
 #: GPUs kvspec can answer vLLM's hardware queries for: compute capability.
 DEVICES = {"a100": (8, 0), "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
 DEFAULT_DEVICE = "h100"
@@ -81,9 +82,11 @@ class Deployment:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"
     device: str | None = DEFAULT_DEVICE
-    #: The engine family the flags are for; SGLang's are ``sglang_args``.
-    engine: str = "vllm"
-    sglang_args: tuple[str, ...] = ()
+    #: The engine family the flags are for (``ground.engines.FAMILIES``).
+    engine: str = DEFAULT_FAMILY
+    #: Another family's flags, held in the deployment field its registry
+    #: entry names (``args_field``: SGLang's ``sglang_args``).
+    family_args: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         out = {
@@ -93,15 +96,20 @@ class Deployment:
             "platform": self.platform,
             "device": self.device,
         }
-        if self.engine != "vllm":  # a vLLM deployment's form (and cache key) is as it was
-            out.update(engine=self.engine, sglang_args=list(self.sglang_args))
+        if self.engine != DEFAULT_FAMILY:  # the default family's form (and cache key) is as it was
             del out["vllm_args"]
+            out.update({"engine": self.engine, FAMILIES[self.engine].args_field: list(self.family_args)})
         return out
 
     @property
     def args(self) -> tuple[str, ...]:
         """The serve flags of the deployment's engine."""
-        return self.sglang_args if self.engine == "sglang" else self.vllm_args
+        return self.vllm_args if self.engine == DEFAULT_FAMILY else self.family_args
+
+    @property
+    def sglang_args(self) -> tuple[str, ...]:
+        """SGLang's flags (``family_args`` of an SGLang deployment), else ()."""
+        return self.family_args if FAMILIES[self.engine].args_field == "sglang_args" else ()
 
     def key(self) -> str:
         """A canonical text of the deployment (a cache key)."""
@@ -112,7 +120,7 @@ class Deployment:
         args = " ".join(self.args)
         over = f" {self.model_overrides}" if self.model_overrides else ""
         where = self.platform + (f"/{self.device}" if self.device else "")
-        engine = "" if self.engine == "vllm" else f"{self.engine}: "
+        engine = "" if self.engine == DEFAULT_FAMILY else f"{self.engine}: "
         return f"{engine}{self.model}{over} [{where}] {args}".rstrip()
 
 
@@ -147,7 +155,7 @@ def parse_deployment(raw: Any) -> Deployment:
     """Validate the ``deployment`` block of a case (shape only)."""
     if not isinstance(raw, dict):
         raise invalid("deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device")
-    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", "sglang_args")
+    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", *(f.args_field for f in FAMILIES.values() if f.name != DEFAULT_FAMILY))
     for key in raw:
         if key not in allowed:
             raise invalid(f"deployment.{key}", raw[key], f"unknown field; allowed: {', '.join(allowed)}")
@@ -165,16 +173,18 @@ def parse_deployment(raw: Any) -> Deployment:
         if not isinstance(a, str) or len(a) > MAX_ARG_CHARS or "\0" in a:
             raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
     check_vllm_args(args)
-    engine = raw.get("engine", "vllm")
-    if engine not in ENGINES:
+    engine = raw.get("engine", DEFAULT_FAMILY)
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise invalid("deployment.engine", engine, f"allowed: {', '.join(ENGINES)}")
-    sglang_args = raw.get("sglang_args", [])
-    if engine == "sglang":
+    family = FAMILIES[engine]
+    family_args = raw.get(family.args_field, []) if engine != DEFAULT_FAMILY else []
+    if engine != DEFAULT_FAMILY:
         if args:
-            raise invalid("deployment.vllm_args", args, "with engine sglang the flags are sglang_args; allowed: absent or []")
-        check_sglang_args(sglang_args)
-    elif sglang_args:
-        raise invalid("deployment.sglang_args", sglang_args, "only with \"engine\": \"sglang\"; allowed: absent or []")
+            raise invalid("deployment.vllm_args", args, f"with engine {engine} the flags are {family.args_field}; allowed: absent or []")
+        load(family.flags)(family_args)
+    for other in FAMILIES.values():
+        if other.name not in (DEFAULT_FAMILY, engine) and raw.get(other.args_field):
+            raise invalid(f"deployment.{other.args_field}", raw[other.args_field], f"only with \"engine\": \"{other.name}\"; allowed: absent or []")
     overrides = raw.get("model_overrides", {})
     if overrides is None:
         overrides = {}
@@ -195,9 +205,9 @@ def parse_deployment(raw: Any) -> Deployment:
             raise invalid("deployment.device", device, f"allowed with platform cuda: {', '.join(DEVICES)}")
     elif device is not None:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
-    if engine == "sglang" and platform != "cuda":
-        raise invalid("deployment.platform", platform, "with engine sglang: SGLang's hybrid cache is resolved as on a CUDA device; allowed: cuda")
-    return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(sglang_args))
+    if platform not in family.platforms:
+        raise invalid("deployment.platform", platform, f"with engine {engine}: {family.title}'s hybrid cache is resolved as on a CUDA device; allowed: {', '.join(family.platforms)}")
+    return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(family_args))
 
 
 # ------------------------------------------------------------- flag edits

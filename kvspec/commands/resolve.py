@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError, invalid
 
 if TYPE_CHECKING:
@@ -50,12 +51,12 @@ def configure(parser) -> None:
     parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
 
 
-def _deployment_case(args, family: str = "vllm"):
+def _deployment_case(args, family: str = DEFAULT_FAMILY):
     from reference.case import parse_case
 
     dep = {"model": args.model, "vllm_args": list(args.flags), "platform": args.platform}
-    if family != "vllm":  # the flags after -- are that engine's (sglang serve's)
-        dep = {"model": args.model, "engine": family, "sglang_args": list(args.flags), "platform": args.platform}
+    if family != DEFAULT_FAMILY:  # the flags after -- are that engine's (its registry entry's args_field)
+        dep = {"model": args.model, "engine": family, FAMILIES[family].args_field: list(args.flags), "platform": args.platform}
     if args.device is not None:
         dep["device"] = args.device
     return parse_case({"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
@@ -107,8 +108,9 @@ def main(args) -> int:
 
 
 def _render(r: dict) -> None:
-    if r.get("engine_family") == "sglang":
-        return _render_sglang(r)
+    printer = FAMILIES.get(r.get("engine_family") or DEFAULT_FAMILY, FAMILIES[DEFAULT_FAMILY]).resolve_printer
+    if printer is not None:  # the family prints its own resolution (its own field names)
+        return load(printer)(r)
     g, f = r["geometry"], r["facts"]
     groups = ", ".join(f"{x['count']}x {x['kind']} {x['block_size']}" for x in g["groups"])
     print(f"{r['engine']}  {r['deployment']['model']} on {f['platform']}" + (f"/{f['device']}" if f.get("device") else ""))
