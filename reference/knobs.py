@@ -38,13 +38,15 @@ import math
 from dataclasses import asdict, dataclass
 
 from reference.case import EAGLE_METHODS, Case, require_geometry
-from ground.errors import Unsupported, invalid
+from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability, EngineSpec, family_of, load
+from ground.errors import KvspecError, Unsupported, invalid
 
-#: Versions whose knob resolution this model states; others are unsupported.
-SUPPORTED_VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
+#: Versions whose knob resolution this model states; others are unsupported
+#: (the registry's: ``ground.engines.FAMILIES``).
+SUPPORTED_VERSIONS = FAMILIES["vllm"].releases
 #: SGLang releases the promise is stated for (``sglang==X``; :func:`sglang_knobs`).
-SGLANG_VERSIONS = ("0.5.23",)
-DEFAULT_VERSION = "0.33.0"
+SGLANG_VERSIONS = FAMILIES["sglang"].releases
+DEFAULT_VERSION = FAMILIES[DEFAULT_FAMILY].default_release
 
 
 @dataclass(frozen=True)
@@ -78,21 +80,18 @@ class Knobs:
 
 
 def parse_version(text: str) -> str:
-    """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``. A build of
+    """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``; another
+    family's ``sglang==X`` is returned as it is (its version key). A build of
     a release (a PEP 440 local version, ``0.33.0+fix.1a2b3c``: a patched
     engine) is that release: the model states the rule the release
-    implements."""
-    raw = text
-    if text.startswith("sglang=="):
-        if text.split("+", 1)[0][len("sglang==") :] not in SGLANG_VERSIONS:
-            raise invalid("version", raw, f"supported: {', '.join('sglang==' + v for v in SGLANG_VERSIONS)}")
-        return text.split("+", 1)[0]
-    if text.startswith("vllm=="):
-        text = text[len("vllm==") :]
-    text = text.split("+", 1)[0]
-    if text not in SUPPORTED_VERSIONS:
-        raise invalid("version", raw, f"supported: {', '.join('vllm==' + v for v in SUPPORTED_VERSIONS)}")
-    return text
+    implements. The name is read by the one grammar
+    (``ground.engines.EngineSpec``)."""
+    try:
+        spec = EngineSpec.parse(text, "version")
+    except KvspecError:
+        name = family_of(text) if isinstance(text, str) and family_of(text) in FAMILIES else DEFAULT_FAMILY
+        raise invalid("version", text, f"supported: {', '.join(f'{name}==' + v for v in FAMILIES[name].releases)}") from None
+    return spec.release_spec.version
 
 
 def implemented_rule(version: str) -> str:
@@ -101,7 +100,8 @@ def implemented_rule(version: str) -> str:
     version string that does not parse (a server's local build) counts as
     newer. SGLang (``sglang==X``) has no rule of its own in the model:
     it is held to the promise."""
-    if version.startswith("sglang=="):
+    family = FAMILIES.get(family_of(version))
+    if family is not None and not family.supports(Capability.RULE_MODEL):
         return "promise"
     try:
         major_minor = tuple(int(x) for x in version.split(".")[:2])
@@ -145,10 +145,14 @@ def sglang_knobs(case: Case, version: str) -> Knobs:
 
 def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
     """Resolve the knobs of ``case`` the way vLLM ``version`` does (or,
-    for ``sglang==X``, as :func:`sglang_knobs` states them)."""
+    for ``sglang==X``, as :func:`sglang_knobs` states them): the family's
+    knobs resolver, named by its registry entry (``ground.engines``)."""
     version = parse_version(version)
-    if version.startswith("sglang=="):
-        return sglang_knobs(case, version)
+    return load(FAMILIES[family_of(version)].knobs)(case, version)
+
+
+def vllm_knobs(case: Case, version: str) -> Knobs:
+    """The knobs of ``case`` as vLLM ``version`` (a parsed release) resolves them."""
     v = _version_tuple(version)
     g = require_geometry(case)
     spec = case.speculative

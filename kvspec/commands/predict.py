@@ -1,4 +1,4 @@
-"""kvspec predict CASE.json [--as vllm==X] [--rule promise|replay|legacy]
+"""kvspec predict CASE.json [--as ENGINE] [--rule promise|replay|legacy]
 
 A hand case is predicted as it is. A deployment case is predicted on the
 geometry vLLM X resolves for it: its own geometry when the case was resolved
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from ground.engines import EngineSpec
+from ground.errors import Unsupported, invalid
 from reference.case import Case, load_case
 from reference.knobs import DEFAULT_VERSION, parse_version
 from reference.predict import predict
@@ -21,27 +23,34 @@ HELP = "predict every request's prefix-cache hits with the reference model (a de
 
 def configure(parser) -> None:
     parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
-    parser.add_argument("--as", dest="version", default=f"vllm=={DEFAULT_VERSION}", help="resolve knobs (and a deployment) as this vLLM version does (default: %(default)s)")
+    parser.add_argument("--as", dest="version", default=f"vllm=={DEFAULT_VERSION}", help="resolve knobs (and a deployment) as this engine release does: vllm==X or sglang==X (default: %(default)s)")
     parser.add_argument("--rule", choices=RULES, default="promise", help="retention rule (default: %(default)s)")
 
 
-def resolved_as(case: Case, version: str) -> Case:
-    """``case`` with the geometry vLLM ``version`` resolves: a hand case as
-    it is; a deployment resolved by that version as it is; any other
-    deployment resolved now through that version's engine."""
-    if case.deployment is None or case.resolved_by == f"vllm=={version}":
+def resolved_as(case: Case, spec: EngineSpec) -> Case:
+    """``case`` with the geometry engine ``spec`` resolves: a hand case as
+    it is; a deployment resolved by that engine's release as it is; any
+    other deployment resolved now through that release's engine."""
+    name = spec.release_spec.name
+    if case.deployment is None or case.resolved_by == name:
         return case
     from engine_adapter import open_engine
     from reference.case import with_resolution
 
-    with open_engine(f"vllm=={version}") as engine:
+    with open_engine(spec.release_spec) as engine:
         r = engine.resolve(case)
-    return with_resolution(case, r["geometry"], r["speculative"], f"vllm=={version}")
+    if r.get("geometry") is None:  # the family resolved a cache the promise is not stated for
+        raise Unsupported(f"--as={name}: {spec.family_entry.title} resolved {case.deployment.describe()} to a cache kvspec does not predict; allowed: a deployment it resolves to a stated geometry")
+    return with_resolution(case, r["geometry"], r["speculative"], name)
 
 
 def main(args) -> int:
-    version = parse_version(args.version)
-    case = resolved_as(load_case(args.case), version)
+    spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
+    version = parse_version(spec.release_spec.name)
+    case = load_case(args.case)
+    if case.deployment is not None and case.deployment.engine != spec.family:
+        raise invalid("--as", args.version, f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family")
+    case = resolved_as(case, spec)
     result = predict(case, version, args.rule)
     if case.deployment is not None:
         result["resolved_by"] = case.resolved_by

@@ -10,6 +10,7 @@ engines replay a versions finding in tests/engine/test_replay_versions.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -418,7 +419,7 @@ def test_predict_resolves_a_deployment_through_the_engine_of_its_version(tmp_pat
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case())))
     opened = []
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: opened.append(name) or _Opened(ResolvingDouble(name.removeprefix("vllm=="), "replay", 1568)))
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec.name) or _Opened(ResolvingDouble(spec.version, "replay", 1568)))  # the typed engine, parsed once
     assert cli_main(["predict", str(path), "--as", "vllm==0.29.0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert opened == ["vllm==0.29.0"] and out["resolved_by"] == "vllm==0.29.0" and out["knobs"]["scheduler_block_size"] == 1568
@@ -432,3 +433,35 @@ def test_predict_resolves_a_deployment_through_the_engine_of_its_version(tmp_pat
     # ... by another version: resolved again by this one
     assert cli_main(["predict", str(path), "--as", "vllm==0.29.0"]) == 0
     assert opened == ["vllm==0.29.0", "vllm==0.29.0"] and json.loads(capsys.readouterr().out)["knobs"]["scheduler_block_size"] == 1568
+
+
+def test_predict_as_an_sglang_release_is_parsed_as_sglang_not_vllm(tmp_path, monkeypatch, capsys):
+    """``kvspec predict --as sglang==0.5.23`` (issue 41): the name is parsed
+    once, as SGLang's; it never becomes ``vllm==sglang==0.5.23``. A vLLM
+    deployment asked as SGLang is one line, exit 2; so is a deployment
+    SGLang resolves to a cache the promise is not stated for."""
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(case_to_dict(deployment_case())))
+    opened = []
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec) or None)
+    assert cli_main(["predict", str(path), "--as", "sglang==0.5.23"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--as='sglang==0.5.23'" in err and "deployment is for vllm" in err and "vllm==sglang" not in err
+    assert opened == []
+    sglang = tmp_path / "sglang.json"
+    sglang.write_text((Path(__file__).resolve().parents[2] / "examples" / "sglang-no-buffer-qwen3_next.json").read_text())
+
+    class Unstated:  # a test double: SGLang's answer for a no-buffer cache (no geometry)
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def resolve(self, case):
+            return {"geometry": None, "speculative": None}
+
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec.name) or Unstated())
+    assert cli_main(["predict", str(sglang), "--as", "sglang==0.5.23"]) == 2
+    err = capsys.readouterr().err
+    assert opened == ["sglang==0.5.23"] and err.count("\n") == 1 and "--as=sglang==0.5.23: SGLang resolved" in err

@@ -104,7 +104,7 @@ def test_cli_bad_version(tmp_path, capsys):
     path = tmp_path / "case.json"
     path.write_text(json.dumps(GOOD))
     assert main(["predict", str(path), "--as", "vllm==0.1.0"]) == 2
-    assert "version='vllm==0.1.0'" in capsys.readouterr().err
+    assert "--as='vllm==0.1.0'" in capsys.readouterr().err  # the flag named
 
 
 def test_cli_predict_prints_the_documented_shape(tmp_path, capsys):
