@@ -23,9 +23,8 @@ from ground.errors import EngineError
 
 from fuzz.campaign import Campaign, Stats
 from fuzz.choosers import RandomChooser
-from engine_adapter.host.versions import family_of
+from ground.engines import DEFAULT_FAMILY, FAMILIES, family_of, load
 from fuzz.generate import another_trace, build_case, class_schedule
-from fuzz.generate_sglang import build_sglang_case, sglang_case_on
 from fuzz.generate import hypothesis_cases
 
 #: Traces the random driver draws on each deployment it draws.
@@ -152,23 +151,26 @@ def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline
     return {**counts, "unfinished": unfinished}
 
 
-def random_cases(seed: int, family: str = "vllm", **pinned) -> Iterable[Case]:
+def random_cases(seed: int, family: str = DEFAULT_FAMILY, **pinned) -> Iterable[Case]:
     """Endless seeded cases; keyword arguments go to ``build_case``. A
     deployment case (a ``resolver`` given) takes the next deployment class
     of a seeded schedule (``fuzz.generate.class_schedule``), and
     ``TRACES_PER_DEPLOYMENT`` traces are drawn on each drawn deployment
-    (vLLM's resolution of a deployment costs more than a run). ``family``
-    ``sglang``: SGLang's deployments (``fuzz.generate_sglang``) instead,
-    the same number of traces on each."""
+    (vLLM's resolution of a deployment costs more than a run). A
+    ``family`` with a generator of its own (its registry entry's
+    ``generator``: SGLang's ``fuzz.generate_sglang``) draws its deployments
+    instead, the same number of traces on each."""
     rng = random.Random(seed)
-    if family == "sglang":  # SGLang's deployments (fuzz.generate_sglang), the same traces
+    generator = FAMILIES[family].generator
+    if generator is not None:  # the family's own deployments, the same traces
+        own = load(generator)
         chooser = RandomChooser(rng)
         while True:
-            case = build_sglang_case(chooser, pinned["resolver"])
+            case = own.build_case(chooser, pinned["resolver"])
             yield case
             info = pinned["resolver"](case.deployment.as_dict())
             for _ in range(TRACES_PER_DEPLOYMENT - 1 if info else 0):
-                yield sglang_case_on(chooser, case.deployment.as_dict(), info, None)
+                yield own.case_on(chooser, case.deployment.as_dict(), info, None)
     if pinned.get("resolver") is None:
         while True:
             yield build_case(RandomChooser(rng), **pinned)
@@ -184,6 +186,12 @@ def random_cases(seed: int, family: str = "vllm", **pinned) -> Iterable[Case]:
             if more is None:
                 break
             yield more
+
+
+def _own_builder(version: str):
+    """The case builder of the family's own generator, else None (vLLM's)."""
+    generator = FAMILIES[family_of(version)].generator
+    return None if generator is None else load(generator).build_case
 
 
 def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_execs: int | None = None, stop_on_finding: bool = False, synthetic: bool = False, **pinned) -> Stats:
@@ -223,7 +231,7 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     n = 0
     while not done[1] and done[0] < max_examples and time.monotonic() < deadline and not engine_down(campaign):
         run = hseed(seed * 1_000_003 + n)(
-            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, build_sglang_case if family_of(campaign.engine.version) == "sglang" else None))(step))
+            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, _own_builder(campaign.engine.version)))(step))
         )
         run()
         n += 1

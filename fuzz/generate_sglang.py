@@ -75,3 +75,9 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: The family generator's protocol (``ground.engines.Family.generator``):
+#: a case on a drawn deployment, and another trace on a resolved one.
+build_case = build_sglang_case
+case_on = sglang_case_on

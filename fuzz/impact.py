@@ -27,8 +27,8 @@ import hashlib
 from array import array
 
 from engine_adapter.models.served import model_config_dict
+from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError
-from reference import sglang_flags
 from reference.case import Case, parse_case, prompt_tokens
 from reference.deployment import get_flag, parse_deployment
 from reference.knobs import DEFAULT_VERSION, resolve_knobs
@@ -62,12 +62,13 @@ def _tensor_parallel(deployment: dict, facts: dict) -> int:
     tp = facts.get("tensor_parallel_size")
     if type(tp) is int and tp >= 1:
         return tp
-    if deployment.get("engine") == "sglang":  # SGLang's allow-list spells it --tp-size only (reference.sglang_flags)
-        args = tuple(_canonical(str(a), sglang_flags.canonical_flag) for a in deployment.get("sglang_args") or [])
-        value = get_flag(args, "--tp-size")
-    else:
-        args = tuple(_canonical(str(a)) for a in deployment.get("vllm_args") or [])
-        value = get_flag(args, "--tensor-parallel-size")
+    family = FAMILIES.get(deployment.get("engine") or DEFAULT_FAMILY)
+    if family is None:
+        return 1
+    # each family's own spelling (SGLang's allow-list spells it --tp-size only: reference.sglang_flags)
+    canonical = canonical_flag if family.canonical_flag is None else load(family.canonical_flag)
+    args = tuple(_canonical(str(a), canonical) for a in deployment.get(family.args_field) or [])
+    value = get_flag(args, family.tp_flag)
     return max(int(value), 1) if value is not None and value.isdigit() else 1
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference.case import parse_case, prompt_tokens
+from ground.engines import FAMILIES, family_of, load
 from ground.errors import KvspecError
 
 from fuzz.oracle_registry import HIT_ORACLES
@@ -111,8 +112,9 @@ def classify(finding: dict) -> str | None:
         return None
     kind, g = low
     version = str((finding.get("engine") or {}).get("version") or "")
-    if version.startswith("sglang=="):
-        return _sglang_class(finding, kind, g)
+    family = FAMILIES.get(family_of(version))
+    if family is not None and family.classes is not None:  # the family's own classes
+        return load(family.classes)(finding, kind, g)
     knobs = (finding.get("engine") or {}).get("knobs") or {}
     drop = bool(knobs.get("eagle_drop"))
     hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]

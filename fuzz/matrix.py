@@ -31,6 +31,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from engine_adapter.host.versions import engine_name, family_of
+from ground.engines import FAMILIES, Capability
 from reference.case import Case
 from ground.errors import Unsupported
 from reference.knobs import resolve_knobs
@@ -60,7 +61,7 @@ def case_for(case: Case, family: str) -> tuple[Case, str | None]:
     geometry on an engine other than vLLM."""
     dep = case.deployment
     if dep is None:
-        if family != "vllm":
+        if not FAMILIES[family].supports(Capability.GEOMETRY):
             raise Unsupported(f"case: a hand geometry runs on vLLM only; allowed on {family}: a deployment case")
         return case, None
     if dep.engine == family:

@@ -20,6 +20,7 @@ knobs the engine resolved, and those are judged first.
 from __future__ import annotations
 
 from engine_adapter.host.versions import engine_name
+from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability
 from engine_adapter.interface import Observation
 from reference.case import Case, with_resolution
 from reference.knobs import resolve_knobs
@@ -42,7 +43,8 @@ def check_resolution(case: Case, version: str, obs: Observation) -> list[Diverge
     carries the hits unchanged; ``context``: ``rule`` (for the signature),
     ``resolution``."""
     r = obs.get("resolution") if case.deployment is not None and "error" not in obs else None
-    if (r or {}).get("engine_family", "vllm") != "vllm":  # vLLM's documented flags; another family states its own
+    family = FAMILIES.get((r or {}).get("engine_family") or DEFAULT_FAMILY)
+    if family is None or not family.supports(Capability.RESOLUTION_RULE):  # vLLM's documented flags; another family states its own
         return []
     g = (r or {}).get("geometry") or {}
     unit, hashed = g.get("prefix_match_unit"), g.get("hash_block_size")

@@ -18,7 +18,7 @@ prefix (:func:`serial_part`), where their rules were stated.
 
 from __future__ import annotations
 
-from engine_adapter.host.versions import family_of
+from ground.engines import FAMILIES, Capability, family_of
 from engine_adapter.interface import Observation
 from dataclasses import replace
 
@@ -51,7 +51,8 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
     vLLM release, :data:`BUILD_ORACLES` among them for a build
     (``X+LABEL.HASH``), :data:`NEUTRAL_ORACLES` among them for another
     family (``sglang==X``: the promise's own rules, not vLLM's)."""
-    if family_of(version) != "vllm":
+    family = FAMILIES.get(family_of(version))
+    if family is not None and not family.supports(Capability.RULE_MODEL):
         return tuple(o for o in oracles if o in NEUTRAL_ORACLES)
     if "+" not in version:
         return oracles

@@ -18,8 +18,8 @@ from ground.errors import EngineError
 
 from fuzz.atheris_runner import STOP_GRACE_S
 from fuzz.campaign import Campaign
-from engine_adapter.host.versions import family_of
-from fuzz.drivers import BoundedEngine, TreeCoreTwin, engine_down, run_cases, run_given, run_hypothesis, run_random
+from ground.engines import FAMILIES, Capability, family_of, load
+from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
 from fuzz.progress import Heartbeat, progress_line
 from fuzz.summary import IN_PROCESS_KEYS, CampaignSummary
 
@@ -58,8 +58,9 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
                 pass  # remembered: the first run reports it (a harness error, or cut past the deadline)
         ready, ready_at = time.monotonic(), time.time()
         engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
-        if other is None and family_of(engine.version) == "sglang":  # SGLang's two tree cores, held to the same hits
-            other = TreeCoreTwin(engine)
+        twin = FAMILIES[family_of(engine.version)].twin
+        if other is None and twin is not None:  # a second engine the family is held to (SGLang's two tree cores: the same hits)
+            other = load(twin)(engine)
         campaign = Campaign(engine, out, other=other, seed=config.seed, deadline=stop_at)
         s = campaign.stats
         synthetic = config.synthetic
@@ -70,7 +71,7 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
 
         with Heartbeat(line, say):
             case_files = run_given(campaign, list(given), deadline=stop_at)
-            if family_of(engine.version) != "vllm":  # the z3 seeds are mapped onto vLLM deployments
+            if not FAMILIES[family_of(engine.version)].supports(Capability.BOUNDARY_SEEDS):  # the z3 seeds are mapped onto vLLM deployments
                 seeds = []
             elif not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
                 from fuzz.seeds import on_deployments

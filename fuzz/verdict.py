@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from reference.case import Case
+from ground.engines import version_key
 from ground.errors import Unsupported, invalid
 
 from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
@@ -133,7 +134,7 @@ def other_engine_version(finding: dict) -> str | None:
     if isinstance(other, dict):
         other = other.get("version") or other.get("name")
     if isinstance(other, str) and other:
-        return other.removeprefix("vllm==")
+        return version_key(other)
     detail = (finding.get("expected") or {}).get("detail") if isinstance(finding.get("expected"), dict) else None
     if finding.get("oracle") == "versions" and isinstance(detail, str) and detail.startswith("expected = vllm=="):
         return detail[len("expected = vllm==") :].split()[0]

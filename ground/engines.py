@@ -80,9 +80,9 @@ class Family:
       its package under ``engine_adapter/``;
     * ``flags``: its serve-flag allow-list checker (``check(args)``);
     * ``knobs``: its knobs resolver (``knobs(case, version) -> Knobs``);
-    * ``generator``: its deployments' case builder
-      (``build(chooser, resolver) -> Case``), None: vLLM's
-      (``fuzz.generate``);
+    * ``generator``: a module drawing its deployments' cases
+      (``build_case(chooser, resolver) -> Case`` and ``case_on(chooser,
+      deployment, info, name) -> Case``), None: vLLM's (``fuzz.generate``);
     * ``twin``: a second engine a campaign holds it to when none is given
       (``twin(engine)``), else None;
     * ``classes``: its known-class classifier (``classify(finding, kind,
@@ -140,7 +140,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("sglang", "SGLang", ("0.5.23",), "0.5.23", "sglang_args", "python -m sglang.launch_server", "sglang",
            "engine_adapter.sglang_engine.driver", "reference.sglang_flags:check_sglang_args", "reference.knobs:sglang_knobs",
            frozenset({Capability.BUILDS}), platforms=("cuda",), tp_flag="--tp-size", run_options=("tree_core",),
-           generator="fuzz.generate_sglang:build_sglang_case", twin="fuzz.drivers:TreeCoreTwin", classes="fuzz.known_classes:_sglang_class",
+           generator="fuzz.generate_sglang", twin="fuzz.drivers:TreeCoreTwin", classes="fuzz.known_classes:_sglang_class",
            canonical_flag="reference.sglang_flags:canonical_flag", resolve_printer="kvspec.commands.resolve:_render_sglang"),
 )}
 
@@ -262,6 +262,14 @@ def engine_name(version: str) -> str:
     """The engine name of a version key: ``0.33.0`` -> ``vllm==0.33.0``;
     ``sglang==0.5.23`` is its own."""
     return version if "==" in version else f"{DEFAULT_FAMILY}=={version}"
+
+
+def version_key(name: str) -> str:
+    """The version key of an engine name (the inverse of
+    :func:`engine_name`): ``vllm==0.33.0`` -> ``0.33.0``; ``sglang==0.5.23``
+    and a key already are their own."""
+    head, sep, rest = name.partition("==")
+    return rest if sep and head in FAMILIES and FAMILIES[head].bare_key else name
 
 
 def family_of_version(version: str) -> Family:

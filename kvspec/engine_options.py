@@ -10,22 +10,21 @@ report --matrix, check-build).
 * ``--engine path:/src/vllm`` / ``--engine wheel:FILE.whl`` ``[--base vllm==X]``:
   a local source tree's or a wheel's Python files over release X.
 
-:func:`engine_specs` turns them into engines
-(``engine_adapter.host.versions.EngineSpec``), building each build's
+:func:`parse_engine_options` reads each name once, here
+(``ground.engines.EngineSpec``: the one grammar), before any work;
+:func:`engine_specs` turns them into engines, building each build's
 environment first (``engine_adapter.host.builds``: seconds from the
-release's): each name is parsed here, once, and the commands hand the
-parsed engine down; :func:`engine_names` gives their names.
+release's), and the commands hand the parsed engine down;
+:func:`engine_names` gives their names.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from fuzz.oracle_registry import BY_NAME, ORACLES, listed
-
-if TYPE_CHECKING:
-    from engine_adapter.host.versions import EngineSpec
+from ground.engines import DEFAULT_FAMILY, FAMILIES, EngineSpec, Family
 
 PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"
 BASE_HELP = "the release a path: or wheel: engine is based on (default: the tree's vllm/_version.py, read as text, or the wheel's version)"
@@ -67,15 +66,28 @@ def add_engine_arguments(parser, *, dest: str = "engine", flag: str = "--engine"
     parser.add_argument("--base", dest=f"{dest}_bases", action=_AttachAction, engines_dest=dest, many=False, default=None, metavar="vllm==X", help=BASE_HELP)
 
 
-def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[EngineSpec]:
-    """The engines the options give (:class:`EngineSpec`, each name parsed
-    once, here), each build built first. A ``--patch`` / ``--base`` with no
-    engine to attach to applies to ``default``. A build made here is the
-    name its build gives (read once), with the patches it is made of."""
-    from dataclasses import replace
+@dataclass(frozen=True)
+class EngineOption:
+    """One ``--engine`` as the command line gave it, read once: ``spec``,
+    its parsed name (None for a local build source, ``path:`` or
+    ``wheel:``, which ``engine_adapter.host.builds`` reads), and the
+    ``--patch`` / ``--base`` attached to it."""
 
-    from engine_adapter.host.builds import prepare
-    from engine_adapter.host.versions import EngineSpec
+    text: str
+    spec: EngineSpec | None
+    patches: tuple[str, ...] = ()
+    base: str | None = None
+
+    @property
+    def family(self) -> Family:
+        """The family it belongs to (a local build source: the default's)."""
+        return FAMILIES[self.spec.family if self.spec is not None else DEFAULT_FAMILY]
+
+
+def parse_engine_options(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None) -> list[EngineOption]:
+    """The engines the options give, each name parsed here, once (no
+    build, no engine): bad names and misplaced ``--patch`` / ``--base`` are
+    one line, before any work."""
     from ground.errors import invalid
 
     texts = list(getattr(args, dest, None) or ([] if default is None else [default]))
@@ -83,13 +95,30 @@ def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default:
     bases = dict(getattr(args, f"{dest}_bases", None) or {})
     if not texts and (patches or bases):
         raise invalid("--patch" if patches else "--base", (patches or bases).get(0), f"needs {flag} vllm==X (or path:DIR / wheel:FILE.whl) to apply to")
-    kwargs = {} if progress is None else {"progress": progress}
     out = []
     for i, text in enumerate(texts):
         local = isinstance(text, str) and text.strip().startswith(("path:", "wheel:"))  # builds.prepare reads those
-        spec = text if local else EngineSpec.parse(text, flag)
-        name = prepare(spec, patches.get(i), bases.get(i), flag=flag, **kwargs)
-        out.append(spec if not local and name == spec.name else replace(EngineSpec.parse(name), patches=tuple(map(str, patches.get(i) or ()))))
+        out.append(EngineOption(text, None if local else EngineSpec.parse(text, flag), tuple(map(str, patches.get(i) or ())), bases.get(i)))
+    return out
+
+
+def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None, parsed: list[EngineOption] | None = None) -> list[EngineSpec]:
+    """The engines the options give (:class:`EngineSpec`, each name parsed
+    once: :func:`parse_engine_options`, or ``parsed`` when the command read
+    them already), each build built first. A ``--patch`` / ``--base`` with
+    no engine to attach to applies to ``default``. A build made here is the
+    name its build gives (read once), with the patches it is made of."""
+    from dataclasses import replace
+
+    from engine_adapter.host.builds import prepare
+
+    options = parsed if parsed is not None else parse_engine_options(args, dest=dest, flag=flag, default=default)
+    kwargs = {} if progress is None else {"progress": progress}
+    out = []
+    for option in options:
+        source = option.spec if option.spec is not None else option.text
+        name = prepare(source, list(option.patches) or None, option.base, flag=flag, **kwargs)
+        out.append(option.spec if option.spec is not None and name == option.spec.name else replace(EngineSpec.parse(name), patches=option.patches))
     return out
 
 

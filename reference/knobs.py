@@ -79,13 +79,15 @@ class Knobs:
         return asdict(self)
 
 
-def parse_version(text: str) -> str:
+def parse_version(text: str | EngineSpec) -> str:
     """Accept ``0.33.0`` or ``vllm==0.33.0``; return ``0.33.0``; another
     family's ``sglang==X`` is returned as it is (its version key). A build of
     a release (a PEP 440 local version, ``0.33.0+fix.1a2b3c``: a patched
     engine) is that release: the model states the rule the release
     implements. The name is read by the one grammar
-    (``ground.engines.EngineSpec``)."""
+    (``ground.engines.EngineSpec``); an engine parsed already is not read again."""
+    if isinstance(text, EngineSpec):
+        return text.release_spec.version
     try:
         spec = EngineSpec.parse(text, "version")
     except KvspecError:
@@ -143,7 +145,7 @@ def sglang_knobs(case: Case, version: str) -> Knobs:
     )
 
 
-def resolve_knobs(case: Case, version: str = DEFAULT_VERSION) -> Knobs:
+def resolve_knobs(case: Case, version: str | EngineSpec = DEFAULT_VERSION) -> Knobs:
     """Resolve the knobs of ``case`` the way vLLM ``version`` does (or,
     for ``sglang==X``, as :func:`sglang_knobs` states them): the family's
     knobs resolver, named by its registry entry (``ground.engines``)."""

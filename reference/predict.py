@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reference.case import Case, prompt_tokens, serial_prefix
+from ground.engines import EngineSpec
 from reference.knobs import DEFAULT_VERSION, Knobs, resolve_knobs
 from reference.serial import common_prefix, known_common, simulate
 
@@ -83,7 +84,8 @@ def resume_bounds(case: Case) -> list[int]:
     return out
 
 
-def predict(case: Case, as_version: str = DEFAULT_VERSION, rule: str = "promise") -> dict:
+def predict(case: Case, as_version: str | EngineSpec = DEFAULT_VERSION, rule: str = "promise") -> dict:
     """Predict hits and queries of every request of ``case``, with the knobs
-    vLLM ``as_version`` resolves and the retention ``rule``."""
+    vLLM ``as_version`` resolves (a version key, or an engine parsed at the
+    command line's edge) and the retention ``rule``."""
     return predict_with_knobs(case, resolve_knobs(case, as_version), rule)

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.table import Table
 
 from ground.console import LOG_WIDTH, table_console
+from ground.engines import EngineSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("driver", "execs", "exec/s", "coverage", "unsupported", "rejected by vLLM", "harness errors", "new findings", "first finding (s)")
@@ -46,7 +47,7 @@ def test_kvspec_fuzz_prints_full_column_names_into_a_log(capsys):
 
     summary = {"execs": 1234, "exec_per_s": 5.6, "coverage": None, "unsupported": 0, "rejected": 12, "harness_errors": 0, "findings": [],
                "first_finding_s": None, "classes": [], "malformed": []}
-    _print(summary, Namespace(json=False, driver="random"), ["vllm==0.33.0"], Path("out"))
+    _print(summary, Namespace(json=False, driver="random"), [EngineSpec.parse("vllm==0.33.0")], Path("out"))
     text = capsys.readouterr().out
     assert "…" not in text
     for col in COLUMNS:

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ground.console import say as _say
+from ground.engines import Capability
 from ground.errors import invalid
 
 from fuzz.oracle_registry import build_sentence, help_text
 
 if TYPE_CHECKING:
-    from engine_adapter.host.versions import EngineSpec
+    from ground.engines import EngineSpec
+    from kvspec.engine_options import EngineOption
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
 DRIVERS = ("atheris", "hypothesis", "random", "cases")
@@ -121,13 +123,15 @@ def max_jobs(ray: str | None) -> tuple[int, str]:
     return JOBS_PER_CORE * n, f"{JOBS_PER_CORE} per core of this machine's {n} cores"
 
 
-def _validate(args, engines: list[str]) -> None:
+def _validate(args, engines: list[EngineOption]) -> None:
     """Every option checked before any work (a build, the z3 seeds, an
-    engine): one line naming the flag, exit 2."""
+    engine): one line naming the flag, exit 2. ``engines``: the
+    ``--engine`` options, parsed once (``parse_engine_options``); what a
+    family allows is its registry entry's capabilities."""
     from kvspec.options import output_dir, seconds, whole
 
     if len(engines) > 2:
-        raise invalid("--engine", engines, "give one engine under test and at most one more to compare with")
+        raise invalid("--engine", [e.text for e in engines], "give one engine under test and at most one more to compare with")
     seconds("--max-time", args.max_time)
     ray = getattr(args, "ray", None)
     top, why = max_jobs(ray)
@@ -143,20 +147,22 @@ def _validate(args, engines: list[str]) -> None:
             raise invalid("libfuzzer", " ".join(args.libfuzzer), f"flags after -- go to libFuzzer; allowed with --driver atheris (the driver is {args.driver})")
         if args.jobs > 1 and ray is None:
             raise invalid("--jobs", args.jobs, f"parallel workers are libFuzzer processes (--driver atheris) or Ray tasks (--ray); allowed with --driver {args.driver} and no --ray: 1")
-    sglang = next((e for e in engines if str(e).strip().startswith("sglang==")), None)
-    if sglang is not None:  # SGLang's driver runs in its worker: no in-process atheris harness, deployments only
+    worker_only = next((e for e in engines if not e.family.supports(Capability.IN_PROCESS)), None)
+    sglang = None if worker_only is None else worker_only.spec.name
+    if worker_only is not None:  # its driver runs in its worker: no in-process atheris harness, deployments only
+        title = worker_only.family.title
         if args.driver == "atheris":
             raise invalid("--driver", "atheris", f"instruments vLLM in-process; allowed with --engine {sglang}: random, hypothesis, cases")
         if args.synthetic_geometry or ray is not None:
-            raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: SGLang runs deployment cases in one process; allowed: neither")
-        if len(engines) > 1:
-            raise invalid("--engine", engines, f"with {sglang} the second engine is SGLang's Rust tree core, always; allowed: one --engine")
+            raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: {title} runs deployment cases in one process; allowed: neither")
+        if len(engines) > 1 and worker_only.family.twin is not None:
+            raise invalid("--engine", [e.text for e in engines], f"with {sglang} the second engine is {title}'s own twin (its second tree core), always; allowed: one --engine")
     from fuzz.generate import CONNECTOR_MODES
 
     if args.kv_connector not in CONNECTOR_MODES:
         raise invalid("--kv-connector", args.kv_connector, f"allowed: {', '.join(CONNECTOR_MODES)}")
     if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or sglang is not None):
-        why = "SGLang deployments carry none" if sglang is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
+        why = f"{worker_only.family.title} deployments carry none" if worker_only is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
         raise invalid("--kv-connector", args.kv_connector, f"pins the random driver's vLLM deployments; {why}; allowed here: drawn")
     if args.case and args.driver == "atheris":
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
@@ -193,17 +199,18 @@ def main(args) -> int:
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS
     from fuzz.progress import resume_line
-    from kvspec.engine_options import engine_specs
+    from kvspec.engine_options import engine_specs, parse_engine_options
     from ground.home import kvspec_home
     from ground.errors import EngineError
 
-    _validate(args, list(args.engine or []))  # options first, before any build
+    options = parse_engine_options(args, default=DEFAULT_ENGINE)  # each name parsed once, here
+    _validate(args, options)  # options first, before any build
     cases = [load_finding(path)[0] for path in args.case]  # a bad case file: one line, exit 2, before any build
     for case in cases:  # a model config kvspec refuses: before any build or engine
         check_case_model(case)
     # a build (--patch, path:, wheel:) is built before the clock starts
     try:
-        specs = engine_specs(args, default=DEFAULT_ENGINE, progress=_say)  # each name parsed once, there
+        specs = engine_specs(args, progress=_say, parsed=options)  # the names parsed above
     except EngineError as e:  # a build's environment could not be made (its self-test failed, say)
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
@@ -248,7 +255,7 @@ def main(args) -> int:
     report = summary.to_dict()
     report["classes"], report["malformed"] = _classes(out, report)
     report["exit_code"], report["outcome"] = code, reason
-    _print(report, args, engines, out)
+    _print(report, args, specs, out)
     _say(f"kvspec fuzz: exit {code}: {reason}")
     return code
 
@@ -264,7 +271,7 @@ def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:
     return triage(described, new), [{"path": p, "reason": r} for p, r in malformed]
 
 
-def _print(summary: dict, args, engines: list[str], out: Path) -> None:
+def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
     from rich.table import Table
 
     from ground.console import table_console
@@ -274,6 +281,7 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
     if args.json:
         print(json.dumps(summary, indent=2))
         return
+    engines = [spec.name for spec in specs]
     table = Table(title=f"kvspec fuzz: {engines[0]}" + (f" vs {engines[1]}" if len(engines) > 1 else ""))
     for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "rejected by vLLM", "harness errors", "new findings", "first finding (s)"):
         table.add_column(col, justify="right")
@@ -285,7 +293,7 @@ def _print(summary: dict, args, engines: list[str], out: Path) -> None:
     reach = summary.get("reach")
     if reach:
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(reach["shapes"].items(), key=lambda kv: -kv[1]))
-        if engines[0].startswith("vllm=="):
+        if specs[0].family_entry.supports(Capability.DEPLOYMENT_CLASSES):
             print(f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}")
         else:  # the deployment classes are vLLM's features (speculative mode, hash unit, retention)
             print(f"  reach: trace shapes: {shapes}")

@@ -14,7 +14,7 @@ import json
 from ground.engines import EngineSpec
 from ground.errors import Unsupported, invalid
 from reference.case import Case, load_case
-from reference.knobs import DEFAULT_VERSION, parse_version
+from reference.knobs import DEFAULT_VERSION
 from reference.predict import predict
 from reference.serial import RULES
 
@@ -46,12 +46,11 @@ def resolved_as(case: Case, spec: EngineSpec) -> Case:
 
 def main(args) -> int:
     spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
-    version = parse_version(spec.release_spec.name)
     case = load_case(args.case)
     if case.deployment is not None and case.deployment.engine != spec.family:
         raise invalid("--as", args.version, f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family")
     case = resolved_as(case, spec)
-    result = predict(case, version, args.rule)
+    result = predict(case, spec, args.rule)  # the typed engine, not its name again
     if case.deployment is not None:
         result["resolved_by"] = case.resolved_by
     print(json.dumps(result, indent=2))

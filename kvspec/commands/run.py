@@ -30,6 +30,7 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, FAMILY_TITLES, family_of
+from ground.engines import Capability
 from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
@@ -127,8 +128,9 @@ def main(args) -> int:
     case = load_case(args.case)
     spec = engine_specs(args, default=DEFAULT_ENGINE)[0]  # the name parsed once, there
     version = spec.version
-    name, title = spec.name, FAMILY_TITLES[spec.family]
-    if (case.deployment is not None and case.deployment.engine != spec.family) or (case.deployment is None and spec.family != "vllm"):
+    family = spec.family_entry
+    name, title = spec.name, family.title
+    if (case.deployment is not None and case.deployment.engine != spec.family) or (case.deployment is None and not family.supports(Capability.GEOMETRY)):
         raise invalid("--engine", spec.name, f"the case's deployment is for {case.deployment.engine if case.deployment else 'vllm (a hand geometry)'}; allowed: an engine of that family")
     reference = None
     # a build is compared with kvspec's promise: the implemented rule is its release's
@@ -136,12 +138,12 @@ def main(args) -> int:
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:
-        reference = predict(case, name, rule)  # its one-line errors exit 2 before any engine work
+        reference = predict(case, spec, rule)  # its one-line errors exit 2 before any engine work
     from engine_adapter.host import warm
     from engine_adapter.host.engine import open_engine
 
     with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
-        options = {"eagle_groups": args.eagle_groups} if spec.family == "vllm" else {"tree_core": args.tree_core}
+        options = {option: getattr(args, option) for option in family.run_options}  # the options its driver takes
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
@@ -162,7 +164,7 @@ def main(args) -> int:
 
     judged = resolved(case, observed, version)
     if reference is None:
-        if judged.geometry is None and spec.family != "vllm" and observed.get("resolution"):
+        if judged.geometry is None and not family.supports(Capability.EVERY_CACHE_STATED) and observed.get("resolution"):
             from ground.errors import Unsupported
 
             raise Unsupported(f"--compare: {title} resolved {case.deployment.describe()} to a cache the promise is not stated for "
@@ -170,7 +172,7 @@ def main(args) -> int:
         if judged.geometry is None:  # the engine raised before it resolved the deployment
             reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
         else:
-            reference = predict(judged, name, rule)
+            reference = predict(judged, spec, rule)
     mismatches = differences(reference, observed)
     rk = reference.get("knobs") or {}
     # What the model does not predict (a concurrent trace past its serial

@@ -73,10 +73,11 @@ def test_the_pin_is_refused_where_no_drawn_deployment_could_carry_it(argv, field
     import argparse
 
     from kvspec.commands import fuzz as command
+    from kvspec.engine_options import parse_engine_options
 
     parser = argparse.ArgumentParser()
     command.configure(parser)
     args = parser.parse_args(argv)
     with pytest.raises(InvalidArgument) as e:
-        command._validate(args, list(args.engine or []))
+        command._validate(args, parse_engine_options(args))
     assert str(e.value).startswith(f"{field}="), e.value

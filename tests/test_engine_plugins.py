@@ -1,0 +1,182 @@
+"""The engine as one typed object, the family as a plug-in (issue 41).
+
+* One parse: a command reads each ``--engine`` / ``--as`` name once, at its
+  edge (``ground.engines.EngineSpec.parse``), and hands the typed engine
+  down; the tests count the parses of ``run``, ``predict`` and ``fuzz``'s
+  options (a ratchet lists the re-reads below the edge that remain).
+* No family-name switch outside the parser and the families' own package:
+  code outside ``engine_adapter/`` asks a family's capability
+  (``ground.engines.Capability``) or its registry entry, never compares its
+  name (``== "sglang"``, ``.startswith("vllm==")``). A ratchet: the switches
+  that stand are listed and the list only shrinks (today: none).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from ground import engines as registry
+from ground.engines import FAMILIES, Capability, EngineSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Packages outside ``engine_adapter/`` (the families' home) the switch
+#: test reads; ``ground/engines.py`` is the parser and the registry.
+OUTSIDE = ("ground", "reference", "spec", "fuzz", "advise", "mutate", "kvspec")
+PARSER = "ground/engines.py"
+#: Family-name switches that stand outside engine_adapter/ (path, line
+#: text): none today. A new one fails; a listed one that is gone fails too.
+KNOWN_SWITCHES: set[tuple[str, str]] = set()
+
+
+def _is_family_name(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return any(node.value == f or node.value.startswith(f + "==") for f in FAMILIES)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_family_name(e) for e in node.elts)
+    return False
+
+
+def family_switches(root: Path = ROOT) -> list[tuple[str, str]]:
+    """Every comparison with a family's name (``x == "sglang"``, ``x in
+    ("vllm", ...)``) and every ``startswith``/``endswith`` of one
+    (``"vllm=="``) outside engine_adapter/ and the parser."""
+    found = []
+    for pkg in OUTSIDE:
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            if rel == PARSER or path.name.startswith("test_") or path.name == "conftest.py":
+                continue
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text, rel)):
+                if isinstance(node, ast.Compare):
+                    hit = _is_family_name(node.left) or any(_is_family_name(c) for c in node.comparators)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith", "removeprefix"):
+                    hit = any(_is_family_name(a) for a in node.args)
+                else:
+                    hit = False
+                if hit:
+                    found.append((rel, ast.get_source_segment(text, node) or ""))
+    return found
+
+
+def test_no_family_name_switch_outside_the_families():
+    found = set(family_switches())
+    new, gone = found - KNOWN_SWITCHES, KNOWN_SWITCHES - found
+    assert not new, f"switch on a family's name outside engine_adapter/ (ask its capability, ground.engines.Capability): {sorted(new)}"
+    assert not gone, f"strike these from KNOWN_SWITCHES (the count only goes down): {sorted(gone)}"
+
+
+def test_the_switch_finder_finds_a_switch(tmp_path):
+    """The finder itself can fail: a planted switch is found."""
+    (tmp_path / "fuzz").mkdir()
+    (tmp_path / "fuzz" / "planted.py").write_text('def f(v):\n    return v.startswith("sglang==") or v == "vllm"\n')
+    assert sorted(s for _p, s in family_switches(tmp_path)) == ['v == "vllm"', 'v.startswith("sglang==")']
+
+
+#: Where an engine is read again below the command line's edge, per
+#: command: a ratchet (a new re-read fails; a listed one that is gone fails
+#: too, strike it). ``run``'s judge hands the version key (``0.33.0``) to
+#: ``reference.knobs.resolve_knobs``, which reads it again: the judge
+#: (fuzz/verdict.py, fuzz/oracles.py) still carries version keys.
+KNOWN_REPARSES = {"run": ["reference/knobs.py"], "predict": [], "fuzz": []}
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """Every call of the one parser: (the text, the file that called it)."""
+    import traceback
+
+    seen: list[tuple[str, str]] = []
+    original = EngineSpec.parse.__func__
+
+    def counting(cls, text, field="engine"):
+        caller = traceback.extract_stack(limit=2)[0]
+        seen.append((text, str(Path(caller.filename).resolve().relative_to(ROOT))))
+        return original(cls, text, field)
+
+    monkeypatch.setattr(EngineSpec, "parse", classmethod(counting))
+    return seen
+
+
+def _once_at_the_edge(parses, command: str, names: list[str], edge: str) -> None:
+    at_edge = [(t, f) for t, f in parses if f == edge]
+    assert at_edge == [(n, edge) for n in names], parses  # each command-line name: once, at the edge
+    again = [f for _t, f in parses if f != edge]
+    assert again == KNOWN_REPARSES[command], f"engine read again below the edge (hand the typed EngineSpec down): {parses}"
+
+
+class _Opened:
+    """A test double of an opened engine (a context manager) around ``inner``."""
+
+    mode = "inprocess"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, case, options=None, **kw):
+        return self.inner.run(case)
+
+    def resolve(self, case):
+        return self.inner.run(case)["resolution"]
+
+
+def test_kvspec_run_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
+    from reference.case import case_to_dict
+    from kvspec.cli import main
+    from tests.conftest import hybrid, make_case
+    from tests.fuzz.doubles import ReferenceDouble
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case_to_dict(make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]))))
+    handed = []
+    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble("0.33.0", "replay")))
+    assert main(["run", str(path), "--engine", "vllm==0.33.0", "--compare"]) == 0, capsys.readouterr()
+    _once_at_the_edge(parses, "run", ["vllm==0.33.0"], "kvspec/engine_options.py")
+    assert [type(s) for s in handed] == [EngineSpec]  # the typed engine handed down, not a name to read again
+
+
+def test_kvspec_predict_parses_its_engine_once(parses, capsys):
+    from kvspec.cli import main
+
+    assert main(["predict", str(ROOT / "examples" / "seed-53504.json"), "--as", "vllm==0.29.0"]) == 0
+    _once_at_the_edge(parses, "predict", ["vllm==0.29.0"], "kvspec/commands/predict.py")
+
+
+def test_kvspec_fuzz_reads_its_engines_once_before_any_build(parses):
+    import argparse
+
+    from kvspec.commands import fuzz as command
+    from kvspec.engine_options import engine_specs, parse_engine_options
+
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    args = parser.parse_args(["--engine", "vllm==0.33.0", "--engine", "vllm==0.32.0"])
+    options = parse_engine_options(args, default="vllm==0.33.0")
+    command._validate(args, options)
+    specs = engine_specs(args, parsed=options)
+    assert [s.name for s in specs] == ["vllm==0.33.0", "vllm==0.32.0"]
+    _once_at_the_edge(parses, "fuzz", ["vllm==0.33.0", "vllm==0.32.0"], "kvspec/engine_options.py")
+
+
+def test_every_family_is_declared_whole():
+    """Each registry line names parts that load and releases that parse."""
+    for family in FAMILIES.values():
+        assert family.default_release in family.releases
+        assert EngineSpec.parse(family.default_engine).family == family.name
+        assert callable(registry.load(family.flags)) and callable(registry.load(family.knobs))
+        for part in (family.generator, family.twin, family.classes, family.canonical_flag):
+            if part is not None:
+                assert registry.load(part) is not None, part
+        assert set(family.capabilities) <= set(Capability)
+    assert EngineSpec.parse("sglang==0.5.23").name == "sglang==0.5.23" and EngineSpec.parse("0.33.0").name == "vllm==0.33.0"
