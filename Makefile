@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 KVSPEC := $(VENV)/bin/kvspec
 export KVSPEC_HOME ?= $(CURDIR)/.kvspec
 
-.PHONY: venv engines server-env check test test-slow test-fast prove bench clean mutate
+.PHONY: venv engines server-env check test test-slow test-fast prove bench clean mutate lint
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,11 +54,17 @@ check: venv engines
 # (the encodings against reference/ over every small geometry; 9 tests, 570 s
 # of CPU, 300 s wall on two workers, the longest test 255 s). `make test-slow`
 # runs every slow test (spec/'s: `pytest spec/ --slow`, ~13 min).
-test: venv engines server-env
+test: venv engines server-env lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" -n 2 --dist loadgroup --ignore=tests/distribute
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "not slow" tests/distribute
 	$(KVSPEC) prove --all --sweep > .kvspec/prove-sweep.txt && tail -n 1 .kvspec/prove-sweep.txt
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 -m slow spec/test_fidelity.py spec/test_seeds.py
+
+# The formatter and the linter (ruff; the rules in pyproject.toml): a
+# change that is not formatted, or that lint finds, fails `make test`.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

@@ -133,16 +133,47 @@ _ALL = frozenset(Capability)
 #: The registry: one line per family. A new family is its package under
 #: ``engine_adapter/`` plus one line here (docs/architecture.md, "Adding an
 #: engine family").
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vllm", "vLLM", ("0.29.0", "0.30.0", "0.32.0", "0.33.0"), "0.33.0", "vllm_args", "vllm serve", "vllm",
-           "engine_adapter.vllm_engine.driver", "reference.vllm_flags:check_vllm_args", "reference.knobs:vllm_knobs", _ALL,
-           run_options=("eagle_groups",), bare_key=True),
-    Family("sglang", "SGLang", ("0.5.23",), "0.5.23", "sglang_args", "python -m sglang.launch_server", "sglang",
-           "engine_adapter.sglang_engine.driver", "reference.sglang_flags:check_sglang_args", "reference.knobs:sglang_knobs",
-           frozenset({Capability.BUILDS}), platforms=("cuda",), tp_flag="--tp-size", run_options=("tree_core",),
-           generator="fuzz.generate_sglang", twin="fuzz.drivers:TreeCoreTwin", classes="fuzz.known_classes:_sglang_class",
-           canonical_flag="reference.sglang_flags:canonical_flag", resolve_printer="kvspec.commands.resolve:_render_sglang"),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "vllm",
+            "vLLM",
+            ("0.29.0", "0.30.0", "0.32.0", "0.33.0"),
+            "0.33.0",
+            "vllm_args",
+            "vllm serve",
+            "vllm",
+            "engine_adapter.vllm_engine.driver",
+            "reference.vllm_flags:check_vllm_args",
+            "reference.knobs:vllm_knobs",
+            _ALL,
+            run_options=("eagle_groups",),
+            bare_key=True,
+        ),
+        Family(
+            "sglang",
+            "SGLang",
+            ("0.5.23",),
+            "0.5.23",
+            "sglang_args",
+            "python -m sglang.launch_server",
+            "sglang",
+            "engine_adapter.sglang_engine.driver",
+            "reference.sglang_flags:check_sglang_args",
+            "reference.knobs:sglang_knobs",
+            frozenset({Capability.BUILDS}),
+            platforms=("cuda",),
+            tp_flag="--tp-size",
+            run_options=("tree_core",),
+            generator="fuzz.generate_sglang",
+            twin="fuzz.drivers:TreeCoreTwin",
+            classes="fuzz.known_classes:_sglang_class",
+            canonical_flag="reference.sglang_flags:canonical_flag",
+            resolve_printer="kvspec.commands.resolve:_render_sglang",
+        ),
+    )
+}
 
 #: The family a bare ``X`` and a deployment without ``engine`` belong to.
 DEFAULT_FAMILY = "vllm"
@@ -151,7 +182,9 @@ DEFAULT_FAMILY = "vllm"
 def family(name: object, field_name: str = "family") -> Family:
     """The declared family ``name``; another is one line naming the allowed."""
     if not isinstance(name, str) or name not in FAMILIES:
-        raise InvalidArgument(f"{field_name}={name!r}: not an engine family kvspec drives; allowed: {', '.join(FAMILIES)}")
+        raise InvalidArgument(
+            f"{field_name}={name!r}: not an engine family kvspec drives; allowed: {', '.join(FAMILIES)}"
+        )
     return FAMILIES[name]
 
 
@@ -211,7 +244,9 @@ class EngineSpec:
             raise InvalidArgument(f"{field}={text!r}: not an engine name of the form {forms}; {allowed_text()}")
         fam = FAMILIES[name]
         if release not in fam.releases:
-            raise Unsupported(f"{field}={text!r}: {fam.title} {release} has no kvspec engine environment; {allowed_text()}")
+            raise Unsupported(
+                f"{field}={text!r}: {fam.title} {release} has no kvspec engine environment; {allowed_text()}"
+            )
         if local is None:
             return cls(name, release)
         label, dot, digest = local.rpartition(".")

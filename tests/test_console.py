@@ -15,7 +15,17 @@ from ground.console import LOG_WIDTH, table_console
 from ground.engines import EngineSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("driver", "execs", "exec/s", "coverage", "unsupported", "rejected by vLLM", "harness errors", "new findings", "first finding (s)")
+COLUMNS = (
+    "driver",
+    "execs",
+    "exec/s",
+    "coverage",
+    "unsupported",
+    "rejected by vLLM",
+    "harness errors",
+    "new findings",
+    "first finding (s)",
+)
 
 
 def _wide_table() -> Table:
@@ -45,8 +55,18 @@ def test_kvspec_fuzz_prints_full_column_names_into_a_log(capsys):
 
     from kvspec.commands.fuzz import _print
 
-    summary = {"execs": 1234, "exec_per_s": 5.6, "coverage": None, "unsupported": 0, "rejected": 12, "harness_errors": 0, "findings": [],
-               "first_finding_s": None, "classes": [], "malformed": []}
+    summary = {
+        "execs": 1234,
+        "exec_per_s": 5.6,
+        "coverage": None,
+        "unsupported": 0,
+        "rejected": 12,
+        "harness_errors": 0,
+        "findings": [],
+        "first_finding_s": None,
+        "classes": [],
+        "malformed": [],
+    }
     _print(summary, Namespace(json=False, driver="random"), [EngineSpec.parse("vllm==0.33.0")], Path("out"))
     text = capsys.readouterr().out
     assert "…" not in text
@@ -56,8 +76,14 @@ def test_kvspec_fuzz_prints_full_column_names_into_a_log(capsys):
 
 def test_kvspec_engines_list_in_a_pipe_keeps_its_column_names():
     """A real command through a pipe (the way ``make check`` runs it)."""
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**__import__("os").environ, "COLUMNS": "80"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "engines", "list"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**__import__("os").environ, "COLUMNS": "80"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "…" not in proc.stdout
     for col in ("engine", "state", "built", "install", "size", "warm", "path"):

@@ -55,7 +55,11 @@ def family_switches(root: Path = ROOT) -> list[tuple[str, str]]:
             for node in ast.walk(ast.parse(text, rel)):
                 if isinstance(node, ast.Compare):
                     hit = _is_family_name(node.left) or any(_is_family_name(c) for c in node.comparators)
-                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith", "removeprefix"):
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("startswith", "endswith", "removeprefix")
+                ):
                     hit = any(_is_family_name(a) for a in node.args)
                 else:
                     hit = False
@@ -67,7 +71,9 @@ def family_switches(root: Path = ROOT) -> list[tuple[str, str]]:
 def test_no_family_name_switch_outside_the_families():
     found = set(family_switches())
     new, gone = found - KNOWN_SWITCHES, KNOWN_SWITCHES - found
-    assert not new, f"switch on a family's name outside engine_adapter/ (ask its capability, ground.engines.Capability): {sorted(new)}"
+    assert not new, (
+        f"switch on a family's name outside engine_adapter/ (ask its capability, ground.engines.Capability): {sorted(new)}"
+    )
     assert not gone, f"strike these from KNOWN_SWITCHES (the count only goes down): {sorted(gone)}"
 
 
@@ -107,7 +113,9 @@ def _once_at_the_edge(parses, command: str, names: list[str], edge: str) -> None
     at_edge = [(t, f) for t, f in parses if f == edge]
     assert at_edge == [(n, edge) for n in names], parses  # each command-line name: once, at the edge
     again = [f for _t, f in parses if f != edge]
-    assert again == KNOWN_REPARSES[command], f"engine read again below the edge (hand the typed EngineSpec down): {parses}"
+    assert again == KNOWN_REPARSES[command], (
+        f"engine read again below the edge (hand the typed EngineSpec down): {parses}"
+    )
 
 
 class _Opened:
@@ -132,15 +140,18 @@ class _Opened:
 
 
 def test_kvspec_run_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
-    from reference.case import case_to_dict
     from kvspec.cli import main
+    from reference.case import case_to_dict
     from tests.conftest import hybrid, make_case
     from tests.fuzz.doubles import ReferenceDouble
 
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case_to_dict(make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]))))
     handed = []
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble("0.33.0", "replay")))
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine",
+        lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble("0.33.0", "replay")),
+    )
     assert main(["run", str(path), "--engine", "vllm==0.33.0", "--compare"]) == 0, capsys.readouterr()
     _once_at_the_edge(parses, "run", ["vllm==0.33.0"], "kvspec/engine_options.py")
     assert [type(s) for s in handed] == [EngineSpec]  # the typed engine handed down, not a name to read again
@@ -179,4 +190,7 @@ def test_every_family_is_declared_whole():
             if part is not None:
                 assert registry.load(part) is not None, part
         assert set(family.capabilities) <= set(Capability)
-    assert EngineSpec.parse("sglang==0.5.23").name == "sglang==0.5.23" and EngineSpec.parse("0.33.0").name == "vllm==0.33.0"
+    assert (
+        EngineSpec.parse("sglang==0.5.23").name == "sglang==0.5.23"
+        and EngineSpec.parse("0.33.0").name == "vllm==0.33.0"
+    )
