@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from reference.case import Case
-from ground.engines import version_key
+from ground.engines import FAMILIES, version_key
 from ground.errors import Unsupported, invalid
 
 from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
@@ -190,8 +190,9 @@ def _hit_differences(observed: list, claimed: list, what: str, only: list[int] |
     return out
 
 
-#: The error kinds that are an engine's own failure (one per family).
-ENGINE_ERROR_KINDS = ("vllm", "sglang")
+#: The error kinds that are an engine's own failure (one per family: its
+#: name, ``ground.engines.FAMILIES``).
+ENGINE_ERROR_KINDS = tuple(FAMILIES)
 
 
 def harness_error_of(observation: dict) -> str | None:

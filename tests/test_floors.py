@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from ground.engines import FAMILIES
+
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {"ground": 0, "reference": 1, "spec": 2, "engine_adapter": 2, "fuzz": 3, "advise": 4, "mutate": 4, "kvspec": 5}
 
@@ -164,10 +166,11 @@ def test_the_reader_sees_a_planted_back_arrow_and_circle(tmp_path):
 #: runs inside its engine's environment and may import vLLM; the host side,
 #: the family-neutral inside side and the live client never import an
 #: engine directly, and the family never reaches back to the host side.
-ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", "engine_adapter.vllm_engine": "family",
-                "engine_adapter.sglang_engine": "family"}
+#: The family packages and their engines are read from the one registry
+#: (``ground.engines.FAMILIES``: each family's driver module and package).
 #: The engine each family may import (its own only).
-FAMILY_ENGINE = {"engine_adapter.vllm_engine": "vllm", "engine_adapter.sglang_engine": "sglang"}
+FAMILY_ENGINE = {f.driver.rpartition(".")[0]: f.package for f in FAMILIES.values()}
+ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", **dict.fromkeys(FAMILY_ENGINE, "family")}
 
 
 def _side(module: str) -> str | None:
@@ -179,7 +182,7 @@ def _engine_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-        found |= {n.split(".")[0] for n in names if n.split(".")[0] in ("vllm", "sglang")}
+        found |= {n.split(".")[0] for n in names if n.split(".")[0] in FAMILY_ENGINE.values()}
     return found
 
 
