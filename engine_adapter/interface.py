@@ -115,9 +115,9 @@ def family_module(family: str = "vllm"):
     """The family's driver module in this interpreter (imports the engine):
     ``get_driver()``, ``selftest_case()``, ``IMPORT_CHECK`` (the engine's
     modules an import-only self-test imports)."""
-    if family not in FAMILIES:
-        raise invalid("family", family, f"allowed: {', '.join(FAMILIES)}")
-    return importlib.import_module(FAMILIES[family])
+    if family not in _REGISTRY:  # the registry as it stands (a family added after import counts)
+        raise invalid("family", family, f"allowed: {', '.join(_REGISTRY)}")
+    return importlib.import_module(_REGISTRY[family].driver)
 
 
 def get_driver(family: str = "vllm") -> FamilyDriver:

@@ -77,6 +77,7 @@ from reference.limits import (  # noqa: F401 - the case's limits, also read from
     MAX_ARRIVAL_STEPS,
     MAX_BATCHED_TOKENS,
 )
+from ground.engines import FAMILIES
 from ground.errors import InvalidArgument, Unsupported, invalid
 from ground.files import field_key, load_json, write_json_atomic
 
@@ -503,8 +504,9 @@ def _parse_deployment_case(raw: dict) -> Case:
             if raw.get(key) is not None:
                 raise invalid(key, raw[key], "with a deployment, vLLM resolves it; allowed: absent (or a resolved case with resolved_by)")
         return Case(None, None, requests, name, deployment)
-    if not isinstance(resolved_by, str) or not re.match(r"^(vllm|sglang)==[0-9A-Za-z.+_-]{1,64}$", resolved_by):
-        raise invalid("resolved_by", resolved_by, "an engine name vllm==X or sglang==X")
+    families = tuple(FAMILIES)  # the registry as it stands
+    if not isinstance(resolved_by, str) or not re.match(rf"^({'|'.join(map(re.escape, families))})==[0-9A-Za-z.+_-]{{1,64}}$", resolved_by):
+        raise invalid("resolved_by", resolved_by, "an engine name " + " or ".join(f"{f}==X" for f in families))
     if "geometry" not in raw:
         raise InvalidArgument("geometry: missing; a resolved case (resolved_by) carries the geometry its engine resolved")
     return Case(parse_geometry(raw["geometry"]), parse_speculative(raw.get("speculative")), requests, name, deployment, resolved_by)

@@ -174,8 +174,8 @@ def parse_deployment(raw: Any) -> Deployment:
             raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
     check_vllm_args(args)
     engine = raw.get("engine", DEFAULT_FAMILY)
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise invalid("deployment.engine", engine, f"allowed: {', '.join(ENGINES)}")
+    if not isinstance(engine, str) or engine not in FAMILIES:  # the registry as it stands
+        raise invalid("deployment.engine", engine, f"allowed: {', '.join(FAMILIES)}")
     family = FAMILIES[engine]
     family_args = raw.get(family.args_field, []) if engine != DEFAULT_FAMILY else []
     if engine != DEFAULT_FAMILY:

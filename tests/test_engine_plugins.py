@@ -194,3 +194,93 @@ def test_every_family_is_declared_whole():
         EngineSpec.parse("sglang==0.5.23").name == "sglang==0.5.23"
         and EngineSpec.parse("0.33.0").name == "vllm==0.33.0"
     )
+
+
+#: The toy family's registry line (the TEST DOUBLE of tests/toy_engine/):
+#: with its package, all a family needs.
+TOY = registry.Family(
+    "toy",
+    "Toy",
+    ("1.0.0",),
+    "1.0.0",
+    "toy_args",
+    "toy-serve",
+    "toy_engine",
+    "tests.toy_engine.driver",
+    "tests.toy_engine.driver:check",
+    "tests.toy_engine.driver:knobs",
+    frozenset({Capability.GEOMETRY, Capability.IN_PROCESS}),
+)
+TOY_TRACE = [
+    {"prompt": [{"segment": "A", "length": 200}]},
+    {"prompt": [{"segment": "A", "length": 200}]},
+    {"prompt": [{"segment": "A", "length": 300}]},
+]
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(FAMILIES, "toy", TOY)  # the one registry line
+    return TOY
+
+
+def _toy_case(tmp_path, resolved: bool = False) -> Path:
+    from reference.case import case_to_dict, parse_case, with_resolution
+    from tests.toy_engine.driver import get_driver
+
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "toy",
+            "deployment": {"model": "qwen3_next", "engine": "toy", "toy_args": ["--block", "64"]},
+            "trace": TOY_TRACE,
+        }
+    )
+    if resolved:
+        case = with_resolution(case, get_driver().resolve(case)["geometry"], None, "toy==1.0.0")
+    path = tmp_path / ("resolved.json" if resolved else "case.json")
+    path.write_text(json.dumps(case_to_dict(case)))
+    return path
+
+
+def test_a_toy_family_plugs_in_by_one_package_and_one_registry_line(toy, tmp_path, capsys):
+    """The toy family (a test double) runs ``predict``, ``run`` and a short
+    campaign through kvspec's own code: names, deployments, knobs, the
+    engine, the judge and the campaign ask its registry entry."""
+    import argparse
+
+    from engine_adapter.host.engine import InProcessEngine
+    from fuzz.campaign import Campaign
+    from fuzz.drivers import run_random
+    from ground.errors import InvalidArgument
+    from kvspec.cli import main
+    from kvspec.commands import fuzz as command
+    from kvspec.engine_options import parse_engine_options
+
+    assert EngineSpec.parse("toy==1.0.0").name == "toy==1.0.0"
+    # predict: a deployment the toy resolved (its own geometry, no engine)
+    assert main(["predict", str(_toy_case(tmp_path, resolved=True)), "--as", "toy==1.0.0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["hits"] == [0, 192, 192] and out["resolved_by"] == "toy==1.0.0"
+    # run: the toy's driver, in this process, judged against the promise
+    assert main(["run", str(_toy_case(tmp_path)), "--engine", "toy==1.0.0", "--mode", "inprocess", "--compare"]) == 0, (
+        capsys.readouterr()
+    )
+    assert "agree" in capsys.readouterr().out
+    # a short campaign on hand geometries (the toy declares GEOMETRY)
+    campaign = Campaign(InProcessEngine("toy==1.0.0"), tmp_path / "findings", seed=1)
+    stats = run_random(campaign, seed=1, max_time=20, max_execs=25, synthetic=True)
+    assert stats.execs >= 10 and stats.harness_errors == 0 and not stats.findings, stats
+    # what it did not declare (CONNECTORS) is refused in one line
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    args = parser.parse_args(["--engine", "toy==1.0.0", "--kv-connector", "offloading"])
+    with pytest.raises(InvalidArgument, match="^--kv-connector=.*Toy deployments carry none"):
+        command._validate(args, parse_engine_options(args))
+
+
+def test_without_its_registry_line_the_toy_is_no_family(tmp_path):
+    from ground.errors import KvspecError
+
+    with pytest.raises(KvspecError, match="allowed: vllm==0.29.0"):
+        EngineSpec.parse("toy==1.0.0")

@@ -45,8 +45,9 @@ from engine_adapter.host import environments, warm
 from engine_adapter.host.builds import inprocess_build_version
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number, release_of
+from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number
 from ground import errors as kvspec_errors
+from ground.engines import DEFAULT_FAMILY, FAMILIES
 from reference.case import Case, case_to_dict, parse_case
 from ground.errors import EngineError, InvalidArgument
 
@@ -111,9 +112,13 @@ class InProcessEngine(Engine):
 
     def __init__(self, version: str) -> None:
         super().__init__(version)
-        self.driver = get_driver("vllm")  # imports vLLM here
-        if self.driver.version != release_of(version):
-            raise EngineError(f"engine={self.engine!r}: this interpreter imports vLLM {self.driver.version}")
+        family = FAMILIES[family_of(version)]
+        try:
+            self.driver = get_driver(family.name)  # imports the engine here
+        except ImportError as e:
+            raise EngineError(f"engine={self.engine!r}: in-process mode needs {family.title} importable here ({e})") from None
+        if self.driver.version != release_number(version):
+            raise EngineError(f"engine={self.engine!r}: this interpreter imports {family.title} {self.driver.version}")
 
     def run(self, case: Case | dict, options: dict | None = None) -> Observation:
         result = self.driver.run(case if isinstance(case, Case) else parse_case(case), options)
@@ -446,7 +451,7 @@ def open_engine(spec: str | EngineSpec = "vllm==0.33.0", *, mode: str = "auto", 
         raise InvalidArgument(f"mode={mode!r}: allowed: {', '.join(MODES)}")
     here = inprocess_vllm_version()
     if mode == "inprocess" or (mode == "auto" and here == version):
-        if here != version:
+        if here != version and family_of(version) == DEFAULT_FAMILY:  # another family's driver says (InProcessEngine)
             raise EngineError(f"engine={engine_name(version)!r}: in-process mode needs vLLM {version} importable here (found {here or 'none'})")
         return InProcessEngine(version)
     if not environments.is_ready(version):

@@ -161,8 +161,9 @@ def _validate(args, engines: list[EngineOption]) -> None:
 
     if args.kv_connector not in CONNECTOR_MODES:
         raise invalid("--kv-connector", args.kv_connector, f"allowed: {', '.join(CONNECTOR_MODES)}")
-    if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or sglang is not None):
-        why = f"{worker_only.family.title} deployments carry none" if worker_only is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
+    no_connector = next((e for e in engines if not e.family.supports(Capability.CONNECTORS)), None)
+    if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or no_connector is not None):
+        why = f"{no_connector.family.title} deployments carry none" if no_connector is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
         raise invalid("--kv-connector", args.kv_connector, f"pins the random driver's vLLM deployments; {why}; allowed here: drawn")
     if args.case and args.driver == "atheris":
         raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")

@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 import sys
 
-from engine_adapter.host.versions import DEFAULT_ENGINE, FAMILY_TITLES, family_of
-from ground.engines import Capability
+from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
+from ground.engines import FAMILIES, Capability
 from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
@@ -68,7 +68,7 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     console = table_console()
     bad_requests = {m.get("request") for m in mismatches if "request" in m}
     table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
-    who = FAMILY_TITLES[family_of(engine)]
+    who = FAMILIES[family_of(engine)].title
     for col in ("", "req", "tokens", "hit ref", f"hit {who}", "junction ref", f"junction {who}", "chunk ends ref", f"chunk ends {who}", "Mamba kept ref", f"Mamba kept {who}"):
         table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", f"hit {who}") else "left", no_wrap=col == "")
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
