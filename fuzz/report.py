@@ -27,8 +27,9 @@ from those two or a class id of :data:`KNOWN_CLASSES`); every value the
 regression test holds is a Python literal written with ``repr`` (and read
 back equal, else refused), never text inside a docstring or a comment;
 ISSUE.md shows a finding's text without control characters
-(``ground.printable``), prose with ``<`` escaped and table cells with
-``|`` escaped, code spans and fences longer than any backtick run inside
+(``ground.printable``), prose and table cells through
+``ground.printable.markdown_text`` (``<`` and ``&`` as entities, ``[ ] ` |``
+escaped: no link, image, HTML or extra cell), code spans and fences longer than any backtick run inside
 them (a text cannot close them), and shell lines with every word quoted.
 
 The module is longer than 500 lines because about 170 of them are the
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from reference.case import parse_case
 from ground.errors import KvspecError, invalid
-from ground.printable import printable
+from ground.printable import markdown_text, printable
 
 from fuzz.impact import cost_of, impact_lines
 from fuzz.findings import check_fields
@@ -136,14 +137,16 @@ def _name(finding: dict) -> str:
 
 
 def _text(value) -> str:
-    """A stranger's text as Markdown prose: one line, no control
-    characters, ``<`` escaped (no HTML, no comment hiding the rest)."""
-    return printable(value).replace("&", "&amp;").replace("<", "&lt;")
+    """A stranger's text as Markdown prose (``ground.printable.markdown_text``):
+    one line, no control characters, ``<`` and ``&`` as entities (no HTML,
+    no comment hiding the rest), ``[ ] ` | \\`` backslash-escaped (no
+    ``[x](javascript:...)`` link, no image, no code span, no cell)."""
+    return markdown_text(value)
 
 
 def _cell(value) -> str:
-    """:func:`_text` for a table cell (``|`` escaped)."""
-    return _text(value).replace("|", "\\|")
+    """:func:`_text` for a table cell (``|`` escaped there too)."""
+    return markdown_text(value)
 
 
 def _ticks(text: str) -> int:

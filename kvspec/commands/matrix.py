@@ -1,4 +1,10 @@
-"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]"""
+"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]
+
+Exit status (``fuzz.matrix.exit_code``): 0 every cell agrees with the
+promise (a finding: not reproduced); 1 a cell departs from it (a bare case
+diverges, a finding reproduces); 3 a cell could not be judged (an error,
+inconclusive) and none departs; 2 bad input, before any engine starts.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ def main(args) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
+    from fuzz.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
 
     from kvspec.engine_options import engine_specs
 
@@ -54,4 +60,4 @@ def main(args) -> int:
         Console().print(to_rich(rows, versions))
     if args.chart:
         print(f"chart: {chart(rows, versions, Path(args.chart))}")
-    return 0
+    return exit_code(rows, versions)

@@ -123,10 +123,10 @@ def main(args) -> int:
     key = _api_key(args.api_key_env)
     target = load_target(args.file)
     report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule, step_s=args.step_s)
-    render(report)
-    if args.json:
+    if args.json:  # first: what was sent is on record whatever printing does
         try:
             write_json_atomic(args.json, report.as_dict())
         except OSError as e:
             raise invalid("--json", args.json, f"cannot be written ({e.strerror or e}); allowed: a writable path") from None
+    render(report)
     return EXIT[report.verdict]
