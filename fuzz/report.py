@@ -49,7 +49,7 @@ from reference.case import parse_case
 from ground.errors import KvspecError, invalid
 from ground.printable import markdown_text, printable
 
-from fuzz.impact import cost_of, impact_lines
+from fuzz.impact import cost_of, impact_lines, is_shipped_model
 from fuzz.findings import check_fields
 from ground.home import engines_dir as default_dir
 
@@ -254,7 +254,10 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
               " Expected: kvspec's promise, where a request resumes under dense retention (every Mamba state written is kept)"
               + (", and never on a state no prefill chunk wrote" if cls and cls["id"] == "stale-state-after-partial-hit" else "") + ".", ""]
-    lines += impact_lines(cost_of(finding))
+    # a model that is not shipped is a folder on someone's machine: never read for a shared report
+    lines += impact_lines(cost_of(finding, local_models=False))
+    if dep is not None and not is_shipped_model(dep.model):
+        lines += [f"Model {_code(dep.model)} is not one kvspec ships: its config was not read here, so no figure above comes from it (tokens only).", ""]
     if matrix:
         lines += ["## Versions", "", "| engine | hits |", "|---|---|"]
         for row in matrix:
