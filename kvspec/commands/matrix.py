@@ -13,7 +13,20 @@ from pathlib import Path
 HELP = "hit patterns per case x vLLM version, as a table and a chart"
 
 
+EPILOG = """\
+exit codes:
+  0  every cell agrees with the promise (a finding: not reproduced)
+  1  a cell departs from it (a bare case diverges, a finding reproduces)
+  2  bad input (one line naming it), before any engine starts
+  3  a cell could not be judged (an error, inconclusive) and none departs
+"""
+
+
 def configure(parser) -> None:
+    import argparse
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("cases", nargs="+", help="case or finding files")
     from kvspec.engine_options import add_engine_arguments
 

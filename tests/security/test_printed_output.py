@@ -267,3 +267,10 @@ def test_the_chart_writes_nothing_under_home(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 0
     assert list(home.rglob("*")) == []
     assert (kv / "cache" / "matplotlib").is_dir()
+
+
+def test_matrix_help_states_its_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        kvspec(["matrix", "--help"])
+    out = capsys.readouterr().out
+    assert "1  a cell departs from it" in out and "3  a cell could not be judged" in out
