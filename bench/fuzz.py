@@ -81,6 +81,11 @@ def _is_53504(finding_path: str) -> bool:
     return f["oracle"] == "promise" and "(resend)" in f["summary"]
 
 
+#: Rounds of a driver (each at most 2 s) a time-to-first search may take,
+#: a bound by steps beside its time budget.
+MAX_ROUNDS = 10_000
+
+
 def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float | None:
     from fuzz.campaign import Campaign
     from fuzz.drivers import run_hypothesis, run_random
@@ -99,7 +104,9 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
                 campaign.check(case)
                 if done() or time.monotonic() > deadline:
                     break
-        while not done() and time.monotonic() < deadline:
+        rounds = 0
+        while not done() and time.monotonic() < deadline and rounds < MAX_ROUNDS:  # bounded by rounds as well as time
+            rounds += 1
             left = deadline - time.monotonic()
             if driver == "hypothesis":
                 run_hypothesis(campaign, seed + int(time.monotonic() * 1000) % 1000, max_time=min(left, 2.0), stop_on_finding=True, synthetic=True)

@@ -44,10 +44,14 @@ def mixed_case(seed: int = 0, requests: int = 50):
     })
 
 
+#: Predictions one rate measurement may make, a bound beside its seconds.
+MAX_RUNS = 1_000_000
+
+
 def rate(case, seconds: float = 2.0) -> tuple[float, int]:
     predict(case)  # warm the token streams
     n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds and n < MAX_RUNS:  # bounded by runs as well as time
         predict(case)
         n += 1
     return n / (time.perf_counter() - start), n

@@ -40,6 +40,13 @@ from fuzz.oracle_registry import BY_NAME, SEVERITIES
 from fuzz.oracle_states import held_states, stale_keys
 
 
+def is_shipped_model(name: object) -> bool:
+    """Whether ``name`` is a model shipped with kvspec (``engine_adapter.models.SHIPPED``)."""
+    from engine_adapter.models import SHIPPED
+
+    return isinstance(name, str) and name in SHIPPED
+
+
 def _model(deployment: dict) -> tuple[dict | None, str | None, str]:
     """(dims, model name, note): the deployment's model config read and
     measured, or None and why not. It is read as a run reads it
@@ -146,10 +153,13 @@ def _promise_explain(case: Case, finding: dict) -> list | None:
         return None
 
 
-def cost_of(finding: dict) -> dict:
+def cost_of(finding: dict, *, local_models: bool = True) -> dict:
     """The ``cost`` object (:func:`fuzz.cost.finding_cost`) of a finding in
     schema 2's shape (``fuzz.findings.upgrade``), recomputed from its fields
-    (see the module docstring): an old finding without one gets the same."""
+    (see the module docstring): an old finding without one gets the same.
+    ``local_models=False``: a model that is not shipped with kvspec (a
+    folder named by the finding) is not read: tokens only (a shared report
+    carries no figures derived from the reader's own files)."""
     rule = BY_NAME.get(str(finding.get("oracle")))
     severity, token_cost = (rule.severity, rule.token_cost) if rule else ("lost reuse", False)
     exp = (finding.get("expected") or {}) if isinstance(finding.get("expected"), dict) else {}
@@ -164,7 +174,10 @@ def cost_of(finding: dict) -> dict:
     dims = model = None
     note, tp, device, state_bytes = "", 1, None, None
     if deployment is not None:
-        dims, model, note = _model(deployment)
+        if local_models or is_shipped_model(deployment.get("model")):
+            dims, model, note = _model(deployment)
+        else:
+            note = "a local model folder, not read: tokens only"
         tp = _tensor_parallel(deployment, facts)
         device = str(deployment.get("device") or facts.get("device") or "") or None
         page, layers = facts.get("mamba_page_size_bytes"), facts.get("mamba_layers")

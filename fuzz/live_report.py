@@ -91,14 +91,19 @@ def redact_report(report: LiveReport, secret: str | None) -> LiveReport:
 
 
 def render(report: LiveReport, console=None) -> None:
-    """Print the per-request table and the verdict with rich."""
+    """Print the per-request table and the verdict with rich. Every string
+    from the case or the server (its name, URL, model, version, knobs,
+    notes, reasons) is text, never rich markup (``ground.printable.rich_text``)."""
     from rich.table import Table
+    from rich.text import Text
+
+    from ground.printable import rich_text
 
     from ground.console import table_console
 
     console = console or table_console()
     title = f"replay {report.name or '(unnamed)'} on {report.server} (model {report.model}, vLLM {report.server_version})"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=rich_text(title), title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("prompt", justify="right")
     table.add_column("expected hits" + (f" ({report.rule})" if report.kind == "case" else ""), justify="right")
@@ -129,23 +134,23 @@ def render(report: LiveReport, console=None) -> None:
         if report.kind == "finding":
             cells.append(number_text(r.target))
         cells += [number_text(r.hits), number_text(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
-        table.add_row(*cells)
+        table.add_row(*(rich_text(c) for c in cells))
     console.print(table)
     for w in report.waves:
         idx = w["requests"]
         cap = sum(report.rows[i].bound or 0 for i in idx)
         state = "-" if w["hits"] is None else ("ok" if w["hits"] <= cap else "above the bounds")
-        console.print(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {number_text(w['hits'])} (<= {number_text(cap)}: {state}), queries {number_text(w['queries'])}", highlight=False)
+        console.print(rich_text(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {number_text(w['hits'])} (<= {number_text(cap)}: {state}), queries {number_text(w['queries'])}"), highlight=False)
     knobs = ", ".join(f"{k}={v}" for k, v in report.server_knobs.items())
-    console.print(f"server knobs: {knobs}", highlight=False)
+    console.print(rich_text(f"server knobs: {knobs}"), highlight=False)
     for n in report.notes:
-        console.print(f"note: {n}", highlight=False)
+        console.print(rich_text(f"note: {n}"), highlight=False)
     for u in report.unverified:
-        console.print(f"assumed (unverified): {u}", highlight=False)
+        console.print(rich_text(f"assumed (unverified): {u}"), highlight=False)
     # a reproduced finding is a bug present; a bare case that diverges is one too
     style = {REPRODUCED: "bold red", NOT_REPRODUCED: "bold green", AGREES: "bold green", DIVERGES: "bold red", INCONCLUSIVE: "bold yellow"}[report.verdict]
-    console.print(f"verdict: [{style}]{report.verdict}[/]")
+    console.print(Text.assemble("verdict: ", rich_text(report.verdict, style)))
     for reason in report.reasons[:20]:
-        console.print(f"  - {reason}", highlight=False)
+        console.print(rich_text(f"  - {reason}"), highlight=False)
     if len(report.reasons) > 20:
-        console.print(f"  ... {len(report.reasons) - 20} more", highlight=False)
+        console.print(rich_text(f"  ... {len(report.reasons) - 20} more"), highlight=False)

@@ -21,11 +21,15 @@ model overrides and trace and that engine's default serve flags (its own
 resolution of the same model: the cell says ``defaults``), and each cell is
 judged against the promise on what its engine resolved. A hand geometry
 is vLLM's only.
+
+A case's name, a finding's text and an engine's error are a stranger's:
+each output writes them through its rule in ``ground.printable`` (the
+terminal table as rich ``Text``, never markup; Markdown cells escaped;
+HTML escaped). :func:`exit_code` is the command's exit status.
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from dataclasses import replace
@@ -36,6 +40,8 @@ from reference.case import Case
 from ground.errors import Unsupported
 from reference.knobs import resolve_knobs
 from reference.predict import predict_with_knobs
+
+from ground.printable import html_text, markdown_cell, printable, rich_text
 
 from fuzz.findings import load_finding
 from fuzz.oracle_resolution import trace_units
@@ -119,59 +125,110 @@ def run_matrix(paths: list[str], engines: list) -> list[dict]:
     return rows
 
 
-def _cell_text(cell: dict) -> str:
-    text = ("error: " + cell["error"]) if "error" in cell else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+def _cell_text(cell: dict, esc=str) -> str:
+    """A cell as text; ``esc`` is applied to the stranger's parts (an
+    engine's error, a flags note), kvspec's own words stay as they are."""
+    text = ("error: " + esc(cell["error"])) if "error" in cell else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
     if cell.get("block") is not None:
         text += f" [block {cell['block']}]"
     if cell.get("flags"):
-        text += f" ({cell['flags']})"
+        text += f" ({esc(cell['flags'])})"
     if cell.get("verdict"):
         text += f" {cell['verdict']}"
     return text
 
 
+def _promise_text(r: dict) -> str:
+    return f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
+
+
 def to_markdown(rows: list[dict], versions: list[str]) -> str:
-    head = "| case | " + " | ".join(engine_name(v) for v in versions) + " | promise |"
+    """The matrix as a Markdown table; every stranger's text in it (a case
+    name, an engine's error) :func:`markdown_cell`."""
+    head = "| case | " + " | ".join(markdown_cell(engine_name(v)) for v in versions) + " | promise |"
     lines = [head, "|" + "---|" * (len(versions) + 2)]
     for r in rows:
-        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
-        lines.append(f"| {r['name']} | " + " | ".join(_cell_text(r["cells"][v]) for v in versions) + f" | {promise} |")
+        cells = [markdown_cell(r["name"]), *(_cell_text(r["cells"][v], markdown_cell) for v in versions), _promise_text(r)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def to_html(rows: list[dict], versions: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(engine_name(v))}</th>" for v in versions)
+    """The matrix as an HTML table; every cell :func:`html_text`."""
+    head = "".join(f"<th>{html_text(engine_name(v))}</th>" for v in versions)
     body = []
     for r in rows:
-        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
-        cells = "".join(f"<td>{html.escape(_cell_text(r['cells'][v]))}</td>" for v in versions)
-        body.append(f"<tr><td>{html.escape(r['name'])}</td>{cells}<td>{html.escape(promise)}</td></tr>")
+        cells = "".join(f"<td>{html_text(_cell_text(r['cells'][v]))}</td>" for v in versions)
+        body.append(f"<tr><td>{html_text(r['name'])}</td>{cells}<td>{html_text(_promise_text(r))}</td></tr>")
     return f"<table><thead><tr><th>case</th>{head}<th>promise</th></tr></thead><tbody>{''.join(body)}</tbody></table>\n"
 
 
 def to_rich(rows: list[dict], versions: list[str]):
+    """The matrix as a rich table; every cell :func:`rich_text` (text,
+    never markup: a case named ``[/]`` or ``[link=...]`` is shown as is)."""
     from rich.table import Table
 
     table = Table(title="prefix-cache hits per request")
     table.add_column("case")
     for v in versions:
-        table.add_column(engine_name(v))
+        table.add_column(rich_text(engine_name(v)))
     table.add_column("promise")
     for r in rows:
-        promise = f"{pattern(r['promise'])} ({'/'.join(map(str, r['promise']))})" if r["promise"] else "unsupported"
-        table.add_row(r["name"], *(_cell_text(r["cells"][v]) for v in versions), promise)
+        table.add_row(rich_text(r["name"]), *(rich_text(_cell_text(r["cells"][v])) for v in versions), rich_text(_promise_text(r)))
     return table
+
+
+#: A cell whose engine departs from the promise: a bare case that diverges,
+#: or a finding that engine reproduces.
+_DEPARTS = ("diverges", "reproduced")
+#: A cell judged either way (the rest are errors or inconclusive).
+_JUDGED = ("agrees", "diverges", "reproduced", "not reproduced")
+
+
+def exit_code(rows: list[dict], versions: list[str]) -> int:
+    """``kvspec matrix``'s exit status, the convention of ``fuzz`` and
+    ``replay``: 1 when a cell departs from the promise (a bare case that
+    diverges, a finding that engine reproduces), else 3 when a cell could
+    not be judged (an error, inconclusive: no silent all-clear, and a matrix
+    of nothing but errors is 3), else 0 (every cell agrees or does not
+    reproduce the finding)."""
+    verdicts = [r["cells"].get(v, {}).get("verdict") for r in rows for v in versions]
+    if any(v in _DEPARTS for v in verdicts):
+        return 1
+    if not verdicts or any(v not in _JUDGED for v in verdicts):
+        return 3
+    return 0
 
 
 #: Requests up to which each bar is labelled with its hit tokens.
 LABEL_BARS_UP_TO = 12
 
 
+def _plain(text: object) -> str:
+    """A stranger's text for a matplotlib label: :func:`printable`, and
+    ``$`` escaped (matplotlib reads ``$...$`` as mathtext, which can raise)."""
+    return printable(text).replace("$", r"\$")
+
+
+def _contain_matplotlib() -> None:
+    """matplotlib's config and font cache in kvspec's home: ``MPLCONFIGDIR``
+    (read when matplotlib is first imported), as ``ground.home.cache_env``."""
+    import os
+
+    from ground.home import cache_dir
+
+    os.environ["MPLCONFIGDIR"] = str(cache_dir("matplotlib"))
+
+
 def figure(rows: list[dict], versions: list[str]):
     """The matrix chart as a matplotlib figure (Agg), one panel per case:
     per request a group of bars, one per engine, its height the hit tokens
     (a miss is a labelled zero), and the promise as a black mark across
-    the group. Requests are discrete, so nothing joins one to the next."""
+    the group. Requests are discrete, so nothing joins one to the next.
+    matplotlib's config and font cache stay in kvspec's home
+    (``MPLCONFIGDIR``, as ``ground.home.cache_env`` sets for engines),
+    never under ``$HOME/.cache`` or ``$HOME/.config``."""
+    _contain_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,7 +247,7 @@ def figure(rows: list[dict], versions: list[str]):
             cell = r["cells"][v]
             label = engine_name(v) + (f" [block {cell['block']}]" if cell.get("block") is not None else "")
             if "hits" not in cell:
-                ax.bar([], [], width=bar, color=colors[j % len(colors)], label=f"{label}: {cell.get('error', 'no hits')}"[:80])
+                ax.bar([], [], width=bar, color=colors[j % len(colors)], label=_plain(f"{label}: {cell.get('error', 'no hits')}"[:80]))
                 continue
             offset = -group / 2 + bar * (j + 0.5)
             bars = ax.bar([i + offset for i in x], cell["hits"], width=bar, color=colors[j % len(colors)], label=label)
@@ -198,7 +255,7 @@ def figure(rows: list[dict], versions: list[str]):
                 ax.bar_label(bars, labels=[str(h) if h else "miss" for h in cell["hits"]], fontsize=7, padding=1)
         if r["promise"]:
             ax.hlines(r["promise"], [i - group / 2 for i in x], [i + group / 2 for i in x], colors="black", linewidths=2, label="promise", zorder=3)
-        ax.set_title(r["name"], fontsize=10)
+        ax.set_title(_plain(r["name"]), fontsize=10)
         ax.set_xlabel("request")
         ax.set_ylabel("hit tokens")
         ax.set_xticks(x)
@@ -213,6 +270,7 @@ def chart(rows: list[dict], versions: list[str], path: str | Path) -> Path:
     """Write :func:`figure` as a PNG (atomically) to ``path``."""
     import io
 
+    _contain_matplotlib()
     import matplotlib.pyplot as plt
 
     from ground.files import write_bytes_atomic

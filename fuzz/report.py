@@ -27,8 +27,9 @@ from those two or a class id of :data:`KNOWN_CLASSES`); every value the
 regression test holds is a Python literal written with ``repr`` (and read
 back equal, else refused), never text inside a docstring or a comment;
 ISSUE.md shows a finding's text without control characters
-(``ground.printable``), prose with ``<`` escaped and table cells with
-``|`` escaped, code spans and fences longer than any backtick run inside
+(``ground.printable``), prose and table cells through
+``ground.printable.markdown_text`` (``<`` and ``&`` as entities, ``[ ] ` |``
+escaped: no link, image, HTML or extra cell), code spans and fences longer than any backtick run inside
 them (a text cannot close them), and shell lines with every word quoted.
 
 The module is longer than 500 lines because about 170 of them are the
@@ -46,10 +47,10 @@ from pathlib import Path
 
 from reference.case import case_to_dict, parse_case
 from ground.errors import KvspecError, invalid
-from ground.printable import printable
+from ground.printable import markdown_text, printable
 
 from fuzz.finding_text import deployment_title, prompt_text, serve_args
-from fuzz.impact import cost_of, impact_lines
+from fuzz.impact import cost_of, impact_lines, is_shipped_model
 from fuzz.findings import check_fields
 from ground.home import engines_dir as default_dir
 
@@ -137,14 +138,16 @@ def _name(finding: dict) -> str:
 
 
 def _text(value) -> str:
-    """A stranger's text as Markdown prose: one line, no control
-    characters, ``<`` escaped (no HTML, no comment hiding the rest)."""
-    return printable(value).replace("&", "&amp;").replace("<", "&lt;")
+    """A stranger's text as Markdown prose (``ground.printable.markdown_text``):
+    one line, no control characters, ``<`` and ``&`` as entities (no HTML,
+    no comment hiding the rest), ``[ ] ` | \\`` backslash-escaped (no
+    ``[x](javascript:...)`` link, no image, no code span, no cell)."""
+    return markdown_text(value)
 
 
 def _cell(value) -> str:
-    """:func:`_text` for a table cell (``|`` escaped)."""
-    return _text(value).replace("|", "\\|")
+    """:func:`_text` for a table cell (``|`` escaped there too)."""
+    return markdown_text(value)
 
 
 def _ticks(text: str) -> int:
@@ -253,7 +256,10 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
               " Expected: kvspec's promise, where a request resumes under dense retention (every Mamba state written is kept)"
               + (", and never on a state no prefill chunk wrote" if cls and cls["id"] == "stale-state-after-partial-hit" else "") + ".", ""]
-    lines += impact_lines(cost_of(finding))
+    # a model that is not shipped is a folder on someone's machine: never read for a shared report
+    lines += impact_lines(cost_of(finding, local_models=False))
+    if dep is not None and not is_shipped_model(dep.model):
+        lines += [f"Model {_code(dep.model)} is not one kvspec ships: its config was not read here, so no figure above comes from it (tokens only).", ""]
     if matrix:
         lines += ["## Versions", "", "| engine | hits |", "|---|---|"]
         for row in matrix:

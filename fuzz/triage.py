@@ -27,7 +27,7 @@ from pathlib import Path
 
 from reference.case import Case, parse_case
 
-from fuzz.findings import load_finding
+from fuzz.findings import KNOWN_ORACLES, SIGNATURE, check_fields, load_finding
 from fuzz.impact import cost_of, severity_rank
 from fuzz.known_classes import classify
 from fuzz.oracles import request_kinds
@@ -143,16 +143,32 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:200]
 
 
+def _check_names(finding: dict) -> None:
+    """The checks ``report`` makes (:func:`fuzz.findings.check_fields`) on the
+    two names a class is keyed and filed by: a signature, when the finding
+    has one, is hex; an oracle, when it names one, is one kvspec has. One
+    line naming the field (the file is listed as malformed)."""
+    probe = {k: finding[k] for k in ("signature", "oracle") if finding.get(k) is not None}
+    if "signature" in probe and not (isinstance(probe["signature"], str) and SIGNATURE.match(probe["signature"])):
+        check_fields(probe)  # raises, naming signature=
+    if "oracle" in probe and probe["oracle"] not in KNOWN_ORACLES:
+        check_fields({"signature": "0" * 8, **probe})  # raises, naming oracle=
+
+
 def read_findings(folder: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     """The finding files (``*.json``, not recursive) in ``folder``, read by
-    the one loader (:func:`fuzz.findings.load_finding`) and described; and
+    the one loader (:func:`fuzz.findings.load_finding`), their signature and
+    oracle checked as ``report`` checks them (:func:`_check_names`), and
+    described; and
     the malformed ones (a bare case among them) as (path, one-line reason)."""
     described, malformed = [], []
     for path in sorted(folder.glob("*.json")):
         if path.name.startswith("."):
             continue  # a temporary file of an atomic write
         try:
-            described.append(describe(str(path), load_finding(path)[1]))
+            finding = load_finding(path)[1]
+            _check_names(finding)
+            described.append(describe(str(path), finding))
         except Exception as e:  # noqa: BLE001 - any content is listed, never raised
             malformed.append((str(path), _one_line(e)))
     return described, malformed

@@ -56,3 +56,55 @@ def one_line(text: object, limit: int | None = None) -> str:
     space, cut to ``limit`` characters (ending ``...``) when given."""
     line = " ".join(str(text).split())
     return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ------------------------------------------------- per output: one rule each
+#
+# Every output kvspec writes a stranger's text into goes through one of
+# these (docs/security.md lists them per output): the terminal through rich
+# (:func:`rich_text`, never markup), a Markdown report or table
+# (:func:`markdown_text`, :func:`markdown_cell`), an HTML table
+# (:func:`html_text`). Each is :func:`printable` first.
+
+#: Markdown punctuation that could open a link or an image (``[``, ``]``),
+#: a code span (a backtick), or a table cell (``|``), and the backslash
+#: itself: backslash-escaped (CommonMark lets any ASCII punctuation be);
+#: ``&`` and ``<`` (raw HTML, an autolink, an entity) written as entities.
+#: A line break is a space already, so nothing can start a heading, a list,
+#: a quote or a fence.
+_MARKDOWN_PUNCT = re.compile(r"([\\`\[\]|])")
+
+
+def markdown_text(text: object) -> str:
+    """``text`` as Markdown prose on one line: :func:`printable` (a line
+    break becomes a space, so it can open no heading, list or fence), ``&``
+    and ``<`` as entities (no raw HTML, no comment hiding the rest), and
+    every character that could start a link (``[a](javascript:...)``), an
+    image, a code span or a table cell backslash-escaped. For text inside
+    a line (never at a line's start)."""
+    flat = printable(text).replace("&", "&amp;").replace("<", "&lt;")
+    return _MARKDOWN_PUNCT.sub(r"\\\1", flat)
+
+
+def markdown_cell(text: object) -> str:
+    """:func:`markdown_text` for a table cell (``|`` is escaped there too,
+    so a cell cannot add a column; an empty text is ``-``)."""
+    return markdown_text(text) or "-"
+
+
+def html_text(text: object) -> str:
+    """``text`` for an HTML element's body or a quoted attribute:
+    :func:`printable`, then ``& < > " '`` as entities."""
+    import html
+
+    return html.escape(printable(text), quote=True)
+
+
+def rich_text(text: object, style: str = ""):
+    """``text`` as a :class:`rich.text.Text`: :func:`printable` and never
+    read as rich markup (``[/]``, ``[link=...]`` stay literal text), for a
+    table cell, a title or one ``console.print``. ``style`` is kvspec's own,
+    never the stranger's."""
+    from rich.text import Text
+
+    return Text(printable(text), style=style)

@@ -22,6 +22,7 @@ import sys
 import kvspec.commands as commands
 from ground.home import REPO_ROOT, foreign_packages
 from ground.console import say as _say
+from ground.printable import printable
 from ground.errors import KvspecError
 
 
@@ -29,7 +30,9 @@ class Parser(argparse.ArgumentParser):
     """kvspec's argument parser: no abbreviations (``--api-key X`` would be
     read as ``--api-key-env X``), and an error shows the options it could
     not place by name only, never the values beside them (a key typed on
-    the command line by mistake is not echoed)."""
+    the command line by mistake is not echoed), and without terminal
+    control (``ground.printable``: an option named ``--\\x1b[2J`` is shown
+    without its escape)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -39,7 +42,7 @@ class Parser(argparse.ArgumentParser):
         for lead in ("unrecognized arguments: ", "ambiguous option: "):
             if message.startswith(lead):
                 message = lead + redact_values(message[len(lead):])
-        super().error(message)
+        super().error(printable(message))
 
 
 def redact_values(text: str) -> str:

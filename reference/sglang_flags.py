@@ -16,9 +16,21 @@ that shape the prefix cache and the prefill are allowed:
 * an integer flag's value is an optional ``-`` and at most 9 ASCII digits;
   a flag with fixed values takes only those (:data:`CHOICES`).
 
+* a size flag the driver runs (:data:`RANGES`) takes a value in its range:
+  ``--page-size`` at least 1 (SGLang 0.5.23's parser takes any int,
+  ``sglang/srt/arg_groups/fields/schedule.py:143``, and its own code
+  asserts ``page_size > 0``, ``sglang/srt/arg_groups/cuda_graph_hook.py:456``);
+  ``--chunked-prefill-size`` at least 1 (SGLang also takes ``-1``, "disabling
+  chunked prefill", ``fields/schedule.py:52-55``, and skips its divisibility
+  check for any value ``<= 0``, ``arg_groups/validation_hook.py:241-246``;
+  kvspec's driver cuts every prefill into chunks of that size, so it runs
+  only a chunk of at least one token); both at most the case limits'
+  ``MAX_BLOCK_SIZE`` / ``MAX_BATCHED_TOKENS`` (2^20).
+
 Whether SGLang accepts an allowed value is SGLang's answer (its parser and
-its resolution hooks, e.g. ``no_buffer only supports page_size=1``),
-reported in one line by the resolver.
+its resolution hooks, e.g. ``no_buffer only supports page_size=1``,
+``chunked_prefill_size must be divisible by page_size``), reported in one
+line by the resolver.
 """
 
 from __future__ import annotations
@@ -58,6 +70,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--kv-cache-dtype": ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
 }
 _INT = re.compile(r"^-?[0-9]{1,9}$")
+#: flag -> (least, most) value the driver runs (see the module's docstring).
+RANGES: dict[str, tuple[int, int]] = {
+    "--page-size": (1, 1 << 20),
+    "--chunked-prefill-size": (1, 1 << 20),
+}
+_WHY = {
+    "--page-size": "SGLang 0.5.23 asserts page_size > 0",
+    "--chunked-prefill-size": "kvspec's driver runs chunked prefill only; SGLang's -1 disables it",
+}
 
 
 def allowed_text() -> str:
@@ -98,6 +119,9 @@ def check_sglang_args(args: list[str]) -> None:
             raise InvalidArgument(f"{where}={token[:60]!r}: {flag} needs a value")
         if kind == "value" and not _INT.match(value):
             raise InvalidArgument(f"{where}: {flag}={value[:60]!r}: allowed: an integer of at most 9 digits")
+        if kind == "value" and flag in RANGES and not RANGES[flag][0] <= int(value) <= RANGES[flag][1]:
+            lo, hi = RANGES[flag]
+            raise InvalidArgument(f"{where}: {flag}={value}: allowed: {lo} to {hi:,} ({_WHY[flag]})")
         if kind == "choice" and value not in CHOICES[flag]:
             raise InvalidArgument(f"{where}: {flag}={value[:60]!r}: allowed: {', '.join(CHOICES[flag])}")
         i += step

@@ -57,7 +57,7 @@ from pathlib import Path
 
 from engine_adapter.live.server import Server, free_port, wait_healthy
 from engine_adapter.models.served import model_config_dict
-from ground.errors import invalid
+from ground.errors import KvspecError, invalid
 from ground.home import REPO_ROOT
 from reference.case import parse_case, prompt_tokens
 from reference.deployment import get_flag, parse_deployment, set_flag
@@ -260,7 +260,46 @@ def install(venv: Path) -> str:
     return str(venv / "bin" / "python")
 
 
+def _refuse(line: str):
+    """One line on stderr, exit 2 (a bad option)."""
+    print(line, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _out_dir(flag: str, value: str) -> Path:
+    """``value`` as the plan's folder: an existing folder, or one that can be
+    made; a file, ``/dev/null`` or a path under a file is one line, exit 2."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        _refuse(f"gpu_classes: {flag}={value!r}: not a folder; allowed: a folder (made if absent)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _refuse(f"gpu_classes: {flag}={value!r}: cannot be made ({e.strerror or e}); allowed: a writable folder")
+    return path
+
+
+#: Seconds ``--python`` may take to import vLLM (a check before any server).
+PYTHON_CHECK_S = 300
+
+
+def _check_python(python: str) -> None:
+    """``--python`` runs and imports vLLM, else one line, exit 2."""
+    try:
+        done = subprocess.run([python, "-c", "import vllm"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PYTHON_CHECK_S, check=False)
+    except (OSError, ValueError) as e:
+        _refuse(f"gpu_classes: --python={python!r}: does not run ({getattr(e, 'strerror', None) or e}); allowed: an interpreter importing vLLM 0.33.0")
+    except subprocess.TimeoutExpired:
+        _refuse(f"gpu_classes: --python={python!r}: did not import vLLM within {PYTHON_CHECK_S} s")
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1][:200]
+        _refuse(f"gpu_classes: --python={python!r}: cannot import vllm (exit {done.returncode}: {last}); allowed: an interpreter importing vLLM 0.33.0")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 done; 2 a bad option (one line: a plan folder that is a file
+    or a device, a ``--python`` that does not run or import vLLM); 3 the run
+    itself failed (a server that did not start, a disk error: one line)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", metavar="DIR", help="write the configs, cases and commands; start nothing (CPU)")
@@ -272,16 +311,27 @@ def main(argv: list[str] | None = None) -> int:
     chosen = []
     for name in a.classes.split(","):
         if name not in BY_ID:
-            raise SystemExit(str(invalid("--classes", name, f"allowed: {', '.join(BY_ID)}")))
+            _refuse("gpu_classes: " + str(invalid("--classes", name, f"allowed: {', '.join(BY_ID)}")))
         chosen.append(BY_ID[name])
+    out = _out_dir("--plan" if a.plan else "--run", a.plan or a.run)
     if a.plan:
-        for row in plan(Path(a.plan), tuple(chosen)):
+        try:
+            rows = plan(out, tuple(chosen))
+        except OSError as e:
+            print(f"gpu_classes: --plan={a.plan!r}: writing failed ({e.strerror or e})", file=sys.stderr)
+            return 3
+        for row in rows:
             print(f"class={row['class']} block={row['block']} prompts={row['prompts']} serve=python {' '.join(row['serve'])}")
         return 0
     python = a.python or (install(Path(a.install)) if a.install else None)
     if python is None:
-        raise SystemExit("--python=None: allowed: an interpreter importing vLLM 0.33.0, or --install VENV")
-    run(Path(a.run), python, tuple(chosen))
+        _refuse("gpu_classes: --python=None: allowed: an interpreter importing vLLM 0.33.0, or --install VENV")
+    _check_python(python)
+    try:
+        run(out, python, tuple(chosen))
+    except (KvspecError, OSError, subprocess.SubprocessError, RuntimeError, TimeoutError) as e:
+        print(f"gpu_classes: the run failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -96,6 +96,21 @@ def _label(text: str) -> str:
     return text or "build"
 
 
+#: Characters a build's label may have: with the release and the hash the
+#: build folder's name stays far below a file system's 255 bytes.
+MAX_LABEL = 48
+
+
+def bounded_label(label: str) -> str:
+    """``label`` when at most :data:`MAX_LABEL` characters, else its start
+    and 8 hex digits of its SHA-256 (a 240-character patch name cannot make
+    a folder name too long; two long names stay apart)."""
+    if len(label) <= MAX_LABEL:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:8]
+    return label[: MAX_LABEL - 9].rstrip("-.") + "-" + digest
+
+
 def patch_label(path: str | os.PathLike, release: str) -> str:
     """``fixes/vllm-0.33.0-longer-sibling-of-aligned-prompt.diff`` ->
     ``longer-sibling`` (the release prefix dropped, two words kept)."""
@@ -104,7 +119,7 @@ def patch_label(path: str | os.PathLike, release: str) -> str:
         stem = stem.removesuffix(suffix)
     stem = re.sub(rf"^(vllm|sglang)-?{re.escape(release_number(release))}-?", "", stem)
     words = [w for w in _label(stem).split("-") if w]
-    return "-".join(words[:2]) or "patch"
+    return bounded_label("-".join(words[:2]) or "patch")
 
 
 # ------------------------------------------------------------------ overlays
@@ -261,7 +276,7 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         if not orig.is_file() or orig.read_bytes() != data:
             files[rel] = data
     _check_paths(sp, files, flag, [str(p) for p in patches], release, package)
-    label = ".".join(dict.fromkeys(labels))
+    label = bounded_label(".".join(dict.fromkeys(labels)))
     return Overlay(release, "patch", label, files, sources, {rel: m for rel, m in modes.items() if rel in files})
 
 
@@ -291,7 +306,7 @@ def _overlay_of(release: str, kind: str, label: str, members: dict[str, source_f
             files[rel] = data
             modes[rel] = mode
     _check_paths(sp, files, flag, what, release)
-    return Overlay(release, kind, label, files, [source], modes)
+    return Overlay(release, kind, bounded_label(label), files, [source], modes)
 
 
 def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:

@@ -57,6 +57,9 @@ Lifetime:
   (default :data:`IDLE_TIMEOUT_S`, ``KVSPEC_WARM_IDLE_S``), when its socket
   file is removed or replaced, when its environment's ready marker changes
   (a reinstall, ``kvspec engines remove``), on ``shutdown`` and on SIGTERM;
+* at most :func:`max_warm` run at once (``KVSPEC_WARM_MAX``, default
+  :data:`MAX_WARM`): starting one more stops the least recently used
+  (:func:`make_room`), saying so in one line;
 * ``kvspec engines list`` shows the warm ones (pid, idle seconds left),
   ``kvspec engines stop [vllm==X]`` stops them (by pid);
 * a client that finds a socket nobody answers on, or a state file whose pid
@@ -97,7 +100,7 @@ from engine_adapter.host.warm_state import (
 from engine_adapter.sockets import Lines, connect, event_of, read_line, remove_if, send_line
 from ground.console import say as console_say
 from ground.home import REPO_ROOT
-from ground.errors import EngineError
+from ground.errors import EngineError, invalid
 
 #: Seconds a client waits for the warm engine to begin its request (busy
 #: with another command's) before it starts a fresh engine of its own.
@@ -263,6 +266,7 @@ class WarmClient:
                 connect(paths.sock, 1.0).close()
             except OSError:
                 remove_if(paths.sock)
+        make_room(paths, max_warm(), self.folder, self.say)  # at most KVSPEC_WARM_MAX resident, least recently used goes
         cmd = [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version), "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
         with open(paths.log, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO_ROOT), start_new_session=True)
@@ -346,7 +350,7 @@ def list_warm(directory: Path | None = None) -> list[dict]:
         except Exception:  # noqa: BLE001 - an unknown version's files
             current = False
         rows.append({
-            "engine": f"vllm=={version}", "version": version, "platform": platform, "env": _env_of(path), "pid": pid,
+            "engine": engine_name(version), "version": version, "platform": platform, "env": _env_of(path), "pid": pid,
             "socket": str(paths.sock), "idle_timeout_s": idle,
             "idle_left_s": round(max(0.0, idle - (now - last_used)), 1),
             "started": state.get("started"), "current": current,
@@ -354,32 +358,88 @@ def list_warm(directory: Path | None = None) -> list[dict]:
     return rows
 
 
+def _stop_one(paths: Paths, state: dict) -> str:
+    """Stop one warm engine: ``shutdown`` over its socket (after the request
+    in progress), then SIGTERM, then SIGKILL, each wait bounded; by pid,
+    checked on its command line. How it went."""
+    pid = state.get("pid")
+    how = "gone"
+    if _is_server(pid, paths.sock):
+        how = "shutdown"
+        with contextlib.suppress(OSError, ValueError, socket.timeout):
+            sock = connect(paths.sock, 2.0)
+            try:
+                send_line(sock, encode({"id": 0, "op": "shutdown"}).encode(), time.monotonic() + 2.0)
+                read_line(sock, time.monotonic() + STOP_WAIT_S)
+            finally:
+                sock.close()
+        if not _wait_gone(pid, paths.sock, STOP_WAIT_S):
+            how = "SIGTERM"
+            if not _kill(paths, pid, signal.SIGTERM, 5.0):
+                how = "SIGKILL"
+                _kill(paths, pid, signal.SIGKILL, 5.0)
+    _clean(paths, pid)
+    return how
+
+
 def stop(version: str | None = None, directory: Path | None = None) -> list[dict]:
-    """Stop the warm engines (of ``version``, or all): ``shutdown`` over the
-    socket (after the request in progress), then SIGTERM, then SIGKILL, each
-    wait bounded; by pid, checked on its command line."""
+    """Stop the warm engines (of ``version``, or all) (:func:`_stop_one`)."""
     stopped = []
     for path in _state_files(directory):
         paths = _paths_of_state(path)
         state = read_state(paths)
         if state is None or (version is not None and _version_of(path, state) != version):
             continue
-        pid = state.get("pid")
-        how = "gone"
-        if _is_server(pid, paths.sock):
-            how = "shutdown"
-            with contextlib.suppress(OSError, ValueError, socket.timeout):
-                sock = connect(paths.sock, 2.0)
-                try:
-                    send_line(sock, encode({"id": 0, "op": "shutdown"}).encode(), time.monotonic() + 2.0)
-                    read_line(sock, time.monotonic() + STOP_WAIT_S)
-                finally:
-                    sock.close()
-            if not _wait_gone(pid, paths.sock, STOP_WAIT_S):
-                how = "SIGTERM"
-                if not _kill(paths, pid, signal.SIGTERM, 5.0):
-                    how = "SIGKILL"
-                    _kill(paths, pid, signal.SIGKILL, 5.0)
-        _clean(paths, pid)
-        stopped.append({"engine": f"vllm=={_version_of(path, state)}", "platform": state.get("platform"), "pid": pid, "how": how})
+        how = _stop_one(paths, state)
+        stopped.append({"engine": engine_name(_version_of(path, state)), "platform": state.get("platform"), "pid": state.get("pid"), "how": how})
+    return stopped
+
+
+#: Warm engines that may run at once, by default (``KVSPEC_WARM_MAX``):
+#: each holds an engine's memory (about 570 MB on CPU) for its idle timeout.
+MAX_WARM = 3
+#: The most ``KVSPEC_WARM_MAX`` may say.
+MAX_WARM_LIMIT = 64
+
+
+def max_warm() -> int:
+    """``KVSPEC_WARM_MAX`` (an integer 1-64), else :data:`MAX_WARM`; a bad
+    value is one line naming it."""
+    raw = os.environ.get("KVSPEC_WARM_MAX")
+    if raw is None or not raw.strip():
+        return MAX_WARM
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_WARM_LIMIT:
+        raise invalid("KVSPEC_WARM_MAX", raw, f"allowed: an integer in 1-{MAX_WARM_LIMIT} (warm engines running at once)")
+    return value
+
+
+def make_room(keep: Paths, cap: int, directory: Path | None = None, say=None) -> list[dict]:
+    """Before a warm engine starts at ``keep``: stop the least recently used
+    others (by their socket's last use) until fewer than ``cap`` run, so that
+    with the new one at most ``cap`` stay resident. The ones stopped."""
+    live = []
+    for path in _state_files(directory):
+        paths = _paths_of_state(path)
+        if paths.sock == keep.sock:
+            continue
+        state = read_state(paths)
+        if state is None or not _is_server(state.get("pid"), paths.sock):
+            continue
+        try:
+            used = os.stat(paths.sock).st_mtime
+        except OSError:
+            used = float(state.get("started") or 0.0)
+        live.append((used, path, paths, state))
+    live.sort(key=lambda x: x[0])
+    stopped = []
+    for _used, path, paths, state in live[: max(0, len(live) - (cap - 1))]:
+        how = _stop_one(paths, state)
+        row = {"engine": engine_name(_version_of(path, state)), "platform": state.get("platform"), "pid": state.get("pid"), "how": how}
+        stopped.append(row)
+        if say is not None:
+            say(f"kvspec: stopped the warm engine {row['engine']} ({row['platform']}, pid {row['pid']}), the least recently used: at most {cap} run at once (KVSPEC_WARM_MAX)")
     return stopped

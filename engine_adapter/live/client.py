@@ -153,6 +153,31 @@ class _Expired(Exception):
     """The request's deadline passed (raised between reads)."""
 
 
+def is_loopback_host(host: str | None) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ``::1``)."""
+
+    if not host:
+        return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_key_transport(url: str, has_key: bool, *, in_clear_ok: bool = False, field: str = "--server") -> None:
+    """A key goes over https, or over plain http to a loopback host only;
+    plain http to any other host only when the user says so
+    (``--send-key-in-clear``). Checked before any connection is made."""
+    if not has_key or in_clear_ok:
+        return
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise invalid(field, _shown_url(url), "would send the API key in clear (plain http to a host that is not loopback); "
+                      "allowed: https://, http:// to 127.0.0.1/::1/localhost, or --send-key-in-clear to accept the risk")
+
+
 class LiveClient:
     """``base_url`` like ``http://127.0.0.1:8000``; ``api_key`` or None."""
 

@@ -68,6 +68,7 @@ def configure(parser) -> None:
     parser.add_argument("--server", metavar="URL", help="read the geometry from a running server's /metrics instead")
     parser.add_argument("--api-key-env", default=None, metavar="NAME", help="with --server: the name of the environment variable holding its API key (never printed or saved)")
     parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: kept so it is not read as --api-key-env
+    parser.add_argument("--send-key-in-clear", action="store_true", help="with --server: send the API key over plain http to a host that is not loopback (anyone on the path can read it)")
     parser.add_argument("--served-model", default=None, help="with --server: the served model name (when it serves several)")
     parser.add_argument("--workload", metavar="|".join(WORKLOADS), help="a built-in workload shape")
     for flag in OPTIONS:
@@ -193,6 +194,10 @@ def main(args) -> int:
 
     check_options(args)
     api_key = _api_key(args.api_key_env)
+    if args.server is not None:
+        from engine_adapter.live.client import check_base_url, check_key_transport
+
+        check_key_transport(check_base_url(args.server), api_key is not None, in_clear_ok=args.send_key_in_clear)  # before any connection
     case = None
     if args.case is not None:
         from fuzz.findings import load_finding

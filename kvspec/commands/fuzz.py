@@ -48,7 +48,8 @@ exit codes:
   3  the harness failed, so the verdict cannot be trusted: no execution at
      all, a fuzzing worker died, the engine environment is missing or
      unusable, or harness errors above --harness-error-limit (and at least
-     3); takes precedence over 1
+     3), or the disk filled up (one line: the error and how many findings
+     already written stay valid); takes precedence over 1
 
 --case files run first; each is accounted for (given, run, cut at the
 deadline, a harness error, not started). If any was not run to completion
@@ -252,6 +253,9 @@ def main(args) -> int:
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
+    except OSError as e:  # the disk filled up (or went read-only) mid-campaign: kvspec's failure, never "findings"
+        _say(f"kvspec: {_written_so_far(out, e)} (harness failed, exit 3)")
+        return EXIT_HARNESS
     code, reason = summary.outcome(limit=args.harness_error_limit)
     report = summary.to_dict()
     report["classes"], report["malformed"] = _classes(out, report)
@@ -259,6 +263,25 @@ def main(args) -> int:
     _print(report, args, specs, out)
     _say(f"kvspec fuzz: exit {code}: {reason}")
     return code
+
+
+def _written_so_far(out: Path, error: OSError) -> str:
+    """One line for a campaign stopped by an ``OSError`` (a full disk, a
+    read-only mount): the error, and what ``out`` holds (the findings
+    already written are whole: each was written atomically)."""
+    import errno
+    import os
+
+    from fuzz.triage import read_findings
+
+    what = errno.errorcode.get(error.errno or 0, "error")
+    where = f" writing {error.filename}" if error.filename else ""
+    try:
+        described, _ = read_findings(out) if out.is_dir() else ([], [])
+        held = f"{len(described)} finding(s) already written in {out} stay valid"
+    except OSError:
+        held = f"what {out} holds could not be read"
+    return f"out={out}: the campaign stopped: {what} ({os.strerror(error.errno) if error.errno else error}){where}; {held}"
 
 
 def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:

@@ -1,4 +1,10 @@
-"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]"""
+"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]
+
+Exit status (``fuzz.matrix.exit_code``): 0 every cell agrees with the
+promise (a finding: not reproduced); 1 a cell departs from it (a bare case
+diverges, a finding reproduces); 3 a cell could not be judged (an error,
+inconclusive) and none departs; 2 bad input, before any engine starts.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,20 @@ from pathlib import Path
 HELP = "hit patterns per case x vLLM version, as a table and a chart"
 
 
+EPILOG = """\
+exit codes:
+  0  every cell agrees with the promise (a finding: not reproduced)
+  1  a cell departs from it (a bare case diverges, a finding reproduces)
+  2  bad input (one line naming it), before any engine starts
+  3  a cell could not be judged (an error, inconclusive) and none departs
+"""
+
+
 def configure(parser) -> None:
+    import argparse
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("cases", nargs="+", help="case or finding files")
     from kvspec.engine_options import add_engine_arguments
 
@@ -28,7 +47,7 @@ def main(args) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from fuzz.matrix import chart, run_matrix, to_html, to_markdown, to_rich
+    from fuzz.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
 
     from kvspec.engine_options import engine_specs
 
@@ -53,4 +72,4 @@ def main(args) -> int:
         table_console().print(to_rich(rows, versions))
     if args.chart:
         print(f"chart: {chart(rows, versions, Path(args.chart))}")
-    return 0
+    return exit_code(rows, versions)

@@ -13,7 +13,9 @@ unreadable ``/metrics``; in-process: the engine did not run the case), 2
 refused or bad input before anything was sent (one line on stderr). ``--timeout`` bounds each
 request (a completion or a metrics scrape, retries included) in wall-clock
 time. The API key is read only from the environment variable named by
-``--api-key-env``; it is never printed or written: the key, and any
+``--api-key-env``; it goes over https, or plain http to a loopback host,
+and to any other plain-http host only with ``--send-key-in-clear`` (refused
+before any connection otherwise); it is never printed or written: the key, and any
 ``Bearer`` token, is replaced by ``[redacted]`` in every message and report,
 even when the server echoes it.
 
@@ -48,6 +50,7 @@ def configure(parser) -> None:
 
     add_engine_arguments(parser, group=where, metavar="vllm==X", help="replay in-process on an installed engine instead (see fuzz.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
     parser.add_argument("--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key")
+    parser.add_argument("--send-key-in-clear", action="store_true", help="send the API key over plain http to a host that is not loopback (anyone on the path can read it)")
     parser.add_argument("--model", metavar="NAME", help="served model name (default: the only one the server serves)")
     parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
     parser.add_argument("--step-s", metavar="S", type=float, default=0.05,
@@ -108,7 +111,7 @@ def main(args) -> int:
     if args.json:
         output_file("--json", args.json)
     if args.engine is not None:
-        for flag, value in (("--api-key-env", args.api_key_env), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--step-s", None if args.step_s == 0.05 else args.step_s), ("--rule", None if args.rule == "promise" else args.rule)):
+        for flag, value in (("--api-key-env", args.api_key_env), ("--send-key-in-clear", args.send_key_in_clear or None), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--step-s", None if args.step_s == 0.05 else args.step_s), ("--rule", None if args.rule == "promise" else args.rule)):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
@@ -119,13 +122,16 @@ def main(args) -> int:
     from fuzz.live_replay import load_target, render, replay
     from ground.files import write_json_atomic
 
+    from engine_adapter.live.client import check_base_url, check_key_transport
+
     key = _api_key(args.api_key_env)
+    check_key_transport(check_base_url(args.server), key is not None, in_clear_ok=args.send_key_in_clear)  # before any connection
     target = load_target(args.file)
     report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule, step_s=args.step_s)
-    render(report)
-    if args.json:
+    if args.json:  # first: what was sent is on record whatever printing does
         try:
             write_json_atomic(args.json, report.as_dict())
         except OSError as e:
             raise invalid("--json", args.json, f"cannot be written ({e.strerror or e}); allowed: a writable path") from None
+    render(report)
     return EXIT[report.verdict]

@@ -370,3 +370,60 @@ def test_a_full_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(InvalidArgument, match="less than 1 MiB free"):
         output_dir("--out", tmp_path / "advice")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------- issue 40 item 5: a full disk
+
+
+def test_a_disk_that_fills_up_mid_campaign_is_exit_3_in_one_line(tmp_path, monkeypatch, capsys):
+    """Two diverging --case files on a TEST DOUBLE engine (the reference
+    model's legacy rule as vLLM 0.29.0); the finding and harness-error
+    writers (test doubles for a disk that fills up) raise ENOSPC after the
+    first finding: exit 3, one line naming ENOSPC and the finding
+    already written, which stays whole and readable."""
+    import errno
+
+    import engine_adapter
+    import fuzz.findings
+    import fuzz.runner
+    import kvspec.commands.fuzz as fuzz_cmd
+    from fuzz.findings import load_finding
+    from tests.fuzz.doubles import ReferenceDouble
+
+    class Double(ReferenceDouble):
+        def close(self):
+            pass
+
+    double = Double("0.29.0", "legacy")
+    monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(engine_adapter, "open_engine", lambda name, **k: double)
+    monkeypatch.setattr(fuzz.runner, "open_engine", lambda name, **k: double)
+    monkeypatch.setattr(fuzz_cmd, "unusable_engine", lambda engines: None)
+    real = fuzz.findings.write_finding
+    written = []
+
+    def fill_up(finding, out_dir):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(out_dir))
+        written.append(real(finding, out_dir))
+        return written[-1]
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fuzz.findings, "write_finding", fill_up)
+    monkeypatch.setattr(fuzz.findings, "write_harness_error", full)  # the disk is full for it too
+    seed = json.loads((Path(__file__).resolve().parents[2] / "examples/seed-53504.json").read_text())
+    argv = ["fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--no-z3-seeds", "--max-time", "60", "--out", str(tmp_path / "out")]
+    for name, length in (("one", 11910), ("two", 9000)):
+        seed["name"] = name
+        seed["trace"] = [{"prompt": [{"segment": "A", "length": length}]}] * 3
+        (tmp_path / f"{name}.json").write_text(json.dumps(seed))
+        argv += ["--case", str(tmp_path / f"{name}.json")]
+    rc = kvspec(argv)
+    err = capsys.readouterr().err
+    assert len(written) == 1, err[-600:]
+    assert rc == 3 and "Traceback" not in err, err[-1500:]
+    line = [x for x in err.splitlines() if "ENOSPC" in x]
+    assert len(line) == 1 and "1 finding(s) already written" in line[0] and "exit 3" in line[0]
+    load_finding(written[0])  # whole and valid

@@ -19,6 +19,7 @@ the release's fingerprint. The engine test at the end reads the real
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -526,3 +527,22 @@ def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_privat
         assert release_hashes() == before and len(before) > 5000
     finally:
         environments.remove(overlay.version, progress=lambda line: None)
+
+
+# ---------------------------------------------------- issue 40 item 7: label
+
+
+@pytest.mark.parametrize("stem", ["x" * 240, "a" * 100 + "-" + "b" * 100, "vllm-0.33.0-" + "-".join(["w"] * 120)])
+def test_a_long_patch_name_gives_a_bounded_hashed_label(tmp_path, release_double, stem):
+    """A 240-character patch file name (the most a file system allows is 255)
+    made a build folder name past 255 bytes: ``OSError: File name too long``."""
+    patch = _write(tmp_path, stem[:240] + ".diff", "--- a/vllm/v1/y.py\n+++ b/vllm/v1/y.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
+    overlay = builds.overlay_from_patches("0.33.0", [patch])
+    assert len(overlay.label) <= builds.MAX_LABEL and len(overlay.name.encode()) < 100
+    assert re.fullmatch(r"[a-z0-9.-]+", overlay.label)
+
+
+def test_two_long_labels_stay_apart():
+    a, b = builds.bounded_label("x" * 60 + "a"), builds.bounded_label("x" * 60 + "b")
+    assert a != b and len(a) == len(b) <= builds.MAX_LABEL
+    assert builds.bounded_label("longer-sibling") == "longer-sibling"

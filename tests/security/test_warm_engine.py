@@ -338,3 +338,60 @@ def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand
             os.kill(pid, signal.SIGKILL)
     out = run(c, timeout=30)
     assert out["ok"] and out["result"]["pid"] != pid
+
+
+# ------------------------------------------- issue 40 item 8: a cap, names
+
+
+def test_at_most_kvspec_warm_max_engines_stay_resident_least_recently_used_goes(stand_in, folder, monkeypatch):
+    """Three engines (three environments) with ``KVSPEC_WARM_MAX=2``: the
+    third start stops the least recently used, saying so in one line."""
+    monkeypatch.setenv("KVSPEC_WARM_MAX", "2")
+    said: list[str] = []
+    pids = []
+    for value in ("a", "b", "c"):
+        monkeypatch.setenv("VLLM_KVSPEC_TEST_CAP", value)  # another environment: another engine
+        c = client(stand_in, folder, said)
+        pids.append(run(c)["result"]["pid"])
+        if value == "a":
+            time.sleep(1.1)  # socket times a second apart: "a" is the least recently used
+            run(c)
+        if value == "b":
+            time.sleep(1.1)
+    live = {r["pid"] for r in warm.list_warm(folder)}
+    assert len(set(pids)) == 3 and len(live) == 2
+    assert pids[0] not in live and {pids[1], pids[2]} <= live
+    assert any("stopped the warm engine vllm==0.33.0" in s and "KVSPEC_WARM_MAX" in s for s in said), said
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "x", "65", "1e3"])
+def test_a_bad_warm_max_is_one_line(raw, monkeypatch):
+    monkeypatch.setenv("KVSPEC_WARM_MAX", raw)
+    with pytest.raises(InvalidArgument, match=r"^KVSPEC_WARM_MAX=.*allowed: an integer in 1-64"):
+        warm.max_warm()
+
+
+def test_an_sglang_worker_is_listed_and_stopped_under_its_own_name(folder):
+    """A warm SGLang worker's files (as ``WarmClient("sglang==0.5.23")``
+    names them) with a test double process in its place (a sleeper whose
+    command line names the worker and its socket): listed and stopped as
+    ``sglang==0.5.23``, never ``vllm==sglang==0.5.23``."""
+    import subprocess
+    import sys
+
+    base = warm_state.private_dir(folder, create=True) / "vllm-sglang==0.5.23-cpu-0123456789ab"
+    paths = Paths.named(base)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "engine_adapter.inside.worker", "--socket", str(paths.sock)])
+    try:
+        for _ in range(100):  # until it has exec'd (its command line is the sleeper's)
+            if str(paths.sock) in (warm_state._cmdline(proc.pid) or []):
+                break
+            time.sleep(0.05)
+        paths.state.write_text(json.dumps({"pid": proc.pid, "platform": "cpu", "version": "0.5.23", "fingerprint": "x", "idle_timeout_s": 600, "started": time.time()}))
+        rows = warm.list_warm(folder)
+        assert [r["engine"] for r in rows] == ["sglang==0.5.23"]
+        stopped = warm.stop(directory=folder)
+        assert [r["engine"] for r in stopped] == ["sglang==0.5.23"] and proc.wait(timeout=30) is not None
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
