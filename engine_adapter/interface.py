@@ -33,7 +33,7 @@ from ground.errors import invalid
 
 #: The families kvspec drives: family name -> the module (inside the
 #: family's environment) whose ``get_driver()`` returns its driver.
-FAMILIES = {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver"}
+FAMILIES = {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver", "llamacpp": "engine_adapter.llamacpp_engine.driver"}
 
 
 class EngineFailure(TypedDict, total=False):

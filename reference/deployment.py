@@ -54,12 +54,13 @@ from typing import Any
 
 from ground.errors import InvalidArgument, invalid
 from reference.model_config import check_model_config
+from reference.llamacpp_flags import parse_llamacpp_args
 from reference.sglang_flags import check_sglang_args
 from reference.vllm_flags import check_vllm_args
 
 PLATFORMS = ("cuda", "cpu")
 #: The engine families a deployment may name (``engine``; vLLM by default).
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "llamacpp")
 #: GPUs kvspec can answer vLLM's hardware queries for: compute capability.
 DEVICES = {"a100": (8, 0), "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
 DEFAULT_DEVICE = "h100"
@@ -84,6 +85,8 @@ class Deployment:
     #: The engine family the flags are for; SGLang's are ``sglang_args``.
     engine: str = "vllm"
     sglang_args: tuple[str, ...] = ()
+    #: llama.cpp's (``llama-server`` flags: ``reference.llamacpp_flags``).
+    llamacpp_args: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         out = {
@@ -96,12 +99,15 @@ class Deployment:
         if self.engine != "vllm":  # a vLLM deployment's form (and cache key) is as it was
             out.update(engine=self.engine, sglang_args=list(self.sglang_args))
             del out["vllm_args"]
+        if self.engine == "llamacpp":
+            del out["sglang_args"]
+            out["llamacpp_args"] = list(self.llamacpp_args)
         return out
 
     @property
     def args(self) -> tuple[str, ...]:
         """The serve flags of the deployment's engine."""
-        return self.sglang_args if self.engine == "sglang" else self.vllm_args
+        return {"sglang": self.sglang_args, "llamacpp": self.llamacpp_args}.get(self.engine, self.vllm_args)
 
     def key(self) -> str:
         """A canonical text of the deployment (a cache key)."""
@@ -147,7 +153,7 @@ def parse_deployment(raw: Any) -> Deployment:
     """Validate the ``deployment`` block of a case (shape only)."""
     if not isinstance(raw, dict):
         raise invalid("deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device")
-    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", "sglang_args")
+    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", "sglang_args", "llamacpp_args")
     for key in raw:
         if key not in allowed:
             raise invalid(f"deployment.{key}", raw[key], f"unknown field; allowed: {', '.join(allowed)}")
@@ -175,6 +181,13 @@ def parse_deployment(raw: Any) -> Deployment:
         check_sglang_args(sglang_args)
     elif sglang_args:
         raise invalid("deployment.sglang_args", sglang_args, "only with \"engine\": \"sglang\"; allowed: absent or []")
+    llamacpp_args = raw.get("llamacpp_args", [])
+    if engine == "llamacpp":
+        if args:
+            raise invalid("deployment.vllm_args", args, "with engine llamacpp the flags are llamacpp_args; allowed: absent or []")
+        parse_llamacpp_args(llamacpp_args)
+    elif llamacpp_args:
+        raise invalid("deployment.llamacpp_args", llamacpp_args, "only with \"engine\": \"llamacpp\"; allowed: absent or []")
     overrides = raw.get("model_overrides", {})
     if overrides is None:
         overrides = {}
@@ -186,7 +199,7 @@ def parse_deployment(raw: Any) -> Deployment:
             raise invalid(f"deployment.model_overrides.{key}", value, "a config field name of [A-Za-z0-9_]")
         clean[key] = _override_value(key, value)
     check_model_config(clean, "deployment.model_overrides")
-    platform = raw.get("platform", "cuda")
+    platform = raw.get("platform", "cpu" if engine == "llamacpp" else "cuda")
     if platform not in PLATFORMS:
         raise invalid("deployment.platform", platform, f"allowed: {', '.join(PLATFORMS)}")
     device = raw.get("device", DEFAULT_DEVICE if platform == "cuda" else None)
@@ -197,7 +210,9 @@ def parse_deployment(raw: Any) -> Deployment:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
     if engine == "sglang" and platform != "cuda":
         raise invalid("deployment.platform", platform, "with engine sglang: SGLang's hybrid cache is resolved as on a CUDA device; allowed: cuda")
-    return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(sglang_args))
+    if engine == "llamacpp" and platform != "cpu":
+        raise invalid("deployment.platform", platform, "with engine llamacpp: llama.cpp's CPU server runs it; allowed: cpu")
+    return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(sglang_args), tuple(llamacpp_args))
 
 
 # ------------------------------------------------------------- flag edits

@@ -33,9 +33,13 @@ DEFAULT_ENGINE = f"vllm=={DEFAULT_VERSION}"
 #: SGLang releases with a shipped requirement file.
 SGLANG_VERSIONS = ("0.5.23",)
 
+#: llama.cpp releases (the pinned ``xllamacpp`` wheel, which runs llama.cpp's
+#: own server in-process) with a shipped requirement file.
+LLAMACPP_VERSIONS = ("2026.10.11549",)
+
 #: The supported releases of each engine family a name may start with: the
 #: families of ``engine_adapter.interface.FAMILIES``.
-RELEASES = {"vllm": SUPPORTED_VERSIONS, "sglang": SGLANG_VERSIONS}
+RELEASES = {"vllm": SUPPORTED_VERSIONS, "sglang": SGLANG_VERSIONS, "llamacpp": LLAMACPP_VERSIONS}
 
 _VERSION = r"(\d+\.\d+\.\d+)(?:\+([a-z0-9][a-z0-9.-]*))?"
 _SPEC = re.compile(rf"^({'|'.join(map(re.escape, RELEASES))})=={_VERSION}$")
@@ -150,7 +154,7 @@ def is_build(version: str) -> bool:
 
 
 #: How each family is named in a message.
-FAMILY_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+FAMILY_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
 
 
 def engine_name(version: str) -> str:
