@@ -39,7 +39,29 @@ def resolved_as(case: Case, version: str) -> Case:
     return with_resolution(case, r["geometry"], r["speculative"], f"vllm=={version}")
 
 
+def predict_llamacpp(case: Case, name: str) -> dict:
+    """A llama.cpp case: the settings its server resolves (through its
+    engine), then llama.cpp's rule (``reference.llamacpp``)."""
+    from engine_adapter import open_engine
+    from engine_adapter.host.versions import EngineSpec
+    from reference.llamacpp import Settings, predict as predict_llamacpp_rule
+
+    spec = EngineSpec.parse(name, "--as")
+    if case.deployment is None or case.deployment.engine != "llamacpp":
+        from ground.errors import invalid
+
+        raise invalid("--as", name, "a llama.cpp engine predicts a deployment case with \"engine\": \"llamacpp\"; allowed: vllm==X for other cases")
+    with open_engine(spec) as engine:
+        r = engine.resolve(case)
+    out = predict_llamacpp_rule(case, Settings.of(r["server"], r["params"]))
+    out["resolved_by"] = spec.name
+    return out
+
+
 def main(args) -> int:
+    if str(args.version).startswith("llamacpp=="):
+        print(json.dumps(predict_llamacpp(load_case(args.case), args.version), indent=2))
+        return 0
     version = parse_version(args.version)
     case = resolved_as(load_case(args.case), version)
     result = predict(case, version, args.rule)

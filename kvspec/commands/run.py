@@ -140,7 +140,7 @@ def main(args) -> int:
     from engine_adapter.host.engine import open_engine
 
     with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
-        options = {"eagle_groups": args.eagle_groups} if spec.family == "vllm" else {"tree_core": args.tree_core}
+        options = {"eagle_groups": args.eagle_groups} if spec.family == "vllm" else {"cold": bool(args.compare)} if spec.family == "llamacpp" else {"tree_core": args.tree_core}
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
@@ -156,6 +156,10 @@ def main(args) -> int:
     if not args.compare:
         print(json.dumps(observed, indent=2))
         return 1 if observed.get("error") else 0
+    if spec.family == "llamacpp":  # its own rule and table (kvspec/llamacpp_compare.py)
+        from kvspec.llamacpp_compare import compare
+
+        return compare(case, observed, name, args.json)
     from fuzz.oracles import resolved
     from fuzz.verdict import Target, differences, judge
 
