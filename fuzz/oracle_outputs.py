@@ -34,7 +34,7 @@ from reference.case import Case
 from fuzz.oracle_base import Divergence
 
 #: Absolute log-probability tolerance (nats).
-LOGPROB_TOLERANCE = 2e-3
+LOGPROB_TOLERANCE = 5e-3
 
 
 def compare_tops(a: list, b: list, tol: float = LOGPROB_TOLERANCE) -> str | None:

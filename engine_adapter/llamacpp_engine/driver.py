@@ -45,6 +45,15 @@ MAX_LLAMACPP_REQUESTS = 64
 MAX_PROMPT_TOKENS = 16384
 MAX_NEW_TOKENS = 64
 DEFAULT_N_PROBS = 5
+#: llama.cpp keeps the checkpoint offsets of the first server that made one
+#: in this process: ``static const int checkpoint_offsets[] = {4 + n_ubatch, 4}``
+#: inside ``update_slots`` (server-context.cpp, snapshot 001d906a) is
+#: initialised once. A later server of another ``n_ubatch`` in the same
+#: process places its checkpoints with the first one's (docs/llamacpp.md,
+#: finding L1). A real ``llama-server`` process runs one server, so kvspec
+#: runs a case only where that static is unset or holds this case's
+#: ``n_ubatch`` (else a harness error: run it in a fresh worker).
+_PROCESS = {"offsets_n_ubatch": None}
 #: The options a run takes.
 OPTIONS = ("cold", "n_probs", "seed", "test_double")
 
@@ -158,6 +167,15 @@ class LlamacppDriver:
             except Exception as e:  # the server refused the deployment: llama.cpp's answer
                 return self._failed(case, "config", None, e, info, t0)
             settings = serverlog.resolved_settings(served.load_log)
+            stale = _PROCESS["offsets_n_ubatch"]
+            if settings["n_ctx_checkpoints"] and stale is not None and stale != settings["n_ubatch"]:
+                del served
+                return {"engine": self.name, "hits": [], "queries": [], "knobs": None, "explain": [], "resolution": {**info, "server": settings},
+                        "error": {"kind": "worker", "phase": "config", "request": None, "type": "StaleProcess",
+                                  "message": f"this process's llama.cpp keeps the checkpoint offsets of an earlier server (n_ubatch {stale}); "
+                                             f"this case's n_ubatch is {settings['n_ubatch']}: run it in a fresh worker"}}
+            if settings["n_ctx_checkpoints"]:
+                _PROCESS["offsets_n_ubatch"] = settings["n_ubatch"]
             cold = None
             if opts["cold"]:
                 cparams, _ = common_params(dep, opts["seed"], {"cache_ram_mib": 0, "n_ctx_checkpoints": 0, "cache_prompt": False, "n_parallel": 1})
@@ -180,6 +198,7 @@ class LlamacppDriver:
                     error = {"kind": "llamacpp", "phase": "step", "request": i, "type": "ServerError", "message": one_line(explain[-1]["engine_error"], 500)}
                     explain.pop()
                     break
+            del served, cold
         out: Observation = {
             "engine": self.name,
             "hits": [e["hit"] for e in explain],
@@ -205,6 +224,14 @@ class LlamacppDriver:
             return {"request": i, "engine_error": json.dumps(response.get("error"))[:500]}
         ev = serverlog.events(text)
         slot = ev["slot"] if ev["slot"] is not None else 0
+        cached = held.setdefault(-1, [])  # the RAM prompt cache: [[length, checkpoints], ...], as saved and loaded
+        if ev["prompt_cache_save"] is not None:
+            cached.append([ev["prompt_cache_save"], list(held.get(slot, []))])
+        if ev["prompt_cache_load"] is not None:
+            match = [c for c in cached if c[0] == ev["prompt_cache_load"]]
+            held[slot] = list(match[-1][1]) if match else []
+            if match:
+                cached.remove(match[-1])
         cps = held.setdefault(slot, [])
         for kind, n in ev["order"]:  # the slot's checkpoint list, as the events changed it
             if kind in ("erased", "evicted", "superseded") and n in cps:
@@ -225,6 +252,7 @@ class LlamacppDriver:
             "checkpoints_erased": ev["erased"] + ev["evicted"],
             "checkpoints_held": sorted(cps),
             "forced_full": ev["forced_full"],
+            "prompt_cache_load": ev["prompt_cache_load"],
             "output_ids": ids,
             "top_logprobs": tops,
         }

@@ -36,7 +36,9 @@ PATTERNS = {
 FORCED = "forcing full prompt re-processing"
 _SLOT = re.compile(r"\bid\s+(\d+) \| task (-?\d+) \|")
 _RELEASE = re.compile(r"release: id\s+(\d+) \| task (-?\d+) \| stop processing: n_tokens = (\d+)")
-_FOUND_BETTER = re.compile(r"found better prompt|loading prompt from cache|restored prompt from cache", re.I)
+_SAVE = re.compile(r"prompt_save:\s+- saving prompt with length (\d+)")
+_CANDIDATE = re.compile(r"- prompt with length\s+(\d+), lcp =\s+\d+, f_keep = ([0-9.]+), f_sim = ([0-9.]+)")
+_FOUND = re.compile(r"found better prompt with f_keep = ([0-9.]+), f_sim = ([0-9.]+)")
 
 
 def events(text: str) -> dict:
@@ -44,8 +46,19 @@ def events(text: str) -> dict:
     list, ``forced_full`` when the server re-processed the whole prompt,
     the slot that served it, and ``slot_tokens`` (what it held after)."""
     out: dict = {k: [] for k in PATTERNS}
-    out.update(forced_full=False, slot=None, slot_tokens=None, order=[], prompt_cache_load=False)
+    out.update(forced_full=False, slot=None, slot_tokens=None, order=[], prompt_cache_load=None, prompt_cache_save=None)
+    candidates: list[tuple[int, str, str]] = []
     for line in text.splitlines():
+        m = _SAVE.search(line)
+        if m:
+            out["prompt_cache_save"] = int(m.group(1))
+        m = _CANDIDATE.search(line)
+        if m:
+            candidates.append((int(m.group(1)), m.group(2), m.group(3)))
+        m = _FOUND.search(line)
+        if m:  # the cached prompt the slot loaded: the candidate with those fractions
+            hits = [n for n, fk, fs in candidates if (fk, fs) == m.groups()]
+            out["prompt_cache_load"] = hits[-1] if hits else -1
         for kind, pat in PATTERNS.items():
             m = pat.search(line)
             if m:
@@ -53,8 +66,6 @@ def events(text: str) -> dict:
                 out["order"].append([kind, int(m.group(1))])
         if FORCED in line:
             out["forced_full"] = True
-        if _FOUND_BETTER.search(line):
-            out["prompt_cache_load"] = True
         m = _RELEASE.search(line)
         if m:
             out["slot"], out["slot_tokens"] = int(m.group(1)), int(m.group(3))
