@@ -115,6 +115,7 @@ def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
 def campaign(seed: int, cases: int, budget_s: float, out_dir: Path | None, engine_name: str, options: dict | None = None) -> dict:
     from engine_adapter import open_engine
     from engine_adapter.host.versions import EngineSpec
+    from ground.files import write_text_atomic
 
     spec = EngineSpec.parse(engine_name)
     t0 = time.monotonic()
@@ -139,7 +140,7 @@ def campaign(seed: int, cases: int, budget_s: float, out_dir: Path | None, engin
         rows.append({"case": case["name"], "model": case["deployment"]["model"], "args": case["deployment"]["llamacpp_args"], **j})
         if j["verdict"] != "agrees" and out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"{case['name']}.json").write_text(json.dumps(case, indent=2) + "\n")
+            write_text_atomic(out_dir / f"{case['name']}.json", json.dumps(case, indent=2) + "\n")
     return {"engine": spec.name, "seed": seed, "cases": len(rows), "counts": counts, "max_logprob_delta_agreeing": max_noise,
             "seconds": round(time.monotonic() - t0, 1), "rows": rows}
 
@@ -170,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['case']:<18} {r.get('model', ''):<17} {r['verdict']:<9} hits {r.get('hits')} rule {r.get('predicted')} "
                   f"dlogp {r.get('max_logprob_delta', 0):.1e} {' '.join(r.get('rule') or [])} {' '.join(r.get('outputs') or [])}"[:400])
         print(f"{result['cases']} cases in {result['seconds']}s: {result['counts']}; max |logprob cached - cold| on agreeing cases {result['max_logprob_delta_agreeing']:.2e}")
-    return 0 if result["counts"]["diverges"] == 0 and result["counts"]["engine_error"] == 0 and result["counts"]["harness"] == 0 else 1
+    if result["counts"]["harness"]:
+        return 3  # kvspec's own failure, never the engine's
+    return 0 if result["counts"]["diverges"] == 0 and result["counts"]["engine_error"] == 0 else 1
 
 
 if __name__ == "__main__":

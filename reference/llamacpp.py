@@ -218,7 +218,7 @@ def _cache_update(slot: Slot, cache: list[Slot], tokens: list[int]) -> bool:
 
 
 @dataclass
-class Step:
+class ServedStep:
     """One request, as the rule serves it."""
 
     request: int
@@ -238,7 +238,7 @@ class Step:
                 "checkpoints_erased": self.erased, "checkpoints_held": self.held, "prompt_cache_load": self.prompt_cache_load}
 
 
-def simulate(case: Case, st: Settings) -> list[Step]:
+def simulate(case: Case, st: Settings) -> list[ServedStep]:
     """Serve ``case``'s trace (serial) with llama.cpp's rule."""
     slots = [Slot() for _ in range(max(1, st.n_parallel))]
     cache: list[Slot] = []
@@ -276,7 +276,7 @@ def simulate(case: Case, st: Settings) -> list[Step]:
             erased += add_checkpoint(slot.checkpoints, at, i, st)
         slot.tokens = tokens + [GENERATED] * (req.max_tokens - 1)
         slot.t_last = i
-        steps.append(Step(i, n, n_past, k, restored, forced, created, erased, sorted(c.n_tokens for c in slot.checkpoints), loaded))
+        steps.append(ServedStep(i, n, n_past, k, restored, forced, created, erased, sorted(c.n_tokens for c in slot.checkpoints), loaded))
     return steps
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -108,13 +108,12 @@ def model_path(arch: str, seed: int = 0) -> Path:
     r = recipe(arch, seed)
     path = models_dir() / f"{r.arch}-{r.key()}.gguf"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            write_model(r, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        from ground.files import write_bytes_atomic
+
+        with tempfile.TemporaryDirectory(prefix="kvspec-gguf-") as tmp:  # gguf writes a path; kvspec's helper publishes it
+            scratch = Path(tmp) / path.name
+            write_model(r, scratch)
+            write_bytes_atomic(path, scratch.read_bytes())
     return path
 
 

@@ -11,7 +11,7 @@ from engine_adapter.host.engine import open_engine
 from engine_adapter.host.versions import EngineSpec, engine_name, env_slug, family_of, is_build, parse_engine, release_number, release_of
 from ground.errors import EngineError, InvalidArgument, Unsupported
 
-ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0, sglang==0.5.23"
+ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0, sglang==0.5.23, llamacpp==2026.10.11549"
 
 
 @pytest.mark.parametrize("name", ["vllm==0.33.0", "0.33.0", " vllm==0.29.0 "])
@@ -71,7 +71,7 @@ def test_sglang_names_carry_their_family_in_the_version_key():
     assert release_number(spec.version) == "0.5.23" and release_number("0.33.0+fix.1") == "0.33.0"
     assert env_slug(spec.version) == "sglang-0.5.23" and env_slug("0.33.0") == "vllm-0.33.0"
     assert engine_name(spec.version) == "sglang==0.5.23"
-    with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23$"):
+    with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23, llamacpp==2026.10.11549$"):
         EngineSpec.parse("sglang==0.33.0")
     build = EngineSpec.parse("sglang==0.5.23+keep-cut.88f092")  # an SGLang build (--patch)
     assert (build.family, build.release, build.label, build.version) == ("sglang", "0.5.23", "keep-cut", "sglang==0.5.23+keep-cut.88f092")
