@@ -85,7 +85,7 @@ def draw_case(seed: int, index: int) -> dict:
 
 def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
     """The hits, held checkpoints and outputs of one run against the rule."""
-    from fuzz.oracle_outputs import check_outputs, compare_tops
+    from fuzz.oracle_outputs import check_outputs
     from reference.case import parse_case
     from reference.llamacpp import Settings, predict
 
@@ -104,9 +104,8 @@ def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
     noise = 0.0
     for e in observed["explain"]:
         for a, b in zip(e.get("top_logprobs") or [], e.get("cold_top_logprobs") or []):
-            da, db = dict((int(i), p) for i, p in a), dict((int(i), p) for i, p in b)
+            da, db = {int(i): p for i, p in a}, {int(i): p for i, p in b}
             noise = max([noise] + [abs(da[i] - db[i]) for i in set(da) & set(db)])
-    del compare_tops
     verdict = "agrees" if not diffs and not outputs else "diverges"
     return {"verdict": verdict, "rule": diffs, "outputs": [d.detail for d in outputs], "max_logprob_delta": noise,
             "hits": observed["hits"], "predicted": ref["hits"]}

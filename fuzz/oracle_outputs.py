@@ -29,9 +29,8 @@ below what one stale token moves.
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
-from reference.case import Case
-
 from fuzz.oracle_base import Divergence
+from reference.case import Case
 
 #: Absolute log-probability tolerance (nats).
 LOGPROB_TOLERANCE = 5e-3

@@ -126,7 +126,7 @@ class _Served:
         start = self.log.size()
         response = self.server.handle_completions(body)
         if not isinstance(response, dict):
-            raise RuntimeError(f"handle_completions returned {type(response).__name__}")
+            raise TypeError(f"handle_completions returned {type(response).__name__}")
         if "error" in response:
             return response, self.log.read(start)
         return response, self.log.wait_for(start, "stop processing")
@@ -164,7 +164,7 @@ class LlamacppDriver:
         with serverlog.Capture() as log:
             try:
                 served = _Served(params, log)
-            except Exception as e:  # the server refused the deployment: llama.cpp's answer
+            except Exception as e:  # noqa: BLE001 - the server refused the deployment: llama.cpp's answer
                 return self._failed(case, "config", None, e, info, t0)
             settings = serverlog.resolved_settings(served.load_log)
             stale = _PROCESS["offsets_n_ubatch"]
@@ -191,7 +191,7 @@ class LlamacppDriver:
                     explain.append(self._serve(served, cold, i, tokens, req.max_tokens, opts["n_probs"], held))
                 except KvspecError:
                     raise
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - kvspec's own failure, reported as such
                     error = {"kind": "internal", "phase": "step", "request": i, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__, "traceback": traceback.format_exc()[-4000:]}
                     break
                 if explain[-1].get("engine_error"):

@@ -29,9 +29,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 import gguf
+import numpy as np
 
 from reference.tokens import OUTPUT_TOKEN
 

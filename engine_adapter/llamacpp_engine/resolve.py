@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import xllamacpp  # noqa: F401 - the engine this package drives
+import xllamacpp
 
 from engine_adapter.llamacpp_engine import gguf_models
 from ground.errors import Unsupported

@@ -100,10 +100,10 @@ class Capture:
     returns what was logged since a mark, bounded."""
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile(prefix="kvspec-llamacpp-log-")
+        self._file = tempfile.TemporaryFile(prefix="kvspec-llamacpp-log-")  # noqa: SIM115 - closed in __exit__
         self._saved: int | None = None
 
-    def __enter__(self) -> Capture:
+    def __enter__(self) -> Capture:  # noqa: PYI034
         sys.stderr.flush()
         self._saved = os.dup(2)
         os.dup2(self._file.fileno(), 2)

@@ -44,7 +44,8 @@ def predict_llamacpp(case: Case, name: str) -> dict:
     engine), then llama.cpp's rule (``reference.llamacpp``)."""
     from engine_adapter import open_engine
     from engine_adapter.host.versions import EngineSpec
-    from reference.llamacpp import Settings, predict as predict_llamacpp_rule
+    from reference.llamacpp import Settings
+    from reference.llamacpp import predict as predict_llamacpp_rule
 
     spec = EngineSpec.parse(name, "--as")
     if case.deployment is None or case.deployment.engine != "llamacpp":

@@ -3,7 +3,12 @@ the list's edge, token differences; and absent cold runs judge nothing."""
 
 from __future__ import annotations
 
-from fuzz.oracle_outputs import LOGPROB_TOLERANCE, check_outputs, compare_tops, request_difference
+from fuzz.oracle_outputs import (
+    LOGPROB_TOLERANCE,
+    check_outputs,
+    compare_tops,
+    request_difference,
+)
 from fuzz.oracle_registry import BY_NAME
 
 

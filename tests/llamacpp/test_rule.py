@@ -8,7 +8,13 @@ import pytest
 from ground.errors import InvalidArgument
 from reference.case import parse_case
 from reference.deployment import parse_deployment
-from reference.llamacpp import Settings, add_checkpoint, batch_ends, placements, simulate
+from reference.llamacpp import (
+    Settings,
+    add_checkpoint,
+    batch_ends,
+    placements,
+    simulate,
+)
 from reference.llamacpp_flags import parse_llamacpp_args
 
 
