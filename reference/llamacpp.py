@@ -76,6 +76,7 @@ class Settings:
     n_ubatch: int = 512
     cache_prompt: bool = True
     slot_prompt_similarity: float = 0.1
+    cache_idle_slots: bool = True
 
     @classmethod
     def of(cls, server: dict, params: dict) -> Settings:
@@ -89,6 +90,7 @@ class Settings:
             n_ubatch=int(server.get("n_ubatch") or params.get("n_ubatch")),
             cache_prompt=bool(params.get("cache_prompt", True)),
             slot_prompt_similarity=float(params.get("slot_prompt_similarity", 0.1)),
+            cache_idle_slots=bool(server.get("cache_idle_slots")),
         )
 
     @classmethod
@@ -98,8 +100,10 @@ class Settings:
         checkpoints stay on; n_ubatch at most n_batch)."""
         f = {**DEFAULTS, **fields}
         n_batch = int(f["n_batch"])
-        return cls(int(f["n_parallel"]), int(f["n_ctx_checkpoints"]), int(f["checkpoint_min_step"]), int(f["cache_ram_mib"]) != 0,
-                   n_batch, min(int(f["n_ubatch"]), n_batch), bool(f["cache_prompt"]), float(f["slot_prompt_similarity"]))
+        cache = int(f["cache_ram_mib"]) != 0
+        return cls(int(f["n_parallel"]), int(f["n_ctx_checkpoints"]), int(f["checkpoint_min_step"]), cache,
+                   n_batch, min(int(f["n_ubatch"]), n_batch), bool(f["cache_prompt"]), float(f["slot_prompt_similarity"]),
+                   cache and bool(f.get("cache_idle_slots", True)))
 
 
 @dataclass
@@ -193,12 +197,20 @@ def _select(slots: list[Slot], tokens: list[int], st: Settings) -> tuple[int, bo
     return chosen, True
 
 
+def cache_save(slot: Slot, cache: list[Slot]) -> None:
+    """``prompt_save`` / ``server_prompt_cache::alloc``: nothing when a cached
+    prompt already holds all of the slot's tokens; else the cached prompts the
+    slot's tokens hold all of are dropped ("obsolete") and the slot's copy added."""
+    if not slot.tokens or any(common_prefix(c.tokens, slot.tokens) == len(slot.tokens) for c in cache):
+        return
+    cache[:] = [c for c in cache if common_prefix(c.tokens, slot.tokens) != len(c.tokens)]
+    cache.append(Slot(list(slot.tokens), [Checkpoint(c.n_tokens, c.task) for c in slot.checkpoints]))
+
+
 def _cache_update(slot: Slot, cache: list[Slot], tokens: list[int]) -> bool:
     """``prompt_save`` then ``server_prompt_cache::load``; True when a cached
     prompt replaced the slot's."""
-    if slot.tokens:
-        cache[:] = [c for c in cache if c.tokens != slot.tokens]
-        cache.append(Slot(list(slot.tokens), [Checkpoint(c.n_tokens, c.task) for c in slot.checkpoints]))
+    cache_save(slot, cache)
     lcp = common_prefix(slot.tokens, tokens)
     f_keep_best = lcp / len(slot.tokens) if slot.tokens else -1.0
     f_sim_best = lcp / len(tokens)
@@ -249,6 +261,10 @@ def simulate(case: Case, st: Settings) -> list[ServedStep]:
         k, update = _select(slots, tokens, st)
         slot = slots[k]
         loaded = _cache_update(slot, cache, tokens) if update and st.prompt_cache else False
+        if st.prompt_cache and st.cache_idle_slots:  # then every other idle slot publishes a copy (process_single_task)
+            for j, other in enumerate(slots):
+                if j != k:
+                    cache_save(other, cache)
         n_past = common_prefix(slot.tokens, tokens) if st.cache_prompt else 0
         pos_next, restored, forced, erased = n_past, None, False, []
         if n_past > 0 and n_past <= len(slot.tokens):

@@ -224,14 +224,21 @@ class LlamacppDriver:
             return {"request": i, "engine_error": json.dumps(response.get("error"))[:500]}
         ev = serverlog.events(text)
         slot = ev["slot"] if ev["slot"] is not None else 0
-        cached = held.setdefault(-1, [])  # the RAM prompt cache: [[length, checkpoints], ...], as saved and loaded
-        if ev["prompt_cache_save"] is not None:
-            cached.append([ev["prompt_cache_save"], list(held.get(slot, []))])
-        if ev["prompt_cache_load"] is not None:
-            match = [c for c in cached if c[0] == ev["prompt_cache_load"]]
-            held[slot] = list(match[-1][1]) if match else []
-            if match:
-                cached.remove(match[-1])
+        cached = held.setdefault(-1, [])  # the RAM prompt cache: [[length, checkpoints], ...], as the log saves and loads them
+        for op, who, n in ev["cache_ops"]:
+            if op == "save":
+                cached.append([n, list(held.get(slot if who is None else who, []))])
+            elif op == "skip" and cached:
+                cached.pop()
+            elif op == "obsolete":
+                match = [c for c in cached if c[0] == n]
+                if match:
+                    cached.remove(match[0])
+            elif op == "load":
+                match = [c for c in cached if c[0] == n]
+                held[slot] = list(match[-1][1]) if match else []
+                if match:
+                    cached.remove(match[-1])
         cps = held.setdefault(slot, [])
         for kind, n in ev["order"]:  # the slot's checkpoint list, as the events changed it
             if kind in ("erased", "evicted", "superseded") and n in cps:

@@ -36,6 +36,9 @@ PATTERNS = {
 FORCED = "forcing full prompt re-processing"
 _SLOT = re.compile(r"\bid\s+(\d+) \| task (-?\d+) \|")
 _RELEASE = re.compile(r"release: id\s+(\d+) \| task (-?\d+) \| stop processing: n_tokens = (\d+)")
+_IDLE_SAVE = re.compile(r"id\s+(\d+) \| task -?\d+ \| saving idle slot to prompt cache")
+_SKIP = "prompt is already in the cache, skipping"
+_OBSOLETE = re.compile(r"removing obsolete cached prompt with length (\d+)")
 _SAVE = re.compile(r"prompt_save:\s+- saving prompt with length (\d+)")
 _CANDIDATE = re.compile(r"- prompt with length\s+(\d+), lcp =\s+\d+, f_keep = ([0-9.]+), f_sim = ([0-9.]+)")
 _FOUND = re.compile(r"found better prompt with f_keep = ([0-9.]+), f_sim = ([0-9.]+)")
@@ -46,12 +49,22 @@ def events(text: str) -> dict:
     list, ``forced_full`` when the server re-processed the whole prompt,
     the slot that served it, and ``slot_tokens`` (what it held after)."""
     out: dict = {k: [] for k in PATTERNS}
-    out.update(forced_full=False, slot=None, slot_tokens=None, order=[], prompt_cache_load=None, prompt_cache_save=None)
+    out.update(forced_full=False, slot=None, slot_tokens=None, order=[], prompt_cache_load=None, cache_ops=[])
     candidates: list[tuple[int, str, str]] = []
+    idle: int | None = None
     for line in text.splitlines():
-        m = _SAVE.search(line)
+        m = _IDLE_SAVE.search(line)
         if m:
-            out["prompt_cache_save"] = int(m.group(1))
+            idle = int(m.group(1))
+        m = _SAVE.search(line)
+        if m:  # the RAM prompt cache, in order: save (by the idle slot named, or the request's), skip, obsolete, load
+            out["cache_ops"].append(["save", idle, int(m.group(1))])
+            idle = None
+        if _SKIP in line:
+            out["cache_ops"].append(["skip", None, None])
+        m = _OBSOLETE.search(line)
+        if m:
+            out["cache_ops"].append(["obsolete", None, int(m.group(1))])
         m = _CANDIDATE.search(line)
         if m:
             candidates.append((int(m.group(1)), m.group(2), m.group(3)))
@@ -59,6 +72,7 @@ def events(text: str) -> dict:
         if m:  # the cached prompt the slot loaded: the candidate with those fractions
             hits = [n for n, fk, fs in candidates if (fk, fs) == m.groups()]
             out["prompt_cache_load"] = hits[-1] if hits else -1
+            out["cache_ops"].append(["load", None, out["prompt_cache_load"]])
         for kind, pat in PATTERNS.items():
             m = pat.search(line)
             if m:

@@ -78,3 +78,20 @@ def test_flags_allow_list_and_deployment():
         parse_deployment({"model": "qwen3_next", "llamacpp_args": ["--parallel", "2"]})
     with pytest.raises(InvalidArgument):
         parse_deployment({"model": "qwen3_next", "engine": "llamacpp", "platform": "cuda"})
+
+
+def test_idle_slots_publish_a_copy_a_later_request_loads():
+    """Two slots: the sibling state slot 1 held before a resend of the long
+    prompt replaced it is found in the RAM cache (campaign seed 1 case 27,
+    observed on the wheel: 0, 0, 0, 217, 473, 217)."""
+    case = parse_case({"schema": 1, "deployment": {"model": "nemotron_h", "engine": "llamacpp", "llamacpp_args": []}, "trace": [
+        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 3},
+        {"prompt": [{"segment": "s1", "length": 389}, {"segment": "s2", "length": 88}], "max_tokens": 2},
+        {"prompt": [{"segment": "s3", "length": 961}], "max_tokens": 3},
+        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 4},
+        {"prompt": [{"segment": "s1", "length": 389}, {"segment": "s2", "length": 88}, {"segment": "s4", "length": 202}], "max_tokens": 3},
+        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 1}]})
+    st = Settings(n_parallel=2, n_batch=1024, n_ubatch=256, checkpoint_min_step=16)
+    assert [s.hit for s in simulate(case, st)] == [0, 0, 0, 217, 473, 217]
+    no_idle = Settings(n_parallel=2, n_batch=1024, n_ubatch=256, checkpoint_min_step=16, cache_idle_slots=False)
+    assert [s.hit for s in simulate(case, no_idle)][4] == 217  # without the idle copy the sibling's state is gone
