@@ -37,7 +37,7 @@ def test_the_lists_keep_what_they_held_before_the_registry():
     assert ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
                        "knobs", "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error")
     assert BUILD_ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
-                             "sparse_dense", "spec_on_off", "versions", "engine_error", "outputs", "junction")
+                             "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
     assert NEUTRAL_ORACLES == ("promise", "stale", "resumed_state", "versions", "engine_error", "outputs")  # outputs: issue 44, run when asked
     assert EXTRA_ORACLES == ("outputs", "junction") and KNOWN_ORACLES == ORACLES + ("outputs", "junction")
     assert SAME_HITS_ORACLES == ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "outputs")
