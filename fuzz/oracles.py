@@ -30,6 +30,7 @@ from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACL
                                   SAME_HITS_ORACLES)
 from fuzz.oracle_resolution import COMPARED_KNOBS, check_knobs, check_resolution, comparable_resolutions, resolved  # noqa: F401 - re-exported
 from fuzz.oracle_schedule import check_block_table, check_checkpoint, check_hit_blocks, check_shared_prefix, check_split  # noqa: F401 - re-exported
+from fuzz.oracle_outputs import check_outputs  # noqa: F401 - re-exported
 from fuzz.oracle_states import SAME_STEP_READ, check_resumed_state, check_retention, check_stale, held_states, stale_keys, written_before, writes_before  # noqa: F401 - re-exported
 
 
@@ -63,7 +64,8 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
 #: :func:`check_all` runs them.
 SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("resumed_state", check_resumed_state), ("retention", check_retention),
                      ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks),
-                     ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference))
+                     ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference),
+                     ("outputs", check_outputs))
 
 
 def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None:

@@ -117,6 +117,14 @@ class Family:
     classes: str | None = None
     canonical_flag: str | None = None
     resolve_printer: str | None = None
+    #: Other packages its family package may import besides ``package``.
+    imports: tuple[str, ...] = ()
+    #: Its own prediction for ``kvspec predict --as`` (``(case, name) ->
+    #: dict``), None: ``reference.predict`` on the geometry it resolves.
+    predictor: str | None = None
+    #: Its own ``kvspec run --compare`` table and verdict (``(case,
+    #: observed, name, json_path) -> exit code``), None: the judge's.
+    comparer: str | None = None
     #: The version key is the bare release (vLLM's historical form).
     bare_key: bool = False
 
@@ -171,6 +179,24 @@ FAMILIES: dict[str, Family] = {
             classes="fuzz.known_classes:_sglang_class",
             canonical_flag="reference.sglang_flags:canonical_flag",
             resolve_printer="kvspec.commands.resolve:_render_sglang",
+        ),
+        Family(
+            "llamacpp",
+            "llama.cpp",
+            ("2026.10.11549",),
+            "2026.10.11549",
+            "llamacpp_args",
+            "llama-server",
+            "xllamacpp",
+            "engine_adapter.llamacpp_engine.driver",
+            "reference.llamacpp_flags:parse_llamacpp_args",
+            "reference.knobs:unstated_knobs",
+            frozenset({Capability.DECODE}),
+            platforms=("cpu",),
+            run_options=("cold",),
+            imports=("gguf",),
+            predictor="kvspec.commands.predict:predict_llamacpp",
+            comparer="kvspec.llamacpp_compare:compare",
         ),
     )
 }

@@ -196,7 +196,7 @@ def parse_deployment(raw: Any) -> Deployment:
             raise invalid(f"deployment.model_overrides.{key}", value, "a config field name of [A-Za-z0-9_]")
         clean[key] = _override_value(key, value)
     check_model_config(clean, "deployment.model_overrides")
-    platform = raw.get("platform", "cuda")
+    platform = raw.get("platform", family.platforms[0])  # the family's first platform (CUDA, else llama.cpp's CPU)
     if platform not in PLATFORMS:
         raise invalid("deployment.platform", platform, f"allowed: {', '.join(PLATFORMS)}")
     device = raw.get("device", DEFAULT_DEVICE if platform == "cuda" else None)
@@ -206,7 +206,7 @@ def parse_deployment(raw: Any) -> Deployment:
     elif device is not None:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
     if platform not in family.platforms:
-        raise invalid("deployment.platform", platform, f"with engine {engine}: {family.title}'s hybrid cache is resolved as on a CUDA device; allowed: {', '.join(family.platforms)}")
+        raise invalid("deployment.platform", platform, f"with engine {engine}: {family.title}'s cache is resolved on these platforms only; allowed: {', '.join(family.platforms)}")
     return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(family_args))
 
 

@@ -145,6 +145,12 @@ def sglang_knobs(case: Case, version: str) -> Knobs:
     )
 
 
+def unstated_knobs(case: Case, version: str) -> Knobs:
+    """A family whose cache the promise's knobs do not describe (llama.cpp's
+    context checkpoints: ``reference.llamacpp`` states its rule): one line."""
+    raise Unsupported(f"engine={version}: its cache is judged by its own rule, not by the promise's knobs; allowed: a vLLM or SGLang engine")
+
+
 def resolve_knobs(case: Case, version: str | EngineSpec = DEFAULT_VERSION) -> Knobs:
     """Resolve the knobs of ``case`` the way vLLM ``version`` does (or,
     for ``sglang==X``, as :func:`sglang_knobs` states them): the family's

@@ -24,8 +24,10 @@ def load(get_driver: Callable, title: str, expect_version: str | None):
     if expect_version and driver.version != expect_version:
         print(f"selftest: this environment has {title} {driver.version}, expected {expect_version}", file=sys.stderr)
         return None
-    import torch
-
+    try:
+        import torch
+    except ImportError:  # a family without torch (llama.cpp's): nothing to check
+        return driver, import_s
     if torch.version.cuda is not None:
         print(f"selftest: torch {torch.__version__} is a CUDA build; kvspec engines use the CPU build", file=sys.stderr)
         return None

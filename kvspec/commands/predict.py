@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from ground.engines import EngineSpec
+from ground.engines import EngineSpec, load
 from ground.errors import Unsupported, invalid
 from reference.case import Case, load_case
 from reference.knobs import DEFAULT_VERSION
@@ -44,9 +44,28 @@ def resolved_as(case: Case, spec: EngineSpec) -> Case:
     return with_resolution(case, r["geometry"], r["speculative"], name)
 
 
+def predict_llamacpp(case: Case, spec: EngineSpec) -> dict:
+    """A llama.cpp case: the settings its server resolves (through its
+    engine), then llama.cpp's rule (``reference.llamacpp``)."""
+    from engine_adapter import open_engine
+    from reference.llamacpp import Settings
+    from reference.llamacpp import predict as predict_llamacpp_rule
+
+    if case.deployment is None or case.deployment.engine != spec.family:
+        raise invalid("--as", spec.name, f"a {spec.family_entry.title} engine predicts a deployment case with \"engine\": \"{spec.family}\"; allowed: an engine of the case's family")
+    with open_engine(spec) as engine:
+        r = engine.resolve(case)
+    out = predict_llamacpp_rule(case, Settings.of(r["server"], r["params"]))
+    out["resolved_by"] = spec.name
+    return out
+
+
 def main(args) -> int:
     spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
     case = load_case(args.case)
+    if spec.family_entry.predictor:  # a family with a prediction of its own
+        print(json.dumps(load(spec.family_entry.predictor)(case, spec), indent=2))
+        return 0
     if case.deployment is not None and case.deployment.engine != spec.family:
         raise invalid("--as", args.version, f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family")
     case = resolved_as(case, spec)

@@ -30,7 +30,7 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
-from ground.engines import FAMILIES, Capability
+from ground.engines import FAMILIES, Capability, load
 from fuzz.oracle_resolution import COMPARED_KNOBS
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
@@ -143,7 +143,8 @@ def main(args) -> int:
     from engine_adapter.host.engine import open_engine
 
     with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
-        options = {option: getattr(args, option) for option in family.run_options}  # the options its driver takes
+        # the options its driver takes; "cold" (a cold engine beside the cached one) comes with --compare
+        options = {option: bool(args.compare) if option == "cold" else getattr(args, option) for option in family.run_options}
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
@@ -159,6 +160,8 @@ def main(args) -> int:
     if not args.compare:
         print(json.dumps(observed, indent=2))
         return 1 if observed.get("error") else 0
+    if family.comparer:  # a family with its own rule and table (llama.cpp: kvspec/llamacpp_compare.py)
+        return load(family.comparer)(case, observed, name, args.json)
     from fuzz.oracles import resolved
     from fuzz.verdict import Target, differences, judge
 

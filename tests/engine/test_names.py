@@ -11,7 +11,7 @@ from engine_adapter.host.engine import open_engine
 from engine_adapter.host.versions import EngineSpec, engine_name, env_slug, family_of, is_build, parse_engine, release_number, release_of
 from ground.errors import EngineError, InvalidArgument, Unsupported
 
-ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0, sglang==0.5.23"
+ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0, sglang==0.5.23, llamacpp==2026.10.11549"
 
 
 @pytest.mark.parametrize("name", ["vllm==0.33.0", "0.33.0", " vllm==0.29.0 "])
@@ -24,7 +24,7 @@ def test_malformed_names(name):
     with pytest.raises(InvalidArgument) as e:
         parse_engine(name)
     msg = str(e.value)
-    assert msg == f"engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z; {ALLOWED}"
+    assert msg == f"engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
     assert "\n" not in msg
 
 
@@ -55,7 +55,7 @@ def test_engine_spec_round_trips_every_name_form(name, fields):
 def test_engine_spec_rejects_malformed_names_with_todays_message(name):
     with pytest.raises(InvalidArgument) as e:
         EngineSpec.parse(name, "--engine")
-    assert str(e.value) == f"--engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z; {ALLOWED}"
+    assert str(e.value) == f"--engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
     with pytest.raises(InvalidArgument, match=r"^engine=3: must be a string like vllm==0.33.0; allowed: vllm==0.29.0"):
         EngineSpec.parse(3)
     with pytest.raises(Unsupported, match=r"^engine='vllm==0.31.0\+fix.1': vLLM 0.31.0 has no kvspec engine environment; allowed: vllm==0.29.0"):
@@ -71,7 +71,7 @@ def test_sglang_names_carry_their_family_in_the_version_key():
     assert release_number(spec.version) == "0.5.23" and release_number("0.33.0+fix.1") == "0.33.0"
     assert env_slug(spec.version) == "sglang-0.5.23" and env_slug("0.33.0") == "vllm-0.33.0"
     assert engine_name(spec.version) == "sglang==0.5.23"
-    with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23$"):
+    with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23, llamacpp==2026.10.11549$"):
         EngineSpec.parse("sglang==0.33.0")
     build = EngineSpec.parse("sglang==0.5.23+keep-cut.88f092")  # an SGLang build (--patch)
     assert (build.family, build.release, build.label, build.version) == ("sglang", "0.5.23", "keep-cut", "sglang==0.5.23+keep-cut.88f092")
@@ -103,7 +103,7 @@ def test_open_engine_rejects_before_any_work(tmp_path, monkeypatch):
     "argv, needle",
     [
         (["run", "examples/seed-53504.json", "--engine", "vllm==0.31.0"], "kvspec: --engine='vllm==0.31.0': vLLM 0.31.0 has no kvspec engine environment"),
-        (["run", "examples/seed-53504.json", "--engine", "sglang"], "kvspec: --engine='sglang': not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z"),
+        (["run", "examples/seed-53504.json", "--engine", "sglang"], "kvspec: --engine='sglang': not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z"),
         (["engines", "install", "vllm==0.33.0", "vllm==1.0.0"], "kvspec: engine='vllm==1.0.0': vLLM 1.0.0 has no kvspec engine environment"),
         (["engines", "remove", "latest"], "kvspec: engine='latest': not an engine name"),
     ],

@@ -1,0 +1,67 @@
+"""llama.cpp's server through kvspec's worker (the real ``xllamacpp`` wheel
+in its own environment, real forward passes of kvspec's tiny GGUF models):
+the rule equals the engine on the examples of three architectures, the
+output oracle agrees on a correct run and reports the planted restore fault
+(a TEST DOUBLE of the restore step: the wheel cannot be patched here), and a
+process that kept another server's checkpoint offsets is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.host.engine import WorkerEngine
+from fuzz.oracle_outputs import check_outputs
+from reference.case import parse_case
+from reference.llamacpp import Settings, predict
+from tests.engine.conftest import ensure_env
+
+VERSION = "llamacpp==2026.10.11549"
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "llamacpp").glob("*.json"))
+
+
+@pytest.fixture()
+def llamacpp():
+    """A fresh worker per test: llama.cpp keeps process-wide state across servers."""
+    ensure_env(VERSION)
+    engine = WorkerEngine(VERSION)
+    engine.start()
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_rule_equals_engine_and_outputs_equal_a_cold_server(llamacpp, path):
+    case = json.loads(path.read_text())
+    obs = llamacpp.run(case, {"cold": True})
+    assert "error" not in obs, obs.get("error")
+    res = obs["resolution"]
+    assert res["server"]["n_slots"] == 1 and res["server"]["n_ubatch"] == 512  # what the server resolved, read back
+    ref = predict(parse_case(case), Settings.of(res["server"], res["params"]))
+    assert obs["hits"] == ref["hits"] == [0, 1196, 1196, 684, 684]
+    assert [e["checkpoints_held"] for e in obs["explain"]] == [e["checkpoints_held"] for e in ref["explain"]]
+    assert [e["checkpoint_restored"] for e in obs["explain"]] == [e["checkpoint_restored"] for e in ref["explain"]]
+    assert all(len(e["output_ids"]) == 4 and len(e["top_logprobs"][0]) == 5 for e in obs["explain"])
+    assert check_outputs(parse_case(case), VERSION, obs) == []
+
+
+def test_planted_stale_restore_is_reported_as_different_outputs(llamacpp):
+    case = json.loads(EXAMPLES[0].read_text())
+    obs = llamacpp.run(case, {"cold": True, "test_double": "stale_restore"})
+    assert obs["harness"]["test_double"] == "stale_restore"
+    div = check_outputs(parse_case(case), VERSION, obs)
+    assert div and div[0].requests[0] == 1  # the first request that shares a prefix
+    assert 0 not in div[0].requests  # the first request shares nothing: served as it is
+
+
+def test_a_process_that_kept_other_checkpoint_offsets_is_refused(llamacpp):
+    def case(ubatch):
+        return {"schema": 1, "deployment": {"model": "nemotron_h", "engine": "llamacpp", "llamacpp_args": ["--ubatch-size", str(ubatch)]},
+                "trace": [{"prompt": [{"segment": "A", "length": 400}]}]}
+
+    first = llamacpp.run(case(128))
+    assert first["explain"][0]["checkpoints_created"] == [268, 396]  # 400 - 4 - 128, 400 - 4
+    again = llamacpp.run(case(256))
+    assert again["error"]["kind"] == "worker" and "fresh worker" in again["error"]["message"]
