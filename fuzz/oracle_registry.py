@@ -77,18 +77,23 @@ class OracleRule:
     #: others state one engine's rules (vLLM's align-mode chunks, block
     #: tables, knobs, its retention rule) and judge that engine only.
     neutral: bool = False
+    #: A safety rule: it judges a hit that is too *high* (a state or KV
+    #: reused that may not be). A hit above the promise is judged by these
+    #: and never by the promise's number alone (``kvspec run --compare``,
+    #: ``fuzz.verdict``).
+    safety: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
-           concurrent=True, severity="wrong output possible", neutral=True),
+           concurrent=True, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("cap", "no request resumes at or past the last prompt position its engine must compute (N-1, or the family's own cap), whatever supplied the hit",
-               concurrent=True, severity="wrong output possible", neutral=True),
+               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("keys", "a hit covers only tokens an earlier request keyed: kvspec's own block-hash chain over the case's tokens, not the engine's",
-               concurrent=True, severity="wrong output possible", neutral=True),
+               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("draft_keys", "under lookahead block hashes a hit's last block was keyed by an earlier request with the same lookahead tokens (the drafter's KV)",
-               concurrent=True, severity="draft acceptance", neutral=True),
+               concurrent=True, severity="draft acceptance", neutral=True, safety=True),
     OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
            same_hits=True, counters=False, severity="memory only"),
     OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
@@ -108,7 +113,7 @@ REGISTRY: tuple[OracleRule, ...] = (
            variant=True, hit=True, severity="lost reuse", token_cost=True),
     OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True, severity="lost reuse", token_cost=True),
     OracleRule("resumed_state", "a request that resumes reads a Mamba state computed over exactly the tokens it resumes with, where the engine's state can be read",
-               build=False, concurrent=True, counters=False, severity="wrong output possible", neutral=True),  # no vLLM build reads its states
+               concurrent=True, counters=False, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("versions", "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)", second_engine=True, concurrent=True,
                severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("engine_error", "the engine raised on a case the model accepts", concurrent=True, counters=False, severity="crash", neutral=True),
@@ -152,6 +157,8 @@ NOT_BY_COUNTERS = names(lambda o: not o.counters)
 VARIANT_ORACLES = names(lambda o: o.variant)
 #: Oracles that judge every engine family (the promise's own rules).
 NEUTRAL_ORACLES = names(lambda o: o.neutral)
+#: The safety oracles: what judges a hit above the promise.
+SAFETY_ORACLES = names(lambda o: o.safety)
 
 
 def listed(items) -> str:

@@ -27,7 +27,7 @@ from reference.case import Case, is_concurrent, serial_prefix
 from fuzz.oracle_base import Divergence, Run, check_engine_error, promised, request_kinds  # noqa: F401 - re-exported
 from fuzz.oracle_hits import check_junction, check_promise, check_reference, check_sparse_dense, check_spec_on_off, check_versions  # noqa: F401 - re-exported
 from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACLES, KNOWN_ORACLES, NEUTRAL_ORACLES, ORACLES,  # noqa: F401 - re-exported
-                                  SAME_HITS_ORACLES)
+                                  SAFETY_ORACLES, SAME_HITS_ORACLES)
 from fuzz.oracle_safety import check_cap, check_draft_keys, check_keys  # noqa: F401 - re-exported
 from fuzz.oracle_resolution import COMPARED_KNOBS, check_knobs, check_resolution, comparable_resolutions, resolved  # noqa: F401 - re-exported
 from fuzz.oracle_schedule import check_block_table, check_checkpoint, check_hit_blocks, check_shared_prefix, check_split  # noqa: F401 - re-exported

@@ -38,7 +38,7 @@ def test_the_lists_keep_what_they_held_before_the_registry():
     assert ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
                        "knobs", "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error")
     assert BUILD_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
-                             "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
+                             "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error", "junction")
     assert NEUTRAL_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "resumed_state", "versions", "engine_error")
     assert EXTRA_ORACLES == ("junction",) and KNOWN_ORACLES == ORACLES + ("junction",)
     assert SAME_HITS_ORACLES == ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table")
