@@ -88,7 +88,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
            concurrent=True, severity="wrong output possible", neutral=True, safety=True),
-    OracleRule("cap", "no request resumes at or past the last prompt position its engine must compute (N-1, or the family's own cap), whatever supplied the hit",
+    OracleRule("cap", "no hit reaches the last prompt token, which the engine must compute for its logits (a hit <= N-1, or the family's own cap), whatever supplied it",
                concurrent=True, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("keys", "a hit covers only tokens an earlier request keyed: kvspec's own block-hash chain over the case's tokens, not the engine's",
                concurrent=True, severity="wrong output possible", neutral=True, safety=True),
