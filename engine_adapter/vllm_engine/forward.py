@@ -120,15 +120,15 @@ class StateSlots:
 
     def _read(self, req, blocks: list[int], col: int, c0: int) -> dict[str, Any]:
         if col >= len(blocks):
-            return {"observable": False, "why": f"no block at column {col}"}
+            return {"observable": False, "at": c0, "why": f"no block at column {col}"}
         held = self.held.get(blocks[col])
         if held is None and blocks[col] in self.held:
-            return {"observable": False, "why": "filled by a KV connector load (no fingerprint moved)"}
+            return {"observable": False, "at": c0, "why": "filled by a KV connector load (no fingerprint moved)"}
         tokens = list(req.all_token_ids)
         want = fingerprint(tokens, c0)
         if held is None or held == ("unwritten",):
-            return {"observable": True, "tokens": None, "same_tokens": False, "column": col}
-        return {"observable": True, "tokens": held[0], "same_tokens": held == want, "column": col}
+            return {"observable": True, "at": c0, "tokens": None, "same_tokens": False, "column": col}
+        return {"observable": True, "at": c0, "tokens": held[0], "same_tokens": held == want, "column": col}
 
     def updated(self, todo: list[tuple]) -> None:
         """After ``update_from_output()``: the kernel's writes of each
