@@ -33,6 +33,12 @@ at the same lines; 0.29.0 where noted):
   kernel copies the state at the checkpoint position into the column vLLM's
   own ``compute_mamba_prefill_checkpoints`` returns
   (:func:`engine_adapter.vllm_engine.writes.checkpoint_cells`), called.
+* **copy-on-write** (``gpu_model_runner.py:1203-1212``, 0.33.0): before
+  the forward pass the worker zeroes the step's fresh blocks
+  (``new_block_ids_to_zero``) and copies ``kv_cache_block_copies`` (a
+  partial hit's shared tail into a private block; a producer's sub-block
+  state into the durable block the cache entry moved to,
+  ``single_type_kv_cache_manager.py:1883-1893``).
 * **a KV connector's load** (``OffloadingConnector``): the stood-in worker
   (``engine_adapter.vllm_engine.connector``) moves no bytes, so a block a
   load filled holds no fingerprint kvspec wrote: a request that resumes
@@ -92,6 +98,16 @@ class StateSlots:
         :meth:`updated` needs once the step's output is processed."""
         M = self.block_size
         todo = []
+        # Before the forward pass the worker zeroes freshly allocated blocks
+        # and applies the scheduler's copy-on-write copies (a partial hit's
+        # tail, a producer's sub-block state moved to a durable block:
+        # gpu_model_runner.py:1203-1212, ``kv_cache_block_copies``; 0.32.0
+        # the same), then a connector's loads.
+        for b in getattr(so, "new_block_ids_to_zero", None) or ():
+            self.held[int(b)] = ("unwritten",)
+        for copy in getattr(so, "kv_cache_block_copies", None) or ():
+            src, dst = int(copy[0]), int(copy[1])
+            self.held[dst] = self.held.get(src, ("unwritten",))
         if getattr(so, "kv_connector_metadata", None) is not None:
             self.loaded(so.kv_connector_metadata)
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
