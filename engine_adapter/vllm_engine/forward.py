@@ -33,7 +33,7 @@ at the same lines; 0.29.0 where noted):
   kernel copies the state at the checkpoint position into the column vLLM's
   own ``compute_mamba_prefill_checkpoints`` returns
   (:func:`engine_adapter.vllm_engine.writes.checkpoint_cells`), called.
-* **copy-on-write** (``gpu_model_runner.py:1203-1212``, 0.33.0): before
+* **copy-on-write** (``gpu_model_runner.py:1203-1212`` in 0.33.0, ``:1203`` in 0.32.0, ``:1233`` in 0.29.0): before
   the forward pass the worker zeroes the step's fresh blocks
   (``new_block_ids_to_zero``) and copies ``kv_cache_block_copies`` (a
   partial hit's shared tail into a private block; a producer's sub-block
