@@ -83,6 +83,16 @@ class RequestObservation(TypedDict, total=False):
     wave_stats: dict[str, int]
     preempted_hits: int
     preempted_queries: int
+    # the safety oracles (fuzz.oracle_safety, fuzz.oracle_states)
+    #: the highest position the engine may resume this request at, where the
+    #: family reports its own; absent: N - 1, the bound of every engine that
+    #: samples from the last prompt token's logits
+    resume_cap: int | None
+    #: what the stood-in forward pass read where the request resumed:
+    #: ``{"observable": bool, "tokens": count or None, "same_tokens": bool}``
+    #: (absent or ``observable`` false: ``resumed_state`` does not judge it)
+    resumed_state: dict[str, Any] | None
+    external_hit: int
 
 
 class Observation(TypedDict, total=False):

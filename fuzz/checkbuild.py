@@ -78,6 +78,7 @@ PROMISES = (
     ("R2", "longer sibling", "a prompt that extends an earlier one resumes where dense retention would"),
     ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
+    ("safety", "no unsafe reuse", "no request resumes at or past the last prompt position it must compute, over tokens no earlier request keyed (lookahead tokens included), or from a state computed over other tokens"),
     ("retention", "retention", "sparse retention keeps only states a later request can resume at, none inside an output; periodic retention keeps every segment end a prefill wrote"),
     ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
     ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
@@ -97,6 +98,8 @@ def promise_of(finding: dict) -> str:
         return "errors"
     if oracle == "stale":
         return "no-stale"
+    if oracle in ("cap", "keys", "draft_keys", "resumed_state"):
+        return "safety"
     if oracle == "resolution":
         return "flags"
     if oracle in ("retention", "split", "checkpoint"):

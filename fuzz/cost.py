@@ -8,8 +8,13 @@ tensor parallelism) and shows it.
 
 **Severity** (``fuzz.oracle_registry``: one per oracle), worst first:
 ``wrong output possible`` (``stale``: a state resumed that no prefill wrote;
+``cap``, ``keys``, ``resumed_state``: a target model's KV or state reused
+past the last prompt token, over other tokens, or holding other tokens;
 ``block_table``: a running request's table holds a freed block another
-request may rewrite), ``crash`` (``engine_error``), ``lost reuse`` (the hit
+request may rewrite), ``crash`` (``engine_error``), ``draft acceptance``
+(``draft_keys``: only a drafter's KV reused over another next token; the
+target verifies every draft, so the output is right and fewer drafts are
+accepted), ``lost reuse`` (the hit
 oracles, and ``reference``, ``knobs``, ``resolution``: fewer hits than must
 hold), ``memory only`` (``retention``, ``split``, ``checkpoint``,
 ``hit_blocks``, ``shared_prefix``: the hits right, what the cache holds or
@@ -23,8 +28,9 @@ request the judge names (``diverging_requests``)::
     recomputed[i] = max(0, expected[i] - observed[i])     # the engine hit less
     total         = sum(recomputed[i])                    # the whole trace
 
-A request that hit *more* than expected costs no prefill (whether the state
-it resumed was written is ``stale``'s question). The other oracles have no
+A request that hit *more* than expected costs no prefill (whether it was
+safe is the safety oracles' question: ``stale``, ``cap``, ``keys``,
+``draft_keys``, ``resumed_state``). The other oracles have no
 token cost: their hits agree (``stale``, the ``memory only`` ones), no hit
 is compared (``knobs``, ``resolution``), or vLLM raised (``engine_error``).
 

@@ -5,7 +5,7 @@ counters cannot judge, the text of ``kvspec fuzz --help`` and the docs'
 table) is derived from it, never written out again.
 
 The rules the oracles state are in the modules that check them
-(:mod:`fuzz.oracle_hits`, :mod:`fuzz.oracle_states`,
+(:mod:`fuzz.oracle_hits`, :mod:`fuzz.oracle_safety`, :mod:`fuzz.oracle_states`,
 :mod:`fuzz.oracle_schedule`, :mod:`fuzz.oracle_resolution`); the
 dispatch is :func:`fuzz.oracles.check_all`.
 
@@ -59,8 +59,11 @@ class OracleRule:
     #: alone (no knobs, explain or exception there).
     counters: bool = True
     #: What a finding of it costs a user, one of :data:`SEVERITIES`
-    #: (``fuzz.cost``): ``wrong output possible`` (a state resumed that no
-    #: prefill wrote), ``crash`` (vLLM raised), ``lost reuse`` (fewer hits
+    #: (``fuzz.cost``): ``wrong output possible`` (a target model's KV or
+    #: state resumed over other tokens, or that no prefill wrote), ``crash``
+    #: (vLLM raised), ``draft acceptance`` (only a drafter's KV reused over
+    #: another next token: the target still verifies every draft, so the
+    #: output is right and fewer drafts are accepted), ``lost reuse`` (fewer hits
     #: than what must hold), ``memory only`` (the hits right, what the cache
     #: holds or how it schedules wrong).
     severity: str = ""
@@ -74,12 +77,23 @@ class OracleRule:
     #: others state one engine's rules (vLLM's align-mode chunks, block
     #: tables, knobs, its retention rule) and judge that engine only.
     neutral: bool = False
+    #: A safety rule: it judges a hit that is too *high* (a state or KV
+    #: reused that may not be). A hit above the promise is judged by these
+    #: and never by the promise's number alone (``kvspec run --compare``,
+    #: ``fuzz.verdict``).
+    safety: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
     OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
-           concurrent=True, severity="wrong output possible", neutral=True),
+           concurrent=True, severity="wrong output possible", neutral=True, safety=True),
+    OracleRule("cap", "no hit reaches the last prompt token, which the engine must compute for its logits (a hit <= N-1, or the family's own cap), whatever supplied it",
+               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
+    OracleRule("keys", "a hit covers only tokens an earlier request keyed: kvspec's own block-hash chain over the case's tokens, not the engine's",
+               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
+    OracleRule("draft_keys", "under lookahead block hashes a hit's last block was keyed by an earlier request with the same lookahead tokens (the drafter's KV)",
+               concurrent=True, severity="draft acceptance", neutral=True, safety=True),
     OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
            same_hits=True, counters=False, severity="memory only"),
     OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
@@ -99,7 +113,7 @@ REGISTRY: tuple[OracleRule, ...] = (
            variant=True, hit=True, severity="lost reuse", token_cost=True),
     OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True, severity="lost reuse", token_cost=True),
     OracleRule("resumed_state", "a request that resumes reads a Mamba state computed over exactly the tokens it resumes with, where the engine's state can be read",
-               build=False, concurrent=True, counters=False, severity="wrong output possible", neutral=True),  # no vLLM build reads its states
+               concurrent=True, counters=False, severity="wrong output possible", neutral=True, safety=True),
     OracleRule("versions", "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)", second_engine=True, concurrent=True,
                severity="lost reuse", token_cost=True, neutral=True),
     OracleRule("engine_error", "the engine raised on a case the model accepts", concurrent=True, counters=False, severity="crash", neutral=True),
@@ -111,10 +125,11 @@ REGISTRY: tuple[OracleRule, ...] = (
 
 BY_NAME = {o.name: o for o in REGISTRY}
 
-#: Severities, worst first: a silent wrong answer, then a crash, then
-#: prefill recomputed, then memory held (``kvspec findings`` orders classes
-#: by this, then by tokens recomputed).
-SEVERITIES = ("wrong output possible", "crash", "lost reuse", "memory only")
+#: Severities, worst first: a silent wrong answer, then a crash, then a
+#: drafter's KV reused over other tokens (drafts rejected, output right),
+#: then prefill recomputed, then memory held (``kvspec findings`` orders
+#: classes by this, then by tokens recomputed).
+SEVERITIES = ("wrong output possible", "crash", "draft acceptance", "lost reuse", "memory only")
 
 
 def names(keep=lambda o: True) -> tuple[str, ...]:
@@ -144,6 +159,8 @@ NOT_BY_COUNTERS = names(lambda o: not o.counters)
 VARIANT_ORACLES = names(lambda o: o.variant)
 #: Oracles that judge every engine family (the promise's own rules).
 NEUTRAL_ORACLES = names(lambda o: o.neutral)
+#: The safety oracles: what judges a hit above the promise.
+SAFETY_ORACLES = names(lambda o: o.safety)
 
 
 def listed(items) -> str:

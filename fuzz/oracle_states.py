@@ -142,8 +142,12 @@ def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Dive
     """A request that resumes at h reads a Mamba state computed over exactly
     its first h tokens. Judged where the engine's driver read the state it
     resumed from (``explain[i].resumed_state``: SGLang's driver, whose
-    stood-in kernel writes a fingerprint of the tokens computed); a state of
-    other tokens is a wrong answer served from the cache. Expected hits: 0
+    stood-in kernel writes a fingerprint of the tokens computed, and vLLM's,
+    ``engine_adapter.vllm_engine.forward``, which writes it where the model
+    runner's data path writes each state); a state of other tokens, or a
+    slot no step wrote, is a wrong answer served from the cache. Not judged
+    where the driver says the state is not observable (``observable``
+    false: a connector load, whose bytes no stand-in moves). Expected hits: 0
     (nothing that can be trusted to resume from)."""
     explain = obs.get("explain") or []
     hits = list(obs.get("hits") or [])
@@ -151,7 +155,9 @@ def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Dive
     if not bad:
         return []
     got = explain[bad[0]]["resumed_state"]
-    detail = f"request {bad[0]} resumed at {hits[bad[0]]} from a state computed over {got.get('tokens')} tokens that are not its first {hits[bad[0]]}"
+    at = got.get("at") if isinstance(got.get("at"), int) else hits[bad[0]]  # where it resumed (vLLM: its tokens computed before its first step)
+    over = "a slot no step wrote" if got.get("tokens") is None else f"a state computed over {got.get('tokens')} tokens that are not its first {at}"
+    detail = f"request {bad[0]} resumed at {at} (hit {hits[bad[0]]}) from {over}"
     return [Divergence("resumed_state", version, bad, [0 if i in bad else h for i, h in enumerate(hits)], hits, detail)]
 
 

@@ -27,7 +27,8 @@ from reference.case import Case, is_concurrent, serial_prefix
 from fuzz.oracle_base import Divergence, Run, check_engine_error, promised, request_kinds  # noqa: F401 - re-exported
 from fuzz.oracle_hits import check_junction, check_promise, check_reference, check_sparse_dense, check_spec_on_off, check_versions  # noqa: F401 - re-exported
 from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACLES, KNOWN_ORACLES, NEUTRAL_ORACLES, ORACLES,  # noqa: F401 - re-exported
-                                  SAME_HITS_ORACLES)
+                                  SAFETY_ORACLES, SAME_HITS_ORACLES)
+from fuzz.oracle_safety import check_cap, check_draft_keys, check_keys  # noqa: F401 - re-exported
 from fuzz.oracle_resolution import COMPARED_KNOBS, check_knobs, check_resolution, comparable_resolutions, resolved  # noqa: F401 - re-exported
 from fuzz.oracle_schedule import check_block_table, check_checkpoint, check_hit_blocks, check_shared_prefix, check_split  # noqa: F401 - re-exported
 from fuzz.oracle_outputs import check_outputs  # noqa: F401 - re-exported
@@ -62,7 +63,8 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
 
 #: The oracles that read one observation and nothing else, in the order
 #: :func:`check_all` runs them.
-SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("stale", check_stale), ("resumed_state", check_resumed_state), ("retention", check_retention),
+SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("cap", check_cap), ("keys", check_keys), ("draft_keys", check_draft_keys),
+                     ("stale", check_stale), ("resumed_state", check_resumed_state), ("retention", check_retention),
                      ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks),
                      ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference),
                      ("outputs", check_outputs))

@@ -45,7 +45,12 @@ inconclusive too.
   optionally the queries and knobs; ``kvspec run --compare``, a bare case
   replayed live): it agrees when every request's observed hits (and queries)
   equal the target's and every knob both report is equal; vLLM raising
-  diverges;
+  diverges. Against the promise (rule ``promise``) with the oracles
+  evaluated, a hit *above* the target is judged as ``fuzz`` and
+  ``check-build`` judge it, by the safety oracles
+  (:data:`fuzz.oracle_registry.SAFETY_ORACLES`: ``cap``, ``keys``,
+  ``draft_keys``, ``stale``, ``resumed_state``) and never by the promise's
+  number alone: it diverges only when one of them fires;
 * with the oracles evaluated (``kvspec replay CASE --engine``,
   ``kvspec matrix``): it agrees when no oracle fires.
 
@@ -287,7 +292,12 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
     if err:
         reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
     predicted = [i for i, h in enumerate(target.hits) if h is not None]
-    reasons += _hit_differences(observed, list(target.hits), "target", None if len(predicted) == len(target.hits) else predicted)
+    judged = predicted
+    if target.rule == "promise" and divergences is not None:
+        # a hit above the promise is not by itself wrong: the safety oracles
+        # (``fuzz.oracle_registry.SAFETY_ORACLES``, among ``divergences``) judge it
+        judged = [i for i in predicted if i >= len(observed) or observed[i] <= target.hits[i]]
+    reasons += _hit_differences(observed, list(target.hits), "target", None if len(judged) == len(target.hits) else judged)
     reasons += _bound_excesses(target, observation, observed)
     reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences or ()]
     if target.queries is not None and observation.get("queries") is not None and not err:

@@ -23,7 +23,7 @@ from reference.case import parse_case
 SGLANG_ENGINE_TESTS = ("test_sglang.py", "test_sglang_conformance.py")
 XDIST_GROUPS = (
     ("live-server", lambda item: bool({"live_servers", "engine_032"} & set(getattr(item, "fixturenames", ())))),
-    ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_builds.py", "test_environments.py")),
+    ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_planted_faults.py", "test_builds.py", "test_environments.py")),
     ("sglang", lambda item: item.path.name in SGLANG_ENGINE_TESTS),
 )
 

@@ -151,8 +151,19 @@ class Paths:
 
     @classmethod
     def named(cls, base: Path) -> Paths:
-        """``base`` + ``.sock`` / ``.json`` / ``.log`` / ``.lock``."""
-        return cls(*(base.with_name(base.name + ext) for ext in (".sock", ".json", ".log", ".lock")))
+        """``base`` + ``.sock`` / ``.json`` / ``.log`` / ``.lock``; a socket
+        whose name would not fit a Unix socket address even through
+        ``/proc/self/fd`` (a build's long label: ``engine_adapter.sockets.address``)
+        is named by a digest of ``base``'s name instead."""
+        paths = [base.with_name(base.name + ext) for ext in (".sock", ".json", ".log", ".lock")]
+        if len(paths[0].name.encode()) > MAX_SOCKET_NAME:
+            paths[0] = base.with_name(hashlib.sha256(base.name.encode()).hexdigest()[:24] + ".sock")
+        return cls(*paths)
+
+
+#: The longest socket file name kept as is: ``/proc/self/fd/NNNN/`` and the
+#: name must fit the ~107 bytes of a Unix socket address.
+MAX_SOCKET_NAME = 80
 
 
 _FINGERPRINTS: dict[tuple, str] = {}

@@ -80,6 +80,7 @@ import vllm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
+from engine_adapter.vllm_engine.forward import StateSlots  # noqa: E402
 from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
 from engine_adapter.vllm_engine.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
 from engine_adapter.vllm_engine.steploop import Arrival, serve, serve_wave  # noqa: E402
@@ -193,6 +194,8 @@ class VllmDriver:
             table = BlockTable(s, built["mamba_group_ids"])
             if options.get("retained", True):
                 scan = RetainedScan(s, built)
+            slots = StateSlots(s, built) if options.get("states", True) else None
+            slots = slots if slots is not None and slots.active else None
         except Exception as e:  # kvspec's observers reading vLLM's managers
             if vllm_outcome(e, "run") is None:
                 raise
@@ -204,19 +207,19 @@ class VllmDriver:
             if len(wave) == 1:
                 i = wave[0]
                 creq = case.trace[i]
-                served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table)
-                self._explain(case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None)
+                served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table, slots=slots)
+                self._explain(case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None, slots)
                 clock += served.steps
                 continue
             arrivals = [Arrival(i, prompt_tokens(case.trace[i]), case.trace[i].max_tokens, case.trace[i].arrival or 0) for i in wave]
             admitted_lookups: dict[str, int] = {}
             wave_served, totals = serve_wave(s, arrivals, built["hasher"], watch=table,
-                                             admitted=lambda rid: admitted_lookups.__setitem__(rid, len(rec.lookups.get(rid, ()))))
+                                             admitted=lambda rid: admitted_lookups.__setitem__(rid, len(rec.lookups.get(rid, ()))), slots=slots)
             for i, served in zip(wave, wave_served):
-                self._explain(case, i, served, rec, scan, table, writer, result, clock, {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1})
+                self._explain(case, i, served, rec, scan, table, writer, result, clock, {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1}, slots)
             clock += totals["steps"]
 
-    def _explain(self, case: Case, i: int, served, rec, scan, table, writer, result: dict, clock: int | None, wave: dict | None) -> None:
+    def _explain(self, case: Case, i: int, served, rec, scan, table, writer, result: dict, clock: int | None, wave: dict | None, slots=None) -> None:
         """Append request ``i``'s observation to ``result``. ``clock``: the
         scheduler steps run before its wave (a concurrent trace; None for a
         serial one); ``wave``: its wave's indices, summed stats and which of
@@ -269,6 +272,9 @@ class VllmDriver:
             explain["preempted_queries"] = served.preempted_queries
         if by_group is not None:
             explain["retained_mamba_by_group"] = by_group
+        resumed = slots.resumed_state(rid) if slots is not None else None
+        if resumed is not None:  # what the stood-in forward pass read where the request resumed (engine_adapter.vllm_engine.forward)
+            explain["resumed_state"] = resumed
         result["hits"].append(served.hits)
         result["queries"].append(served.queries)
         result["explain"].append(explain)

@@ -163,7 +163,7 @@ def _runner_output(scheduler: Scheduler, so, req_ids: list[str], sampled: list[l
     return out
 
 
-def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None) -> Served:
+def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None, slots=None) -> Served:
     """Run one request to completion (the scheduler holds no other).
 
     The loop makes the bare loop's vLLM calls (``engine_adapter.vllm_engine.baseline``)
@@ -171,7 +171,10 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
     prefill step and the summed ``prefix_cache_stats`` (names bound once, no
     copies). ``watch(request_id, start)``, asked after each step of the
     request is scheduled (``start``: its tokens computed before the step):
-    (unretired, freed) Mamba blocks it holds (``observe.BlockTable``)."""
+    (unretired, freed) Mamba blocks it holds (``observe.BlockTable``).
+    ``slots``: the stood-in forward pass's state slots
+    (``engine_adapter.vllm_engine.forward.StateSlots``), told of each step
+    after ``schedule()`` and after ``update_from_output()``."""
     n = len(tokens)
     rid = f"req-{index}"
     req = _add_request(scheduler, index, tokens, max_tokens, hasher)
@@ -194,9 +197,12 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
             scheduled = so.num_scheduled_tokens
             if rid in scheduled:
                 _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
+            todo = slots.scheduled(so) if slots is not None else None
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
+            if todo:
+                slots.updated(todo)
             if drafting and rid in scheduled and not req.is_finished():
                 propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
         except Exception as e:  # kvspec's own (``watch``, the stand-in outputs) goes to the harness
@@ -226,7 +232,7 @@ class Arrival:
     after: int
 
 
-def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, admitted=None) -> tuple[list[Served], dict]:
+def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, admitted=None, slots=None) -> tuple[list[Served], dict]:
     """Run a wave of requests that share the scheduler, as a server batches
     them: each is added ``after`` steps after the previous one (at once when
     nothing is running: a server's idle loop takes no steps), and every
@@ -281,9 +287,12 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
                     out.hits = int(out.request.num_computed_tokens) - int(num)
                     if admitted is not None:
                         admitted(rid)
+            todo = slots.scheduled(so) if slots is not None else None
             req_ids = list(scheduled)
             sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
+            if todo:
+                slots.updated(todo)
             if num_drafts:
                 drafting = [rid for rid in req_ids if rid in served and served[rid].request.sampling_params.max_tokens > 1 and not served[rid].request.is_finished()]
                 if drafting:

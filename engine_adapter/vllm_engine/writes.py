@@ -45,20 +45,35 @@ def checkpoint_writer(built: dict) -> Writer | None:
     ``groups``, ``hash_block_size``, ``alignment_tokens``): the
     intersection over the Mamba groups (a hit needs every group's state),
     or None (unobservable)."""
+    placed = _placement(built)
+    if placed is None:
+        return no_checkpoints  # some group writes none: the intersection is empty
+    if placed is False:
+        return None
+    compute, exporting, hash_block_size, alignment, drop, extra = placed
+    distinct = list({(s.block_size, s.prefill_checkpoint_alignment): s for s in exporting}.values())
+    return _positions(compute, distinct, hash_block_size, alignment, drop, extra)
+
+
+def _placement(built: dict):
+    """``(vLLM's compute_mamba_prefill_checkpoints, the exporting Mamba specs,
+    hash block, alignment, drop, extra keyword arguments)`` as
+    ``MambaPrefillCheckpointBuilder.build`` passes them, or ``None`` (no
+    group writes checkpoints) or ``False`` (unobservable)."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
     vllm_config = built["vllm_config"]
     mamba = [g.kv_cache_spec for g in built["groups"] if isinstance(g.kv_cache_spec, MambaSpec)]
     exporting = [s for s in mamba if getattr(s, "num_prefill_checkpoint_blocks", 0)]
     if not exporting or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align" or len(exporting) < len(mamba):
-        return no_checkpoints  # some group writes none: the intersection is empty
+        return None
     try:
         from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
     except ImportError:
-        return None
+        return False
     hash_block_size, alignment = built["hash_block_size"], built["alignment_tokens"]
     if hash_block_size is None or alignment is None:
-        return no_checkpoints  # ``build`` returns None unresolved
+        return None  # ``build`` returns None unresolved
     lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
     spec_config = vllm_config.speculative_config
     drop = spec_config is not None and spec_config.use_eagle_block_drop()
@@ -66,7 +81,33 @@ def checkpoint_writer(built: dict) -> Writer | None:
     if "num_hash_lookahead_tokens" in inspect.signature(compute_mamba_prefill_checkpoints).parameters:
         drop = drop and not lookahead  # 0.33.0: MambaPrefillCheckpointBuilder.__init__
         extra["num_hash_lookahead_tokens"] = lookahead
-    distinct = list({(s.block_size, s.prefill_checkpoint_alignment): s for s in exporting}.values())
+    return compute_mamba_prefill_checkpoints, exporting, hash_block_size, alignment, drop, extra
+
+
+def checkpoint_cells(built: dict, spec) -> Callable[[int, int], tuple[int, int] | None] | None:
+    """Where the kernel copies the internal prefill checkpoint of one step of
+    Mamba spec ``spec``'s group: ``(seq_len, query_len) -> (position, block
+    column)`` or None, both as vLLM's own ``compute_mamba_prefill_checkpoints``
+    returns them (0.32.0+: ``checkpoint.py:61-62`` in 0.33.0, the column
+    ``cdiv(seq_len, M) - 2``, which ``_gather_checkpoint_state_indices``
+    turns into the state slot the kernel writes); None where this vLLM has no
+    checkpoints or the cells cannot be observed."""
+    placed = _placement(built)
+    if not placed or not getattr(spec, "num_prefill_checkpoint_blocks", 0):
+        return None
+    compute, _exporting, hash_block_size, alignment, drop, extra = placed
+
+    def cell(seq_len: int, query_len: int) -> tuple[int, int] | None:
+        offsets, cols = compute([seq_len], [query_len], hash_block_size=hash_block_size, mamba_block_size=spec.block_size,
+                                checkpoint_alignment=spec.prefill_checkpoint_alignment, drop_eagle_block=drop, cache_hit_alignment_tokens=alignment, **extra)
+        if offsets[0] > 0 and cols[0] >= 0:
+            return seq_len - query_len + offsets[0], int(cols[0])
+        return None
+
+    return cell
+
+
+def _positions(compute_mamba_prefill_checkpoints, distinct, hash_block_size, alignment, drop, extra) -> Writer:
 
     def positions(steps: list[tuple[int, int]]) -> set[int]:
         """One call per group spec over all the steps (a checkpoint lies

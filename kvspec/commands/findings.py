@@ -15,7 +15,8 @@ EPILOG = """\
 A class is oracle x request kind x geometry class x root-cause hint; its
 representative is its smallest case (fewest requests, then fewest tokens).
 Classes are listed worst first: by severity (wrong output possible, crash,
-lost reuse, memory only), then by prefill tokens recomputed; the last
+draft acceptance, lost reuse, memory only), then by prefill tokens
+recomputed; the last
 column is the cost of the class's costliest finding (fuzz/cost.py: tokens,
 and prefill time on the deployment's GPU at 40% of its dense BF16 peak;
 docs/cost.md).

@@ -180,11 +180,14 @@ def main(args) -> int:
     rk = reference.get("knobs") or {}
     # What the model does not predict (a concurrent trace past its serial
     # prefix) the oracles that state the rules of concurrent steps judge.
+    # A hit above the target is judged by the safety oracles, as fuzz and
+    # check-build judge it (fuzz.verdict: one verdict).
     concurrent = []
-    if is_concurrent(case) and judged.geometry is not None:
-        from fuzz.oracles import CONCURRENT_ORACLES, check_all
+    if judged.geometry is not None:
+        from fuzz.oracles import CONCURRENT_ORACLES, SAFETY_ORACLES, check_all, oracles_for
 
-        concurrent = check_all(judged, version, observed, None, tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")))
+        asked = tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")) if is_concurrent(case) else ()
+        concurrent = check_all(judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES))))
     verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in COMPARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
     if args.json:
         print(json.dumps({"engine": name, "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))

@@ -55,9 +55,12 @@ def test_a_real_model_s_cost_by_hand():
 
 
 def test_every_registered_oracle_has_a_severity_and_the_mapping_is_the_documented_one():
-    assert SEVERITIES == ("wrong output possible", "crash", "lost reuse", "memory only")
+    assert SEVERITIES == ("wrong output possible", "crash", "draft acceptance", "lost reuse", "memory only")
     assert all(o.severity in SEVERITIES for o in REGISTRY)
     assert BY_NAME["stale"].severity == "wrong output possible" and BY_NAME["engine_error"].severity == "crash"
+    assert BY_NAME["cap"].severity == BY_NAME["keys"].severity == "wrong output possible" and BY_NAME["draft_keys"].severity == "draft acceptance"
+    # unsafe reuse ranks above every lost-reuse class, a drafter's KV below a crash
+    assert SEVERITIES.index("wrong output possible") < SEVERITIES.index("draft acceptance") < SEVERITIES.index("lost reuse")
     assert {o.name for o in REGISTRY if o.severity == "lost reuse"} == {"promise", "reference", "sparse_dense", "spec_on_off", "versions", "junction",
                                                                         "knobs", "resolution"}
     assert {o.name for o in REGISTRY if o.severity == "memory only"} == {"retention", "split", "checkpoint", "hit_blocks", "shared_prefix"}

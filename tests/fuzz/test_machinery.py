@@ -656,7 +656,7 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
         if name != "versions":  # check-build judges one engine
             assert name in epilog, name
     ids = {p for p, _n, _w in PROMISES}
-    for name in ("stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "engine_error"):
+    for name in ("stale", "cap", "keys", "draft_keys", "resumed_state", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "engine_error"):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
 
 

@@ -19,7 +19,7 @@ def _obs(hits, resumed=None, core=None):
 
 
 def test_another_family_is_judged_by_the_promises_own_oracles_only():
-    assert oracles_for("sglang==0.5.23") == ("promise", "stale", "resumed_state", "versions", "engine_error")
+    assert oracles_for("sglang==0.5.23") == ("promise", "stale", "cap", "keys", "draft_keys", "resumed_state", "versions", "engine_error")
     assert NEUTRAL_ORACLES == oracles_for("sglang==0.5.23") + ("outputs",)  # outputs: run when asked (a family with real weights)
     assert oracles_for("0.33.0") == ORACLES and "reference" in ORACLES and "reference" not in NEUTRAL_ORACLES
 

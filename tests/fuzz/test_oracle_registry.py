@@ -33,17 +33,18 @@ def test_the_lists_keep_what_they_held_before_the_registry():
     28): the same names in the same order; CONCURRENT_ORACLES and the
     oracles hit counters cannot judge were only ever tested by membership,
     so their order is the registry's. ``resumed_state`` joined with SGLang
-    (issue 26), before ``versions``."""
-    assert ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
+    (issue 26), before ``versions``; the safety oracles ``cap``, ``keys`` and
+    ``draft_keys`` (issue 39) after ``stale``."""
+    assert ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
                        "knobs", "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error")
-    assert BUILD_ORACLES == ("promise", "stale", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
-                             "sparse_dense", "spec_on_off", "versions", "engine_error", "junction")
-    assert NEUTRAL_ORACLES == ("promise", "stale", "resumed_state", "versions", "engine_error", "outputs")  # outputs: issue 44, run when asked
+    assert BUILD_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
+                             "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error", "junction")
+    assert NEUTRAL_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "resumed_state", "versions", "engine_error", "outputs")  # outputs: issue 44, run when asked
     assert EXTRA_ORACLES == ("outputs", "junction") and KNOWN_ORACLES == ORACLES + ("outputs", "junction")
     assert SAME_HITS_ORACLES == ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "outputs")
     assert SINGLE_ENGINE_ORACLES == tuple(o for o in ORACLES if o != "versions")
     assert HIT_ORACLES == ("promise", "sparse_dense", "spec_on_off")
-    assert set(CONCURRENT_ORACLES) == {"knobs", "stale", "block_table", "engine_error", "versions", "resolution", "resumed_state", "outputs"}
+    assert set(CONCURRENT_ORACLES) == {"knobs", "stale", "block_table", "engine_error", "versions", "resolution", "resumed_state", "cap", "keys", "draft_keys", "outputs"}
     assert set(NOT_BY_COUNTERS) == {"knobs", "engine_error", "resolution", "resumed_state", *SAME_HITS_ORACLES}
     assert VARIANT_ORACLES == ("sparse_dense", "spec_on_off", "junction")
 
