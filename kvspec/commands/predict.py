@@ -39,7 +39,38 @@ def resolved_as(case: Case, version: str) -> Case:
     return with_resolution(case, r["geometry"], r["speculative"], f"vllm=={version}")
 
 
+def predict_sglang(case: Case, name: str, rule: str) -> dict:
+    """An SGLang deployment case (``--as sglang==X``): resolved through
+    SGLang X's engine, then predicted by SGLang's implemented rule
+    (``replay``: :mod:`reference.sglang_prefill`) or the promise (on the
+    geometry SGLang resolved; not stated under ``no_buffer``)."""
+    from engine_adapter import open_engine
+    from ground.errors import Unsupported, invalid
+    from reference.case import with_resolution
+    from reference.sglang_prefill import SglangSetting
+    from reference.sglang_prefill import predict as sglang_predict
+
+    if case.deployment is None or case.deployment.engine != "sglang":
+        raise invalid("--as", name, "predicts a deployment case with \"engine\": \"sglang\"; allowed: vllm==X for other cases")
+    if rule not in ("promise", "replay"):
+        raise invalid("--rule", rule, f"with --as {name}: promise or replay (SGLang's implemented rule)")
+    with open_engine(name) as engine:
+        r = engine.resolve(case)
+    if rule == "replay":
+        out = sglang_predict(case, SglangSetting.from_resolution(r), name)
+    else:
+        if r.get("geometry") is None:
+            raise Unsupported(f"--rule promise: {name} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay")
+        out = predict(with_resolution(case, r["geometry"], None, name), name, "promise")
+    out["resolved_by"] = name
+    return out
+
+
 def main(args) -> int:
+    if str(args.version).startswith("sglang=="):
+        name = parse_version(args.version)
+        print(json.dumps(predict_sglang(load_case(args.case), name, args.rule), indent=2))
+        return 0
     version = parse_version(args.version)
     case = resolved_as(load_case(args.case), version)
     result = predict(case, version, args.rule)
