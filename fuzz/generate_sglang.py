@@ -117,3 +117,57 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: The deployments SGLang's boundary cases run on (``check-build``): the
+#: extra buffer with a budget on the checkpoint grid and one off the page
+#: (a continuing chunk starts off it, ``schedule_policy.py:1140``), pages
+#: 1, 16, 64 and 256 (the grid is lcm(max(model chunk, page), page):
+#: ``runtime_context.py:1966``), and ``no_buffer`` (page 1).
+BOUNDARY_DEPLOYMENTS = (
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "256", "--chunked-prefill-size", "1536"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "1", "--chunked-prefill-size", "1000"]),
+    ("falcon_h1", ["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "1500"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "1000"]),
+)
+
+
+def boundary_traces(grid: int, chunk: int) -> list[list[list[tuple[str, int]]]]:
+    """Traces on SGLang's own boundaries, from its grid rule: a prompt of
+    k x grid + {-1, 0, 1} tokens (a tracked point at its end, or not) sent
+    twice and three times; one that spans a chunk budget by one token and
+    by a grid; an extension by less than and by a grid; a sibling that
+    diverges on the grid and one that diverges off it, resent and
+    extended. ``grid``: the checkpoint grid SGLang resolved; ``chunk``:
+    its chunk budget."""
+    out = []
+    for length in sorted({3 * grid - 1, 3 * grid, 3 * grid + 1, chunk + 1, chunk + grid, 2 * chunk + grid // 2 + 1}):
+        if length > 1:
+            out.append([[("A", length)]] * 3)
+    base = 2 * grid + chunk
+    out.append([[("A", base)], [("A", base), ("B", grid // 2 + 1)], [("A", base), ("B", grid + 3)]])
+    for branch in (grid * max(1, chunk // grid // 2), grid * max(1, chunk // grid // 2) + grid // 2 + 1):
+        sib = [("A", branch), ("B", grid + 7)]
+        out.append([[("A", base)], sib, sib, sib + [("C", grid // 2)]])
+    return out
+
+
+def sglang_boundary_cases(resolver) -> list[Case]:
+    """SGLang's boundary cases for ``check-build`` (no vLLM example runs on
+    SGLang): :func:`boundary_traces` on each of :data:`BOUNDARY_DEPLOYMENTS`
+    SGLang resolves, on the grid and budget it resolved."""
+    out = []
+    for j, (model, args) in enumerate(BOUNDARY_DEPLOYMENTS):
+        dep = parse_deployment({"model": model, "engine": "sglang", "sglang_args": args}).as_dict()
+        info = resolver(dep)
+        if not info:
+            continue
+        grid = int(info["block"])
+        chunk = int(args[args.index("--chunked-prefill-size") + 1])
+        for k, trace in enumerate(boundary_traces(grid, chunk)):
+            out.append(parse_case({"schema": 1, "name": f"sglang-boundary-d{j}-{model}-t{k}", "deployment": dep,
+                                   "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in trace]}))
+    return out

@@ -178,8 +178,9 @@ class SglangDriver:
         tree_core = options.get("tree_core", DEFAULT_TREE_CORE)
         if tree_core not in TREE_CORES:
             raise InvalidArgument(f"options.tree_core={tree_core!r}: allowed: {', '.join(TREE_CORES)}")
+        dep = _deployment(case)  # a case of another family is refused first (it has no sglang_args)
         _check_case(case)
-        res = resolve(_deployment(case))
+        res = resolve(dep)
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) for p in prompts], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
