@@ -95,7 +95,7 @@ def promise_of(finding: dict) -> str:
     oracle = finding.get("oracle")
     if oracle == "engine_error":
         return "errors"
-    if oracle == "stale":
+    if oracle in ("stale", "resumed_state"):  # resumed_state: a state's content is not its key's tokens (SGLang's driver reads it)
         return "no-stale"
     if oracle == "resolution":
         return "flags"
