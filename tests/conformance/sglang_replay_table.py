@@ -27,7 +27,7 @@ VERSION = "sglang==0.5.23"
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGY_NAMES = ("extra_buffer", "no_buffer")
 #: Draws per wanted case before giving up (SGLang refuses some deployments).
-MAX_DRAWS = 12
+MAX_DRAWS = 40
 
 
 def example_cases() -> list:
