@@ -276,7 +276,7 @@ def load_finding(path: str | Path) -> tuple[Case, dict]:
 #: A finding's signature: hex, as :func:`signature` writes it (16 digits).
 SIGNATURE = re.compile(r"^[0-9a-f]{6,64}$")
 #: An engine version a finding names: a release or a build (X+LABEL.HASH).
-ENGINE_VERSION = re.compile(r"^\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")
+ENGINE_VERSION = re.compile(r"^(?:sglang==)?\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")  # vLLM's X.Y.Z, or sglang==X.Y.Z
 
 
 def _hits(finding: dict, side: str) -> None:
@@ -315,7 +315,7 @@ def check_fields(finding: dict) -> dict:
     engine = finding.get("engine")
     version = engine.get("version") if isinstance(engine, dict) else None
     if not isinstance(version, str) or not ENGINE_VERSION.match(version):
-        raise invalid("engine", engine, "must be an object whose version is a vLLM version (X.Y.Z, or a build X.Y.Z+LABEL.HASH)")
+        raise invalid("engine", engine, "must be an object whose version is an engine version (vLLM's X.Y.Z or sglang==X.Y.Z, or a build of one: +LABEL.HASH)")
     if not isinstance(engine.get("knobs", {}), dict):
         raise invalid("engine.knobs", engine["knobs"], "must be an object")
     for side in ("expected", "observed"):

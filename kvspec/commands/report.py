@@ -83,7 +83,14 @@ def main(args) -> int:
         from fuzz.report import live_summary
 
         live = live_summary(load_json(args.live, "--live"), args.live, len(case.trace))
-    files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
+    from fuzz import report_sglang
+
+    if report_sglang.is_sglang(finding):  # SGLang's issue template and a test in the style of its mem_cache unit tests
+        if live:
+            raise invalid("--live", args.live, "a live replay report is vLLM's; allowed with an SGLang finding: none")
+        files = report_sglang.bundle(finding, matrix=matrix or None, finding_path=Path(args.finding).name)
+    else:
+        files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
     try:
         write_folder_atomic(out, files)
     except OSError as e:
