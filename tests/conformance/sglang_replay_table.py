@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from engine_adapter.host.engine import WorkerEngine
 
-    engine = WorkerEngine(VERSION)
+    engine = WorkerEngine(VERSION, start_timeout=900.0)  # a loaded machine imports SGLang slowly
     engine.start()
     rows = []
     try:
