@@ -27,7 +27,7 @@ from string import Template
 
 from fuzz.findings import check_fields
 from fuzz.known_classes import classify as known_class
-from fuzz.report import _case_of, _cell, _code, _fence, _literal, _name, _text
+from fuzz.report import _case_of, _cell, _code, _fence, _literal, _text
 from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +65,13 @@ SGLANG_CLASSES = {
 }
 
 
+def regression_test_name(finding: dict) -> str:
+    """The regression test's name: the known class's id (kvspec's own
+    text), else ``finding_`` and the checked hex signature."""
+    cls = known_class(finding)
+    return (cls if cls in SGLANG_CLASSES else f"finding_{finding['signature']}").replace("-", "_")
+
+
 def is_sglang(finding: dict) -> bool:
     return str((finding.get("engine") or {}).get("version") or "").startswith("sglang==")
 
@@ -99,7 +106,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, finding_p
     lines += ["", "### Reproduction", "", "Serve the model with these flags and send the requests one after another, one output token each:", ""]
     lines += _fence("", [f"python -m sglang.launch_server --model-path <{case.deployment.model if case.deployment else 'model'}> {flags}"])
     lines += ["", f"Or with kvspec (SGLang's own scheduler and cache, in-process): {_code('kvspec replay ' + finding_path + ' --engine ' + version)}.",
-              f"The regression test beside this file ({_code('test_' + _name(finding) + '.py')}) is a CPU unit test in the style of "
+              f"The regression test beside this file ({_code('test_' + regression_test_name(finding) + '.py')}) is a CPU unit test in the style of "
               f"{_code('test/registered/unit/mem_cache/')}: it fails on {_text(version)} and passes with the fix applied.", ""]
     if cls:
         lines += ["The fix: " + ", ".join(_code(f) for f in cls["fix"]) + " (in `fix.diff`).", ""]
@@ -180,7 +187,10 @@ class TestMambaPrefixCacheRegression(unittest.TestCase):
             self.sa.resolve_once()
             set_global_server_args_for_scheduler(self.sa)
             self.model_config = ModelConfig.from_server_args(self.sa)
-        self.page = self.sa.page_size
+            resolved = self.sa.resolved_dict()
+        self.page = resolved["page_size"]
+        self.chunk = resolved["chunked_prefill_size"]
+        self.max_prefill = resolved["max_prefill_tokens"]
         self.extra = bool(get_exec().mamba.enable_mamba_extra_buffer)
         self.state_chunk = int(getattr(self.model_config.hf_text_config, "mamba_chunk_size", None) or 64)
 
@@ -194,7 +204,7 @@ class TestMambaPrefixCacheRegression(unittest.TestCase):
             params = Mamba2CacheParams(shape=shape, layers=mamba_ids)
         page, n = self.page, len(lengths)
         size = (sum(lengths) + n + 4 * page + 1024) // page * page + page
-        states = sum(x // max(1, self.sa.chunked_prefill_size or x) + 6 for x in lengths) + 16
+        states = sum(x // max(1, self.chunk or x) + 6 for x in lengths) + 16
         self.req_pool = HybridReqToTokenPool(size=n + 4, mamba_size=states, mamba_spec_state_size=n + 4, max_context_len=max(lengths) + 16,
                                              device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=mamba_ids,
                                              enable_mamba_extra_buffer=self.extra, speculative_num_draft_tokens=3)
@@ -230,7 +240,7 @@ class TestMambaPrefixCacheRegression(unittest.TestCase):
         for _ in range(len(tokens) + 2):
             if chunked is not None:
                 checkpoint_kv_cache(chunked, self.tree)
-            adder = PrefillAdder(self.page, self.tree, self.allocator, running, 1.0, self.sa.max_prefill_tokens, self.sa.chunked_prefill_size)
+            adder = PrefillAdder(self.page, self.tree, self.allocator, running, 1.0, self.max_prefill, self.chunk)
             if chunked is not None:
                 chunked.init_next_round_input()
                 chunked = adder.add_chunked_req(chunked)
@@ -313,7 +323,7 @@ def bundle(finding: dict, *, matrix: list[dict] | None = None, finding_path: str
     check_fields(finding)
     files = {"ISSUE.md": issue_markdown(finding, matrix=matrix, finding_path=finding_path)}
     try:
-        files[f"test_{_name(finding)}.py"] = regression_test(finding)
+        files[f"test_{regression_test_name(finding)}.py"] = regression_test(finding)
     except ValueError:
         pass
     cls = SGLANG_CLASSES.get(known_class(finding) or "")

@@ -24,7 +24,7 @@ def test_a_grid_resend_bundle_cites_prior_art_and_carries_the_fix():
     f = _finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048])
     assert is_sglang(f)
     files = bundle(f)
-    assert set(files) == {"ISSUE.md", "test_sglang-grid-resend.py", "finding.json", "fix.diff"} or {"ISSUE.md", "finding.json", "fix.diff"} <= set(files)
+    assert set(files) == {"ISSUE.md", "test_sglang_grid_resend.py", "finding.json", "fix.diff"}
     issue = files["ISSUE.md"]
     assert "#30882" in issue and "#21350" in issue and "### Reproduction" in issue and "### Environment" in issue
     assert "mamba_keep_cut" in files["fix.diff"]
