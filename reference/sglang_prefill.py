@@ -192,7 +192,7 @@ def _shared(a: list[int], b: list[int]) -> int:
 
 
 @dataclass
-class Request:
+class ReplayedRequest:
     """One request's replay: what the model states for it."""
 
     request: int
@@ -226,7 +226,7 @@ def _insert(kept: _Kept, prompts: list[list[int]], i: int, tokens_len: int, mamb
     return key
 
 
-def simulate(case: Case, s: SglangSetting) -> list[Request]:
+def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
     """Every request of a serial trace through SGLang 0.5.23's rule."""
     s.check()
     if is_concurrent(case):
@@ -236,7 +236,7 @@ def simulate(case: Case, s: SglangSetting) -> list[Request]:
             raise Unsupported(f"trace[{i}].max_tokens={r.max_tokens}: SGLang's replay rule states prefill only; allowed: 1")
     prompts = [prompt_tokens(r) for r in case.trace]
     kept = _Kept()
-    out: list[Request] = []
+    out: list[ReplayedRequest] = []
     for i, tokens in enumerate(prompts):
         n = len(tokens)
         limit = page_floor(max(n - 1, 0), s.page_size)
@@ -283,7 +283,7 @@ def simulate(case: Case, s: SglangSetting) -> list[Request]:
             j, content = src
             resumed = content
             same = content == hit and _shared(prompts[j], tokens) >= content
-        out.append(Request(i, n, hit, full_hit, branching, chunk_ends, tracked, kept_at, resumed, same))
+        out.append(ReplayedRequest(i, n, hit, full_hit, branching, chunk_ends, tracked, kept_at, resumed, same))
     return out
 
 
@@ -302,7 +302,7 @@ def predict(case: Case, s: SglangSetting, version: str = "sglang==0.5.23") -> di
     }
 
 
-def legitimately_above(promise_hits: list, observed: dict, steps: list[Request]) -> dict[int, str]:
+def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedRequest]) -> dict[int, str]:
     """Requests whose observed hit is above the promise's by a state
     SGLang's prefill legitimately wrote (``run --compare --rule promise``
     on SGLang): the replay rule resumes there too, from a state kept at a
