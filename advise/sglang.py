@@ -64,6 +64,8 @@ def notes(advice: dict) -> list[str]:
     if advice.get("lost_tokens"):
         out.append(f"{advice['lost_tokens']:,} prompt tokens re-prefilled where the promise resumes (sglang-grid-resend / sglang-sibling-branch: "
                    "fixes/sglang-0.5.23-keep-cut.diff)")
+    if "promise_not_stated" in advice:
+        out.append(f"the promise is not stated here ({advice['promise_not_stated']}); no lost reuse is measured")
     if not out:
         out.append("SGLang keeps every state this workload resumes at")
     return out
