@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ground.engines import FAMILIES, load
 from reference.case import Case, parse_case
 
 from fuzz.oracle_registry import KNOWN_ORACLES
@@ -86,7 +87,7 @@ PROMISES = (
     ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
     ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold; a finished request leaves no block referenced"),
     ("flags", "flags applied", "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size"),
-    ("errors", "no vLLM errors", "vLLM raises on no case the model accepts"),
+    ("errors", "no engine errors", "the engine raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
 
@@ -96,7 +97,7 @@ def promise_of(finding: dict) -> str:
     oracle = finding.get("oracle")
     if oracle == "engine_error":
         return "errors"
-    if oracle == "stale":
+    if oracle in ("stale", "resumed_state"):  # resumed_state: a state's content is not its key's tokens (SGLang's driver reads it)
         return "no-stale"
     if oracle in ("cap", "keys", "draft_keys", "resumed_state"):
         return "safety"
@@ -120,13 +121,17 @@ def promise_of(finding: dict) -> str:
     return {"resend": "R1", "extension": "R2"}.get(kind, "no-stale")
 
 
-def example_cases(root: Path = ROOT) -> list[tuple[str, Case]]:
-    """The examples check-build runs first: every deployment example and
-    every example of a vLLM bug class (``r1-``, ``r2-``, ``dense-``,
-    ``stale-``; ``examples/README.md``)."""
+#: The examples check-build runs first, per engine family (``examples/README.md``).
+EXAMPLE_PATTERNS = {"vllm": ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*"), "sglang": ("sglang-*",)}
+
+
+def example_cases(root: Path = ROOT, family: str = "vllm") -> list[tuple[str, Case]]:
+    """The examples check-build runs first: for vLLM every deployment
+    example and every example of a vLLM bug class (``r1-``, ``r2-``,
+    ``dense-``, ``stale-``); for SGLang its own (``sglang-*``)."""
     from fuzz.findings import load_finding
 
-    paths = sorted({p for pattern in ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*") for p in root.glob(f"examples/{pattern}.json")})
+    paths = sorted({p for pattern in EXAMPLE_PATTERNS[family] for p in root.glob(f"examples/{pattern}.json")})
     return [(str(p.relative_to(root)), load_finding(p)[0]) for p in paths]
 
 
@@ -188,6 +193,7 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
     from fuzz.drivers import BoundedEngine, run_random
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
     from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from engine_adapter.host.versions import family_of
 
     say = progress or (lambda line: None)
     started = time.monotonic() if started is None else started
@@ -240,13 +246,18 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
             return n
 
         t = time.monotonic()
-        examples = example_cases()
+        family = family_of(str(getattr(engine, "version", None) or engine_name))
+        examples = example_cases(family=family)
         n = check_each([case for _name, case in examples], deadline)
         report.phases.append({"phase": "examples", "cases": n, "of": len(examples), "seconds": round(time.monotonic() - t, 1)})
         say(f"[check-build] examples: {n} cases in {time.monotonic() - t:.0f}s")
         t = time.monotonic()
-        seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
-        mapped = interleave(on_deployments(seeds, campaign.resolver))
+        own_cases = FAMILIES[family].boundary_cases
+        if own_cases:  # the family's own boundary cases (SGLang: from its grid rule, fuzz.generate_sglang)
+            mapped = load(own_cases)(campaign.resolver)
+        else:
+            seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
+            mapped = interleave(on_deployments(seeds, campaign.resolver))
         n = check_each(mapped, min(deadline, started + cases_time))
         report.phases.append({"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)})
         say(f"[check-build] boundary cases on deployments: {n} of {len(mapped)} in {time.monotonic() - t:.0f}s")
@@ -304,7 +315,7 @@ def render(report: BuildReport) -> list[str]:
             lines.append(f"  {p['phase']}: {p['runs']} runs ({p['driver']}, deployments) in {p['seconds']}s")
         else:
             lines.append(f"  {p['phase']}: {p['cases']} of {p['of']} cases in {p['seconds']}s")
-    lines.append(f"  runs {report.execs}, rejected by vLLM {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s")
+    lines.append(f"  runs {report.execs}, rejected by the engine {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s")
     lines.append("")
     pw, width = max(len(p) for p, _n, _w in PROMISES), max(len(n) for _p, n, _w in PROMISES)
     for row in report.rows:

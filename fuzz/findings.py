@@ -318,7 +318,7 @@ def check_fields(finding: dict) -> dict:
     engine = finding.get("engine")
     version = engine.get("version") if isinstance(engine, dict) else None
     if not isinstance(version, str) or not ENGINE_VERSION.match(version):
-        raise invalid("engine", engine, "must be an object whose version is a vLLM version (X.Y.Z, or a build X.Y.Z+LABEL.HASH) or FAMILY==X.Y.Z")
+        raise invalid("engine", engine, "must be an object whose version is an engine version (vLLM's X.Y.Z or FAMILY==X.Y.Z, or a build of one: +LABEL.HASH)")
     if not isinstance(engine.get("knobs", {}), dict):
         raise invalid("engine.knobs", engine["knobs"], "must be an object")
     for side in ("expected", "observed"):

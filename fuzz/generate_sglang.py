@@ -6,9 +6,10 @@ drawn on the unit SGLang resolved, exactly as for vLLM.
 
 A deployment: a shipped hybrid model SGLang routes through its hybrid
 Mamba radix cache (four of them) x ``--mamba-radix-cache-strategy`` {auto, extra_buffer,
-no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
-``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
-``--mamba-track-interval`` {default, 256, 512, 1024} x
+no_buffer} x ``--page-size`` {default, 1, 8, ..., 256} x
+``--chunked-prefill-size`` (default, powers of two, round decimal sizes,
+k x page + r on and off the page: :func:`draw_chunk`) x
+``--mamba-track-interval`` {default, 128, 256, 384, 512, 768, 1000, 1024, 2048} x
 ``--mamba-max-states-per-path`` {default, 1, 2, 4}, with
 ``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
 ``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
@@ -36,24 +37,65 @@ from reference.deployment import parse_deployment
 #: ``full_attention``/``linear_attention``; SGLang's wants ``attention``/``mamba``.)
 SGLANG_MODELS = ("qwen3_next", "qwen3_5", "falcon_h1", "granitemoehybrid")
 STRATEGIES = (None, "extra_buffer", "no_buffer")
-PAGE_SIZES = (None, 1, 16, 64, 256)
-CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
-TRACK_INTERVALS = (None, 256, 512, 1024)
+#: Pages as users set them: powers of two from 1 to 256 (SGLang 0.5.23
+#: asserts the page and the model's Mamba chunk divide one another,
+#: ``arg_groups/overrides.py:1919``; a page it refuses is drawn again).
+PAGE_SIZES = (None, 1, 8, 16, 32, 64, 128, 256)
+#: Chunk budgets as users set them: powers of two, round decimal numbers
+#: (not multiples of a page above 8 or of the 64-token grid), and sizes
+#: drawn on and off the page (:func:`draw_chunk`).
+CHUNK_POWERS = (256, 512, 1024, 2048, 4096, 8192)
+CHUNK_DECIMAL = (500, 1000, 1500, 2000, 3000, 4000, 6000)
+#: Track intervals (decode tracking; ``arg_groups/mamba_hook.py:115``
+#: wants a multiple of the page): on and off the chunk budget's grid.
+TRACK_INTERVALS = (None, 128, 256, 384, 512, 768, 1000, 1024, 2048)
 MAX_STATES = (None, 1, 2, 4)
+#: How often a draw leaves a knob at SGLang's default.
+DEFAULT_WEIGHT = 4
+
+
+def draw_chunk(c: Chooser, page: int | None) -> int | None:
+    """A ``--chunked-prefill-size``: SGLang's default, a power of two, a
+    round decimal number, or a multiple of the page plus a remainder drawn
+    on or off it (``k x page + r``, r in {0, 1, page/2, page-1}): where the
+    prefill cuts chunks is SGLang's rule (``schedule_policy.py``: the first
+    chunk floored to the page, later ones not), so the budget is drawn on
+    and off every grid it meets."""
+    kind = c.integer(0, DEFAULT_WEIGHT + 2)
+    if kind >= 3:
+        return None if kind > 3 else c.choice(CHUNK_POWERS)
+    if kind == 0:
+        return c.choice(CHUNK_POWERS)
+    if kind == 1:
+        return c.choice(CHUNK_DECIMAL)
+    unit = max(page or 64, 1)
+    k = c.integer(max(1, 256 // unit), max(2, 4096 // unit))
+    r = c.choice(sorted({0, 1, unit // 2, unit - 1}))
+    return max(unit, k * unit + r)
+
+
 #: When every drawn deployment is refused: one SGLang always builds.
 FALLBACK = parse_deployment({"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}).as_dict()
 
 
-def draw_sglang_deployment(c: Chooser) -> dict:
+def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> dict:
     """One SGLang deployment (a ``deployment`` block in its canonical form,
     ``Deployment.as_dict``: the key the campaign's resolver keeps it under,
-    so a case's own deployment finds it again), its flags drawn apart."""
+    so a case's own deployment finds it again), its flags drawn apart.
+    ``strategy``: pin ``--mamba-radix-cache-strategy`` (None: SGLang's
+    default) instead of drawing it."""
     args: list[str] = []
-    strategy = c.choice(STRATEGIES)
+    if strategy is False:
+        strategy = c.choice(STRATEGIES)
     if strategy is not None:
         args += ["--mamba-radix-cache-strategy", strategy]
-    for flag, options in (("--page-size", PAGE_SIZES), ("--chunked-prefill-size", CHUNKED_PREFILL),
-                          ("--mamba-track-interval", TRACK_INTERVALS), ("--mamba-max-states-per-path", MAX_STATES)):
+    page = c.choice(PAGE_SIZES)
+    if page is not None:
+        args += ["--page-size", str(page)]
+    chunk = draw_chunk(c, page)
+    if chunk is not None:
+        args += ["--chunked-prefill-size", str(chunk)]
+    for flag, options in (("--mamba-track-interval", TRACK_INTERVALS), ("--mamba-max-states-per-path", MAX_STATES)):
         value = c.choice(options)
         if value is not None:
             args += [flag, str(value)]
@@ -75,6 +117,60 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: The deployments SGLang's boundary cases run on (``check-build``): the
+#: extra buffer with a budget on the checkpoint grid and one off the page
+#: (a continuing chunk starts off it, ``schedule_policy.py:1140``), pages
+#: 1, 16, 64 and 256 (the grid is lcm(max(model chunk, page), page):
+#: ``runtime_context.py:1966``), and ``no_buffer`` (page 1).
+BOUNDARY_DEPLOYMENTS = (
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "256", "--chunked-prefill-size", "1536"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "1", "--chunked-prefill-size", "1000"]),
+    ("falcon_h1", ["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "1500"]),
+    ("qwen3_next", ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "1000"]),
+)
+
+
+def boundary_traces(grid: int, chunk: int) -> list[list[list[tuple[str, int]]]]:
+    """Traces on SGLang's own boundaries, from its grid rule: a prompt of
+    k x grid + {-1, 0, 1} tokens (a tracked point at its end, or not) sent
+    twice and three times; one that spans a chunk budget by one token and
+    by a grid; an extension by less than and by a grid; a sibling that
+    diverges on the grid and one that diverges off it, resent and
+    extended. ``grid``: the checkpoint grid SGLang resolved; ``chunk``:
+    its chunk budget."""
+    out = []
+    for length in sorted({3 * grid - 1, 3 * grid, 3 * grid + 1, chunk + 1, chunk + grid, 2 * chunk + grid // 2 + 1}):
+        if length > 1:
+            out.append([[("A", length)]] * 3)
+    base = 2 * grid + chunk
+    out.append([[("A", base)], [("A", base), ("B", grid // 2 + 1)], [("A", base), ("B", grid + 3)]])
+    for branch in (grid * max(1, chunk // grid // 2), grid * max(1, chunk // grid // 2) + grid // 2 + 1):
+        sib = [("A", branch), ("B", grid + 7)]
+        out.append([[("A", base)], sib, sib, sib + [("C", grid // 2)]])
+    return out
+
+
+def sglang_boundary_cases(resolver) -> list[Case]:
+    """SGLang's boundary cases for ``check-build`` (no vLLM example runs on
+    SGLang): :func:`boundary_traces` on each of :data:`BOUNDARY_DEPLOYMENTS`
+    SGLang resolves, on the grid and budget it resolved."""
+    out = []
+    for j, (model, args) in enumerate(BOUNDARY_DEPLOYMENTS):
+        dep = parse_deployment({"model": model, "engine": "sglang", "sglang_args": args}).as_dict()
+        info = resolver(dep)
+        if not info:
+            continue
+        grid = int(info["block"])
+        chunk = int(args[args.index("--chunked-prefill-size") + 1])
+        for k, trace in enumerate(boundary_traces(grid, chunk)):
+            out.append(parse_case({"schema": 1, "name": f"sglang-boundary-d{j}-{model}-t{k}", "deployment": dep,
+                                   "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in trace]}))
+    return out
 
 
 #: The family generator's protocol (``ground.engines.Family.generator``):

@@ -38,6 +38,11 @@ class                        release   recognised by
                              0.5.23    hits below the promise (the sibling's
                                        prefill tracked its branching point, not
                                        its own last grid point)
+``sglang-off-page-key``      sglang    SGLang: a request resumes a Mamba state
+                             0.5.23    computed over more tokens than its key (a
+                                       continuing chunk started off the page; the
+                                       tree keys its tracked point at the page
+                                       floor: the resumed_state oracle)
 ===========================  ========  =========================================
 
 The promise-breaking oracles that speak of one request's hit (``promise``,
@@ -74,6 +79,7 @@ KNOWN_CLASSES = (
     KnownClass("dense-below-sparse", "0.33.0", "R2", "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block"),
     KnownClass("sglang-grid-resend", "sglang==0.5.23", "R1", "SGLang: an identical resend of a prompt of k x grid tokens hits below the promise"),
     KnownClass("sglang-sibling-branch", "sglang==0.5.23", "R2", "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)"),
+    KnownClass("sglang-off-page-key", "sglang==0.5.23", "no-stale", "SGLang: a request resumes a Mamba state computed over more tokens than its key (a chunk started off the page)"),
 )
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
@@ -107,6 +113,10 @@ def classify(finding: dict) -> str | None:
         if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
         return "stale-state"
+    if finding.get("oracle") == "resumed_state":  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
+        family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
+        if family is not None and family.state_class:
+            return family.state_class
     low = _low_hit(finding)
     if low is None:
         return None

@@ -122,6 +122,22 @@ class Family:
     #: Its own prediction for ``kvspec predict --as`` (``(case, name) ->
     #: dict``), None: ``reference.predict`` on the geometry it resolves.
     predictor: str | None = None
+    #: The rule ``kvspec run --compare`` compares a release with by default
+    #: when the family models its own (``module:NAME``), None: ``reference.knobs.implemented_rule``.
+    own_rule: str | None = None
+    #: Its reference for ``run --compare`` (``(case, observed, name, rule,
+    #: judged) -> (reference | None, notes)``), None: ``reference.predict``.
+    own_reference: str | None = None
+    #: Its own boundary cases for ``check-build`` (``(resolver) -> [Case]``),
+    #: None: the z3 boundary cases mapped onto its deployments.
+    boundary_cases: str | None = None
+    #: Its own ``kvspec report`` bundle (a module with ``bundle(finding,
+    #: matrix=, finding_path=)``), None: vLLM's (``fuzz.report``).
+    reporter: str | None = None
+    #: Its own ``kvspec advise`` (``(args) -> exit code``), None: vLLM's.
+    adviser: str | None = None
+    #: The known class of a ``resumed_state`` finding on it, if it has one.
+    state_class: str | None = None
     #: Its own ``kvspec run --compare`` table and verdict (``(case,
     #: observed, name, json_path) -> exit code``), None: the judge's.
     comparer: str | None = None
@@ -179,6 +195,13 @@ FAMILIES: dict[str, Family] = {
             classes="fuzz.known_classes:_sglang_class",
             canonical_flag="reference.sglang_flags:canonical_flag",
             resolve_printer="kvspec.commands.resolve:_render_sglang",
+            predictor="kvspec.commands.predict:predict_sglang",
+            own_rule="reference.sglang_prefill:IMPLEMENTED",
+            own_reference="kvspec.commands.run:_sglang_reference",
+            boundary_cases="fuzz.generate_sglang:sglang_boundary_cases",
+            reporter="fuzz.report_sglang",
+            adviser="kvspec.commands.advise:_advise_sglang",
+            state_class="sglang-off-page-key",
         ),
         Family(
             "llamacpp",

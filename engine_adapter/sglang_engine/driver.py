@@ -178,11 +178,13 @@ class SglangDriver:
         tree_core = options.get("tree_core", DEFAULT_TREE_CORE)
         if tree_core not in TREE_CORES:
             raise InvalidArgument(f"options.tree_core={tree_core!r}: allowed: {', '.join(TREE_CORES)}")
+        dep = _deployment(case)  # a case of another family is refused first (it has no sglang_args)
         _check_case(case)
-        res = resolve(_deployment(case))
+        res = resolve(dep)
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) for p in prompts], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
+        self._state_chunk = res.state_chunk
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
         error = None
@@ -247,11 +249,12 @@ class SglangDriver:
             cache.write(req.kv.mamba_pool_idx, tokens[:end])
             written.append(end)
             if res.extra_buffer and batch.mamba_prefill_track_mask_cpu is not None and batch.mamba_prefill_track_mask_cpu[0]:
-                at = req.kv.mamba_last_track_seqlen
-                cache.write(batch.mamba_track_indices[0], tokens[:at])
+                at = req.kv.mamba_last_track_seqlen  # the length the tree keys the state at
+                computed = _tracked_content(batch, req, self._state_chunk)  # the tokens the kernel's copy was computed over
+                cache.write(batch.mamba_track_indices[0], tokens[:computed])
                 tracked.append(at)
-                if at not in written:
-                    written.append(at)
+                if computed not in written:
+                    written.append(computed)
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 continue
@@ -278,6 +281,26 @@ class SglangDriver:
             "lookups": 1,
             "steps": len(chunk_ends),
         }
+
+
+def _tracked_content(batch, req, state_chunk: int) -> int:
+    """The tokens the state the kernel copies into the track slot was
+    computed over, by SGLang's own plan of that copy (0.5.23
+    ``layers/attention/mamba/prefill_track_metadata.py:23
+    build_prefill_track_plan``, read by ``hybrid_linear_attn_backend.py:537
+    _init_track_ssm_indices_from_cpu``): with ``L = mamba_track_seqlen -
+    prefix`` (``schedule_batch.py:3002``, the seqlen the scheduler passes,
+    not the one the tree keys), the extend's final state when ``L`` is a
+    multiple of the model's chunk, else the snapshot ``L // chunk`` chunks
+    past the prefix. The tree keys it at ``mamba_last_track_seqlen``
+    (``schedule_batch.py:3232``; ``components/mamba.py:604``) floored to the
+    page (``unified_radix_cache.py:1232``): where the two differ, a resumed
+    state says so (``resumed_state.same_tokens``)."""
+    from sglang.srt.layers.attention.mamba.prefill_track_metadata import build_prefill_track_plan
+
+    prefix, end = req.prefix_len, req.extend_end
+    plan = build_prefill_track_plan([True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], state_chunk, mamba2=False)
+    return end if plan.final_rows else prefix + plan.chunk_indices[0] * state_chunk
 
 
 def _failure_kind(e: BaseException) -> str:

@@ -68,6 +68,10 @@ class SglangResolution:
     draft_tokens: int | None
     fields: dict
     context_length: int | None = None
+    #: The model's Mamba kernel chunk (``schedule_batch.py:3142``: the
+    #: config's ``mamba_chunk_size``, else 64): the grid of the snapshots
+    #: the kernel can copy.
+    state_chunk: int = 64
     #: SGLang's own ``ModelConfig`` of the deployment (``ScheduleBatch`` reads it).
     model_config: Any = None
 
@@ -113,6 +117,7 @@ class SglangResolution:
             "mamba_radix_cache_strategy": self.strategy,
             "extra_buffer": self.extra_buffer,
             "mamba_cache_chunk_size": self.chunk,
+            "mamba_state_chunk_size": self.state_chunk,
             "checkpoint_grid": self.checkpoint_grid,
             "track_grid": self.track_grid,
             "mamba_track_interval": self.track_interval,
@@ -173,10 +178,12 @@ def _resolve_fresh(dep: Deployment) -> SglangResolution:
     if not resolved.get("uses_mamba_radix_cache"):
         raise Unsupported(f"deployment.model={dep.model!r}: SGLang does not route it through the hybrid Mamba radix cache; allowed: a hybrid model")
     fields = {k: resolved.get(k) for k in READ_FIELDS}
+    model_config = ModelConfig.from_server_args(sa)
     return SglangResolution(
         server_args=sa, page_size=page, chunked_prefill_size=resolved["chunked_prefill_size"], max_prefill_tokens=resolved["max_prefill_tokens"],
         strategy=resolved["mamba_radix_cache_strategy"], extra_buffer=extra, chunk=chunk, checkpoint_grid=grid, track_grid=track,
         track_interval=resolved["mamba_track_interval"], max_states_per_path=resolved["mamba_max_states_per_path"],
         speculative=resolved["speculative_algorithm"], draft_tokens=resolved["speculative_num_draft_tokens"], fields=fields,
-        context_length=resolved.get("context_length"), model_config=ModelConfig.from_server_args(sa),
+        context_length=resolved.get("context_length"), model_config=model_config,
+        state_chunk=int(getattr(model_config.hf_text_config, "mamba_chunk_size", None) or 64),
     )

@@ -193,6 +193,12 @@ def main(args) -> int:
     from ground.files import write_json_atomic
 
     check_options(args)
+    if args.engine:
+        from ground.engines import EngineSpec, load
+
+        own = EngineSpec.parse(args.engine, "--engine").family_entry.adviser
+        if own:  # the family's own advice (SGLang: advise/sglang.py)
+            return load(own)(args)
     api_key = _api_key(args.api_key_env)
     if args.server is not None:
         from engine_adapter.live.client import check_base_url, check_key_transport
@@ -282,3 +288,53 @@ def _check_lengths(workload, max_model_len: int | None) -> None:
         need = r.num_prompt_tokens + r.max_tokens
         if need > max_model_len:
             raise invalid(f"workload request {i}", f"<{need:,} tokens with max_tokens>", f"above the deployment's max_model_len={max_model_len:,}; allowed: shorter prompts (or --max-model-len)")
+
+
+def _advise_sglang(args) -> int:
+    """``--engine sglang==X``: SGLang's own rule on the workload
+    (:mod:`advise.sglang`), resolved and confirmed on SGLang's engine.
+    Exit 0 advice given; 1 the engine disagreed with the rule."""
+    from advise import sglang as advice_of
+    from engine_adapter.host.engine import open_engine
+    from engine_adapter.host.versions import EngineSpec
+    from ground.files import write_json_atomic
+    from reference.case import Case, parse_case
+
+    spec = EngineSpec.parse(args.engine, "--engine")
+    if args.case is not None:
+        from fuzz.findings import load_finding
+
+        case, _ = load_finding(args.case)
+        if case.deployment is None or case.deployment.engine != spec.family:
+            raise invalid("case", args.case, f"with --engine {spec.name}: a case whose deployment has \"engine\": \"{spec.family}\"")
+    else:
+        case = parse_case({"schema": 1, "name": "advise", "deployment": {"model": args.model, "engine": "sglang", "sglang_args": list(args.flags or [])},
+                           "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+    workload = build_workload(args, case)
+    case = Case(None, None, tuple(workload.requests), workload.name, case.deployment)
+    out = Path(args.out) if args.out is not None else _default_out()
+    _say(f"kvspec advise: starting the {spec.name} engine ...")
+    with open_engine(spec) as engine:
+        resolution = engine.resolve(case)
+        _check_lengths(workload, (resolution.get("facts") or {}).get("max_model_len"))
+        advice = advice_of.advise(case, resolution, spec.name)
+        confirmed = None
+        if args.confirm is not False:
+            obs = engine.run(case, {"tree_core": "python"})
+            observed = obs.get("hits") or []
+            differs = [i for i, r in enumerate(advice["requests"]) if i >= len(observed) or observed[i] != r["implemented"]]
+            confirmed = {"status": "disagrees" if differs or obs.get("error") else "confirmed", "observed": observed, "differs": differs[:20]}
+    doc = {"advice": advice, "notes": advice_of.notes(advice), "workload": workload.as_dict(), "confirmed": confirmed}
+    _written("--out", out / "advice.json", lambda: write_json_atomic(out / "advice.json", doc))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        a = advice
+        print(f"{spec.name}: {case.deployment.describe()} on workload {workload.name} ({len(workload.requests)} requests)")
+        print(f"  resolved: page {a['setting']['page_size']}, chunk budget {a['setting']['chunked_prefill_size']}, {a['setting']['strategy']}, grid {a['setting']['checkpoint_grid']}")
+        print(f"  hit share {a['hit_share']:.1%} (SGLang's rule)" + (f", promise {a['promise_hit_share']:.1%}; {a['lost_tokens']:,} tokens lost" if "promise_hit_share" in a else "; promise not stated"))
+        for line in doc["notes"]:
+            print(f"  - {line}")
+        if confirmed is not None:
+            print(f"  confirmed on {spec.name}: {confirmed['status']}" + (f" (requests {confirmed['differs']})" if confirmed["differs"] else ""))
+    return 1 if confirmed is not None and confirmed["status"] == "disagrees" else 0

@@ -4,7 +4,7 @@ The custom-build guard (``fuzz.checkbuild``): runs the examples, the proofs'
 boundary cases (mapped onto real deployments) and a short random campaign on
 one build of vLLM, and prints pass/fail per promise (``fuzz.checkbuild.PROMISES``:
 R1 identical resend, R2 longer sibling, junction, no stale states,
-retention, chunk ends, checkpoints, hit blocks, no vLLM errors) with the
+retention, chunk ends, checkpoints, hit blocks, no engine errors) with the
 first counterexample of each failure. The one command a fork's CI runs.
 """
 
@@ -21,7 +21,7 @@ from ground.console import say as _say
 from fuzz.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
 
 NAME = "check-build"
-HELP = "does a vLLM build (a release, vllm==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
+HELP = "does an engine build (a release, vllm==X or sglang==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
 EPILOG = """\
 exit codes:
   0  every promise held

@@ -44,9 +44,10 @@ def resolved_as(case: Case, spec: EngineSpec) -> Case:
     return with_resolution(case, r["geometry"], r["speculative"], name)
 
 
-def predict_llamacpp(case: Case, spec: EngineSpec) -> dict:
+def predict_llamacpp(case: Case, spec: EngineSpec, rule: str) -> dict:
     """A llama.cpp case: the settings its server resolves (through its
-    engine), then llama.cpp's rule (``reference.llamacpp``)."""
+    engine), then llama.cpp's rule (``reference.llamacpp``; the rule
+    llama.cpp implements whatever ``rule`` names: its own table judges it)."""
     from engine_adapter import open_engine
     from reference.llamacpp import Settings
     from reference.llamacpp import predict as predict_llamacpp_rule
@@ -60,11 +61,38 @@ def predict_llamacpp(case: Case, spec: EngineSpec) -> dict:
     return out
 
 
+def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
+    """An SGLang deployment case (``--as sglang==X``): resolved through
+    SGLang X's engine, then predicted by SGLang's implemented rule
+    (``replay``: :mod:`reference.sglang_prefill`) or the promise (on the
+    geometry SGLang resolved; not stated under ``no_buffer``)."""
+    from engine_adapter import open_engine
+    from reference.case import with_resolution
+    from reference.sglang_prefill import SglangSetting
+    from reference.sglang_prefill import predict as sglang_predict
+
+    name = spec.name
+    if case.deployment is None or case.deployment.engine != spec.family:
+        raise invalid("--as", name, f"predicts a deployment case with \"engine\": \"{spec.family}\"; allowed: an engine of the case's family")
+    if rule not in ("promise", "replay"):
+        raise invalid("--rule", rule, f"with --as {name}: promise or replay (SGLang's implemented rule)")
+    with open_engine(spec) as engine:
+        r = engine.resolve(case)
+    if rule == "replay":
+        out = sglang_predict(case, SglangSetting.from_resolution(r), name)
+    else:
+        if r.get("geometry") is None:
+            raise Unsupported(f"--rule promise: {name} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay")
+        out = predict(with_resolution(case, r["geometry"], None, name), spec, "promise")
+    out["resolved_by"] = name
+    return out
+
+
 def main(args) -> int:
     spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
     case = load_case(args.case)
     if spec.family_entry.predictor:  # a family with a prediction of its own
-        print(json.dumps(load(spec.family_entry.predictor)(case, spec), indent=2))
+        print(json.dumps(load(spec.family_entry.predictor)(case, spec, args.rule), indent=2))
         return 0
     if case.deployment is not None and case.deployment.engine != spec.family:
         raise invalid("--as", args.version, f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family")

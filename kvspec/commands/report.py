@@ -83,7 +83,15 @@ def main(args) -> int:
         from fuzz.report import live_summary
 
         live = live_summary(load_json(args.live, "--live"), args.live, len(case.trace))
-    files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
+    from ground.engines import FAMILIES, family_of, load
+
+    family = FAMILIES[family_of(str(finding["engine"]["version"]))]
+    if family.reporter:  # the family's own issue template and test (SGLang: in the style of its mem_cache unit tests)
+        if live:
+            raise invalid("--live", args.live, f"a live replay report is vLLM's; allowed with a {family.title} finding: none")
+        files = load(family.reporter).bundle(finding, matrix=matrix or None, finding_path=Path(args.finding).name)
+    else:
+        files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
     try:
         write_folder_atomic(out, files)
     except OSError as e:

@@ -118,6 +118,29 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
             console.print(f"  - {reason}", highlight=False)
 
 
+def _sglang_reference(case, observed: dict, name: str, rule: str, judged) -> tuple[dict, list[str]]:
+    """SGLang's reference: its implemented rule (``replay``,
+    :mod:`reference.sglang_prefill`, on the resolution the engine
+    reported), or the promise, where a hit above it by a state SGLang's
+    prefill legitimately wrote is the target (not a divergence;
+    :func:`reference.sglang_prefill.legitimately_above`)."""
+    from reference.predict import predict
+    from reference.sglang_prefill import SglangSetting, legitimately_above, simulate
+    from reference.sglang_prefill import predict as sglang_predict
+
+    setting = SglangSetting.from_resolution(observed["resolution"])
+    if rule == "replay":
+        return sglang_predict(case, setting, name), []
+    if rule != "promise" or judged.geometry is None:
+        return None, []  # the caller's one-line refusal (no promise under no_buffer), or a rule SGLang has not
+    reference = predict(judged, name, rule)
+    above = legitimately_above(reference["hits"], observed, simulate(case, setting))
+    hits = list(reference["hits"])
+    for i, note in above.items():
+        hits[i] = observed["hits"][i]
+    return {**reference, "hits": hits}, [f"request {i}: {note}" for i, note in sorted(above.items())]
+
+
 def main(args) -> int:
     from kvspec.engine_options import engine_specs
     from ground.errors import invalid
@@ -135,6 +158,8 @@ def main(args) -> int:
     reference = None
     # a build is compared with kvspec's promise: the implemented rule is its release's
     rule = ("promise" if spec.is_build else implemented_rule(version)) if args.rule == "auto" else args.rule
+    if family.own_rule and args.rule == "auto" and not spec.is_build:
+        rule = load(family.own_rule)  # the family's own model of the rule it implements (SGLang: reference.sglang_prefill)
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:
@@ -166,6 +191,9 @@ def main(args) -> int:
     from fuzz.verdict import Target, differences, judge
 
     judged = resolved(case, observed, version)
+    rule_notes: list[str] = []
+    if reference is None and family.own_reference and observed.get("resolution") and not observed.get("error"):
+        reference, rule_notes = load(family.own_reference)(case, observed, name, rule, judged)
     if reference is None:
         if judged.geometry is None and not family.supports(Capability.EVERY_CACHE_STATED) and observed.get("resolution"):
             from ground.errors import Unsupported
@@ -188,10 +216,14 @@ def main(args) -> int:
 
         asked = tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")) if is_concurrent(case) else ()
         concurrent = check_all(judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES))))
+    elif not observed.get("error"):  # no geometry the promise is stated for: safety still, a resumed state's content
+        from fuzz.oracles import check_resumed_state
+
+        concurrent = check_resumed_state(judged, version, observed)
     verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in COMPARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
     if args.json:
         print(json.dumps({"engine": name, "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
     else:
-        _render(reference, observed, mismatches, name, rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent], verdict)
+        _render(reference, observed, mismatches, name, rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent] + rule_notes, verdict)
     sys.stdout.flush()
     return verdict.exit_code

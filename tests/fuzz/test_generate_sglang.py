@@ -167,3 +167,38 @@ def test_a_case_on_a_resolution_keeps_the_deployment():
     case = sglang_case_on(RandomChooser(random.Random(2)), dep, {"block": 64, "hash": 16, "max_model_len": 500}, "n")
     assert case.deployment.as_dict()["sglang_args"] == ["--page-size", "16"] and case.name == "n"
     assert max(r.num_prompt_tokens for r in case.trace) <= 436  # capped below max_model_len
+
+
+def _flag(args, flag):
+    return int(args[args.index(flag) + 1]) if flag in args else None
+
+
+def test_budgets_pages_and_track_intervals_are_drawn_on_and_off_each_others_grids():
+    c = RandomChooser(random.Random(11))
+    deps = [draw_sglang_deployment(c)["sglang_args"] for _ in range(400)]
+    pairs = [(_flag(a, "--chunked-prefill-size"), _flag(a, "--page-size") or 64) for a in deps if _flag(a, "--chunked-prefill-size")]
+    assert any(chunk % page == 0 for chunk, page in pairs) and any(chunk % page for chunk, page in pairs)  # on and off the page
+    assert any(chunk % 64 for chunk, _ in pairs) and any(chunk % 64 == 0 for chunk, _ in pairs)  # on and off the 64-token grid
+    tracks = [(_flag(a, "--mamba-track-interval"), _flag(a, "--chunked-prefill-size")) for a in deps]
+    assert any(t and ch and (t % ch and ch % t) for t, ch in tracks)  # neither a multiple of the other
+    assert len({_flag(a, "--page-size") for a in deps}) >= 7
+
+
+def test_a_pinned_strategy_is_drawn_as_pinned():
+    c = RandomChooser(random.Random(5))
+    for _ in range(20):
+        args = draw_sglang_deployment(c, "no_buffer")["sglang_args"]
+        assert args[:2] == ["--mamba-radix-cache-strategy", "no_buffer"] and "--disable-overlap-schedule" in args
+    assert all("--mamba-radix-cache-strategy" not in draw_sglang_deployment(c, None)["sglang_args"] for _ in range(20))
+
+
+def test_boundary_cases_sit_on_the_resolved_grid_and_its_neighbours():
+    from fuzz.generate_sglang import BOUNDARY_DEPLOYMENTS, boundary_traces, sglang_boundary_cases
+
+    traces = boundary_traces(64, 1000)
+    lengths = {p[0][1] for t in traces for p in t if len(p) == 1}
+    assert {191, 192, 193, 1001, 1064} <= lengths
+    cases = sglang_boundary_cases(fake_resolver(block=64))
+    assert len(cases) == len(BOUNDARY_DEPLOYMENTS) * len(traces) and all(c.deployment.engine == "sglang" for c in cases)
+    refused = sglang_boundary_cases(fake_resolver(refuse=lambda dep: "no_buffer" in dep["sglang_args"]))
+    assert len(refused) == (len(BOUNDARY_DEPLOYMENTS) - 1) * len(traces)  # a deployment SGLang refuses is left out

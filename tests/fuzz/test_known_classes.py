@@ -53,6 +53,8 @@ CASES.update({
     "sglang-grid-resend": _sglang_finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048]),
     # sglang-sibling-branch-qwen3_next.json: the sibling's resend, 640 where the promise gives 1024
     "sglang-sibling-branch": _sglang_finding([[("A", 1024)], [("A", 640), ("B", 400)], [("A", 640), ("B", 400)]], [0, 0, 1024], [0, 0, 640]),
+    # sglang-off-page-key-qwen3_next.json: the resend resumes at 2880 from a state over 2920 tokens
+    "sglang-off-page-key": dict(_sglang_finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944]), oracle="resumed_state", first_divergence=1),
 })
 
 

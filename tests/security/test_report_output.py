@@ -261,7 +261,7 @@ def test_kvspec_findings_and_render_print_no_control_character(tmp_path, capsys)
     ("expected", KeyError, "kvspec: expected: missing; required field"),
     ("observed", {"hits": None}, "kvspec: observed.hits=None: must be a list of hit counts"),
     ("expected", {"hits": [0, "544"]}, "kvspec: expected.hits=[0, '544']: must be a list of hit counts"),
-    ("engine", "vllm", "kvspec: engine='vllm': must be an object whose version is a vLLM version"),
+    ("engine", "vllm", "kvspec: engine='vllm': must be an object whose version is an engine version"),
     ("engine", {"name": "vllm"}, "kvspec: engine={'name': 'vllm'}: must be an object whose version"),
     ("signature", KeyError, "kvspec: signature=None: must be 6 to 64 lowercase hex digits"),
     ("signature", "5f328a45/../x", "kvspec: signature='5f328a45/../x': must be 6 to 64 lowercase hex digits"),
