@@ -51,9 +51,9 @@ def test_a_malformed_answer_is_named_by_its_field_and_is_a_harness_error(bad, fi
 
 
 def test_the_families_are_named_and_an_unknown_one_is_refused_in_one_line():
-    assert FAMILIES == {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver"}
+    assert FAMILIES == {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver", "llamacpp": "engine_adapter.llamacpp_engine.driver"}
     assert set(RELEASES) == set(FAMILIES)  # every family a name may start with has a driver
-    with pytest.raises(InvalidArgument, match=r"^family='tgi'.*allowed: vllm, sglang$"):
+    with pytest.raises(InvalidArgument, match=r"^family='tgi'.*allowed: vllm, sglang, llamacpp$"):
         family_module("tgi")
 
 

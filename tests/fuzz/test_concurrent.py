@@ -99,7 +99,7 @@ def test_the_serial_oracles_judge_only_the_serial_prefix():
     fired = {d.oracle for d in check_all(case, "0.33.0", obs, None, ("promise", "reference", "stale"))}
     assert "promise" not in fired and "reference" not in fired  # request 1 is the head of a shared wave
     assert "stale" in fired  # request 2 resumed at 7, where nothing was written
-    assert set(CONCURRENT_ORACLES) <= set(ORACLES) | {"resolution", "versions", "engine_error"}
+    assert set(CONCURRENT_ORACLES) <= set(ORACLES) | {"resolution", "versions", "engine_error", "outputs"}  # outputs: run when asked
 
 
 def test_a_target_without_predictions_past_the_prefix_is_judged_by_the_oracles():
