@@ -11,13 +11,13 @@ matplotlib's Agg backend, written atomically.
 from __future__ import annotations
 
 import io
-import textwrap
 import os
+import textwrap
 from pathlib import Path
 
 from ground.files import write_bytes_atomic
-from ground.printable import printable
 from ground.home import cache_dir
+from ground.printable import printable
 
 BARS_UP_TO = 40
 LINES_UP_TO = 1500
@@ -41,11 +41,16 @@ def chart(advice: dict, title: str, path: Path) -> Path:
     settings = advice["retention"]["settings"]
     outcomes = advice["outcomes"]
     promise_shares = [h / t for h, t in zip(advice["promise_outcome"].hits, tokens)]
-    labels = [f"{row['setting']}: {row['hit_share']:.1%}, {row['states']} states" + (" (current)" if row["current"] else "") for row in settings]
+    labels = [
+        f"{row['setting']}: {row['hit_share']:.1%}, {row['states']} states" + (" (current)" if row["current"] else "")
+        for row in settings
+    ]
     shares = [[h / t for h, t in zip(outcomes[row["interval"]].hits, tokens)] for row in settings]
     if n > LINES_UP_TO:
         fig, ax = subplots(figsize=(12, 1.6 + 0.45 * (len(settings) + 1)), dpi=110)
-        image = ax.imshow([promise_shares, *shares], aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
+        image = ax.imshow(
+            [promise_shares, *shares], aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1
+        )
         ax.set_yticks(range(len(settings) + 1))
         ax.set_yticklabels(["promise (dense)", *labels], fontsize=7)
         ax.set_xlabel("request")
@@ -65,7 +70,9 @@ def chart(advice: dict, title: str, path: Path) -> Path:
             ax.bar(xs, promise_shares, 0.84, fill=False, edgecolor="black", linewidth=0.8, label="promise (dense)")
             ax.set_xticks(xs)
         else:
-            ax.step(xs, promise_shares, where="mid", color="black", linewidth=0.6, linestyle="--", label="promise (dense)")
+            ax.step(
+                xs, promise_shares, where="mid", color="black", linewidth=0.6, linestyle="--", label="promise (dense)"
+            )
         ax.set_xlabel("request")
         ax.set_ylabel("hit share of its prompt")
         ax.set_ylim(0, 1.05)

@@ -31,12 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from advise.model import RuleOutcome, held_on_path, kept_positions, retention_label
-from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
-from ground.errors import invalid
 from engine_adapter.host.versions import parse_engine
 from fuzz.findings import make_finding, write_finding
 from fuzz.oracles import Divergence, check_engine_error, resolved
 from fuzz.verdict import harness_error_of
+from ground.errors import invalid
+from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
 
 CONFIRM_REQUESTS = 200
 CONFIRM_TOKENS = 2_000_000
@@ -86,7 +86,13 @@ def engine_held(observation: dict) -> list[set[int]]:
         if tokens:
             out.append({int(p) for ps in tokens.values() for p in ps})
         else:
-            out.append({(int(b) + 1) * int(size) for size, blocks in (ex.get("retained_mamba_blocks") or {}).items() for b in blocks})
+            out.append(
+                {
+                    (int(b) + 1) * int(size)
+                    for size, blocks in (ex.get("retained_mamba_blocks") or {}).items()
+                    for b in blocks
+                }
+            )
     return out
 
 
@@ -119,7 +125,9 @@ def compare(case: Case, outcome: RuleOutcome, observation: dict, lookahead: int)
     }
 
 
-def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout: float = RUN_TIMEOUT_S, progress=None) -> dict:
+def confirm(
+    source, case: Case, advice: dict, engine, out_dir: Path, *, timeout: float = RUN_TIMEOUT_S, progress=None
+) -> dict:
     """Run every setting of ``advice`` on ``engine``; compare; write findings."""
 
     version = parse_engine(source.engine)
@@ -139,7 +147,14 @@ def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout:
         row = {"interval": interval, "setting": label}
         harness = harness_error_of(obs)
         if harness is not None:
-            rows.append({**row, "status": "inconclusive", "reason": "the engine did not run the workload (kvspec's own failure, not vLLM's): " + " ".join(harness.split())[:300]})
+            rows.append(
+                {
+                    **row,
+                    "status": "inconclusive",
+                    "reason": "the engine did not run the workload (kvspec's own failure, not vLLM's): "
+                    + " ".join(harness.split())[:300],
+                }
+            )
             continue
         judged = resolved(run_case, obs, version)
         if obs.get("error"):
@@ -149,7 +164,13 @@ def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout:
             rows.append({**row, "status": "vllm raised", "finding": str(path), "reason": divs[0].detail[:300]})
             continue
         if judged.geometry is not None and not _same_geometry(judged.geometry, case.geometry):
-            rows.append({**row, "status": "inconclusive", "reason": "the engine resolved another geometry than the one predicted (a stale resolution cache: run again)"})
+            rows.append(
+                {
+                    **row,
+                    "status": "inconclusive",
+                    "reason": "the engine resolved another geometry than the one predicted (a stale resolution cache: run again)",
+                }
+            )
             notes.append(f"{label}: the engine resolved another geometry; the cached resolution was dropped")
             from advise.source import forget
 
@@ -160,8 +181,18 @@ def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout:
         status = "agrees" if got["hits_agree"] and got["states_agree"] else "disagrees"
         row.update(status=status, **got)
         if status == "disagrees":
-            detail = f"rule={advice['rule']}; retention {label}; kvspec advise" + (f"; {got['detail']}" if got["detail"] else "")
-            div = Divergence("reference", version, got["diverging_requests"], outcome.hits, obs.get("hits") or [], detail, {"model_explain": [s.as_dict() for s in outcome.steps]})
+            detail = f"rule={advice['rule']}; retention {label}; kvspec advise" + (
+                f"; {got['detail']}" if got["detail"] else ""
+            )
+            div = Divergence(
+                "reference",
+                version,
+                got["diverging_requests"],
+                outcome.hits,
+                obs.get("hits") or [],
+                detail,
+                {"model_explain": [s.as_dict() for s in outcome.steps]},
+            )
             path = write_finding(make_finding(judged, div, obs, platform=_platform(source)), out_dir / "findings")
             findings.append(str(path))
             row["finding"] = str(path)
@@ -173,12 +204,29 @@ def confirm(source, case: Case, advice: dict, engine, out_dir: Path, *, timeout:
     if dense_hits is not None:
         below = [i for i, (p, e) in enumerate(zip(promise, dense_hits)) if e < p]
         above = [i for i, (p, e) in enumerate(zip(promise, dense_hits)) if e > p]
-        promise_check = {"engine_dense_hits": dense_hits, "requests_below_promise": below, "requests_above_promise": above}
+        promise_check = {
+            "engine_dense_hits": dense_hits,
+            "requests_below_promise": below,
+            "requests_above_promise": above,
+        }
         if below or above:
-            notes.append(f"the engine under dense retention differs from the promise at requests {(below + above)[:10]} (the promise is kvspec's rule; vLLM's dense retention is what the engine did)")
+            notes.append(
+                f"the engine under dense retention differs from the promise at requests {(below + above)[:10]} (the promise is kvspec's rule; vLLM's dense retention is what the engine did)"
+            )
     statuses = {r["status"] for r in rows}
-    overall = "disagrees" if statuses & {"disagrees", "vllm raised"} else ("inconclusive" if "inconclusive" in statuses else "confirmed")
-    return {"engine": source.engine, "status": overall, "settings": rows, "promise": promise_check, "findings": findings, "notes": notes}
+    overall = (
+        "disagrees"
+        if statuses & {"disagrees", "vllm raised"}
+        else ("inconclusive" if "inconclusive" in statuses else "confirmed")
+    )
+    return {
+        "engine": source.engine,
+        "status": overall,
+        "settings": rows,
+        "promise": promise_check,
+        "findings": findings,
+        "notes": notes,
+    }
 
 
 def _platform(source) -> str:

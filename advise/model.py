@@ -108,7 +108,14 @@ def run(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]]) -> list[Ru
     index = PrefixIndex(knobs.hash_lookahead_tokens, len(runs))
     all_steps = simulate_many(case, knobs, runs, index=index)
     return [
-        RuleOutcome(interval, rule, [s.hit for s in steps], [s.junction for s in steps], sum(index.state_count(r).values()), steps)
+        RuleOutcome(
+            interval,
+            rule,
+            [s.hit for s in steps],
+            [s.junction for s in steps],
+            sum(index.state_count(r).values()),
+            steps,
+        )
         for r, ((interval, rule), steps) in enumerate(zip(runs, all_steps))
     ]
 
@@ -164,7 +171,9 @@ def breakpoints(geometry: Geometry, limit: int) -> list[int]:
     return sorted(out)
 
 
-def first_hitting(geometry: Geometry, speculative: Speculative | None, version: str, rule: str, limit: int, *, first_resend: bool) -> tuple[int, list[int]] | None:
+def first_hitting(
+    geometry: Geometry, speculative: Speculative | None, version: str, rule: str, limit: int, *, first_resend: bool
+) -> tuple[int, list[int]] | None:
     """The shortest prompt (of at most ``limit`` tokens) whose identical
     resend hits: the first resend (``first_resend``), or any of RESENDS - 1;
     with its hits. None when none does."""
@@ -185,7 +194,9 @@ def search_limit(geometry: Geometry, max_model_len: int | None) -> int:
     return min(limit, max_model_len) if max_model_len else limit
 
 
-def min_cacheable_prefix(geometry: Geometry, speculative: Speculative | None, version: str, max_model_len: int | None = None) -> dict:
+def min_cacheable_prefix(
+    geometry: Geometry, speculative: Speculative | None, version: str, max_model_len: int | None = None
+) -> dict:
     """The shortest prompt that can ever hit on this deployment: under its
     retention with the rule the version implements (first resend, and any of
     RESENDS - 1 resends) and under the promise (dense)."""
@@ -193,7 +204,11 @@ def min_cacheable_prefix(geometry: Geometry, speculative: Speculative | None, ve
     limit = search_limit(geometry, max_model_len)
     dense = replace(geometry, retention_interval=None)
     out = {"searched_up_to": limit, "rule": rule}
-    for key, geo, r, first in (("first_resend", geometry, rule, True), ("any_resend", geometry, rule, False), ("promise", dense, "promise", True)):
+    for key, geo, r, first in (
+        ("first_resend", geometry, rule, True),
+        ("any_resend", geometry, rule, False),
+        ("promise", dense, "promise", True),
+    ):
         found = first_hitting(geo, speculative, version, r, limit, first_resend=first)
         out[key] = None if found is None else {"tokens": found[0], "hits": found[1]}
     return out
@@ -213,7 +228,11 @@ def _class_traces(geometry: Geometry, knobs: Knobs) -> dict[str, tuple[int | Non
     L = knobs.hash_lookahead_tokens
     budget = geometry.max_num_batched_tokens
     offsets = sorted({0, 1, 2, min(U, S) - 1, S // 2 + 1, S - 2, S - 1})
-    lengths = sorted({k * S + r for k in range(1, 9) for r in offsets if k * S + r > 0} | {budget + r for r in (0, 1, S - 1, S + 1)} | {2 * budget + r for r in (1, S + 1)})
+    lengths = sorted(
+        {k * S + r for k in range(1, 9) for r in offsets if k * S + r > 0}
+        | {budget + r for r in (0, 1, S - 1, S + 1)}
+        | {2 * budget + r for r in (1, S + 1)}
+    )
     aligned = [k * S for k in range(1, 7)]
     extras = sorted({1, 2, L + 1, min(U, S), S})
     siblings_before, siblings_after = [], []
@@ -223,8 +242,14 @@ def _class_traces(geometry: Geometry, knobs: Knobs) -> dict[str, tuple[int | Non
             siblings_after.append((_prompt(("A", n)), _prompt(("A", d), ("B", S)), _prompt(("A", d), ("C", S))))
     classes = {
         "identical resend (#53504 class)": (None, [(_prompt(("A", n)),) * RESENDS for n in lengths]),
-        "block-aligned prompt, then a longer sibling (R2 class)": (1, [(_prompt(("A", n)), _prompt(("A", n + x))) for n in aligned for x in extras]),
-        "unaligned prompt, then a longer sibling": (1, [(_prompt(("A", n)), _prompt(("A", n + x))) for n in lengths if n % S for x in (1, S)]),
+        "block-aligned prompt, then a longer sibling (R2 class)": (
+            1,
+            [(_prompt(("A", n)), _prompt(("A", n + x))) for n in aligned for x in extras],
+        ),
+        "unaligned prompt, then a longer sibling": (
+            1,
+            [(_prompt(("A", n)), _prompt(("A", n + x))) for n in lengths if n % S for x in (1, S)],
+        ),
         "sibling diverging inside a prompt, junction not yet observed": (1, siblings_before),
         "sibling diverging inside a prompt, after its junction was observed": (2, siblings_after),
     }
@@ -248,9 +273,19 @@ def failure_classes(geometry: Geometry, speculative: Speculative | None, version
         for trace in traces:
             implemented = [s.hit for s in simulate(Case(geometry, speculative, trace), knobs, rule)]
             promise = [s.hit for s in simulate(Case(dense, speculative, trace), knobs, "promise")]
-            worse = [i for i, (a, b) in enumerate(zip(implemented, promise)) if a < b and (judged is None or i == judged)]
+            worse = [
+                i for i, (a, b) in enumerate(zip(implemented, promise)) if a < b and (judged is None or i == judged)
+            ]
             if worse:
-                row.update(exposed=True, case={"trace": [[[s.segment, s.length] for s in r.prompt] for r in trace], "implemented": implemented, "promise": promise, "first_request": worse[0]})
+                row.update(
+                    exposed=True,
+                    case={
+                        "trace": [[[s.segment, s.length] for s in r.prompt] for r in trace],
+                        "implemented": implemented,
+                        "promise": promise,
+                        "first_request": worse[0],
+                    },
+                )
                 break
         out.append(row)
     return out
@@ -274,7 +309,11 @@ def state_bytes(facts: dict | None) -> dict:
     layers = facts.get("mamba_layers")
     tp = facts.get("tensor_parallel_size") or 1
     if not page or not layers:
-        return {"per_gpu": None, "all_gpus": None, "how": "unknown: the Mamba page size or layer count was not resolved (a live server exposes neither)"}
+        return {
+            "per_gpu": None,
+            "all_gpus": None,
+            "how": "unknown: the Mamba page size or layer count was not resolved (a live server exposes neither)",
+        }
     per_gpu = int(page) * int(layers)
     return {
         "per_gpu": per_gpu,
@@ -299,7 +338,11 @@ def recommend(rows: list[dict]) -> dict:
     best = max(r["hit_tokens"] for r in rows)
     good = [r for r in rows if r["hit_tokens"] >= (1 - WITHIN) * best]
     pick = min(good, key=lambda r: (r["states"], rows.index(r)))
-    return {**pick, "best_hit_tokens": best, "rule": f"fewest Mamba states among the settings with hit tokens >= {1 - WITHIN:.0%} of the best ({best:,})"}
+    return {
+        **pick,
+        "best_hit_tokens": best,
+        "rule": f"fewest Mamba states among the settings with hit tokens >= {1 - WITHIN:.0%} of the best ({best:,})",
+    }
 
 
 def advise(case: Case, version: str, facts: dict | None = None) -> dict:
@@ -321,21 +364,32 @@ def advise(case: Case, version: str, facts: dict | None = None) -> dict:
     per_state = memory["per_gpu"]
     rows = []
     for interval, o in outcomes.items():
-        rows.append({
-            "interval": interval,
-            "setting": retention_label(interval, g.scheduler_block_size),
-            "flag": f"--prefix-cache-retention-interval {flag_value(interval)}",
-            "hit_tokens": o.hit_tokens,
-            "hit_share": share(o.hit_tokens, total),
-            "states": o.states,
-            "bytes_per_gpu": None if per_state is None else o.states * per_state,
-            "bytes_all_gpus": None if per_state is None else o.states * memory["all_gpus"],
-            "current": interval == current,
-        })
+        rows.append(
+            {
+                "interval": interval,
+                "setting": retention_label(interval, g.scheduler_block_size),
+                "flag": f"--prefix-cache-retention-interval {flag_value(interval)}",
+                "hit_tokens": o.hit_tokens,
+                "hit_share": share(o.hit_tokens, total),
+                "states": o.states,
+                "bytes_per_gpu": None if per_state is None else o.states * per_state,
+                "bytes_all_gpus": None if per_state is None else o.states * memory["all_gpus"],
+                "current": interval == current,
+            }
+        )
     requests = []
     for i, n in enumerate(tokens):
         lost = promise.hits[i] - implemented.hits[i]
-        requests.append({"request": i, "prompt_tokens": n, "implemented": implemented.hits[i], "promise": promise.hits[i], "lost_tokens": lost, "lost_share": share(lost, n)})
+        requests.append(
+            {
+                "request": i,
+                "prompt_tokens": n,
+                "implemented": implemented.hits[i],
+                "promise": promise.hits[i],
+                "lost_tokens": lost,
+                "lost_share": share(lost, n),
+            }
+        )
     lost_total = promise.hit_tokens - implemented.hit_tokens
     return {
         "version": version,
@@ -356,7 +410,13 @@ def advise(case: Case, version: str, facts: dict | None = None) -> dict:
             "promise_hit_share": share(promise.hit_tokens, total),
         },
         "failure_classes": failure_classes(g, case.speculative, version),
-        "retention": {"settings": rows, "memory": memory, "recommended": recommend(rows), "within": WITHIN, "states_counted": "distinct cached Mamba states at the end of the workload (one per prefix, lookahead included, as vLLM's block hash names it; a copy a later request recomputes at the same prefix counts once); nothing is evicted"},
+        "retention": {
+            "settings": rows,
+            "memory": memory,
+            "recommended": recommend(rows),
+            "within": WITHIN,
+            "states_counted": "distinct cached Mamba states at the end of the workload (one per prefix, lookahead included, as vLLM's block hash names it; a copy a later request recomputes at the same prefix counts once); nothing is evicted",
+        },
         "outcomes": outcomes,
         "promise_outcome": promise,
     }

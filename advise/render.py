@@ -46,13 +46,19 @@ def report(advice: dict, source: dict, workload: dict, confirm: dict | None, fil
             row["engine_dense"] = full[i] if i < len(full) else None
         for row in out["retention"]["settings"]:
             c = by_interval.get(row["interval"], {})
-            row["engine"] = {k: c.get(k) for k in ("status", "engine_hit_tokens", "engine_states", "finding", "reason") if k in c}
+            row["engine"] = {
+                k: c.get(k) for k in ("status", "engine_hit_tokens", "engine_states", "finding", "reason") if k in c
+            }
     return {"kvspec_advice": 1, "source": source, "workload": workload, **out, "confirm": confirm, "files": files}
 
 
 def _mcp(m: dict, key: str) -> str:
     v = m.get(key)
-    return "none up to {:,} tokens".format(m["searched_up_to"]) if v is None else f"{v['tokens']:,} tokens (hits {v['hits']})"
+    return (
+        "none up to {:,} tokens".format(m["searched_up_to"])
+        if v is None
+        else f"{v['tokens']:,} tokens (hits {v['hits']})"
+    )
 
 
 def printable_doc(value):
@@ -77,70 +83,149 @@ def render(doc: dict, console=None) -> None:
     src, g = doc["source"], doc["source"]["geometry"]
     f = src.get("facts") or {}
     groups = ", ".join(f"{x['count']}x {x['kind']} {x['block_size']}" for x in g["groups"])
-    console.print(f"[bold]kvspec advise[/bold] {escape(src['describe'])} on {src['engine']} ({src['kind']}{', resolution cached' if src.get('resolution_cached') else ''})", highlight=False)
-    console.print(f"  groups: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, hit unit {doc['knobs']['alignment']}, chunk budget {g['max_num_batched_tokens']}", highlight=False)
-    console.print(f"  retention {doc['current_retention']['setting']}; speculative {src['speculative']}; lookahead {doc['knobs']['hash_lookahead_tokens']}, EAGLE drop {doc['knobs']['eagle_drop']}; prefill checkpoints {g.get('prefill_checkpoint_grid')}; rule {doc['rule']}", highlight=False)
+    console.print(
+        f"[bold]kvspec advise[/bold] {escape(src['describe'])} on {src['engine']} ({src['kind']}{', resolution cached' if src.get('resolution_cached') else ''})",
+        highlight=False,
+    )
+    console.print(
+        f"  groups: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, hit unit {doc['knobs']['alignment']}, chunk budget {g['max_num_batched_tokens']}",
+        highlight=False,
+    )
+    console.print(
+        f"  retention {doc['current_retention']['setting']}; speculative {src['speculative']}; lookahead {doc['knobs']['hash_lookahead_tokens']}, EAGLE drop {doc['knobs']['eagle_drop']}; prefill checkpoints {g.get('prefill_checkpoint_grid')}; rule {doc['rule']}",
+        highlight=False,
+    )
     if f.get("mamba_layers"):
-        console.print(f"  {f.get('attention_layers')} attention + {f.get('mamba_layers')} Mamba layers, TP {f.get('tensor_parallel_size')}, Mamba page {f.get('mamba_page_size_bytes') or f.get('mamba_page_size_padded')} bytes, max_model_len {f.get('max_model_len')}", highlight=False)
+        console.print(
+            f"  {f.get('attention_layers')} attention + {f.get('mamba_layers')} Mamba layers, TP {f.get('tensor_parallel_size')}, Mamba page {f.get('mamba_page_size_bytes') or f.get('mamba_page_size_padded')} bytes, max_model_len {f.get('max_model_len')}",
+            highlight=False,
+        )
     for a in src.get("assumptions") or []:
         console.print(f"  assumed: {a}", highlight=False, markup=False)
     m = doc["min_cacheable_prefix"]
-    console.print(f"[bold]Minimum cacheable prefix[/bold]: first resend hits from {_mcp(m, 'first_resend')}; some resend of {RESENDS} sends from {_mcp(m, 'any_resend')}; promise (dense) from {_mcp(m, 'promise')}", highlight=False)
+    console.print(
+        f"[bold]Minimum cacheable prefix[/bold]: first resend hits from {_mcp(m, 'first_resend')}; some resend of {RESENDS} sends from {_mcp(m, 'any_resend')}; promise (dense) from {_mcp(m, 'promise')}",
+        highlight=False,
+    )
 
     w = doc["workload"]
     t = doc["totals"]
-    table = Table(title=escape(f"workload {w['name']} {w.get('params', {})}: {t['requests']:,} requests, {t['prompt_tokens']:,} prompt tokens"), title_justify="left")
+    table = Table(
+        title=escape(
+            f"workload {w['name']} {w.get('params', {})}: {t['requests']:,} requests, {t['prompt_tokens']:,} prompt tokens"
+        ),
+        title_justify="left",
+    )
     engine = doc.get("confirm") is not None and any(r.get("engine") is not None for r in doc["requests"])
-    for col in ("#", "prompt", f"hits ({doc['rule']}, {doc['current_retention']['setting']})", "promise (dense)", "lost", "lost %", *(("vLLM", "vLLM dense") if engine else ())):
+    for col in (
+        "#",
+        "prompt",
+        f"hits ({doc['rule']}, {doc['current_retention']['setting']})",
+        "promise (dense)",
+        "lost",
+        "lost %",
+        *(("vLLM", "vLLM dense") if engine else ()),
+    ):
         table.add_column(col, justify="right")
     rows = doc["requests"]
     shown = rows[: MAX_ROWS // 2] + [r for r in rows[MAX_ROWS // 2 :] if r["lost_tokens"]][: MAX_ROWS // 2]
     for r in shown:
-        cells = [str(r["request"]), f"{r['prompt_tokens']:,}", f"{r['implemented']:,}", f"{r['promise']:,}", f"{r['lost_tokens']:,}", f"{r['lost_share']:.1%}"]
+        cells = [
+            str(r["request"]),
+            f"{r['prompt_tokens']:,}",
+            f"{r['implemented']:,}",
+            f"{r['promise']:,}",
+            f"{r['lost_tokens']:,}",
+            f"{r['lost_share']:.1%}",
+        ]
         if engine:
             cells += [_n(r.get("engine")), _n(r.get("engine_dense"))]
         table.add_row(*cells, style="red" if r["lost_tokens"] > 0 else None)
     console.print(table)
     if len(shown) < len(rows):
         console.print(f"  ({len(rows) - len(shown):,} more requests in the JSON)")
-    console.print(f"[bold]Lost reuse[/bold]: {t['lost_tokens']:,} tokens = {t['lost_share']:.2%} of prefill ({t['requests_losing']:,} requests); hit share {t['implemented_hit_share']:.2%} vs promise {t['promise_hit_share']:.2%}", highlight=False)
+    console.print(
+        f"[bold]Lost reuse[/bold]: {t['lost_tokens']:,} tokens = {t['lost_share']:.2%} of prefill ({t['requests_losing']:,} requests); hit share {t['implemented_hit_share']:.2%} vs promise {t['promise_hit_share']:.2%}",
+        highlight=False,
+    )
     if doc.get("cost"):
         from fuzz.impact import short
 
         console.print(f"[bold]Cost[/bold] (fuzz/cost.py, docs/cost.md): {escape(short(doc['cost']))}", highlight=False)
 
-    ft = Table(title=f"Failure classes on this deployment ({doc['rule']} rule, {doc['current_retention']['setting']}) vs the promise", title_justify="left")
+    ft = Table(
+        title=f"Failure classes on this deployment ({doc['rule']} rule, {doc['current_retention']['setting']}) vs the promise",
+        title_justify="left",
+    )
     for col in ("class", "exposed", "minimal case", "hits", "promise"):
         ft.add_column(col)
     for c in doc["failure_classes"]:
         case = c.get("case")
-        ft.add_row(c["class"], "[red]yes[/red]" if c["exposed"] else f"no ({c['checked']} cases)", escape(trace_text(case["trace"])) if case else "", escape(str(case["implemented"])) if case else "", escape(str(case["promise"])) if case else "")
+        ft.add_row(
+            c["class"],
+            "[red]yes[/red]" if c["exposed"] else f"no ({c['checked']} cases)",
+            escape(trace_text(case["trace"])) if case else "",
+            escape(str(case["implemented"])) if case else "",
+            escape(str(case["promise"])) if case else "",
+        )
     console.print(ft)
 
     ret = doc["retention"]
     rt = Table(title="Retention", title_justify="left")
-    for col in ("setting", "flag", "hit share", "Mamba states", "per GPU", "all GPUs", *(("vLLM",) if doc.get("confirm") else ())):
+    for col in (
+        "setting",
+        "flag",
+        "hit share",
+        "Mamba states",
+        "per GPU",
+        "all GPUs",
+        *(("vLLM",) if doc.get("confirm") else ()),
+    ):
         rt.add_column(col)
     rec = ret["recommended"]
     for r in ret["settings"]:
-        cells = [r["setting"] + (" (current)" if r["current"] else ""), r["flag"], f"{r['hit_share']:.2%}", f"{r['states']:,}", size(r["bytes_per_gpu"]), size(r["bytes_all_gpus"])]
+        cells = [
+            r["setting"] + (" (current)" if r["current"] else ""),
+            r["flag"],
+            f"{r['hit_share']:.2%}",
+            f"{r['states']:,}",
+            size(r["bytes_per_gpu"]),
+            size(r["bytes_all_gpus"]),
+        ]
         if doc.get("confirm"):
             e = r.get("engine") or {}
-            cells.append({"agrees": "[green]agrees[/green]", "disagrees": "[red]DISAGREES[/red]"}.get(e.get("status"), e.get("status") or "-"))
+            cells.append(
+                {"agrees": "[green]agrees[/green]", "disagrees": "[red]DISAGREES[/red]"}.get(
+                    e.get("status"), e.get("status") or "-"
+                )
+            )
         rt.add_row(*cells, style="bold" if r["interval"] == rec["interval"] else None)
     console.print(rt)
     console.print(f"  memory: {ret['memory']['how']}; states: {ret['states_counted']}", highlight=False)
-    console.print(f"[bold]Recommended[/bold]: {rec['flag']} ({rec['setting']}): hit share {rec['hit_share']:.2%}, {_states(rec['states'])} = {size(rec['bytes_per_gpu'])} per GPU, {size(rec['bytes_all_gpus'])} in all; {rec['rule']}", highlight=False)
+    console.print(
+        f"[bold]Recommended[/bold]: {rec['flag']} ({rec['setting']}): hit share {rec['hit_share']:.2%}, {_states(rec['states'])} = {size(rec['bytes_per_gpu'])} per GPU, {size(rec['bytes_all_gpus'])} in all; {rec['rule']}",
+        highlight=False,
+    )
 
     c = doc.get("confirm")
     if c is None:
-        console.print("[yellow]not confirmed on the engine[/yellow]: " + (doc.get("confirm_skipped") or "--no-confirm"), highlight=False)
+        console.print(
+            "[yellow]not confirmed on the engine[/yellow]: " + (doc.get("confirm_skipped") or "--no-confirm"),
+            highlight=False,
+        )
     else:
         style = {"confirmed": "green", "disagrees": "bold red", "inconclusive": "yellow"}[c["status"]]
-        console.print(f"[bold]Engine {c['engine']}[/bold]: [{style}]{c['status']}[/{style}] ({len(c['settings'])} settings run)", highlight=False)
+        console.print(
+            f"[bold]Engine {c['engine']}[/bold]: [{style}]{c['status']}[/{style}] ({len(c['settings'])} settings run)",
+            highlight=False,
+        )
         for r in c["settings"]:
             if r["status"] != "agrees":
-                console.print(f"  {r['setting']}: {r['status']}: {r.get('detail') or r.get('reason') or ''} requests {r.get('diverging_requests', [])[:10]}", highlight=False, markup=False)
+                console.print(
+                    f"  {r['setting']}: {r['status']}: {r.get('detail') or r.get('reason') or ''} requests {r.get('diverging_requests', [])[:10]}",
+                    highlight=False,
+                    markup=False,
+                )
         for path in c["findings"]:
             console.print(f"  finding: {path}", highlight=False, markup=False)
         for n in c["notes"]:

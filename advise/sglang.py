@@ -32,13 +32,23 @@ def advise(case: Case, resolution: dict, version: str) -> dict:
     rows = []
     for i, s in enumerate(steps):
         p = promise[i] if promise is not None else None
-        rows.append({"request": i, "prompt_tokens": s.prompt_tokens, "implemented": s.hit, "promise": p,
-                     "lost": max(0, p - s.hit) if p is not None else None, "stale_resume": s.resumed_same_tokens is False})
+        rows.append(
+            {
+                "request": i,
+                "prompt_tokens": s.prompt_tokens,
+                "implemented": s.hit,
+                "promise": p,
+                "lost": max(0, p - s.hit) if p is not None else None,
+                "stale_resume": s.resumed_same_tokens is False,
+            }
+        )
     prompt = sum(r["prompt_tokens"] for r in rows)
     hit = sum(r["implemented"] for r in rows)
     out = {
         "engine": version,
-        "setting": {k: getattr(setting, k) for k in ("page_size", "chunked_prefill_size", "strategy", "checkpoint_grid")},
+        "setting": {
+            k: getattr(setting, k) for k in ("page_size", "chunked_prefill_size", "strategy", "checkpoint_grid")
+        },
         "requests": rows,
         "hit_tokens": hit,
         "prompt_tokens": prompt,
@@ -49,7 +59,9 @@ def advise(case: Case, resolution: dict, version: str) -> dict:
         out["promise_hit_share"] = share(sum(promise), prompt)
         out["lost_tokens"] = sum(r["lost"] for r in rows)
     else:
-        out["promise_not_stated"] = f"strategy {setting.strategy} or a chunk budget off the checkpoint grid {setting.checkpoint_grid}: the promise is stated for the extra buffer with a budget on the grid"
+        out["promise_not_stated"] = (
+            f"strategy {setting.strategy} or a chunk budget off the checkpoint grid {setting.checkpoint_grid}: the promise is stated for the extra buffer with a budget on the grid"
+        )
     return out
 
 
@@ -58,12 +70,16 @@ def notes(advice: dict) -> list[str]:
     out = []
     s = advice["setting"]
     if advice["stale_resumes"]:
-        out.append(f"requests {advice['stale_resumes'][:8]} resume a Mamba state keyed below the tokens it was computed over "
-                   f"(--chunked-prefill-size {s['chunked_prefill_size']} is off the page {s['page_size']}: wrong outputs); "
-                   f"use a budget that is a multiple of {s['checkpoint_grid']}, or fixes/sglang-0.5.23-chunk-on-grid.diff")
+        out.append(
+            f"requests {advice['stale_resumes'][:8]} resume a Mamba state keyed below the tokens it was computed over "
+            f"(--chunked-prefill-size {s['chunked_prefill_size']} is off the page {s['page_size']}: wrong outputs); "
+            f"use a budget that is a multiple of {s['checkpoint_grid']}, or fixes/sglang-0.5.23-chunk-on-grid.diff"
+        )
     if advice.get("lost_tokens"):
-        out.append(f"{advice['lost_tokens']:,} prompt tokens re-prefilled where the promise resumes (sglang-grid-resend / sglang-sibling-branch: "
-                   "fixes/sglang-0.5.23-keep-cut.diff)")
+        out.append(
+            f"{advice['lost_tokens']:,} prompt tokens re-prefilled where the promise resumes (sglang-grid-resend / sglang-sibling-branch: "
+            "fixes/sglang-0.5.23-keep-cut.diff)"
+        )
     if "promise_not_stated" in advice:
         out.append(f"the promise is not stated here ({advice['promise_not_stated']}); no lost reuse is measured")
     if not out:

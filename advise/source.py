@@ -24,16 +24,14 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reference.case import Case, Geometry, Group, Speculative, with_resolution
-from ground.files import hash_files, load_json, write_json_atomic
-from ground.errors import KvspecError, Unsupported
 from engine_adapter.host import environments
 from engine_adapter.host.versions import parse_engine
 from engine_adapter.live.client import LiveClient, check_base_url
 from engine_adapter.live.measure import redact_url, server_info
-from ground.errors import EngineError
+from ground.errors import EngineError, KvspecError, Unsupported
+from ground.files import hash_files, load_json, write_json_atomic
 from ground.home import cache_dir
-from reference.case import case_to_dict
+from reference.case import Case, Geometry, Group, Speculative, case_to_dict, with_resolution
 from reference.knobs import SUPPORTED_VERSIONS
 
 #: Bump when the cached record's shape changes.
@@ -68,7 +66,16 @@ class Source:
     def as_dict(self) -> dict:
 
         geometry = case_to_dict(Case(self.geometry, self.speculative, ()))
-        return {"kind": self.kind, "engine": self.engine, "describe": self.describe, "geometry": geometry["geometry"], "speculative": geometry["speculative"], "facts": self.facts, "assumptions": self.assumptions, "resolution_cached": self.cached}
+        return {
+            "kind": self.kind,
+            "engine": self.engine,
+            "describe": self.describe,
+            "geometry": geometry["geometry"],
+            "speculative": geometry["speculative"],
+            "facts": self.facts,
+            "assumptions": self.assumptions,
+            "resolution_cached": self.cached,
+        }
 
 
 # ---------------------------------------------------------------- deployment
@@ -77,8 +84,16 @@ class Source:
 #: The kvspec code a resolution is made of (``Engine.resolve`` runs
 #: ``engine_adapter.vllm_engine.resolve.resolve`` and ``summary`` over these); the shipped
 #: model configs too.
-RESOLVER_FILES = ("vllm_engine/resolve.py", "models/served.py", "vllm_engine/engine_core.py", "vllm_engine/resolution.py", "vllm_engine/failure.py",
-                  "vllm_engine/standins.py", "vllm_engine/platform.py", "inside/worker.py")
+RESOLVER_FILES = (
+    "vllm_engine/resolve.py",
+    "models/served.py",
+    "vllm_engine/engine_core.py",
+    "vllm_engine/resolution.py",
+    "vllm_engine/failure.py",
+    "vllm_engine/standins.py",
+    "vllm_engine/platform.py",
+    "inside/worker.py",
+)
 
 
 def _code_digest() -> str:
@@ -94,7 +109,17 @@ def cache_key(engine: str, case: Case) -> str:
     from engine_adapter.vllm_engine.resolve import RESOLVER_VERSION
 
     marker = environments.read_marker(parse_engine(engine)) or {}
-    text = json.dumps({"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "resolver": RESOLVER_VERSION, "env": [marker.get("fingerprint"), marker.get("created")], "code": _code_digest()}, sort_keys=True)
+    text = json.dumps(
+        {
+            "schema": CACHE_SCHEMA,
+            "engine": engine,
+            "deployment": case.deployment.as_dict(),
+            "resolver": RESOLVER_VERSION,
+            "env": [marker.get("fingerprint"), marker.get("created")],
+            "code": _code_digest(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -126,7 +151,9 @@ def resolve_deployment(case: Case, engine: str, open_engine_fn, *, use_cache: bo
         if summary is not None:
             return summary, True
     summary = open_engine_fn().resolve(case)
-    write_json_atomic(path, {"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "summary": summary})
+    write_json_atomic(
+        path, {"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "summary": summary}
+    )
     return summary, False
 
 
@@ -140,10 +167,23 @@ def forget(engine: str, case: Case) -> None:
 
 def from_deployment(case: Case, engine: str, open_engine_fn, *, use_cache: bool = True) -> Source:
     summary, cached = resolve_deployment(case, engine, open_engine_fn, use_cache=use_cache)
-    resolved = with_resolution(Case(None, None, case.trace[:1], case.name, case.deployment), summary["geometry"], summary["speculative"], engine)
+    resolved = with_resolution(
+        Case(None, None, case.trace[:1], case.name, case.deployment),
+        summary["geometry"],
+        summary["speculative"],
+        engine,
+    )
     return Source(
-        "deployment", engine, resolved.geometry, resolved.speculative, dict(summary.get("facts") or {}), list(summary.get("assumptions") or []),
-        summary, Case(None, None, case.trace[:1], case.name, case.deployment), cached, short_describe(case.deployment),
+        "deployment",
+        engine,
+        resolved.geometry,
+        resolved.speculative,
+        dict(summary.get("facts") or {}),
+        list(summary.get("assumptions") or []),
+        summary,
+        Case(None, None, case.trace[:1], case.name, case.deployment),
+        cached,
+        short_describe(case.deployment),
     )
 
 
@@ -175,7 +215,9 @@ def server_geometry(info) -> tuple[Geometry, Speculative | None, list[str]]:
     spec = None
     if info.spec_positions is not None:
         spec = Speculative("mtp", info.spec_positions)
-        assumptions.append(f"speculative method mtp with {info.spec_positions} tokens (the server shows {info.spec_positions} draft positions, not the method or its options)")
+        assumptions.append(
+            f"speculative method mtp with {info.spec_positions} tokens (the server shows {info.spec_positions} draft positions, not the method or its options)"
+        )
     geometry = Geometry(
         (Group("full_attention", block), Group("mamba", block)),
         unit or block,
@@ -192,7 +234,6 @@ def server_geometry(info) -> tuple[Geometry, Speculative | None, list[str]]:
 def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: float) -> Source:
     """The geometry of a running server (one line when unreachable)."""
 
-
     check_base_url(url, "--server")
     try:
         with LiveClient(url, api_key=api_key, timeout_s=timeout_s, retries=1) as client:
@@ -201,10 +242,20 @@ def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: 
         raise EngineError(f"--server={redact_url(url)}: {e}") from None
     version = info.version
     if version not in SUPPORTED_VERSIONS:
-        raise Unsupported(f"server /version={version!r}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: a server of one of them")
+        raise Unsupported(
+            f"server /version={version!r}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: a server of one of them"
+        )
     geometry, spec, assumptions = server_geometry(info)
-    facts = {"block_size": info.block_size, "hash_block_size": info.hash_block_size, "max_model_len": info.max_model_len, "server_model": info.model, "server_knobs": info.knobs()}
-    return Source("server", f"vllm=={version}", geometry, spec, facts, assumptions, describe=f"{info.model} at {redact_url(url)}")
+    facts = {
+        "block_size": info.block_size,
+        "hash_block_size": info.hash_block_size,
+        "max_model_len": info.max_model_len,
+        "server_model": info.model,
+        "server_knobs": info.knobs(),
+    }
+    return Source(
+        "server", f"vllm=={version}", geometry, spec, facts, assumptions, describe=f"{info.model} at {redact_url(url)}"
+    )
 
 
 def with_geometry(source: Source, geometry: Geometry) -> Source:

@@ -46,9 +46,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from reference.case import MAX_PROMPT_TOKENS, Request, Segment, parse_request
-from ground.files import decode_utf8, parse_json, read_bounded
 from ground.errors import InvalidArgument, invalid
+from ground.files import decode_utf8, parse_json, read_bounded
+from reference.case import MAX_PROMPT_TOKENS, Request, Segment, parse_request
 
 WORKLOADS = ("resend", "chat", "agent", "rag", "interleaved")
 #: The size options, as ``--flag`` -> parameter name.
@@ -66,7 +66,13 @@ DEFAULTS: dict[str, dict[str, int]] = {
     "chat": {"requests": 32, "turns": 8, "system_tokens": 1000, "prompt_tokens": 400, "turn_tokens": 600},
     "agent": {"requests": 64, "turns": 4, "system_tokens": 6000, "prompt_tokens": 300, "turn_tokens": 250},
     "rag": {"requests": 64, "documents": 8, "system_tokens": 500, "prompt_tokens": 3000, "turn_tokens": 60},
-    "interleaved": {"requests": 24, "conversations": 4, "system_tokens": 12000, "prompt_tokens": 400, "turn_tokens": 800},
+    "interleaved": {
+        "requests": 24,
+        "conversations": 4,
+        "system_tokens": 12000,
+        "prompt_tokens": 400,
+        "turn_tokens": 800,
+    },
 }
 MAX_REQUESTS = 100_000
 MAX_STREAM_TOKENS = 1 << 23
@@ -88,7 +94,12 @@ class Workload:
         return sum(r.num_prompt_tokens for r in self.requests)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "params": dict(self.params), "requests": len(self.requests), "prompt_tokens": self.prompt_tokens}
+        return {
+            "name": self.name,
+            "params": dict(self.params),
+            "requests": len(self.requests),
+            "prompt_tokens": self.prompt_tokens,
+        }
 
 
 def jitter(rng: random.Random, n: int) -> int:
@@ -160,7 +171,15 @@ def _rag(rng: random.Random, p: dict) -> list[Request]:
     out = []
     for i in range(p["requests"]):
         doc = rng.randrange(p["documents"])
-        out.append(Request((Segment("sys", p["system_tokens"]), Segment(f"doc{doc}", p["prompt_tokens"]), Segment(f"q{i}", jitter(rng, p["turn_tokens"])))))
+        out.append(
+            Request(
+                (
+                    Segment("sys", p["system_tokens"]),
+                    Segment(f"doc{doc}", p["prompt_tokens"]),
+                    Segment(f"q{i}", jitter(rng, p["turn_tokens"])),
+                )
+            )
+        )
     return out
 
 
@@ -189,13 +208,21 @@ def check(workload: Workload, where: str = "workload") -> None:
     streams: dict[str, int] = {}
     for i, r in enumerate(workload.requests):
         if r.num_prompt_tokens > MAX_PROMPT_TOKENS:
-            raise invalid(f"{where} request {i}", f"<{r.num_prompt_tokens:,} tokens>", f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)")
+            raise invalid(
+                f"{where} request {i}",
+                f"<{r.num_prompt_tokens:,} tokens>",
+                f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)",
+            )
         for s in r.prompt:
             if s.length > streams.get(s.segment, 0):
                 streams[s.segment] = s.length
     distinct = sum(streams.values())
     if distinct > MAX_STREAM_TOKENS:
-        raise invalid(where, f"<{distinct:,} distinct tokens>", f"at most {MAX_STREAM_TOKENS:,} distinct tokens in all (the model holds every token stream)")
+        raise invalid(
+            where,
+            f"<{distinct:,} distinct tokens>",
+            f"at most {MAX_STREAM_TOKENS:,} distinct tokens in all (the model holds every token stream)",
+        )
 
 
 # ---------------------------------------------------------------- trace files
@@ -245,10 +272,16 @@ def _count(raw: dict, key: str, where: str, lo: int, hi: int) -> int:
 def _counted(raw, earlier: list[Request], claimed: dict[str, int], where: str) -> Request:
     """A token-count line as segments (module docstring)."""
     if not isinstance(raw, dict):
-        raise invalid(where, raw, 'must be a JSON object: {"tokens": N} or {"tokens": N, "shares": {"request": J, "tokens": K}}, or a case prompt')
+        raise invalid(
+            where,
+            raw,
+            'must be a JSON object: {"tokens": N} or {"tokens": N, "shares": {"request": J, "tokens": K}}, or a case prompt',
+        )
     for key in raw:
         if key not in ("tokens", "shares", "max_tokens"):
-            raise invalid(f"{where}.{key}", raw[key], "unknown field; allowed: tokens, shares, max_tokens (or prompt, max_tokens)")
+            raise invalid(
+                f"{where}.{key}", raw[key], "unknown field; allowed: tokens, shares, max_tokens (or prompt, max_tokens)"
+            )
     n = _count(raw, "tokens", where, 1, MAX_PROMPT_TOKENS)
     max_tokens = _count(raw, "max_tokens", where, 1, MAX_PROMPT_TOKENS) if "max_tokens" in raw else 1
     i = len(earlier)

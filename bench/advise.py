@@ -49,7 +49,13 @@ def time_command(argv: list[str], repeat: int) -> tuple[float, float]:
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as out:
             cpu0, t0 = _child_cpu(), time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "kvspec.cli", "advise", *argv, "--no-confirm", "--out", out], cwd=ROOT, capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [sys.executable, "-m", "kvspec.cli", "advise", *argv, "--no-confirm", "--out", out],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             walls.append(time.perf_counter() - t0)
             cpus.append(_child_cpu() - cpu0)
             if done.returncode != 0:
@@ -61,18 +67,47 @@ def command_figures(repeat: int) -> None:
     from engine_adapter.host import environments
 
     rows = [
-        ("agent, 10,000 requests, hand geometry (#53504's)", ["examples/seed-53504.json", "--engine", "vllm==0.29.0", "--workload", "agent", "--requests", "10000"]),
-        ("chat, 10,000 requests, hand geometry (#53504's)", ["examples/seed-53504.json", "--engine", "vllm==0.29.0", "--workload", "chat", "--requests", "10000"]),
-        ("interleaved, 10,000 requests (1,000 conversations), hand geometry", ["examples/seed-53504.json", "--engine", "vllm==0.33.0", "--workload", "interleaved", "--requests", "10000", "--conversations", "1000"]),
+        (
+            "agent, 10,000 requests, hand geometry (#53504's)",
+            ["examples/seed-53504.json", "--engine", "vllm==0.29.0", "--workload", "agent", "--requests", "10000"],
+        ),
+        (
+            "chat, 10,000 requests, hand geometry (#53504's)",
+            ["examples/seed-53504.json", "--engine", "vllm==0.29.0", "--workload", "chat", "--requests", "10000"],
+        ),
+        (
+            "interleaved, 10,000 requests (1,000 conversations), hand geometry",
+            [
+                "examples/seed-53504.json",
+                "--engine",
+                "vllm==0.33.0",
+                "--workload",
+                "interleaved",
+                "--requests",
+                "10000",
+                "--conversations",
+                "1000",
+            ],
+        ),
     ]
     if environments.is_ready("0.29.0"):
-        deployment = ["examples/seed-53504-deployment.json", "--engine", "vllm==0.29.0", "--workload", "agent", "--requests", "10000"]
+        deployment = [
+            "examples/seed-53504-deployment.json",
+            "--engine",
+            "vllm==0.29.0",
+            "--workload",
+            "agent",
+            "--requests",
+            "10000",
+        ]
         time_command(deployment, 1)  # resolves once (starts the engine); later runs read the cache
         rows.append(("agent, 10,000 requests, #53504's deployment (resolution cached)", deployment))
     print(f"1. kvspec advise --no-confirm, median of {repeat} (target <= {TARGET_S:g} s)")
     for name, argv in rows:
         wall, cpu = time_command(argv, repeat)
-        print(f"   {name:66s} wall {wall:5.2f} s  CPU {cpu:5.2f} s  (CPU / target {cpu / TARGET_S:.2f}, wall / target {wall / TARGET_S:.2f})")
+        print(
+            f"   {name:66s} wall {wall:5.2f} s  CPU {cpu:5.2f} s  (CPU / target {cpu / TARGET_S:.2f}, wall / target {wall / TARGET_S:.2f})"
+        )
 
 
 def _agent_case(requests: int):
@@ -102,7 +137,11 @@ def radix_vs_pairwise() -> None:
         simulate(case, knobs, "legacy")  # the token streams, once
         radix = _cpu(lambda: simulate(case, knobs, "legacy"))
         pairwise = _cpu(lambda: simulate_pairwise(case, knobs, "legacy"))
-        grow = "" if prev is None else f"; doubling the workload: radix x{radix / prev[0]:.1f}, pairwise x{pairwise / prev[1]:.1f}"
+        grow = (
+            ""
+            if prev is None
+            else f"; doubling the workload: radix x{radix / prev[0]:.1f}, pairwise x{pairwise / prev[1]:.1f}"
+        )
         print(f"   {n:5d} requests: radix {radix:6.3f}  pairwise {pairwise:7.3f}  ratio {pairwise / radix:6.1f}x{grow}")
         prev = (radix, pairwise)
 
@@ -120,8 +159,14 @@ def many_vs_each() -> None:
     runs = [(s, "legacy") for s in settings] + [(None, "promise")]
     simulate(case, knobs, "legacy")  # the token streams, once
     one_pass = _cpu(lambda: simulate_many(case, knobs, runs))
-    each = _cpu(lambda: [simulate(replace(case, geometry=replace(case.geometry, retention_interval=s)), knobs, r) for s, r in runs])
-    print(f"3. {len(runs)} runs over 10,000 agent requests: simulate_many {one_pass:.2f} s CPU, one simulate each {each:.2f} s CPU, ratio {each / one_pass:.2f}x")
+    each = _cpu(
+        lambda: [
+            simulate(replace(case, geometry=replace(case.geometry, retention_interval=s)), knobs, r) for s, r in runs
+        ]
+    )
+    print(
+        f"3. {len(runs)} runs over 10,000 agent requests: simulate_many {one_pass:.2f} s CPU, one simulate each {each:.2f} s CPU, ratio {each / one_pass:.2f}x"
+    )
 
 
 def main() -> None:

@@ -65,12 +65,21 @@ def mixed_case(n: int = 50) -> dict:
         elif kind < 0.7:
             prompt = [{"segment": base, "length": rng.randrange(500, 4000)}]
         else:
-            prompt = [{"segment": base, "length": rng.randrange(200, 2000)}, {"segment": f"S{i}", "length": rng.randrange(16, 800)}]
+            prompt = [
+                {"segment": base, "length": rng.randrange(200, 2000)},
+                {"segment": f"S{i}", "length": rng.randrange(16, 800)},
+            ]
         trace.append({"prompt": prompt})
     return {
         "schema": 1,
         "name": "mixed-50",
-        "geometry": {"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 64, "count": 3}], "hash_block_size": 16, "prefix_match_unit": 16, "retention_interval": 0, "max_num_batched_tokens": 2048},
+        "geometry": {
+            "groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 64, "count": 3}],
+            "hash_block_size": 16,
+            "prefix_match_unit": 16,
+            "retention_interval": 0,
+            "max_num_batched_tokens": 2048,
+        },
         "speculative": {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True},
         "trace": trace,
     }
@@ -98,7 +107,9 @@ def inner(repeats: int) -> dict:
     for name, (make, times) in CASES.items():
         case = parse_case(make())
         n = len(case.trace)
-        m: dict[str, list[float]] = {k: [] for k in ("adapter_cpu", "adapter_wall", "bare_cpu", "bare_wall", "lean_cpu", "lean_wall", "setup")}
+        m: dict[str, list[float]] = {
+            k: [] for k in ("adapter_cpu", "adapter_wall", "bare_cpu", "bare_wall", "lean_cpu", "lean_wall", "setup")
+        }
         driver.run(case)  # warm: the first build of a geometry is slower
         bare_run(driver, case)
 
@@ -127,14 +138,21 @@ def inner(repeats: int) -> dict:
                 assert hits is None or got == hits, (got, hits)
                 hits = got
         med = {k: statistics.median(v) for k, v in m.items()}
-        out["cases"][name] = {"requests": n, "runs": repeats * times, **{k: med[k] for k in med},
-                              "adapter_rps": n / med["adapter_wall"], "bare_rps": n / med["bare_wall"]}
+        out["cases"][name] = {
+            "requests": n,
+            "runs": repeats * times,
+            **{k: med[k] for k in med},
+            "adapter_rps": n / med["adapter_wall"],
+            "bare_rps": n / med["bare_wall"],
+        }
     return out
 
 
 def _kvspec(argv: list[str], env: dict) -> tuple[float, int, str]:
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900
+    )
     return time.perf_counter() - t, proc.returncode, proc.stderr[-500:]
 
 
@@ -150,7 +168,14 @@ def commands(version: str, other: str, rounds: int) -> dict:
         "kvspec run (3 req)": ["run", seed, "--engine", f"vllm=={version}"],
         "kvspec replay --engine (3 req)": ["replay", seed, "--engine", f"vllm=={version}"],
         "kvspec resolve (deployment)": ["resolve", deployment, "--engine", f"vllm=={version}"],
-        "kvspec matrix (1 case x 2 engines)": ["matrix", seed, "--engine", f"vllm=={other}", "--engine", f"vllm=={version}"],
+        "kvspec matrix (1 case x 2 engines)": [
+            "matrix",
+            seed,
+            "--engine",
+            f"vllm=={other}",
+            "--engine",
+            f"vllm=={version}",
+        ],
     }
     base = dict(os.environ, KVSPEC_WARM_DIR=str(folder), KVSPEC_WARM_IDLE_S="900")
     cold_env, warm_env = dict(base, KVSPEC_WARM="0"), dict(base, KVSPEC_WARM="1")
@@ -167,7 +192,7 @@ def commands(version: str, other: str, rounds: int) -> dict:
         for r in range(rounds):
             for name, argv in plan.items():
                 order = [("cold_s", cold_env), ("warm_s", warm_env)]
-                for key, env in (order if r % 2 == 0 else order[::-1]):
+                for key, env in order if r % 2 == 0 else order[::-1]:
                     before = servers()
                     s, rc, err = _kvspec(argv, env)
                     if key == "warm_s" and not servers() <= before:
@@ -204,7 +229,9 @@ def outer(args) -> int:
         runs.append(("empty VLLM_CACHE_ROOT", dict(env, KVSPEC_HOME=tmp)))
     for label, e in runs:
         t = time.perf_counter()
-        proc = subprocess.run([py, __file__, "--inner", "--repeats", str(args.repeats)], env=e, capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [py, __file__, "--inner", "--repeats", str(args.repeats)], env=e, capture_output=True, text=True, cwd=ROOT
+        )
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
             return 1
@@ -234,15 +261,42 @@ def outer(args) -> int:
 
     console = Console(width=max(120, Console().width))
     warm = results["warm disk cache"]
-    table = Table(title=f"engine adapter vs bare vLLM loop (vllm=={warm['vllm_version']}, same process, alternated; medians)")
-    for col in ("trace", "runs", "bare ms CPU", "adapter ms CPU", "adapter/bare CPU", "adapter/bare wall", "lean/bare CPU", "bare req/s", "adapter req/s", "worker req/s", "warm setup"):
+    table = Table(
+        title=f"engine adapter vs bare vLLM loop (vllm=={warm['vllm_version']}, same process, alternated; medians)"
+    )
+    for col in (
+        "trace",
+        "runs",
+        "bare ms CPU",
+        "adapter ms CPU",
+        "adapter/bare CPU",
+        "adapter/bare wall",
+        "lean/bare CPU",
+        "bare req/s",
+        "adapter req/s",
+        "worker req/s",
+        "warm setup",
+    ):
         table.add_column(col, justify="right")
     for name, c in warm["cases"].items():
-        table.add_row(name, str(c["runs"]), f"{c['bare_cpu'] * 1000:.2f}", f"{c['adapter_cpu'] * 1000:.2f}", f"{c['bare_cpu'] / c['adapter_cpu']:.3f}",
-                      f"{c['bare_wall'] / c['adapter_wall']:.3f}", f"{c['bare_cpu'] / c['lean_cpu']:.3f}", f"{c['bare_rps']:.1f}", f"{c['adapter_rps']:.1f}", f"{worker[name]:.1f}", f"{c['setup'] * 1000:.1f} ms")
+        table.add_row(
+            name,
+            str(c["runs"]),
+            f"{c['bare_cpu'] * 1000:.2f}",
+            f"{c['adapter_cpu'] * 1000:.2f}",
+            f"{c['bare_cpu'] / c['adapter_cpu']:.3f}",
+            f"{c['bare_wall'] / c['adapter_wall']:.3f}",
+            f"{c['bare_cpu'] / c['lean_cpu']:.3f}",
+            f"{c['bare_rps']:.1f}",
+            f"{c['adapter_rps']:.1f}",
+            f"{worker[name]:.1f}",
+            f"{c['setup'] * 1000:.1f} ms",
+        )
     console.print(table)
     if cmds is not None:
-        t2 = Table(title=f"commands on a small case: cold (KVSPEC_WARM=0) vs warm engines (medians of {args.rounds} alternated rounds; first calls, which started the warm engines: {cmds['_first_calls_s']:.1f} s)")
+        t2 = Table(
+            title=f"commands on a small case: cold (KVSPEC_WARM=0) vs warm engines (medians of {args.rounds} alternated rounds; first calls, which started the warm engines: {cmds['_first_calls_s']:.1f} s)"
+        )
         for col in ("command", "cold s", "warm s", "cold/warm", "warm <= 2 s", "warm calls that (re)started an engine"):
             t2.add_column(col, justify="right")
         for name, c in cmds.items():
@@ -250,8 +304,14 @@ def outer(args) -> int:
                 continue
             cold_s = statistics.median(c["cold_s"])
             warm_s = statistics.median(c["warm_s"]) if c["warm_s"] else float("nan")
-            t2.add_row(name, f"{cold_s:.2f}", f"{warm_s:.2f}", f"{cold_s / warm_s:.1f}x", "yes" if warm_s <= 2.0 else "NO",
-                       ", ".join(f"{x:.1f} s" for x in c["warm_restarted_s"]) or "-")
+            t2.add_row(
+                name,
+                f"{cold_s:.2f}",
+                f"{warm_s:.2f}",
+                f"{cold_s / warm_s:.1f}x",
+                "yes" if warm_s <= 2.0 else "NO",
+                ", ".join(f"{x:.1f} s" for x in c["warm_restarted_s"]) or "-",
+            )
         console.print(t2)
     setup = Table(title="case setup: cold vs warm")
     for col in ("process", "import vLLM", "later case setup (warm)"):
@@ -268,11 +328,19 @@ def outer(args) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", default="vllm==0.33.0")
-    parser.add_argument("--other", default="vllm==0.29.0", help="the second engine of the matrix command (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=9, help="in-process repeats per trace (the seed case runs 5x as often)")
-    parser.add_argument("--rounds", type=int, default=3, help="cold/warm rounds per command (each cold call imports vLLM: ~30 s)")
+    parser.add_argument(
+        "--other", default="vllm==0.29.0", help="the second engine of the matrix command (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=9, help="in-process repeats per trace (the seed case runs 5x as often)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="cold/warm rounds per command (each cold call imports vLLM: ~30 s)"
+    )
     parser.add_argument("--no-commands", action="store_true", help="skip the warm vs cold commands")
-    parser.add_argument("--cold-cache", action="store_true", help="also measure with an empty VLLM_CACHE_ROOT (adds ~20-60 s)")
+    parser.add_argument(
+        "--cold-cache", action="store_true", help="also measure with an empty VLLM_CACHE_ROOT (adds ~20-60 s)"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:

@@ -60,13 +60,14 @@ def _reexec_in_engine_env() -> None:
         return
     if not environments.is_ready(VERSION):
         sys.exit(f"bench/fuzz.py: run `kvspec engines install vllm=={VERSION}` first")
-    from ground.home import kvspec_home
-
     from fuzz.seeds import seed_dir
+    from ground.home import kvspec_home
 
     seed_dir(kvspec_home())  # computed here, where z3 is installed
     env = dict(environments.worker_env(VERSION), KVSPEC_BENCH_FUZZ_INNER="1", KVSPEC_BENCH_FUZZ_VERSION=VERSION)
-    os.execve(str(environments.env_python(VERSION)), [str(environments.env_python(VERSION)), __file__, *sys.argv[1:]], env)
+    os.execve(
+        str(environments.env_python(VERSION)), [str(environments.env_python(VERSION)), __file__, *sys.argv[1:]], env
+    )
 
 
 def _rss_mb() -> float:
@@ -92,7 +93,9 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
 
     with tempfile.TemporaryDirectory() as out:
         found = []
-        campaign = Campaign(engine, out, oracles=("promise",), seed=seed, shrink_calls=0, on_finding=lambda p, f: found.append(p))
+        campaign = Campaign(
+            engine, out, oracles=("promise",), seed=seed, shrink_calls=0, on_finding=lambda p, f: found.append(p)
+        )
         start = time.monotonic()
         deadline = start + budget
 
@@ -109,7 +112,13 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
             rounds += 1
             left = deadline - time.monotonic()
             if driver == "hypothesis":
-                run_hypothesis(campaign, seed + int(time.monotonic() * 1000) % 1000, max_time=min(left, 2.0), stop_on_finding=True, synthetic=True)
+                run_hypothesis(
+                    campaign,
+                    seed + int(time.monotonic() * 1000) % 1000,
+                    max_time=min(left, 2.0),
+                    stop_on_finding=True,
+                    synthetic=True,
+                )
             else:
                 run_random(campaign, seed, max_time=min(left, 2.0), stop_on_finding=True, synthetic=True)
                 seed += 1000
@@ -119,7 +128,14 @@ def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float
 def _fuzz(argv: list[str], env: dict, timeout: float) -> dict:
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", *argv, "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "fuzz", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
     if proc.returncode not in (0, 1):
         raise SystemExit(f"bench/fuzz.py: kvspec fuzz {' '.join(argv)}: exit {proc.returncode}: {proc.stderr[-1500:]}")
     return json.loads(proc.stdout)
@@ -128,13 +144,20 @@ def _fuzz(argv: list[str], env: dict, timeout: float) -> dict:
 def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: float) -> dict:
     """The coverage the random driver's first ``cases`` cases reach, counted
     by libFuzzer under atheris's instrumentation (see part 0)."""
-    from ground.home import kvspec_home
-
     from fuzz.atheris_runner import run_atheris
     from fuzz.seeds import seed_dir
+    from ground.home import kvspec_home
 
-    return run_atheris(engine, out=folder / "out", corpus=folder / "corpus", seed_dir=seed_dir(kvspec_home()), seed=seed, max_time=max(600.0, 10 * budget),
-                       libfuzzer_args=[f"-runs={max(1, cases) + 200}"], env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)}).to_dict()
+    return run_atheris(
+        engine,
+        out=folder / "out",
+        corpus=folder / "corpus",
+        seed_dir=seed_dir(kvspec_home()),
+        seed=seed,
+        max_time=max(600.0, 10 * budget),
+        libfuzzer_args=[f"-runs={max(1, cases) + 200}"],
+        env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)},
+    ).to_dict()
 
 
 def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:
@@ -149,9 +172,20 @@ def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:
     runs["random-coverage"] = []
     try:
         for r in range(rounds):
-            for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
                 folder = tmp / f"{kind}-{r}"
-                argv = ["--engine", engine, "--driver", "random" if kind == "random" else "atheris", "--max-time", str(budget), "--seed", str(r + 1), "--out", str(folder / "out")]
+                argv = [
+                    "--engine",
+                    engine,
+                    "--driver",
+                    "random" if kind == "random" else "atheris",
+                    "--max-time",
+                    str(budget),
+                    "--seed",
+                    str(r + 1),
+                    "--out",
+                    str(folder / "out"),
+                ]
                 if kind != "random":
                     argv += ["--corpus", str(folder / "corpus")]
                 env = dict(os.environ)
@@ -160,11 +194,17 @@ def drivers(engine: str, budget: float, rounds: int, also_core: bool) -> dict:
                     env["KVSPEC_FUZZ_INSTRUMENT"] = "core"
                 summary = _fuzz(argv, env, timeout=budget + 120)
                 runs[kind].append(summary)
-                print(f"  round {r}: {kind}: {summary.get('cases')} cases, {summary.get('engine_runs') or summary.get('execs')} engine runs, start-up {summary.get('startup_s')} s, cov {summary.get('coverage')}", file=sys.stderr)
+                print(
+                    f"  round {r}: {kind}: {summary.get('cases')} cases, {summary.get('engine_runs') or summary.get('execs')} engine runs, start-up {summary.get('startup_s')} s, cov {summary.get('coverage')}",
+                    file=sys.stderr,
+                )
                 if kind == "random":
                     cov = random_coverage(engine, r + 1, summary["cases"], tmp / f"random-coverage-{r}", budget)
                     runs["random-coverage"].append(cov)
-                    print(f"  round {r}: random's {summary['cases']} cases replayed under libFuzzer: cov {cov.get('coverage')} ({cov.get('execs')} inputs)", file=sys.stderr)
+                    print(
+                        f"  round {r}: random's {summary['cases']} cases replayed under libFuzzer: cov {cov.get('coverage')} ({cov.get('execs')} inputs)",
+                        file=sys.stderr,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return runs
@@ -177,28 +217,39 @@ def print_drivers(runs: dict, engine: str, budget: float) -> None:
         vals = [x.get(key) for x in runs.get(kind, []) if x.get(key) is not None]
         return med(vals) if vals else None
 
-    print(f"# atheris vs random on {engine}: kvspec fuzz --max-time {budget:.0f}, deployments, every oracle, z3 seeds first (medians of {len(runs['random'])} alternated rounds)")
-    print(f"{'driver':14s} {'cases/s':>8s} {'engine runs/s':>14s} {'libFuzzer exec/s':>17s} {'start-up s':>11s} {'cov (edges) in ' + format(budget, '.0f') + ' s':>20s} {'first finding s':>16s}")
-    rows = [("atheris", "atheris"), ("random", "random")] + ([("atheris (core)", "atheris-core")] if runs.get("atheris-core") else [])
+    print(
+        f"# atheris vs random on {engine}: kvspec fuzz --max-time {budget:.0f}, deployments, every oracle, z3 seeds first (medians of {len(runs['random'])} alternated rounds)"
+    )
+    print(
+        f"{'driver':14s} {'cases/s':>8s} {'engine runs/s':>14s} {'libFuzzer exec/s':>17s} {'start-up s':>11s} {'cov (edges) in ' + format(budget, '.0f') + ' s':>20s} {'first finding s':>16s}"
+    )
+    rows = [("atheris", "atheris"), ("random", "random")] + (
+        [("atheris (core)", "atheris-core")] if runs.get("atheris-core") else []
+    )
     for label, kind in rows:
         cov = m("random-coverage", "coverage") if kind == "random" else m(kind, "coverage")
         libfuzzer = "-" if kind == "random" else f"{m(kind, 'exec_per_s'):.1f}"
         first = m(kind, "first_finding_s")
-        print(f"{label:14s} {m(kind, 'cases_per_s'):8.2f} {m(kind, 'engine_runs_per_s'):14.2f} {libfuzzer:>17s} {m(kind, 'startup_s'):11.1f} {cov if cov is not None else '-':>20} {first if first is not None else '-':>16}")
+        print(
+            f"{label:14s} {m(kind, 'cases_per_s'):8.2f} {m(kind, 'engine_runs_per_s'):14.2f} {libfuzzer:>17s} {m(kind, 'startup_s'):11.1f} {cov if cov is not None else '-':>20} {first if first is not None else '-':>16}"
+        )
     for label, kind in rows:
         if kind == "random":
             continue
         cases = m(kind, "cases_per_s") / m("random", "cases_per_s")
         engine_runs = m(kind, "engine_runs_per_s") / m("random", "engine_runs_per_s")
         cov_a, cov_r = m(kind, "coverage"), m("random-coverage", "coverage")
-        print(f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}, coverage per {budget:.0f} s {cov_a} vs {cov_r} ({cov_a / cov_r:.2f})" if cov_r else f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}")
+        print(
+            f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}, coverage per {budget:.0f} s {cov_a} vs {cov_r} ({cov_a / cov_r:.2f})"
+            if cov_r
+            else f"{label} / random: cases/s {cases:.2f}, engine runs/s {engine_runs:.2f}"
+        )
 
 
 def vs_bare(n: int, seed: int) -> None:
     """Part 4 (inside the engine environment)."""
-    from engine_adapter.vllm_engine.baseline import bare_run
     from engine_adapter.host.engine import open_engine
-
+    from engine_adapter.vllm_engine.baseline import bare_run
     from fuzz.campaign import Campaign
     from fuzz.drivers import random_cases
 
@@ -233,17 +284,43 @@ def vs_bare(n: int, seed: int) -> None:
             campaign.check(c)
         known = time.monotonic() - t
         again = len(s.findings) - found
-    print(f"# campaign vs bare scheduler loop on the same {n} drawn deployment cases (vllm=={VERSION}, seed {seed}, in-process; drawing them: {drawn:.1f} s)")
+    print(
+        f"# campaign vs bare scheduler loop on the same {n} drawn deployment cases (vllm=={VERSION}, seed {seed}, in-process; drawing them: {drawn:.1f} s)"
+    )
     print(f"bare loop  {n / bare:8.1f} cases/s  ({bare_ok} ran, {bare:.1f} s; the faster of two passes)")
-    print(f"campaign   {n / full:8.1f} cases/s  ({execs} engine runs, {found} findings, {s.harness_errors} harness errors, {full:.1f} s)")
+    print(
+        f"campaign   {n / full:8.1f} cases/s  ({execs} engine runs, {found} findings, {s.harness_errors} harness errors, {full:.1f} s)"
+    )
     checking = max(full - shrink_s, 1e-9)
-    print(f"  of which confirming and shrinking {found} findings: {shrink_execs} engine runs, {shrink_s:.1f} s; checking alone {n / checking:.1f} cases/s")
-    print(f"campaign, second pass {n / known:8.1f} cases/s  (the same cases, every finding known: {again} new, {known:.1f} s)")
-    print(f"campaign / bare: {bare / full:.2f} (checking alone: {bare / checking:.2f}; second pass: {bare / known:.2f})")
-    print(json.dumps({"bench": "fuzz-vs-bare", "engine": f"vllm=={VERSION}", "cases": n, "bare_cases_per_s": round(n / bare, 2), "campaign_cases_per_s": round(n / full, 2),
-                      "ratio": round(bare / full, 3), "checking_ratio": round(bare / checking, 3), "second_pass_ratio": round(bare / known, 3),
-                      "second_pass_cases_per_s": round(n / known, 2), "second_pass_findings": again,
-                      "campaign_engine_runs": execs, "shrink_engine_runs": shrink_execs, "shrink_s": round(shrink_s, 2), "findings": found}))
+    print(
+        f"  of which confirming and shrinking {found} findings: {shrink_execs} engine runs, {shrink_s:.1f} s; checking alone {n / checking:.1f} cases/s"
+    )
+    print(
+        f"campaign, second pass {n / known:8.1f} cases/s  (the same cases, every finding known: {again} new, {known:.1f} s)"
+    )
+    print(
+        f"campaign / bare: {bare / full:.2f} (checking alone: {bare / checking:.2f}; second pass: {bare / known:.2f})"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "fuzz-vs-bare",
+                "engine": f"vllm=={VERSION}",
+                "cases": n,
+                "bare_cases_per_s": round(n / bare, 2),
+                "campaign_cases_per_s": round(n / full, 2),
+                "ratio": round(bare / full, 3),
+                "checking_ratio": round(bare / checking, 3),
+                "second_pass_ratio": round(bare / known, 3),
+                "second_pass_cases_per_s": round(n / known, 2),
+                "second_pass_findings": again,
+                "campaign_engine_runs": execs,
+                "shrink_engine_runs": shrink_execs,
+                "shrink_s": round(shrink_s, 2),
+                "findings": found,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -254,11 +331,19 @@ def main() -> None:
     parser.add_argument("--soak", type=float, default=600.0, help="seconds of the RSS soak")
     parser.add_argument("--engine", default="vllm==0.33.0", help="part 0's engine (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=2, help="part 0's alternated rounds (default: %(default)s)")
-    parser.add_argument("--also-core", action="store_true", help="part 0: also atheris instrumenting all of vllm.v1.core")
+    parser.add_argument(
+        "--also-core", action="store_true", help="part 0: also atheris instrumenting all of vllm.v1.core"
+    )
     parts = parser.add_mutually_exclusive_group()
     parts.add_argument("--only-drivers", action="store_true", help="part 0 only")
     parts.add_argument("--no-drivers", action="store_true", help="skip part 0")
-    parts.add_argument("--vs-bare", type=int, default=0, metavar="N", help="part 4 only: the campaign beside the bare scheduler loop on N drawn cases")
+    parts.add_argument(
+        "--vs-bare",
+        type=int,
+        default=0,
+        metavar="N",
+        help="part 4 only: the campaign beside the bare scheduler loop on N drawn cases",
+    )
     parser.add_argument("--bare-engine", default="vllm==0.33.0", help="part 4's engine (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="part 4's seed (default: %(default)s)")
     args = parser.parse_args()
@@ -278,16 +363,17 @@ def main() -> None:
     _reexec_in_engine_env()
 
     from engine_adapter.host.engine import open_engine
-    from ground.home import kvspec_home
-
     from fuzz.drivers import random_cases
     from fuzz.seeds import load_seed_cases, seed_dir
+    from ground.home import kvspec_home
 
     engine = open_engine(f"vllm=={VERSION}", mode="inprocess")
     seeds = load_seed_cases(seed_dir(kvspec_home()))
     engine.run(seeds[0])  # warm: config construction is slow once
 
-    print(f"# time to the first #53504-class finding on vllm=={VERSION} (median of {args.seeds} seeds; budget {args.budget:.0f}s)")
+    print(
+        f"# time to the first #53504-class finding on vllm=={VERSION} (median of {args.seeds} seeds; budget {args.budget:.0f}s)"
+    )
     for driver in ("z3-seeded", "random", "hypothesis"):
         times = [time_to_first(engine, driver, s, args.budget, seeds) for s in range(1, args.seeds + 1)]
         ok = [t for t in times if t is not None]
@@ -316,7 +402,9 @@ def main() -> None:
         rss0 = _rss_mb()
         run_random(campaign, 2, max_time=args.soak, synthetic=True)
         rss1 = _rss_mb()
-    print(f"# RSS: {rss0:.0f} MB after warm-up, {rss1:.0f} MB after {args.soak:.0f}s more ({campaign.stats.execs} execs); growth {100 * (rss1 - rss0) / rss0:+.1f}%")
+    print(
+        f"# RSS: {rss0:.0f} MB after warm-up, {rss1:.0f} MB after {args.soak:.0f}s more ({campaign.stats.execs} execs); growth {100 * (rss1 - rss0) / rss0:+.1f}%"
+    )
 
 
 if __name__ == "__main__":

@@ -61,11 +61,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host.builds import prepare
-    from ground.home import kvspec_home
-
     from fuzz.campaign import Campaign, harness_error_of
     from fuzz.drivers import random_cases
     from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from ground.home import kvspec_home
 
     release = args.engine
     build = prepare(release, args.patch)
@@ -78,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds = on_deployments([c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None], resolver)
         gen = random_cases(args.seed, resolver=resolver)
         cases = seeds + [next(gen) for _ in range(args.cases)]
-        print(f"cases: {len(seeds)} boundary cases on deployments + {args.cases} random deployment cases", file=sys.stderr, flush=True)
+        print(
+            f"cases: {len(seeds)} boundary cases on deployments + {args.cases} random deployment cases",
+            file=sys.stderr,
+            flush=True,
+        )
 
         kept, hits = [], Counter()
         states = Counter()
@@ -99,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 sa, sb = _states(oa["explain"][j]), _states(ob["explain"][j])
                 if sa is not None and sb is not None:
                     states[sb - sa] += 1
-        print(f"hits per request, build vs release: {dict(hits)}; Mamba states per prompt, build minus release: {dict(sorted(states.items()))}", file=sys.stderr, flush=True)
+        print(
+            f"hits per request, build vs release: {dict(hits)}; Mamba states per prompt, build minus release: {dict(sorted(states.items()))}",
+            file=sys.stderr,
+            flush=True,
+        )
 
         rounds = []
         for r in range(args.rounds):
@@ -108,15 +115,32 @@ def main(argv: list[str] | None = None) -> int:
                 pair = (a, b) if (i + r) % 2 == 0 else (b, a)
                 for e in pair:
                     cpu[e.engine] += _trace_cpu(e.run(case, {"retained": False}))
-            rounds.append({"release_cpu_s": round(cpu[a.engine], 3), "build_cpu_s": round(cpu[b.engine], 3), "ratio": round(cpu[b.engine] / max(cpu[a.engine], 1e-9), 4)})
-            print(f"round {r + 1}: scheduler CPU s release {cpu[a.engine]:.2f}, build {cpu[b.engine]:.2f}, ratio {rounds[-1]['ratio']}", file=sys.stderr, flush=True)
+            rounds.append(
+                {
+                    "release_cpu_s": round(cpu[a.engine], 3),
+                    "build_cpu_s": round(cpu[b.engine], 3),
+                    "ratio": round(cpu[b.engine] / max(cpu[a.engine], 1e-9), 4),
+                }
+            )
+            print(
+                f"round {r + 1}: scheduler CPU s release {cpu[a.engine]:.2f}, build {cpu[b.engine]:.2f}, ratio {rounds[-1]['ratio']}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         a.close(), b.close()
     result = {
-        "release": release, "build": build, "cases": len(cases), "runnable": len(runnable), "errors_or_harness": errors,
-        "requests": sum(hits.values()), "hits": dict(hits), "fewer_hits_examples": kept[:10],
+        "release": release,
+        "build": build,
+        "cases": len(cases),
+        "runnable": len(runnable),
+        "errors_or_harness": errors,
+        "requests": sum(hits.values()),
+        "hits": dict(hits),
+        "fewer_hits_examples": kept[:10],
         "mamba_states_build_minus_release": {str(k): v for k, v in sorted(states.items())},
-        "rounds": rounds, "ratio_median": statistics.median(x["ratio"] for x in rounds) if rounds else None,
+        "rounds": rounds,
+        "ratio_median": statistics.median(x["ratio"] for x in rounds) if rounds else None,
     }
     print(json.dumps(result, indent=2))
     if args.json:

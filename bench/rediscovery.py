@@ -53,14 +53,37 @@ def run_campaign(release: str, driver: str, seed: int, budget: float, startup: f
     out, corpus = work / "out", work / "corpus"
     corpus.mkdir(parents=True)
     engine = release if "==" in release else f"vllm=={release}"  # sglang==X names its family
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", engine, "--driver", driver, "--seed", str(seed),
-           "--max-time", str(budget + startup), "--out", str(out), "--json"] + (["--corpus", str(corpus)] if driver == "atheris" else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--engine",
+        engine,
+        "--driver",
+        driver,
+        "--seed",
+        str(seed),
+        "--max-time",
+        str(budget + startup),
+        "--out",
+        str(out),
+        "--json",
+    ] + (["--corpus", str(corpus)] if driver == "atheris" else [])
     began = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget + startup + 120, env=dict(os.environ))
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget + startup + 120, env=dict(os.environ)
+    )
     try:
         summary = json.loads(proc.stdout)
     except ValueError:
-        return {"release": release, "driver": driver, "seed": seed, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}", "times": {}}
+        return {
+            "release": release,
+            "driver": driver,
+            "seed": seed,
+            "error": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}",
+            "times": {},
+        }
     ready = summary.get("ready_at") or began
     times: dict[str, float] = {}
     unclassified = 0
@@ -75,16 +98,33 @@ def run_campaign(release: str, driver: str, seed: int, budget: float, startup: f
             continue
         t = round(path.stat().st_mtime - ready, 1)
         times[cls] = min(times.get(cls, t), t)
-    return {"release": release, "driver": driver, "seed": seed, "exit": proc.returncode, "times": times, "unclassified": unclassified,
-            "cases": summary.get("cases"), "cases_per_s": summary.get("cases_per_s"), "startup_s": summary.get("startup_s"),
-            "harness_errors": summary.get("harness_errors"), "findings": len(list(out.glob("*.json")))}
+    return {
+        "release": release,
+        "driver": driver,
+        "seed": seed,
+        "exit": proc.returncode,
+        "times": times,
+        "unclassified": unclassified,
+        "cases": summary.get("cases"),
+        "cases_per_s": summary.get("cases_per_s"),
+        "startup_s": summary.get("startup_s"),
+        "harness_errors": summary.get("harness_errors"),
+        "findings": len(list(out.glob("*.json"))),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds from the engine ready within which a class counts as found")
-    ap.add_argument("--startup", type=float, default=40.0, help="seconds the campaign gets on top of --budget for its engine's start")
+    ap.add_argument(
+        "--budget", type=float, default=60.0, help="seconds from the engine ready within which a class counts as found"
+    )
+    ap.add_argument(
+        "--startup",
+        type=float,
+        default=40.0,
+        help="seconds the campaign gets on top of --budget for its engine's start",
+    )
     ap.add_argument("--drivers", default="random,atheris")
     ap.add_argument("--releases", default=",".join(sorted({k.release for k in KNOWN_CLASSES})))
     ap.add_argument("--parallel", type=int, default=1, help="campaigns at once (default 1: each gets the machine)")
@@ -93,20 +133,26 @@ def main() -> None:
     jobs = [(r, d, s) for r in releases for s in range(1, args.seeds + 1) for d in drivers]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvspec-rediscovery-", dir=ROOT / ".kvspec") as tmp:
+
         def one(job):
             r, d, s = job
             work = Path(tmp) / f"{r}-{d}-{s}"
             result = run_campaign(r, d, s, args.budget, args.startup, work)
-            print(f"  {r} {d} seed {s}: {result.get('error') or ', '.join(f'{k} {v}s' for k, v in sorted(result['times'].items())) or 'no known class'}"
-                  f" ({result.get('cases')} cases, {result.get('cases_per_s')} cases/s, {result.get('findings')} findings, {result.get('unclassified')} unclassified, harness errors {result.get('harness_errors')})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {r} {d} seed {s}: {result.get('error') or ', '.join(f'{k} {v}s' for k, v in sorted(result['times'].items())) or 'no known class'}"
+                f" ({result.get('cases')} cases, {result.get('cases_per_s')} cases/s, {result.get('findings')} findings, {result.get('unclassified')} unclassified, harness errors {result.get('harness_errors')})",
+                file=sys.stderr,
+                flush=True,
+            )
             return result
 
         Path(tmp).mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
             results = list(pool.map(one, jobs))
     table = {}
-    print(f"\nrediscovery: {args.seeds} seeds, found = first finding of the class within {args.budget:.0f} s of the engine ready; {time.monotonic() - started:.0f} s in all")
+    print(
+        f"\nrediscovery: {args.seeds} seeds, found = first finding of the class within {args.budget:.0f} s of the engine ready; {time.monotonic() - started:.0f} s in all"
+    )
     print(f"{'class':<26} {'release':<14} " + " ".join(f"{d + ' found':>14} {d + ' median s':>16}" for d in drivers))
     for k in KNOWN_CLASSES:
         if k.release not in releases:
@@ -116,15 +162,40 @@ def main() -> None:
         for d in drivers:
             runs = [x for x in results if x["release"] == k.release and x["driver"] == d]
             times = [x["times"][k.id] for x in runs if k.id in x["times"] and x["times"][k.id] <= args.budget]
-            row[d] = {"found": len(times), "of": len(runs), "times_s": [x["times"].get(k.id) for x in runs], "median_s": statistics.median(times) if times else None}
-            cells.append(f"{len(times):>8}/{len(runs):<5} {('-' if not times else f'{statistics.median(times):.1f}'):>16}")
+            row[d] = {
+                "found": len(times),
+                "of": len(runs),
+                "times_s": [x["times"].get(k.id) for x in runs],
+                "median_s": statistics.median(times) if times else None,
+            }
+            cells.append(
+                f"{len(times):>8}/{len(runs):<5} {('-' if not times else f'{statistics.median(times):.1f}'):>16}"
+            )
         table[k.id] = row
         print(f"{k.id:<26} {k.release:<14} " + " ".join(cells))
     errors = [x for x in results if "error" in x]
-    speed = {d: statistics.median([x["cases_per_s"] for x in results if x["driver"] == d and x.get("cases_per_s")] or [0]) for d in drivers}
-    print("cases/s (median over campaigns): " + ", ".join(f"{d} {v}" for d, v in speed.items()) + (f"; {len(errors)} campaign(s) failed" if errors else ""))
-    print(json.dumps({"bench": "rediscovery", "seeds": args.seeds, "budget_s": args.budget, "classes": table, "cases_per_s": speed,
-                      "failed_campaigns": [x["error"] for x in errors]}, separators=(",", ":")))
+    speed = {
+        d: statistics.median([x["cases_per_s"] for x in results if x["driver"] == d and x.get("cases_per_s")] or [0])
+        for d in drivers
+    }
+    print(
+        "cases/s (median over campaigns): "
+        + ", ".join(f"{d} {v}" for d, v in speed.items())
+        + (f"; {len(errors)} campaign(s) failed" if errors else "")
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "rediscovery",
+                "seeds": args.seeds,
+                "budget_s": args.budget,
+                "classes": table,
+                "cases_per_s": speed,
+                "failed_campaigns": [x["error"] for x in errors],
+            },
+            separators=(",", ":"),
+        )
+    )
 
 
 if __name__ == "__main__":

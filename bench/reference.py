@@ -17,12 +17,19 @@ from reference.predict import predict  # noqa: E402
 
 
 def seed_case():
-    return parse_case({
-        "schema": 1,
-        "geometry": {"groups": [{"kind": "full_attention", "block_size": 1600}, {"kind": "mamba", "block_size": 1600, "count": 3}]},
-        "speculative": {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True},
-        "trace": [{"prompt": [{"segment": "A", "length": 11910}]}] * 3,
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "geometry": {
+                "groups": [
+                    {"kind": "full_attention", "block_size": 1600},
+                    {"kind": "mamba", "block_size": 1600, "count": 3},
+                ]
+            },
+            "speculative": {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True},
+            "trace": [{"prompt": [{"segment": "A", "length": 11910}]}] * 3,
+        }
+    )
 
 
 def mixed_case(seed: int = 0, requests: int = 50):
@@ -36,12 +43,20 @@ def mixed_case(seed: int = 0, requests: int = 50):
         if kind in ("extend", "sibling"):
             prompt.append({"segment": rng.choice("XYZ") + str(rng.randrange(3)), "length": rng.randrange(1, 3000)})
         trace.append({"prompt": prompt})
-    return parse_case({
-        "schema": 1,
-        "geometry": {"groups": [{"kind": "full_attention", "block_size": 1600}, {"kind": "mamba", "block_size": 1600, "count": 3}], "retention_interval": 0},
-        "speculative": {"method": "mtp", "num_speculative_tokens": 2},
-        "trace": trace,
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "geometry": {
+                "groups": [
+                    {"kind": "full_attention", "block_size": 1600},
+                    {"kind": "mamba", "block_size": 1600, "count": 3},
+                ],
+                "retention_interval": 0,
+            },
+            "speculative": {"method": "mtp", "num_speculative_tokens": 2},
+            "trace": trace,
+        }
+    )
 
 
 #: Predictions one rate measurement may make, a bound beside its seconds.

@@ -70,10 +70,14 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, int, s
 
 
 def main() -> None:
-    print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (wall times scale with load on a shared machine)")
+    print(
+        f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (wall times scale with load on a shared machine)"
+    )
     for cls in ("uniform", "aligned", "hybrid"):
         solve, build, verdicts = unbounded(cls)
-        print(f"unbounded proof R1 replay drop/0.30 [{cls:7s}]  solve {fmt(solve)}   build {fmt(build)}   verdicts {sorted(verdicts)}")
+        print(
+            f"unbounded proof R1 replay drop/0.30 [{cls:7s}]  solve {fmt(solve)}   build {fmt(build)}   verdicts {sorted(verdicts)}"
+        )
 
     from spec.geometry import sweep_geometries
     from spec.sweep import run_sweep
@@ -82,7 +86,9 @@ def main() -> None:
     cpu0 = time.process_time()
     results = run_sweep()
     wall = time.perf_counter() - t0
-    print(f"full sweep: {len(results)} rows over {len(sweep_geometries())} geometries, {sum(r.ok for r in results)} as expected, {wall:.2f} s wall ({sum(r.seconds for r in results):.2f} s summed over workers)")
+    print(
+        f"full sweep: {len(results)} rows over {len(sweep_geometries())} geometries, {sum(r.ok for r in results)} as expected, {wall:.2f} s wall ({sum(r.seconds for r in results):.2f} s summed over workers)"
+    )
     del cpu0
 
     python = sys.executable
@@ -97,12 +103,20 @@ def main() -> None:
         cpus.append(cpu)
         tails.add(f"exit {rc}: {tail}")
     med = statistics.median
-    print(f"pytest spec/ (default tier), {REPS} runs each, alternated: a pool of one worker per CPU median {med(pool):.2f} s wall (min {min(pool):.2f}, max {max(pool):.2f}); "
-          f"one process (the default) median {med(one):.2f} s wall (min {min(one):.2f}, max {max(one):.2f}), {med(cpus):.2f} s CPU; pool / one process {med(pool) / med(one):.2f}; {sorted(tails)}")
-    wall, _, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
+    print(
+        f"pytest spec/ (default tier), {REPS} runs each, alternated: a pool of one worker per CPU median {med(pool):.2f} s wall (min {min(pool):.2f}, max {max(pool):.2f}); "
+        f"one process (the default) median {med(one):.2f} s wall (min {min(one):.2f}, max {max(one):.2f}), {med(cpus):.2f} s CPU; pool / one process {med(pool) / med(one):.2f}; {sorted(tails)}"
+    )
+    wall, _, rc, tail = timed(
+        [python, "-m", "kvspec.cli", "prove", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")]
+    )
     print(f"kvspec prove (full catalogue + minimal counterexamples): {wall:.2f} s wall, exit {rc}: {tail}")
-    wall, _, rc, tail = timed([python, "-m", "kvspec.cli", "prove", "--all", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")])
-    print(f"kvspec prove --all (also chunked prefill per rule and the chunked junction rows): {wall:.2f} s wall, exit {rc}: {tail}")
+    wall, _, rc, tail = timed(
+        [python, "-m", "kvspec.cli", "prove", "--all", "--out", str(ROOT / ".kvspec" / "bench-counterexamples")]
+    )
+    print(
+        f"kvspec prove --all (also chunked prefill per rule and the chunked junction rows): {wall:.2f} s wall, exit {rc}: {tail}"
+    )
     if "--slow" in sys.argv[1:]:
         wall, _, rc, tail = timed([*pytest, "--slow"])
         print(f"pytest spec/ --slow (everything): {wall:.2f} s wall, exit {rc}: {tail}")

@@ -136,7 +136,9 @@ def get_driver(family: str = "vllm") -> FamilyDriver:
 
 
 def _ints(value: object, allow_none: bool = False) -> bool:
-    return isinstance(value, list) and all((isinstance(x, int) and not isinstance(x, bool)) or (allow_none and x is None) for x in value)
+    return isinstance(value, list) and all(
+        (isinstance(x, int) and not isinstance(x, bool)) or (allow_none and x is None) for x in value
+    )
 
 
 def observation_problem(result: object) -> str | None:

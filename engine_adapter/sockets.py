@@ -68,17 +68,17 @@ class Lines:
             end = self.buf.find(b"\n")
             if end >= 0:
                 line = bytes(self.buf[:end])
-                del self.buf[:end + 1]
+                del self.buf[: end + 1]
                 return line
             if len(self.buf) > MAX_LINE_BYTES:
                 raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("deadline")
+                raise TimeoutError("deadline")
             self.sock.settimeout(min(left, 1.0))
             try:
                 chunk = self.sock.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not chunk:
                 return None
@@ -107,8 +107,6 @@ def hung_up(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLHUP | getattr(select, "POLLRDHUP", 0))
     return bool(poller.poll(0))
-
-
 
 
 def remove_if(path: Path, inode: int | None = None) -> None:

@@ -36,15 +36,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fuzz.codec import encode
-from fuzz.summary import ATHERIS_KEYS, CampaignSummary
-from reference.case import Case
-from ground.files import write_bytes_atomic
 from engine_adapter.host import environments
 from engine_adapter.host.venvs import ensure_tools
 from engine_adapter.host.versions import parse_engine
+from fuzz.codec import encode
 from fuzz.progress import progress_line
+from fuzz.summary import ATHERIS_KEYS, CampaignSummary
+from ground.files import write_bytes_atomic
 from ground.home import contained_env
+from reference.case import Case
 
 TARGET = Path(__file__).resolve().parent / "fuzz_engine.py"
 ROOT = TARGET.parent.parent
@@ -265,10 +265,31 @@ def run_atheris(
     for j in range(jobs):
         if procs and time.monotonic() >= stop_at:  # nothing is started past the deadline
             break
-        cmd = [python, str(TARGET), f"-seed={seed + j}", f"-max_total_time={total}", "-print_final_stats=1", "-timeout=120", "-rss_limit_mb=8192", f"-artifact_prefix={artifacts}/", *libfuzzer_args, *dirs]
+        cmd = [
+            python,
+            str(TARGET),
+            f"-seed={seed + j}",
+            f"-max_total_time={total}",
+            "-print_final_stats=1",
+            "-timeout=120",
+            "-rss_limit_mb=8192",
+            f"-artifact_prefix={artifacts}/",
+            *libfuzzer_args,
+            *dirs,
+        ]
         # Same process group as this runner (no new session): a kill of the
         # group reaches the workers; fuzz_engine also asks for PDEATHSIG.
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         states.append(WorkerState())
     for j, proc in enumerate(procs):  # threads only after every fork
         threading.Thread(target=_reader, args=(proc, j, q), daemon=True).start()
@@ -354,7 +375,14 @@ def _drain(q: queue.Queue, states: list[WorkerState]) -> None:
 def _progress_line(states: list[WorkerState], elapsed: float) -> str:
 
     found = len({p for s in states for (_, p, _) in s.findings})
-    return progress_line(elapsed, sum(s.execs for s in states), sum(s.exec_s for s in states), max((s.cov for s in states), default=0) or None, found, sum(s.harness_errors for s in states))
+    return progress_line(
+        elapsed,
+        sum(s.execs for s in states),
+        sum(s.exec_s for s in states),
+        max((s.cov for s in states), default=0) or None,
+        found,
+        sum(s.harness_errors for s in states),
+    )
 
 
 def _live(console):

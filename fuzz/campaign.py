@@ -37,24 +37,22 @@ from __future__ import annotations
 import hashlib
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from engine_adapter.host.versions import engine_name
-from reference.case import Case
-from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
-from reference.knobs import resolve_knobs
-
-from fuzz import findings as F
 from engine_adapter.interface import Observation
-from fuzz.verdict import HarnessFailure, harness_error_of
+from fuzz import findings as F
 from fuzz.oracle_resolution import trace_units
 from fuzz.oracles import ORACLES, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
 from fuzz.reach import Reach
 from fuzz.shrink import shrink
-from reference.case import parse_case
-
+from fuzz.verdict import HarnessFailure, harness_error_of
+from ground.errors import DeploymentCrashes, DeploymentRejected, EngineError, KvspecError, Unsupported
+from reference.case import Case, parse_case
+from reference.knobs import resolve_knobs
 
 #: The block a trace is drawn on for a deployment vLLM crashes on (no
 #: geometry to draw on; the crash comes before any request).
@@ -150,7 +148,9 @@ class Campaign:
             raise HarnessFailure(text)
         return obs
 
-    def _judge(self, case: Case, engine: CampaignEngine | None = None, only: str | None = None) -> tuple[Case, dict, list[Divergence]]:
+    def _judge(
+        self, case: Case, engine: CampaignEngine | None = None, only: str | None = None
+    ) -> tuple[Case, dict, list[Divergence]]:
         """Run and judge ``case`` on ``engine`` (default: the engine under
         test): (the case as judged, the observation, the divergences). A
         deployment case is judged with the geometry the engine resolved for
@@ -205,19 +205,27 @@ class Campaign:
         to resolve it. Cached per deployment."""
         import json
 
-
         key = json.dumps(deployment, sort_keys=True)
         if key in self._resolved:
             return self._resolved[key]
         info = None
         try:
-            probe = parse_case({"schema": 1, "deployment": deployment, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+            probe = parse_case(
+                {"schema": 1, "deployment": deployment, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
+            )
             r = self.engine.resolve(probe)
             (block, hashed), facts = trace_units(r), r.get("facts", {})
-            info = {"block": block, "hash": hashed, "max_model_len": facts.get("max_model_len"), "max_num_seqs": facts.get("max_num_seqs", 256)}
+            info = {
+                "block": block,
+                "hash": hashed,
+                "max_model_len": facts.get("max_model_len"),
+                "max_num_seqs": facts.get("max_num_seqs", 256),
+            }
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}
-        except EngineError as e:  # kvspec failed to resolve it (a broken engine environment, an adapter bug): counted, never silent
+        except (
+            EngineError
+        ) as e:  # kvspec failed to resolve it (a broken engine environment, an adapter bug): counted, never silent
             self._harness_error(probe, str(e))
             info = None
         except KvspecError:
@@ -317,7 +325,13 @@ class Campaign:
                 continue
             t0, runs0 = time.monotonic(), self.stats.execs
             try:
-                small = self._confirm_and_shrink(case, div, raw, fails_too, judged.geometry.scheduler_block_size if judged.geometry is not None else None)
+                small = self._confirm_and_shrink(
+                    case,
+                    div,
+                    raw,
+                    fails_too,
+                    judged.geometry.scheduler_block_size if judged.geometry is not None else None,
+                )
             finally:
                 self.stats.shrink_s += time.monotonic() - t0
                 self.stats.shrink_execs += self.stats.execs - runs0
@@ -330,10 +344,23 @@ class Campaign:
             except HarnessFailure as e:  # keep the confirmed original
                 self._harness_error(small, str(e))
                 small_judged, small_obs, small_divs = judged, obs, []
-            final = next((d for d in small_divs if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == raw), None)
+            final = next(
+                (
+                    d
+                    for d in small_divs
+                    if d.oracle == div.oracle and self._signature(small_judged, d, small_obs) == raw
+                ),
+                None,
+            )
             if final is None:  # cannot happen after a successful shrink; keep the original
                 small_judged, small_obs, final = judged, obs, div
-            finding = F.make_finding(small_judged, final, small_obs, seed=self.seed, other_observation=self.last_other if final.oracle == "versions" else None)
+            finding = F.make_finding(
+                small_judged,
+                final,
+                small_obs,
+                seed=self.seed,
+                other_observation=self.last_other if final.oracle == "versions" else None,
+            )
             finding["signature"] = key
             if self.baseline is not None:
                 finding["baseline"] = {"engine": engine_name(self.baseline.version), "fails_too": fails_too}
@@ -346,14 +373,21 @@ class Campaign:
                 self.on_finding(path, finding)
         return written
 
-    def _confirm_and_shrink(self, case: Case, div: Divergence, raw: str, fails_too: bool | None, block: int | None = None) -> Case | None:
+    def _confirm_and_shrink(
+        self, case: Case, div: Divergence, raw: str, fails_too: bool | None, block: int | None = None
+    ) -> Case | None:
         """Replay ``case`` (only a divergence that replays is reported), then
         shrink it with the predicate "the same oracle fires with the same
         signature" (and the baseline's answer kept); None when it does not
         replay. ``block``: the scheduler block the case resolved to."""
         if not self._fires(case, div.oracle, raw, fails_too):
             return None
-        small, _calls = shrink(case, lambda c: not self.past_deadline() and self._fires(c, div.oracle, raw, fails_too), self.shrink_calls, block)
+        small, _calls = shrink(
+            case,
+            lambda c: not self.past_deadline() and self._fires(c, div.oracle, raw, fails_too),
+            self.shrink_calls,
+            block,
+        )
         pinned = pin_speculative(small, self.engine.version)
         if pinned != small and self._fires(pinned, div.oracle, raw, fails_too):
             small = pinned

@@ -66,27 +66,66 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ground.engines import FAMILIES, load
-from reference.case import Case, parse_case
-
 from fuzz.oracle_registry import KNOWN_ORACLES
 from fuzz.oracles import request_kinds
+from ground.engines import FAMILIES, load
+from reference.case import Case, parse_case
 
 ROOT = Path(__file__).resolve().parent.parent
 #: (id, short name, what is promised)
 PROMISES = (
-    ("R1", "identical resend", "an identical resend resumes where dense retention would, with or without speculative decoding"),
+    (
+        "R1",
+        "identical resend",
+        "an identical resend resumes where dense retention would, with or without speculative decoding",
+    ),
     ("R2", "longer sibling", "a prompt that extends an earlier one resumes where dense retention would"),
-    ("junction", "junction", "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed"),
+    (
+        "junction",
+        "junction",
+        "a sibling diverging inside an earlier prompt hits its divergence point once that junction was observed",
+    ),
     ("no-stale", "no stale states", "no request hits beyond the Mamba states its prefills wrote"),
-    ("safety", "no unsafe reuse", "no request resumes at or past the last prompt position it must compute, over tokens no earlier request keyed (lookahead tokens included), or from a state computed over other tokens"),
-    ("retention", "retention", "sparse retention keeps only states a later request can resume at, none inside an output; periodic retention keeps every segment end a prefill wrote"),
-    ("split", "chunk ends", "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short"),
-    ("checkpoint", "checkpoints", "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split"),
-    ("hit-blocks", "hit blocks", "a request takes from the cache exactly the full-attention blocks its hit covers, no more and no fewer"),
-    ("shared-prefix", "junction reach", "the junction a request reports lies above its hit and within its common prefix with an earlier request"),
-    ("block-table", "Mamba block table", "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold; a finished request leaves no block referenced"),
-    ("flags", "flags applied", "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size"),
+    (
+        "safety",
+        "no unsafe reuse",
+        "no request resumes at or past the last prompt position it must compute, over tokens no earlier request keyed (lookahead tokens included), or from a state computed over other tokens",
+    ),
+    (
+        "retention",
+        "retention",
+        "sparse retention keeps only states a later request can resume at, none inside an output; periodic retention keeps every segment end a prefill wrote",
+    ),
+    (
+        "split",
+        "chunk ends",
+        "a prefill chunk ends only on the hash grid, at the junction, at the chunk budget or at the prompt's end; no later step is cut short",
+    ),
+    (
+        "checkpoint",
+        "checkpoints",
+        "a prompt's last chunk whose checkpoint the kernel can export from inside it is not split",
+    ),
+    (
+        "hit-blocks",
+        "hit blocks",
+        "a request takes from the cache exactly the full-attention blocks its hit covers, no more and no fewer",
+    ),
+    (
+        "shared-prefix",
+        "junction reach",
+        "the junction a request reports lies above its hit and within its common prefix with an earlier request",
+    ),
+    (
+        "block-table",
+        "Mamba block table",
+        "a running request holds no Mamba block it freed, nor one below the state it resumes from that the cache does not hold; a finished request leaves no block referenced",
+    ),
+    (
+        "flags",
+        "flags applied",
+        "the build applies the flags it accepts as vLLM documents them: --prefix-match-unit is the hash block size",
+    ),
     ("errors", "no engine errors", "the engine raises on no case the model accepts"),
 )
 EXIT_PASS, EXIT_FAIL, EXIT_HARNESS = 0, 1, 3
@@ -97,7 +136,10 @@ def promise_of(finding: dict) -> str:
     oracle = finding.get("oracle")
     if oracle == "engine_error":
         return "errors"
-    if oracle in ("stale", "resumed_state"):  # resumed_state: a state's content is not its key's tokens (SGLang's driver reads it)
+    if oracle in (
+        "stale",
+        "resumed_state",
+    ):  # resumed_state: a state's content is not its key's tokens (SGLang's driver reads it)
         return "no-stale"
     if oracle in ("cap", "keys", "draft_keys", "resumed_state"):
         return "safety"
@@ -161,7 +203,9 @@ def interleave(cases: list[Case]) -> list[Case]:
 class BuildReport:
     engine: str
     rows: list[dict] = field(default_factory=list)
-    counterexamples: dict[str, str] = field(default_factory=dict)  # promise id -> finding path (new ones, against a baseline)
+    counterexamples: dict[str, str] = field(
+        default_factory=dict
+    )  # promise id -> finding path (new ones, against a baseline)
     against: str | None = None  # the baseline engine's name, or None
     known: dict[str, str] = field(default_factory=dict)  # promise id -> a finding the baseline fails too
     phases: list[dict] = field(default_factory=list)
@@ -176,24 +220,53 @@ class BuildReport:
     out: str = ""
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("engine", "against", "exit_code", "reason", "rows", "counterexamples", "known", "phases", "execs", "harness_errors", "rejected", "unsupported", "elapsed_s", "first_failure_s", "out")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "engine",
+                "against",
+                "exit_code",
+                "reason",
+                "rows",
+                "counterexamples",
+                "known",
+                "phases",
+                "execs",
+                "harness_errors",
+                "rejected",
+                "unsupported",
+                "elapsed_s",
+                "first_failure_s",
+                "out",
+            )
+        }
 
 
-def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_time: float = 240.0, seed: int = 1, fail_fast: bool = False,
-                shrink_calls: int = 12, progress=None, harness_error_limit: float | None = None, started: float | None = None,
-                against: str | None = None) -> BuildReport:
+def check_build(
+    engine_name: str,
+    *,
+    out: Path,
+    max_time: float = 45.0,
+    cases_time: float = 240.0,
+    seed: int = 1,
+    fail_fast: bool = False,
+    shrink_calls: int = 12,
+    progress=None,
+    harness_error_limit: float | None = None,
+    started: float | None = None,
+    against: str | None = None,
+) -> BuildReport:
     """Run check-build on ``engine_name`` (a ready engine) and return the
     report; with ``against`` (a ready engine's name: the baseline) each
     failure is sorted into new or shared with the baseline."""
     from engine_adapter import open_engine
-    from ground.home import kvspec_home
-    from ground.errors import EngineError
-
+    from engine_adapter.host.versions import family_of
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
     from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
-    from engine_adapter.host.versions import family_of
+    from ground.errors import EngineError
+    from ground.home import kvspec_home
 
     say = progress or (lambda line: None)
     started = time.monotonic() if started is None else started
@@ -215,17 +288,29 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
         if (finding.get("baseline") or {}).get("fails_too"):
             if pid not in report.known:
                 report.known[pid] = str(path)
-                say(f"[check-build] {pid}: fails on the baseline too ({against}) at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
+                say(
+                    f"[check-build] {pid}: fails on the baseline too ({against}) at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}"
+                )
             return
         if pid not in report.counterexamples:
             report.counterexamples[pid] = str(path)
             if report.first_failure_s is None:
                 report.first_failure_s = round(time.monotonic() - started, 1)
-            say(f"[check-build] {pid}: FAIL{' (new)' if against else ''} at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}")
+            say(
+                f"[check-build] {pid}: FAIL{' (new)' if against else ''} at {time.monotonic() - started:.0f}s: {finding.get('summary', '')}"
+            )
 
     bounded = BoundedEngine(engine, deadline)
-    campaign = Campaign(bounded, out, oracles=KNOWN_ORACLES, seed=seed, shrink_calls=shrink_calls, on_finding=on_finding, deadline=deadline,
-                        baseline=None if baseline is None else BoundedEngine(baseline, deadline))
+    campaign = Campaign(
+        bounded,
+        out,
+        oracles=KNOWN_ORACLES,
+        seed=seed,
+        shrink_calls=shrink_calls,
+        on_finding=on_finding,
+        deadline=deadline,
+        baseline=None if baseline is None else BoundedEngine(baseline, deadline),
+    )
 
     def stop() -> bool:
         return time.monotonic() >= deadline or (fail_fast and bool(report.counterexamples))
@@ -235,6 +320,7 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
         for e in (engine, baseline):
             if e is not None and hasattr(e, "start"):
                 e.start()
+
         def check_each(cases: list[Case], until: float) -> int:
             """Check ``cases`` in order until ``until`` or stop(); how many were checked."""
             n = 0
@@ -249,7 +335,9 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
         family = family_of(str(getattr(engine, "version", None) or engine_name))
         examples = example_cases(family=family)
         n = check_each([case for _name, case in examples], deadline)
-        report.phases.append({"phase": "examples", "cases": n, "of": len(examples), "seconds": round(time.monotonic() - t, 1)})
+        report.phases.append(
+            {"phase": "examples", "cases": n, "of": len(examples), "seconds": round(time.monotonic() - t, 1)}
+        )
         say(f"[check-build] examples: {n} cases in {time.monotonic() - t:.0f}s")
         t = time.monotonic()
         own_cases = FAMILIES[family].boundary_cases
@@ -259,7 +347,9 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
             seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
             mapped = interleave(on_deployments(seeds, campaign.resolver))
         n = check_each(mapped, min(deadline, started + cases_time))
-        report.phases.append({"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)})
+        report.phases.append(
+            {"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)}
+        )
         say(f"[check-build] boundary cases on deployments: {n} of {len(mapped)} in {time.monotonic() - t:.0f}s")
         t = time.monotonic()
         before = campaign.stats.execs
@@ -269,14 +359,28 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
                 run_random(campaign, seed, max_time=left, stop_on_finding=True)
             else:
                 run_random(campaign, seed, max_time=left)
-        report.phases.append({"phase": "campaign", "driver": "random", "runs": campaign.stats.execs - before, "seconds": round(time.monotonic() - t, 1)})
-        say(f"[check-build] campaign (random, deployments): {campaign.stats.execs - before} runs in {time.monotonic() - t:.0f}s")
+        report.phases.append(
+            {
+                "phase": "campaign",
+                "driver": "random",
+                "runs": campaign.stats.execs - before,
+                "seconds": round(time.monotonic() - t, 1),
+            }
+        )
+        say(
+            f"[check-build] campaign (random, deployments): {campaign.stats.execs - before} runs in {time.monotonic() - t:.0f}s"
+        )
     finally:
         for e in (engine, baseline):
             if e is not None:
                 e.close()
     s = campaign.stats
-    report.execs, report.harness_errors, report.rejected, report.unsupported = s.execs, s.harness_errors, s.rejected, s.unsupported
+    report.execs, report.harness_errors, report.rejected, report.unsupported = (
+        s.execs,
+        s.harness_errors,
+        s.rejected,
+        s.unsupported,
+    )
     report.elapsed_s = round(time.monotonic() - started, 1)
     failed = set(report.counterexamples)
     stopped_early = fail_fast and bool(failed)
@@ -287,18 +391,35 @@ def check_build(engine_name: str, *, out: Path, max_time: float = 45.0, cases_ti
             verdict = "fails on baseline too"
         else:
             verdict = "not checked" if stopped_early else "pass"
-        report.rows.append({"promise": pid, "name": name, "what": what, "verdict": verdict, "new": pid in failed if against else None,
-                            "counterexample": report.counterexamples.get(pid) or report.known.get(pid)})
-    code, why = outcome(execs=s.execs, harness_errors=s.harness_errors, new_findings=len(s.findings), workers_died=0,
-                        limit=HARNESS_ERROR_LIMIT if harness_error_limit is None else harness_error_limit)
+        report.rows.append(
+            {
+                "promise": pid,
+                "name": name,
+                "what": what,
+                "verdict": verdict,
+                "new": pid in failed if against else None,
+                "counterexample": report.counterexamples.get(pid) or report.known.get(pid),
+            }
+        )
+    code, why = outcome(
+        execs=s.execs,
+        harness_errors=s.harness_errors,
+        new_findings=len(s.findings),
+        workers_died=0,
+        limit=HARNESS_ERROR_LIMIT if harness_error_limit is None else harness_error_limit,
+    )
     if code == 3:
         report.exit_code, report.reason = EXIT_HARNESS, f"harness failed: {why}"
     elif failed:
         report.exit_code = EXIT_FAIL
-        report.reason = ("promise(s) broken where the baseline keeps them: " if against else "promise(s) broken: ") + ", ".join(pid for pid, _n, _w in PROMISES if pid in failed)
+        report.reason = (
+            "promise(s) broken where the baseline keeps them: " if against else "promise(s) broken: "
+        ) + ", ".join(pid for pid, _n, _w in PROMISES if pid in failed)
     elif report.known:
         report.exit_code = EXIT_PASS
-        report.reason = f"nothing new against {against}; the baseline fails too: " + ", ".join(pid for pid, _n, _w in PROMISES if pid in report.known)
+        report.reason = f"nothing new against {against}; the baseline fails too: " + ", ".join(
+            pid for pid, _n, _w in PROMISES if pid in report.known
+        )
     else:
         report.exit_code, report.reason = EXIT_PASS, "every promise held"
     return report
@@ -315,7 +436,9 @@ def render(report: BuildReport) -> list[str]:
             lines.append(f"  {p['phase']}: {p['runs']} runs ({p['driver']}, deployments) in {p['seconds']}s")
         else:
             lines.append(f"  {p['phase']}: {p['cases']} of {p['of']} cases in {p['seconds']}s")
-    lines.append(f"  runs {report.execs}, rejected by the engine {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s")
+    lines.append(
+        f"  runs {report.execs}, rejected by the engine {report.rejected}, unsupported {report.unsupported}, harness errors {report.harness_errors}; {report.elapsed_s}s"
+    )
     lines.append("")
     pw, width = max(len(p) for p, _n, _w in PROMISES), max(len(n) for _p, n, _w in PROMISES)
     for row in report.rows:
@@ -324,7 +447,10 @@ def render(report: BuildReport) -> list[str]:
         path = report.counterexamples.get(pid)
         if path is None:
             continue
-        lines += ["", f"first counterexample for {pid}{' (new: the baseline keeps this promise on it)' if report.against else ''} ({path}):"]
+        lines += [
+            "",
+            f"first counterexample for {pid}{' (new: the baseline keeps this promise on it)' if report.against else ''} ({path}):",
+        ]
         try:
             lines += ["  " + x for x in render_finding(json.loads(Path(path).read_text())).splitlines()]
         except (OSError, ValueError) as e:

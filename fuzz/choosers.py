@@ -8,7 +8,8 @@ one builder, ``fuzz.generate.build_case``.
 from __future__ import annotations
 
 import random
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class Chooser(Protocol):
@@ -66,7 +67,7 @@ class RandomChooser:
     def choice(self, options: Sequence):
         return options[self._rng.randrange(len(options))]
 
-    def side(self) -> "RandomChooser":
+    def side(self) -> RandomChooser:
         """A chooser seeded by this one's state that draws nothing from it:
         choices added after the stream was laid out leave it as it was."""
         return RandomChooser(random.Random(repr(self._rng.getstate())))

@@ -25,11 +25,10 @@ from __future__ import annotations
 import json
 import struct
 
-from reference.case import Case, case_to_dict, parse_case
-from ground.errors import KvspecError
-
 from fuzz.choosers import BytesChooser
 from fuzz.generate import DEPLOYMENT_MODELS, SPECULATIVE, build_case, deployment_classes
+from ground.errors import KvspecError
+from reference.case import Case, case_to_dict, parse_case
 
 _NAMES = "ABCDEFGHIJKLMNOP"
 _RETENTION = ("sparse", "dense", "periodic")
@@ -64,16 +63,21 @@ def _decode_literal(r: _Reader) -> Case:
         for _ in range(1 + r.u(1) % 4):
             prompt.append({"segment": _NAMES[r.u(1) % len(_NAMES)], "length": 1 + r.u(2) % MAX_LITERAL_TOKENS})
         trace.append({"prompt": prompt})
-    return parse_case({
-        "schema": 1,
-        "geometry": {
-            "groups": [{"kind": "full_attention", "block_size": attention}, {"kind": "mamba", "block_size": mamba, "count": count}],
-            "retention_interval": interval,
-            "max_num_batched_tokens": budget,
-        },
-        "speculative": speculative,
-        "trace": trace,
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "geometry": {
+                "groups": [
+                    {"kind": "full_attention", "block_size": attention},
+                    {"kind": "mamba", "block_size": mamba, "count": count},
+                ],
+                "retention_interval": interval,
+                "max_num_batched_tokens": budget,
+            },
+            "speculative": speculative,
+            "trace": trace,
+        }
+    )
 
 
 def decode(data: bytes, resolver=None) -> Case:
@@ -127,7 +131,13 @@ def encode(case: Case) -> bytes:
     if len(groups) != 2 or groups[0]["kind"] != "full_attention" or groups[1]["kind"] != "mamba":
         raise ValueError("literal cases have one attention group and one Mamba group kind")
     attention, mamba = groups[0]["block_size"], groups[1]["block_size"]
-    if attention % 16 or mamba % 16 or attention > 2048 or mamba > 2048 or max(attention, mamba) % min(attention, mamba):
+    if (
+        attention % 16
+        or mamba % 16
+        or attention > 2048
+        or mamba > 2048
+        or max(attention, mamba) % min(attention, mamba)
+    ):
         raise ValueError("literal blocks are multiples of 16 up to 2048, one dividing the other")
     if g["prefix_match_unit"] is not None or g["hash_block_size"] != min(attention, mamba) or groups[1]["count"] > 3:
         raise ValueError("literal geometry has no prefix_match_unit and at most 3 Mamba groups")
@@ -160,7 +170,9 @@ def encode(case: Case) -> bytes:
         out.append(len(r["prompt"]) - 1)
         for s in r["prompt"]:
             if s["segment"] not in _NAMES or not 1 <= s["length"] <= MAX_LITERAL_TOKENS:
-                raise ValueError(f"literal segments are named {_NAMES[0]}-{_NAMES[-1]} with 1-{MAX_LITERAL_TOKENS} tokens")
+                raise ValueError(
+                    f"literal segments are named {_NAMES[0]}-{_NAMES[-1]} with 1-{MAX_LITERAL_TOKENS} tokens"
+                )
             out.append(_NAMES.index(s["segment"]))
             out += struct.pack("<H", (s["length"] - 1) % MAX_LITERAL_TOKENS)
     return bytes(out)

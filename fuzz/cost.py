@@ -148,14 +148,28 @@ def layer_plan(cfg: dict) -> list[tuple[bool, bool, str]]:
     if isinstance(cfg.get("layers_block_type"), list):  # Nemotron-H: one block kind per layer
         out = []
         for t in cfg["layers_block_type"]:
-            out.append((t in _ATTENTION, t in ("mamba", "linear_attention"), "moe" if t == "moe" else "dense" if t == "mlp" else "none"))
+            out.append(
+                (
+                    t in _ATTENTION,
+                    t in ("mamba", "linear_attention"),
+                    "moe" if t == "moe" else "dense" if t == "mlp" else "none",
+                )
+            )
         return out
     if isinstance(cfg.get("hybrid_override_pattern"), str):
-        kinds = {"*": (True, False, "none"), "M": (False, True, "none"), "-": (False, False, "dense"), "E": (False, False, "moe")}
+        kinds = {
+            "*": (True, False, "none"),
+            "M": (False, True, "none"),
+            "-": (False, False, "dense"),
+            "E": (False, False, "moe"),
+        }
         return [kinds.get(c, (False, False, "none")) for c in cfg["hybrid_override_pattern"]]
     if isinstance(cfg.get("layer_types"), list):
         skip = set(cfg.get("mlp_only_layers") or [])
-        return [(t in _ATTENTION, t not in _ATTENTION, "dense" if i in skip and ffn == "moe" else ffn) for i, t in enumerate(cfg["layer_types"])]
+        return [
+            (t in _ATTENTION, t not in _ATTENTION, "dense" if i in skip and ffn == "moe" else ffn)
+            for i, t in enumerate(cfg["layer_types"])
+        ]
     if arch in _MAMBA_ONLY:
         return [(False, True, "none")] * n
     if arch.startswith("FalconH1"):  # attention and Mamba-2 side by side in every layer
@@ -163,7 +177,10 @@ def layer_plan(cfg: dict) -> list[tuple[bool, bool, str]]:
     if cfg.get("attn_layer_period"):  # Jamba
         period, offset = int(cfg["attn_layer_period"]), int(cfg.get("attn_layer_offset") or 0)
         eperiod, eoffset = int(cfg.get("expert_layer_period") or 1), int(cfg.get("expert_layer_offset") or 0)
-        return [(i % period == offset, i % period != offset, "moe" if experts and i % eperiod == eoffset else "dense") for i in range(n)]
+        return [
+            (i % period == offset, i % period != offset, "moe" if experts and i % eperiod == eoffset else "dense")
+            for i in range(n)
+        ]
     attn = set(cfg.get("attn_layer_indices") or [])  # Bamba: None is Mamba everywhere
     return [(i in attn, i not in attn, ffn) for i in range(n)]
 
@@ -209,7 +226,15 @@ def ffn_params(cfg: dict, kind: str) -> int:
         return mats * h * int(cfg["intermediate_size"])
     experts = int(_get(cfg, "num_experts", "num_local_experts", "n_routed_experts"))
     per = int(_get(cfg, "moe_intermediate_size", "intermediate_size"))
-    shared = int(_get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size", default=0))
+    shared = int(
+        _get(
+            cfg,
+            "shared_expert_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            "shared_intermediate_size",
+            default=0,
+        )
+    )
     shared *= int(cfg.get("n_shared_experts") or 1)
     return int(cfg.get("num_experts_per_tok") or 1) * mats * h * per + mats * h * shared + h * experts
 
@@ -223,7 +248,12 @@ def model_dims(cfg: dict) -> dict:
     attn, width = attention_params(cfg) if any(a for a, _, _ in plan) else (0, 0)
     mixer = mixer_params(cfg) if any(m for _, m, _ in plan) else 0
     params = sum((attn if a else 0) + (mixer if m else 0) + ffn_params(cfg, f) for a, m, f in plan)
-    return {"active_params": params, "attention_layers": sum(a for a, _, _ in plan), "attention_width": width, "mamba_layers": sum(m for _, m, _ in plan)}
+    return {
+        "active_params": params,
+        "attention_layers": sum(a for a, _, _ in plan),
+        "attention_width": width,
+        "mamba_layers": sum(m for _, m, _ in plan),
+    }
 
 
 def recompute_flops(dims: dict, start: int, end: int) -> float:
@@ -254,8 +284,13 @@ def recomputed(expected: list, observed: list, requests: list[int]) -> list[dict
 MEMORY_BASES = ("retention", "before", "stale")
 
 
-def memory(expected_states: list | None, observed_states: list | None, state_bytes: int | None, basis: str = "retention",
-           reason: str = "not measured") -> dict | str:
+def memory(
+    expected_states: list | None,
+    observed_states: list | None,
+    state_bytes: int | None,
+    basis: str = "retention",
+    reason: str = "not measured",
+) -> dict | str:
     """Mamba states held beyond / short of what the promise keeps, summed
     over the lists' entries (a request each, or one set), with bytes per
     GPU where one state's size is known; ``reason`` where the finding
@@ -269,24 +304,54 @@ def memory(expected_states: list | None, observed_states: list | None, state_byt
         missing += len(e - o)
         kept += len(o)
         needed += len(e)
-    out = {"extra_states": extra, "missing_states": missing, "state_bytes": state_bytes, "basis": basis, "kept_states": kept, "promise_states": needed}
+    out = {
+        "extra_states": extra,
+        "missing_states": missing,
+        "state_bytes": state_bytes,
+        "basis": basis,
+        "kept_states": kept,
+        "promise_states": needed,
+    }
     out["extra_bytes"] = extra * state_bytes if state_bytes else None
     out["missing_bytes"] = missing * state_bytes if state_bytes else None
     return out
 
 
-def finding_cost(*, severity: str, token_cost: bool, expected: list, observed: list, requests: list[int], dims: dict | None,
-                 model: str | None, tp: int = 1, device: str | None = None, states: tuple = (None, None), state_bytes: int | None = None,
-                 memory_basis: str = "retention", memory_reason: str = "not measured") -> dict:
+def finding_cost(
+    *,
+    severity: str,
+    token_cost: bool,
+    expected: list,
+    observed: list,
+    requests: list[int],
+    dims: dict | None,
+    model: str | None,
+    tp: int = 1,
+    device: str | None = None,
+    states: tuple = (None, None),
+    state_bytes: int | None = None,
+    memory_basis: str = "retention",
+    memory_reason: str = "not measured",
+) -> dict:
     """The ``cost`` object of a finding (``cost_schema`` 1): severity, tokens
     recomputed per request and in all, the prefill seconds on each GPU of
     :data:`SHOWN_GPUS` (and ``device``) where there is a model, and memory."""
     per = recomputed(expected, observed, requests) if token_cost else []
     total = sum(r["tokens"] for r in per)
-    out = {"cost_schema": COST_SCHEMA, "severity": severity, "token_cost": token_cost, "tokens_per_request": per,
-           "tokens_total": total if token_cost else None, "model": model, "tensor_parallel": tp, "device": device,
-           "utilisation": UTILISATION, "flops": None, "prefill_seconds": None,
-           "memory": memory(states[0], states[1], state_bytes, memory_basis, memory_reason)}
+    out = {
+        "cost_schema": COST_SCHEMA,
+        "severity": severity,
+        "token_cost": token_cost,
+        "tokens_per_request": per,
+        "tokens_total": total if token_cost else None,
+        "model": model,
+        "tensor_parallel": tp,
+        "device": device,
+        "utilisation": UTILISATION,
+        "flops": None,
+        "prefill_seconds": None,
+        "memory": memory(states[0], states[1], state_bytes, memory_basis, memory_reason),
+    }
     if dims is None:
         out["note"] = "no model: tokens only"
         return out

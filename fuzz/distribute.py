@@ -83,12 +83,12 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from fuzz.ray_cluster import RaySession, main
-from ground.files import load_json, write_json_atomic
 from ground.errors import KvspecError, invalid
+from ground.files import load_json, write_json_atomic
 
 STATUSES = ("ok", "error", "lost", "timeout")
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
@@ -101,7 +101,11 @@ _LOCAL_MODES = ("inline", "process")
 def _fn_ref(fn: Callable) -> tuple[str, str]:
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or not name or "." in name or "<" in name:
-        raise invalid("fn", getattr(fn, "__qualname__", fn), "must be a top-level function of an importable module (the workers import it by name)")
+        raise invalid(
+            "fn",
+            getattr(fn, "__qualname__", fn),
+            "must be a top-level function of an importable module (the workers import it by name)",
+        )
     return module, name
 
 
@@ -123,14 +127,27 @@ def invoke(module: str, name: str, task: dict, mode: str = "inline") -> dict:
     """Run ``module.name(task)`` and wrap what it returns or raises in an
     envelope (an exception is a result, status ``error``: never retried)."""
     started = time.monotonic()
-    envelope = {"id": task["id"], "status": "ok", "result": None, "error": None, "error_type": None, "attempt": _attempt() if mode == "ray" else None, "pid": os.getpid(), "host": socket.gethostname(), "elapsed_s": None, "mode": mode}
+    envelope = {
+        "id": task["id"],
+        "status": "ok",
+        "result": None,
+        "error": None,
+        "error_type": None,
+        "attempt": _attempt() if mode == "ray" else None,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "elapsed_s": None,
+        "mode": mode,
+    }
     try:
         fn = getattr(importlib.import_module(module), name)
         result = fn(**task["kwargs"]) if "kwargs" in task else fn(task)
         json.dumps(result)  # JSON-able, or an error here rather than in the driver
         envelope["result"] = result
     except Exception as e:
-        envelope.update(status="error", error=_one_line(e), error_type=type(e).__name__, traceback=traceback.format_exc()[-4000:])
+        envelope.update(
+            status="error", error=_one_line(e), error_type=type(e).__name__, traceback=traceback.format_exc()[-4000:]
+        )
     envelope["elapsed_s"] = round(time.monotonic() - started, 3)
     return envelope
 
@@ -142,7 +159,9 @@ def _validate(tasks: list[dict], out: Path, retries: int, timeout_s: float, loca
             raise invalid(f"tasks[{i}]", task, "must be a dict")
         tid = task.get("id")
         if not isinstance(tid, str) or not _ID.match(tid):
-            raise invalid(f"tasks[{i}].id", tid, "must be 1-120 letters, digits, '.', '_' or '-' (it names the result file)")
+            raise invalid(
+                f"tasks[{i}].id", tid, "must be 1-120 letters, digits, '.', '_' or '-' (it names the result file)"
+            )
         if tid in seen:
             raise invalid(f"tasks[{i}].id", tid, "must be unique (results are keyed by task id)")
         seen.add(tid)
@@ -167,7 +186,18 @@ def _read_done(path: Path) -> dict | None:
 
 
 def _missing(tid: str, status: str, error: str, mode: str) -> dict:
-    return {"id": tid, "status": status, "result": None, "error": error, "error_type": None, "attempt": None, "pid": None, "host": None, "elapsed_s": None, "mode": mode}
+    return {
+        "id": tid,
+        "status": status,
+        "result": None,
+        "error": error,
+        "error_type": None,
+        "attempt": None,
+        "pid": None,
+        "host": None,
+        "elapsed_s": None,
+        "mode": mode,
+    }
 
 
 def run_tasks(
@@ -283,11 +313,15 @@ def _in_child(module: str, name: str, task: dict, deadline: float, retries: int)
     return _missing(task["id"], "lost", f"its worker process died {retries + 1} time(s)", "process")
 
 
-def _run_on_ray(module: str, name: str, todo: list[dict], record, deadline: float, retries: int, task_cpus: float) -> None:
+def _run_on_ray(
+    module: str, name: str, todo: list[dict], record, deadline: float, retries: int, task_cpus: float
+) -> None:
     import ray
     from ray.exceptions import GetTimeoutError, RayError, RayTaskError, TaskCancelledError
 
-    remote = ray.remote(invoke).options(max_retries=retries, retry_exceptions=False, num_cpus=task_cpus, name=f"kvspec:{module}.{name}")
+    remote = ray.remote(invoke).options(
+        max_retries=retries, retry_exceptions=False, num_cpus=task_cpus, name=f"kvspec:{module}.{name}"
+    )
     pending = {remote.remote(module, name, task, "ray"): task for task in todo}
     while pending and time.monotonic() < deadline:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.05, min(2.0, deadline - time.monotonic())))
@@ -303,7 +337,12 @@ def _run_on_ray(module: str, name: str, todo: list[dict], record, deadline: floa
             except TaskCancelledError:
                 envelope = _missing(task["id"], "timeout", "cancelled", "ray")
             except RayError as e:  # the worker died more than `retries` times, its node is gone, ...
-                envelope = _missing(task["id"], "lost", f"{type(e).__name__} after {retries} retr{'y' if retries == 1 else 'ies'}: {' '.join(str(e).split())[:300]}", "ray")
+                envelope = _missing(
+                    task["id"],
+                    "lost",
+                    f"{type(e).__name__} after {retries} retr{'y' if retries == 1 else 'ies'}: {' '.join(str(e).split())[:300]}",
+                    "ray",
+                )
                 envelope["error_type"] = type(e).__name__
             record(envelope)
     for ref, task in pending.items():  # past the deadline: kill what still runs

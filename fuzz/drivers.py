@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Iterable, Sequence
-
-from reference.case import Case
-from ground.errors import EngineError
+from collections.abc import Iterable, Sequence
 
 from fuzz.campaign import Campaign, Stats
 from fuzz.choosers import RandomChooser
+from fuzz.generate import another_trace, build_case, class_schedule, hypothesis_cases
 from ground.engines import DEFAULT_FAMILY, FAMILIES, family_of, load
-from fuzz.generate import another_trace, build_case, class_schedule
-from fuzz.generate import hypothesis_cases
+from ground.errors import EngineError
+from reference.case import Case
 
 #: Traces the random driver draws on each deployment it draws.
 TRACES_PER_DEPLOYMENT = 4
@@ -118,7 +116,9 @@ def engine_down(campaign: Campaign) -> str | None:
     return None
 
 
-def run_cases(campaign: Campaign, cases: Iterable[Case], *, max_time: float | None = None, stop_on_finding: bool = False) -> Stats:
+def run_cases(
+    campaign: Campaign, cases: Iterable[Case], *, max_time: float | None = None, stop_on_finding: bool = False
+) -> Stats:
     deadline = None if max_time is None else time.monotonic() + max_time
     for case in cases:
         if (deadline is not None and time.monotonic() > deadline) or engine_down(campaign):
@@ -144,7 +144,13 @@ def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline
         else:
             cut, errors = campaign.stats.cut_at_deadline, campaign.stats.harness_errors
             campaign.check(case)
-            why = "cut_at_deadline" if campaign.stats.cut_at_deadline > cut else "harness_error" if campaign.stats.harness_errors > errors else "run"
+            why = (
+                "cut_at_deadline"
+                if campaign.stats.cut_at_deadline > cut
+                else "harness_error"
+                if campaign.stats.harness_errors > errors
+                else "run"
+            )
         counts[why] += 1
         if why != "run":
             unfinished.append({"path": name, "why": why})
@@ -194,7 +200,16 @@ def _own_builder(version: str):
     return None if generator is None else load(generator).build_case
 
 
-def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_execs: int | None = None, stop_on_finding: bool = False, synthetic: bool = False, **pinned) -> Stats:
+def run_random(
+    campaign: Campaign,
+    seed: int,
+    *,
+    max_time: float = 60.0,
+    max_execs: int | None = None,
+    stop_on_finding: bool = False,
+    synthetic: bool = False,
+    **pinned,
+) -> Stats:
     """Seeded random cases: deployments the engine resolves (default), or
     hand geometries with ``synthetic``."""
     deadline = time.monotonic() + max_time
@@ -203,19 +218,31 @@ def run_random(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_exe
         pinned["resolver"] = campaign.resolver
     cases = iter(random_cases(seed, family_of(campaign.engine.version), **pinned))
     # checked before each case is drawn: drawing one asks the engine to resolve deployments
-    while not (time.monotonic() > deadline or (max_execs is not None and campaign.stats.execs >= max_execs) or engine_down(campaign)):
+    while not (
+        time.monotonic() > deadline
+        or (max_execs is not None and campaign.stats.execs >= max_execs)
+        or engine_down(campaign)
+    ):
         if campaign.check(next(cases)) and stop_on_finding:
             break
     return campaign.stats
 
 
-def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max_examples: int = 10_000, stop_on_finding: bool = False, batch: int = 100, synthetic: bool = False) -> Stats:
+def run_hypothesis(
+    campaign: Campaign,
+    seed: int,
+    *,
+    max_time: float = 60.0,
+    max_examples: int = 10_000,
+    stop_on_finding: bool = False,
+    batch: int = 100,
+    synthetic: bool = False,
+) -> Stats:
     """Hypothesis generation in seeded batches of ``batch`` examples until
     the time or example budget is spent. The step never raises, so
     Hypothesis never replays or shrinks: a finding is shrunk by ours."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
-
 
     deadline = time.monotonic() + max_time
     done = [0, False]  # examples run, stop requested
@@ -231,7 +258,17 @@ def run_hypothesis(campaign: Campaign, seed: int, *, max_time: float = 60.0, max
     n = 0
     while not done[1] and done[0] < max_examples and time.monotonic() < deadline and not engine_down(campaign):
         run = hseed(seed * 1_000_003 + n)(
-            settings(max_examples=batch, deadline=None, database=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))(given(hypothesis_cases(None if synthetic else campaign.resolver, _own_builder(campaign.engine.version)))(step))
+            settings(
+                max_examples=batch,
+                deadline=None,
+                database=None,
+                phases=(Phase.generate,),
+                suppress_health_check=list(HealthCheck),
+            )(
+                given(
+                    hypothesis_cases(None if synthetic else campaign.resolver, _own_builder(campaign.engine.version))
+                )(step)
+            )
         )
         run()
         n += 1

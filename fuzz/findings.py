@@ -41,19 +41,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from reference.case import Case, case_to_dict, parse_case
-from ground.files import load_json, write_json_atomic
 from engine_adapter.host.versions import engine_name
-from ground.engines import FAMILIES
-from ground.errors import InvalidArgument, invalid
-from ground.home import REPO_ROOT
-from ground.printable import printable
-
 from fuzz.finding_text import deployment_text, engine_title, prompt_text
 from fuzz.impact import cost_of
-from fuzz.oracles import SAME_HITS_ORACLES, Divergence, request_kinds
-from fuzz.oracles import KNOWN_ORACLES
+from fuzz.oracles import KNOWN_ORACLES, SAME_HITS_ORACLES, Divergence, request_kinds
 from fuzz.verdict import other_engine_version
+from ground.engines import FAMILIES
+from ground.errors import InvalidArgument, invalid
+from ground.files import load_json, write_json_atomic
+from ground.home import REPO_ROOT
+from ground.printable import printable
+from reference.case import Case, case_to_dict, parse_case
 from reference.reachability import reachability
 
 FINDING_SCHEMA = 2
@@ -88,7 +86,9 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
     kinds = request_kinds(case)
     if div.oracle == "retention":  # the hits agree; the states the cache holds do not
         return f"request {i} ({kinds[i]}) holds Mamba states {div.context['observed_states'][i]}, expected {div.context['expected_states'][i]} ({div.detail})"
-    if div.oracle in SAME_HITS_ORACLES or (div.oracle == "stale" and div.expected[i:i + 1] == div.observed[i:i + 1]):
+    if div.oracle in SAME_HITS_ORACLES or (
+        div.oracle == "stale" and div.expected[i : i + 1] == div.observed[i : i + 1]
+    ):
         return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks, junction or held states do not
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
@@ -111,12 +111,20 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
     its prompt is block-aligned, whether a ``stale`` hit read a state in the
     step that computes it (a concurrent trace), and the direction of the error (for
     ``split``: a prefill chunk's end or a step after the prefill cut)."""
-    parts = [div.oracle, div.version, case.kind, f"drop={knobs.get('eagle_drop')}", f"la={knobs.get('hash_lookahead_tokens')}"]
+    parts = [
+        div.oracle,
+        div.version,
+        case.kind,
+        f"drop={knobs.get('eagle_drop')}",
+        f"la={knobs.get('hash_lookahead_tokens')}",
+    ]
     if div.oracle == "resolution":  # judged before the case is resolved: no geometry, no request
         return hashlib.sha256("|".join(map(str, parts + [div.context.get("rule")])).encode()).hexdigest()[:16]
     g = case.geometry
     if g is None:  # vLLM raised before it resolved the deployment (engine_error at setup)
-        return hashlib.sha256("|".join(map(str, parts + ["unresolved", div.detail.split(":")[0]])).encode()).hexdigest()[:16]
+        return hashlib.sha256(
+            "|".join(map(str, parts + ["unresolved", div.detail.split(":")[0]])).encode()
+        ).hexdigest()[:16]
     sizes = {x.block_size for x in g.groups}
     parts.append("uniform" if len(sizes) == 1 else ("partial" if knobs.get("partial_hash_hits") else "mixed"))
     parts.append({None: "dense", 0: "sparse"}.get(g.retention_interval, "periodic"))
@@ -142,7 +150,11 @@ def signature(case: Case, div: Divergence, knobs: dict) -> str:
         elif div.oracle == "retention":
             held, want = set(div.context["observed_states"][i]), set(div.context["expected_states"][i])
             output = (div.context.get("output_states") or [[]] * (i + 1))[i]
-            parts.append(("extra" if held - want - set(output) else "") + ("output" if output else "") + ("missing" if want - held else ""))
+            parts.append(
+                ("extra" if held - want - set(output) else "")
+                + ("output" if output else "")
+                + ("missing" if want - held else "")
+            )
         elif i < len(div.observed) and i < len(div.expected):
             parts.append("low" if div.observed[i] < div.expected[i] else "high")
     elif div.oracle == "engine_error":
@@ -157,7 +169,11 @@ def _engine_record(version: str, observation: dict | None) -> dict:
     local-tree or wheel engine) also records what it is made of: its
     release, sources (each patch's path and sha256) and replaced files."""
     observation = observation or {}
-    record = {"name": engine_name(version), "version": version, "vllm_files_sha256": observation.get("vllm_files_sha256")}
+    record = {
+        "name": engine_name(version),
+        "version": version,
+        "vllm_files_sha256": observation.get("vllm_files_sha256"),
+    }
     if "+" in version:
         from engine_adapter.host.builds import describe
 
@@ -175,17 +191,33 @@ def kvspec_version() -> dict:
         version = None
     commit = dirty = None
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if out.returncode == 0 and out.stdout.strip():
             commit = out.stdout.strip()
-            st = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+            st = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
     return {"version": version, "commit": commit, "dirty": dirty}
 
 
-def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | None = None, reproduced: bool = True, platform: str = "cuda", other_observation: dict | None = None) -> dict:
+def make_finding(
+    case: Case,
+    div: Divergence,
+    observation: dict,
+    *,
+    seed: int | None = None,
+    reproduced: bool = True,
+    platform: str = "cuda",
+    other_observation: dict | None = None,
+) -> dict:
     """The finding record (schema 2). ``case`` is the case as judged (a
     deployment case with the geometry its engine resolved). A deployment is
     reachable by construction; a hand geometry is labelled ``synthetic``
@@ -193,7 +225,7 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
     (``reference.reachability``). ``other_observation``: the other engine's
     run of a ``versions`` finding (for its files' digest)."""
 
-    knobs = (observation.get("knobs") or {})
+    knobs = observation.get("knobs") or {}
     harness = observation.get("harness") if isinstance(observation.get("harness"), dict) else {}
     run_platform = harness.get("platform") or (case.deployment.platform if case.deployment else platform)
     reach = reachability(case, div.version, case.deployment.platform if case.deployment else platform)
@@ -209,9 +241,17 @@ def make_finding(case: Case, div: Divergence, observation: dict, *, seed: int | 
         "harness": {"mode": harness.get("mode"), "platform": run_platform},
         "first_divergence": div.first,
         "diverging_requests": div.requests,
-        "expected": {"hits": div.expected, "detail": div.detail, **({"states": div.context["expected_states"]} if "expected_states" in div.context else {})},
-        "observed": {"hits": observation.get("hits", []), "queries": observation.get("queries", []), "error": observation.get("error"),
-                     **({"states": div.context["observed_states"]} if "observed_states" in div.context else {})},
+        "expected": {
+            "hits": div.expected,
+            "detail": div.detail,
+            **({"states": div.context["expected_states"]} if "expected_states" in div.context else {}),
+        },
+        "observed": {
+            "hits": observation.get("hits", []),
+            "queries": observation.get("queries", []),
+            "error": observation.get("error"),
+            **({"states": div.context["observed_states"]} if "observed_states" in div.context else {}),
+        },
         "explain": {"model": div.context.get("model_explain", []), "engine": observation.get("explain", [])},
         "reproduced_twice": reproduced,
         "seed": seed,
@@ -239,16 +279,23 @@ def upgrade(finding: dict) -> dict:
     this kvspec does not read is one line."""
     schema = finding.get("kvspec_finding", 1)
     if type(schema) is not int or schema not in READS_SCHEMAS:
-        raise invalid("kvspec_finding", schema, f"this kvspec reads finding schemas {', '.join(map(str, READS_SCHEMAS))}")
+        raise invalid(
+            "kvspec_finding", schema, f"this kvspec reads finding schemas {', '.join(map(str, READS_SCHEMAS))}"
+        )
     if schema == FINDING_SCHEMA:
         return finding
 
     out = dict(finding)
     engine = out.get("engine") if isinstance(out.get("engine"), dict) else {}
     version = engine.get("version")
-    out["engine"] = {**({"name": engine_name(version), "version": version, "vllm_files_sha256": None} if version else {}), **engine}
+    out["engine"] = {
+        **({"name": engine_name(version), "version": version, "vllm_files_sha256": None} if version else {}),
+        **engine,
+    }
     other = other_engine_version(finding)
-    out.setdefault("other_engine", {"name": engine_name(other), "version": other, "vllm_files_sha256": None} if other else None)
+    out.setdefault(
+        "other_engine", {"name": engine_name(other), "version": other, "vllm_files_sha256": None} if other else None
+    )
     for key in ("kvspec", "harness", "case_kind", "reachable", "reachability", "resolution"):
         out.setdefault(key, None)
     return out
@@ -279,15 +326,21 @@ def load_finding(path: str | Path) -> tuple[Case, dict]:
 SIGNATURE = re.compile(r"^[0-9a-f]{6,64}$")
 #: An engine version a finding names: a release or a build (X+LABEL.HASH),
 #: of vLLM (bare) or of a family that names itself (``sglang==X``).
-ENGINE_VERSION = re.compile(rf"^(?:(?:{'|'.join(map(re.escape, FAMILIES))})==)?" + r"\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$")
+ENGINE_VERSION = re.compile(
+    rf"^(?:(?:{'|'.join(map(re.escape, FAMILIES))})==)?" + r"\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$"
+)
 
 
 def _hits(finding: dict, side: str) -> None:
     if side not in finding:
-        raise InvalidArgument(f"{side}: missing; required field (an object with the {side} hits per request, as kvspec writes a finding)")
+        raise InvalidArgument(
+            f"{side}: missing; required field (an object with the {side} hits per request, as kvspec writes a finding)"
+        )
     record = finding[side]
     if not isinstance(record, dict):
-        raise invalid(side, record, f"must be an object with 'hits' (the {side} hits per request), as kvspec writes a finding")
+        raise invalid(
+            side, record, f"must be an object with 'hits' (the {side} hits per request), as kvspec writes a finding"
+        )
     hits = record.get("hits")
     if not isinstance(hits, list) or not all(type(h) is int and h >= 0 for h in hits):
         raise invalid(f"{side}.hits", hits, "must be a list of hit counts (integers >= 0)")
@@ -318,7 +371,11 @@ def check_fields(finding: dict) -> dict:
     engine = finding.get("engine")
     version = engine.get("version") if isinstance(engine, dict) else None
     if not isinstance(version, str) or not ENGINE_VERSION.match(version):
-        raise invalid("engine", engine, "must be an object whose version is an engine version (vLLM's X.Y.Z or FAMILY==X.Y.Z, or a build of one: +LABEL.HASH)")
+        raise invalid(
+            "engine",
+            engine,
+            "must be an object whose version is an engine version (vLLM's X.Y.Z or FAMILY==X.Y.Z, or a build of one: +LABEL.HASH)",
+        )
     if not isinstance(engine.get("knobs", {}), dict):
         raise invalid("engine.knobs", engine["knobs"], "must be an object")
     for side in ("expected", "observed"):
@@ -332,10 +389,18 @@ def check_fields(finding: dict) -> dict:
             raise invalid(f"{side}.hits", hits, f"at most one hit count per request of case.trace ({n})")
     first = finding.get("first_divergence")
     if first is not None and (type(first) is not int or first < 0 or (n is not None and first >= n)):
-        raise invalid("first_divergence", first, f"must be a request index (an integer in [0, {n})) or null" if n is not None else "must be a request index (an integer >= 0) or null")
+        raise invalid(
+            "first_divergence",
+            first,
+            f"must be a request index (an integer in [0, {n})) or null"
+            if n is not None
+            else "must be a request index (an integer >= 0) or null",
+        )
     requests = finding.get("diverging_requests", [])
     if not isinstance(requests, list) or not all(type(i) is int and i >= 0 and (n is None or i < n) for i in requests):
-        raise invalid("diverging_requests", requests, "must be a list of request indices (integers in [0, len(case.trace)))")
+        raise invalid(
+            "diverging_requests", requests, "must be a list of request indices (integers in [0, len(case.trace)))"
+        )
     for key in ("summary", "case_kind", "reachability"):
         if not isinstance(finding.get(key), (str, type(None))):
             raise invalid(key, finding[key], "must be a string or absent")
@@ -356,11 +421,18 @@ def render(finding: dict) -> str:
     (a field's line break is a space, never a line of its own)."""
     case = finding["case"]
     engine = finding["engine"]
-    lines = [f"finding {finding['signature']} [{finding['oracle']}] on {engine.get('name') or engine_name(str(engine['version']))}", f"  {finding['summary']}", "", "inputs:"]
+    lines = [
+        f"finding {finding['signature']} [{finding['oracle']}] on {engine.get('name') or engine_name(str(engine['version']))}",
+        f"  {finding['summary']}",
+        "",
+        "inputs:",
+    ]
     if case.get("deployment"):
         lines.append(f"  deployment: {deployment_text(case['deployment'])}")
     elif finding.get("case_kind") == "synthetic":
-        lines.append(f"  SYNTHETIC geometry (written by hand; reachable={finding.get('reachable')}: {finding.get('reachability')})")
+        lines.append(
+            f"  SYNTHETIC geometry (written by hand; reachable={finding.get('reachable')}: {finding.get('reachability')})"
+        )
     g = case.get("geometry")
     title = engine_title(engine.get("name") or engine_name(str(engine["version"])))
     if g is None and finding.get("oracle") == "resolution":
@@ -369,28 +441,52 @@ def render(finding: dict) -> str:
         lines.append(f"  geometry: not resolved ({title} raised before it built one)")
     else:
         groups = ", ".join(f"{x['count']}x {x['kind']} block {x['block_size']}" for x in g["groups"])
-        extra = (f", prefill checkpoint grid {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else "") + (", shared-prefix checkpoint" if g.get("shared_prefix_checkpoint") else "")
-        lines.append(f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}{extra}")
+        extra = (
+            f", prefill checkpoint grid {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else ""
+        ) + (", shared-prefix checkpoint" if g.get("shared_prefix_checkpoint") else "")
+        lines.append(
+            f"  geometry: {groups}; scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}, retention {g['retention_interval']}, chunk budget {g['max_num_batched_tokens']}{extra}"
+        )
     lines.append(f"  speculative: {json.dumps(case.get('speculative'))}")
     lines.append(f"  engine knobs: {json.dumps(finding['engine']['knobs'], sort_keys=True)}")
     for role, e in (("engine", finding.get("engine")), ("other engine", finding.get("other_engine"))):
         if isinstance(e, dict) and e.get("vllm_files_sha256"):
-            lines.append(f"  {role}: {e.get('name')} ({engine_title(e.get('name'))} files under test sha256 {e['vllm_files_sha256'][:16]})")
+            lines.append(
+                f"  {role}: {e.get('name')} ({engine_title(e.get('name'))} files under test sha256 {e['vllm_files_sha256'][:16]})"
+            )
         elif isinstance(e, dict) and role == "other engine":
             lines.append(f"  {role}: {e.get('name')}")
     h, k = finding.get("harness") or {}, finding.get("kvspec") or {}
     if h or k:
-        lines.append(f"  harness: {h.get('mode') or '?'} on {h.get('platform') or '?'}; kvspec {k.get('version') or '?'}" + (f" at {k['commit'][:12]}" + ("+dirty" if k.get("dirty") else "") if k.get("commit") else ""))
+        lines.append(
+            f"  harness: {h.get('mode') or '?'} on {h.get('platform') or '?'}; kvspec {k.get('version') or '?'}"
+            + (f" at {k['commit'][:12]}" + ("+dirty" if k.get("dirty") else "") if k.get("commit") else "")
+        )
     for i, r in enumerate(case["trace"]):
-        sent = "" if r.get("arrival") is None else f"  (sent {r['arrival']} scheduler step(s) after request {i - 1}, sharing steps)"
+        sent = (
+            ""
+            if r.get("arrival") is None
+            else f"  (sent {r['arrival']} scheduler step(s) after request {i - 1}, sharing steps)"
+        )
         lines.append(f"  request {i}: " + prompt_text(r["prompt"]) + sent)
     states = finding["expected"].get("states") is not None and finding["observed"].get("states") is not None
-    lines += ["", "request  expected  observed" + ("  (Mamba states the cache holds; the hits agree)" if states else "")]
-    exp, obs = (finding["expected"]["states"], finding["observed"]["states"]) if states else (finding["expected"]["hits"], finding["observed"]["hits"])
+    lines += [
+        "",
+        "request  expected  observed" + ("  (Mamba states the cache holds; the hits agree)" if states else ""),
+    ]
+    exp, obs = (
+        (finding["expected"]["states"], finding["observed"]["states"])
+        if states
+        else (finding["expected"]["hits"], finding["observed"]["hits"])
+    )
     for i in range(max(len(exp), len(obs))):
         e = exp[i] if i < len(exp) else "-"
         o = obs[i] if i < len(obs) else "-"
-        mark = "  <- first divergence" if i == finding.get("first_divergence") else ("  <- differs" if i in finding.get("diverging_requests", []) else "")
+        mark = (
+            "  <- first divergence"
+            if i == finding.get("first_divergence")
+            else ("  <- differs" if i in finding.get("diverging_requests", []) else "")
+        )
         lines.append(f"{i:7d}  {e!s:>8}  {o!s:>8}{mark}")
     if finding["observed"].get("error"):
         lines += ["", "engine error:", "  " + str(finding["observed"]["error"].get("message", ""))]

@@ -130,9 +130,8 @@ def _deadline() -> float | None:
 
 def _setup() -> None:
     global CAMPAIGN
-    from ground.home import kvspec_home
-
     from fuzz.campaign import Campaign
+    from ground.home import kvspec_home
 
     engine = _instrumented_engine(os.environ.get("KVSPEC_FUZZ_ENGINE", "vllm==0.33.0"))
     other_name = os.environ.get("KVSPEC_FUZZ_OTHER")
@@ -189,9 +188,13 @@ def _generated_cases():
     src = os.environ.get("KVSPEC_FUZZ_Z3_SEEDS")
     seeds = load_seed_cases(Path(src)) if src else []
     if not synthetic:
-        seeds = on_deployments([c for c in seeds if c.deployment is None], CAMPAIGN.resolver) + [c for c in seeds if c.deployment is not None]
+        seeds = on_deployments([c for c in seeds if c.deployment is None], CAMPAIGN.resolver) + [
+            c for c in seeds if c.deployment is not None
+        ]
     yield from seeds
-    yield from random_cases(int(os.environ.get("KVSPEC_FUZZ_SEED") or 1), **({} if synthetic else {"resolver": CAMPAIGN.resolver}))
+    yield from random_cases(
+        int(os.environ.get("KVSPEC_FUZZ_SEED") or 1), **({} if synthetic else {"resolver": CAMPAIGN.resolver})
+    )
 
 
 def TestOneInput(data: bytes) -> None:

@@ -52,12 +52,24 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
-from fuzz.finding_text import prompt_text
 from fuzz.choosers import BytesChooser, Chooser, HypothesisChooser
-from fuzz.traces import EVERY_FEATURE, MAX_REQUESTS, SEGMENT_NAMES, Swarm, _concurrent_wave, _fit, _length, _outputs, _trace, _with_conversation, draw_swarm  # noqa: F401 (re-exported)
+from fuzz.finding_text import prompt_text
+from fuzz.traces import (  # noqa: F401 (re-exported)
+    EVERY_FEATURE,
+    MAX_REQUESTS,
+    SEGMENT_NAMES,
+    Swarm,
+    _concurrent_wave,
+    _fit,
+    _length,
+    _outputs,
+    _trace,
+    _with_conversation,
+    draw_swarm,
+)
 from reference.case import Case, case_to_dict, parse_case
 
 #: Production-like geometries: (attention block, Mamba block, Mamba groups, prefix_match_unit).
@@ -78,7 +90,16 @@ SPECULATIVE = (
 
 #: Shipped models a deployment draws from; those with an MTP layer; the
 #: attention-free ones (one KV cache group, a block ``--block-size`` sets).
-DEPLOYMENT_MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba", "mamba2", "falcon_mamba")
+DEPLOYMENT_MODELS = (
+    "qwen3_next",
+    "qwen3_5",
+    "nemotron_h",
+    "falcon_h1",
+    "granitemoehybrid",
+    "jamba",
+    "mamba2",
+    "falcon_mamba",
+)
 MTP_MODELS = ("qwen3_next", "qwen3_5")
 ATTENTION_FREE_MODELS = ("mamba2", "falcon_mamba")
 DEVICES = ("h100", "a100")
@@ -87,7 +108,12 @@ MAX_DRAWN_PROMPT = 24_000
 #: A resolver: a deployment dict -> {"block", "hash", "max_model_len"} or None.
 Resolver = Callable[[dict], "dict | None"]
 #: When every drawn deployment is rejected: one vLLM always builds.
-FALLBACK_DEPLOYMENT = {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"}
+FALLBACK_DEPLOYMENT = {
+    "model": "qwen3_next",
+    "vllm_args": ["--enable-prefix-caching"],
+    "platform": "cuda",
+    "device": "a100",
+}
 
 
 def _geometry(c: Chooser) -> dict:
@@ -100,7 +126,10 @@ def _geometry(c: Chooser) -> dict:
             mamba = attention
         count, unit = c.integer(1, 3), None
     geometry = {
-        "groups": [{"kind": "full_attention", "block_size": attention}, {"kind": "mamba", "block_size": mamba, "count": count}],
+        "groups": [
+            {"kind": "full_attention", "block_size": attention},
+            {"kind": "mamba", "block_size": mamba, "count": count},
+        ],
         "prefix_match_unit": unit,
     }
     scheduler = max(attention, mamba)
@@ -173,9 +202,13 @@ def deployment_classes() -> tuple[DeploymentClass, ...]:
     ``other`` for every model, with its retention drawn; no finer hash
     unit for the attention-free models, whose one KV cache group vLLM lets
     hash only on the block)."""
-    return tuple(DeploymentClass(m, spec, unit, ret) for m in DEPLOYMENT_MODELS for spec in (SPEC_MODES if m in MTP_MODELS else ("off", "other"))
-                 for unit in ((False,) if m in ATTENTION_FREE_MODELS else (False, True))
-                 for ret in ((ANY_RETENTION,) if spec == "other" else RETENTIONS))
+    return tuple(
+        DeploymentClass(m, spec, unit, ret)
+        for m in DEPLOYMENT_MODELS
+        for spec in (SPEC_MODES if m in MTP_MODELS else ("off", "other"))
+        for unit in ((False,) if m in ATTENTION_FREE_MODELS else (False, True))
+        for ret in ((ANY_RETENTION,) if spec == "other" else RETENTIONS)
+    )
 
 
 def class_schedule(rng) -> Iterator[DeploymentClass]:
@@ -193,7 +226,13 @@ def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
     decoding and GPU (the choices that move the block size); ``cls`` pins
     the model and the speculative mode."""
     model = c.choice(DEPLOYMENT_MODELS) if cls is None else cls.model
-    args = ["--enable-prefix-caching", "--tensor-parallel-size", str(c.choice((1, 2, 4, 8))), "--kv-cache-dtype", c.choice(("auto", "fp8"))]
+    args = [
+        "--enable-prefix-caching",
+        "--tensor-parallel-size",
+        str(c.choice((1, 2, 4, 8))),
+        "--kv-cache-dtype",
+        c.choice(("auto", "fp8")),
+    ]
     if model in ATTENTION_FREE_MODELS:
         # no attention backend sets the block: vLLM keeps --block-size (16 by
         # default) as the Mamba block, so a deployment picks its checkpoint spacing
@@ -255,10 +294,18 @@ def _deployment_flags(c: Chooser, block: int, defaults: dict, cls: DeploymentCla
         # and one unit that does not divide the block: vLLM rejects it (every
         # group's block size must be divisible by it); a build must too
         # (build_deployment_case keeps it only where the engine accepts it)
-        units.append(next(u for u in range(48, block, 16) if block % u) if any(block % u for u in range(48, block, 16)) else units[0])
+        units.append(
+            next(u for u in range(48, block, 16) if block % u)
+            if any(block % u for u in range(48, block, 16))
+            else units[0]
+        )
         args += ["--prefix-match-unit", str(c.choice(units))]
     pinned = cls is not None and cls.retention != ANY_RETENTION
-    retention = {"sparse": "0", "dense": "None", "periodic": "periodic"}[cls.retention] if pinned else c.choice(("0", "0", "0", "None", "periodic"))
+    retention = (
+        {"sparse": "0", "dense": "None", "periodic": "periodic"}[cls.retention]
+        if pinned
+        else c.choice(("0", "0", "0", "None", "periodic"))
+    )
     if retention == "periodic":
         retention = str(block * c.integer(1, 3))
     args += ["--prefix-cache-retention-interval", retention]
@@ -274,7 +321,9 @@ def _connector_flags(c: Chooser, connector: str) -> list[str]:
     return []
 
 
-def first_resolved(draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4) -> tuple[dict, dict]:
+def first_resolved(
+    draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4
+) -> tuple[dict, dict]:
     """The first of up to ``tries`` drawn deployments the engine resolves
     (``resolver``), with what it resolved; else ``fallback`` (one the engine
     always builds), with ``unresolved``'s units if even that is not resolved."""
@@ -287,7 +336,15 @@ def first_resolved(draw: Callable[[], dict], resolver: Resolver, fallback: dict,
     return dep, resolver(dep) or unresolved
 
 
-def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = None, *, boundary_bias: bool = True, cls: DeploymentClass | None = None, connector: str = "drawn") -> Case:
+def build_deployment_case(
+    c: Chooser,
+    resolver: Resolver,
+    name: str | None = None,
+    *,
+    boundary_bias: bool = True,
+    cls: DeploymentClass | None = None,
+    connector: str = "drawn",
+) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
     on its resolved block. A drawn ``--prefix-match-unit`` that does not
@@ -298,15 +355,22 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     ``cls`` pins the deployment class (:class:`DeploymentClass`);
     ``connector`` whether it carries a KV connector (:data:`CONNECTOR_MODES`:
     kept only where the engine accepts it, as the unit is)."""
-    dep, info = first_resolved(lambda: draw_deployment(c, cls), resolver, FALLBACK_DEPLOYMENT, {"block": 544, "hash": 544, "max_model_len": 32768})
+    dep, info = first_resolved(
+        lambda: draw_deployment(c, cls),
+        resolver,
+        FALLBACK_DEPLOYMENT,
+        {"block": 544, "hash": 544, "max_model_len": 32768},
+    )
     block = int(info["block"])
-    args = list(dep["vllm_args"]) + _deployment_flags(c, block, info, cls if cls is not None and dep["model"] == cls.model else None)
+    args = list(dep["vllm_args"]) + _deployment_flags(
+        c, block, info, cls if cls is not None and dep["model"] == cls.model else None
+    )
     unit = None
     if "--prefix-match-unit" in args:
         unit = int(args[args.index("--prefix-match-unit") + 1])
         if (block % unit or dep["model"] in ATTENTION_FREE_MODELS) and not resolver({**dep, "vllm_args": args}):
             at = args.index("--prefix-match-unit")
-            del args[at:at + 2]
+            del args[at : at + 2]
             unit = None
             pinned = cls is not None and cls.unit and dep["model"] == cls.model
             dividing = _dividing_units(block)
@@ -329,7 +393,15 @@ def build_deployment_case(c: Chooser, resolver: Resolver, name: str | None = Non
     return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias, policy=True)
 
 
-def _case_on(c: Chooser, deployment: dict, info: dict, unit: int | None, name: str | None, boundary_bias: bool, policy: bool = False) -> Case:
+def _case_on(
+    c: Chooser,
+    deployment: dict,
+    info: dict,
+    unit: int | None,
+    name: str | None,
+    boundary_bias: bool,
+    policy: bool = False,
+) -> Case:
     """A trace drawn on a resolved deployment (``info``: its block and
     max_model_len; ``unit``: its hash unit, or None); with ``policy``, a
     ``--scheduling-policy`` (:data:`SCHEDULING_POLICIES`) drawn after
@@ -354,7 +426,13 @@ def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
     once; None when the resolver no longer resolves it."""
     dep = case.deployment
     assert dep is not None
-    raw = {"model": dep.model, "vllm_args": list(dep.vllm_args), "platform": dep.platform, "device": dep.device, **({"model_overrides": dict(dep.model_overrides)} if dep.model_overrides else {})}
+    raw = {
+        "model": dep.model,
+        "vllm_args": list(dep.vllm_args),
+        "platform": dep.platform,
+        "device": dep.device,
+        **({"model_overrides": dict(dep.model_overrides)} if dep.model_overrides else {}),
+    }
     info = resolver(raw)
     if not info:
         return None
@@ -363,7 +441,17 @@ def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
     return _case_on(c, raw, info, unit, case.name, True)
 
 
-def build_case(c: Chooser, name: str | None = None, *, boundary_bias: bool = True, geometry: dict | None = None, speculative: dict | None | str = "draw", resolver: Resolver | None = None, cls: DeploymentClass | None = None, connector: str = "drawn") -> Case:
+def build_case(
+    c: Chooser,
+    name: str | None = None,
+    *,
+    boundary_bias: bool = True,
+    geometry: dict | None = None,
+    speculative: dict | None | str = "draw",
+    resolver: Resolver | None = None,
+    cls: DeploymentClass | None = None,
+    connector: str = "drawn",
+) -> Case:
     """Draw one case. Every draw is valid by construction. With a
     ``resolver`` a deployment case (of class ``cls`` when given); without,
     a hand (synthetic) geometry, where ``geometry`` and ``speculative`` pin
@@ -407,6 +495,11 @@ def describe(case: Case) -> str:
     g = raw["geometry"]
     groups = "+".join(f"{x['kind'][0]}{x['block_size']}x{x['count']}" for x in g["groups"])
     spec = raw["speculative"] or {}
-    spec_text = "off" if not spec else f"{spec['method']}{spec['num_speculative_tokens']}" + ("/drop" if spec.get("disable_lookahead_block_hashes") else "")
+    spec_text = (
+        "off"
+        if not spec
+        else f"{spec['method']}{spec['num_speculative_tokens']}"
+        + ("/drop" if spec.get("disable_lookahead_block_hashes") else "")
+    )
     reqs = " ".join(prompt_text(r["prompt"], sep="+") for r in raw["trace"])
     return f"{groups} S={g['scheduler_block_size']} ret={g['retention_interval']} spec={spec_text} | {reqs}"

@@ -34,7 +34,12 @@ MAX_LEN = 1500
 def draw_deployment(rng: random.Random) -> dict:
     args = ["--ctx-size", "16384", "--parallel", str(rng.choice((1, 1, 2)))]
     batch = rng.choice((256, 512, 1024, 2048))
-    args += ["--batch-size", str(batch), "--ubatch-size", str(rng.choice([u for u in (64, 128, 256, 512) if u <= batch]))]
+    args += [
+        "--batch-size",
+        str(batch),
+        "--ubatch-size",
+        str(rng.choice([u for u in (64, 128, 256, 512) if u <= batch])),
+    ]
     if rng.random() < 0.5:
         args += ["--ctx-checkpoints", str(rng.choice((0, 1, 2, 3, 8)))]
     if rng.random() < 0.4:
@@ -80,7 +85,12 @@ def draw_trace(rng: random.Random, n: int) -> list[dict]:
 
 def draw_case(seed: int, index: int) -> dict:
     rng = random.Random(f"kvspec-llamacpp-{seed}-{index}")
-    return {"schema": 1, "name": f"llamacpp-{seed}-{index}", "deployment": draw_deployment(rng), "trace": draw_trace(rng, rng.randint(2, 6))}
+    return {
+        "schema": 1,
+        "name": f"llamacpp-{seed}-{index}",
+        "deployment": draw_deployment(rng),
+        "trace": draw_trace(rng, rng.randint(2, 6)),
+    }
 
 
 def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
@@ -99,7 +109,9 @@ def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
         if r["hit"] != o["hit"]:
             diffs.append(f"request {o['request']}: hit {o['hit']} by llama.cpp, {r['hit']} by the rule")
         elif r["checkpoints_held"] != o["checkpoints_held"]:
-            diffs.append(f"request {o['request']}: checkpoints held {o['checkpoints_held']} by llama.cpp, {r['checkpoints_held']} by the rule")
+            diffs.append(
+                f"request {o['request']}: checkpoints held {o['checkpoints_held']} by llama.cpp, {r['checkpoints_held']} by the rule"
+            )
     outputs = check_outputs(case, engine, observed)
     noise = 0.0
     for e in observed["explain"]:
@@ -107,11 +119,19 @@ def judge_case(case_dict: dict, observed: dict, engine: str) -> dict:
             da, db = {int(i): p for i, p in a}, {int(i): p for i, p in b}
             noise = max([noise] + [abs(da[i] - db[i]) for i in set(da) & set(db)])
     verdict = "agrees" if not diffs and not outputs else "diverges"
-    return {"verdict": verdict, "rule": diffs, "outputs": [d.detail for d in outputs], "max_logprob_delta": noise,
-            "hits": observed["hits"], "predicted": ref["hits"]}
+    return {
+        "verdict": verdict,
+        "rule": diffs,
+        "outputs": [d.detail for d in outputs],
+        "max_logprob_delta": noise,
+        "hits": observed["hits"],
+        "predicted": ref["hits"],
+    }
 
 
-def campaign(seed: int, cases: int, budget_s: float, out_dir: Path | None, engine_name: str, options: dict | None = None) -> dict:
+def campaign(
+    seed: int, cases: int, budget_s: float, out_dir: Path | None, engine_name: str, options: dict | None = None
+) -> dict:
     from engine_adapter import open_engine
     from engine_adapter.host.versions import EngineSpec
     from fuzz.verdict import harness_error_of
@@ -137,18 +157,35 @@ def campaign(seed: int, cases: int, budget_s: float, out_dir: Path | None, engin
         j = judge_case(case, observed, spec.name)
         counts[j["verdict"]] += 1
         max_noise = max(max_noise, j.get("max_logprob_delta", 0.0))
-        rows.append({"case": case["name"], "model": case["deployment"]["model"], "args": case["deployment"]["llamacpp_args"], **j})
+        rows.append(
+            {
+                "case": case["name"],
+                "model": case["deployment"]["model"],
+                "args": case["deployment"]["llamacpp_args"],
+                **j,
+            }
+        )
         if j["verdict"] != "agrees" and out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(out_dir / f"{case['name']}.json", json.dumps(case, indent=2) + "\n")
-    return {"engine": spec.name, "seed": seed, "cases": len(rows), "counts": counts, "max_logprob_delta_agreeing": max_noise,
-            "seconds": round(time.monotonic() - t0, 1), "rows": rows}
+    return {
+        "engine": spec.name,
+        "seed": seed,
+        "cases": len(rows),
+        "counts": counts,
+        "max_logprob_delta_agreeing": max_noise,
+        "seconds": round(time.monotonic() - t0, 1),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     from ground.errors import KvspecError
 
-    p = argparse.ArgumentParser(prog="python -m fuzz.generate_llamacpp", description="a short campaign on llama.cpp (hits, checkpoints, outputs)")
+    p = argparse.ArgumentParser(
+        prog="python -m fuzz.generate_llamacpp",
+        description="a short campaign on llama.cpp (hits, checkpoints, outputs)",
+    )
     p.add_argument("--engine", default="llamacpp==2026.10.11549")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cases", type=int, default=30)
@@ -168,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     else:
         for r in result["rows"]:
-            print(f"{r['case']:<18} {r.get('model', ''):<17} {r['verdict']:<9} hits {r.get('hits')} rule {r.get('predicted')} "
-                  f"dlogp {r.get('max_logprob_delta', 0):.1e} {' '.join(r.get('rule') or [])} {' '.join(r.get('outputs') or [])}"[:400])
-        print(f"{result['cases']} cases in {result['seconds']}s: {result['counts']}; max |logprob cached - cold| on agreeing cases {result['max_logprob_delta_agreeing']:.2e}")
+            print(
+                f"{r['case']:<18} {r.get('model', ''):<17} {r['verdict']:<9} hits {r.get('hits')} rule {r.get('predicted')} "
+                f"dlogp {r.get('max_logprob_delta', 0):.1e} {' '.join(r.get('rule') or [])} {' '.join(r.get('outputs') or [])}"[
+                    :400
+                ]
+            )
+        print(
+            f"{result['cases']} cases in {result['seconds']}s: {result['counts']}; max |logprob cached - cold| on agreeing cases {result['max_logprob_delta_agreeing']:.2e}"
+        )
     if result["counts"]["harness"]:
         return 3  # kvspec's own failure, never the engine's
     return 0 if result["counts"]["diverges"] == 0 and result["counts"]["engine_error"] == 0 else 1

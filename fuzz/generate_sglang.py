@@ -75,7 +75,9 @@ def draw_chunk(c: Chooser, page: int | None) -> int | None:
 
 
 #: When every drawn deployment is refused: one SGLang always builds.
-FALLBACK = parse_deployment({"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}).as_dict()
+FALLBACK = parse_deployment(
+    {"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}
+).as_dict()
 
 
 def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> dict:
@@ -107,7 +109,9 @@ def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> d
 def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
     """A deployment SGLang builds (up to four draws, then :data:`FALLBACK`)
     and a serial trace on the unit it resolved."""
-    dep, info = first_resolved(lambda: draw_sglang_deployment(c), resolver, FALLBACK, {"block": 64, "hash": 64, "max_model_len": 32768})
+    dep, info = first_resolved(
+        lambda: draw_sglang_deployment(c), resolver, FALLBACK, {"block": 64, "hash": 64, "max_model_len": 32768}
+    )
     return sglang_case_on(c, dep, info, name, boundary_bias)
 
 
@@ -125,13 +129,31 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
 #: 1, 16, 64 and 256 (the grid is lcm(max(model chunk, page), page):
 #: ``runtime_context.py:1966``), and ``no_buffer`` (page 1).
 BOUNDARY_DEPLOYMENTS = (
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"]),
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"]),
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"]),
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "256", "--chunked-prefill-size", "1536"]),
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "1", "--chunked-prefill-size", "1000"]),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "256", "--chunked-prefill-size", "1536"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "1", "--chunked-prefill-size", "1000"],
+    ),
     ("falcon_h1", ["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "1500"]),
-    ("qwen3_next", ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "1000"]),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "1000"],
+    ),
 )
 
 
@@ -168,8 +190,16 @@ def sglang_boundary_cases(resolver) -> list[Case]:
         grid = int(info["block"])
         chunk = int(args[args.index("--chunked-prefill-size") + 1])
         for k, trace in enumerate(boundary_traces(grid, chunk)):
-            out.append(parse_case({"schema": 1, "name": f"sglang-boundary-d{j}-{model}-t{k}", "deployment": dep,
-                                   "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in trace]}))
+            out.append(
+                parse_case(
+                    {
+                        "schema": 1,
+                        "name": f"sglang-boundary-d{j}-{model}-t{k}",
+                        "deployment": dep,
+                        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in trace],
+                    }
+                )
+            )
     return out
 
 

@@ -27,6 +27,9 @@ import hashlib
 from array import array
 
 from engine_adapter.models.served import model_config_dict
+from fuzz.cost import GPUS, UTILISATION, finding_cost, model_dims
+from fuzz.oracle_registry import BY_NAME, SEVERITIES
+from fuzz.oracle_states import held_states, stale_keys
 from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError
 from reference.case import Case, parse_case, prompt_tokens
@@ -34,10 +37,6 @@ from reference.deployment import get_flag, parse_deployment
 from reference.knobs import DEFAULT_VERSION, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.vllm_flags import canonical_flag, is_number
-
-from fuzz.cost import GPUS, UTILISATION, finding_cost, model_dims
-from fuzz.oracle_registry import BY_NAME, SEVERITIES
-from fuzz.oracle_states import held_states, stale_keys
 
 
 def is_shipped_model(name: object) -> bool:
@@ -115,14 +114,25 @@ def memory_states(finding: dict, oracle: str) -> tuple[list | None, list | None,
     explain = finding.get("explain") if isinstance(finding.get("explain"), dict) else {}
     engine = [e for e in explain.get("engine") or [] if isinstance(e, dict)]
     if not engine or len(engine) != len(explain.get("engine") or []):
-        return None, None, "", "not measured: the finding carries no per-request engine record (a crash, or a setting judged without a run)"
+        return (
+            None,
+            None,
+            "",
+            "not measured: the finding carries no per-request engine record (a crash, or a setting judged without a run)",
+        )
     try:
         case = parse_case(finding["case"])
         prompts = [prompt_tokens(r) for r in case.trace]
     except (KvspecError, KeyError, TypeError, ValueError):
         return None, None, "", "not measured: the finding's case cannot be read"
     if oracle == "stale":
-        stale = {_state_key(prompts, j, p) for j, ps in enumerate(stale_keys(case, {"explain": engine})) if j < len(prompts) for p in ps if p <= len(prompts[j])}
+        stale = {
+            _state_key(prompts, j, p)
+            for j, ps in enumerate(stale_keys(case, {"explain": engine}))
+            if j < len(prompts)
+            for p in ps
+            if p <= len(prompts[j])
+        }
         return [[]], [sorted(stale)], "stale", ""
     first = finding.get("first_divergence")
     if type(first) is not int or first < 0 or case.geometry is None:
@@ -169,7 +179,9 @@ def cost_of(finding: dict, *, local_models: bool = True) -> dict:
     requests = [i for i in finding.get("diverging_requests") or [] if type(i) is int and i >= 0]
     case = finding.get("case") if isinstance(finding.get("case"), dict) else {}
     deployment = case.get("deployment") if isinstance(case.get("deployment"), dict) else None
-    facts = ((finding.get("resolution") or {}).get("facts") or {}) if isinstance(finding.get("resolution"), dict) else {}
+    facts = (
+        ((finding.get("resolution") or {}).get("facts") or {}) if isinstance(finding.get("resolution"), dict) else {}
+    )
     facts = facts if isinstance(facts, dict) else {}
     dims = model = None
     note, tp, device, state_bytes = "", 1, None, None
@@ -186,8 +198,21 @@ def cost_of(finding: dict, *, local_models: bool = True) -> dict:
         elif type(page) is int and dims:
             state_bytes = page * dims["mamba_layers"]
     want, held, basis, reason = memory_states(finding, str(finding.get("oracle")))
-    out = finding_cost(severity=severity, token_cost=token_cost, expected=hits_e, observed=hits_o, requests=requests, dims=dims, model=model,
-                       tp=tp, device=device, states=(want, held), state_bytes=state_bytes, memory_basis=basis or "retention", memory_reason=reason or "not measured")
+    out = finding_cost(
+        severity=severity,
+        token_cost=token_cost,
+        expected=hits_e,
+        observed=hits_o,
+        requests=requests,
+        dims=dims,
+        model=model,
+        tp=tp,
+        device=device,
+        states=(want, held),
+        state_bytes=state_bytes,
+        memory_basis=basis or "retention",
+        memory_reason=reason or "not measured",
+    )
     if note:
         out["note"] = note
     return out
@@ -213,8 +238,18 @@ def workload_cost(implemented: list[int], promise: list[int], deployment: dict |
         tp = _tensor_parallel(deployment, facts)
         device = str(deployment.get("device") or facts.get("device") or "") or None
     lost = any(p > i for i, p in zip(implemented, promise))
-    out = finding_cost(severity="lost reuse" if lost else "none", token_cost=True, expected=list(promise), observed=list(implemented),
-                       requests=list(range(len(promise))), dims=dims, model=model, tp=tp, device=device, memory_reason=WORKLOAD_MEMORY)
+    out = finding_cost(
+        severity="lost reuse" if lost else "none",
+        token_cost=True,
+        expected=list(promise),
+        observed=list(implemented),
+        requests=list(range(len(promise))),
+        dims=dims,
+        model=model,
+        tp=tp,
+        device=device,
+        memory_reason=WORKLOAD_MEMORY,
+    )
     if note:
         out["note"] = note
     return out
@@ -249,8 +284,10 @@ def memory_text(mem) -> str:
     if mem.get("basis") == "stale":
         return f"{mem['extra_states']} Mamba state(s) held that no prefill wrote{_bytes(mem, 'extra_bytes')}{size}"
     if mem.get("basis") == "before":
-        return (f"before the first divergence the engine held {mem.get('kept_states', 0)} Mamba state(s) where the promise keeps {mem.get('promise_states', 0)}: "
-                f"{mem['missing_states']} the promise keeps not held{_bytes(mem, 'missing_bytes')}, {mem['extra_states']} held beyond it{_bytes(mem, 'extra_bytes')}{size}")
+        return (
+            f"before the first divergence the engine held {mem.get('kept_states', 0)} Mamba state(s) where the promise keeps {mem.get('promise_states', 0)}: "
+            f"{mem['missing_states']} the promise keeps not held{_bytes(mem, 'missing_bytes')}, {mem['extra_states']} held beyond it{_bytes(mem, 'extra_bytes')}{size}"
+        )
     return f"{mem['extra_states']} Mamba state(s) kept beyond what the promise needs{_bytes(mem, 'extra_bytes')}, {mem['missing_states']} it needs dropped{size}"
 
 
@@ -281,25 +318,44 @@ def impact_lines(cost: dict) -> list[str]:
     text is kvspec's own)."""
     lines = ["## Impact", "", f"Severity: **{cost['severity']}**."]
     if cost.get("tokens_total") is None:
-        lines.append("No token cost: this oracle compares no hit counts (the hits agree, or the engine raised, or only its settings are judged).")
+        lines.append(
+            "No token cost: this oracle compares no hit counts (the hits agree, or the engine raised, or only its settings are judged)."
+        )
     else:
-        per = ", ".join(f"request {r['request']}: {r['tokens']:,} (hit {r['from']:,} of {r['to']:,})" for r in cost["tokens_per_request"]) or "none"
+        per = (
+            ", ".join(
+                f"request {r['request']}: {r['tokens']:,} (hit {r['from']:,} of {r['to']:,})"
+                for r in cost["tokens_per_request"]
+            )
+            or "none"
+        )
         lines.append(f"Prefill tokens recomputed: {cost['tokens_total']:,} over the trace ({per}).")
         secs = cost.get("prefill_seconds")
         if secs and cost["tokens_total"]:
             d = cost["model_dims"]
-            lines += ["", f"Prefill time lost per occurrence, model `{cost['model']}` (about {d['active_params'] / 1e9:.2f} B active non-embedding parameters, "
-                      f"{d['attention_layers']} full-attention layers of width {d['attention_width']}), tensor parallelism {cost['tensor_parallel']}: "
-                      f"{cost['flops'] / 1e12:,.2f} TFLOP.", "", "| GPU | dense BF16 peak | prefill time lost |", "|---|---|---|"]
+            lines += [
+                "",
+                f"Prefill time lost per occurrence, model `{cost['model']}` (about {d['active_params'] / 1e9:.2f} B active non-embedding parameters, "
+                f"{d['attention_layers']} full-attention layers of width {d['attention_width']}), tensor parallelism {cost['tensor_parallel']}: "
+                f"{cost['flops'] / 1e12:,.2f} TFLOP.",
+                "",
+                "| GPU | dense BF16 peak | prefill time lost |",
+                "|---|---|---|",
+            ]
             lines += [f"| {GPUS[g][0]} | {GPUS[g][1] / 1e12:,.0f} TFLOPS | {_seconds(s)} |" for g, s in secs.items()]
-            lines += ["", f"Assumptions: FLOPs = 2 x active non-embedding parameters per token plus 4 x layers x width x context for full attention "
-                      f"(embeddings, LM head, norms, convolutions, the recurrence and the draft model not counted); {UTILISATION:.0%} of the dense BF16 peak; "
-                      "perfect scaling over tensor parallelism. The loss recurs every time the request pattern recurs (kvspec's `fuzz/cost.py`)."]
+            lines += [
+                "",
+                f"Assumptions: FLOPs = 2 x active non-embedding parameters per token plus 4 x layers x width x context for full attention "
+                f"(embeddings, LM head, norms, convolutions, the recurrence and the draft model not counted); {UTILISATION:.0%} of the dense BF16 peak; "
+                "perfect scaling over tensor parallelism. The loss recurs every time the request pattern recurs (kvspec's `fuzz/cost.py`).",
+            ]
         elif cost["tokens_total"]:
             lines.append("No model (a hand geometry, or a config kvspec cannot read): tokens only.")
     mem = cost.get("memory")
     text = memory_text(mem) if mem is not None else "not measured"
     lines.append(f"Memory: {text[0].upper() + text[1:]}." if isinstance(mem, dict) else f"Memory: {text}.")
     if isinstance(mem, dict) and mem.get("state_bytes"):
-        lines.append(f"One Mamba state: {mem['state_bytes']:,} bytes per GPU (the resolution's Mamba page x Mamba layers; kvspec's `fuzz/cost.py`).")
+        lines.append(
+            f"One Mamba state: {mem['state_bytes']:,} bytes per GPU (the resolution's Mamba page x Mamba layers; kvspec's `fuzz/cost.py`)."
+        )
     return lines + [""]

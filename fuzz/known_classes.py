@@ -54,12 +54,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.case import parse_case, prompt_tokens
-from ground.engines import FAMILIES, family_of, load
-from ground.errors import KvspecError
-
 from fuzz.oracle_registry import HIT_ORACLES
 from fuzz.oracles import SAME_STEP_READ, request_kinds
+from ground.engines import FAMILIES, family_of, load
+from ground.errors import KvspecError
+from reference.case import parse_case, prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -71,15 +70,54 @@ class KnownClass:
 
 
 KNOWN_CLASSES = (
-    KnownClass("resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"),
-    KnownClass("longer-sibling", "0.33.0", "R2", "a longer sibling hits below the promise under sparse retention, hash block = block"),
-    KnownClass("hashed-longer-sibling", "0.33.0", "R2", "a longer sibling hits below the promise under sparse retention with a hash unit below the block (seen on Falcon-H1)"),
-    KnownClass("stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"),
-    KnownClass("resend-beside-checkpoint", "0.33.0", "R1", "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention"),
-    KnownClass("dense-below-sparse", "0.33.0", "R2", "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block"),
-    KnownClass("sglang-grid-resend", "sglang==0.5.23", "R1", "SGLang: an identical resend of a prompt of k x grid tokens hits below the promise"),
-    KnownClass("sglang-sibling-branch", "sglang==0.5.23", "R2", "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)"),
-    KnownClass("sglang-off-page-key", "sglang==0.5.23", "no-stale", "SGLang: a request resumes a Mamba state computed over more tokens than its key (a chunk started off the page)"),
+    KnownClass(
+        "resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"
+    ),
+    KnownClass(
+        "longer-sibling",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under sparse retention, hash block = block",
+    ),
+    KnownClass(
+        "hashed-longer-sibling",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under sparse retention with a hash unit below the block (seen on Falcon-H1)",
+    ),
+    KnownClass(
+        "stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"
+    ),
+    KnownClass(
+        "resend-beside-checkpoint",
+        "0.33.0",
+        "R1",
+        "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention",
+    ),
+    KnownClass(
+        "dense-below-sparse",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block",
+    ),
+    KnownClass(
+        "sglang-grid-resend",
+        "sglang==0.5.23",
+        "R1",
+        "SGLang: an identical resend of a prompt of k x grid tokens hits below the promise",
+    ),
+    KnownClass(
+        "sglang-sibling-branch",
+        "sglang==0.5.23",
+        "R2",
+        "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)",
+    ),
+    KnownClass(
+        "sglang-off-page-key",
+        "sglang==0.5.23",
+        "no-stale",
+        "SGLang: a request resumes a Mamba state computed over more tokens than its key (a chunk started off the page)",
+    ),
 )
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
@@ -113,7 +151,9 @@ def classify(finding: dict) -> str | None:
         if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
         return "stale-state"
-    if finding.get("oracle") == "resumed_state":  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
+    if (
+        finding.get("oracle") == "resumed_state"
+    ):  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
         family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:
             return family.state_class
@@ -168,7 +208,9 @@ def _sglang_class(finding: dict, kind: str, g: dict) -> str | None:
     if not earlier:
         return None
     longest = max(len(prompts[j]) for j in earlier)
-    first = min(j for j in earlier if len(prompts[j]) == longest)  # the first request that sent the prompt it repeats or extends
+    first = min(
+        j for j in earlier if len(prompts[j]) == longest
+    )  # the first request that sent the prompt it repeats or extends
     kinds = request_kinds(case)
     if kinds[first] == "sibling":
         return "sglang-sibling-branch"

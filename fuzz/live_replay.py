@@ -52,24 +52,37 @@ assumptions beside every verdict.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from engine_adapter.live.client import LiveClient, check_base_url, redact
 from engine_adapter.live.geometry import check_case, rescale_case
-from engine_adapter.live.measure import DEFAULT_STEP_S, IDLE_WAIT_S, SETTLE_S, LiveRow, Sender, number_text, redact_url, server_info, wait_idle
-from ground.printable import one_line
+from engine_adapter.live.measure import (
+    DEFAULT_STEP_S,
+    IDLE_WAIT_S,
+    SETTLE_S,
+    LiveRow,
+    Sender,
+    number_text,
+    redact_url,
+    server_info,
+    wait_idle,
+)
+from fuzz.findings import load_finding
+from fuzz.live_report import (
+    LiveReport,
+    redact_report,
+    render,  # noqa: F401 - re-exported: the CLI prints a replay's report with it
+)
+from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, judge  # noqa: F401 - the judge's words, re-exported
+from fuzz.verdict import Target as Prediction
 from ground.errors import InvalidArgument, KvspecError, Unsupported, invalid
+from ground.printable import one_line
 from reference.case import Case, case_to_dict, is_concurrent, serial_prefix, waves, with_resolution
 from reference.knobs import implemented_rule
 from reference.predict import unpredicted_bounds
 from reference.serial import RULES
-
-from fuzz.findings import load_finding
-from fuzz.live_report import LiveReport, redact_report
-from fuzz.live_report import render  # noqa: F401 - re-exported: the CLI prints a replay's report with it
-from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, judge  # noqa: F401 - the judge's words, re-exported
-from fuzz.verdict import Target as Prediction
 
 DEFAULT_GAP_S = 1.0
 
@@ -93,8 +106,16 @@ class LiveTarget:
 def _hits_list(value: Any, where: str, n: int) -> list[int]:
     if isinstance(value, dict) and "hits" in value:
         value = value["hits"]
-    if not isinstance(value, list) or len(value) != n or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
-        raise invalid(where, value if not isinstance(value, (list, dict)) else type(value).__name__, f"must be a list of {n} hit counts (or an object with 'hits')")
+    if (
+        not isinstance(value, list)
+        or len(value) != n
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
+    ):
+        raise invalid(
+            where,
+            value if not isinstance(value, (list, dict)) else type(value).__name__,
+            f"must be a list of {n} hit counts (or an object with 'hits')",
+        )
     return list(value)
 
 
@@ -111,21 +132,34 @@ def load_target(path: str) -> LiveTarget:
         if isinstance(obs, dict) and obs.get("error"):
             err = obs["error"]
             what = err.get("type", "error") if isinstance(err, dict) else "error"
-            raise Unsupported(f"finding.observed.error={what}: the engine raised, there is no hit pattern to replay; allowed: a finding with observed hits")
+            raise Unsupported(
+                f"finding.observed.error={what}: the engine raised, there is no hit pattern to replay; allowed: a finding with observed hits"
+            )
         observed = _hits_list(obs, "finding.observed", n)
         try:
-            expected = _hits_list(finding["expected"], "finding.expected", n) if finding.get("expected") is not None else None
+            expected = (
+                _hits_list(finding["expected"], "finding.expected", n) if finding.get("expected") is not None else None
+            )
         except InvalidArgument:
             expected = None  # partial expectations: the reference model fills in
         claim = Claim.of(finding)  # one line on a malformed oracle or first divergence
         engine = finding.get("engine")
         if isinstance(engine, dict):
             engine = engine.get("version") or engine.get("name")
-        return LiveTarget(case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first)
+        return LiveTarget(
+            case, "finding", expected, observed, str(engine) if engine else None, claim.oracle, claim.first
+        )
     return LiveTarget(case, "case", None, None)
 
 
-def decide(rows: list[LiveRow], differences: list[str], global_issues: list[str], target: LiveTarget | None = None, rule: str | None = None, waves: list[dict] = ()) -> tuple[str, list[str]]:
+def decide(
+    rows: list[LiveRow],
+    differences: list[str],
+    global_issues: list[str],
+    target: LiveTarget | None = None,
+    rule: str | None = None,
+    waves: list[dict] = (),
+) -> tuple[str, list[str]]:
     """The verdict from the rows. Any doubt about the run makes it
     inconclusive (the rules of the module docstring); a clean run is judged
     by :func:`fuzz.verdict.judge` on its hit deltas: a finding against its
@@ -146,11 +180,19 @@ def decide(rows: list[LiveRow], differences: list[str], global_issues: list[str]
     observation = {"hits": [r.hits for r in rows], "waves": list(waves)}
     if target is not None and target.kind == "finding":
         expected = [r.finding_expected for r in rows]
-        claim = Claim(target.oracle or "reference", target.first, [r.target for r in rows], None if any(e is None for e in expected) else expected)
+        claim = Claim(
+            target.oracle or "reference",
+            target.first,
+            [r.target for r in rows],
+            None if any(e is None for e in expected) else expected,
+        )
         verdict = judge(claim, observation)
     else:
         bounds = [r.bound for r in rows]
-        verdict = judge(Prediction([r.target for r in rows], rule, bounds=bounds if any(b is not None for b in bounds) else None), observation)
+        verdict = judge(
+            Prediction([r.target for r in rows], rule, bounds=bounds if any(b is not None for b in bounds) else None),
+            observation,
+        )
     return verdict.verdict, verdict.reasons
 
 
@@ -196,7 +238,22 @@ def replay(
         raise invalid("--step-s", step_s, "must be a finite number of seconds between 0 and 60")
     check_base_url(server, "--server")
     try:
-        report = _replay(target, server, api_key=api_key, model=model, gap_s=gap_s, timeout_s=timeout_s, rescale=rescale, retries=retries, settle_s=settle_s, after_request=after_request, predict_fn=predict_fn, rule=rule, resolve_fn=resolve_fn, step_s=step_s)
+        report = _replay(
+            target,
+            server,
+            api_key=api_key,
+            model=model,
+            gap_s=gap_s,
+            timeout_s=timeout_s,
+            rescale=rescale,
+            retries=retries,
+            settle_s=settle_s,
+            after_request=after_request,
+            predict_fn=predict_fn,
+            rule=rule,
+            resolve_fn=resolve_fn,
+            step_s=step_s,
+        )
     except KvspecError as e:  # a server may echo the key into what a refusal quotes
         raise type(e)(redact(str(e), api_key)) from None
     return redact_report(report, api_key)
@@ -231,14 +288,18 @@ def _replay(
 
         def ref(c: Case, which: str = rule) -> list[int]:
             if version is None:
-                raise Unsupported("server /version=unknown: the reference model needs the server's vLLM version; allowed: a server answering /version")
+                raise Unsupported(
+                    "server /version=unknown: the reference model needs the server's vLLM version; allowed: a server answering /version"
+                )
             return predict_fn(c, version, which)
 
         if case.deployment is not None and case.geometry is None:
             # vLLM of the server's version builds the geometry; check_case
             # below holds it against what the server exposes.
             if version is None:
-                raise Unsupported(f"server /version=unknown: resolving case.deployment={case.deployment.model!r} needs the server's vLLM version; allowed: a server answering /version, or a hand case")
+                raise Unsupported(
+                    f"server /version=unknown: resolving case.deployment={case.deployment.model!r} needs the server's vLLM version; allowed: a server answering /version, or a hand case"
+                )
             resolution = (resolve_fn or resolve_on_engine)(case, version)
             case = with_resolution(case, resolution["geometry"], resolution.get("speculative"), f"vllm=={version}")
             g = case.geometry
@@ -252,10 +313,14 @@ def _replay(
 
         concurrent = is_concurrent(case)
         if concurrent and target.kind == "finding":
-            raise Unsupported("finding.case: a concurrent trace (a request has 'arrival'); a server's counters sum a wave's requests, so a finding's "
-                              "per-request hits cannot be checked live; allowed: a serial finding, a bare concurrent case, or kvspec replay FINDING --engine")
+            raise Unsupported(
+                "finding.case: a concurrent trace (a request has 'arrival'); a server's counters sum a wave's requests, so a finding's "
+                "per-request hits cannot be checked live; allowed: a serial finding, a bare concurrent case, or kvspec replay FINDING --engine"
+            )
         if rescale and concurrent:
-            raise Unsupported("--rescale: the trace is concurrent (a request has 'arrival'); allowed: a serial trace, or a case on the server's block size")
+            raise Unsupported(
+                "--rescale: the trace is concurrent (a request has 'arrival'); allowed: a serial trace, or a case on the server's block size"
+            )
         if rescale and info.block_size is not None:
             old_blocks = {g.block_size for g in case.geometry.groups}
             new_case, note = rescale_case(case, info.block_size, ref)
@@ -263,7 +328,9 @@ def _replay(
                 (old,) = old_blocks
                 if goal is not None:
                     if any(h % old for h in goal) or (expected and any(h % old for h in expected)):
-                        raise Unsupported(f"--rescale: finding hits {goal} are not whole blocks of {old}; allowed: block-aligned hits")
+                        raise Unsupported(
+                            f"--rescale: finding hits {goal} are not whole blocks of {old}; allowed: block-aligned hits"
+                        )
                     goal = [h // old * info.block_size for h in goal]
                     expected = [h // old * info.block_size for h in expected] if expected else None
                 case = new_case
@@ -283,7 +350,9 @@ def _replay(
         elif predicted is not None:
             expected = predicted
         if target.kind == "finding" and target.source_engine:
-            notes.append(f"finding from {target.source_engine}" + (f" (oracle {target.oracle})" if target.oracle else ""))
+            notes.append(
+                f"finding from {target.source_engine}" + (f" (oracle {target.oracle})" if target.oracle else "")
+            )
         if target.kind == "case":
             notes.append(f"target = reference prediction, rule {rule}, as vLLM {version}")
         implemented_name = implemented_rule(version) if version else None
@@ -294,7 +363,9 @@ def _replay(
         bounds = unpredicted_bounds(case)
         rows = [
             LiveRow(
-                i, r.num_prompt_tokens, r.max_tokens,
+                i,
+                r.num_prompt_tokens,
+                r.max_tokens,
                 expected[i] if expected else None,
                 goal[i] if goal else None,
                 implemented=implemented[i] if implemented else None,
@@ -306,9 +377,13 @@ def _replay(
         global_issues: list[str] = []
         first = wait_idle(client, info.model, min(IDLE_WAIT_S, timeout_s))
         if first.queries is None or first.hits is None:
-            raise Unsupported("server vllm:prefix_cache_queries_total=absent: cannot measure hits; allowed: a vLLM server with prefix caching metrics")
+            raise Unsupported(
+                "server vllm:prefix_cache_queries_total=absent: cannot measure hits; allowed: a vLLM server with prefix caching metrics"
+            )
         if first.running or first.waiting:
-            global_issues.append(f"server busy before the replay (running={number_text(first.running)}, waiting={number_text(first.waiting)})")
+            global_issues.append(
+                f"server busy before the replay (running={number_text(first.running)}, waiting={number_text(first.waiting)})"
+            )
         if concurrent:
             notes.append(
                 f"concurrent trace: the model predicts the first {serial_prefix(case)} request(s); each wave of requests sharing the server is sent "
@@ -377,5 +452,7 @@ def _reference_hits(case: Case, version: str, rule: str = "promise") -> list[int
     from reference.predict import predict
 
     if version not in SUPPORTED_VERSIONS:
-        raise Unsupported(f"server version={version}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: one of them")
+        raise Unsupported(
+            f"server version={version}: the reference model resolves knobs for {', '.join(SUPPORTED_VERSIONS)}; allowed: one of them"
+        )
     return list(predict(case, as_version=version, rule=rule)["hits"])

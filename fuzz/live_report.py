@@ -97,12 +97,13 @@ def render(report: LiveReport, console=None) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from ground.console import table_console
     from ground.printable import rich_text
 
-    from ground.console import table_console
-
     console = console or table_console()
-    title = f"replay {report.name or '(unnamed)'} on {report.server} (model {report.model}, vLLM {report.server_version})"
+    title = (
+        f"replay {report.name or '(unnamed)'} on {report.server} (model {report.model}, vLLM {report.server_version})"
+    )
     table = Table(title=rich_text(title), title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("prompt", justify="right")
@@ -128,19 +129,34 @@ def render(report: LiveReport, console=None) -> None:
             mark = "in a wave"
         elif not r.sent:
             mark = "not sent"
-        cells = [str(r.index), str(r.prompt_tokens), number_text(r.expected) if r.bound is None else f"<= {number_text(r.bound)}"]
+        cells = [
+            str(r.index),
+            str(r.prompt_tokens),
+            number_text(r.expected) if r.bound is None else f"<= {number_text(r.bound)}",
+        ]
         if report.implemented_rule:
             cells.append(number_text(r.implemented))
         if report.kind == "finding":
             cells.append(number_text(r.target))
-        cells += [number_text(r.hits), number_text(r.queries), "-" if r.ttft_s is None else f"{r.ttft_s:.3f}", "-" if r.latency_s is None else f"{r.latency_s:.3f}", mark]
+        cells += [
+            number_text(r.hits),
+            number_text(r.queries),
+            "-" if r.ttft_s is None else f"{r.ttft_s:.3f}",
+            "-" if r.latency_s is None else f"{r.latency_s:.3f}",
+            mark,
+        ]
         table.add_row(*(rich_text(c) for c in cells))
     console.print(table)
     for w in report.waves:
         idx = w["requests"]
         cap = sum(report.rows[i].bound or 0 for i in idx)
         state = "-" if w["hits"] is None else ("ok" if w["hits"] <= cap else "above the bounds")
-        console.print(rich_text(f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {number_text(w['hits'])} (<= {number_text(cap)}: {state}), queries {number_text(w['queries'])}"), highlight=False)
+        console.print(
+            rich_text(
+                f"wave {idx[0]}-{idx[-1]} ({len(idx)} requests sharing the server): hits {number_text(w['hits'])} (<= {number_text(cap)}: {state}), queries {number_text(w['queries'])}"
+            ),
+            highlight=False,
+        )
     knobs = ", ".join(f"{k}={v}" for k, v in report.server_knobs.items())
     console.print(rich_text(f"server knobs: {knobs}"), highlight=False)
     for n in report.notes:
@@ -148,7 +164,13 @@ def render(report: LiveReport, console=None) -> None:
     for u in report.unverified:
         console.print(rich_text(f"assumed (unverified): {u}"), highlight=False)
     # a reproduced finding is a bug present; a bare case that diverges is one too
-    style = {REPRODUCED: "bold red", NOT_REPRODUCED: "bold green", AGREES: "bold green", DIVERGES: "bold red", INCONCLUSIVE: "bold yellow"}[report.verdict]
+    style = {
+        REPRODUCED: "bold red",
+        NOT_REPRODUCED: "bold green",
+        AGREES: "bold green",
+        DIVERGES: "bold red",
+        INCONCLUSIVE: "bold yellow",
+    }[report.verdict]
     console.print(Text.assemble("verdict: ", rich_text(report.verdict, style)))
     for reason in report.reasons[:20]:
         console.print(rich_text(f"  - {reason}"), highlight=False)

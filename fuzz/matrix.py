@@ -30,21 +30,18 @@ HTML escaped). :func:`exit_code` is the command's exit status.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from dataclasses import replace
-
 from engine_adapter.host.versions import engine_name, family_of
-from ground.engines import FAMILIES, Capability
-from reference.case import Case
-from ground.errors import Unsupported
-from reference.knobs import resolve_knobs
-from reference.predict import predict_with_knobs
-
-from ground.printable import html_text, markdown_cell, printable, rich_text
-
 from fuzz.findings import load_finding
 from fuzz.oracle_resolution import trace_units
+from ground.engines import FAMILIES, Capability
+from ground.errors import Unsupported
+from ground.printable import html_text, markdown_cell, printable, rich_text
+from reference.case import Case
+from reference.knobs import resolve_knobs
+from reference.predict import predict_with_knobs
 
 
 def pattern(hits: list[int]) -> str:
@@ -121,14 +118,28 @@ def run_matrix(paths: list[str], engines: list) -> list[dict]:
                 promise = predict_with_knobs(case, resolve_knobs(case, engines[0].version), "promise")["hits"]
             except Unsupported as e:
                 cells["promise"] = {"error": str(e)}
-        rows.append({"case": str(path), "name": case.name or Path(path).stem, "requests": len(case.trace), "cells": cells, "promise": promise, "finding": claim.oracle if claim else None, "_case": case})
+        rows.append(
+            {
+                "case": str(path),
+                "name": case.name or Path(path).stem,
+                "requests": len(case.trace),
+                "cells": cells,
+                "promise": promise,
+                "finding": claim.oracle if claim else None,
+                "_case": case,
+            }
+        )
     return rows
 
 
 def _cell_text(cell: dict, esc=str) -> str:
     """A cell as text; ``esc`` is applied to the stranger's parts (an
     engine's error, a flags note), kvspec's own words stay as they are."""
-    text = ("error: " + esc(cell["error"])) if "error" in cell else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+    text = (
+        ("error: " + esc(cell["error"]))
+        if "error" in cell
+        else f"{cell['pattern']} ({'/'.join(map(str, cell['hits']))})"
+    )
     if cell.get("block") is not None:
         text += f" [block {cell['block']}]"
     if cell.get("flags"):
@@ -148,7 +159,11 @@ def to_markdown(rows: list[dict], versions: list[str]) -> str:
     head = "| case | " + " | ".join(markdown_cell(engine_name(v)) for v in versions) + " | promise |"
     lines = [head, "|" + "---|" * (len(versions) + 2)]
     for r in rows:
-        cells = [markdown_cell(r["name"]), *(_cell_text(r["cells"][v], markdown_cell) for v in versions), _promise_text(r)]
+        cells = [
+            markdown_cell(r["name"]),
+            *(_cell_text(r["cells"][v], markdown_cell) for v in versions),
+            _promise_text(r),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -174,7 +189,9 @@ def to_rich(rows: list[dict], versions: list[str]):
         table.add_column(rich_text(engine_name(v)))
     table.add_column("promise")
     for r in rows:
-        table.add_row(rich_text(r["name"]), *(rich_text(_cell_text(r["cells"][v])) for v in versions), rich_text(_promise_text(r)))
+        table.add_row(
+            rich_text(r["name"]), *(rich_text(_cell_text(r["cells"][v])) for v in versions), rich_text(_promise_text(r))
+        )
     return table
 
 
@@ -247,14 +264,28 @@ def figure(rows: list[dict], versions: list[str]):
             cell = r["cells"][v]
             label = engine_name(v) + (f" [block {cell['block']}]" if cell.get("block") is not None else "")
             if "hits" not in cell:
-                ax.bar([], [], width=bar, color=colors[j % len(colors)], label=_plain(f"{label}: {cell.get('error', 'no hits')}"[:80]))
+                ax.bar(
+                    [],
+                    [],
+                    width=bar,
+                    color=colors[j % len(colors)],
+                    label=_plain(f"{label}: {cell.get('error', 'no hits')}"[:80]),
+                )
                 continue
             offset = -group / 2 + bar * (j + 0.5)
             bars = ax.bar([i + offset for i in x], cell["hits"], width=bar, color=colors[j % len(colors)], label=label)
             if r["requests"] <= LABEL_BARS_UP_TO:
                 ax.bar_label(bars, labels=[str(h) if h else "miss" for h in cell["hits"]], fontsize=7, padding=1)
         if r["promise"]:
-            ax.hlines(r["promise"], [i - group / 2 for i in x], [i + group / 2 for i in x], colors="black", linewidths=2, label="promise", zorder=3)
+            ax.hlines(
+                r["promise"],
+                [i - group / 2 for i in x],
+                [i + group / 2 for i in x],
+                colors="black",
+                linewidths=2,
+                label="promise",
+                zorder=3,
+            )
         ax.set_title(_plain(r["name"]), fontsize=10)
         ax.set_xlabel("request")
         ax.set_ylabel("hit tokens")

@@ -12,10 +12,10 @@ the error lives here, since a variant run's error is judged by it too:
 
 from __future__ import annotations
 
-from engine_adapter.interface import Observation
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from engine_adapter.interface import Observation
 from reference.case import Case, prompt_tokens
 
 Run = Callable[[Case], Observation]
@@ -64,14 +64,14 @@ def promised(case: Case) -> list[int]:
     return [i for i, k in enumerate(request_kinds(case)) if k in ("resend", "extension")]
 
 
-
 def differing(expected: list, observed: list, only: list[int] | None = None) -> list[int]:
     idx = range(len(expected)) if only is None else only
     return [i for i in idx if i >= len(observed) or expected[i] != observed[i]]
 
 
-
-def same_hits(oracle: str, version: str, hits: list, context: dict[str, list], detail: Callable[[int], str]) -> list[Divergence]:
+def same_hits(
+    oracle: str, version: str, hits: list, context: dict[str, list], detail: Callable[[int], str]
+) -> list[Divergence]:
     """The divergence of an oracle that judges something other than the
     hits (which it carries unchanged): the requests with a non-empty entry
     in any of the per-request lists of ``context`` (the divergence's
@@ -86,4 +86,14 @@ def check_engine_error(case: Case, version: str, obs: Observation) -> list[Diver
     if "error" not in obs:
         return []
     err = obs["error"]
-    return [Divergence("engine_error", version, [int(err.get("request", 0) or 0)], [], [], f"{err.get('type', 'Error')}: {err.get('message', '')}".strip(), {"traceback": err.get("traceback", "")})]
+    return [
+        Divergence(
+            "engine_error",
+            version,
+            [int(err.get("request", 0) or 0)],
+            [],
+            [],
+            f"{err.get('type', 'Error')}: {err.get('message', '')}".strip(),
+            {"traceback": err.get("traceback", "")},
+        )
+    ]

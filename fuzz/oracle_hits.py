@@ -33,15 +33,14 @@ from __future__ import annotations
 
 from engine_adapter.host.versions import engine_name
 from engine_adapter.interface import Observation
-from reference.case import Case
-from ground.errors import DeploymentRejected
-from reference.knobs import implemented_rule, resolve_knobs
-from reference.predict import predict_with_knobs
-from reference.variants import has_speculative, with_retention, without_speculative
-
 from fuzz.oracle_base import Divergence, Run, check_engine_error, differing, promised, request_kinds
 from fuzz.oracle_resolution import comparable_resolutions, resolved
 from fuzz.oracle_states import written_before
+from ground.errors import DeploymentRejected
+from reference.case import Case
+from reference.knobs import implemented_rule, resolve_knobs
+from reference.predict import predict_with_knobs
+from reference.variants import has_speculative, with_retention, without_speculative
 
 
 def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -53,11 +52,20 @@ def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence
     if case.geometry is None:  # resolved to a cache the promise is not stated for (SGLang's no_buffer)
         return []
     expected = predict_with_knobs(case, resolve_knobs(case, version), "promise")
-    bad = [i for i in differing(expected["hits"], obs["hits"], promised(case))
-           if i >= len(obs["hits"]) or obs["hits"][i] < expected["hits"][i] or not written_before(case, obs, i, obs["hits"][i])]
+    bad = [
+        i
+        for i in differing(expected["hits"], obs["hits"], promised(case))
+        if i >= len(obs["hits"])
+        or obs["hits"][i] < expected["hits"][i]
+        or not written_before(case, obs, i, obs["hits"][i])
+    ]
     if not bad:
         return []
-    return [Divergence("promise", version, bad, expected["hits"], obs["hits"], context={"model_explain": expected["explain"]})]
+    return [
+        Divergence(
+            "promise", version, bad, expected["hits"], obs["hits"], context={"model_explain": expected["explain"]}
+        )
+    ]
 
 
 def check_reference(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -66,8 +74,17 @@ def check_reference(case: Case, version: str, obs: Observation) -> list[Divergen
     bad = differing(expected["hits"], obs["hits"])
     if not bad:
         return []
-    return [Divergence("reference", version, bad, expected["hits"], obs["hits"], f"rule={rule}", {"model_explain": expected["explain"]})]
-
+    return [
+        Divergence(
+            "reference",
+            version,
+            bad,
+            expected["hits"],
+            obs["hits"],
+            f"rule={rule}",
+            {"model_explain": expected["explain"]},
+        )
+    ]
 
 
 def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
@@ -80,10 +97,18 @@ def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> 
     dense = run(dense_case)
     if "error" in dense:
         return check_engine_error(dense_case, version, dense)
-    bad = [i for i in promised(case) if i >= len(obs["hits"]) or (i < len(dense["hits"]) and obs["hits"][i] < min(dense["hits"][i], promise[i]))]
+    bad = [
+        i
+        for i in promised(case)
+        if i >= len(obs["hits"]) or (i < len(dense["hits"]) and obs["hits"][i] < min(dense["hits"][i], promise[i]))
+    ]
     if not bad:
         return []
-    return [Divergence("sparse_dense", version, bad, dense["hits"], obs["hits"], "expected = the same engine under dense retention")]
+    return [
+        Divergence(
+            "sparse_dense", version, bad, dense["hits"], obs["hits"], "expected = the same engine under dense retention"
+        )
+    ]
 
 
 def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
@@ -104,7 +129,12 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
     if "error" in off:
         return check_engine_error(off_case, version, off)
     off_case = resolved(off_case, off, version)
-    if case.deployment is not None and off_case.geometry is not None and case.geometry is not None and off_case.geometry.scheduler_block_size != case.geometry.scheduler_block_size:
+    if (
+        case.deployment is not None
+        and off_case.geometry is not None
+        and case.geometry is not None
+        and off_case.geometry.scheduler_block_size != case.geometry.scheduler_block_size
+    ):
         return []  # the speculative tokens moved the block size: hits are not comparable
     model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
     if off["hits"][first] != model_off:
@@ -114,10 +144,21 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
         return []
     expected = list(obs["hits"])
     expected[first] = off["hits"][first] - (model_off - model_on)
-    return [Divergence("spec_on_off", version, [first], expected, obs["hits"], f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}")]
+    return [
+        Divergence(
+            "spec_on_off",
+            version,
+            [first],
+            expected,
+            obs["hits"],
+            f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}",
+        )
+    ]
 
 
-def check_versions(case: Case, version: str, obs: Observation, other_version: str, other: Observation) -> list[Divergence]:
+def check_versions(
+    case: Case, version: str, obs: Observation, other_version: str, other: Observation
+) -> list[Divergence]:
     if "error" in other or "error" in obs:
         return []
     if comparable_resolutions(obs, other) is False:
@@ -127,8 +168,17 @@ def check_versions(case: Case, version: str, obs: Observation, other_version: st
         return []
     core = (other.get("harness") or {}).get("tree_core")
     label = engine_name(other_version) + (f" ({core} tree core)" if core else "")
-    return [Divergence("versions", version, bad, other["hits"], obs["hits"], f"expected = {label}", {"other_version": other_version})]
-
+    return [
+        Divergence(
+            "versions",
+            version,
+            bad,
+            other["hits"],
+            obs["hits"],
+            f"expected = {label}",
+            {"other_version": other_version},
+        )
+    ]
 
 
 def check_junction(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
@@ -157,4 +207,14 @@ def check_junction(case: Case, version: str, obs: Observation, run: Run) -> list
                 bad.append(i)
     if not bad:
         return []
-    return [Divergence("junction", version, bad, expected, obs["hits"], "expected = the promise at a junction, capped by the same engine under dense retention", {"model_explain": promise["explain"]})]
+    return [
+        Divergence(
+            "junction",
+            version,
+            bad,
+            expected,
+            obs["hits"],
+            "expected = the promise at a junction, capped by the same engine under dense retention",
+            {"model_explain": promise["explain"]},
+        )
+    ]

@@ -46,7 +46,9 @@ def compare_tops(a: list, b: list, tol: float = LOGPROB_TOLERANCE) -> str | None
         floor = min(other.values(), default=float("-inf"))
         for i in sorted(set(mine) - set(other)):
             if len(other) and mine[i] > floor + tol:
-                return f"token {i} in the {who} top list only, logprob {mine[i]:.5f} above the other's lowest {floor:.5f}"
+                return (
+                    f"token {i} in the {who} top list only, logprob {mine[i]:.5f} above the other's lowest {floor:.5f}"
+                )
     return None
 
 
@@ -79,5 +81,14 @@ def check_outputs(case: Case, version: str, obs: Observation) -> list[Divergence
             details.append(f"request {e['request']} (hit {e.get('hit')}): {why}")
     if not bad:
         return []
-    return [Divergence("outputs", version, bad, expected, observed, "; ".join(details)[:2000],
-                       {"tolerance": LOGPROB_TOLERANCE, "hits": obs.get("hits")})]
+    return [
+        Divergence(
+            "outputs",
+            version,
+            bad,
+            expected,
+            observed,
+            "; ".join(details)[:2000],
+            {"tolerance": LOGPROB_TOLERANCE, "hits": obs.get("hits")},
+        )
+    ]

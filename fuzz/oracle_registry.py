@@ -85,42 +85,172 @@ class OracleRule:
 
 
 REGISTRY: tuple[OracleRule, ...] = (
-    OracleRule("promise", "an identical resend or a longer sibling hits exactly what kvspec's promise predicts", hit=True, severity="lost reuse", token_cost=True, neutral=True),
-    OracleRule("stale", "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
-           concurrent=True, severity="wrong output possible", neutral=True, safety=True),
-    OracleRule("cap", "no hit reaches the last prompt token, which the engine must compute for its logits (a hit <= N-1, or the family's own cap), whatever supplied it",
-               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
-    OracleRule("keys", "a hit covers only tokens an earlier request keyed: kvspec's own block-hash chain over the case's tokens, not the engine's",
-               concurrent=True, severity="wrong output possible", neutral=True, safety=True),
-    OracleRule("draft_keys", "under lookahead block hashes a hit's last block was keyed by an earlier request with the same lookahead tokens (the drafter's KV)",
-               concurrent=True, severity="draft acceptance", neutral=True, safety=True),
-    OracleRule("retention", "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
-           same_hits=True, counters=False, severity="memory only"),
-    OracleRule("split", "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
-           same_hits=True, counters=False, severity="memory only"),
-    OracleRule("checkpoint", "a last chunk whose internal prefill checkpoint the kernel can export is not split there",
-           same_hits=True, counters=False, severity="memory only"),
-    OracleRule("hit_blocks", "a request takes exactly the full-attention blocks its hit covers", same_hits=True, counters=False, severity="memory only"),
-    OracleRule("shared_prefix", "the junction a request reports is 0, or above its hit and within what full attention can have cached",
-           same_hits=True, counters=False, severity="memory only"),
-    OracleRule("block_table", "a running request's Mamba block table holds no freed or unretired block; a finished request leaks none",
-           same_hits=True, concurrent=True, counters=False, severity="wrong output possible"),
-    OracleRule("resolution", "the geometry vLLM resolved keeps its flags: hash block = --prefix-match-unit, dividing every block size",
-           concurrent=True, counters=False, severity="lost reuse"),
-    OracleRule("reference", "every request hits what the reference model predicts for the rule its release implements", build=False, severity="lost reuse", token_cost=True),
-    OracleRule("knobs", "the engine resolved the same knobs as the reference model", build=False, concurrent=True, counters=False, severity="lost reuse"),
-    OracleRule("sparse_dense", "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
-           variant=True, hit=True, severity="lost reuse", token_cost=True),
-    OracleRule("spec_on_off", "speculative decoding moves the first resend's hit only by the documented EAGLE drop", variant=True, hit=True, severity="lost reuse", token_cost=True),
-    OracleRule("resumed_state", "a request that resumes reads a Mamba state computed over exactly the tokens it resumes with, where the engine's state can be read",
-               concurrent=True, counters=False, severity="wrong output possible", neutral=True, safety=True),
-    OracleRule("versions", "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)", second_engine=True, concurrent=True,
-               severity="lost reuse", token_cost=True, neutral=True),
-    OracleRule("engine_error", "the engine raised on a case the model accepts", concurrent=True, counters=False, severity="crash", neutral=True),
-    OracleRule("outputs", "a request served from the cache generates the same greedy tokens and top log-probabilities (within 5e-3) as on a cold engine, where the engine runs real weights",
-               default=False, build=False, counters=False, same_hits=True, concurrent=True, severity="wrong output possible", neutral=True),  # fuzz/oracle_outputs.py; no build of a real-weights engine yet
-    OracleRule("junction", "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
-           default=False, variant=True, severity="lost reuse", token_cost=True),
+    OracleRule(
+        "promise",
+        "an identical resend or a longer sibling hits exactly what kvspec's promise predicts",
+        hit=True,
+        severity="lost reuse",
+        token_cost=True,
+        neutral=True,
+    ),
+    OracleRule(
+        "stale",
+        "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
+        concurrent=True,
+        severity="wrong output possible",
+        neutral=True,
+        safety=True,
+    ),
+    OracleRule(
+        "cap",
+        "no hit reaches the last prompt token, which the engine must compute for its logits (a hit <= N-1, or the family's own cap), whatever supplied it",
+        concurrent=True,
+        severity="wrong output possible",
+        neutral=True,
+        safety=True,
+    ),
+    OracleRule(
+        "keys",
+        "a hit covers only tokens an earlier request keyed: kvspec's own block-hash chain over the case's tokens, not the engine's",
+        concurrent=True,
+        severity="wrong output possible",
+        neutral=True,
+        safety=True,
+    ),
+    OracleRule(
+        "draft_keys",
+        "under lookahead block hashes a hit's last block was keyed by an earlier request with the same lookahead tokens (the drafter's KV)",
+        concurrent=True,
+        severity="draft acceptance",
+        neutral=True,
+        safety=True,
+    ),
+    OracleRule(
+        "retention",
+        "sparse or periodic retention keeps only states a later request can resume at, and periodic every segment end written",
+        same_hits=True,
+        counters=False,
+        severity="memory only",
+    ),
+    OracleRule(
+        "split",
+        "a prefill chunk other than the last ends only where align mode needs a state; no step after the prefill is cut",
+        same_hits=True,
+        counters=False,
+        severity="memory only",
+    ),
+    OracleRule(
+        "checkpoint",
+        "a last chunk whose internal prefill checkpoint the kernel can export is not split there",
+        same_hits=True,
+        counters=False,
+        severity="memory only",
+    ),
+    OracleRule(
+        "hit_blocks",
+        "a request takes exactly the full-attention blocks its hit covers",
+        same_hits=True,
+        counters=False,
+        severity="memory only",
+    ),
+    OracleRule(
+        "shared_prefix",
+        "the junction a request reports is 0, or above its hit and within what full attention can have cached",
+        same_hits=True,
+        counters=False,
+        severity="memory only",
+    ),
+    OracleRule(
+        "block_table",
+        "a running request's Mamba block table holds no freed or unretired block; a finished request leaks none",
+        same_hits=True,
+        concurrent=True,
+        counters=False,
+        severity="wrong output possible",
+    ),
+    OracleRule(
+        "resolution",
+        "the geometry vLLM resolved keeps its flags: hash block = --prefix-match-unit, dividing every block size",
+        concurrent=True,
+        counters=False,
+        severity="lost reuse",
+    ),
+    OracleRule(
+        "reference",
+        "every request hits what the reference model predicts for the rule its release implements",
+        build=False,
+        severity="lost reuse",
+        token_cost=True,
+    ),
+    OracleRule(
+        "knobs",
+        "the engine resolved the same knobs as the reference model",
+        build=False,
+        concurrent=True,
+        counters=False,
+        severity="lost reuse",
+    ),
+    OracleRule(
+        "sparse_dense",
+        "no promised request hits less under sparse retention than under dense on the same engine, capped by the promise",
+        variant=True,
+        hit=True,
+        severity="lost reuse",
+        token_cost=True,
+    ),
+    OracleRule(
+        "spec_on_off",
+        "speculative decoding moves the first resend's hit only by the documented EAGLE drop",
+        variant=True,
+        hit=True,
+        severity="lost reuse",
+        token_cost=True,
+    ),
+    OracleRule(
+        "resumed_state",
+        "a request that resumes reads a Mamba state computed over exactly the tokens it resumes with, where the engine's state can be read",
+        concurrent=True,
+        counters=False,
+        severity="wrong output possible",
+        neutral=True,
+        safety=True,
+    ),
+    OracleRule(
+        "versions",
+        "two engines agree on every request's hit (two vLLM versions, or SGLang's Python and Rust tree cores)",
+        second_engine=True,
+        concurrent=True,
+        severity="lost reuse",
+        token_cost=True,
+        neutral=True,
+    ),
+    OracleRule(
+        "engine_error",
+        "the engine raised on a case the model accepts",
+        concurrent=True,
+        counters=False,
+        severity="crash",
+        neutral=True,
+    ),
+    OracleRule(
+        "outputs",
+        "a request served from the cache generates the same greedy tokens and top log-probabilities (within 5e-3) as on a cold engine, where the engine runs real weights",
+        default=False,
+        build=False,
+        counters=False,
+        same_hits=True,
+        concurrent=True,
+        severity="wrong output possible",
+        neutral=True,
+    ),  # fuzz/oracle_outputs.py; no build of a real-weights engine yet
+    OracleRule(
+        "junction",
+        "under sparse retention a sibling diverging inside an earlier prompt hits the promise at the junction, capped by dense",
+        default=False,
+        variant=True,
+        severity="lost reuse",
+        token_cost=True,
+    ),
 )
 
 BY_NAME = {o.name: o for o in REGISTRY}
@@ -173,17 +303,26 @@ def build_sentence(oracles: tuple[str, ...] = ORACLES) -> str:
     """Which of ``oracles`` judge a build, and why the others do not."""
     judged = [o for o in oracles if BY_NAME[o].build]
     left = [o for o in oracles if not BY_NAME[o].build]
-    return (f"A build is judged by the {listed(judged)} oracles: the {listed(left)} oracles state the rule of its release, "
-            "which a patch is meant to change.")
+    return (
+        f"A build is judged by the {listed(judged)} oracles: the {listed(left)} oracles state the rule of its release, "
+        "which a patch is meant to change."
+    )
 
 
 def help_text(width: int = 78) -> str:
     """Every oracle, one line each, for ``kvspec fuzz --help``."""
     wide = max(len(o.name) for o in REGISTRY)
-    lines = ["oracles (fuzz/oracle_registry.py; * only when asked: check-build, mutate;",
-             "b judges a build; v reruns the case with a knob flipped; 2 needs --engine twice):"]
+    lines = [
+        "oracles (fuzz/oracle_registry.py; * only when asked: check-build, mutate;",
+        "b judges a build; v reruns the case with a knob flipped; 2 needs --engine twice):",
+    ]
     for o in REGISTRY:
-        marks = ("" if o.default else "*") + ("b" if o.build else "") + ("v" if o.variant else "") + ("2" if o.second_engine else "")
+        marks = (
+            ("" if o.default else "*")
+            + ("b" if o.build else "")
+            + ("v" if o.variant else "")
+            + ("2" if o.second_engine else "")
+        )
         head = f"  {o.name:<{wide}}  {marks:<3} "
         lines += textwrap.wrap(o.judges, width, initial_indent=head, subsequent_indent=" " * len(head))
     return "\n".join(lines)
@@ -200,10 +339,15 @@ def _yes(flag: bool) -> str:
 
 def docs_table() -> str:
     """The docs' table of every oracle."""
-    rows = ["| oracle | what it judges | default | build | variant run | concurrent | hit counters | severity |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| oracle | what it judges | default | build | variant run | concurrent | hit counters | severity |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for o in REGISTRY:
-        rows.append(f"| `{o.name}` | {o.judges} | {_yes(o.default)} | {_yes(o.build)} | {'second engine' if o.second_engine else _yes(o.variant)} "
-                    f"| {_yes(o.concurrent)} | {_yes(o.counters)} | {o.severity}{' (tokens)' if o.token_cost else ''} |")
+        rows.append(
+            f"| `{o.name}` | {o.judges} | {_yes(o.default)} | {_yes(o.build)} | {'second engine' if o.second_engine else _yes(o.variant)} "
+            f"| {_yes(o.concurrent)} | {_yes(o.counters)} | {o.severity}{' (tokens)' if o.token_cost else ''} |"
+        )
     return "\n".join(rows)
 
 
@@ -217,8 +361,12 @@ def with_table(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.oracle_registry", description="the oracle registry's generated text")
-    parser.add_argument("--write-docs", action="store_true", help=f"rewrite the oracle table in {DOCS.relative_to(DOCS.parents[1])}")
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.oracle_registry", description="the oracle registry's generated text"
+    )
+    parser.add_argument(
+        "--write-docs", action="store_true", help=f"rewrite the oracle table in {DOCS.relative_to(DOCS.parents[1])}"
+    )
     parser.add_argument("--check-docs", action="store_true", help="exit 1 when the table is out of date")
     args = parser.parse_args(argv)
     text = DOCS.read_text()

@@ -20,17 +20,23 @@ knobs the engine resolved, and those are judged first.
 from __future__ import annotations
 
 from engine_adapter.host.versions import engine_name
-from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability
 from engine_adapter.interface import Observation
+from fuzz.oracle_base import Divergence
+from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability
 from reference.case import Case, with_resolution
 from reference.knobs import resolve_knobs
-
-from fuzz.oracle_base import Divergence
 
 #: Knob names both the model and the engine report: the ``knobs`` oracle
 #: and ``kvspec run --compare`` compare these (one list; --compare also had
 #: ``partial_hash_hits``, which the oracle now compares too).
-COMPARED_KNOBS = ("eagle_drop", "hash_lookahead_tokens", "scheduler_block_size", "hash_block_size", "alignment", "partial_hash_hits")
+COMPARED_KNOBS = (
+    "eagle_drop",
+    "hash_lookahead_tokens",
+    "scheduler_block_size",
+    "hash_block_size",
+    "alignment",
+    "partial_hash_hits",
+)
 
 
 def check_resolution(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -44,7 +50,9 @@ def check_resolution(case: Case, version: str, obs: Observation) -> list[Diverge
     ``resolution``."""
     r = obs.get("resolution") if case.deployment is not None and "error" not in obs else None
     family = FAMILIES.get((r or {}).get("engine_family") or DEFAULT_FAMILY)
-    if family is None or not family.supports(Capability.RESOLUTION_RULE):  # vLLM's documented flags; another family states its own
+    if family is None or not family.supports(
+        Capability.RESOLUTION_RULE
+    ):  # vLLM's documented flags; another family states its own
         return []
     g = (r or {}).get("geometry") or {}
     unit, hashed = g.get("prefix_match_unit"), g.get("hash_block_size")
@@ -53,26 +61,59 @@ def check_resolution(case: Case, version: str, obs: Observation) -> list[Diverge
     hits = list(obs.get("hits") or [])
     quote = "vLLM's CacheConfig.prefix_match_unit: "
     if unit is not None and int(unit) != int(hashed):
-        return [Divergence("resolution", version, [], hits, list(hits),
-                           f"the deployment sets --prefix-match-unit {unit} and vLLM resolved hash_block_size={hashed} ({quote}"
-                           f"\"This equals to the hash_block_size used throughout the KV cache code\"): hits land on {hashed}-token boundaries, not {unit}",
-                           {"rule": "prefix_match_unit", "resolution": {"prefix_match_unit": int(unit), "hash_block_size": int(hashed)}})]
-    blocks = sorted({int(x["block_size"]) for x in g.get("groups") or [] if int(x.get("block_size") or 0) % int(hashed)})
+        return [
+            Divergence(
+                "resolution",
+                version,
+                [],
+                hits,
+                list(hits),
+                f"the deployment sets --prefix-match-unit {unit} and vLLM resolved hash_block_size={hashed} ({quote}"
+                f'"This equals to the hash_block_size used throughout the KV cache code"): hits land on {hashed}-token boundaries, not {unit}',
+                {
+                    "rule": "prefix_match_unit",
+                    "resolution": {"prefix_match_unit": int(unit), "hash_block_size": int(hashed)},
+                },
+            )
+        ]
+    blocks = sorted(
+        {int(x["block_size"]) for x in g.get("groups") or [] if int(x.get("block_size") or 0) % int(hashed)}
+    )
     if blocks:
-        return [Divergence("resolution", version, [], hits, list(hits),
-                           f"vLLM resolved hash_block_size={hashed}, which does not divide the block size(s) {blocks} of its KV cache groups ({quote}"
-                           f"\"as long as every KV cache group's block_size is divisible by it\"; vLLM rejects such a unit): a hash key then spans a block boundary",
-                           {"rule": "hash_divides_blocks", "resolution": {"prefix_match_unit": unit, "hash_block_size": int(hashed), "blocks": blocks}})]
+        return [
+            Divergence(
+                "resolution",
+                version,
+                [],
+                hits,
+                list(hits),
+                f"vLLM resolved hash_block_size={hashed}, which does not divide the block size(s) {blocks} of its KV cache groups ({quote}"
+                f'"as long as every KV cache group\'s block_size is divisible by it"; vLLM rejects such a unit): a hash key then spans a block boundary',
+                {
+                    "rule": "hash_divides_blocks",
+                    "resolution": {"prefix_match_unit": unit, "hash_block_size": int(hashed), "blocks": blocks},
+                },
+            )
+        ]
     return []
 
 
 def check_knobs(case: Case, version: str, obs: Observation) -> list[Divergence]:
     model = resolve_knobs(case, version).as_dict()
-    engine = (obs.get("knobs") or {})
+    engine = obs.get("knobs") or {}
     wrong = [k for k in COMPARED_KNOBS if k in engine and engine[k] != model[k]]
     if not wrong:
         return []
-    return [Divergence("knobs", version, [], [model[k] for k in wrong], [engine[k] for k in wrong], "knobs differ: " + ", ".join(f"{k} model={model[k]} engine={engine[k]}" for k in wrong))]
+    return [
+        Divergence(
+            "knobs",
+            version,
+            [],
+            [model[k] for k in wrong],
+            [engine[k] for k in wrong],
+            "knobs differ: " + ", ".join(f"{k} model={model[k]} engine={engine[k]}" for k in wrong),
+        )
+    ]
 
 
 def resolved(case: Case, obs: Observation, version: str) -> Case:

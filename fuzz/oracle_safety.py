@@ -52,10 +52,9 @@ the longest prefix some earlier request keyed, floored to the hash unit).
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
+from fuzz.oracle_base import Divergence
 from ground.errors import KvspecError
 from reference.case import Case, prompt_tokens, sequence_tokens
-
-from fuzz.oracle_base import Divergence
 
 
 def resume_cap(case: Case, obs: Observation, i: int) -> int:
@@ -78,8 +77,10 @@ def check_cap(case: Case, version: str, obs: Observation) -> list[Divergence]:
     i = bad[0]
     external = ((obs.get("explain") or [{}] * (i + 1))[i] or {}).get("external_hit")
     source = f" ({external} of them loaded by a KV connector)" if external else ""
-    detail = (f"request {i} resumed at {hits[i]}{source} of its {len(prompt_tokens(case.trace[i]))}-token prompt, past {caps[i]}, "
-              "the last position whose logits it must compute")
+    detail = (
+        f"request {i} resumed at {hits[i]}{source} of its {len(prompt_tokens(case.trace[i]))}-token prompt, past {caps[i]}, "
+        "the last position whose logits it must compute"
+    )
     expected = [min(h, max(caps[k], 0)) if k < len(caps) else h for k, h in enumerate(hits)]
     return [Divergence("cap", version, bad, expected, hits, detail)]
 
@@ -118,7 +119,9 @@ def keyed_prefix(tokens: list[int], earlier: list[list[int]], upto: int) -> int:
     return max((_common(tokens, seq, upto) for seq in earlier), default=0)
 
 
-def _safety_of_keys(case: Case, version: str, obs: Observation) -> tuple[list[int], list[int], list[int], list[int], int, int]:
+def _safety_of_keys(
+    case: Case, version: str, obs: Observation
+) -> tuple[list[int], list[int], list[int], list[int], int, int]:
     """(requests whose hit no earlier key covers, their safe hits; requests
     whose hit only the lookahead key fails, their safe hits; H; L)."""
     hits = list(obs.get("hits") or [])
@@ -152,9 +155,11 @@ def check_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
     for i, e in zip(bad, exp):
         expected[i] = e
     i = bad[0]
-    detail = (f"request {i} resumed at {hits[i]}, but no earlier request's tokens match its first {hits[i]} "
-              f"(the longest keyed prefix is {keyed_prefix(prompt_tokens(case.trace[i]), [sequence_tokens(r) for r in case.trace[:i]], hits[i])}): "
-              "it reused KV or a state computed over other tokens")
+    detail = (
+        f"request {i} resumed at {hits[i]}, but no earlier request's tokens match its first {hits[i]} "
+        f"(the longest keyed prefix is {keyed_prefix(prompt_tokens(case.trace[i]), [sequence_tokens(r) for r in case.trace[:i]], hits[i])}): "
+        "it reused KV or a state computed over other tokens"
+    )
     return [Divergence("keys", version, bad, expected, hits, detail)]
 
 
@@ -172,7 +177,9 @@ def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Diverge
         expected[i] = e
     i = draft[0]
     h = hits[i]
-    nxt = prompt_tokens(case.trace[i])[h: h + L]
-    detail = (f"request {i} resumed at {h} over a block whose key covers the {L} lookahead token(s) {nxt} after it, "
-              "which no earlier request had there: the drafter's KV at that position was computed for another next token")
+    nxt = prompt_tokens(case.trace[i])[h : h + L]
+    detail = (
+        f"request {i} resumed at {h} over a block whose key covers the {L} lookahead token(s) {nxt} after it, "
+        "which no earlier request had there: the drafter's KV at that position was computed for another next token"
+    )
     return [Divergence("draft_keys", version, draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})]

@@ -42,11 +42,10 @@ hits, which its divergences carry unchanged (:func:`fuzz.oracle_base.same_hits`)
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
+from fuzz.oracle_base import Divergence, same_hits
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position
 from reference.case import Case, Request, prompt_tokens
 from reference.serial import common_prefix, known_common
-
-from fuzz.oracle_base import Divergence, same_hits
 
 
 def _budget(g, knobs: Observation) -> int:
@@ -94,17 +93,32 @@ def check_split(case: Case, version: str, obs: Observation) -> list[Divergence]:
     budget = _budget(g, knobs)
     lookahead = int(knobs.get("num_prefill_lookahead_tokens") or 0)
     hits = obs.get("hits") or []
-    stray = [[end for start, end in spans if end < N and not (end % H == 0 or (g.split_block_size and end % g.split_block_size == 0)
-                                                             or end == junction or end - start == budget or end >= N - lookahead)]
-             for N, junction, spans in _prefill_chunks(case, obs)]
+    stray = [
+        [
+            end
+            for start, end in spans
+            if end < N
+            and not (
+                end % H == 0
+                or (g.split_block_size and end % g.split_block_size == 0)
+                or end == junction
+                or end - start == budget
+                or end >= N - lookahead
+            )
+        ]
+        for N, junction, spans in _prefill_chunks(case, obs)
+    ]
     cut = [_cut_steps(e.get("decode_steps") or [], budget, int(knobs.get("max_model_len") or 0)) for e in explain]
 
     def detail(i: int) -> str:
         if stray[i]:
             return f"request {i}'s prefill chunk ends at {stray[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}): off the hash grid {H}, not the junction, not the budget {budget}"
         start, asked, scheduled = cut[i][0]
-        return (f"request {i}'s step after its {explain[i].get('prompt_tokens')}-token prefill, from {start}, schedules {scheduled} of the {asked} tokens it asked for "
-                f"(the sampled token and {asked - 1} draft{'' if asked == 2 else 's'}): cut at {start + scheduled}, by neither the budget {budget} nor max_model_len")
+        return (
+            f"request {i}'s step after its {explain[i].get('prompt_tokens')}-token prefill, from {start}, schedules {scheduled} of the {asked} tokens it asked for "
+            f"(the sampled token and {asked - 1} draft{'' if asked == 2 else 's'}): cut at {start + scheduled}, by neither the budget {budget} nor max_model_len"
+        )
+
     return same_hits("split", version, hits, {"stray_ends": stray, "cut_steps": cut}, detail)
 
 
@@ -142,11 +156,29 @@ def check_checkpoint(case: Case, version: str, obs: Observation) -> list[Diverge
     unit = H if (knobs.get("partial_hash_hits") and H < B) else B
     drop, L = bool(knobs.get("eagle_drop")), int(knobs.get("hash_lookahead_tokens") or 0)
     hits = obs.get("hits") or []
-    splits = [[end for start, end in spans if end < N and start % B == 0 and N - start <= budget and not start < junction < N
-               and internal_checkpoint_valid(start, N, mamba_checkpoint_position(N, unit, drop, L), H, B, g.prefill_checkpoint_grid)]
-              for N, junction, spans in _prefill_chunks(case, obs)]
-    return same_hits("checkpoint", version, hits, {"needless_splits": splits}, lambda i: (
-        f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})"))
+    splits = [
+        [
+            end
+            for start, end in spans
+            if end < N
+            and start % B == 0
+            and N - start <= budget
+            and not start < junction < N
+            and internal_checkpoint_valid(
+                start, N, mamba_checkpoint_position(N, unit, drop, L), H, B, g.prefill_checkpoint_grid
+            )
+        ]
+        for N, junction, spans in _prefill_chunks(case, obs)
+    ]
+    return same_hits(
+        "checkpoint",
+        version,
+        hits,
+        {"needless_splits": splits},
+        lambda i: (
+            f"request {i}'s last chunk is split at {splits[i][0]} of {explain[i].get('prompt_tokens')} (chunk ends {explain[i].get('chunk_ends')}), though the kernel can export its checkpoint from inside the chunk (grid {g.prefill_checkpoint_grid})"
+        ),
+    )
 
 
 def check_hit_blocks(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -168,9 +200,20 @@ def check_hit_blocks(case: Case, version: str, obs: Observation) -> list[Diverge
             extra.append(0)
             continue
         extra.append(max((n - -(-int(hit) // int(bs)) for bs, n in taken), key=abs))
-    return same_hits("hit_blocks", version, obs.get("hits") or [], {"extra_blocks": extra}, lambda i: (
-        f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): "
-        + (f"{extra[i]} beyond its hit" if extra[i] > 0 else f"{-extra[i]} fewer than its hit covers (its skipped tokens have no keys and values)")))
+    return same_hits(
+        "hit_blocks",
+        version,
+        obs.get("hits") or [],
+        {"extra_blocks": extra},
+        lambda i: (
+            f"request {i} resumed at {explain[i].get('scheduler_hit')} but took full-attention blocks {explain[i].get('attention_blocks')} ([block size, blocks]): "
+            + (
+                f"{extra[i]} beyond its hit"
+                if extra[i] > 0
+                else f"{-extra[i]} fewer than its hit covers (its skipped tokens have no keys and values)"
+            )
+        ),
+    )
 
 
 def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -190,7 +233,7 @@ def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Dive
     explain = obs.get("explain") or []
     prompts = [prompt_tokens(r) for r in case.trace]
     bad: list[list[int]] = []
-    for i, e in enumerate(explain[:len(prompts)]):
+    for i, e in enumerate(explain[: len(prompts)]):
         junction, hit = e.get("junction"), e.get("scheduler_hit")
         if not junction or hit is None:
             bad.append([])
@@ -199,10 +242,20 @@ def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Dive
         reach = max((_reach(case.trace[i], tokens, case.trace[j], prompts[j]) for j in range(i)), default=0)
         reach = min(reach, len(tokens) - 1)
         bad.append([int(junction), int(hit), reach] if not int(hit) < int(junction) <= reach else [])
-    return same_hits("shared_prefix", version, obs.get("hits") or [], {"bad_junctions": bad}, lambda i: (
-        f"request {i} of {len(prompts[i])} tokens reports the junction {bad[i][0]} (vLLM's shared_prefix_boundary) with its hit at {bad[i][1]}: "
-        + (f"past the {bad[i][2]} tokens full attention can have cached for it (its longest common prefix with an earlier request, below its length)"
-           if bad[i][0] > bad[i][2] else "not above its hit")))
+    return same_hits(
+        "shared_prefix",
+        version,
+        obs.get("hits") or [],
+        {"bad_junctions": bad},
+        lambda i: (
+            f"request {i} of {len(prompts[i])} tokens reports the junction {bad[i][0]} (vLLM's shared_prefix_boundary) with its hit at {bad[i][1]}: "
+            + (
+                f"past the {bad[i][2]} tokens full attention can have cached for it (its longest common prefix with an earlier request, below its length)"
+                if bad[i][0] > bad[i][2]
+                else "not above its hit"
+            )
+        ),
+    )
 
 
 def check_block_table(case: Case, version: str, obs: Observation) -> list[Divergence]:
@@ -237,12 +290,17 @@ def check_block_table(case: Case, version: str, obs: Observation) -> list[Diverg
         if not table[i]:
             return f"request {i} finished with {leaked[i]} more block reference(s) held than before it ({held[i]} in all) and no request left to give them back"
         start, unretired, freed = table[i][0]
-        what = " and ".join(([f"{freed} block(s) it had freed"] if freed else []) + ([f"{unretired} block(s) below the state it resumes from that nothing can hit"] if unretired else []))
+        what = " and ".join(
+            ([f"{freed} block(s) it had freed"] if freed else [])
+            + ([f"{unretired} block(s) below the state it resumes from that nothing can hit"] if unretired else [])
+        )
         more = f", and so after {len(table[i]) - 1} more step(s)" if len(table[i]) > 1 else ""
         left = f"; {leaked[i]} more block reference(s) held once it finished" if leaked[i] else ""
         return f"request {i}'s Mamba block table held {what} once the step starting at {start} tokens was scheduled{more}{left}"
 
-    return same_hits("block_table", version, obs.get("hits") or [], {"block_table": table, "leaked_blocks": leaked}, detail)
+    return same_hits(
+        "block_table", version, obs.get("hits") or [], {"block_table": table, "leaked_blocks": leaked}, detail
+    )
 
 
 def _reach(request: Request, tokens: list[int], earlier: Request, earlier_tokens: list[int]) -> int:

@@ -31,13 +31,12 @@ whose forward pass runs in the same step is not there yet).
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
+from fuzz.oracle_base import Divergence
 from reference.boundaries import junction_states, resumable_states
 from reference.case import Case, is_concurrent, prompt_tokens, sequence_tokens, waves
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from reference.variants import has_speculative
-
-from fuzz.oracle_base import Divergence
 
 
 def _written(e: dict) -> list[int] | None:
@@ -87,7 +86,9 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
             if finished:
                 out.append((j, set(_written(e) or ()) | decode_writes(e)))
             continue
-        out.append((j, {int(p) for p, s in steps if s is not None and s < first} | (decode_writes(e) if finished else set())))
+        out.append(
+            (j, {int(p) for p, s in steps if s is not None and s < first} | (decode_writes(e) if finished else set()))
+        )
     return out
 
 
@@ -113,7 +114,10 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
     prompts = [prompt_tokens(r) for r in case.trace]
     seqs = [sequence_tokens(r) for r in case.trace]  # an earlier request's output states are over its sequence
     held = [held_states(e) for e in explain]
-    held_all = [None if h is None else h | {int(p) for p in e.get("retained_output_states") or ()} for h, e in zip(held, explain)]
+    held_all = [
+        None if h is None else h | {int(p) for p in e.get("retained_output_states") or ()}
+        for h, e in zip(held, explain)
+    ]
     # In a concurrent trace the cache is read once the whole wave finished:
     # a state another request of the wave wrote over the same tokens is
     # that request's, and a request before the wave left held what it held.
@@ -127,9 +131,19 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
         mine = prompts[j]
         wave = wave_of.get(j, [j])
         mates = [k for k in wave if k != j and k < len(explain)]
-        out.append(sorted(p for p in held[j] if p <= len(mine) and p not in w
-                          and not any(held_all[k] is not None and p in held_all[k] and seqs[k][:p] == mine[:p] for k in range(min(wave[0], j)))
-                          and not any(p in (explain[k].get("written") or ()) and prompts[k][:p] == mine[:p] for k in mates)))
+        out.append(
+            sorted(
+                p
+                for p in held[j]
+                if p <= len(mine)
+                and p not in w
+                and not any(
+                    held_all[k] is not None and p in held_all[k] and seqs[k][:p] == mine[:p]
+                    for k in range(min(wave[0], j))
+                )
+                and not any(p in (explain[k].get("written") or ()) and prompts[k][:p] == mine[:p] for k in mates)
+            )
+        )
     return out
 
 
@@ -151,12 +165,22 @@ def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Dive
     (nothing that can be trusted to resume from)."""
     explain = obs.get("explain") or []
     hits = list(obs.get("hits") or [])
-    bad = [i for i, e in enumerate(explain) if isinstance(e.get("resumed_state"), dict) and e["resumed_state"].get("same_tokens") is False]
+    bad = [
+        i
+        for i, e in enumerate(explain)
+        if isinstance(e.get("resumed_state"), dict) and e["resumed_state"].get("same_tokens") is False
+    ]
     if not bad:
         return []
     got = explain[bad[0]]["resumed_state"]
-    at = got.get("at") if isinstance(got.get("at"), int) else hits[bad[0]]  # where it resumed (vLLM: its tokens computed before its first step)
-    over = "a slot no step wrote" if got.get("tokens") is None else f"a state computed over {got.get('tokens')} tokens that are not its first {at}"
+    at = (
+        got.get("at") if isinstance(got.get("at"), int) else hits[bad[0]]
+    )  # where it resumed (vLLM: its tokens computed before its first step)
+    over = (
+        "a slot no step wrote"
+        if got.get("tokens") is None
+        else f"a state computed over {got.get('tokens')} tokens that are not its first {at}"
+    )
     detail = f"request {bad[0]} resumed at {at} (hit {hits[bad[0]]}) from {over}"
     return [Divergence("resumed_state", version, bad, [0 if i in bad else h for i, h in enumerate(hits)], hits, detail)]
 
@@ -173,17 +197,31 @@ def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
     concurrent = is_concurrent(case)
     same_step: dict[int, tuple[int, int]] = {}  # request -> (the request that computed its state, that step)
     for i, h in enumerate(hits):
-        if h <= 0 or i > len(explain) or any(explain[j].get("written") is None for j in (range(len(explain)) if concurrent else range(i))):
+        if (
+            h <= 0
+            or i > len(explain)
+            or any(explain[j].get("written") is None for j in (range(len(explain)) if concurrent else range(i)))
+        ):
             continue
         if written_before(case, obs, i, h):
             continue
         bad.append(i)
         mine = prompt_tokens(case.trace[i])
-        below = [p for j, ps in writes_before(case, obs, i) for p in ps if p <= h and sequence_tokens(case.trace[j])[:p] == mine[:p]]
+        below = [
+            p
+            for j, ps in writes_before(case, obs, i)
+            for p in ps
+            if p <= h and sequence_tokens(case.trace[j])[:p] == mine[:p]
+        ]
         expected[i] = max(below, default=0)
         if concurrent:  # another request did compute it, in the step that first ran i or later: read too early
-            late = [(j, s) for j, e in enumerate(explain) if j != i and prompt_tokens(case.trace[j])[:h] == mine[:h]
-                    for p, s in (e.get("written_steps") or ()) if p == h and s is not None]
+            late = [
+                (j, s)
+                for j, e in enumerate(explain)
+                if j != i and prompt_tokens(case.trace[j])[:h] == mine[:h]
+                for p, s in (e.get("written_steps") or ())
+                if p == h and s is not None
+            ]
             if late:
                 same_step[i] = min(late, key=lambda x: x[1])
     keyed = stale_keys(case, obs)
@@ -195,19 +233,34 @@ def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
         i = bad[0]
         if i in same_step:
             j, step = same_step[i]
-            notes.append(f"request {i} resumed at {hits[i]} in step {explain[i]['first_step']}, the first that ran it, from the state request {j} computes "
-                         f"in step {step}: {SAME_STEP_READ} (the highest written before is {expected[i]})")
+            notes.append(
+                f"request {i} resumed at {hits[i]} in step {explain[i]['first_step']}, the first that ran it, from the state request {j} computes "
+                f"in step {step}: {SAME_STEP_READ} (the highest written before is {expected[i]})"
+            )
         else:
-            notes.append(f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})")
+            notes.append(
+                f"request {i} resumed at {hits[i]}, where no earlier prefill wrote a Mamba state over its tokens (the highest written is {expected[i]})"
+            )
     if keyed_bad:
         j = keyed_bad[0]
-        notes.append(f"request {j} left Mamba states at {keyed[j]} held that its prefill did not write (written {explain[j].get('written')}) and no earlier request held")
+        notes.append(
+            f"request {j} left Mamba states at {keyed[j]} held that its prefill did not write (written {explain[j].get('written')}) and no earlier request held"
+        )
     order = sorted(set(bad) | set(keyed_bad))
     context: dict = {"stale_keys": keyed} if keyed_bad else {}
     if same_step and bad and bad[0] == order[0] and bad[0] in same_step:
         context["same_step"] = True  # the first divergence reads a state in the step that computes it
-    return [Divergence("stale", version, order, expected, hits, "; ".join(notes if not keyed_bad or (bad and bad[0] <= keyed_bad[0]) else notes[::-1]),
-                       context)]
+    return [
+        Divergence(
+            "stale",
+            version,
+            order,
+            expected,
+            hits,
+            "; ".join(notes if not keyed_bad or (bad and bad[0] <= keyed_bad[0]) else notes[::-1]),
+            context,
+        )
+    ]
 
 
 def held_states(e: dict) -> set[int] | None:
@@ -254,10 +307,19 @@ def check_retention(case: Case, version: str, obs: Observation) -> list[Divergen
     if not explain or any(held_states(e) is None for e in explain):
         return []
     knobs = resolve_knobs(case, version)
-    interval, L, H, S, U = g.retention_interval, knobs.hash_lookahead_tokens, g.hash_block_size, g.scheduler_block_size, knobs.alignment
+    interval, L, H, S, U = (
+        g.retention_interval,
+        knobs.hash_lookahead_tokens,
+        g.hash_block_size,
+        g.scheduler_block_size,
+        knobs.alignment,
+    )
     Ms = sorted(set(g.mamba_block_sizes))
     step = None if not interval else max(interval, min(Ms))
-    models = [predict_with_knobs(case, knobs, rule)["explain"] for rule in dict.fromkeys(("promise", implemented_rule(version)))]
+    models = [
+        predict_with_knobs(case, knobs, rule)["explain"]
+        for rule in dict.fromkeys(("promise", implemented_rule(version)))
+    ]
     prompts = [prompt_tokens(r) for r in case.trace]
     own: list[set[int]] = []
     for j, e in enumerate(explain):
@@ -286,12 +348,27 @@ def check_retention(case: Case, version: str, obs: Observation) -> list[Divergen
         outputs.append(inside)
         if extra or missing or inside:
             bad.append(i)
-            faults = ([f"keeps {extra}, where no later request can resume"] if extra else []) + (
-                [f"keeps {inside} inside its {len(tokens)}-token prompt's output, no semantic checkpoint"] if inside else []) + (
-                [f"drops the segment ends {missing} its prefill wrote"] if missing else [])
+            faults = (
+                ([f"keeps {extra}, where no later request can resume"] if extra else [])
+                + (
+                    [f"keeps {inside} inside its {len(tokens)}-token prompt's output, no semantic checkpoint"]
+                    if inside
+                    else []
+                )
+                + ([f"drops the segment ends {missing} its prefill wrote"] if missing else [])
+            )
             notes.append(f"request {i} " + " and ".join(faults))
     if not bad:
         return []
     mode = "sparse" if interval == 0 else f"periodic (interval {interval})"
-    return [Divergence("retention", version, bad, list(hits), list(hits), f"{mode} retention: " + "; ".join(notes[:3]),
-                       {"expected_states": expected, "observed_states": observed, "output_states": outputs})]
+    return [
+        Divergence(
+            "retention",
+            version,
+            bad,
+            list(hits),
+            list(hits),
+            f"{mode} retention: " + "; ".join(notes[:3]),
+            {"expected_states": expected, "observed_states": observed, "output_states": outputs},
+        )
+    ]

@@ -18,21 +18,44 @@ prefix (:func:`serial_part`), where their rules were stated.
 
 from __future__ import annotations
 
-from ground.engines import FAMILIES, Capability, family_of
-from engine_adapter.interface import Observation
 from dataclasses import replace
 
-from reference.case import Case, is_concurrent, serial_prefix
-
+from engine_adapter.interface import Observation
 from fuzz.oracle_base import Divergence, Run, check_engine_error, promised, request_kinds  # noqa: F401 - re-exported
-from fuzz.oracle_hits import check_junction, check_promise, check_reference, check_sparse_dense, check_spec_on_off, check_versions  # noqa: F401 - re-exported
-from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACLES, KNOWN_ORACLES, NEUTRAL_ORACLES, ORACLES,  # noqa: F401 - re-exported
-                                  SAFETY_ORACLES, SAME_HITS_ORACLES)
-from fuzz.oracle_safety import check_cap, check_draft_keys, check_keys  # noqa: F401 - re-exported
-from fuzz.oracle_resolution import COMPARED_KNOBS, check_knobs, check_resolution, comparable_resolutions, resolved  # noqa: F401 - re-exported
-from fuzz.oracle_schedule import check_block_table, check_checkpoint, check_hit_blocks, check_shared_prefix, check_split  # noqa: F401 - re-exported
+from fuzz.oracle_hits import (  # noqa: F401 - re-exported
+    check_junction,
+    check_promise,
+    check_reference,
+    check_sparse_dense,
+    check_spec_on_off,
+    check_versions,
+)
 from fuzz.oracle_outputs import check_outputs  # noqa: F401 - re-exported
-from fuzz.oracle_states import SAME_STEP_READ, check_resumed_state, check_retention, check_stale, held_states, stale_keys, written_before, writes_before  # noqa: F401 - re-exported
+from fuzz.oracle_registry import (  # noqa: F401 - re-exported
+    BUILD_ORACLES,
+    CONCURRENT_ORACLES,
+    EXTRA_ORACLES,
+    KNOWN_ORACLES,
+    NEUTRAL_ORACLES,
+    ORACLES,
+    SAFETY_ORACLES,
+    SAME_HITS_ORACLES,
+)
+from fuzz.oracle_resolution import COMPARED_KNOBS, check_knobs, check_resolution, comparable_resolutions, resolved  # noqa: F401 - re-exported
+from fuzz.oracle_safety import check_cap, check_draft_keys, check_keys  # noqa: F401 - re-exported
+from fuzz.oracle_schedule import check_block_table, check_checkpoint, check_hit_blocks, check_shared_prefix, check_split  # noqa: F401 - re-exported
+from fuzz.oracle_states import (  # noqa: F401 - re-exported
+    SAME_STEP_READ,
+    check_resumed_state,
+    check_retention,
+    check_stale,
+    held_states,
+    stale_keys,
+    writes_before,
+    written_before,
+)
+from ground.engines import FAMILIES, Capability, family_of
+from reference.case import Case, is_concurrent, serial_prefix
 
 
 def _memo(run: Run) -> Run:
@@ -63,11 +86,23 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
 
 #: The oracles that read one observation and nothing else, in the order
 #: :func:`check_all` runs them.
-SINGLE_RUN_CHECKS = (("knobs", check_knobs), ("promise", check_promise), ("cap", check_cap), ("keys", check_keys), ("draft_keys", check_draft_keys),
-                     ("stale", check_stale), ("resumed_state", check_resumed_state), ("retention", check_retention),
-                     ("split", check_split), ("checkpoint", check_checkpoint), ("hit_blocks", check_hit_blocks),
-                     ("shared_prefix", check_shared_prefix), ("block_table", check_block_table), ("reference", check_reference),
-                     ("outputs", check_outputs))
+SINGLE_RUN_CHECKS = (
+    ("knobs", check_knobs),
+    ("promise", check_promise),
+    ("cap", check_cap),
+    ("keys", check_keys),
+    ("draft_keys", check_draft_keys),
+    ("stale", check_stale),
+    ("resumed_state", check_resumed_state),
+    ("retention", check_retention),
+    ("split", check_split),
+    ("checkpoint", check_checkpoint),
+    ("hit_blocks", check_hit_blocks),
+    ("shared_prefix", check_shared_prefix),
+    ("block_table", check_block_table),
+    ("reference", check_reference),
+    ("outputs", check_outputs),
+)
 
 
 def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None:
@@ -84,7 +119,9 @@ def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None
     return replace(case, trace=case.trace[:k]), part
 
 
-def check_all(case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES) -> list[Divergence]:
+def check_all(
+    case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES
+) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix

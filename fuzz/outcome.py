@@ -28,7 +28,16 @@ HARNESS_ERROR_LIMIT = 0.10
 HARNESS_ERROR_MIN = 3
 
 
-def outcome(*, execs: int, harness_errors: int, new_findings: int, workers_died: int = 0, limit: float = HARNESS_ERROR_LIMIT, minimum: int = HARNESS_ERROR_MIN, cases: dict | None = None) -> tuple[int, str]:
+def outcome(
+    *,
+    execs: int,
+    harness_errors: int,
+    new_findings: int,
+    workers_died: int = 0,
+    limit: float = HARNESS_ERROR_LIMIT,
+    minimum: int = HARNESS_ERROR_MIN,
+    cases: dict | None = None,
+) -> tuple[int, str]:
     """(exit code, one-line reason). The harness failed when a worker died,
     when nothing was executed, or when harness errors number at least
     ``minimum`` and exceed ``limit`` times the executions; otherwise 1 when
@@ -39,9 +48,15 @@ def outcome(*, execs: int, harness_errors: int, new_findings: int, workers_died:
     if workers_died:
         return EXIT_HARNESS, f"harness failed: {workers_died} fuzzing worker(s) died{tail}"
     if execs <= 0:
-        return EXIT_HARNESS, f"harness failed: no execution before the deadline (engine start-up takes ~20 s; is the engine usable?){tail}"
+        return (
+            EXIT_HARNESS,
+            f"harness failed: no execution before the deadline (engine start-up takes ~20 s; is the engine usable?){tail}",
+        )
     if harness_errors >= minimum and harness_errors > limit * execs:
-        return EXIT_HARNESS, f"harness failed: {harness_errors} harness error(s) in {execs} execution(s), above the limit {limit:g}{tail}"
+        return (
+            EXIT_HARNESS,
+            f"harness failed: {harness_errors} harness error(s) in {execs} execution(s), above the limit {limit:g}{tail}",
+        )
     if new_findings:
         return EXIT_FINDINGS, f"{new_findings} finding(s) written this run{tail}"
     if left:
@@ -54,7 +69,7 @@ _WHY = {"cut_at_deadline": "cut at the deadline", "harness_error": "a harness er
 
 
 def unfinished_line(cases: dict | None, shown: int = 5) -> str:
-    """"N of M --case file(s) not run to completion: a.json (cut at the
+    """ "N of M --case file(s) not run to completion: a.json (cut at the
     deadline), ..." (the first ``shown`` named; a name with a control
     character shown escaped, as repr), or "" when all ran."""
     if not cases or not cases.get("unfinished"):

@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 #: Seconds between two progress lines on a non-TTY.
 PROGRESS_EVERY_S = 10.0
 
 
-def progress_line(elapsed: float, execs: int, exec_per_s: float, coverage: int | None, findings: int, harness_errors: int) -> str:
+def progress_line(
+    elapsed: float, execs: int, exec_per_s: float, coverage: int | None, findings: int, harness_errors: int
+) -> str:
     """The counters of a running campaign as one line; coverage shows as
     ``-`` when the driver does not measure it."""
     cov = "-" if coverage is None else str(coverage)
@@ -32,7 +34,9 @@ def count_files(folder: Path | None, pattern: str = "*") -> int:
     hidden or temporary ``.tmp`` files); 0 when the folder does not exist."""
     if folder is None or not folder.is_dir():
         return 0
-    return sum(1 for p in folder.glob(pattern) if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp"))
+    return sum(
+        1 for p in folder.glob(pattern) if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")
+    )
 
 
 def resume_line(out: Path, corpus: Path | None) -> str | None:

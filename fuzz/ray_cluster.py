@@ -55,7 +55,11 @@ def check_temp_dir(path: Path | None = None) -> Path:
     pass the 107-byte Unix socket limit."""
     path = Path(path or ray_temp_dir()).resolve()
     if len(str(path).encode()) > MAX_TEMP_DIR:
-        raise invalid("ray temp dir", str(path), f"Ray's Unix sockets under it must fit in {SOCKET_PATH_LIMIT} bytes: at most {MAX_TEMP_DIR} bytes; set KVSPEC_HOME to a shorter folder")
+        raise invalid(
+            "ray temp dir",
+            str(path),
+            f"Ray's Unix sockets under it must fit in {SOCKET_PATH_LIMIT} bytes: at most {MAX_TEMP_DIR} bytes; set KVSPEC_HOME to a shorter folder",
+        )
     return path
 
 
@@ -80,7 +84,9 @@ def cluster_env(base: dict[str, str] | None = None, *, start: bool = False, loop
         env["RAY_AUTH_TOKEN_PATH"] = str(token_path())
     if loopback:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    if env.get("RAY_AUTH_MODE") is None and (start or "RAY_AUTH_TOKEN" in env or Path(env.get("RAY_AUTH_TOKEN_PATH", "")).is_file()):
+    if env.get("RAY_AUTH_MODE") is None and (
+        start or "RAY_AUTH_TOKEN" in env or Path(env.get("RAY_AUTH_TOKEN_PATH", "")).is_file()
+    ):
         env["RAY_AUTH_MODE"] = "token"  # a token at hand: use it (Ray's connecting driver does not by itself)
     if env.get("RAY_AUTH_MODE") == "token" and "RAY_AUTH_TOKEN" not in env:
         path = Path(env["RAY_AUTH_TOKEN_PATH"])
@@ -113,9 +119,17 @@ def resolve_address(address: str) -> str:
             file = ray_temp_dir() / "ray_current_cluster"
             address = file.read_text().strip() if file.is_file() else ""
         if not address:
-            raise invalid("--ray", given, f"no running cluster found (RAY_ADDRESS unset, no {ray_temp_dir() / 'ray_current_cluster'}); start one with `ray start --head` in kvspec's Ray environment (docs/distribute.md), or give HOST:PORT or 'local'")
+            raise invalid(
+                "--ray",
+                given,
+                f"no running cluster found (RAY_ADDRESS unset, no {ray_temp_dir() / 'ray_current_cluster'}); start one with `ray start --head` in kvspec's Ray environment (docs/distribute.md), or give HOST:PORT or 'local'",
+            )
     if address.startswith("ray://"):
-        raise invalid("--ray", given, "Ray Client addresses (ray://) are not supported; give the cluster's GCS address HOST:PORT, 'auto' or 'local'")
+        raise invalid(
+            "--ray",
+            given,
+            "Ray Client addresses (ray://) are not supported; give the cluster's GCS address HOST:PORT, 'auto' or 'local'",
+        )
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise invalid("--ray", given, "must be 'local', 'auto' or a Ray cluster's GCS address HOST:PORT")
@@ -123,7 +137,11 @@ def resolve_address(address: str) -> str:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as e:
-        raise invalid("--ray", given, f"must be a reachable Ray cluster: {host}:{port} did not answer within {CONNECT_TIMEOUT_S:g} s ({type(e).__name__})")
+        raise invalid(
+            "--ray",
+            given,
+            f"must be a reachable Ray cluster: {host}:{port} did not answer within {CONNECT_TIMEOUT_S:g} s ({type(e).__name__})",
+        )
     return f"{host}:{port}"
 
 
@@ -196,7 +214,9 @@ class RaySession:
         try:
             import ray
         except ImportError:
-            raise invalid("--ray", self.address, "needs Ray: pip install 'kvspec[dist]' (make venv installs it)") from None
+            raise invalid(
+                "--ray", self.address, "needs Ray: pip install 'kvspec[dist]' (make venv installs it)"
+            ) from None
         if ray.is_initialized():
             return self
         local = self.address == "local"
@@ -211,7 +231,13 @@ class RaySession:
             if local:
                 temp.mkdir(parents=True, exist_ok=True)
                 # address="local": a new cluster, never the one `ray start` left in ray_current_cluster
-                ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count() or 1, _temp_dir=str(temp), _node_ip_address="127.0.0.1", **kwargs)
+                ray.init(
+                    address="local",
+                    num_cpus=self.num_cpus or os.cpu_count() or 1,
+                    _temp_dir=str(temp),
+                    _node_ip_address="127.0.0.1",
+                    **kwargs,
+                )
             else:
                 kwargs.pop("include_dashboard")
                 ray.init(address=target, **kwargs)
@@ -220,7 +246,11 @@ class RaySession:
             _enable_cluster(self._cluster_flag)
             if isinstance(e, KvspecError):
                 raise
-            raise invalid("--ray", self.address, f"Ray could not {'start a local cluster' if local else 'connect'}: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+            raise invalid(
+                "--ray",
+                self.address,
+                f"Ray could not {'start a local cluster' if local else 'connect'}: {type(e).__name__}: {' '.join(str(e).split())[:200]}",
+            ) from None
         self.owned = True
         self._printer = _ray_messages_to_stderr()
         return self
@@ -250,7 +280,18 @@ def start_head(*, port: int = 6379, num_cpus: int | None = None, loopback: bool 
     check_temp_dir()
     env = cluster_env(start=True, loopback=loopback)
     ray_bin = Path(sys.executable).with_name("ray")
-    cmd = [str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", str(num_cpus or os.cpu_count() or 1), "--include-dashboard=false", "--disable-usage-stats", "--block"]
+    cmd = [
+        str(ray_bin),
+        "start",
+        "--head",
+        "--port",
+        str(port),
+        "--num-cpus",
+        str(num_cpus or os.cpu_count() or 1),
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
+    ]
     if loopback:
         cmd += ["--node-ip-address", "127.0.0.1"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -270,7 +311,9 @@ def start_head(*, port: int = 6379, num_cpus: int | None = None, loopback: bool 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    say(f"kvspec: Ray head {'127.0.0.1' if loopback else 'on this node'}:{port} (folder {ray_temp_dir()}, token {env.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN')}); join with --ray auto; Ctrl-C stops it")
+    say(
+        f"kvspec: Ray head {'127.0.0.1' if loopback else 'on this node'}:{port} (folder {ray_temp_dir()}, token {env.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN')}); join with --ray auto; Ctrl-C stops it"
+    )
     try:
         return proc.wait()
     finally:
@@ -285,7 +328,9 @@ def main(argv: list[str]) -> int:
     head = sub.add_parser("head", help="start a Ray head in kvspec's environment until Ctrl-C")
     head.add_argument("--port", type=int, default=6379)
     head.add_argument("--num-cpus", type=int, default=None)
-    head.add_argument("--all-interfaces", action="store_true", help="reachable from other nodes (default: 127.0.0.1 only)")
+    head.add_argument(
+        "--all-interfaces", action="store_true", help="reachable from other nodes (default: 127.0.0.1 only)"
+    )
     args = parser.parse_args(argv)
     if args.what == "env":
         values = cluster_env({}, start=True, loopback=args.loopback)

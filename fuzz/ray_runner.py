@@ -64,7 +64,9 @@ def _findings(folder: Path) -> set[str]:
 def _files(folder: Path | None) -> set[str]:
     if folder is None or not folder.is_dir():
         return set()
-    return {p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")}
+    return {
+        p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")
+    }
 
 
 # ------------------------------------------------------------ on the worker
@@ -94,11 +96,30 @@ def campaign_task(task: dict) -> dict:
         seed_dir = given if shared and given is not None and (given / "READY").exists() else z3_seed_dir(kvspec_home())
     left = task["deadline_unix"] - time.time()
     summary = _empty(task) if left < 1.0 else _campaign(task, out, corpus, seed_dir, left)
-    result = {"summary": summary.to_dict(), "shared": shared, "started_unix": started_unix, "host": socket.gethostname(), "pid": os.getpid(), "findings": [], "harness_errors": [], "corpus": []}
+    result = {
+        "summary": summary.to_dict(),
+        "shared": shared,
+        "started_unix": started_unix,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "findings": [],
+        "harness_errors": [],
+        "corpus": [],
+    }
     if not shared:  # send back what this worker's node holds
-        result["findings"] = [{"name": p.name, "data": json.loads(p.read_text())} for p in sorted(out.glob("*.json"))[:MAX_FILES]]
+        result["findings"] = [
+            {"name": p.name, "data": json.loads(p.read_text())} for p in sorted(out.glob("*.json"))[:MAX_FILES]
+        ]
         herr = out / "harness-errors"
-        result["harness_errors"] = [{"name": p.name, "text": p.read_text(errors="replace")} for p in sorted(herr.glob("*"))[:MAX_FILES] if p.is_file()] if herr.is_dir() else []
+        result["harness_errors"] = (
+            [
+                {"name": p.name, "text": p.read_text(errors="replace")}
+                for p in sorted(herr.glob("*"))[:MAX_FILES]
+                if p.is_file()
+            ]
+            if herr.is_dir()
+            else []
+        )
         size = 0
         for name in sorted(_files(corpus) - corpus_before)[:MAX_FILES]:
             data = (corpus / name).read_bytes()
@@ -121,12 +142,29 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
     if task["driver"] == "atheris":
         from fuzz.atheris_runner import run_atheris
 
-        return run_atheris(task["engine"], out=out, corpus=corpus, seed_dir=seed_dir, seed=task["seed"], max_time=left, jobs=1, other=task.get("other"), libfuzzer_args=list(task.get("libfuzzer") or []), deadline=deadline, synthetic=bool(task.get("synthetic")))
+        return run_atheris(
+            task["engine"],
+            out=out,
+            corpus=corpus,
+            seed_dir=seed_dir,
+            seed=task["seed"],
+            max_time=left,
+            jobs=1,
+            other=task.get("other"),
+            libfuzzer_args=list(task.get("libfuzzer") or []),
+            deadline=deadline,
+            synthetic=bool(task.get("synthetic")),
+        )
+    from fuzz.runner import RunConfig, run_in_process
     from fuzz.seeds import load_seed_cases
     from reference.case import parse_case
-    from fuzz.runner import RunConfig, run_in_process
 
-    config = RunConfig(driver=task["driver"], seed=task["seed"], synthetic=bool(task.get("synthetic")), connector=task.get("connector") or "drawn")
+    config = RunConfig(
+        driver=task["driver"],
+        seed=task["seed"],
+        synthetic=bool(task.get("synthetic")),
+        connector=task.get("connector") or "drawn",
+    )
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
     names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
@@ -137,7 +175,17 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
 # ------------------------------------------------------------ on the driver
 
 
-def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed_dir: Path | None, started: float, deadline: float, say) -> CampaignSummary:
+def run_on_ray(
+    args,
+    engines: list[str],
+    *,
+    out: Path,
+    corpus: Path | None,
+    seed_dir: Path | None,
+    started: float,
+    deadline: float,
+    say,
+) -> CampaignSummary:
     """Run ``args.jobs`` campaign workers on Ray (``args.ray``) until
     ``deadline`` (``time.monotonic()``); the summary ``kvspec fuzz`` prints."""
     from fuzz.atheris_runner import STOP_GRACE_S
@@ -155,24 +203,50 @@ def run_on_ray(args, engines: list[str], *, out: Path, corpus: Path | None, seed
     before = _findings(out)
     started_unix = time.time() - (time.monotonic() - started)
     end = deadline - STOP_GRACE_S  # results merged and the summary printed by the deadline
-    tasks = [{
-        "id": f"job-{j}", "run": run, "engine": engines[0], "other": engines[1] if len(engines) > 1 else None,
-        "driver": args.driver, "seed": args.seed + j, "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
-        "out": str(out.resolve()), "corpus": str(corpus) if corpus is not None else None,
-        "z3_seeds": seed_dir is not None, "seed_dir": str(seed_dir) if seed_dir is not None else None,
-        "cases": [load_json(p, "case file") for p in args.case], "case_names": list(args.case), "synthetic": bool(args.synthetic_geometry),
-        "connector": getattr(args, "kv_connector", "drawn"), "libfuzzer": list(args.libfuzzer or []), "kvspec_home": str(kvspec_home()),
-    } for j in range(args.jobs)]
+    tasks = [
+        {
+            "id": f"job-{j}",
+            "run": run,
+            "engine": engines[0],
+            "other": engines[1] if len(engines) > 1 else None,
+            "driver": args.driver,
+            "seed": args.seed + j,
+            "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
+            "out": str(out.resolve()),
+            "corpus": str(corpus) if corpus is not None else None,
+            "z3_seeds": seed_dir is not None,
+            "seed_dir": str(seed_dir) if seed_dir is not None else None,
+            "cases": [load_json(p, "case file") for p in args.case],
+            "case_names": list(args.case),
+            "synthetic": bool(args.synthetic_geometry),
+            "connector": getattr(args, "kv_connector", "drawn"),
+            "libfuzzer": list(args.libfuzzer or []),
+            "kvspec_home": str(kvspec_home()),
+        }
+        for j in range(args.jobs)
+    ]
     done: list[dict] = []
 
     def line() -> str:
         elapsed = time.monotonic() - started
         return f"kvspec fuzz: {elapsed:7.1f}s  ray {args.ray}: {args.jobs - len(done)} worker(s) running, {len(done)} done  findings {max(0, count_files(out, '*.json') - len(before))}"
 
-    say(f"kvspec fuzz: {args.jobs} worker(s) on Ray ({args.ray}), seeds {args.seed}..{args.seed + args.jobs - 1}, findings into {out}")
+    say(
+        f"kvspec fuzz: {args.jobs} worker(s) on Ray ({args.ray}), seeds {args.seed}..{args.seed + args.jobs - 1}, findings into {out}"
+    )
     try:
         with Heartbeat(line, say):
-            results = run_tasks(campaign_task, tasks, ray_address=args.ray, out=out / "ray-tasks" / run, retries=args.ray_retries, timeout_s=max(1.0, end - time.monotonic()), num_cpus=args.jobs, resume=False, progress=done.append)
+            results = run_tasks(
+                campaign_task,
+                tasks,
+                ray_address=args.ray,
+                out=out / "ray-tasks" / run,
+                retries=args.ray_retries,
+                timeout_s=max(1.0, end - time.monotonic()),
+                num_cpus=args.jobs,
+                resume=False,
+                progress=done.append,
+            )
     finally:
         try:
             marker.unlink()
@@ -205,7 +279,16 @@ def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
     return {**counts, "unfinished": [{"path": n, "why": w} for n, w in why.items() if w != "run"]}
 
 
-def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Path | None, before: set[str], started: float, started_unix: float) -> CampaignSummary:
+def _merge(
+    results: list[dict],
+    args,
+    engines: list[str],
+    out: Path,
+    corpus: Path | None,
+    before: set[str],
+    started: float,
+    started_unix: float,
+) -> CampaignSummary:
     """Write what remote workers sent back, then add up the summaries
     (:meth:`fuzz.summary.CampaignSummary.merge`)."""
     firsts, tasks, failed, ready, workers = [], [], 0, [], []
@@ -230,8 +313,20 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         if env["status"] != "ok":
             failed += 1
         reported = "execs" in s.keys  # a worker that returned no summary reports none of its counts
-        tasks.append({"id": env["id"], "status": env["status"], "attempt": env.get("attempt"), "host": env.get("host"), "pid": env.get("pid"), "execs": s.execs if reported else None, "findings_reported": len(s.findings or []),
-                      "duplicates": s.duplicates if "duplicates" in s.keys else None, "harness_errors": s.harness_errors if "harness_errors" in s.keys else None, "error": env.get("error")})
+        tasks.append(
+            {
+                "id": env["id"],
+                "status": env["status"],
+                "attempt": env.get("attempt"),
+                "host": env.get("host"),
+                "pid": env.get("pid"),
+                "execs": s.execs if reported else None,
+                "findings_reported": len(s.findings or []),
+                "duplicates": s.duplicates if "duplicates" in s.keys else None,
+                "harness_errors": s.harness_errors if "harness_errors" in s.keys else None,
+                "error": env.get("error"),
+            }
+        )
     case_files = _case_files([s.case_files for s in workers], list(getattr(args, "case", None) or []))
     new = sorted(_findings(out) - before)
     findings = []
@@ -241,14 +336,23 @@ def _merge(results: list[dict], args, engines: list[str], out: Path, corpus: Pat
         except (OSError, ValueError):
             summary = None
         findings.append({"path": str(out / name), "summary": summary})
-    total = CampaignSummary(RAY_KEYS, engine=engines[0], driver=args.driver, ray=args.ray, jobs=args.jobs).merge(*workers)
+    total = CampaignSummary(RAY_KEYS, engine=engines[0], driver=args.driver, ray=args.ray, jobs=args.jobs).merge(
+        *workers
+    )
     elapsed = time.monotonic() - started
     return replace(
-        total, elapsed_s=round(elapsed, 2), exec_per_s=round(total.exec_per_s, 1),
+        total,
+        elapsed_s=round(elapsed, 2),
+        exec_per_s=round(total.exec_per_s, 1),
         # start-up: until the last worker was ready (Ray's start included); rates per second of fuzzing, workers added up
-        startup_s=round(max(ready), 2) if ready else None, engine_runs_per_s=round(total.engine_runs_per_s, 2), cases_per_s=round(total.cases_per_s, 2),
+        startup_s=round(max(ready), 2) if ready else None,
+        engine_runs_per_s=round(total.engine_runs_per_s, 2),
+        cases_per_s=round(total.cases_per_s, 2),
         workers_died=total.workers_died + failed,
-        findings=findings, first_finding_s=round(min(firsts), 2) if firsts else None, case_files=case_files,
-        ray_tasks=tasks, ray_retried=sum(1 for t in tasks if (t["attempt"] or 0) > 0),
+        findings=findings,
+        first_finding_s=round(min(firsts), 2) if firsts else None,
+        case_files=case_files,
+        ray_tasks=tasks,
+        ray_retried=sum(1 for t in tasks if (t["attempt"] or 0) > 0),
         ray_nodes=sorted({t["host"] for t in tasks if t["host"]}),
     )

@@ -15,10 +15,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from reference.case import Case, is_concurrent, prompt_tokens
-
 from fuzz.generate import ANY_RETENTION, DeploymentClass, deployment_classes
 from fuzz.oracles import request_kinds
+from reference.case import Case, is_concurrent, prompt_tokens
 
 
 def deployment_class_of(case: Case) -> DeploymentClass | None:
@@ -42,7 +41,9 @@ def deployment_class_of(case: Case) -> DeploymentClass | None:
         spec = "drop" if config.get("disable_lookahead_block_hashes") is True else "mtp"
     else:
         spec = "other"
-    retention = {None: "sparse", "0": "sparse", "None": "dense"}.get(value("--prefix-cache-retention-interval"), "periodic")
+    retention = {None: "sparse", "0": "sparse", "None": "dense"}.get(
+        value("--prefix-cache-retention-interval"), "periodic"
+    )
     if spec == "other":
         retention = ANY_RETENTION
     return DeploymentClass(dep.model, spec, "--prefix-match-unit" in args, retention)

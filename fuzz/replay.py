@@ -13,18 +13,16 @@ request, the first divergence marked, as in a finding file.
 
 from __future__ import annotations
 
-from engine_adapter.host.versions import engine_name as name_of
-
 from pathlib import Path
 
-from reference.case import Case
-from ground.errors import Unsupported
-from reference.knobs import implemented_rule, resolve_knobs
-from reference.predict import predict_with_knobs
-
+from engine_adapter.host.versions import engine_name as name_of
 from fuzz.findings import load_finding
 from fuzz.oracles import request_kinds
 from fuzz.verdict import Claim, observe_and_judge
+from ground.errors import Unsupported
+from reference.case import Case
+from reference.knobs import implemented_rule, resolve_knobs
+from reference.predict import predict_with_knobs
 
 
 def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
@@ -73,14 +71,21 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
         "oracle": claim.oracle if claim else None,
         "first_divergence": judged.verdict.first,
         "divergences": [{"oracle": d.oracle, "requests": d.requests, "detail": d.detail} for d in judged.divergences],
-        "resolved": None if resolution is None else {"scheduler_block_size": resolution["geometry"]["scheduler_block_size"], "hash_block_size": resolution["geometry"]["hash_block_size"]},
+        "resolved": None
+        if resolution is None
+        else {
+            "scheduler_block_size": resolution["geometry"]["scheduler_block_size"],
+            "hash_block_size": resolution["geometry"]["hash_block_size"],
+        },
         "note": note,
         "rows": rows,
         "observed": obs,
     }
 
 
-def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | None = None, warm: bool | None = None) -> dict:
+def replay_on_engine(
+    path: str | Path, engine_name: str, *, other_name: str | None = None, warm: bool | None = None
+) -> dict:
     """Load a finding/case file and replay it on ``engine_name``; a
     ``versions`` finding also on the other engine it names (or
     ``other_name``): the finding's own engine when ``engine_name`` is the
@@ -107,7 +112,9 @@ def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | No
         elif under_test and under_test != version:
             other_version = under_test
         if other_version is None:
-            raise Unsupported(f"finding.other_engine={claim.other_version!r}: a versions finding names the engine it was compared with; allowed: a finding that names it (schema 2), beside --engine")
+            raise Unsupported(
+                f"finding.other_engine={claim.other_version!r}: a versions finding names the engine it was compared with; allowed: a finding that names it (schema 2), beside --engine"
+            )
     engine = open_engine(name_of(version), warm=warm)
     other = None
     try:
@@ -123,7 +130,11 @@ def replay_on_engine(path: str | Path, engine_name: str, *, other_name: str | No
 def render_replay(result: dict, console) -> None:
     from rich.table import Table
 
-    title = f"{result['engine']}" + (f" vs {result['other_engine']}" if result.get("other_engine") else "") + f": {result['verdict']}"
+    title = (
+        f"{result['engine']}"
+        + (f" vs {result['other_engine']}" if result.get("other_engine") else "")
+        + f": {result['verdict']}"
+    )
     table = Table(title=title)
     columns = [c for c in result["rows"][0] if c != "request"] if result["rows"] else []
     table.add_column("request", justify="right")
@@ -135,7 +146,10 @@ def render_replay(result: dict, console) -> None:
     console.print(table)
     if result.get("resolved"):
         r = result["resolved"]
-        console.print(f"  resolved by {result['engine']}: scheduler block {r['scheduler_block_size']}, hash block {r['hash_block_size']}", highlight=False)
+        console.print(
+            f"  resolved by {result['engine']}: scheduler block {r['scheduler_block_size']}, hash block {r['hash_block_size']}",
+            highlight=False,
+        )
     if result.get("note"):
         console.print(f"  note: {result['note']}", highlight=False)
     console.print(f"verdict: {result['verdict']}", highlight=False)

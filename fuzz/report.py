@@ -45,14 +45,13 @@ import re
 import shlex
 from pathlib import Path
 
-from reference.case import case_to_dict, parse_case
-from ground.errors import KvspecError, invalid
-from ground.printable import markdown_text, printable
-
 from fuzz.finding_text import deployment_title, prompt_text, serve_args
-from fuzz.impact import cost_of, impact_lines, is_shipped_model
 from fuzz.findings import check_fields
+from fuzz.impact import cost_of, impact_lines, is_shipped_model
+from ground.errors import KvspecError, invalid
 from ground.home import engines_dir as default_dir
+from ground.printable import markdown_text, printable
+from reference.case import case_to_dict, parse_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,16 +65,25 @@ KNOWN_CLASSES = (
         "why": "Without EAGLE, `replay_boundaries` returns only `num_prompt_tokens - 1`. The retention mask keeps the Mamba state of the block that position floors to. For a prompt of N = k*B tokens that is block k-1 (state after N - B), while a longer sibling, which shares all N tokens, resumes at N: its state is written (the prefill's last chunk ends at N) but not kept. The function's own docstring names both positions (\"a resend ... capped at num_tokens - 1 ..., a longer sibling matches the final aligned block\"); only the EAGLE branch keeps both (#54713).",
         "fix": "fixes/vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
         "workaround": "`--prefix-cache-retention-interval B` (every block state written is kept, i.e. dense for written states)",
-        "cites": ["vLLM's own `tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py` asserts that without MTP each follow-up turn hits at least the previous prompt's length floored to the block: a block-aligned previous turn breaks that; its prompt lengths just never land on a block boundary."],
+        "cites": [
+            "vLLM's own `tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py` asserts that without MTP each follow-up turn hits at least the previous prompt's length floored to the block: a block-aligned previous turn breaks that; its prompt lengths just never land on a block boundary."
+        ],
     },
     {
         "id": "stale-state-after-partial-hit",
         "title": "Hybrid prefix cache: with internal Mamba prefill checkpoints, a partial hit's copied state is cached as the state after the next block boundary",
-        "where": ("vllm/v1/core/sched/scheduler.py", "def _mamba_block_aligned_split", "if start % block_size != 0 and not use_internal_checkpoint"),
+        "where": (
+            "vllm/v1/core/sched/scheduler.py",
+            "def _mamba_block_aligned_split",
+            "if start % block_size != 0 and not use_internal_checkpoint",
+        ),
         "why": "After a partial (sub-block) hit at s inside block k, the request's slot k holds a copy of the state after s. Normally the prefill stops at the next block boundary, so slot k is overwritten with the state after (k+1)*B. With an internal prefill checkpoint (Mamba-2 layers since 0.32.0, Qwen GDN on FlashInfer in 0.33.0) `_mamba_block_aligned_split` drops that stop, the chunk runs past (k+1)*B, and `MambaManager.cache_blocks` then publishes slot k under the hash of (k+1)*B tokens: a state after s tokens served as the state after (k+1)*B. The invariant vLLM's own `tests/v1/core/test_mamba_align_chunk_split.py` states (slot p holds the state after exactly (p+1)*block_size tokens; #43559) breaks on this path.",
         "fix": "fixes/vllm-0.33.0-stale-state-after-partial-hit.diff",
         "workaround": "`--prefix-cache-retention-interval 0` (sparse, the default) avoids it unless a replay boundary or a junction marks that block; or no `--prefix-match-unit` (no partial hits)",
-        "cites": ["#43559 (the same invariant, another path)", "vLLM's `tests/v1/core/test_mamba_align_chunk_split.py`"],
+        "cites": [
+            "#43559 (the same invariant, another path)",
+            "vLLM's `tests/v1/core/test_mamba_align_chunk_split.py`",
+        ],
     },
 )
 
@@ -99,7 +107,12 @@ def classify(finding: dict) -> dict | None:
     B = g.scheduler_block_size
     lengths = [r.num_prompt_tokens for r in case.trace]
     spec_off = case.speculative is None
-    if low and spec_off and finding.get("oracle") in ("promise", "sparse_dense") and any(n % B == 0 for n in lengths[:first]):
+    if (
+        low
+        and spec_off
+        and finding.get("oracle") in ("promise", "sparse_dense")
+        and any(n % B == 0 for n in lengths[:first])
+    ):
         return KNOWN_CLASSES[0]
     if high and g.prefill_checkpoint_grid is not None and g.prefix_match_unit is not None:
         return KNOWN_CLASSES[1]
@@ -181,7 +194,9 @@ def _literal(value, field: str) -> str:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         same = False
     if not same:
-        raise invalid(field, value, "must be plain data (numbers, strings, lists, objects) to be written into the regression test")
+        raise invalid(
+            field, value, "must be plain data (numbers, strings, lists, objects) to be written into the regression test"
+        )
     return text
 
 
@@ -202,7 +217,9 @@ def _connector_text(finding: dict) -> list[str]:
     if not name:
         return []
     shown = f"`{name}`" if isinstance(name, str) and _CONNECTOR_NAME.match(name) else "one"
-    return [f"- KV connector: {shown}; with a KV connector vLLM keeps the legacy block hashes (`VllmConfig.num_hash_lookahead_tokens` is 0), so EAGLE/MTP keeps the block drop, as `disable_lookahead_block_hashes` would"]
+    return [
+        f"- KV connector: {shown}; with a KV connector vLLM keeps the legacy block hashes (`VllmConfig.num_hash_lookahead_tokens` is 0), so EAGLE/MTP keeps the block drop, as `disable_lookahead_block_hashes` would"
+    ]
 
 
 def _geometry_text(case) -> list[str]:
@@ -210,16 +227,23 @@ def _geometry_text(case) -> list[str]:
     if g is None:  # a resolution finding, or vLLM raised before it built one
         return ["- no geometry kvspec could judge (see the summary)"]
     groups = ", ".join(f"{x.count}x {x.kind} (block {x.block_size})" for x in g.groups)
-    out = [f"- KV cache groups: {groups}",
-           f"- scheduler block {g.scheduler_block_size}, hash block {g.hash_block_size}" + (f" (`--prefix-match-unit {g.prefix_match_unit}`)" if g.prefix_match_unit else ""),
-           f"- retention interval: {'dense (None)' if g.retention_interval is None else g.retention_interval}, chunk budget {g.max_num_batched_tokens}"]
+    out = [
+        f"- KV cache groups: {groups}",
+        f"- scheduler block {g.scheduler_block_size}, hash block {g.hash_block_size}"
+        + (f" (`--prefix-match-unit {g.prefix_match_unit}`)" if g.prefix_match_unit else ""),
+        f"- retention interval: {'dense (None)' if g.retention_interval is None else g.retention_interval}, chunk budget {g.max_num_batched_tokens}",
+    ]
     if g.prefill_checkpoint_grid is not None:
         out.append(f"- internal Mamba prefill checkpoints on a {g.prefill_checkpoint_grid}-token grid")
-    out.append(f"- speculative decoding: {json.dumps(None if case.speculative is None else {'method': case.speculative.method, 'num_speculative_tokens': case.speculative.num_speculative_tokens, **case.speculative.options})}")
+    out.append(
+        f"- speculative decoding: {json.dumps(None if case.speculative is None else {'method': case.speculative.method, 'num_speculative_tokens': case.speculative.num_speculative_tokens, **case.speculative.options})}"
+    )
     return out
 
 
-def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dict | None = None, finding_path: str = "FINDING.json") -> str:
+def issue_markdown(
+    finding: dict, *, matrix: list[dict] | None = None, live: dict | None = None, finding_path: str = "FINDING.json"
+) -> str:
     case = _case_of(finding)
     cls = classify(finding)
     engine = finding.get("engine", {})
@@ -238,28 +262,61 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
     lines += ["## Deployment", ""]
     if dep is not None:
         where = _text(dep.platform) + (f" ({_text(dep.device)})" if dep.device else "")
-        lines.append("Model " + _code(dep.model) + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "") + f" on {where}:")
+        lines.append(
+            "Model "
+            + _code(dep.model)
+            + (f" with config overrides {_code(json.dumps(dep.model_overrides))}" if dep.model_overrides else "")
+            + f" on {where}:"
+        )
         serve, serve_flags = serve_args(dep.as_dict())
-        lines += [""] + _fence("sh", [f"{serve} <model> " + shlex.join(printable(a) for a in serve_flags)]) + ["", f"{deployment_title(dep.as_dict())} resolves it to:"]
+        lines += (
+            [""]
+            + _fence("sh", [f"{serve} <model> " + shlex.join(printable(a) for a in serve_flags)])
+            + ["", f"{deployment_title(dep.as_dict())} resolves it to:"]
+        )
     else:
-        lines.append(f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):")
+        lines.append(
+            f"A hand-written geometry (kvspec case kind {_code(finding.get('case_kind') or 'synthetic')}, reachable: {_text(finding.get('reachable'))}: {_text(finding.get('reachability') or '')}):"
+        )
     lines += [""] + _geometry_text(case) + _connector_text(finding) + [""]
     res = finding.get("resolution") or {}
     if res.get("assumptions"):
-        lines += ["kvspec answered vLLM's hardware questions as: " + "; ".join(_text(a) for a in res["assumptions"]) + ".", ""]
-    lines += ["## Expected vs observed", "", "Requests run one after another on a fresh server (each finishes before the next starts). Hits are what `vllm:prefix_cache_hits_total` grows by.", ""]
+        lines += [
+            "kvspec answered vLLM's hardware questions as: " + "; ".join(_text(a) for a in res["assumptions"]) + ".",
+            "",
+        ]
+    lines += [
+        "## Expected vs observed",
+        "",
+        "Requests run one after another on a fresh server (each finishes before the next starts). Hits are what `vllm:prefix_cache_hits_total` grows by.",
+        "",
+    ]
     lines += ["| request | prompt | tokens | expected hits | observed hits |", "|---|---|---|---|---|"]
     for j, r in enumerate(case.trace):
         prompt = _cell(prompt_text(case_to_dict(case)["trace"][j]["prompt"], style="prose"))
         mark = " **<-**" if j == i else ""
-        lines.append(f"| {j} | {prompt} | {r.num_prompt_tokens} | {exp[j] if j < len(exp) else '-'} | {obs[j] if j < len(obs) else '-'}{mark} |")
-    lines += ["", "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
-              " Expected: kvspec's promise, where a request resumes under dense retention (every Mamba state written is kept)"
-              + (", and never on a state no prefill chunk wrote" if cls and cls["id"] == "stale-state-after-partial-hit" else "") + ".", ""]
+        lines.append(
+            f"| {j} | {prompt} | {r.num_prompt_tokens} | {exp[j] if j < len(exp) else '-'} | {obs[j] if j < len(obs) else '-'}{mark} |"
+        )
+    lines += [
+        "",
+        "Prompts sharing a name share that many leading tokens (a prefix of one token stream)."
+        " Expected: kvspec's promise, where a request resumes under dense retention (every Mamba state written is kept)"
+        + (
+            ", and never on a state no prefill chunk wrote"
+            if cls and cls["id"] == "stale-state-after-partial-hit"
+            else ""
+        )
+        + ".",
+        "",
+    ]
     # a model that is not shipped is a folder on someone's machine: never read for a shared report
     lines += impact_lines(cost_of(finding, local_models=False))
     if dep is not None and not is_shipped_model(dep.model):
-        lines += [f"Model {_code(dep.model)} is not one kvspec ships: its config was not read here, so no figure above comes from it (tokens only).", ""]
+        lines += [
+            f"Model {_code(dep.model)} is not one kvspec ships: its config was not read here, so no figure above comes from it (tokens only).",
+            "",
+        ]
     if matrix:
         lines += ["## Versions", "", "| engine | hits |", "|---|---|"]
         for row in matrix:
@@ -274,15 +331,31 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, live: dic
         for c in cls.get("cites", []):
             lines.append(f"See also {c}.")
     else:
-        lines.append("kvspec's explain records, per request, the scheduler's boundary, the junction, the prefill chunk ends and the Mamba states kept; the first request where they part is marked above.")
+        lines.append(
+            "kvspec's explain records, per request, the scheduler's boundary, the junction, the prefill chunk ends and the Mamba states kept; the first request where they part is marked above."
+        )
     lines.append("")
     if cls:
-        lines += ["## Workaround", "", f"{cls['workaround']}. It keeps more Mamba states (one per written block) and so more KV cache memory.", ""]
+        lines += [
+            "## Workaround",
+            "",
+            f"{cls['workaround']}. It keeps more Mamba states (one per written block) and so more KV cache memory.",
+            "",
+        ]
         fix = ROOT / cls["fix"]
         if fix.is_file():
             lines += ["## Candidate fix", "", f"`fix.diff` (also `{cls['fix']}` in kvspec).", ""]
-    lines += ["## Reproduce", ""] + _fence("sh", [f"pytest test_{_name(finding)}.py            # vLLM {version}: fails; with fix.diff applied: passes",
-                                                f"kvspec replay {shlex.quote(printable(finding_path))} --engine vllm=={version}   # kvspec's judge"]) + [""]
+    lines += (
+        ["## Reproduce", ""]
+        + _fence(
+            "sh",
+            [
+                f"pytest test_{_name(finding)}.py            # vLLM {version}: fails; with fix.diff applied: passes",
+                f"kvspec replay {shlex.quote(printable(finding_path))} --engine vllm=={version}   # kvspec's judge",
+            ],
+        )
+        + [""]
+    )
     return "\n".join(printable(line, keep="\t") for line in lines)
 
 
@@ -292,11 +365,17 @@ def live_summary(raw, path: str, requests: int) -> dict:
     ISSUE.md quotes; a document of another shape is one line."""
 
     shape = "a JSON object written by kvspec replay --server --json"
-    if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list) or not isinstance(raw.get("verdict"), str):
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("requests"), list)
+        or not isinstance(raw.get("verdict"), str)
+    ):
         raise invalid("--live", path, shape)
     rows = raw["requests"]
     if len(rows) != requests or not all(isinstance(r, dict) for r in rows):
-        raise invalid("--live", path, f"{shape}, for the finding's case ({requests} requests; the report has {len(rows)})")
+        raise invalid(
+            "--live", path, f"{shape}, for the finding's case ({requests} requests; the report has {len(rows)})"
+        )
 
     def column(key: str) -> list:
         return [r.get(key) for r in rows]
@@ -323,17 +402,27 @@ def _live_section(live: dict) -> list[str]:
     verdict of kvspec's one judge, the hits per request, what the server
     does not expose."""
     knobs = live.get("server_knobs") or {}
-    shown = ", ".join(f"{k}={_text(knobs[k])}" for k in ("block_size", "hash_block_size", "retention_interval", "mamba_cache_mode", "num_speculative_tokens") if k in knobs)
+    shown = ", ".join(
+        f"{k}={_text(knobs[k])}"
+        for k in ("block_size", "hash_block_size", "retention_interval", "mamba_cache_mode", "num_speculative_tokens")
+        if k in knobs
+    )
     lines = ["## Live server", ""]
     lines.append(
         f"Replayed against a running vLLM {_text(live.get('server_version') or '(version unknown)')} OpenAI server"
         + (f" (model {_code(live['model'])}" + (f"; {shown}" if shown else "") + ")" if live.get("model") else "")
         + ", one request at a time, hits read from `vllm:prefix_cache_hits_total`:"
         + f" verdict **{_text(live.get('verdict'))}**"
-        + (" (the server shows the finding's observed hits at every request)" if live.get("verdict") == "reproduced" else "")
+        + (
+            " (the server shows the finding's observed hits at every request)"
+            if live.get("verdict") == "reproduced"
+            else ""
+        )
         + "."
     )
-    observed, target, expected, tokens = (live.get(k) or [] for k in ("observed_hits", "target_hits", "expected_hits", "prompt_tokens"))
+    observed, target, expected, tokens = (
+        live.get(k) or [] for k in ("observed_hits", "target_hits", "expected_hits", "prompt_tokens")
+    )
 
     def cell(xs: list, j: int) -> str:
         x = xs[j] if j < len(xs) else None
@@ -342,12 +431,22 @@ def _live_section(live: dict) -> list[str]:
         return str(int(x)) if float(x).is_integer() else str(x)
 
     if observed:
-        lines += ["", "| request | tokens | expected hits | finding's observed hits | live hits |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| request | tokens | expected hits | finding's observed hits | live hits |",
+            "|---|---|---|---|---|",
+        ]
         for j in range(len(observed)):
             lines.append(f"| {j} | {cell(tokens, j)} | {cell(expected, j)} | {cell(target, j)} | {cell(observed, j)} |")
     if live.get("unverified"):
-        assumed = [u.replace(" (not exposed by the server)", "").replace("; not exposed by the server)", ")") for u in live["unverified"]]
-        lines += ["", "Not exposed by the server, assumed as the case states: " + "; ".join(_text(a) for a in assumed) + "."]
+        assumed = [
+            u.replace(" (not exposed by the server)", "").replace("; not exposed by the server)", ")")
+            for u in live["unverified"]
+        ]
+        lines += [
+            "",
+            "Not exposed by the server, assumed as the case states: " + "; ".join(_text(a) for a in assumed) + ".",
+        ]
     if live.get("reasons") and live.get("verdict") not in ("reproduced", "agrees"):
         lines += ["", "Reasons: " + "; ".join(_text(r) for r in live["reasons"][:10]) + "."]
     return lines + [""]
@@ -541,28 +640,41 @@ def regression_test(finding: dict) -> str:
     if g is None or len({x.block_size for x in g.groups}) != 1:
         raise ValueError("a regression test needs a resolved geometry with one block size (a deployment's)")
     if any(s.output is not None for r in case.trace for s in r.prompt):
-        raise ValueError("a regression test for a prompt quoting an earlier output (an output segment) is not written: its template serves one-token outputs")
+        raise ValueError(
+            "a regression test for a prompt quoting an earlier output (an output segment) is not written: its template serves one-token outputs"
+        )
     cls = classify(finding)
     check = "written" if (cls and cls["id"] == "stale-state-after-partial-hit") else "hits"
     spec = None
     if case.speculative is not None:
-        spec = {"method": case.speculative.method, "num_speculative_tokens": case.speculative.num_speculative_tokens, **case.speculative.options}
+        spec = {
+            "method": case.speculative.method,
+            "num_speculative_tokens": case.speculative.num_speculative_tokens,
+            **case.speculative.options,
+        }
     mamba_groups = sum(x.count for x in g.groups if x.kind == "mamba")
     prompts = [[(s.segment, s.length) for s in r.prompt] for r in case.trace]
     return _TEST_TEMPLATE.format(
         doc_title=cls["title"] if cls else "a kvspec finding",
         title=_literal(cls["title"] if cls else printable(finding.get("summary") or ""), "summary"),
         signature=_literal(finding["signature"], "signature"),
-        block=_literal(g.scheduler_block_size, "case.geometry"), pmu=_literal(g.prefix_match_unit, "case.geometry"),
-        retention=_literal(g.retention_interval, "case.geometry"), budget=_literal(g.max_num_batched_tokens, "case.geometry"),
-        grid=_literal(g.prefill_checkpoint_grid, "case.geometry"), mamba_groups=_literal(mamba_groups, "case.geometry"),
-        speculative=_literal(spec, "case.speculative"), prompts=_literal(prompts, "case.trace"),
-        expected=_literal(finding["expected"]["hits"], "expected.hits"), check=_literal(check, "check"),
+        block=_literal(g.scheduler_block_size, "case.geometry"),
+        pmu=_literal(g.prefix_match_unit, "case.geometry"),
+        retention=_literal(g.retention_interval, "case.geometry"),
+        budget=_literal(g.max_num_batched_tokens, "case.geometry"),
+        grid=_literal(g.prefill_checkpoint_grid, "case.geometry"),
+        mamba_groups=_literal(mamba_groups, "case.geometry"),
+        speculative=_literal(spec, "case.speculative"),
+        prompts=_literal(prompts, "case.trace"),
+        expected=_literal(finding["expected"]["hits"], "expected.hits"),
+        check=_literal(check, "check"),
         name=_name(finding),
     )
 
 
-def bundle(finding: dict, *, matrix: list[dict] | None = None, live: dict | None = None, finding_path: str = "FINDING.json") -> dict[str, str]:
+def bundle(
+    finding: dict, *, matrix: list[dict] | None = None, live: dict | None = None, finding_path: str = "FINDING.json"
+) -> dict[str, str]:
     """{file name: text} of the report bundle; a malformed finding field is
     one line naming it (``fuzz.findings.check_fields``), before any text is
     made."""

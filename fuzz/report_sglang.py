@@ -38,30 +38,30 @@ SGLANG_CLASSES = {
     "sglang-grid-resend": {
         "title": "an identical resend of a prompt of k x grid tokens misses the state its prefill tracked",
         "why": "the prefill tracks its state at N (`schedule_batch.py:3137 _mamba_radix_cache_v2_req_prepare_for_extend`: "
-               "`prefix_len + (extend_len // grid) * grid`); the resend is capped at N-1 (`schedule_batch.py:1766 _compute_max_prefix_len`), "
-               "so the walk stops one token inside that node and resumes at the previous chunk end",
+        "`prefix_len + (extend_len // grid) * grid`); the resend is capped at N-1 (`schedule_batch.py:1766 _compute_max_prefix_len`), "
+        "so the walk stops one token inside that node and resumes at the previous chunk end",
         "fix": ["fixes/sglang-0.5.23-keep-cut.diff"],
-        "prior": "Reported upstream before as sgl-project/sglang#30882 and #21350 (\"Improve reusable Mamba prefix tracking for aligned prefills\"), "
-                 "both closed unmerged. What this report adds: a fix validated by a campaign on the patched build, a regression test, and the second "
-                 "class (a sibling keeps only its branching point).",
+        "prior": 'Reported upstream before as sgl-project/sglang#30882 and #21350 ("Improve reusable Mamba prefix tracking for aligned prefills"), '
+        "both closed unmerged. What this report adds: a fix validated by a campaign on the patched build, a regression test, and the second "
+        "class (a sibling keeps only its branching point).",
     },
     "sglang-sibling-branch": {
         "title": "a resend or extension of a sibling resumes at the branching point only",
         "why": "a request whose match names a branching point tracks it instead of its own last grid point "
-               "(`schedule_batch.py:3214-3231`): one state per extend, so the sibling keeps nothing past the branch",
+        "(`schedule_batch.py:3214-3231`): one state per extend, so the sibling keeps nothing past the branch",
         "fix": ["fixes/sglang-0.5.23-keep-cut.diff"],
         "prior": "The grid-resend class of the same mechanism was reported upstream as sgl-project/sglang#30882 and #21350 (closed unmerged); "
-                 "this sibling class is not in either.",
+        "this sibling class is not in either.",
     },
     "sglang-off-page-key": {
         "title": "a Mamba state is keyed below the tokens it was computed over (a chunk started off the page)",
         "why": "a continuing chunk takes min(remaining, budget) tokens unrounded without DCP (`schedule_policy.py:1140 add_chunked_req`, "
-               "`:586 mamba_prefill_chunk_grid` returns 1), so the next extend starts off the page; its prefix-relative tracked point "
-               "(`schedule_batch.py:3175-3180`) is off the page too, and `checkpoint_into_tree` keys it at the page floor "
-               "(`unified_radix_cache.py:1232 page_aligned`): a later match resumes a state that has seen tokens past its key",
+        "`:586 mamba_prefill_chunk_grid` returns 1), so the next extend starts off the page; its prefix-relative tracked point "
+        "(`schedule_batch.py:3175-3180`) is off the page too, and `checkpoint_into_tree` keys it at the page floor "
+        "(`unified_radix_cache.py:1232 page_aligned`): a later match resumes a state that has seen tokens past its key",
         "fix": ["fixes/sglang-0.5.23-chunk-on-grid.diff"],
         "prior": "Not found among upstream issues; `mamba_prefill_chunk_grid`'s docstring (0.5.23) says rounding the cut without DCP would "
-                 "only drop budget, which holds for the donation count but not for the key.",
+        "only drop budget, which holds for the donation count but not for the key.",
     },
 }
 
@@ -89,34 +89,65 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, finding_p
     exp, obs = (finding.get("expected") or {}).get("hits") or [], (finding.get("observed") or {}).get("hits") or []
     title = cls["title"] if cls else printable(finding.get("summary") or "a kvspec finding")
     flags = " ".join(case.deployment.sglang_args) if case.deployment else ""
-    lines = [f"# [Bug] Mamba radix cache: {_text(title)} ({_text(version)})", "", "### Checklist", "",
-             "- [x] I searched related issues (prior art below) and found no fix for this in the release.",
-             "- [x] The bug persists on the release named here (kvspec drives its own scheduler and cache on CPU; no GPU server was run).",
-             "- [x] A minimal reproduction and a regression test are included.", "",
-             "### Describe the bug", "",
-             _text(f"With {flags or 'the default flags'} on {case.deployment.model if case.deployment else '?'}, request "
-                   f"{finding.get('first_divergence')} of the trace below does not keep kvspec's promise ({finding.get('oracle')} oracle)."), ""]
+    lines = [
+        f"# [Bug] Mamba radix cache: {_text(title)} ({_text(version)})",
+        "",
+        "### Checklist",
+        "",
+        "- [x] I searched related issues (prior art below) and found no fix for this in the release.",
+        "- [x] The bug persists on the release named here (kvspec drives its own scheduler and cache on CPU; no GPU server was run).",
+        "- [x] A minimal reproduction and a regression test are included.",
+        "",
+        "### Describe the bug",
+        "",
+        _text(
+            f"With {flags or 'the default flags'} on {case.deployment.model if case.deployment else '?'}, request "
+            f"{finding.get('first_divergence')} of the trace below does not keep kvspec's promise ({finding.get('oracle')} oracle)."
+        ),
+        "",
+    ]
     if cls:
         lines += [_text("Where: ") + cls["why"] + ".", "", _text(cls["prior"]), ""]
     lines += ["| request | prompt (segments) | expected | observed |", "|---|---|---|---|"]
     for i, r in enumerate(case.trace):
         segs = " + ".join(f"{s.segment}:{s.length}" for s in r.prompt)
-        lines.append(f"| {i} | {_cell(segs)} | {_cell(exp[i] if i < len(exp) else '-')} | {_cell(obs[i] if i < len(obs) else '-')} |")
+        lines.append(
+            f"| {i} | {_cell(segs)} | {_cell(exp[i] if i < len(exp) else '-')} | {_cell(obs[i] if i < len(obs) else '-')} |"
+        )
     detail = (finding.get("expected") or {}).get("detail")
     if detail:
         lines += ["", _text(f"The oracle: {detail}")]
     if matrix:
         lines += ["", "Per engine:", "", "| engine | hits | error |", "|---|---|---|"]
         lines += [f"| {_cell(m['engine'])} | {_cell(m.get('hits'))} | {_cell(m.get('error') or '')} |" for m in matrix]
-    lines += ["", "### Reproduction", "", "Serve the model with these flags and send the requests one after another, one output token each:", ""]
-    lines += _fence("", [f"python -m sglang.launch_server --model-path <{case.deployment.model if case.deployment else 'model'}> {flags}"])
-    lines += ["", f"Or with kvspec (SGLang's own scheduler and cache, in-process): {_code('kvspec replay ' + finding_path + ' --engine ' + version)}.",
-              f"The regression test beside this file ({_code('test_' + regression_test_name(finding) + '.py')}) is a CPU unit test in the style of "
-              f"{_code('test/registered/unit/mem_cache/')}: it fails on {_text(version)} and passes with the fix applied.", ""]
+    lines += [
+        "",
+        "### Reproduction",
+        "",
+        "Serve the model with these flags and send the requests one after another, one output token each:",
+        "",
+    ]
+    lines += _fence(
+        "",
+        [
+            f"python -m sglang.launch_server --model-path <{case.deployment.model if case.deployment else 'model'}> {flags}"
+        ],
+    )
+    lines += [
+        "",
+        f"Or with kvspec (SGLang's own scheduler and cache, in-process): {_code('kvspec replay ' + finding_path + ' --engine ' + version)}.",
+        f"The regression test beside this file ({_code('test_' + regression_test_name(finding) + '.py')}) is a CPU unit test in the style of "
+        f"{_code('test/registered/unit/mem_cache/')}: it fails on {_text(version)} and passes with the fix applied.",
+        "",
+    ]
     if cls:
         lines += ["The fix: " + ", ".join(_code(f) for f in cls["fix"]) + " (in `fix.diff`).", ""]
-    lines += ["### Environment", "", f"- SGLang {_text(version)} (the PyPI wheel), torch CPU; the scheduler's prefill path and `UnifiedRadixCache` (Python and Rust tree cores).",
-              "- Found by kvspec's SGLang campaign (`kvspec fuzz --engine sglang==X`)."]
+    lines += [
+        "### Environment",
+        "",
+        f"- SGLang {_text(version)} (the PyPI wheel), torch CPU; the scheduler's prefill path and `UnifiedRadixCache` (Python and Rust tree cores).",
+        "- Found by kvspec's SGLang campaign (`kvspec fuzz --engine sglang==X`).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -316,9 +347,13 @@ def regression_test(finding: dict) -> str:
     prompts = [[(s.segment, s.length) for s in r.prompt] for r in case.trace]
     return _TEST_TEMPLATE.substitute(
         doc_title=cls["title"] if cls else "a kvspec finding",
-        config=_literal({k: v for k, v in model_config_dict(case.deployment).items() if not k.startswith("_kvspec")}, "case.deployment.model"),
+        config=_literal(
+            {k: v for k, v in model_config_dict(case.deployment).items() if not k.startswith("_kvspec")},
+            "case.deployment.model",
+        ),
         flags=_literal(list(case.deployment.sglang_args), "case.deployment.sglang_args"),
-        prompts=_literal(prompts, "case.trace"), expected=_literal(finding["expected"]["hits"], "expected.hits"),
+        prompts=_literal(prompts, "case.trace"),
+        expected=_literal(finding["expected"]["hits"], "expected.hits"),
         check=_literal(check, "check"),
     )
 

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from engine_adapter import open_engine
-from ground.console import say as say_line
-from ground.errors import EngineError
-
 from fuzz.atheris_runner import STOP_GRACE_S
 from fuzz.campaign import Campaign
-from ground.engines import FAMILIES, Capability, family_of, load
 from fuzz.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
 from fuzz.progress import Heartbeat, progress_line
 from fuzz.summary import IN_PROCESS_KEYS, CampaignSummary
+from ground.console import say as say_line
+from ground.engines import FAMILIES, Capability, family_of, load
+from ground.errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,16 @@ class RunConfig:
     connector: str = "drawn"
 
 
-def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, given: list, started: float, deadline: float, say: Callable[[str], None] = say_line) -> CampaignSummary:
+def run_in_process(
+    config: RunConfig,
+    engines: list,
+    out: Path,
+    seeds: list,
+    given: list,
+    started: float,
+    deadline: float,
+    say: Callable[[str], None] = say_line,
+) -> CampaignSummary:
     """``engines``: names, or engines parsed at the command line's edge
     (``EngineSpec``: opened without parsing again). ``given``: the user's --case files as ``(name, case)`` pairs, run
     first and as they are (a hand geometry among them is labelled synthetic
@@ -59,7 +67,9 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
         ready, ready_at = time.monotonic(), time.time()
         engine, other = bounded[0], (bounded[1] if len(bounded) > 1 else None)
         twin = FAMILIES[family_of(engine.version)].twin
-        if other is None and twin is not None:  # a second engine the family is held to (SGLang's two tree cores: the same hits)
+        if (
+            other is None and twin is not None
+        ):  # a second engine the family is held to (SGLang's two tree cores: the same hits)
             other = load(twin)(engine)
         campaign = Campaign(engine, out, other=other, seed=config.seed, deadline=stop_at)
         s = campaign.stats
@@ -67,23 +77,35 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
 
         def line() -> str:
             elapsed = time.monotonic() - started
-            return progress_line(elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors)
+            return progress_line(
+                elapsed, s.execs, round(s.execs / max(elapsed, 1e-9), 1), None, len(s.findings), s.harness_errors
+            )
 
         with Heartbeat(line, say):
             case_files = run_given(campaign, list(given), deadline=stop_at)
-            if not FAMILIES[family_of(engine.version)].supports(Capability.BOUNDARY_SEEDS):  # the z3 seeds are mapped onto vLLM deployments
+            if not FAMILIES[family_of(engine.version)].supports(
+                Capability.BOUNDARY_SEEDS
+            ):  # the z3 seeds are mapped onto vLLM deployments
                 seeds = []
             elif not synthetic:  # the z3 boundary cases, mapped onto real deployments (none past the deadline)
                 from fuzz.seeds import on_deployments
 
                 mappable = [c for c in seeds if c.deployment is None] if not engine_down(campaign) else []
-                seeds = on_deployments(mappable, campaign.resolver, stop=campaign.past_deadline) + [c for c in seeds if c.deployment is not None]
+                seeds = on_deployments(mappable, campaign.resolver, stop=campaign.past_deadline) + [
+                    c for c in seeds if c.deployment is not None
+                ]
             run_cases(campaign, seeds, max_time=max(0.0, stop_at - time.monotonic()))
             left = max(0.0, stop_at - time.monotonic())
             if config.driver == "hypothesis":
                 run_hypothesis(campaign, config.seed, max_time=left, synthetic=synthetic)
             elif config.driver == "random":
-                run_random(campaign, config.seed, max_time=left, synthetic=synthetic, **({} if synthetic else {"connector": config.connector}))
+                run_random(
+                    campaign,
+                    config.seed,
+                    max_time=left,
+                    synthetic=synthetic,
+                    **({} if synthetic else {"connector": config.connector}),
+                )
     finally:
         for e in opened:
             e.close()
@@ -94,7 +116,27 @@ def run_in_process(config: RunConfig, engines: list, out: Path, seeds: list, giv
     end = time.monotonic()
     elapsed = end - started
     fuzzing = max(end - ready, 1e-9)
-    return CampaignSummary(IN_PROCESS_KEYS, engine=getattr(engines[0], "name", engines[0]), driver=config.driver, elapsed_s=round(elapsed, 2), execs=s.execs, exec_per_s=round(s.execs / max(elapsed, 1e-9), 1),
-                           cases=s.cases, startup_s=round(ready - started, 2), ready_at=ready_at, cases_per_s=round(s.cases / fuzzing, 2), engine_runs_per_s=round(s.execs / fuzzing, 2), coverage=None,
-                           unsupported=s.unsupported, rejected=s.rejected, harness_errors=s.harness_errors, cut_at_deadline=s.cut_at_deadline, duplicates=s.duplicates, workers_died=0,
-                           findings=findings, first_finding_s=s.first_finding_s, reach=s.reach.as_dict(), case_files=case_files)
+    return CampaignSummary(
+        IN_PROCESS_KEYS,
+        engine=getattr(engines[0], "name", engines[0]),
+        driver=config.driver,
+        elapsed_s=round(elapsed, 2),
+        execs=s.execs,
+        exec_per_s=round(s.execs / max(elapsed, 1e-9), 1),
+        cases=s.cases,
+        startup_s=round(ready - started, 2),
+        ready_at=ready_at,
+        cases_per_s=round(s.cases / fuzzing, 2),
+        engine_runs_per_s=round(s.execs / fuzzing, 2),
+        coverage=None,
+        unsupported=s.unsupported,
+        rejected=s.rejected,
+        harness_errors=s.harness_errors,
+        cut_at_deadline=s.cut_at_deadline,
+        duplicates=s.duplicates,
+        workers_died=0,
+        findings=findings,
+        first_finding_s=s.first_finding_s,
+        reach=s.reach.as_dict(),
+        case_files=case_files,
+    )

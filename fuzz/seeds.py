@@ -10,17 +10,15 @@ The folder is complete only when its ``READY`` marker exists (written last).
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
-
 import json
 from dataclasses import replace
+from pathlib import Path
 
-from reference.boundaries import rescale_length
-from reference.case import Case, Segment, parse_case, request_to_dict
-
+from fuzz.atheris_runner import write_seeds
 from fuzz.codec import decode
 from ground.files import hash_files
-from fuzz.atheris_runner import write_seeds
+from reference.boundaries import rescale_length
+from reference.case import Case, Segment, parse_case, request_to_dict
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +45,9 @@ def seed_dir(home: Path) -> Path:
 
 
 def load_seed_cases(folder: Path) -> list[Case]:
-    return [decode(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != "READY" and not p.name.endswith(".tmp")]
+    return [
+        decode(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != "READY" and not p.name.endswith(".tmp")
+    ]
 
 
 #: Deployments the z3 boundary cases are mapped onto, per speculative mode:
@@ -57,13 +57,36 @@ SEED_DEPLOYMENTS = {
     "off": (
         {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"},
         {"model": "nemotron_h", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"},
-        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"], "platform": "cuda", "device": "h100"},
+        {
+            "model": "qwen3_next",
+            "vllm_args": ["--enable-prefix-caching", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"],
+            "platform": "cuda",
+            "device": "h100",
+        },
     ),
     "drop": (
-        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}'], "platform": "cuda", "device": "a100"},
+        {
+            "model": "qwen3_next",
+            "vllm_args": [
+                "--enable-prefix-caching",
+                "--speculative-config",
+                '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}',
+            ],
+            "platform": "cuda",
+            "device": "a100",
+        },
     ),
     "lookahead": (
-        {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}'], "platform": "cuda", "device": "a100"},
+        {
+            "model": "qwen3_next",
+            "vllm_args": [
+                "--enable-prefix-caching",
+                "--speculative-config",
+                '{"method":"mtp","num_speculative_tokens":2}',
+            ],
+            "platform": "cuda",
+            "device": "a100",
+        },
     ),
 }
 
@@ -98,7 +121,16 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     if not info:
         return None
     B = int(info["block"])
-    trace = tuple(replace(r, prompt=tuple(x if x.output is not None else Segment(x.segment, max(1, rescale_length(x.length, S, B))) for x in r.prompt)) for r in case.trace)
+    trace = tuple(
+        replace(
+            r,
+            prompt=tuple(
+                x if x.output is not None else Segment(x.segment, max(1, rescale_length(x.length, S, B)))
+                for x in r.prompt
+            ),
+        )
+        for r in case.trace
+    )
     longest = max(r.num_prompt_tokens + r.max_tokens for r in trace)
     if info.get("max_model_len") and longest + 64 > int(info["max_model_len"]):
         return None
@@ -110,9 +142,16 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     if budget < int(info.get("max_num_seqs") or 256):
         args += ["--max-num-seqs", str(max(1, min(16, budget)))]
     interval = g.retention_interval
-    args += ["--prefix-cache-retention-interval", "None" if interval is None else str(interval // S * B if interval else 0)]
-    raw = {"schema": 1, "name": (case.name or "seed") + f"@{dep['model']}", "deployment": {**dep, "vllm_args": args},
-           "trace": [request_to_dict(r) for r in trace]}
+    args += [
+        "--prefix-cache-retention-interval",
+        "None" if interval is None else str(interval // S * B if interval else 0),
+    ]
+    raw = {
+        "schema": 1,
+        "name": (case.name or "seed") + f"@{dep['model']}",
+        "deployment": {**dep, "vllm_args": args},
+        "trace": [request_to_dict(r) for r in trace],
+    }
     return parse_case(json.loads(json.dumps(raw)))
 
 

@@ -23,11 +23,11 @@ predicate holds. The number of predicate calls is bounded.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
 
-from reference.case import Case, Group, Segment, parse_case, case_to_dict, resync_outputs
 from ground.errors import KvspecError
+from reference.case import Case, Group, Segment, case_to_dict, parse_case, resync_outputs
 
 Predicate = Callable[[Case], bool]
 #: a length to cut: the case cut by k units, and the most units it can lose
@@ -79,7 +79,13 @@ def _drop_requests(case: Case) -> Iterator[Case]:
 def _map_lengths(case: Case, fn: Callable[[str, int], int]) -> Case:
     """Each stream segment's length mapped; an output segment keeps its
     request's ``max_tokens``."""
-    trace = tuple(replace(r, prompt=tuple(s if s.output is not None else Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt)) for r in case.trace)
+    trace = tuple(
+        replace(
+            r,
+            prompt=tuple(s if s.output is not None else Segment(s.segment, fn(s.segment, s.length)) for s in r.prompt),
+        )
+        for r in case.trace
+    )
     return replace(case, trace=trace)
 
 
@@ -117,7 +123,17 @@ def _simplify_geometry(case: Case) -> Iterator[Case]:
             interval = g.retention_interval
             if interval:
                 interval = interval // block * smaller
-            geometry = replace(g, groups=groups, hash_block_size=smaller, scheduler_block_size=smaller, prefix_match_unit=None, retention_interval=interval, max_num_batched_tokens=g.max_num_batched_tokens if g.max_num_batched_tokens == 8192 else max(smaller, g.max_num_batched_tokens // block * smaller))
+            geometry = replace(
+                g,
+                groups=groups,
+                hash_block_size=smaller,
+                scheduler_block_size=smaller,
+                prefix_match_unit=None,
+                retention_interval=interval,
+                max_num_batched_tokens=g.max_num_batched_tokens
+                if g.max_num_batched_tokens == 8192
+                else max(smaller, g.max_num_batched_tokens // block * smaller),
+            )
             yield _map_lengths(replace(case, geometry=geometry), rescale)
 
 
@@ -150,8 +166,10 @@ def _shorten_segments(case: Case, block: int | None) -> list[Ladder]:
     for name in dict.fromkeys(s.segment for r in case.trace for s in r.prompt if s.output is None):
         shortest = min(s.length for r in case.trace for s in r.prompt if s.segment == name)
         for unit, below in _units(block):
+
             def step(k: int, name=name, unit=unit) -> Case:
                 return _map_lengths(case, lambda n, length: length - k * unit if n == name else length)
+
             ladders.append((step, _most(shortest, unit, below)))
     return ladders
 
@@ -165,9 +183,11 @@ def _shorten_one_request(case: Case, block: int | None) -> list[Ladder]:
         if last.output is not None:  # its length is the quoted request's max_tokens
             continue
         for unit, below in _units(block):
+
             def step(k: int, i=i, request=request, last=last, unit=unit) -> Case:
                 prompt = request.prompt[:-1] + (Segment(last.segment, last.length - k * unit),)
                 return replace(case, trace=case.trace[:i] + (replace(request, prompt=prompt),) + case.trace[i + 1 :])
+
             ladders.append((step, _most(last.length, unit, below)))
     return ladders
 

@@ -18,16 +18,98 @@ from dataclasses import dataclass, field, fields, replace
 from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
 
 #: One campaign in this process (``fuzz.runner.run_in_process``).
-IN_PROCESS_KEYS = ("engine", "driver", "elapsed_s", "execs", "exec_per_s", "cases", "startup_s", "ready_at", "cases_per_s", "engine_runs_per_s", "coverage", "unsupported", "rejected", "harness_errors",
-                   "cut_at_deadline", "duplicates", "workers_died", "findings", "first_finding_s", "reach", "case_files")
+IN_PROCESS_KEYS = (
+    "engine",
+    "driver",
+    "elapsed_s",
+    "execs",
+    "exec_per_s",
+    "cases",
+    "startup_s",
+    "ready_at",
+    "cases_per_s",
+    "engine_runs_per_s",
+    "coverage",
+    "unsupported",
+    "rejected",
+    "harness_errors",
+    "cut_at_deadline",
+    "duplicates",
+    "workers_died",
+    "findings",
+    "first_finding_s",
+    "reach",
+    "case_files",
+)
 #: atheris's libFuzzer workers (``fuzz.atheris_runner.run_atheris``).
-ATHERIS_KEYS = ("engine", "in_process", "jobs", "elapsed_s", "execs", "exec_per_s", "engine_runs", "cases", "startup_s", "ready_at", "cases_per_s", "engine_runs_per_s", "coverage", "unsupported", "rejected",
-                "harness_errors", "findings", "first_finding_s", "duplicates", "worker_exit_codes", "workers_died", "stopped_at_deadline", "worker_tail")
+ATHERIS_KEYS = (
+    "engine",
+    "in_process",
+    "jobs",
+    "elapsed_s",
+    "execs",
+    "exec_per_s",
+    "engine_runs",
+    "cases",
+    "startup_s",
+    "ready_at",
+    "cases_per_s",
+    "engine_runs_per_s",
+    "coverage",
+    "unsupported",
+    "rejected",
+    "harness_errors",
+    "findings",
+    "first_finding_s",
+    "duplicates",
+    "worker_exit_codes",
+    "workers_died",
+    "stopped_at_deadline",
+    "worker_tail",
+)
 #: N campaign workers on Ray, added up (``fuzz.ray_runner.run_on_ray``).
-RAY_KEYS = ("engine", "driver", "ray", "jobs", "elapsed_s", "execs", "exec_per_s", "engine_runs", "cases", "coverage", "startup_s", "engine_runs_per_s", "cases_per_s", "unsupported", "rejected", "harness_errors",
-            "duplicates", "workers_died", "findings", "first_finding_s", "case_files", "ray_tasks", "ray_retried", "ray_nodes")
+RAY_KEYS = (
+    "engine",
+    "driver",
+    "ray",
+    "jobs",
+    "elapsed_s",
+    "execs",
+    "exec_per_s",
+    "engine_runs",
+    "cases",
+    "coverage",
+    "startup_s",
+    "engine_runs_per_s",
+    "cases_per_s",
+    "unsupported",
+    "rejected",
+    "harness_errors",
+    "duplicates",
+    "workers_died",
+    "findings",
+    "first_finding_s",
+    "case_files",
+    "ray_tasks",
+    "ray_retried",
+    "ray_nodes",
+)
 #: A Ray worker started too close to the deadline to run anything.
-EMPTY_KEYS = ("engine", "driver", "elapsed_s", "execs", "exec_per_s", "findings", "first_finding_s", "harness_errors", "unsupported", "rejected", "duplicates", "workers_died", "coverage")
+EMPTY_KEYS = (
+    "engine",
+    "driver",
+    "elapsed_s",
+    "execs",
+    "exec_per_s",
+    "findings",
+    "first_finding_s",
+    "harness_errors",
+    "unsupported",
+    "rejected",
+    "duplicates",
+    "workers_died",
+    "coverage",
+)
 
 #: The counts :meth:`CampaignSummary.merge` adds up (a missing one counts 0).
 SUMMED = ("execs", "engine_runs", "cases", "unsupported", "rejected", "harness_errors", "duplicates", "workers_died")
@@ -122,7 +204,14 @@ class CampaignSummary:
     def outcome(self, limit: float = HARNESS_ERROR_LIMIT) -> tuple[int, str]:
         """``kvspec fuzz``'s exit code and its one-line reason
         (:func:`fuzz.outcome.outcome`): this run's findings count as new."""
-        return outcome(execs=self.execs, harness_errors=self.harness_errors, new_findings=len(self.findings), workers_died=self.workers_died, limit=limit, cases=self.case_files)
+        return outcome(
+            execs=self.execs,
+            harness_errors=self.harness_errors,
+            new_findings=len(self.findings),
+            workers_died=self.workers_died,
+            limit=limit,
+            cases=self.case_files,
+        )
 
 
 _FIELDS = frozenset(f.name for f in fields(CampaignSummary)) - {"keys"}

@@ -54,7 +54,14 @@ def draw_swarm(c: Chooser) -> Swarm:
     return Swarm(subset(EVERY_FEATURE.ops), subset(EVERY_FEATURE.offsets), bool(s.integer(0, 1)), bool(s.integer(0, 1)))
 
 
-def _length(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None, swarm: Swarm = EVERY_FEATURE) -> int:
+def _length(
+    c: Chooser,
+    block: int,
+    bias: bool = True,
+    unit: int | None = None,
+    cap: int | None = None,
+    swarm: Swarm = EVERY_FEATURE,
+) -> int:
     """A prompt length, biased to block boundaries (kB-1, kB, kB+1, and kB+r
     with a short remainder 2 <= r <= k) and, with
     a smaller hash ``unit``, to its boundaries too, unless ``bias`` is off
@@ -88,7 +95,9 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
             # another sibling diverging at a junction an earlier sibling
             # created: the state the junction rule says is kept there
             prompt = [dict(s) for s in c.choice(junctions)]
-            prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "y", "length": c.integer(1, 2 * block)})
+            prompt.append(
+                {"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "y", "length": c.integer(1, 2 * block)}
+            )
             prompts.append(_fit(prompt, cap) if cap is not None else prompt)
             continue
         if op == "junction":
@@ -114,7 +123,9 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
                 cut = min(max(cut, 1), total)
                 prompt = _fit(base, cut)
                 junctions.append([dict(s) for s in prompt])
-                prompt.append({"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)})
+                prompt.append(
+                    {"segment": next(fresh, None) or c.choice(SEGMENT_NAMES) + "x", "length": c.integer(1, 2 * block)}
+                )
         if cap is not None:
             prompt = _fit(prompt, cap)
         prompts.append(prompt)
@@ -188,5 +199,4 @@ def _with_conversation(c: Chooser, serial: list[dict], block: int, cap: int | No
     judged by every oracle; its prompts at most ``longest`` tokens), then the
     wave, drawn before the conversation so every earlier draw stays put."""
     full = _concurrent_wave(c, serial, block, cap)
-    return serial + conversation(c, serial, block, longest) + full[len(serial):]
-
+    return serial + conversation(c, serial, block, longest) + full[len(serial) :]

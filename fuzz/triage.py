@@ -25,12 +25,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from reference.case import Case, parse_case
-
 from fuzz.findings import KNOWN_ORACLES, SIGNATURE, check_fields, load_finding
 from fuzz.impact import cost_of, severity_rank
 from fuzz.known_classes import classify
 from fuzz.oracles import request_kinds
+from reference.case import Case, parse_case
 
 
 def geometry_class(case: Case, knobs: dict) -> str:
@@ -77,8 +76,14 @@ def hint(finding: dict, case: Case) -> str:
         return "knobs differ: " + (", ".join(names) if names else detail[:80])
     if oracle == "resolution":
         return "flag not applied: " + " ".join(re.findall(r"--[\w-]+", detail)[:1])
-    parts = [" ".join(x for x in (first_kind(case, first), direction(finding, first)) if x and x != "-") or "hits differ"]
-    if isinstance(first, int) and 0 <= first < len(case.trace) and case.trace[first].num_prompt_tokens % case.geometry.scheduler_block_size == 0:
+    parts = [
+        " ".join(x for x in (first_kind(case, first), direction(finding, first)) if x and x != "-") or "hits differ"
+    ]
+    if (
+        isinstance(first, int)
+        and 0 <= first < len(case.trace)
+        and case.trace[first].num_prompt_tokens % case.geometry.scheduler_block_size == 0
+    ):
         parts.append("block-aligned prompt")
     if geometry_class(case, knobs) != "uniform":
         parts.append("mixed attention/Mamba blocks")
@@ -103,7 +108,12 @@ def describe(path: str, finding: dict) -> dict:
     requests, tokens = case_size(case)
     return {
         "path": path,
-        "key": (finding["oracle"], first_kind(case, finding.get("first_divergence")), geometry_class(case, knobs), hint(finding, case)),
+        "key": (
+            finding["oracle"],
+            first_kind(case, finding.get("first_divergence")),
+            geometry_class(case, knobs),
+            hint(finding, case),
+        ),
         "requests": requests,
         "tokens": tokens,
         "summary": str(finding.get("summary", ""))[:300],
@@ -125,17 +135,34 @@ def triage(described: list[dict], new: set[str] = frozenset()) -> list[dict]:
     for key, members in groups.items():
         rep = min(members, key=lambda d: (d["requests"], d["tokens"], d["path"]))
         costliest = max(members, key=lambda d: (d["cost"].get("tokens_total") or 0, d["path"]))["cost"]
-        classes.append({
-            "oracle": key[0], "request_kind": key[1], "geometry": key[2], "hint": key[3],
-            "count": len(members), "new": sum(d["path"] in new for d in members),
-            "representative": {k: rep[k] for k in ("path", "requests", "tokens", "summary")},
-            "paths": sorted(d["path"] for d in members),
-            "severity": costliest["severity"], "cost": costliest,
-            # the known classes (fuzz.known_classes) its members belong to
-            "known": sorted({d["known"] for d in members if d.get("known")}),
-        })
-    return sorted(classes, key=lambda c: (severity_rank(c["cost"]), -(c["cost"].get("tokens_total") or 0), -c["count"], c["oracle"], c["request_kind"],
-                                          c["geometry"], c["hint"]))
+        classes.append(
+            {
+                "oracle": key[0],
+                "request_kind": key[1],
+                "geometry": key[2],
+                "hint": key[3],
+                "count": len(members),
+                "new": sum(d["path"] in new for d in members),
+                "representative": {k: rep[k] for k in ("path", "requests", "tokens", "summary")},
+                "paths": sorted(d["path"] for d in members),
+                "severity": costliest["severity"],
+                "cost": costliest,
+                # the known classes (fuzz.known_classes) its members belong to
+                "known": sorted({d["known"] for d in members if d.get("known")}),
+            }
+        )
+    return sorted(
+        classes,
+        key=lambda c: (
+            severity_rank(c["cost"]),
+            -(c["cost"].get("tokens_total") or 0),
+            -c["count"],
+            c["oracle"],
+            c["request_kind"],
+            c["geometry"],
+            c["hint"],
+        ),
+    )
 
 
 def _one_line(e: BaseException) -> str:

@@ -60,16 +60,14 @@ diverges, 3 inconclusive.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from reference.case import Case
-from ground.engines import FAMILIES, version_key
-from ground.errors import Unsupported, invalid
 
 from fuzz.oracle_registry import KNOWN_ORACLES, NOT_BY_COUNTERS, SINGLE_ENGINE_ORACLES
-from fuzz.oracles import COMPARED_KNOBS, Divergence, check_all, check_versions, oracles_for
-from fuzz.oracles import check_resolution, resolved
+from fuzz.oracles import COMPARED_KNOBS, Divergence, check_all, check_resolution, check_versions, oracles_for, resolved
+from ground.engines import FAMILIES, version_key
+from ground.errors import Unsupported, invalid
+from reference.case import Case
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -254,7 +252,17 @@ def judge(
         if not divergences:
             return Verdict(AGREES, ["no oracle fires"])
         first = divergences[0]
-        return Verdict(DIVERGES, [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences], first.oracle, first.first)
+        return Verdict(
+            DIVERGES,
+            [
+                f"{d.oracle} fires"
+                + (f" at request {d.first}" if d.first is not None else "")
+                + (f" ({d.detail})" if d.detail else "")
+                for d in divergences
+            ],
+            first.oracle,
+            first.first,
+        )
     if divergences is None:
         return _judge_hits_only(claim, observed)
     return _judge_oracles(claim, observation, observed, err, divergences)
@@ -270,18 +278,24 @@ def _bound_excesses(target: Target, observation: dict, observed: list) -> list[s
     for i, b in enumerate(bounds):
         o = observed[i] if i < len(observed) else None
         if b is not None and o is not None and o > b:
-            out.append(f"request {i}: observed hits {_n(o)} above {_n(b)}, the most it can resume from whatever the batching (no request sent before it computed more)")
+            out.append(
+                f"request {i}: observed hits {_n(o)} above {_n(b)}, the most it can resume from whatever the batching (no request sent before it computed more)"
+            )
     for w in observation.get("waves") or ():
         idx = list(w.get("requests") or ())
         if w.get("hits") is None or not idx or any(i >= len(bounds) or bounds[i] is None for i in idx):
             continue
         cap = sum(bounds[i] for i in idx)
         if w["hits"] > cap:
-            out.append(f"requests {idx[0]}-{idx[-1]} (one wave): summed hits {_n(w['hits'])} above {_n(cap)}, the sum of the most each can resume from whatever the batching")
+            out.append(
+                f"requests {idx[0]}-{idx[-1]} (one wave): summed hits {_n(w['hits'])} above {_n(cap)}, the sum of the most each can resume from whatever the batching"
+            )
     return out
 
 
-def _judge_target(target: Target, observation: dict, observed: list, err, divergences: list[Divergence] | None) -> Verdict:
+def _judge_target(
+    target: Target, observation: dict, observed: list, err, divergences: list[Divergence] | None
+) -> Verdict:
     """A target's hits (``None`` where the model predicts none: a concurrent
     trace past its serial prefix), queries and knobs; where the model
     predicts none, the target's bounds (per request, or summed over a wave
@@ -290,19 +304,32 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
     oracle was evaluated, a live server)."""
     reasons = []
     if err:
-        reasons.append(f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
+        reasons.append(
+            f"vLLM raised at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}"
+        )
     predicted = [i for i, h in enumerate(target.hits) if h is not None]
     judged = predicted
     if target.rule == "promise" and divergences is not None:
         # a hit above the promise is not by itself wrong: the safety oracles
         # (``fuzz.oracle_registry.SAFETY_ORACLES``, among ``divergences``) judge it
         judged = [i for i in predicted if i >= len(observed) or observed[i] <= target.hits[i]]
-    reasons += _hit_differences(observed, list(target.hits), "target", None if len(judged) == len(target.hits) else judged)
+    reasons += _hit_differences(
+        observed, list(target.hits), "target", None if len(judged) == len(target.hits) else judged
+    )
     reasons += _bound_excesses(target, observation, observed)
-    reasons += [f"{d.oracle} fires" + (f" at request {d.first}" if d.first is not None else "") + (f" ({d.detail})" if d.detail else "") for d in divergences or ()]
+    reasons += [
+        f"{d.oracle} fires"
+        + (f" at request {d.first}" if d.first is not None else "")
+        + (f" ({d.detail})" if d.detail else "")
+        for d in divergences or ()
+    ]
     if target.queries is not None and observation.get("queries") is not None and not err:
         q = list(observation["queries"])
-        reasons += [f"request {i}: observed queries {_n(a)}, target {_n(b)}" for i, (a, b) in enumerate(zip(q, target.queries)) if a != b]
+        reasons += [
+            f"request {i}: observed queries {_n(a)}, target {_n(b)}"
+            for i, (a, b) in enumerate(zip(q, target.queries))
+            if a != b
+        ]
     knobs = observation.get("knobs") or {}
     for k, v in (target.knobs or {}).items():
         if k in knobs and knobs[k] != v:
@@ -310,33 +337,65 @@ def _judge_target(target: Target, observation: dict, observed: list, err, diverg
     if reasons:
         return Verdict(DIVERGES, reasons)
     if len(predicted) < len(target.hits):
-        held = (["none resumes past what a request sent before it computed"] if target.bounds else []) + (["no oracle that judges them fires"] if divergences is not None else [])
-        return Verdict(AGREES, [f"the hits of the {len(predicted)} request(s) the model predicts equal the target" + (f" (rule {target.rule})" if target.rule else "")
-                                + f"; the other {len(target.hits) - len(predicted)} share scheduler steps" + (": " + "; ".join(held) if held else " (not judged)")])
-    return Verdict(AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")])
-
+        held = (["none resumes past what a request sent before it computed"] if target.bounds else []) + (
+            ["no oracle that judges them fires"] if divergences is not None else []
+        )
+        return Verdict(
+            AGREES,
+            [
+                f"the hits of the {len(predicted)} request(s) the model predicts equal the target"
+                + (f" (rule {target.rule})" if target.rule else "")
+                + f"; the other {len(target.hits) - len(predicted)} share scheduler steps"
+                + (": " + "; ".join(held) if held else " (not judged)")
+            ],
+        )
+    return Verdict(
+        AGREES, ["every request's hits equal the target" + (f" (rule {target.rule})" if target.rule else "")]
+    )
 
 
 def _judge_hits_only(claim: Claim, observed: list) -> Verdict:
     if claim.oracle in NOT_BY_COUNTERS:
-        return Verdict(INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle)
+        return Verdict(
+            INCONCLUSIVE, [f"a {claim.oracle} finding cannot be judged from hit counters alone"], claim.oracle
+        )
     if claim.observed is None:
         return Verdict(INCONCLUSIVE, ["the finding states no observed hits"], claim.oracle)
     i = claim.first
     if i is None or claim.expected is None or i >= len(claim.expected) or i >= len(claim.observed):
-        return Verdict(INCONCLUSIVE, ["the finding states no expected hits at its first divergence: the oracle cannot be checked from hits"], claim.oracle)
+        return Verdict(
+            INCONCLUSIVE,
+            ["the finding states no expected hits at its first divergence: the oracle cannot be checked from hits"],
+            claim.oracle,
+        )
     differences = _hit_differences(observed, claim.observed, "the finding observed")
     if differences:
         return Verdict(NOT_REPRODUCED, differences, claim.oracle, i)
     if observed[i] == claim.expected[i]:
-        return Verdict(NOT_REPRODUCED, [f"request {i}: observed hits {_n(observed[i])} equal the finding's expected hits: {claim.oracle} does not fire there"], claim.oracle, i)
-    return Verdict(REPRODUCED, [f"every request's hits equal the finding's observed hits, and request {i} differs from its expected {_n(claim.expected[i])}"], claim.oracle, i)
+        return Verdict(
+            NOT_REPRODUCED,
+            [
+                f"request {i}: observed hits {_n(observed[i])} equal the finding's expected hits: {claim.oracle} does not fire there"
+            ],
+            claim.oracle,
+            i,
+        )
+    return Verdict(
+        REPRODUCED,
+        [
+            f"every request's hits equal the finding's observed hits, and request {i} differs from its expected {_n(claim.expected[i])}"
+        ],
+        claim.oracle,
+        i,
+    )
 
 
 def _judge_oracles(claim: Claim, observation: dict, observed: list, err, divergences: list[Divergence]) -> Verdict:
     reasons: list[str] = []
     if err and claim.oracle != "engine_error":
-        reasons.append(f"vLLM raised now at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}")
+        reasons.append(
+            f"vLLM raised now at request {err.get('request')}: {err.get('type')}: {' '.join(str(err.get('message', '')).split())[:200]}"
+        )
     same = [d for d in divergences if d.oracle == claim.oracle]
     first = same[0].first if same else None
     if not same:
@@ -350,11 +409,16 @@ def _judge_oracles(claim: Claim, observation: dict, observed: list, err, diverge
     if claim.observed is not None:
         reasons += _hit_differences(observed, claim.observed, "the finding observed")
     if claim.oracle == "versions" and same and claim.expected is not None:
-        reasons += [r.replace("observed hits", "the other engine hit", 1) for r in _hit_differences(list(same[0].expected), claim.expected, "the finding's other engine")]
+        reasons += [
+            r.replace("observed hits", "the other engine hit", 1)
+            for r in _hit_differences(list(same[0].expected), claim.expected, "the finding's other engine")
+        ]
     if reasons:
         return Verdict(NOT_REPRODUCED, reasons, claim.oracle, first)
     where = "no request (knobs)" if claim.first is None else f"request {claim.first}"
-    return Verdict(REPRODUCED, [f"{claim.oracle} fires first at {where} with the finding's observed hits"], claim.oracle, first)
+    return Verdict(
+        REPRODUCED, [f"{claim.oracle} fires first at {where} with the finding's observed hits"], claim.oracle, first
+    )
 
 
 Run = Callable[[Case], dict]
@@ -367,7 +431,16 @@ class HarnessFailure(Exception):
     raises it for a variant run, :mod:`fuzz.campaign` for any run."""
 
 
-def divergences(case: Case, version: str, observation: dict, oracle: str | None = None, *, run: Run | None = None, other_version: str | None = None, other_observation: dict | None = None) -> list[Divergence]:
+def divergences(
+    case: Case,
+    version: str,
+    observation: dict,
+    oracle: str | None = None,
+    *,
+    run: Run | None = None,
+    other_version: str | None = None,
+    other_observation: dict | None = None,
+) -> list[Divergence]:
     """The divergences the judge weighs: a finding's ``oracle`` alone, or
     every single-engine oracle for a bare case (``oracle`` None), on
     ``case`` as judged (a deployment resolved by this engine:
@@ -424,14 +497,43 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     other_obs = None
     if claim is not None and claim.oracle == "versions":
         if other is None:
-            return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [f"a versions finding needs its other engine (vllm=={claim.other_version or '?'}) beside vllm=={engine.version}"], "versions"))
+            return Judged(
+                judged,
+                obs,
+                [],
+                Verdict(
+                    INCONCLUSIVE,
+                    [
+                        f"a versions finding needs its other engine (vllm=={claim.other_version or '?'}) beside vllm=={engine.version}"
+                    ],
+                    "versions",
+                ),
+            )
         other_obs = other.run(case)
     try:
-        divs = divergences(judged, engine.version, obs, claim.oracle if claim else None, run=engine.run, other_version=other.version if other is not None else None, other_observation=other_obs)
+        divs = divergences(
+            judged,
+            engine.version,
+            obs,
+            claim.oracle if claim else None,
+            run=engine.run,
+            other_version=other.version if other is not None else None,
+            other_observation=other_obs,
+        )
     except HarnessFailure as e:
         return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [str(e)], claim.oracle if claim else None), other_obs)
     except Unsupported as e:  # kvspec's model cannot judge it: says nothing about vLLM
-        return Judged(judged, obs, [], Verdict(INCONCLUSIVE, [f"the reference model cannot judge this case on vllm=={engine.version}: {e}"], claim.oracle if claim else None), other_obs)
+        return Judged(
+            judged,
+            obs,
+            [],
+            Verdict(
+                INCONCLUSIVE,
+                [f"the reference model cannot judge this case on vllm=={engine.version}: {e}"],
+                claim.oracle if claim else None,
+            ),
+            other_obs,
+        )
     return Judged(judged, obs, divs, judge(claim, obs, divs, other_observation=other_obs), other_obs)
 
 

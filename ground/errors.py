@@ -51,7 +51,11 @@ def shown(value: object) -> str:
     try:
         text = repr(value)
     except ValueError:  # an int beyond Python's digit limit for str()
-        text = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+        text = (
+            f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+            if isinstance(value, int)
+            else f"<{type(value).__name__}>"
+        )
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 

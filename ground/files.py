@@ -22,8 +22,9 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ground.errors import KvspecError, invalid
 
@@ -48,7 +49,13 @@ def _special_kind(mode: int) -> str | None:
     """What a file that is not a regular file is (None for a regular file)."""
     if stat.S_ISREG(mode):
         return None
-    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -117,7 +124,9 @@ def decode_utf8(data: bytes, what: str, name: str) -> str:
     try:
         return data.decode("utf-8", errors="strict")
     except UnicodeDecodeError as e:
-        raise invalid(what, name, f"is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}: {e.reason}); {allowed}") from None
+        raise invalid(
+            what, name, f"is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}: {e.reason}); {allowed}"
+        ) from None
 
 
 class _Refused:
@@ -179,7 +188,9 @@ def _nesting_exceeds(doc: Any, limit: int) -> bool:
             return True
         children: list = []
         for node in level:
-            children.extend(c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list)))
+            children.extend(
+                c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list))
+            )
         level = children
     return False
 
@@ -212,11 +223,17 @@ def _first_problem(node: Any, path: str, depth: int) -> tuple[str, Any, str] | N
     if not isinstance(node, (dict, list)):
         return None
     if depth >= MAX_JSON_DEPTH:
-        return path, f"<{type(node).__name__} at depth {depth + 1}>", f"nested too deeply; allowed: at most {MAX_JSON_DEPTH} levels"
+        return (
+            path,
+            f"<{type(node).__name__} at depth {depth + 1}>",
+            f"nested too deeply; allowed: at most {MAX_JSON_DEPTH} levels",
+        )
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for key, child in items:
         if isinstance(child, (dict, list, _Refused)):
-            sub = (f"{path}.{field_key(key)}" if path else field_key(key)) if isinstance(node, dict) else f"{path}[{key}]"
+            sub = (
+                (f"{path}.{field_key(key)}" if path else field_key(key)) if isinstance(node, dict) else f"{path}[{key}]"
+            )
             found = _first_problem(child, sub, depth + 1)
             if found:
                 return found
@@ -329,7 +346,9 @@ def hash_files(h: Any, root: Path, patterns: Iterable[str]) -> None:
     its path relative to ``root``, a NUL, its bytes and a NUL. The digest of
     a source tree (a warm engine's sources, the vLLM files under test, the
     code that judges a mutation run)."""
-    files = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts})
+    files = sorted(
+        {p for pattern in patterns for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts}
+    )
     for path in files:
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
         h.update(path.read_bytes() + b"\0")

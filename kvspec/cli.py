@@ -20,10 +20,10 @@ import pkgutil
 import sys
 
 import kvspec.commands as commands
-from ground.home import REPO_ROOT, foreign_packages
 from ground.console import say as _say
-from ground.printable import printable
 from ground.errors import KvspecError
+from ground.home import REPO_ROOT, foreign_packages
+from ground.printable import printable
 
 
 class Parser(argparse.ArgumentParser):
@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         for lead in ("unrecognized arguments: ", "ambiguous option: "):
             if message.startswith(lead):
-                message = lead + redact_values(message[len(lead):])
+                message = lead + redact_values(message[len(lead) :])
         super().error(printable(message))
 
 
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     clash = foreign_packages()
     if clash:
         name, where = clash[0]
-        _say(f"kvspec: package={name!r} imports from {where}, not from kvspec's checkout {REPO_ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)")
+        _say(
+            f"kvspec: package={name!r} imports from {where}, not from kvspec's checkout {REPO_ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)"
+        )
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)

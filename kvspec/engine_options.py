@@ -28,8 +28,10 @@ from ground.engines import DEFAULT_FAMILY, FAMILIES, EngineSpec, Family
 
 PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"
 BASE_HELP = "the release a path: or wheel: engine is based on (default: the tree's vllm/_version.py, read as text, or the wheel's version)"
-NOTE = (f"a build (--patch, path:, wheel:) is judged by the {listed(o for o in ORACLES if BY_NAME[o].build)} oracles: "
-        f"the {listed(o for o in ORACLES if not BY_NAME[o].build)} oracles state its release's rule, not the build's")
+NOTE = (
+    f"a build (--patch, path:, wheel:) is judged by the {listed(o for o in ORACLES if BY_NAME[o].build)} oracles: "
+    f"the {listed(o for o in ORACLES if not BY_NAME[o].build)} oracles state its release's rule, not the build's"
+)
 
 
 class _EngineAction(argparse.Action):
@@ -58,12 +60,40 @@ class _AttachAction(argparse.Action):
         setattr(namespace, self.dest, table)
 
 
-def add_engine_arguments(parser, *, dest: str = "engine", flag: str = "--engine", help: str, required: bool = False, group=None, metavar: str = "ENGINE") -> None:
+def add_engine_arguments(
+    parser,
+    *,
+    dest: str = "engine",
+    flag: str = "--engine",
+    help: str,
+    required: bool = False,
+    group=None,
+    metavar: str = "ENGINE",
+) -> None:
     """``flag`` (repeatable; see the module docstring), ``--patch``, ``--base``."""
     target = group if group is not None else parser
-    target.add_argument(flag, dest=dest, action=_EngineAction, default=None, required=required, metavar=metavar, help=help)
-    parser.add_argument("--patch", dest=f"{dest}_patches", action=_AttachAction, engines_dest=dest, default=None, metavar="FILE.diff", help=PATCH_HELP)
-    parser.add_argument("--base", dest=f"{dest}_bases", action=_AttachAction, engines_dest=dest, many=False, default=None, metavar="vllm==X", help=BASE_HELP)
+    target.add_argument(
+        flag, dest=dest, action=_EngineAction, default=None, required=required, metavar=metavar, help=help
+    )
+    parser.add_argument(
+        "--patch",
+        dest=f"{dest}_patches",
+        action=_AttachAction,
+        engines_dest=dest,
+        default=None,
+        metavar="FILE.diff",
+        help=PATCH_HELP,
+    )
+    parser.add_argument(
+        "--base",
+        dest=f"{dest}_bases",
+        action=_AttachAction,
+        engines_dest=dest,
+        many=False,
+        default=None,
+        metavar="vllm==X",
+        help=BASE_HELP,
+    )
 
 
 @dataclass(frozen=True)
@@ -84,7 +114,9 @@ class EngineOption:
         return FAMILIES[self.spec.family if self.spec is not None else DEFAULT_FAMILY]
 
 
-def parse_engine_options(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None) -> list[EngineOption]:
+def parse_engine_options(
+    args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None
+) -> list[EngineOption]:
     """The engines the options give, each name parsed here, once (no
     build, no engine): bad names and misplaced ``--patch`` / ``--base`` are
     one line, before any work."""
@@ -94,15 +126,34 @@ def parse_engine_options(args, *, dest: str = "engine", flag: str = "--engine", 
     patches = dict(getattr(args, f"{dest}_patches", None) or {})
     bases = dict(getattr(args, f"{dest}_bases", None) or {})
     if not texts and (patches or bases):
-        raise invalid("--patch" if patches else "--base", (patches or bases).get(0), f"needs {flag} vllm==X (or path:DIR / wheel:FILE.whl) to apply to")
+        raise invalid(
+            "--patch" if patches else "--base",
+            (patches or bases).get(0),
+            f"needs {flag} vllm==X (or path:DIR / wheel:FILE.whl) to apply to",
+        )
     out = []
     for i, text in enumerate(texts):
         local = isinstance(text, str) and text.strip().startswith(("path:", "wheel:"))  # builds.prepare reads those
-        out.append(EngineOption(text, None if local else EngineSpec.parse(text, flag), tuple(map(str, patches.get(i) or ())), bases.get(i)))
+        out.append(
+            EngineOption(
+                text,
+                None if local else EngineSpec.parse(text, flag),
+                tuple(map(str, patches.get(i) or ())),
+                bases.get(i),
+            )
+        )
     return out
 
 
-def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None, parsed: list[EngineOption] | None = None) -> list[EngineSpec]:
+def engine_specs(
+    args,
+    *,
+    dest: str = "engine",
+    flag: str = "--engine",
+    default: str | None = None,
+    progress=None,
+    parsed: list[EngineOption] | None = None,
+) -> list[EngineSpec]:
     """The engines the options give (:class:`EngineSpec`, each name parsed
     once: :func:`parse_engine_options`, or ``parsed`` when the command read
     them already), each build built first. A ``--patch`` / ``--base`` with
@@ -118,11 +169,17 @@ def engine_specs(args, *, dest: str = "engine", flag: str = "--engine", default:
     for option in options:
         source = option.spec if option.spec is not None else option.text
         name = prepare(source, list(option.patches) or None, option.base, flag=flag, **kwargs)
-        out.append(option.spec if option.spec is not None and name == option.spec.name else replace(EngineSpec.parse(name), patches=option.patches))
+        out.append(
+            option.spec
+            if option.spec is not None and name == option.spec.name
+            else replace(EngineSpec.parse(name), patches=option.patches)
+        )
     return out
 
 
-def engine_names(args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None) -> list[str]:
+def engine_names(
+    args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None
+) -> list[str]:
     """The names of :func:`engine_specs`' engines."""
     return [spec.name for spec in engine_specs(args, dest=dest, flag=flag, default=default, progress=progress)]
 

@@ -19,7 +19,11 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
     from reference.llamacpp import Settings, predict
 
     res = observed.get("resolution") or {}
-    reference = predict(case, Settings.of(res.get("server") or {}, res.get("params") or {})) if res.get("server") else {"hits": [], "queries": [], "explain": []}
+    reference = (
+        predict(case, Settings.of(res.get("server") or {}, res.get("params") or {}))
+        if res.get("server")
+        else {"hits": [], "queries": [], "explain": []}
+    )
     outputs = check_outputs(case, name, observed)
     mismatches = differences(reference, observed)
     held = _held_mismatches(reference, observed)
@@ -27,10 +31,25 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
     if held and verdict.verdict == "agrees":  # the rule's checkpoints, not only its hits
         from fuzz.verdict import Verdict
 
-        verdict = Verdict("diverges", [f"request {i}: checkpoints held {o} by llama.cpp, {r} by the model" for i, r, o in held])
+        verdict = Verdict(
+            "diverges", [f"request {i}: checkpoints held {o} by llama.cpp, {r} by the model" for i, r, o in held]
+        )
     if as_json:
-        print(json.dumps({"engine": name, "rule": "llamacpp", "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference,
-                          "observed": observed, "mismatches": mismatches, "outputs": [d.detail for d in outputs]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "engine": name,
+                    "rule": "llamacpp",
+                    "verdict": verdict.verdict,
+                    "reasons": verdict.reasons,
+                    "reference": reference,
+                    "observed": observed,
+                    "mismatches": mismatches,
+                    "outputs": [d.detail for d in outputs],
+                },
+                indent=2,
+            )
+        )
     else:
         _render(reference, observed, name, verdict, outputs)
     sys.stdout.flush()
@@ -56,7 +75,19 @@ def _render(reference: dict, observed: dict, name: str, verdict, outputs) -> Non
 
     console = Console(width=None if sys.stdout.isatty() else 220)
     table = Table(title=f"reference (llama.cpp rule) vs observed ({name})")
-    for col in ("", "req", "tokens", "hit ref", "hit llama.cpp", "restored ref", "restored llama.cpp", "held ref", "held llama.cpp", "output", "output cold"):
+    for col in (
+        "",
+        "req",
+        "tokens",
+        "hit ref",
+        "hit llama.cpp",
+        "restored ref",
+        "restored llama.cpp",
+        "held ref",
+        "held llama.cpp",
+        "output",
+        "output cold",
+    ):
         table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", "hit llama.cpp") else "left")
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
     bad = {d for div in outputs for d in div.requests}
@@ -64,20 +95,33 @@ def _render(reference: dict, observed: dict, name: str, verdict, outputs) -> Non
         r = rex[i] if i < len(rex) else {}
         o = oex[i] if i < len(oex) else {}
         same = r.get("hit") == o.get("hit") and r.get("checkpoints_held") == o.get("checkpoints_held") and i not in bad
-        table.add_row(Text("ok" if same else "MISMATCH", style="green" if same else "red"), str(i), str(o.get("prompt_tokens", r.get("prompt_tokens", ""))),
-                      str(r.get("hit", "")), str(o.get("hit", "")), str(r.get("checkpoint_restored")), str(o.get("checkpoint_restored")),
-                      Text(_ids(r.get("checkpoints_held"))), Text(_ids(o.get("checkpoints_held"))),
-                      Text(_ids(o.get("output_ids"))), Text(_ids(o.get("cold_output_ids"))))
+        table.add_row(
+            Text("ok" if same else "MISMATCH", style="green" if same else "red"),
+            str(i),
+            str(o.get("prompt_tokens", r.get("prompt_tokens", ""))),
+            str(r.get("hit", "")),
+            str(o.get("hit", "")),
+            str(r.get("checkpoint_restored")),
+            str(o.get("checkpoint_restored")),
+            Text(_ids(r.get("checkpoints_held"))),
+            Text(_ids(o.get("checkpoints_held"))),
+            Text(_ids(o.get("output_ids"))),
+            Text(_ids(o.get("cold_output_ids"))),
+        )
     console.print(table)
     server = (observed.get("resolution") or {}).get("server") or {}
     console.print(Text(f"resolved by {name}: {json.dumps(server, sort_keys=True)}"))
     if observed.get("error"):
         e = observed["error"]
-        console.print(Text(f"llama.cpp raised in {e.get('phase')} (request {e.get('request')}): {e.get('message')}", style="red"))
+        console.print(
+            Text(f"llama.cpp raised in {e.get('phase')} (request {e.get('request')}): {e.get('message')}", style="red")
+        )
     for d in outputs:
         console.print(Text(f"outputs fires at request {d.first}: {d.detail}", style="red"))
     if verdict.verdict == "agrees":
-        console.print(Text("reference and llama.cpp agree (hits, checkpoints held; outputs equal a cold server's)", style="green"))
+        console.print(
+            Text("reference and llama.cpp agree (hits, checkpoints held; outputs equal a cold server's)", style="green")
+        )
     else:
         console.print(Text(f"{verdict.verdict}", style="red"))
         for reason in verdict.reasons:

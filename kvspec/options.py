@@ -23,12 +23,21 @@ def seconds(flag: str, value: float, *, zero_ok: bool = False, maximum: float = 
     """A duration in seconds: finite, > 0 (>= 0 when ``zero_ok``) and at
     most ``maximum``; NaN and infinities are refused."""
     low = "0 <=" if zero_ok else "0 <"
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok) or value > maximum:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero_ok)
+        or value > maximum
+    ):
         raise invalid(flag, value, f"must be a finite number of seconds, {low} S <= {maximum:g}")
     return float(value)
 
 
-def whole(flag: str, value: int | None, *, minimum: int, maximum: int, none_ok: bool = False, why: str = "") -> int | None:
+def whole(
+    flag: str, value: int | None, *, minimum: int, maximum: int, none_ok: bool = False, why: str = ""
+) -> int | None:
     """An integer option in [minimum, maximum] (None allowed when ``none_ok``);
     ``why`` says where the bound comes from (e.g. "this machine's cores")."""
     if value is None and none_ok:
@@ -78,7 +87,11 @@ def output_dir(flag: str, path: str | os.PathLike) -> Path:
     except KvspecError:
         raise
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
-        raise invalid(flag, str(path), f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a folder kvspec can write into") from None
+        raise invalid(
+            flag,
+            str(path),
+            f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a folder kvspec can write into",
+        ) from None
     if why:
         raise invalid(flag, str(path), f"{probe} is not writable ({why}); allowed: a folder kvspec can write into")
     return p
@@ -118,6 +131,10 @@ def output_file(flag: str, path: str | os.PathLike) -> Path:
     except KvspecError:
         raise
     except (OSError, ValueError) as e:
-        raise invalid(flag, str(path), f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a file path kvspec can write") from None
+        raise invalid(
+            flag,
+            str(path),
+            f"cannot be checked ({getattr(e, 'strerror', None) or e}); allowed: a file path kvspec can write",
+        ) from None
     output_dir(flag, p.parent if str(p.parent) else ".")
     return p

@@ -25,21 +25,18 @@ import subprocess
 import time
 from pathlib import Path
 
-from ground.files import write_json_atomic
-
 from fuzz.oracle_registry import KNOWN_ORACLES
+from ground.files import write_json_atomic
 from mutate.targets import Span, spans
 
 
 def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progress=None) -> Path:
     """Run a campaign of ``seconds`` on the release and record its cases."""
     from engine_adapter import open_engine
-    from reference.case import case_to_dict, parse_case
-
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random
-
     from mutate.kill import fixed_cases
+    from reference.case import case_to_dict, parse_case
 
     say = progress or (lambda line: None)
     cases_path = fixed_cases(release, out, progress=say)
@@ -47,7 +44,14 @@ def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progre
     if hasattr(engine, "start"):
         engine.start()
     deadline = time.monotonic() + seconds
-    campaign = Campaign(BoundedEngine(engine, deadline), out / "coverage-campaign", oracles=KNOWN_ORACLES, seed=seed, shrink_calls=0, deadline=deadline)
+    campaign = Campaign(
+        BoundedEngine(engine, deadline),
+        out / "coverage-campaign",
+        oracles=KNOWN_ORACLES,
+        seed=seed,
+        shrink_calls=0,
+        deadline=deadline,
+    )
     ran: list[dict] = []
     check = campaign.check
 
@@ -80,12 +84,13 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
     from engine_adapter.host.environments import REPO_ROOT, env_python, worker_env
     from engine_adapter.host.testtools import ensure_coverage
     from ground.errors import EngineError
-
     from mutate.vllm_tests import target_paths
 
     python = str(env_python(release))
     if not ensure_coverage(python):
-        raise EngineError(f"engine=vllm=={release}: cannot install coverage in its environment; allowed: an environment pip can install into")
+        raise EngineError(
+            f"engine=vllm=={release}: cannot install coverage in its environment; allowed: an environment pip can install into"
+        )
     raw = json.loads(Path(cases).read_text())
     jobs = max(1, min(jobs or min(os.cpu_count() or 1, 4), len(raw) or 1))
     data, report = out / "campaign.coverage", out / "campaign.cov.json"
@@ -96,8 +101,31 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
         shard = out / f"coverage-cases.{k}.json"
         write_json_atomic(shard, raw[k::jobs], indent=None)
         log = open(out / f"campaign.coverage.{k}.log", "w")
-        procs.append((subprocess.Popen([python, "-m", "coverage", "run", "--branch", f"--data-file={data}.{k}", include, "-m", "mutate.replay_cases", str(shard), release],
-                                       cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [
+                        python,
+                        "-m",
+                        "coverage",
+                        "run",
+                        "--branch",
+                        f"--data-file={data}.{k}",
+                        include,
+                        "-m",
+                        "mutate.replay_cases",
+                        str(shard),
+                        release,
+                    ],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                ),
+                log,
+            )
+        )
     deadline = time.monotonic() + timeout_s
     replays, failed = [], None
     for k, (proc, log) in enumerate(procs):
@@ -116,26 +144,43 @@ def replay_coverage(release: str, cases: Path, out: Path, jobs: int | None = Non
     if failed:
         raise EngineError(f"engine=vllm=={release}: replaying the campaign's cases under coverage failed: {failed}")
     report.unlink(missing_ok=True)  # never read an earlier run's report
-    for step in (["combine", f"--data-file={data}", *(f"{data}.{k}" for k in range(jobs))], ["json", f"--data-file={data}", "-o", str(report), "--quiet"]):
-        done = subprocess.run([python, "-m", "coverage", *step], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    for step in (
+        ["combine", f"--data-file={data}", *(f"{data}.{k}" for k in range(jobs))],
+        ["json", f"--data-file={data}", "-o", str(report), "--quiet"],
+    ):
+        done = subprocess.run(
+            [python, "-m", "coverage", *step], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
         if done.returncode != 0:
-            raise EngineError(f"engine=vllm=={release}: coverage {step[0]} failed: {(done.stderr.strip().splitlines() or [''])[-1][:300]}")
+            raise EngineError(
+                f"engine=vllm=={release}: coverage {step[0]} failed: {(done.stderr.strip().splitlines() or [''])[-1][:300]}"
+            )
     prefix = Path(target_paths(release)[0]).parents[2]  # .../site-packages/vllm
     files = {}
     for path, info in json.loads(report.read_text()).get("files", {}).items():
         files[os.path.relpath(path, prefix)] = info
-    replay = {"ran": sum(r.get("ran", 0) for r in replays), "refused": sum(r.get("refused", 0) for r in replays), "jobs": jobs}
+    replay = {
+        "ran": sum(r.get("ran", 0) for r in replays),
+        "refused": sum(r.get("refused", 0) for r in replays),
+        "jobs": jobs,
+    }
     return {"replay": replay, "files": files}
 
 
-def per_function(all_spans: list[Span], executed: dict[str, set], executed_arcs: dict[str, set], all_arcs: dict[str, set]) -> dict:
+def per_function(
+    all_spans: list[Span], executed: dict[str, set], executed_arcs: dict[str, set], all_arcs: dict[str, set]
+) -> dict:
     """function -> lines, executed lines, branches, executed branches."""
     out = {}
     for s in all_spans:
         body = range(s.body_start, s.end + 1)
         arcs = {a for a in all_arcs.get(s.file, set()) if a[0] in body}
-        out[s.function] = {"file": s.file, "branches": len(arcs), "branches_executed": len(arcs & executed_arcs.get(s.file, set())),
-                           "lines_executed": len(set(body) & executed.get(s.file, set()))}
+        out[s.function] = {
+            "file": s.file,
+            "branches": len(arcs),
+            "branches_executed": len(arcs & executed_arcs.get(s.file, set())),
+            "lines_executed": len(set(body) & executed.get(s.file, set())),
+        }
     return out
 
 
@@ -150,7 +195,6 @@ def compare(release: str, *, out: Path, campaign_s: float, seed: int = 1, progre
     campaign and under vLLM's tests; written to ``OUT/coverage.json`` and
     ``OUT/coverage.md``."""
     from ground.files import write_text_atomic
-
     from mutate.targets import release_vllm_root
     from mutate.vllm_tests import baseline
 
@@ -180,15 +224,43 @@ def compare(release: str, *, out: Path, campaign_s: float, seed: int = 1, progre
         all_arcs[f] |= t_arcs.get(f, set()) | c_arcs.get(f, set())
     kv = per_function(all_spans, c_lines, c_arcs, all_arcs)
     vt = per_function(all_spans, t_lines, t_arcs, all_arcs)
-    summary = {"release": release, "campaign_s": campaign_s, "campaign_cases": camp["replay"].get("ran"), "kvspec": _table(kv), "vllm_tests": _table(vt),
-               "union": _table({k: {"branches": kv[k]["branches"], "branches_executed": len({a for a in all_arcs.get(kv[k]["file"], set()) if a in c_arcs.get(kv[k]["file"], set()) | t_arcs.get(kv[k]["file"], set()) and a[0] in range(s.body_start, s.end + 1)})} for k, s in ((s.function, s) for s in all_spans)})}
+    summary = {
+        "release": release,
+        "campaign_s": campaign_s,
+        "campaign_cases": camp["replay"].get("ran"),
+        "kvspec": _table(kv),
+        "vllm_tests": _table(vt),
+        "union": _table(
+            {
+                k: {
+                    "branches": kv[k]["branches"],
+                    "branches_executed": len(
+                        {
+                            a
+                            for a in all_arcs.get(kv[k]["file"], set())
+                            if a in c_arcs.get(kv[k]["file"], set()) | t_arcs.get(kv[k]["file"], set())
+                            and a[0] in range(s.body_start, s.end + 1)
+                        }
+                    ),
+                }
+                for k, s in ((s.function, s) for s in all_spans)
+            }
+        ),
+    }
     result = {"summary": summary, "per_function": {f: {"kvspec": kv[f], "vllm_tests": vt[f]} for f in kv}}
     write_json_atomic(out / "coverage.json", result)
-    lines = ["# Branch coverage of the target functions", "", f"vllm=={release}; kvspec: a {campaign_s:g}s campaign ({summary['campaign_cases']} cases) replayed under coverage.py --branch; vLLM's tests: tests/v1/core (the relevant files, CPU).", "",
-             f"- kvspec: {summary['kvspec']['executed']}/{summary['kvspec']['branches']} branches ({summary['kvspec']['share']})",
-             f"- vLLM's tests: {summary['vllm_tests']['executed']}/{summary['vllm_tests']['branches']} branches ({summary['vllm_tests']['share']})",
-             f"- either: {summary['union']['executed']}/{summary['union']['branches']} ({summary['union']['share']})", "",
-             "| function | branches | kvspec | vLLM tests |", "|---|---|---|---|"]
+    lines = [
+        "# Branch coverage of the target functions",
+        "",
+        f"vllm=={release}; kvspec: a {campaign_s:g}s campaign ({summary['campaign_cases']} cases) replayed under coverage.py --branch; vLLM's tests: tests/v1/core (the relevant files, CPU).",
+        "",
+        f"- kvspec: {summary['kvspec']['executed']}/{summary['kvspec']['branches']} branches ({summary['kvspec']['share']})",
+        f"- vLLM's tests: {summary['vllm_tests']['executed']}/{summary['vllm_tests']['branches']} branches ({summary['vllm_tests']['share']})",
+        f"- either: {summary['union']['executed']}/{summary['union']['branches']} ({summary['union']['share']})",
+        "",
+        "| function | branches | kvspec | vLLM tests |",
+        "|---|---|---|---|",
+    ]
     for f in kv:
         lines.append(f"| `{f}` | {kv[f]['branches']} | {kv[f]['branches_executed']} | {vt[f]['branches_executed']} |")
     write_text_atomic(out / "coverage.md", "\n".join(lines) + "\n")

@@ -69,16 +69,23 @@ def _observed(engine, case) -> dict:
         return {"rejected": str(e)}
 
 
-def check(mutant_engine: str, base_engine: str, *, n: int = 30, seed: int = 1, cases_path: Path | None = None, out: Path | None = None) -> dict:
+def check(
+    mutant_engine: str,
+    base_engine: str,
+    *,
+    n: int = 30,
+    seed: int = 1,
+    cases_path: Path | None = None,
+    out: Path | None = None,
+) -> dict:
     """Run the fixed cases (``cases_path``) and ``n`` seeded random cases on
     deployments on the mutant and on the base it was planted in (the
     release with the base patches); the first case whose behaviour
     differs, or none."""
     from engine_adapter import open_engine
-    from reference.case import case_to_dict, parse_case
-
     from fuzz.campaign import Campaign
     from fuzz.drivers import random_cases
+    from reference.case import case_to_dict, parse_case
 
     cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []
     mutant, base = open_engine(mutant_engine), open_engine(base_engine)
@@ -104,13 +111,11 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
     to ``OUT/equivalent/<id>.json``. A mutant whose build fails is
     reported, not checked. A build that existed before (kept by a run) is
     left in place; one made here is removed after."""
-    from ground.files import write_json_atomic, write_text_atomic
+    from engine_adapter.host.environments import engines_dir, env_dir
     from ground.errors import KvspecError
-
+    from ground.files import write_json_atomic, write_text_atomic
     from mutate.kill import _build, _drop_build, fixed_cases
     from mutate.run import base_engine, default_base_patches, select_mutants
-
-    from engine_adapter.host.environments import engines_dir, env_dir
 
     say = progress or (lambda _line: None)
     patches = default_base_patches(release)
@@ -129,13 +134,28 @@ def check_mutants(release: str, ids: list[str], *, out: Path, n: int = 30, seed:
             res = {"id": m["id"], "equal": None, "reason": verdict.get("reason")}
         else:
             try:
-                res = {"id": m["id"], **check(engine, base, n=n, seed=seed, cases_path=cases, out=Path(out) / "equivalent" / "probe")}
+                res = {
+                    "id": m["id"],
+                    **check(engine, base, n=n, seed=seed, cases_path=cases, out=Path(out) / "equivalent" / "probe"),
+                }
             except KvspecError as e:
                 res = {"id": m["id"], "equal": None, "reason": str(e)[:300]}
             finally:
                 _drop_build(engine, {"keep_build": not mine})
-        res.update({"function": m["function"], "line": m["line"], "before": m["before"], "after": m["after"], "base": base, "random_cases": n, "seed": seed})
+        res.update(
+            {
+                "function": m["function"],
+                "line": m["line"],
+                "before": m["before"],
+                "after": m["after"],
+                "base": base,
+                "random_cases": n,
+                "seed": seed,
+            }
+        )
         write_json_atomic(folder / f"{m['id']}.json", res)
-        say(f"[mutate] {m['id']}: {'no difference over %d cases' % res['compared'] if res.get('equal') else 'differs' if res.get('equal') is False else 'not checked: ' + str(res.get('reason'))[:160]}")
+        say(
+            f"[mutate] {m['id']}: {'no difference over %d cases' % res['compared'] if res.get('equal') else 'differs' if res.get('equal') is False else 'not checked: ' + str(res.get('reason'))[:160]}"
+        )
         results.append(res)
     return results

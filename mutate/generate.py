@@ -23,7 +23,6 @@ import random
 from pathlib import Path
 
 from ground.errors import invalid
-
 from mutate.targets import AREAS, Span, span_at, spans
 
 #: Cosmic Ray operator families used (prefixes of ``core/`` names). Left out:
@@ -34,15 +33,23 @@ from mutate.targets import AREAS, Span, span_at, spans
 OPERATOR_PREFIXES = (
     "core/NumberReplacer",
     "core/ReplaceComparisonOperator_",
-    "core/ReplaceBinaryOperator_Add_Sub", "core/ReplaceBinaryOperator_Sub_Add",
-    "core/ReplaceBinaryOperator_Add_Mul", "core/ReplaceBinaryOperator_Mul_Add",
-    "core/ReplaceBinaryOperator_Mul_FloorDiv", "core/ReplaceBinaryOperator_FloorDiv_Mul",
-    "core/ReplaceBinaryOperator_Mod_FloorDiv", "core/ReplaceBinaryOperator_FloorDiv_Mod",
-    "core/ReplaceBinaryOperator_Sub_Mul", "core/ReplaceBinaryOperator_Mod_Mul",
+    "core/ReplaceBinaryOperator_Add_Sub",
+    "core/ReplaceBinaryOperator_Sub_Add",
+    "core/ReplaceBinaryOperator_Add_Mul",
+    "core/ReplaceBinaryOperator_Mul_Add",
+    "core/ReplaceBinaryOperator_Mul_FloorDiv",
+    "core/ReplaceBinaryOperator_FloorDiv_Mul",
+    "core/ReplaceBinaryOperator_Mod_FloorDiv",
+    "core/ReplaceBinaryOperator_FloorDiv_Mod",
+    "core/ReplaceBinaryOperator_Sub_Mul",
+    "core/ReplaceBinaryOperator_Mod_Mul",
     "core/AddNot",
-    "core/ReplaceAndWithOr", "core/ReplaceOrWithAnd",
-    "core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue",
-    "core/ReplaceBreakWithContinue", "core/ReplaceContinueWithBreak",
+    "core/ReplaceAndWithOr",
+    "core/ReplaceOrWithAnd",
+    "core/ReplaceTrueWithFalse",
+    "core/ReplaceFalseWithTrue",
+    "core/ReplaceBreakWithContinue",
+    "core/ReplaceContinueWithBreak",
     "core/ZeroIterationForLoop",
     "core/ReplaceUnaryOperator_USub_UAdd",
 )
@@ -55,7 +62,9 @@ def operator_names() -> list[str]:
 
     out = []
     for name in sorted(all_names()):
-        if any(name.startswith(p) for p in OPERATOR_PREFIXES) and not any(name.endswith(s) or f"{s}_" in name[len("core/ReplaceComparisonOperator"):] for s in _SKIP):
+        if any(name.startswith(p) for p in OPERATOR_PREFIXES) and not any(
+            name.endswith(s) or f"{s}_" in name[len("core/ReplaceComparisonOperator") :] for s in _SKIP
+        ):
             out.append(name)
     return out
 
@@ -67,7 +76,9 @@ def mutant_id(area: str, file: str, operator: str, occurrence: int) -> str:
 
 def unified_diff(file: str, before: str, after: str) -> str:
     """``after`` as a diff against ``before``, paths ``a/vllm/<file>``."""
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/vllm/{file}", f"b/vllm/{file}", n=3)
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/vllm/{file}", f"b/vllm/{file}", n=3
+    )
     return "".join(lines)
 
 
@@ -95,12 +106,21 @@ def positions_of_file(vllm_root: Path, file: str, file_spans: list[Span], operat
         op = get_operator(name)()
         occurrence = -1
         for node in nodes:
-            for (start, _end) in op.mutation_positions(node):
+            for start, _end in op.mutation_positions(node):
                 occurrence += 1
                 span = span_at(file_spans, file, start[0])
                 if span is not None:
-                    out.append({"id": mutant_id(span.area, file, name, occurrence), "area": span.area, "file": file,
-                                "function": span.function, "operator": name, "occurrence": occurrence, "line": start[0]})
+                    out.append(
+                        {
+                            "id": mutant_id(span.area, file, name, occurrence),
+                            "area": span.area,
+                            "file": file,
+                            "function": span.function,
+                            "operator": name,
+                            "occurrence": occurrence,
+                            "line": start[0],
+                        }
+                    )
     return out
 
 
@@ -141,11 +161,18 @@ def materialize(vllm_root: Path, pos: dict, all_spans: list[Span] | None = None)
     except (SyntaxError, ValueError):
         return None
     line = changed[0]
-    return {**pos, "line": line, "before": lines[line - 1].strip(), "after": new_lines[line - 1].strip() if line - 1 < len(new_lines) else "",
-            "diff": unified_diff(file, code, mutated)}
+    return {
+        **pos,
+        "line": line,
+        "before": lines[line - 1].strip(),
+        "after": new_lines[line - 1].strip() if line - 1 < len(new_lines) else "",
+        "diff": unified_diff(file, code, mutated),
+    }
 
 
-def select(vllm_root: Path, cands: list[dict], *, n: int | None = None, only: list[str] | None = None, seed: int = 1) -> list[dict]:
+def select(
+    vllm_root: Path, cands: list[dict], *, n: int | None = None, only: list[str] | None = None, seed: int = 1
+) -> list[dict]:
     """The mutants to run, materialized: ``only``: those ids, in that order
     (an unknown id, or one that makes no valid mutant, is one line);
     otherwise ``n`` (all when None) picked round-robin over the areas from a
@@ -158,7 +185,11 @@ def select(vllm_root: Path, cands: list[dict], *, n: int | None = None, only: li
         for i in only:
             m = materialize(vllm_root, by_id[i], all_spans) if i in by_id else None
             if m is None:
-                raise invalid("--only", i, f"not a valid mutant of the targets; allowed: one of the ids `kvspec mutate --list` prints ({len(by_id)} positions)")
+                raise invalid(
+                    "--only",
+                    i,
+                    f"not a valid mutant of the targets; allowed: one of the ids `kvspec mutate --list` prints ({len(by_id)} positions)",
+                )
             out.append(m)
         return out
     rng = random.Random(seed)

@@ -33,10 +33,9 @@ import shutil
 import time
 from pathlib import Path
 
-from ground.files import write_json_atomic, write_text_atomic
-from ground.errors import EngineError, KvspecError
-
 from fuzz.oracle_registry import KNOWN_ORACLES
+from ground.errors import EngineError, KvspecError
+from ground.files import write_json_atomic, write_text_atomic
 
 #: Share of the budget spent on the examples and boundary cases; the rest is random cases.
 CASES_SHARE = 0.6
@@ -66,7 +65,9 @@ def _build(mutant: dict, release: str, diff_path: Path, base_patches: list[str] 
     from engine_adapter.host.builds import prepare
 
     try:
-        return prepare(f"vllm=={release}", patches=[*base_patches, str(diff_path)], selftest="import", progress=_quiet), None
+        return prepare(
+            f"vllm=={release}", patches=[*base_patches, str(diff_path)], selftest="import", progress=_quiet
+        ), None
     except EngineError as e:
         msg = str(e)
         if "self-test failed" in msg or "self-test timed out" in msg:
@@ -83,12 +84,11 @@ def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
     release), interleaved by speculative mode."""
     from engine_adapter import open_engine
     from engine_adapter.models.shipped import deployment_cases
-    from ground.home import kvspec_home
-    from reference.case import case_to_dict
-
     from fuzz.campaign import Campaign
     from fuzz.checkbuild import example_cases, interleave
     from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from ground.home import kvspec_home
+    from reference.case import case_to_dict
 
     path = Path(out) / "cases.json"
     if path.exists():
@@ -118,12 +118,11 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     """The fixed cases, then seeded random cases over deployments, until the
     first finding or ``budget`` seconds after the engine started."""
     from engine_adapter import open_engine
-    from reference.case import parse_case
-
     from fuzz.campaign import Campaign
     from fuzz.checkbuild import promise_of
     from fuzz.drivers import BoundedEngine, run_random
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
+    from reference.case import parse_case
 
     t0 = time.monotonic()
     try:
@@ -141,7 +140,15 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
         if not first:
             first.append((time.monotonic() - ready, path, finding))
 
-    campaign = Campaign(BoundedEngine(engine, deadline), out, oracles=KNOWN_ORACLES, seed=seed, shrink_calls=0, on_finding=on_finding, deadline=deadline)
+    campaign = Campaign(
+        BoundedEngine(engine, deadline),
+        out,
+        oracles=KNOWN_ORACLES,
+        seed=seed,
+        shrink_calls=0,
+        on_finding=on_finding,
+        deadline=deadline,
+    )
     fixed = 0
     try:
         cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []
@@ -155,14 +162,32 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     finally:
         engine.close()
     s = campaign.stats
-    res = {"engine_start_s": round(start_s, 1), "fixed_cases": fixed, "execs": s.execs, "harness_errors": s.harness_errors,
-           "rejected": s.rejected, "unsupported": s.unsupported, "cut_at_deadline": getattr(s, "cut_at_deadline", 0)}
+    res = {
+        "engine_start_s": round(start_s, 1),
+        "fixed_cases": fixed,
+        "execs": s.execs,
+        "harness_errors": s.harness_errors,
+        "rejected": s.rejected,
+        "unsupported": s.unsupported,
+        "cut_at_deadline": getattr(s, "cut_at_deadline", 0),
+    }
     if first:
         secs, path, finding = first[0]
-        res.update({"killed": True, "seconds_to_kill": round(secs, 2), "promise": promise_of(finding), "oracle": finding.get("oracle"),
-                    "summary": (finding.get("summary") or "")[:300], "finding": str(path), "case": (finding.get("case") or {}).get("name")})
+        res.update(
+            {
+                "killed": True,
+                "seconds_to_kill": round(secs, 2),
+                "promise": promise_of(finding),
+                "oracle": finding.get("oracle"),
+                "summary": (finding.get("summary") or "")[:300],
+                "finding": str(path),
+                "case": (finding.get("case") or {}).get("name"),
+            }
+        )
         return res
-    code, why = outcome(execs=s.execs, harness_errors=s.harness_errors, new_findings=0, workers_died=0, limit=HARNESS_ERROR_LIMIT)
+    code, why = outcome(
+        execs=s.execs, harness_errors=s.harness_errors, new_findings=0, workers_died=0, limit=HARNESS_ERROR_LIMIT
+    )
     res["killed"] = False
     if code == 3:
         res.update({"harness": True, "reason": f"harness failed: {why}"})
@@ -196,7 +221,10 @@ def _vllm_tests(engine: str, mutant: dict, options: dict, folder: Path) -> dict:
 
     base = json.loads(Path(options["baseline"]).read_text())
     release = options.get("release", "0.33.0")
-    span = next((s for s in spans(release_vllm_root(release)) if s.function == mutant["function"] and s.file == mutant["file"]), None)
+    span = next(
+        (s for s in spans(release_vllm_root(release)) if s.function == mutant["function"] and s.file == mutant["file"]),
+        None,
+    )
     files = files_for_span(base, span) if span else []
     extra: list[str] = []
     res: dict = {}
@@ -233,7 +261,12 @@ def reused_vllm_tests(mutant: dict, engine: str | None, options: dict) -> dict |
         diff = (folder / "mutant.diff").read_text()
     except OSError:
         return None
-    if not earlier or "vllm_tests" not in earlier or diff != mutant["diff"] or (engine is not None and earlier.get("engine") != engine):
+    if (
+        not earlier
+        or "vllm_tests" not in earlier
+        or diff != mutant["diff"]
+        or (engine is not None and earlier.get("engine") != engine)
+    ):
         return None
     return {**earlier["vllm_tests"], "reused_from": str(folder / "result.json")}
 
@@ -250,7 +283,9 @@ def _add_vllm_tests(done: dict, mutant: dict, options: dict) -> dict:
         done = {**done, "vllm_tests": reused}
         write_json_atomic(result_path(out, mutant["id"]), done)
         return done
-    engine, verdict = _build(mutant, options.get("release", "0.33.0"), folder / "mutant.diff", options.get("base_patches") or [])
+    engine, verdict = _build(
+        mutant, options.get("release", "0.33.0"), folder / "mutant.diff", options.get("base_patches") or []
+    )
     if verdict is not None:
         return done
     try:
@@ -296,7 +331,10 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
     release = options.get("release", "0.33.0")
     diff_path = folder / "mutant.diff"
     write_text_atomic(diff_path, mutant["diff"])
-    fields = {k: mutant.get(k) for k in ("id", "area", "file", "function", "operator", "occurrence", "line", "before", "after")}
+    fields = {
+        k: mutant.get(k)
+        for k in ("id", "area", "file", "function", "operator", "occurrence", "line", "before", "after")
+    }
     result: dict = {"schema": RESULT_SCHEMA, **fields, "budget_s": budget}
     t0 = time.monotonic()
     engine, verdict = _build(mutant, release, diff_path, options.get("base_patches") or [])
@@ -312,17 +350,20 @@ def run_mutant(mutant: dict, budget: float, options: dict) -> dict:
         # findings folder: a campaign counts a signature already on disk as
         # a duplicate, so an earlier run's finding would hide the kill
         shutil.rmtree(folder / "kvspec", ignore_errors=True)
-        kv = _kvspec_kill(engine, budget, folder / "kvspec", int(options.get("seed", 1)), Path(cases) if cases else None)
+        kv = _kvspec_kill(
+            engine, budget, folder / "kvspec", int(options.get("seed", 1)), Path(cases) if cases else None
+        )
         result["kvspec"] = kv
         if kv.get("harness"):
             result.update({"status": "harness", "reason": f"kvspec: {kv.get('reason')}"})
         else:
             result["status"] = "ran"
         if options.get("vllm_tests", True) and result["status"] == "ran":
-            _put_vllm_tests(result, reused_vllm_tests(mutant, engine, options) or _vllm_tests(engine, mutant, options, folder))
+            _put_vllm_tests(
+                result, reused_vllm_tests(mutant, engine, options) or _vllm_tests(engine, mutant, options, folder)
+            )
     finally:
         _drop_build(engine, options)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     write_json_atomic(result_path(out, mid), result)
     return result
-

@@ -15,8 +15,8 @@ import sys
 
 def main(argv: list[str]) -> int:
     from engine_adapter.host.engine import open_engine
-    from reference.case import parse_case
     from ground.errors import KvspecError
+    from reference.case import parse_case
 
     (path, release) = argv
     engine = open_engine(f"vllm=={release}")

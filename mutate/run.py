@@ -63,12 +63,20 @@ def claim_folder(out: Path, identity: dict) -> None:
         held = None
     except (OSError, ValueError):
         held = {}
-    if held is None and not any((out / name).exists() for name in ("control.json", "cases.json", "mutants.json", "mutants")):
+    if held is None and not any(
+        (out / name).exists() for name in ("control.json", "cases.json", "mutants.json", "mutants")
+    ):
         write_json_atomic(path, identity)
         return
     if held != identity:
-        what = "no record of what judged it" if not held else "other " + ", ".join(k for k in identity if held.get(k) != identity[k])
-        raise InvalidArgument(f"--out={out}: a run folder judged with {what}; allowed: a fresh folder, or resuming with the same kvspec sources, base, budget and seed")
+        what = (
+            "no record of what judged it"
+            if not held
+            else "other " + ", ".join(k for k in identity if held.get(k) != identity[k])
+        )
+        raise InvalidArgument(
+            f"--out={out}: a run folder judged with {what}; allowed: a fresh folder, or resuming with the same kvspec sources, base, budget and seed"
+        )
 
 
 def default_base_patches(release: str) -> list[str]:
@@ -84,7 +92,9 @@ def base_engine(release: str, base_patches: list[str]) -> str:
     return prepare(f"vllm=={release}", patches=base_patches or None, progress=_quiet)
 
 
-def select_mutants(release: str, *, n: int | None, only: list[str] | None, seed: int, base: str | None = None) -> list[dict]:
+def select_mutants(
+    release: str, *, n: int | None, only: list[str] | None, seed: int, base: str | None = None
+) -> list[dict]:
     """Mutants of the base's source (the release, or the release with the
     base patches: ``base`` its engine name)."""
     from mutate.generate import positions, select
@@ -107,9 +117,22 @@ def control(base: str, budget: float, out: Path, seed: int, cases: Path) -> dict
     return res
 
 
-def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: list[str] | None = None, seed: int = 1, vllm_tests: bool = True,
-        keep_builds: bool = False, ray: str | None = None, tests_only: bool = False, base_patches: list[str] | None = None,
-        vllm_tests_from: Path | None = None, progress=None) -> list[dict]:
+def run(
+    release: str,
+    *,
+    out: Path,
+    budget: float,
+    n: int | None = 20,
+    only: list[str] | None = None,
+    seed: int = 1,
+    vllm_tests: bool = True,
+    keep_builds: bool = False,
+    ray: str | None = None,
+    tests_only: bool = False,
+    base_patches: list[str] | None = None,
+    vllm_tests_from: Path | None = None,
+    progress=None,
+) -> list[dict]:
     """Judge the selected mutants; return their results (also on disk).
 
     ``tests_only``: add vLLM's tests to the mutants an earlier kvspec-only
@@ -117,31 +140,48 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
     second process can follow a running kvspec pass). ``vllm_tests_from``:
     an earlier run's folder; where it judged the same build, its vLLM tests'
     verdict is taken instead of running them (``mutate.kill.reused_vllm_tests``)."""
-    from mutate.kill import fixed_cases, read_result, run_mutant
-
     from ground.errors import EngineError
+    from mutate.kill import fixed_cases, read_result, run_mutant
 
     say = progress or _quiet
     out = Path(out).resolve()
     base_patches = default_base_patches(release) if base_patches is None else base_patches
     base = base_engine(release, base_patches)
     say(f"[mutate] base: {base} ({', '.join(Path(p).name for p in base_patches) or 'the release'})")
-    claim_folder(out, {"kvspec_sources_sha256": sources_sha256(), "release": release, "base": base, "budget_s": budget, "seed": seed})
+    claim_folder(
+        out,
+        {"kvspec_sources_sha256": sources_sha256(), "release": release, "base": base, "budget_s": budget, "seed": seed},
+    )
     mutants = select_mutants(release, n=n, only=only, seed=seed, base=base)
     if not tests_only:
-        write_json_atomic(out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants})
+        write_json_atomic(
+            out / "mutants.json", {"release": release, "seed": seed, "budget_s": budget, "mutants": mutants}
+        )
     say(f"[mutate] {len(mutants)} mutant(s) of vllm=={release}, {budget:g}s kvspec budget each")
     cases = out / "cases.json" if tests_only else fixed_cases(release, out, progress=say)
-    options = {"out": str(out), "release": release, "seed": seed, "vllm_tests": vllm_tests, "keep_build": keep_builds, "cases": str(cases),
-               "base_patches": base_patches, "base_engine": base, "vllm_tests_from": str(Path(vllm_tests_from).resolve()) if vllm_tests_from else None}
+    options = {
+        "out": str(out),
+        "release": release,
+        "seed": seed,
+        "vllm_tests": vllm_tests,
+        "keep_build": keep_builds,
+        "cases": str(cases),
+        "base_patches": base_patches,
+        "base_engine": base,
+        "vllm_tests_from": str(Path(vllm_tests_from).resolve()) if vllm_tests_from else None,
+    }
     if not tests_only:
         ctl = control(base, budget, out, seed, cases)
-        say(f"[mutate] control: kvspec on the base itself for {budget:g}s: {'KILLED' if ctl.get('killed') else 'nothing found'} ({ctl.get('execs')} runs)")
+        say(
+            f"[mutate] control: kvspec on the base itself for {budget:g}s: {'KILLED' if ctl.get('killed') else 'nothing found'} ({ctl.get('execs')} runs)"
+        )
         if ctl.get("killed") or ctl.get("harness"):
-            raise EngineError(f"engine={base!r}: kvspec's kill loop {'finds ' + str(ctl.get('promise')) + ' on' if ctl.get('killed') else 'fails on'} the unmutated base ({ctl.get('summary') or ctl.get('reason')}); allowed: a base that passes (add its fixes with the base patches)")
+            raise EngineError(
+                f"engine={base!r}: kvspec's kill loop {'finds ' + str(ctl.get('promise')) + ' on' if ctl.get('killed') else 'fails on'} the unmutated base ({ctl.get('summary') or ctl.get('reason')}); allowed: a base that passes (add its fixes with the base patches)"
+            )
     if vllm_tests:
-        from mutate.vllm_tests import baseline
         from ground.home import kvspec_home
+        from mutate.vllm_tests import baseline
 
         baseline(release, progress=say)
         options["baseline"] = str(kvspec_home() / "mutate" / f"vllm-tests-{release}" / "baseline.json")
@@ -150,14 +190,25 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
         from fuzz.distribute import run_tasks
 
         tasks = [{"id": m["id"], "kwargs": {"mutant": m, "budget": budget, "options": options}} for m in mutants]
-        envelopes = run_tasks(run_mutant, tasks, ray_address=ray, out=out / "tasks", retries=2, timeout_s=len(tasks) * (budget + TASK_OVERHEAD_S) + 60,
-                              progress=lambda env: say(f"[mutate] {env['id']}: {env['status']}"))
+        envelopes = run_tasks(
+            run_mutant,
+            tasks,
+            ray_address=ray,
+            out=out / "tasks",
+            retries=2,
+            timeout_s=len(tasks) * (budget + TASK_OVERHEAD_S) + 60,
+            progress=lambda env: say(f"[mutate] {env['id']}: {env['status']}"),
+        )
         results = []
         for m, env in zip(mutants, envelopes):
             res = read_result(out, m["id"])
             if res is None:
-                res = {"id": m["id"], **{k: m.get(k) for k in ("area", "file", "function", "operator", "line", "before", "after")},
-                       "status": "harness", "reason": f"task {env['status']}: {env.get('error')}"}
+                res = {
+                    "id": m["id"],
+                    **{k: m.get(k) for k in ("area", "file", "function", "operator", "line", "before", "after")},
+                    "status": "harness",
+                    "reason": f"task {env['status']}: {env.get('error')}",
+                }
             results.append(res)
     else:
         results = []
@@ -166,10 +217,25 @@ def run(release: str, *, out: Path, budget: float, n: int | None = 20, only: lis
                 continue
             res = run_mutant(m, budget, options)
             kv, vt = res.get("kvspec") or {}, res.get("vllm_tests") or {}
-            say(f"[mutate] {i}/{len(mutants)} {m['id']} {m['function']} line {m['line']}: {res['status']}"
-                + (f", kvspec {'killed in %.1fs' % kv['seconds_to_kill'] if kv.get('killed') else 'missed'}, vLLM tests {('killed' if vt.get('killed') else 'missed') if 'vllm_tests' in res else 'not run'}" if res["status"] == "ran" else f" ({res.get('reason', '')[:120]})"))
+            say(
+                f"[mutate] {i}/{len(mutants)} {m['id']} {m['function']} line {m['line']}: {res['status']}"
+                + (
+                    f", kvspec {'killed in %.1fs' % kv['seconds_to_kill'] if kv.get('killed') else 'missed'}, vLLM tests {('killed' if vt.get('killed') else 'missed') if 'vllm_tests' in res else 'not run'}"
+                    if res["status"] == "ran"
+                    else f" ({res.get('reason', '')[:120]})"
+                )
+            )
             results.append(res)
     if tests_only:
         return results
-    write_json_atomic(out / "run.json", {"release": release, "budget_s": budget, "mutants": len(mutants), "wall_s": round(time.monotonic() - started, 1), "ray": ray})
+    write_json_atomic(
+        out / "run.json",
+        {
+            "release": release,
+            "budget_s": budget,
+            "mutants": len(mutants),
+            "wall_s": round(time.monotonic() - started, 1),
+            "ray": ray,
+        },
+    )
     return results

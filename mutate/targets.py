@@ -17,9 +17,9 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from ground.errors import EngineError
 from engine_adapter.host.builds import site_packages
 from engine_adapter.host.environments import env_dir
+from ground.errors import EngineError
 
 #: (area, file under vllm/, qualified name: a function, a method or a class)
 TARGETS: tuple[tuple[str, str, str], ...] = (
@@ -53,7 +53,9 @@ def _find(tree: ast.Module, qualname: str) -> ast.AST | None:
     node: ast.AST = tree
     for part in qualname.split("."):
         body = getattr(node, "body", [])
-        found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part]
+        found = [
+            n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+        ]
         if not found:
             return None
         node = found[-1]
@@ -69,7 +71,12 @@ def _spans_of(area: str, file: str, qualname: str, node: ast.AST) -> list[Span]:
         return out
     body_start = node.body[0].lineno
     first = node.body[0]
-    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str) and len(node.body) > 1:
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(getattr(first, "value", None), ast.Constant)
+        and isinstance(first.value.value, str)
+        and len(node.body) > 1
+    ):
         body_start = node.body[1].lineno  # skip the docstring
     return [Span(area, file, qualname, node.lineno, body_start, node.end_lineno)]
 
@@ -84,10 +91,14 @@ def spans(vllm_root: Path) -> list[Span]:
         try:
             tree = ast.parse(path.read_text(), filename=str(path))
         except (OSError, SyntaxError) as e:
-            raise EngineError(f"file={path}: cannot read the target source ({e}); allowed: a vLLM release with {file}") from None
+            raise EngineError(
+                f"file={path}: cannot read the target source ({e}); allowed: a vLLM release with {file}"
+            ) from None
         node = _find(tree, qualname)
         if node is None:
-            raise EngineError(f"target={qualname}: not defined in {path}; allowed: a release that defines every target of mutate.targets.TARGETS")
+            raise EngineError(
+                f"target={qualname}: not defined in {path}; allowed: a release that defines every target of mutate.targets.TARGETS"
+            )
         out += _spans_of(area, file, qualname, node)
     return out
 
@@ -106,5 +117,7 @@ def release_vllm_root(release: str) -> Path:
 
     sp = site_packages(env_dir(release))
     if sp is None or not (sp / "vllm").is_dir():
-        raise EngineError(f"engine=vllm=={release}: no installed vllm package under {env_dir(release)}; allowed: an installed release (kvspec engines install vllm=={release})")
+        raise EngineError(
+            f"engine=vllm=={release}: no installed vllm package under {env_dir(release)}; allowed: an installed release (kvspec engines install vllm=={release})"
+        )
     return sp / "vllm"

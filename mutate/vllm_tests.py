@@ -40,12 +40,14 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ground.files import write_json_atomic, write_text_if_changed
 from ground.errors import EngineError
+from ground.files import write_json_atomic, write_text_if_changed
 
 SUBDIR = "tests/v1/core"
 #: A test file is relevant when it names one of these.
-RELEVANT = re.compile(r"kv_cache_coordinator|single_type_kv_cache_manager|sched\.scheduler|kv_cache_utils|kv_cache_interface|KVCacheManager|create_scheduler")
+RELEVANT = re.compile(
+    r"kv_cache_coordinator|single_type_kv_cache_manager|sched\.scheduler|kv_cache_utils|kv_cache_interface|KVCacheManager|create_scheduler"
+)
 #: Bound for one file's baseline run.
 FILE_TIMEOUT_S = 300.0
 #: A mutant's run is bounded by this many times the baseline seconds of its files, at least MIN_RUN_S.
@@ -59,7 +61,9 @@ def sdist_root(release: str) -> Path:
 
     root = Path(sdist_dir(release))
     if not (root / SUBDIR).is_dir():
-        raise EngineError(f"vllm=={release}: its sdist at {root} has no {SUBDIR}; allowed: a release whose sdist ships its tests")
+        raise EngineError(
+            f"vllm=={release}: its sdist at {root} has no {SUBDIR}; allowed: a release whose sdist ships its tests"
+        )
     return root
 
 
@@ -94,7 +98,9 @@ def _pytest_ini(sdist: Path) -> str:
     """The sdist's own pytest settings (``[tool.pytest.ini_options]`` of its
     pyproject.toml: its markers) as the run folder's ``pytest.ini``, which
     also makes that folder pytest's rootdir."""
-    opts = tomllib.loads((sdist / "pyproject.toml").read_text()).get("tool", {}).get("pytest", {}).get("ini_options", {})
+    opts = (
+        tomllib.loads((sdist / "pyproject.toml").read_text()).get("tool", {}).get("pytest", {}).get("ini_options", {})
+    )
     lines = ["[pytest]"]
     for key, value in opts.items():
         if isinstance(value, list):
@@ -128,7 +134,6 @@ def target_paths(version: str) -> list[str]:
     """Absolute paths of the target files in an engine environment."""
     from engine_adapter.host.builds import site_packages
     from engine_adapter.host.environments import env_dir
-
     from mutate.targets import TARGETS
 
     sp = site_packages(env_dir(version))
@@ -151,7 +156,7 @@ def _junit(path: Path) -> dict[str, str]:
             mod.append(p)
             if p.startswith("test_"):
                 break
-        node = "/".join(mod) + ".py::" + "::".join(parts[len(mod):] + [name])
+        node = "/".join(mod) + ".py::" + "::".join(parts[len(mod) :] + [name])
         state = "passed"
         for child in tc:
             if child.tag in ("failure", "error"):
@@ -165,10 +170,19 @@ def _junit(path: Path) -> dict[str, str]:
     return out
 
 
-def _pytest_cmd(version: str, files: list[str], junit: Path, *, stop_first: bool, deselect: list[str], coverage_data: Path | None) -> list[str]:
+def _pytest_cmd(
+    version: str, files: list[str], junit: Path, *, stop_first: bool, deselect: list[str], coverage_data: Path | None
+) -> list[str]:
     head = [_python(version)]
     if coverage_data is not None:
-        head += ["-m", "coverage", "run", "--branch", f"--data-file={coverage_data}", f"--include={','.join(target_paths(version))}"]
+        head += [
+            "-m",
+            "coverage",
+            "run",
+            "--branch",
+            f"--data-file={coverage_data}",
+            f"--include={','.join(target_paths(version))}",
+        ]
     cmd = head + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, f"--junitxml={junit}"]
     if stop_first:
         cmd.append("-x")
@@ -178,13 +192,22 @@ def _pytest_cmd(version: str, files: list[str], junit: Path, *, stop_first: bool
 
 
 def _coverage_json(version: str, data: Path, out: Path, root: Path) -> dict:
-    proc = subprocess.run([_python(version), "-m", "coverage", "json", f"--data-file={data}", "-o", str(out), "--quiet"], cwd=root, env=pytest_env(version, root), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [_python(version), "-m", "coverage", "json", f"--data-file={data}", "-o", str(out), "--quiet"],
+        cwd=root,
+        env=pytest_env(version, root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0 or not out.exists():
         return {}
     return json.loads(out.read_text())
 
 
-def baseline(release: str, *, out: Path | None = None, files: list[str] | None = None, progress=None, refresh: bool = False) -> dict:
+def baseline(
+    release: str, *, out: Path | None = None, files: list[str] | None = None, progress=None, refresh: bool = False
+) -> dict:
     """Run the relevant files on the release under coverage (cached)."""
     from engine_adapter.host.testtools import ensure_coverage, ensure_pytest
     from ground.home import kvspec_home
@@ -201,7 +224,9 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
             return data
     python = _python(release)
     if not ensure_pytest(python) or not ensure_coverage(python):
-        raise EngineError(f"engine=vllm=={release}: cannot install pytest and coverage in its environment; allowed: an environment pip can install into")
+        raise EngineError(
+            f"engine=vllm=={release}: cannot install pytest and coverage in its environment; allowed: an environment pip can install into"
+        )
     result = {"schema": BASELINE_SCHEMA, "release": release, "sdist": str(sdist), "root": str(root), "files": {}}
     if cache.exists():
         result["files"] = json.loads(cache.read_text()).get("files", {})
@@ -217,7 +242,14 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
         t = time.monotonic()
         say(f"[mutate] vLLM tests baseline: {f}")
         try:
-            proc = subprocess.run(_pytest_cmd(release, [f], junit, stop_first=False, deselect=[], coverage_data=data), cwd=root, env=pytest_env(release, root), capture_output=True, text=True, timeout=FILE_TIMEOUT_S)
+            proc = subprocess.run(
+                _pytest_cmd(release, [f], junit, stop_first=False, deselect=[], coverage_data=data),
+                cwd=root,
+                env=pytest_env(release, root),
+                capture_output=True,
+                text=True,
+                timeout=FILE_TIMEOUT_S,
+            )
             rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
         except subprocess.TimeoutExpired:
             rc, tail = "timeout", [f"timed out after {FILE_TIMEOUT_S:.0f}s"]
@@ -232,9 +264,18 @@ def baseline(release: str, *, out: Path | None = None, files: list[str] | None =
                 lines[rel] = info.get("executed_lines", [])
                 arcs[rel] = info.get("executed_branches", [])
                 missing[rel] = info.get("missing_branches", [])
-        result["files"][f] = {"rc": rc, "seconds": seconds, "last_line": tail[0][:300] if tail else "", "tests": tests,
-                              "executed_lines": lines, "executed_branches": arcs, "missing_branches": missing}
-        say(f"[mutate]   rc={rc} {sum(v == 'passed' for v in tests.values())} passed, {sum(v != 'passed' for v in tests.values())} not usable, {seconds}s")
+        result["files"][f] = {
+            "rc": rc,
+            "seconds": seconds,
+            "last_line": tail[0][:300] if tail else "",
+            "tests": tests,
+            "executed_lines": lines,
+            "executed_branches": arcs,
+            "missing_branches": missing,
+        }
+        say(
+            f"[mutate]   rc={rc} {sum(v == 'passed' for v in tests.values())} passed, {sum(v != 'passed' for v in tests.values())} not usable, {seconds}s"
+        )
         write_json_atomic(cache, result)
     return result
 
@@ -267,14 +308,22 @@ def unusable(base: dict) -> dict[str, str]:
 def files_for(base: dict, file: str, line: int) -> list[str]:
     """The test files whose baseline run executed ``line`` of ``vllm/<file>``
     and that have a usable test."""
-    return [f for f, info in base["files"].items() if line in set(info.get("executed_lines", {}).get(file, [])) and usable(base, f)]
+    return [
+        f
+        for f, info in base["files"].items()
+        if line in set(info.get("executed_lines", {}).get(file, [])) and usable(base, f)
+    ]
 
 
 def files_for_span(base: dict, span) -> list[str]:
     """The test files whose baseline run executed a line of ``span``'s body
     and that have a usable test."""
     body = set(range(span.body_start, span.end + 1))
-    return [f for f, info in base["files"].items() if body & set(info.get("executed_lines", {}).get(span.file, [])) and usable(base, f)]
+    return [
+        f
+        for f, info in base["files"].items()
+        if body & set(info.get("executed_lines", {}).get(span.file, [])) and usable(base, f)
+    ]
 
 
 def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool | None:
@@ -287,7 +336,14 @@ def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool 
         return None
     root = run_root(Path(base["sdist"]))
     try:
-        proc = subprocess.run([_python(engine), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, node], cwd=root, env=pytest_env(engine, root), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [_python(engine), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, node],
+            cwd=root,
+            env=pytest_env(engine, root),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return False
     if proc.returncode != 0 and "No module named pytest" in proc.stderr:
@@ -295,7 +351,9 @@ def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool 
     return proc.returncode == 0
 
 
-def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, deselect: list[str] = (), progress=None) -> dict:
+def run_for_mutant(
+    engine: str, base: dict, files: list[str], *, junit: Path, deselect: list[str] = (), progress=None
+) -> dict:
     """Run the usable tests of ``files`` on a build; ``killed`` when one
     fails, errors or the run outlives its bound. A run that could not start
     (pytest cannot be installed in the build, or exits non-zero having run
@@ -313,9 +371,21 @@ def run_for_mutant(engine: str, base: dict, files: list[str], *, junit: Path, de
     junit = Path(junit).resolve()  # pytest runs in another folder
     junit.unlink(missing_ok=True)
     try:
-        proc = subprocess.run(_pytest_cmd(engine, files, junit, stop_first=True, deselect=deselect, coverage_data=None), cwd=root, env=pytest_env(engine, root), capture_output=True, text=True, timeout=bound)
+        proc = subprocess.run(
+            _pytest_cmd(engine, files, junit, stop_first=True, deselect=deselect, coverage_data=None),
+            cwd=root,
+            env=pytest_env(engine, root),
+            capture_output=True,
+            text=True,
+            timeout=bound,
+        )
     except subprocess.TimeoutExpired:
-        return {"killed": True, "files": files, "seconds": round(time.monotonic() - t, 1), "reason": f"timed out after {bound:.0f}s"}
+        return {
+            "killed": True,
+            "files": files,
+            "seconds": round(time.monotonic() - t, 1),
+            "reason": f"timed out after {bound:.0f}s",
+        }
     seconds = round(time.monotonic() - t, 1)
     tests = _junit(junit)
     bad = [(n, s) for n, s in tests.items() if not s.startswith(("passed", "skipped"))]

@@ -22,7 +22,16 @@ def floor_to(x: int, unit: int) -> int:
 # ------------------------------------------------------------- the scheduler
 
 
-def attention_lookup(candidate: int, reach: int, A: int, U: int, eagle_drop: bool, ceiling: int, tails: tuple[int, ...] = (), H: int | None = None) -> int:
+def attention_lookup(
+    candidate: int,
+    reach: int,
+    A: int,
+    U: int,
+    eagle_drop: bool,
+    ceiling: int,
+    tails: tuple[int, ...] = (),
+    H: int | None = None,
+) -> int:
     """One full-attention group's answer to a candidate hit length
     (``FullAttentionManager.find_longest_cache_hit``, vLLM 0.29.0-0.33.0).
 
@@ -143,7 +152,9 @@ def promise_boundaries(N: int, S: int, eagle_drop: bool, *, L: int = 0, ceiling:
     """The promise for a uniform hybrid geometry (A = M = S): keep exactly
     where this prompt's identical resend and its longer siblings resume under
     dense retention. ``serial.promise_boundaries`` is the general form."""
-    return tuple(sorted({resend_boundary(N, S, eagle_drop, L=L, ceiling=ceiling), extension_boundary(N, S, eagle_drop, L=L)}))
+    return tuple(
+        sorted({resend_boundary(N, S, eagle_drop, L=L, ceiling=ceiling), extension_boundary(N, S, eagle_drop, L=L)})
+    )
 
 
 def kept_state(boundary: int, U: int) -> int:

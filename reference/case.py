@@ -61,25 +61,25 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from reference.deployment import Deployment, parse_deployment
-from reference.tokens import OUTPUT_TOKEN, TOKEN_VOCAB, draw_tokens, output_tokens, segment_tokens  # noqa: F401 - read from here too
-from reference.limits import (  # noqa: F401 - the case's limits, also read from here
-    MAX_PROMPT_TOKENS,
-    MAX_MAX_TOKENS,
-    MAX_SEGMENTS,
-    MAX_REQUESTS,
-    MAX_CASE_TOKENS,
-    MAX_BLOCK_SIZE,
-    MAX_GROUPS,
-    MAX_GROUP_COUNT,
-    MAX_SPECULATIVE_TOKENS,
-    MAX_RETENTION_INTERVAL,
-    MAX_ARRIVAL_STEPS,
-    MAX_BATCHED_TOKENS,
-)
 from ground.engines import FAMILIES
 from ground.errors import InvalidArgument, Unsupported, invalid
 from ground.files import field_key, load_json, write_json_atomic
+from reference.deployment import Deployment, parse_deployment
+from reference.limits import (  # noqa: F401 - the case's limits, also read from here
+    MAX_ARRIVAL_STEPS,
+    MAX_BATCHED_TOKENS,
+    MAX_BLOCK_SIZE,
+    MAX_CASE_TOKENS,
+    MAX_GROUP_COUNT,
+    MAX_GROUPS,
+    MAX_MAX_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_REQUESTS,
+    MAX_RETENTION_INTERVAL,
+    MAX_SEGMENTS,
+    MAX_SPECULATIVE_TOKENS,
+)
+from reference.tokens import OUTPUT_TOKEN, TOKEN_VOCAB, draw_tokens, output_tokens, segment_tokens  # noqa: F401 - read from here too
 
 SCHEMA_VERSION = 1
 
@@ -99,7 +99,6 @@ SPECULATIVE_METHODS = (*EAGLE_METHODS, "ngram")
 SPECULATIVE_OPTIONS = ("disable_eagle_block_drop", "disable_lookahead_block_hashes")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
 
 
 @dataclass(frozen=True)
@@ -218,6 +217,7 @@ class Case:
 
 # ---------------------------------------------------------------- tokens
 
+
 def prompt_tokens(request: Request) -> list[int]:
     """The token ids of a request's prompt: its segments concatenated."""
     tokens: list[int] = []
@@ -286,7 +286,9 @@ def _check_fields(obj: Any, where: str, allowed: tuple[str, ...], required: tupl
     return obj
 
 
-def _int(obj: dict, key: str, where: str, *, minimum: int, maximum: int, default: Any = ..., nullable: bool = False) -> Any:
+def _int(
+    obj: dict, key: str, where: str, *, minimum: int, maximum: int, default: Any = ..., nullable: bool = False
+) -> Any:
     """``obj[key]`` as an int in [minimum, maximum] (a bool is not an int
     here), ``default`` when absent, None when null and ``nullable``."""
     if key not in obj:
@@ -316,7 +318,11 @@ def _parse_groups(raw: Any) -> tuple[Group, ...]:
         _check_fields(g, where, ("kind", "block_size", "count"), ("kind", "block_size"))
         if not isinstance(g["kind"], str) or g["kind"] not in GROUP_KINDS:
             raise invalid(f"{where}.kind", g["kind"], f"allowed: {', '.join(GROUP_KINDS)}")
-        group = Group(g["kind"], _int(g, "block_size", where, minimum=1, maximum=MAX_BLOCK_SIZE), _int(g, "count", where, minimum=1, maximum=MAX_GROUP_COUNT, default=1))
+        group = Group(
+            g["kind"],
+            _int(g, "block_size", where, minimum=1, maximum=MAX_BLOCK_SIZE),
+            _int(g, "count", where, minimum=1, maximum=MAX_GROUP_COUNT, default=1),
+        )
         total += group.count
         if total > MAX_GROUPS:
             raise invalid(f"{where}.count", group.count, f"at most {MAX_GROUPS} KV cache groups in all (counts summed)")
@@ -329,38 +335,85 @@ def parse_geometry(raw: Any) -> Geometry:
     _check_fields(
         raw,
         "geometry",
-        ("groups", "hash_block_size", "prefix_match_unit", "scheduler_block_size", "retention_interval", "max_num_batched_tokens", "prefill_checkpoint_grid", "shared_prefix_checkpoint", "split_block_size"),
+        (
+            "groups",
+            "hash_block_size",
+            "prefix_match_unit",
+            "scheduler_block_size",
+            "retention_interval",
+            "max_num_batched_tokens",
+            "prefill_checkpoint_grid",
+            "shared_prefix_checkpoint",
+            "split_block_size",
+        ),
         ("groups",),
     )
     groups = _parse_groups(raw["groups"])
     sizes = [g.block_size for g in groups]
     lcm = math.lcm(*sizes)
     if lcm > MAX_BLOCK_SIZE:
-        raise invalid("geometry.groups", sorted(set(sizes))[:8], f"the LCM of the block sizes ({lcm}) is the scheduler block; allowed: at most {MAX_BLOCK_SIZE:,}")
+        raise invalid(
+            "geometry.groups",
+            sorted(set(sizes))[:8],
+            f"the LCM of the block sizes ({lcm}) is the scheduler block; allowed: at most {MAX_BLOCK_SIZE:,}",
+        )
     unit = _int(raw, "prefix_match_unit", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if unit is not None:
         for i, g in enumerate(groups):
             if g.block_size % unit:
-                raise invalid("geometry.prefix_match_unit", unit, f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}")
-    default_hash = unit if unit is not None else (sizes[0] if len(groups) == 1 and groups[0].count == 1 else math.gcd(*sizes))
-    hash_block = _int(raw, "hash_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
+                raise invalid(
+                    "geometry.prefix_match_unit",
+                    unit,
+                    f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}",
+                )
+    default_hash = (
+        unit if unit is not None else (sizes[0] if len(groups) == 1 and groups[0].count == 1 else math.gcd(*sizes))
+    )
+    hash_block = _int(
+        raw, "hash_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True
+    )
     if hash_block is None:
         hash_block = default_hash
     elif unit is not None and hash_block != unit:
-        raise invalid("geometry.hash_block_size", hash_block, f"must equal geometry.prefix_match_unit={unit} when both are set")
+        raise invalid(
+            "geometry.hash_block_size", hash_block, f"must equal geometry.prefix_match_unit={unit} when both are set"
+        )
     for i, g in enumerate(groups):
         if g.block_size % hash_block:
-            raise invalid("geometry.hash_block_size", hash_block, f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}")
-    sched = _int(raw, "scheduler_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
+            raise invalid(
+                "geometry.hash_block_size",
+                hash_block,
+                f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}",
+            )
+    sched = _int(
+        raw, "scheduler_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True
+    )
     if sched is None:
         sched = lcm
     elif sched % lcm:
-        raise invalid("geometry.scheduler_block_size", sched, f"must be a multiple of every group block size (LCM {lcm})")
-    retention = _int(raw, "retention_interval", "geometry", minimum=0, maximum=MAX_RETENTION_INTERVAL, default=0, nullable=True)
+        raise invalid(
+            "geometry.scheduler_block_size", sched, f"must be a multiple of every group block size (LCM {lcm})"
+        )
+    retention = _int(
+        raw, "retention_interval", "geometry", minimum=0, maximum=MAX_RETENTION_INTERVAL, default=0, nullable=True
+    )
     if retention and retention % sched:
-        raise invalid("geometry.retention_interval", retention, f"must be null (dense), 0 (sparse) or a positive multiple of scheduler_block_size={sched}")
-    budget = _int(raw, "max_num_batched_tokens", "geometry", minimum=1, maximum=MAX_BATCHED_TOKENS, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    grid = _int(raw, "prefill_checkpoint_grid", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
+        raise invalid(
+            "geometry.retention_interval",
+            retention,
+            f"must be null (dense), 0 (sparse) or a positive multiple of scheduler_block_size={sched}",
+        )
+    budget = _int(
+        raw,
+        "max_num_batched_tokens",
+        "geometry",
+        minimum=1,
+        maximum=MAX_BATCHED_TOKENS,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    )
+    grid = _int(
+        raw, "prefill_checkpoint_grid", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True
+    )
     if grid is not None and not any(g.kind == "mamba" for g in groups):
         raise invalid("geometry.prefill_checkpoint_grid", grid, "needs a mamba group; allowed: null")
     shared_ckpt = raw.get("shared_prefix_checkpoint", False)
@@ -368,7 +421,9 @@ def parse_geometry(raw: Any) -> Geometry:
         raise invalid("geometry.shared_prefix_checkpoint", shared_ckpt, "must be true or false")
     split = _int(raw, "split_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if split is not None and any(g.block_size % split for g in groups):
-        raise invalid("geometry.split_block_size", split, "must divide every group block size (the prefill split's block)")
+        raise invalid(
+            "geometry.split_block_size", split, "must divide every group block size (the prefill split's block)"
+        )
     if split == min(g.block_size for g in groups):
         split = None
     return Geometry(groups, hash_block, sched, unit, retention, budget, grid, shared_ckpt, split)
@@ -377,7 +432,12 @@ def parse_geometry(raw: Any) -> Geometry:
 def parse_speculative(raw: Any) -> Speculative | None:
     if raw is None:
         return None
-    _check_fields(raw, "speculative", ("method", "num_speculative_tokens", *SPECULATIVE_OPTIONS), ("method", "num_speculative_tokens"))
+    _check_fields(
+        raw,
+        "speculative",
+        ("method", "num_speculative_tokens", *SPECULATIVE_OPTIONS),
+        ("method", "num_speculative_tokens"),
+    )
     if not isinstance(raw["method"], str) or raw["method"] not in SPECULATIVE_METHODS:
         raise invalid("speculative.method", raw["method"], f"allowed: {', '.join(SPECULATIVE_METHODS)}")
     k = _int(raw, "num_speculative_tokens", "speculative", minimum=1, maximum=MAX_SPECULATIVE_TOKENS)
@@ -395,10 +455,18 @@ def _parse_output(s: dict, sw: str, earlier: tuple[Request, ...], wave_start: in
     before this one is sent (an earlier wave)."""
     _check_fields(s, sw, ("output",), ("output",))
     if wave_start == 0:
-        raise invalid(f"{sw}.output", s["output"], "no request finished before this one is sent (it is in the first wave); allowed: a stream segment")
+        raise invalid(
+            f"{sw}.output",
+            s["output"],
+            "no request finished before this one is sent (it is in the first wave); allowed: a stream segment",
+        )
     j = s["output"]
     if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < wave_start:
-        raise invalid(f"{sw}.output", j, f"must name a request that finished before this one is sent (an earlier wave); allowed: an integer in [0, {wave_start - 1:,}]")
+        raise invalid(
+            f"{sw}.output",
+            j,
+            f"must name a request that finished before this one is sent (an earlier wave); allowed: an integer in [0, {wave_start - 1:,}]",
+        )
     return output_segment(j, earlier)
 
 
@@ -425,17 +493,29 @@ def parse_request(raw: Any, i: int, earlier: tuple[Request, ...] = ()) -> Reques
             segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1, maximum=MAX_PROMPT_TOKENS)))
         tokens += segments[-1].length
         if tokens > MAX_PROMPT_TOKENS:
-            raise invalid(f"{where}.prompt", f"<{tokens:,}+ tokens>", f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)")
+            raise invalid(
+                f"{where}.prompt",
+                f"<{tokens:,}+ tokens>",
+                f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)",
+            )
     arrival = _int(raw, "arrival", where, minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
     if arrival is not None and i == 0:
-        raise invalid(f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null")
-    return Request(tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1), arrival)
+        raise invalid(
+            f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null"
+        )
+    return Request(
+        tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1), arrival
+    )
 
 
 def _wave_start(raw: dict, i: int, earlier: tuple[Request, ...]) -> int:
     """The index of the first request of request i's wave (i itself unless
     it has an ``arrival``): the requests before it finished before i is sent."""
-    if i == 0 or _int(raw, "arrival", f"trace[{i}]", minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True) is None:
+    if (
+        i == 0
+        or _int(raw, "arrival", f"trace[{i}]", minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
+        is None
+    ):
         return i
     start = i - 1
     while start > 0 and earlier[start].arrival is not None:
@@ -454,7 +534,11 @@ def _parse_trace(trace: list) -> tuple[Request, ...]:
         requests.append(parse_request(r, i, tuple(requests)))
         tokens += requests[-1].num_prompt_tokens
         if tokens > MAX_CASE_TOKENS:
-            raise invalid(f"trace[{i}]", f"<{tokens:,} prompt tokens so far>", f"a case has at most {MAX_CASE_TOKENS:,} prompt tokens in all")
+            raise invalid(
+                f"trace[{i}]",
+                f"<{tokens:,} prompt tokens so far>",
+                f"a case has at most {MAX_CASE_TOKENS:,} prompt tokens in all",
+            )
     return tuple(requests)
 
 
@@ -464,7 +548,12 @@ def parse_case(raw: Any) -> Case:
     Either ``geometry`` (a hand case, with ``speculative``) or ``deployment``
     (resolved by an engine); a resolved case has both, ``speculative`` and
     ``resolved_by``."""
-    _check_fields(raw, "case", ("schema", "name", "geometry", "speculative", "trace", "deployment", "resolved_by"), ("schema", "trace"))
+    _check_fields(
+        raw,
+        "case",
+        ("schema", "name", "geometry", "speculative", "trace", "deployment", "resolved_by"),
+        ("schema", "trace"),
+    )
     if "deployment" in raw:
         return _parse_deployment_case(raw)
     if "geometry" not in raw:
@@ -502,14 +591,29 @@ def _parse_deployment_case(raw: dict) -> Case:
     if resolved_by is None:
         for key in ("geometry", "speculative"):
             if raw.get(key) is not None:
-                raise invalid(key, raw[key], "with a deployment, vLLM resolves it; allowed: absent (or a resolved case with resolved_by)")
+                raise invalid(
+                    key,
+                    raw[key],
+                    "with a deployment, vLLM resolves it; allowed: absent (or a resolved case with resolved_by)",
+                )
         return Case(None, None, requests, name, deployment)
     families = tuple(FAMILIES)  # the registry as it stands
-    if not isinstance(resolved_by, str) or not re.match(rf"^({'|'.join(map(re.escape, families))})==[0-9A-Za-z.+_-]{{1,64}}$", resolved_by):
+    if not isinstance(resolved_by, str) or not re.match(
+        rf"^({'|'.join(map(re.escape, families))})==[0-9A-Za-z.+_-]{{1,64}}$", resolved_by
+    ):
         raise invalid("resolved_by", resolved_by, "an engine name " + " or ".join(f"{f}==X" for f in families))
     if "geometry" not in raw:
-        raise InvalidArgument("geometry: missing; a resolved case (resolved_by) carries the geometry its engine resolved")
-    return Case(parse_geometry(raw["geometry"]), parse_speculative(raw.get("speculative")), requests, name, deployment, resolved_by)
+        raise InvalidArgument(
+            "geometry: missing; a resolved case (resolved_by) carries the geometry its engine resolved"
+        )
+    return Case(
+        parse_geometry(raw["geometry"]),
+        parse_speculative(raw.get("speculative")),
+        requests,
+        name,
+        deployment,
+        resolved_by,
+    )
 
 
 def case_to_dict(case: Case) -> dict:
@@ -557,8 +661,13 @@ def _trace_to_list(case: Case) -> list:
 
 
 def request_to_dict(r: Request) -> dict:
-    out: dict[str, Any] = {"prompt": [{"output": s.output} if s.output is not None else {"segment": s.segment, "length": s.length} for s in r.prompt],
-                           "max_tokens": r.max_tokens}
+    out: dict[str, Any] = {
+        "prompt": [
+            {"output": s.output} if s.output is not None else {"segment": s.segment, "length": s.length}
+            for s in r.prompt
+        ],
+        "max_tokens": r.max_tokens,
+    }
     if r.arrival is not None:
         out["arrival"] = r.arrival
     return out
@@ -603,7 +712,9 @@ def with_resolution(case: Case, geometry: dict, speculative: dict | None, engine
     engine resolved for it (``resolved_by`` names the engine)."""
     if case.deployment is None:
         raise invalid("case.deployment", None, "only a deployment case can be resolved")
-    return Case(parse_geometry(geometry), parse_speculative(speculative), case.trace, case.name, case.deployment, engine)
+    return Case(
+        parse_geometry(geometry), parse_speculative(speculative), case.trace, case.name, case.deployment, engine
+    )
 
 
 def require_geometry(case: Case) -> Geometry:

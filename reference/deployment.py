@@ -127,7 +127,9 @@ class Deployment:
 def _override_value(key: str, value: Any, depth: int = 0) -> Any:
     where = f"deployment.model_overrides.{key}"
     if depth > 4:
-        raise invalid(where, "...", "nesting deeper than 4 levels; allowed: JSON scalars, lists and objects up to 4 levels")
+        raise invalid(
+            where, "...", "nesting deeper than 4 levels; allowed: JSON scalars, lists and objects up to 4 levels"
+        )
     if value is None or isinstance(value, (bool, str)):
         if isinstance(value, str) and len(value) > MAX_ARG_CHARS:
             raise invalid(where, value[:40] + "...", f"a string of at most {MAX_ARG_CHARS} characters")
@@ -154,21 +156,42 @@ def _override_value(key: str, value: Any, depth: int = 0) -> Any:
 def parse_deployment(raw: Any) -> Deployment:
     """Validate the ``deployment`` block of a case (shape only)."""
     if not isinstance(raw, dict):
-        raise invalid("deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device")
-    allowed = ("model", "model_overrides", "vllm_args", "platform", "device", "engine", *(f.args_field for f in FAMILIES.values() if f.name != DEFAULT_FAMILY))
+        raise invalid(
+            "deployment", raw, "must be a JSON object with model, vllm_args, model_overrides, platform, device"
+        )
+    allowed = (
+        "model",
+        "model_overrides",
+        "vllm_args",
+        "platform",
+        "device",
+        "engine",
+        *(f.args_field for f in FAMILIES.values() if f.name != DEFAULT_FAMILY),
+    )
     for key in raw:
         if key not in allowed:
             raise invalid(f"deployment.{key}", raw[key], f"unknown field; allowed: {', '.join(allowed)}")
     if "model" not in raw:
         raise InvalidArgument("deployment.model: missing; required field (a shipped model name or a config.json path)")
     model = raw["model"]
-    if not isinstance(model, str) or not model.strip() or len(model) > 1024 or any(unicodedata.category(c) in ("Cc", "Cf") for c in model):
-        raise invalid("deployment.model", model, "a shipped model name (kvspec resolve --models lists them) or a path to a config.json")
+    if (
+        not isinstance(model, str)
+        or not model.strip()
+        or len(model) > 1024
+        or any(unicodedata.category(c) in ("Cc", "Cf") for c in model)
+    ):
+        raise invalid(
+            "deployment.model",
+            model,
+            "a shipped model name (kvspec resolve --models lists them) or a path to a config.json",
+        )
     if "/" not in model and not model.endswith(".json") and not _MODEL_NAME.match(model):
         raise invalid("deployment.model", model, "a shipped model name of [a-z0-9_] or a path to a config.json")
     args = raw.get("vllm_args", [])
     if not isinstance(args, list) or len(args) > MAX_VLLM_ARGS:
-        raise invalid("deployment.vllm_args", args, f"a list of at most {MAX_VLLM_ARGS} strings, as given to `vllm serve`")
+        raise invalid(
+            "deployment.vllm_args", args, f"a list of at most {MAX_VLLM_ARGS} strings, as given to `vllm serve`"
+        )
     for i, a in enumerate(args):
         if not isinstance(a, str) or len(a) > MAX_ARG_CHARS or "\0" in a:
             raise invalid(f"deployment.vllm_args[{i}]", a, f"a string of at most {MAX_ARG_CHARS} characters")
@@ -180,11 +203,19 @@ def parse_deployment(raw: Any) -> Deployment:
     family_args = raw.get(family.args_field, []) if engine != DEFAULT_FAMILY else []
     if engine != DEFAULT_FAMILY:
         if args:
-            raise invalid("deployment.vllm_args", args, f"with engine {engine} the flags are {family.args_field}; allowed: absent or []")
+            raise invalid(
+                "deployment.vllm_args",
+                args,
+                f"with engine {engine} the flags are {family.args_field}; allowed: absent or []",
+            )
         load(family.flags)(family_args)
     for other in FAMILIES.values():
         if other.name not in (DEFAULT_FAMILY, engine) and raw.get(other.args_field):
-            raise invalid(f"deployment.{other.args_field}", raw[other.args_field], f"only with \"engine\": \"{other.name}\"; allowed: absent or []")
+            raise invalid(
+                f"deployment.{other.args_field}",
+                raw[other.args_field],
+                f'only with "engine": "{other.name}"; allowed: absent or []',
+            )
     overrides = raw.get("model_overrides", {})
     if overrides is None:
         overrides = {}
@@ -206,7 +237,11 @@ def parse_deployment(raw: Any) -> Deployment:
     elif device is not None:
         raise invalid("deployment.device", device, "only with platform cuda; allowed: null")
     if platform not in family.platforms:
-        raise invalid("deployment.platform", platform, f"with engine {engine}: {family.title}'s cache is resolved on these platforms only; allowed: {', '.join(family.platforms)}")
+        raise invalid(
+            "deployment.platform",
+            platform,
+            f"with engine {engine}: {family.title}'s cache is resolved on these platforms only; allowed: {', '.join(family.platforms)}",
+        )
     return Deployment(model.strip(), tuple(args), clean, platform, device, engine, tuple(family_args))
 
 

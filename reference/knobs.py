@@ -37,9 +37,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from reference.case import EAGLE_METHODS, Case, require_geometry
 from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability, EngineSpec, family_of, load
 from ground.errors import KvspecError, Unsupported, invalid
+from reference.case import EAGLE_METHODS, Case, require_geometry
 
 #: Versions whose knob resolution this model states; others are unsupported
 #: (the registry's: ``ground.engines.FAMILIES``).
@@ -92,7 +92,9 @@ def parse_version(text: str | EngineSpec) -> str:
         spec = EngineSpec.parse(text, "version")
     except KvspecError:
         name = family_of(text) if isinstance(text, str) and family_of(text) in FAMILIES else DEFAULT_FAMILY
-        raise invalid("version", text, f"supported: {', '.join(f'{name}==' + v for v in FAMILIES[name].releases)}") from None
+        raise invalid(
+            "version", text, f"supported: {', '.join(f'{name}==' + v for v in FAMILIES[name].releases)}"
+        ) from None
     return spec.release_spec.version
 
 
@@ -138,17 +140,27 @@ def sglang_knobs(case: Case, version: str) -> Knobs:
         raise Unsupported("speculative: SGLang's speculative decoding is not in this model; allowed: none")
     partial = partial_hash_hits(case)
     return Knobs(
-        version=version, eagle_drop=False, hash_lookahead_tokens=0, scheduler_block_size=g.scheduler_block_size,
-        hash_block_size=g.hash_block_size, alignment=g.hash_block_size if partial else g.scheduler_block_size,
-        partial_hash_hits=partial, eagle_lookup_ceiling="hashed", junction_back_off=False, tail_checkpoint="checkpoint",
-        has_replay_boundaries=False, fa_tail="cap_hashed",
+        version=version,
+        eagle_drop=False,
+        hash_lookahead_tokens=0,
+        scheduler_block_size=g.scheduler_block_size,
+        hash_block_size=g.hash_block_size,
+        alignment=g.hash_block_size if partial else g.scheduler_block_size,
+        partial_hash_hits=partial,
+        eagle_lookup_ceiling="hashed",
+        junction_back_off=False,
+        tail_checkpoint="checkpoint",
+        has_replay_boundaries=False,
+        fa_tail="cap_hashed",
     )
 
 
 def unstated_knobs(case: Case, version: str) -> Knobs:
     """A family whose cache the promise's knobs do not describe (llama.cpp's
     context checkpoints: ``reference.llamacpp`` states its rule): one line."""
-    raise Unsupported(f"engine={version}: its cache is judged by its own rule, not by the promise's knobs; allowed: a vLLM or SGLang engine")
+    raise Unsupported(
+        f"engine={version}: its cache is judged by its own rule, not by the promise's knobs; allowed: a vLLM or SGLang engine"
+    )
 
 
 def resolve_knobs(case: Case, version: str | EngineSpec = DEFAULT_VERSION) -> Knobs:
@@ -178,36 +190,59 @@ def vllm_knobs(case: Case, version: str) -> Knobs:
         wants_drop = spec.method in EAGLE_METHODS
         if spec.option("disable_eagle_block_drop"):
             if v < (0, 30, 0):
-                raise Unsupported(f"speculative.disable_eagle_block_drop=True: not an option in vLLM {version} (added in 0.30.0)")
+                raise Unsupported(
+                    f"speculative.disable_eagle_block_drop=True: not an option in vLLM {version} (added in 0.30.0)"
+                )
             wants_drop = False
         if v >= (0, 33, 0):
             if wants_drop and not spec.option("disable_lookahead_block_hashes"):
                 lookahead = 1  # single-module MTP and EAGLE read one token ahead
         elif spec.options.get("disable_lookahead_block_hashes") is False:
-            raise Unsupported(f"speculative.disable_lookahead_block_hashes=False: vLLM {version} has no lookahead block hashes")
+            raise Unsupported(
+                f"speculative.disable_lookahead_block_hashes=False: vLLM {version} has no lookahead block hashes"
+            )
         eagle_drop = wants_drop and lookahead == 0
         if eagle_drop and spec.method == "mtp" and spec.num_speculative_tokens > g.scheduler_block_size:
-            raise Unsupported(f"speculative.num_speculative_tokens={spec.num_speculative_tokens}: must not exceed scheduler_block_size={g.scheduler_block_size}")
+            raise Unsupported(
+                f"speculative.num_speculative_tokens={spec.num_speculative_tokens}: must not exceed scheduler_block_size={g.scheduler_block_size}"
+            )
     if g.prefix_match_unit is not None and g.num_groups == 1 and g.prefix_match_unit != g.scheduler_block_size:
-        raise invalid("geometry.prefix_match_unit", g.prefix_match_unit, f"with a single KV cache group must be unset or equal to the block size {g.scheduler_block_size}")
+        raise invalid(
+            "geometry.prefix_match_unit",
+            g.prefix_match_unit,
+            f"with a single KV cache group must be unset or equal to the block size {g.scheduler_block_size}",
+        )
     if g.scheduler_block_size != math.lcm(*(x.block_size for x in g.groups)):
-        raise Unsupported(f"geometry.scheduler_block_size={g.scheduler_block_size}: vLLM {version} always uses the LCM of the group block sizes")
+        raise Unsupported(
+            f"geometry.scheduler_block_size={g.scheduler_block_size}: vLLM {version} always uses the LCM of the group block sizes"
+        )
     for a in g.attention_block_sizes:
         if a > alignment and (not partial or a % g.hash_block_size):
-            raise Unsupported(f"full_attention block_size={a} above the hit alignment {alignment}: outside this model (allowed: partial hash hits with the hash block dividing it)")
+            raise Unsupported(
+                f"full_attention block_size={a} above the hit alignment {alignment}: outside this model (allowed: partial hash hits with the hash block dividing it)"
+            )
     grid = g.prefill_checkpoint_grid
     if grid is not None and v < (0, 32, 0):
-        raise Unsupported(f"geometry.prefill_checkpoint_grid={grid}: vLLM {version}'s internal checkpoints (Kimi KDA only) follow another rule; allowed: null before 0.32.0")
+        raise Unsupported(
+            f"geometry.prefill_checkpoint_grid={grid}: vLLM {version}'s internal checkpoints (Kimi KDA only) follow another rule; allowed: null before 0.32.0"
+        )
     shared_ckpt = False
     if g.shared_prefix_checkpoint:
         if v < (0, 32, 0):
-            raise Unsupported(f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {version} (0.32.0+; 0.30.0 had --enable-mamba-fine-grained-prefix-cache)")
+            raise Unsupported(
+                f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {version} (0.32.0+; 0.30.0 had --enable-mamba-fine-grained-prefix-cache)"
+            )
         # KVCacheManager: only with an EAGLE group (a drafter's KV layer:
         # not ngram's; lookahead hashes keep the group flagged), partial hash hits
         # and no multi-module MTP re-prefill.
         # (vLLM flags the drafter's group only under use_eagle_block_drop:
         # not with disable_eagle_block_drop)
-        shared_ckpt = spec is not None and spec.method in EAGLE_METHODS and not spec.option("disable_eagle_block_drop") and partial
+        shared_ckpt = (
+            spec is not None
+            and spec.method in EAGLE_METHODS
+            and not spec.option("disable_eagle_block_drop")
+            and partial
+        )
     return Knobs(
         version=version,
         eagle_drop=eagle_drop,

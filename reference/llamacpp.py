@@ -60,8 +60,17 @@ from dataclasses import dataclass, field
 from reference.case import Case, prompt_tokens
 
 #: llama.cpp's defaults (``common/common.h``), what a deployment's flags override.
-DEFAULTS = {"n_ctx": 4096, "n_parallel": 1, "n_ctx_checkpoints": 32, "checkpoint_min_step": 8192, "cache_ram_mib": 8192,
-            "n_batch": 2048, "n_ubatch": 512, "cache_prompt": True, "slot_prompt_similarity": 0.1}
+DEFAULTS = {
+    "n_ctx": 4096,
+    "n_parallel": 1,
+    "n_ctx_checkpoints": 32,
+    "checkpoint_min_step": 8192,
+    "cache_ram_mib": 8192,
+    "n_batch": 2048,
+    "n_ubatch": 512,
+    "cache_prompt": True,
+    "slot_prompt_similarity": 0.1,
+}
 #: A generated token: matches no prompt token.
 GENERATED = -1
 
@@ -101,9 +110,17 @@ class Settings:
         f = {**DEFAULTS, **fields}
         n_batch = int(f["n_batch"])
         cache = int(f["cache_ram_mib"]) != 0
-        return cls(int(f["n_parallel"]), int(f["n_ctx_checkpoints"]), int(f["checkpoint_min_step"]), cache,
-                   n_batch, min(int(f["n_ubatch"]), n_batch), bool(f["cache_prompt"]), float(f["slot_prompt_similarity"]),
-                   cache and bool(f.get("cache_idle_slots", True)))
+        return cls(
+            int(f["n_parallel"]),
+            int(f["n_ctx_checkpoints"]),
+            int(f["checkpoint_min_step"]),
+            cache,
+            n_batch,
+            min(int(f["n_ubatch"]), n_batch),
+            bool(f["cache_prompt"]),
+            float(f["slot_prompt_similarity"]),
+            cache and bool(f.get("cache_idle_slots", True)),
+        )
 
 
 @dataclass
@@ -245,9 +262,19 @@ class ServedStep:
     prompt_cache_load: bool
 
     def as_dict(self) -> dict:
-        return {"request": self.request, "prompt_tokens": self.prompt_tokens, "hit": self.hit, "query": self.prompt_tokens, "slot": self.slot,
-                "checkpoint_restored": self.restored, "forced_full": self.forced_full, "checkpoints_created": self.created,
-                "checkpoints_erased": self.erased, "checkpoints_held": self.held, "prompt_cache_load": self.prompt_cache_load}
+        return {
+            "request": self.request,
+            "prompt_tokens": self.prompt_tokens,
+            "hit": self.hit,
+            "query": self.prompt_tokens,
+            "slot": self.slot,
+            "checkpoint_restored": self.restored,
+            "forced_full": self.forced_full,
+            "checkpoints_created": self.created,
+            "checkpoints_erased": self.erased,
+            "checkpoints_held": self.held,
+            "prompt_cache_load": self.prompt_cache_load,
+        }
 
 
 def simulate(case: Case, st: Settings) -> list[ServedStep]:
@@ -292,12 +319,23 @@ def simulate(case: Case, st: Settings) -> list[ServedStep]:
             erased += add_checkpoint(slot.checkpoints, at, i, st)
         slot.tokens = tokens + [GENERATED] * (req.max_tokens - 1)
         slot.t_last = i
-        steps.append(ServedStep(i, n, n_past, k, restored, forced, created, erased, sorted(c.n_tokens for c in slot.checkpoints), loaded))
+        steps.append(
+            ServedStep(
+                i, n, n_past, k, restored, forced, created, erased, sorted(c.n_tokens for c in slot.checkpoints), loaded
+            )
+        )
     return steps
 
 
 def predict(case: Case, st: Settings) -> dict:
     """The model's answer for a llama.cpp case (``kvspec predict --as llamacpp==X``)."""
     steps = simulate(case, st)
-    return {"rule": "llamacpp", "hits": [s.hit for s in steps], "queries": [s.prompt_tokens for s in steps], "knobs": None,
-            "explain": [s.as_dict() for s in steps], "predicted": len(steps), "settings": st.__dict__}
+    return {
+        "rule": "llamacpp",
+        "hits": [s.hit for s in steps],
+        "queries": [s.prompt_tokens for s in steps],
+        "knobs": None,
+        "explain": [s.as_dict() for s in steps],
+        "predicted": len(steps),
+        "settings": st.__dict__,
+    }

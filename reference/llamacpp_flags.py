@@ -37,8 +37,14 @@ FLAGS: dict[str, tuple[str, str]] = {
 }
 #: Bounds of an integer value (llama.cpp takes any int; these keep a run small).
 RANGES: dict[str, tuple[int, int]] = {
-    "--ctx-size": (0, 262144), "--parallel": (1, 8), "--ctx-checkpoints": (0, 256), "--checkpoint-min-step": (0, 262144),
-    "--cache-ram": (-1, 65536), "--ubatch-size": (1, 8192), "--batch-size": (1, 16384), "--cache-reuse": (0, 262144),
+    "--ctx-size": (0, 262144),
+    "--parallel": (1, 8),
+    "--ctx-checkpoints": (0, 256),
+    "--checkpoint-min-step": (0, 262144),
+    "--cache-ram": (-1, 65536),
+    "--ubatch-size": (1, 8192),
+    "--batch-size": (1, 16384),
+    "--cache-reuse": (0, 262144),
 }
 _INT = re.compile(r"^-?[0-9]{1,9}$")
 
@@ -51,16 +57,22 @@ def parse_llamacpp_args(args: object) -> dict[str, int | bool]:
     """The ``CommonParams`` fields the flags set (field -> value); one-line
     errors naming the index and the token for anything outside the list."""
     if not isinstance(args, list) or len(args) > MAX_ARGS:
-        raise InvalidArgument(f"deployment.llamacpp_args={str(args)[:60]}: a list of at most {MAX_ARGS} strings, as given to `llama-server`")
+        raise InvalidArgument(
+            f"deployment.llamacpp_args={str(args)[:60]}: a list of at most {MAX_ARGS} strings, as given to `llama-server`"
+        )
     out: dict[str, int | bool] = {}
     i = 0
     while i < len(args):
         token, where = args[i], f"deployment.llamacpp_args[{i}]"
         if not isinstance(token, str) or not token.startswith("--"):
-            raise InvalidArgument(f"{where}={str(token)[:60]!r}: not a flag or a flag's value; allowed flags: {allowed_text()}")
+            raise InvalidArgument(
+                f"{where}={str(token)[:60]!r}: not a flag or a flag's value; allowed flags: {allowed_text()}"
+            )
         flag, eq, inline = token.partition("=")
         if flag not in FLAGS:
-            raise InvalidArgument(f"{where}={token[:60]!r}: not a prompt-cache or prefill setting of llama-server; allowed: {allowed_text()}")
+            raise InvalidArgument(
+                f"{where}={token[:60]!r}: not a prompt-cache or prefill setting of llama-server; allowed: {allowed_text()}"
+            )
         field, kind = FLAGS[flag]
         if kind != "value":
             if eq:

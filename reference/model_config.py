@@ -42,7 +42,15 @@ MAX_CONFIG_INT = 1 << 31
 MAX_DEPTH = 8
 MAX_ARCHITECTURES = 8
 #: Fields that count decoder (or draft) layers.
-LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_nextn_predict_layers", "mtp_num_hidden_layers", "n_predict")
+LAYER_FIELDS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "num_nextn_predict_layers",
+    "mtp_num_hidden_layers",
+    "n_predict",
+)
 #: Fields that hold one entry per layer.
 LAYER_LISTS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_num_experts")
 #: Keys that name code to import.
@@ -75,7 +83,11 @@ def check_model_config(cfg: dict, where: str, depth: int = 0) -> None:
         key = str(key)
         field = f"{where}.{key}"
         if loads_code(key):
-            raise invalid(field, value, "names code to import (kvspec uses vLLM's own model classes, never a model's code); allowed: remove the field")
+            raise invalid(
+                field,
+                value,
+                "names code to import (kvspec uses vLLM's own model classes, never a model's code); allowed: remove the field",
+            )
         if key == "architectures":
             _check_architectures(field, value)
         if isinstance(value, bool):
@@ -96,5 +108,9 @@ def check_model_config(cfg: dict, where: str, depth: int = 0) -> None:
 
 
 def _check_architectures(field: str, value: Any) -> None:
-    if not (isinstance(value, list) and 1 <= len(value) <= MAX_ARCHITECTURES and all(isinstance(a, str) and _ARCH_NAME.match(a) for a in value)):
+    if not (
+        isinstance(value, list)
+        and 1 <= len(value) <= MAX_ARCHITECTURES
+        and all(isinstance(a, str) and _ARCH_NAME.match(a) for a in value)
+    ):
         raise invalid(field, value, f"a list of 1 to {MAX_ARCHITECTURES} architecture class names of [A-Za-z0-9_]")

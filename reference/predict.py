@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reference.case import Case, prompt_tokens, serial_prefix
 from ground.engines import EngineSpec
+from reference.case import Case, prompt_tokens, serial_prefix
 from reference.knobs import DEFAULT_VERSION, Knobs, resolve_knobs
 from reference.serial import common_prefix, known_common, simulate
 

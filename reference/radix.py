@@ -60,7 +60,9 @@ def output_bytes(length: int) -> bytes:
 def prompt_bytes(request: Request) -> bytes:
     """A request's prompt tokens as bytes (its segments' streams joined; an
     output segment's :data:`~reference.tokens.OUTPUT_TOKEN` copies)."""
-    return b"".join(output_bytes(s.length) if s.output is not None else stream_bytes(s.segment, s.length) for s in request.prompt)
+    return b"".join(
+        output_bytes(s.length) if s.output is not None else stream_bytes(s.segment, s.length) for s in request.prompt
+    )
 
 
 @dataclass(eq=False)

@@ -51,16 +51,28 @@ def geometry_reachability(g: Geometry, version: str, platform: str = "cuda") -> 
     v = _v(version)
     sizes = sorted({x.block_size for x in g.groups})
     if len(sizes) > 1:
-        return False, f"groups have block sizes {sizes}: Mamba align mode on {platform} forces mamba_block_size = block_size = every attention block in vLLM {version} (platforms/interface.py _align_hybrid_block_size)"
+        return (
+            False,
+            f"groups have block sizes {sizes}: Mamba align mode on {platform} forces mamba_block_size = block_size = every attention block in vLLM {version} (platforms/interface.py _align_hybrid_block_size)",
+        )
     (B,) = sizes
     if g.scheduler_block_size != B:
-        return False, f"scheduler_block_size={g.scheduler_block_size}: vLLM {version} schedules in the group block {B} (kv_cache_utils.resolve_kv_cache_block_sizes)"
+        return (
+            False,
+            f"scheduler_block_size={g.scheduler_block_size}: vLLM {version} schedules in the group block {B} (kv_cache_utils.resolve_kv_cache_block_sizes)",
+        )
     grid = KERNEL_GRID.get(platform, 16)
     if B % grid:
-        return False, f"block_size={B}: not a multiple of {grid}, the smallest kernel block of the {platform} attention backends vLLM {version} picks for these models"
+        return (
+            False,
+            f"block_size={B}: not a multiple of {grid}, the smallest kernel block of the {platform} attention backends vLLM {version} picks for these models",
+        )
     H = g.hash_block_size
     if g.num_groups == 1 and H != B and v >= (0, 32, 0):
-        return False, f"hash_block_size={H} with a single KV cache group: vLLM {version} requires it to equal the block {B}"
+        return (
+            False,
+            f"hash_block_size={H} with a single KV cache group: vLLM {version} requires it to equal the block {B}",
+        )
     if not any(x.kind == "full_attention" for x in g.groups) or not any(x.kind == "mamba" for x in g.groups):
         return False, "a hybrid deployment has both full-attention and Mamba groups"
     ckpt = g.prefill_checkpoint_grid
@@ -71,9 +83,15 @@ def geometry_reachability(g: Geometry, version: str, platform: str = "cuda") -> 
         if v >= (0, 33, 0) and platform == "cuda" and B % GDN_CHECKPOINT_ALIGNMENT == 0:
             allowed.add(math.lcm(g.prefix_match_unit, GDN_CHECKPOINT_ALIGNMENT) if g.prefix_match_unit else B)
         if ckpt not in allowed:
-            return False, f"prefill_checkpoint_grid={ckpt}: vLLM {version} layers export internal checkpoints on grids {sorted(allowed) or 'none'} for this geometry"
+            return (
+                False,
+                f"prefill_checkpoint_grid={ckpt}: vLLM {version} layers export internal checkpoints on grids {sorted(allowed) or 'none'} for this geometry",
+            )
     if g.split_block_size is not None and not (platform == "cpu" and v <= (0, 32, 0) and g.split_block_size == 128):
-        return False, f"split_block_size={g.split_block_size}: only vLLM's CPU engine core (up to 0.32.0) splits prefills on a block (its default 128) below the KV block"
+        return (
+            False,
+            f"split_block_size={g.split_block_size}: only vLLM's CPU engine core (up to 0.32.0) splits prefills on a block (its default 128) below the KV block",
+        )
     if g.shared_prefix_checkpoint and v < (0, 32, 0):
         return False, f"shared_prefix_checkpoint: no such option in vLLM {version}"
     return None, "breaks none of vLLM's rules for a deployment's geometry"
@@ -83,7 +101,11 @@ def reachability(case: Case, version: str, platform: str = "cuda") -> dict:
     """``{"reachable": True|False|None, "reason": ...}`` for a case: a
     deployment is reachable by construction; a hand geometry by the rules."""
     if case.deployment is not None:
-        return {"reachable": True, "kind": "deployment", "reason": f"resolved by vLLM's own code from {case.deployment.describe()}"}
+        return {
+            "reachable": True,
+            "kind": "deployment",
+            "reason": f"resolved by vLLM's own code from {case.deployment.describe()}",
+        }
     assert case.geometry is not None
     ok, why = geometry_reachability(case.geometry, version, platform)
     return {"reachable": ok, "kind": "synthetic", "reason": why}

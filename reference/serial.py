@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ground.errors import invalid
 from reference.boundaries import (
     attention_lookup,
     fa_tail,
@@ -57,7 +58,6 @@ from reference.boundaries import (
     tail_checkpoint,
 )
 from reference.case import Case, Geometry, Segment, output_tokens, prompt_tokens
-from ground.errors import invalid
 from reference.knobs import Knobs
 from reference.radix import TOKEN_BYTES, PrefixIndex, output_bytes, prompt_bytes
 
@@ -124,7 +124,15 @@ def prompt_fa_tail(N: int, geometry: Geometry, knobs: Knobs) -> int:
     return fa_tail(N, geometry.hash_block_size, knobs.hash_lookahead_tokens, knobs.eagle_drop, knobs.fa_tail)
 
 
-def lookup(N: int, shared: list[int], cache: list[Cached] | None, geometry: Geometry, knobs: Knobs, *, tails: tuple[int, ...] | None = None) -> Lookup:
+def lookup(
+    N: int,
+    shared: list[int],
+    cache: list[Cached] | None,
+    geometry: Geometry,
+    knobs: Knobs,
+    *,
+    tails: tuple[int, ...] | None = None,
+) -> Lookup:
     """Steps 1 of the module docstring. ``shared[i]`` is the common prefix of
     R with ``cache[i]``; dense Mamba (every aligned state) when cache is None,
     with ``tails`` the full-attention partial tails of the cached prompts."""
@@ -215,7 +223,9 @@ class Chunk:
     internal: int = 0
 
 
-def chunks(N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs, *, block_stop_always: bool = False) -> list[Chunk]:
+def chunks(
+    N: int, start: int, junction: int, geometry: Geometry, knobs: Knobs, *, block_stop_always: bool = False
+) -> list[Chunk]:
     """Step 2: the prefill chunks of a request starting at ``start``
     (``Scheduler._mamba_block_aligned_split``, with the Mamba manager's
     internal checkpoint, 0.32.0+).
@@ -303,7 +313,9 @@ class Step:
             "boundaries": self.boundaries,
             "chunk_ends": self.chunk_ends,
             "retained_mamba_blocks": {str(m): v for m, v in self.retained.items()},
-            "retained_mamba_tokens": None if self.retained_tokens is None else {str(m): v for m, v in self.retained_tokens.items()},
+            "retained_mamba_tokens": None
+            if self.retained_tokens is None
+            else {str(m): v for m, v in self.retained_tokens.items()},
         }
         if self.output_states:  # only a request whose output keeps a state (a trace of max_tokens 1 reads as before)
             out["retained_output_states"] = list(self.output_states)
@@ -413,7 +425,9 @@ def cached_length(N: int, max_tokens: int, knobs: Knobs) -> int:
     return computed_tokens(N, max_tokens) + min(knobs.hash_lookahead_tokens, 1)
 
 
-def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geometry, knobs: Knobs) -> tuple[list[int], list[int], dict[int, set[int]]]:
+def retained_states(
+    rule: str, N: int, hit: int, junction: int, geometry: Geometry, knobs: Knobs
+) -> tuple[list[int], list[int], dict[int, set[int]]]:
     """Step 3: the Mamba states a request keeps, per Mamba block size.
 
     Written: states at chunk ends (within the hashed length), the prompt's
@@ -450,7 +464,13 @@ def retained_states(rule: str, N: int, hit: int, junction: int, geometry: Geomet
                 # ... and only where a prefill chunk ended: align mode writes a
                 # state nowhere else (a split block below the KV block, vLLM's
                 # CPU engine core up to 0.32.0, ends chunks off the block grid).
-                if tail > 0 and tail in covered and tail in ends and tail <= hashed and (tail % M or knobs.tail_checkpoint == "checkpoint"):
+                if (
+                    tail > 0
+                    and tail in covered
+                    and tail in ends
+                    and tail <= hashed
+                    and (tail % M or knobs.tail_checkpoint == "checkpoint")
+                ):
                     written.add(tail)
                     tails.add(tail)
             for c in parts:
@@ -488,7 +508,9 @@ def _explained(bounds: list[int], ends: list[int], kept: dict[int, set[int]]) ->
     )
 
 
-def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple, outputs: dict[int, set[int]] | None = None) -> Step:
+def _step(
+    i: int, N: int, shared: int, look: Lookup, explained: tuple, outputs: dict[int, set[int]] | None = None
+) -> Step:
     """The explain record of request ``i`` (its own copies of the lists)."""
     boundaries, ends, retained, tokens = explained
     return Step(
@@ -503,7 +525,9 @@ def _step(i: int, N: int, shared: int, look: Lookup, explained: tuple, outputs: 
         chunk_ends=list(ends),
         retained={M: list(v) for M, v in retained.items()},
         retained_tokens=None if tokens is None else {M: list(v) for M, v in tokens.items()},
-        output_states=sorted(p for p in set().union(*outputs.values()) if p > N) if outputs else [],  # past the prompt, as an engine reports them
+        output_states=sorted(p for p in set().union(*outputs.values()) if p > N)
+        if outputs
+        else [],  # past the prompt, as an engine reports them
     )
 
 
@@ -521,7 +545,9 @@ def simulate(case: Case, knobs: Knobs, rule: str = "promise", *, index: PrefixIn
     return simulate_many(case, knobs, [(case.geometry.retention_interval, rule)], index=index)[0]
 
 
-def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], *, index: PrefixIndex | None = None) -> list[list[Step]]:
+def simulate_many(
+    case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], *, index: PrefixIndex | None = None
+) -> list[list[Step]]:
     """Several runs of the model over one trace that differ only in the
     retention interval and the rule (``runs``: (interval, rule) pairs), in
     one pass: the radix tree of the prompts is shared, each run marks its
@@ -536,9 +562,15 @@ def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], 
     if index is None:
         index = PrefixIndex(knobs.hash_lookahead_tokens, len(runs))
     elif index.prompts or index.lookahead != knobs.hash_lookahead_tokens or index.channels != len(runs):
-        raise invalid("index", index.prompts, f"must be an empty PrefixIndex with lookahead {knobs.hash_lookahead_tokens} and {len(runs)} channel(s)")
+        raise invalid(
+            "index",
+            index.prompts,
+            f"must be an empty PrefixIndex with lookahead {knobs.hash_lookahead_tokens} and {len(runs)} channel(s)",
+        )
     steps: list[list[Step]] = [[] for _ in runs]
-    written: list[dict[tuple[int, int, int], tuple]] = [{} for _ in runs]  # retained_states is pure: once per (N, hit, junction)
+    written: list[dict[tuple[int, int, int], tuple]] = [
+        {} for _ in runs
+    ]  # retained_states is pure: once per (N, hit, junction)
     for i, request in enumerate(case.trace):
         data = prompt_bytes(request)
         N = len(data) // TOKEN_BYTES
@@ -548,8 +580,12 @@ def simulate_many(case: Case, knobs: Knobs, runs: list[tuple[int | None, str]], 
             full = data + output_bytes(C - N)
             placed = index.place(full, index.query(full))
         else:
-            placed = index.place(data, match)  # the marks below are this request's own: none is read before the next request
-        looked: list[tuple[dict, list, Lookup]] = []  # the lookup reads no retention: runs that reach the same states share it
+            placed = index.place(
+                data, match
+            )  # the marks below are this request's own: none is read before the next request
+        looked: list[
+            tuple[dict, list, Lookup]
+        ] = []  # the lookup reads no retention: runs that reach the same states share it
         for r, (g, (_, rule)) in enumerate(zip(geometries, runs)):
             states, tails = match.channel_states[r], match.channel_tails[r]
             look = next((x for s, t, x in looked if s == states and t == tails), None)

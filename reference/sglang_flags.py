@@ -95,17 +95,23 @@ def check_sglang_args(args: list[str]) -> None:
     """Refuse, in one line naming the index and the token, any argument
     outside the allow-list."""
     if not isinstance(args, list) or len(args) > MAX_ARGS:
-        raise InvalidArgument(f"deployment.sglang_args={str(args)[:60]}: a list of at most {MAX_ARGS} strings, as given to `sglang serve`")
+        raise InvalidArgument(
+            f"deployment.sglang_args={str(args)[:60]}: a list of at most {MAX_ARGS} strings, as given to `sglang serve`"
+        )
     i = 0
     while i < len(args):
         token = args[i]
         where = f"deployment.sglang_args[{i}]"
         if not isinstance(token, str) or not token.startswith("-"):
-            raise InvalidArgument(f"{where}={str(token)[:60]!r}: not a flag or a flag's value; allowed flags: {allowed_text()}")
+            raise InvalidArgument(
+                f"{where}={str(token)[:60]!r}: not a flag or a flag's value; allowed flags: {allowed_text()}"
+            )
         flag = canonical_flag(token)
         kind = FLAGS.get(flag)
         if kind is None:
-            raise InvalidArgument(f"{where}={token[:60]!r}: loads code or is not a cache or prefill setting; allowed: {allowed_text()}")
+            raise InvalidArgument(
+                f"{where}={token[:60]!r}: loads code or is not a cache or prefill setting; allowed: {allowed_text()}"
+            )
         if kind == "switch":
             if "=" in token:
                 raise InvalidArgument(f"{where}={token[:60]!r}: {flag} takes no value")

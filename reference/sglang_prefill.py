@@ -92,24 +92,36 @@ class SglangSetting:
     max_states_per_path: int = -1
 
     @classmethod
-    def from_resolution(cls, r: dict) -> "SglangSetting":
+    def from_resolution(cls, r: dict) -> SglangSetting:
         """From a resolution summary (``observation["resolution"]``)."""
         try:
             chunked = r.get("chunked_prefill_size")
             return cls(
-                page_size=int(r["page_size"]), chunked_prefill_size=int(chunked) if chunked is not None and int(chunked) > 0 else None,
-                extra_buffer=bool(r["extra_buffer"]), strategy=str(r["mamba_radix_cache_strategy"]), cache_chunk=int(r["mamba_cache_chunk_size"]),
-                checkpoint_grid=int(r["checkpoint_grid"]), state_chunk=int(r.get("mamba_state_chunk_size") or 64),
+                page_size=int(r["page_size"]),
+                chunked_prefill_size=int(chunked) if chunked is not None and int(chunked) > 0 else None,
+                extra_buffer=bool(r["extra_buffer"]),
+                strategy=str(r["mamba_radix_cache_strategy"]),
+                cache_chunk=int(r["mamba_cache_chunk_size"]),
+                checkpoint_grid=int(r["checkpoint_grid"]),
+                state_chunk=int(r.get("mamba_state_chunk_size") or 64),
                 max_states_per_path=int(r.get("mamba_max_states_per_path", -1)),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise invalid("resolution", str(r)[:80], f"an SGLang resolution summary with page_size, chunked_prefill_size, extra_buffer, checkpoint_grid ({e})") from None
+            raise invalid(
+                "resolution",
+                str(r)[:80],
+                f"an SGLang resolution summary with page_size, chunked_prefill_size, extra_buffer, checkpoint_grid ({e})",
+            ) from None
 
     def check(self) -> None:
         if self.max_states_per_path != -1:
-            raise Unsupported(f"mamba_max_states_per_path={self.max_states_per_path}: its eviction is not in SGLang's replay rule here; allowed: -1 (unlimited)")
+            raise Unsupported(
+                f"mamba_max_states_per_path={self.max_states_per_path}: its eviction is not in SGLang's replay rule here; allowed: -1 (unlimited)"
+            )
         if self.strategy not in ("extra_buffer", "no_buffer"):
-            raise Unsupported(f"mamba_radix_cache_strategy={self.strategy!r}: not in SGLang's replay rule here; allowed: extra_buffer, no_buffer")
+            raise Unsupported(
+                f"mamba_radix_cache_strategy={self.strategy!r}: not in SGLang's replay rule here; allowed: extra_buffer, no_buffer"
+            )
         for name in ("page_size", "cache_chunk", "checkpoint_grid", "state_chunk"):
             if getattr(self, name) < 1:
                 raise invalid(name, getattr(self, name), "allowed: a positive integer")
@@ -210,7 +222,15 @@ class ReplayedRequest:
         return asdict(self)
 
 
-def _insert(kept: _Kept, prompts: list[list[int]], i: int, tokens_len: int, mamba_len: int | None, content: int | None, s: SglangSetting) -> int | None:
+def _insert(
+    kept: _Kept,
+    prompts: list[list[int]],
+    i: int,
+    tokens_len: int,
+    mamba_len: int | None,
+    content: int | None,
+    s: SglangSetting,
+) -> int | None:
     """``checkpoint_into_tree`` up to ``tokens_len``; returns the key a state went to, or None."""
     if mamba_len is None or mamba_len <= 0:
         return None
@@ -233,7 +253,9 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
         raise Unsupported("trace: a concurrent trace; allowed in SGLang's replay rule: serial requests")
     for i, r in enumerate(case.trace):
         if r.max_tokens != 1:
-            raise Unsupported(f"trace[{i}].max_tokens={r.max_tokens}: SGLang's replay rule states prefill only; allowed: 1")
+            raise Unsupported(
+                f"trace[{i}].max_tokens={r.max_tokens}: SGLang's replay rule states prefill only; allowed: 1"
+            )
     prompts = [prompt_tokens(r) for r in case.trace]
     kept = _Kept()
     out: list[ReplayedRequest] = []
@@ -264,7 +286,15 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
                     tracked.append(t.seqlen)
             if end < n:  # checkpoint_kv_cache between chunks
                 if s.extra_buffer:
-                    k = _insert(kept, prompts, i, end, last_track.seqlen if last_track else None, last_track.content if last_track else None, s)
+                    k = _insert(
+                        kept,
+                        prompts,
+                        i,
+                        end,
+                        last_track.seqlen if last_track else None,
+                        last_track.content if last_track else None,
+                        s,
+                    )
                 else:
                     k = _insert(kept, prompts, i, end, end, end, s)
                 if k is not None:
@@ -272,7 +302,15 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
                 prefix = end
                 continue
             if s.extra_buffer:
-                k = _insert(kept, prompts, i, n, last_track.seqlen if last_track else None, last_track.content if last_track else None, s)
+                k = _insert(
+                    kept,
+                    prompts,
+                    i,
+                    n,
+                    last_track.seqlen if last_track else None,
+                    last_track.content if last_track else None,
+                    s,
+                )
             else:
                 k = _insert(kept, prompts, i, n, n, n, s)
             if k is not None:
@@ -316,5 +354,7 @@ def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedR
             continue
         r, resumed = steps[i], (explain[i] or {}).get("resumed_state") or {}
         if r.hit == o and r.resumed_same_tokens and resumed.get("same_tokens") is True:
-            out[i] = f"hits {o} above the promise's {p}: a state SGLang's prefill wrote at {o} (a chunk end or a tracked point, computed over its own tokens), not a divergence"
+            out[i] = (
+                f"hits {o} above the promise's {p}: a state SGLang's prefill wrote at {o} (a chunk end or a tracked point, computed over its own tokens), not a divergence"
+            )
     return out

@@ -33,7 +33,9 @@ def _redeploy(case: Case, args: tuple[str, ...]) -> Case:
 def with_retention(case: Case, interval: int | None) -> Case:
     """The case under another retention interval."""
     if case.deployment is not None:
-        return _redeploy(case, set_flag(case.deployment.vllm_args, RETENTION_FLAG, "None" if interval is None else str(interval)))
+        return _redeploy(
+            case, set_flag(case.deployment.vllm_args, RETENTION_FLAG, "None" if interval is None else str(interval))
+        )
     assert case.geometry is not None
     return replace(case, geometry=replace(case.geometry, retention_interval=interval))
 
@@ -48,7 +50,9 @@ def without_speculative(case: Case) -> Case:
 def has_speculative(case: Case) -> bool:
     if case.speculative is not None:
         return True
-    return case.deployment is not None and any(a == SPECULATIVE_FLAG or a.startswith(SPECULATIVE_FLAG + "=") for a in case.deployment.vllm_args)
+    return case.deployment is not None and any(
+        a == SPECULATIVE_FLAG or a.startswith(SPECULATIVE_FLAG + "=") for a in case.deployment.vllm_args
+    )
 
 
 def retention(case: Case) -> int | None | str:

@@ -44,9 +44,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
 from functools import cache
+from typing import Any
 
 from ground.errors import InvalidArgument, invalid
 
@@ -103,11 +102,19 @@ FLAGS: dict[str, str] = {
     "--skip-tokenizer-init": "switch",
 }
 #: Short aliases vLLM's parser knows, read as their long flag.
-ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-sc": "--speculative-config"}
+ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-sc": "--speculative-config",
+}
 #: Flags whose value is fixed: no weights are ever loaded.
 FIXED_VALUES = {"--load-format": ("dummy",), "--kv-offloading-backend": ("native",)}
 #: Why each is fixed.
-FIXED_WHY = {"--load-format": "no weights are loaded", "--kv-offloading-backend": "lmcache's connector needs an LMCache server and package; vLLM's own CPU offloading runs in-process"}
+FIXED_WHY = {
+    "--load-format": "no weights are loaded",
+    "--kv-offloading-backend": "lmcache's connector needs an LMCache server and package; vLLM's own CPU offloading runs in-process",
+}
 MAX_PARALLEL = 1024
 MAX_SEQS = 1 << 16
 #: Flags that take a decimal number (ASCII digits, an optional fraction)
@@ -211,7 +218,11 @@ def check_vllm_args(args: list[str]) -> None:
             if "." in name and canonical_flag(name.split(".", 1)[0]) in FLAGS:
                 raise _refuse(i, token, "a dotted JSON key; spell the keys inside the flag's JSON value")
             if name.startswith("--") and len(name) > 2 and any(f.startswith(canonical_flag(name)) for f in FLAGS):
-                raise _refuse(i, token, "an abbreviation (argparse would expand it, perhaps to a flag that loads code); spell the flag in full")
+                raise _refuse(
+                    i,
+                    token,
+                    "an abbreviation (argparse would expand it, perhaps to a flag that loads code); spell the flag in full",
+                )
             raise _refuse(i, token, "loads code or is not a cache setting")
         kind = FLAGS[flag]
         explicit = "=" in token
@@ -239,7 +250,9 @@ def check_flag_value(flag: str, value: str, where: str) -> None:
     if flag in bounds and value.strip() not in _UNSET:
         m = _INT_VALUE.match(value)
         if m is None:
-            raise invalid(where, value, f"{flag} takes an integer of ASCII digits (optionally k/m/g/t or K/M/G/T), None or auto")
+            raise invalid(
+                where, value, f"{flag} takes an integer of ASCII digits (optionally k/m/g/t or K/M/G/T), None or auto"
+            )
         whole, frac, suffix = m.groups()
         scale = _SUFFIX[suffix]
         size = int(whole) * scale + (int(frac) * scale) // 10 ** len(frac) if frac else int(whole) * scale
@@ -248,7 +261,11 @@ def check_flag_value(flag: str, value: str, where: str) -> None:
     if flag in DECIMAL_BOUNDS:
         top = DECIMAL_BOUNDS[flag]
         if not _DECIMAL.match(value) or not 0 < float(value) <= top:
-            raise invalid(where, value, f"{flag} takes a decimal number above 0 and at most {top} (ASCII digits, an optional fraction)")
+            raise invalid(
+                where,
+                value,
+                f"{flag} takes a decimal number above 0 and at most {top} (ASCII digits, an optional fraction)",
+            )
     if FLAGS[flag] == "json":
         check_speculative_config(value, where)
 
@@ -266,7 +283,11 @@ def check_speculative_config(text: str, where: str) -> dict[str, Any]:
     for key, value in doc.items():
         field = f"{where}.{key}"
         if key not in SPECULATIVE_KEYS:
-            raise invalid(field, value, f"--speculative-config key loads code or a model by name, or is not a cache setting; allowed keys: {keys}")
+            raise invalid(
+                field,
+                value,
+                f"--speculative-config key loads code or a model by name, or is not a cache setting; allowed keys: {keys}",
+            )
         want = SPECULATIVE_KEYS[key]
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
         if not ok:
@@ -280,7 +301,9 @@ def check_speculative_config(text: str, where: str) -> dict[str, Any]:
         if want is str and not _PLAIN_WORD.match(value):
             raise invalid(field, value, "a plain name of [a-z0-9_] (no module or class path)")
         if key == "method" and value not in SPECULATIVE_METHODS and not _MTP_NAME.match(value):
-            raise invalid(field, value, f"allowed: {', '.join(SPECULATIVE_METHODS)} or a model's MTP name (qwen3_next_mtp, ...)")
+            raise invalid(
+                field, value, f"allowed: {', '.join(SPECULATIVE_METHODS)} or a model's MTP name (qwen3_next_mtp, ...)"
+            )
     return doc
 
 

@@ -15,8 +15,9 @@ Expected strings list the verdict per mode in ``MODES`` order
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from spec import properties as P
 from spec.geometry import MODE, MODES, NAMED_BY, Concrete, Geo
@@ -35,16 +36,28 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         # is rescued by the 0.32.0+ prompt checkpoint, keyed whatever the mask
         # says, on every uniform geometry but not when M < A.
         "uniform": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPPPP", ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRPPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "PPPPP",
+            ("R1", "legacy"): "PPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRPPP",
+            ("R2", "legacy"): "RRRPP",
         },
         "aligned": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPPPP", ("R1", "legacy"): "PPRRP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRPPP", ("R2", "legacy"): "RRRRP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "PPPPP",
+            ("R1", "legacy"): "PPRRP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRPPP",
+            ("R2", "legacy"): "RRRRP",
         },
         "partial": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRPP", ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "PPRPP",
+            ("R1", "legacy"): "PPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRPP",
+            ("R2", "legacy"): "RRRPP",
         },
         # hashed (A = M = S = B, hits on H < B): derived by hand from the
         # reference's closed forms (``.kvspec/notes/partial-hits.md`` §1.4; f_X
@@ -72,27 +85,47 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         #   one more token: the full block N is out of reach), kept: proved.
         # The same letters as ``partial``: hits on H, states on the block.
         "hashed": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRPP", ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "PPRPP",
+            ("R1", "legacy"): "PPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRPP",
+            ("R2", "legacy"): "RRRPP",
         },
         "unitary": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "PPRRP", ("R1", "legacy"): "PPPPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRRP", ("R2", "legacy"): "RRRRP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "PPRRP",
+            ("R1", "legacy"): "PPPPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRRP",
+            ("R2", "legacy"): "RRRRP",
         },
     },
     # One-shot prefill: a Mamba state exists only where a chunk ended.
     "oneshot": {
         "uniform": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRPP", ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRPPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "RPRPP",
+            ("R1", "legacy"): "RPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRPPP",
+            ("R2", "legacy"): "RRRPP",
         },
         "aligned": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RRRRR", ("R1", "legacy"): "RRRRR",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRRR", ("R2", "legacy"): "RRRRR",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "RRRRR",
+            ("R1", "legacy"): "RRRRR",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRRR",
+            ("R2", "legacy"): "RRRRR",
         },
         "partial": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRPP", ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "RPRPP",
+            ("R1", "legacy"): "RPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRPP",
+            ("R2", "legacy"): "RRRPP",
         },
         # hashed, one-shot: the chunk ends are P = the last cache position
         # (f_B(N) without the drop before 0.32.0, f_B(N-1) from 0.32.0,
@@ -103,12 +136,20 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         # r = f_B(N-1) = B has no state. From 0.32.0 P = f_B(N-1) is the
         # mark and t an end: kept {P, t}, as vLLM (partial-hits.md §2.2).
         "hashed": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRPP", ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRPP", ("R2", "legacy"): "RRRPP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "RPRPP",
+            ("R1", "legacy"): "RPRPP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRPP",
+            ("R2", "legacy"): "RRRPP",
         },
         "unitary": {
-            ("R1", "promise"): "PPPPP", ("R1", "replay"): "RPRRP", ("R1", "legacy"): "RPRRP",
-            ("R2", "promise"): "PPPPP", ("R2", "replay"): "RRRRP", ("R2", "legacy"): "RRRRP",
+            ("R1", "promise"): "PPPPP",
+            ("R1", "replay"): "RPRRP",
+            ("R1", "legacy"): "RPRRP",
+            ("R2", "promise"): "PPPPP",
+            ("R2", "replay"): "RRRRP",
+            ("R2", "legacy"): "RRRRP",
         },
     },
 }
@@ -182,7 +223,9 @@ JUNCTION_OBSERVED: dict[str, dict[str, str]] = {
 #: assumes every Mamba block written; ``spec.mutations`` plants that slip).
 JUNCTION_UNOBSERVED: dict[str, str] = {"uniform": "PPPPP", "aligned": "PPPPP", "partial": "PPPPP", "hashed": "PPPPP"}
 #: The (level, retention) pairs of both junction properties.
-JUNCTION_SETTINGS = tuple((level, retention) for level in ("oneshot", "chunked") for retention in ("sparse", "periodic", "dense"))
+JUNCTION_SETTINGS = tuple(
+    (level, retention) for level in ("oneshot", "chunked") for retention in ("sparse", "periodic", "dense")
+)
 HYBRID = ("uniform", "aligned", "partial", "hashed")
 
 
@@ -192,7 +235,9 @@ class Row:
     geometry: str  # a class of spec.geometry, or "named:<name>"
     mode: str
     rule: str | None = None
-    level: str | None = None  # R1/R2: mask | oneshot; chunked: R1 | R2 | ends; junction-*: <oneshot|chunked>/<sparse|periodic|dense>
+    level: str | None = (
+        None  # R1/R2: mask | oneshot; chunked: R1 | R2 | ends; junction-*: <oneshot|chunked>/<sparse|periodic|dense>
+    )
     expect: str = "proved"
     slow: bool = False
 
@@ -303,7 +348,17 @@ def _junction_rows() -> list[Row]:
                 for rule in RULE_NAMES:
                     v = JUNCTION_OBSERVED[cls][rule][mode_i]
                     out.append(Row("junction-observed", cls, mode, rule, setting, _letter(v), slow=not fast))
-                out.append(Row("junction-unobserved", cls, mode, "promise", setting, _letter(JUNCTION_UNOBSERVED[cls][mode_i]), slow=not fast))
+                out.append(
+                    Row(
+                        "junction-unobserved",
+                        cls,
+                        mode,
+                        "promise",
+                        setting,
+                        _letter(JUNCTION_UNOBSERVED[cls][mode_i]),
+                        slow=not fast,
+                    )
+                )
     for name, geo in NAMED_BY.items():
         if geo.cls == "unitary":
             continue
@@ -312,7 +367,9 @@ def _junction_rows() -> list[Row]:
                 v = JUNCTION_OBSERVED[geo.cls][rule][MODE_NAMES.index(mode)]
                 for setting in ("oneshot/sparse", "oneshot/dense"):
                     fast = (name, mode, setting) == JUNCTION_FAST_NAMED
-                    out.append(Row("junction-observed", f"named:{name}", mode, rule, setting, _letter(v), slow=not fast))
+                    out.append(
+                        Row("junction-observed", f"named:{name}", mode, rule, setting, _letter(v), slow=not fast)
+                    )
     return out
 
 
@@ -341,14 +398,28 @@ def rows(tier: str = "full") -> list[Row]:
         for cls in CLASSES:
             for (prop, rule), verdicts in EXPECT[level][cls].items():
                 for mode, v in zip(MODE_NAMES, verdicts):
-                    out.append(Row(prop, cls, mode, rule, level, _letter(v), slow=level == "oneshot" or mode != FAST_MODE))
+                    out.append(
+                        Row(prop, cls, mode, rule, level, _letter(v), slow=level == "oneshot" or mode != FAST_MODE)
+                    )
     for name in NAMED_BY:
         for level in ("mask", "oneshot"):
             for prop in ("R1", "R2"):
                 for rule in RULE_NAMES:
                     for mode in MODE_NAMES:
-                        fast = level == "mask" and (name == FAST_NAMED or (prop == "R1" and mode == FAST_MODE and name in FAST_R1_NAMED))
-                        out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode), slow=not fast))
+                        fast = level == "mask" and (
+                            name == FAST_NAMED or (prop == "R1" and mode == FAST_MODE and name in FAST_R1_NAMED)
+                        )
+                        out.append(
+                            Row(
+                                prop,
+                                f"named:{name}",
+                                mode,
+                                rule,
+                                level,
+                                expected_named(prop, level, name, rule, mode),
+                                slow=not fast,
+                            )
+                        )
     # The other properties, the same on every class (hashed derived by hand
     # as the others: the sibling's boundary is f_H(N - L) or a partial tail
     # of this prompt, independent of N2; replay and legacy differ only in
@@ -362,11 +433,22 @@ def rows(tier: str = "full") -> list[Row]:
             drop = MODE[mode].eagle_drop
             out.append(Row("eagle-off", cls, mode, expect="refuted" if drop else "proved", slow=slow))
             if drop:
-                out.append(Row("unitary-unshifted", cls, mode, expect="proved" if cls == "unitary" else "refuted", slow=slow))
+                out.append(
+                    Row("unitary-unshifted", cls, mode, expect="proved" if cls == "unitary" else "refuted", slow=slow)
+                )
             for rule in RULE_NAMES:
                 out.append(Row("no-over-retention", cls, mode, rule, slow=slow))
                 if rule != "replay":
-                    out.append(Row("within-replay", cls, mode, rule, expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)]), slow=slow))
+                    out.append(
+                        Row(
+                            "within-replay",
+                            cls,
+                            mode,
+                            rule,
+                            expect=_letter(WITHIN_REPLAY[cls][rule][MODE_NAMES.index(mode)]),
+                            slow=slow,
+                        )
+                    )
             for rule in ("replay", "legacy"):
                 out.append(Row("chunked", cls, mode, rule, "ends", slow=slow))
                 for which in ("R1", "R2"):
@@ -408,7 +490,9 @@ def _work(args) -> Result:
     return run_row(row, seed, timeout_ms)
 
 
-def run_rows(rows_: Iterable[Row], *, jobs: int | None = None, seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[Result]:
+def run_rows(
+    rows_: Iterable[Row], *, jobs: int | None = None, seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS
+) -> list[Result]:
     """Run rows in ``jobs`` processes (default: the CPU count). Results come
     back in row order."""
     from spec.parallel import pmap

@@ -22,7 +22,12 @@ HERE = Path(__file__).resolve().parent
 
 def pytest_addoption(parser) -> None:
     try:
-        parser.addoption("--slow", action="store_true", default=False, help="spec/: also run the slow tier (slow proof rows, the larger fidelity domain, the full sweep)")
+        parser.addoption(
+            "--slow",
+            action="store_true",
+            default=False,
+            help="spec/: also run the slow tier (slow proof rows, the larger fidelity domain, the full sweep)",
+        )
     except ValueError:  # another conftest or plugin already defines --slow
         pass
 
@@ -48,7 +53,9 @@ def pytest_configure(config) -> None:
 def slow_tier(config) -> bool:
     """Did the command line ask for the slow tier (``--slow``, or a marker
     expression naming ``slow``)?"""
-    return bool(config.getoption("--slow", default=False) or re.search(r"\bslow\b", config.getoption("markexpr", "") or ""))
+    return bool(
+        config.getoption("--slow", default=False) or re.search(r"\bslow\b", config.getoption("markexpr", "") or "")
+    )
 
 
 def pytest_generate_tests(metafunc) -> None:

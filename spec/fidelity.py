@@ -10,14 +10,13 @@ answers per run (formula and negation), a few dozen runs per property.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import z3
 
 from spec.properties import Query
-from spec.radix import to_z3
-from spec.radix import Count
+from spec.radix import Count, to_z3
 
 
 @dataclass
@@ -92,7 +91,17 @@ class BatchDisagreement:
         return f"{self.claim}: at N={self.N} the reference says {'holds' if self.reference else 'fails'}, the encoding the opposite"
 
 
-def compare_batch(geo, mode, levels, n_max: int, *, rules=("promise", "replay", "legacy"), props=("R1", "R2"), chunk: int | None = None, timeout_ms: int = 60000) -> list[BatchDisagreement]:
+def compare_batch(
+    geo,
+    mode,
+    levels,
+    n_max: int,
+    *,
+    rules=("promise", "replay", "legacy"),
+    props=("R1", "R2"),
+    chunk: int | None = None,
+    timeout_ms: int = 60000,
+) -> list[BatchDisagreement]:
     """R1/R2 of several rules and levels on one concrete geometry and mode
     against the reference, for N in [1, n_max], in a single solver call: the
     encoding and the reference must agree on every run of every claim. (The
@@ -120,7 +129,11 @@ def compare_batch(geo, mode, levels, n_max: int, *, rules=("promise", "replay", 
             cc = c if level == "chunked" else None
             for prop in props:
                 name = f"{prop}/{level} {rule}"
-                claims[name] = P.resend_claim(g, mode, rule, N, level, cc) if prop == "R1" else P.sibling_claim(g, mode, rule, N, N2, level, cc)
+                claims[name] = (
+                    P.resend_claim(g, mode, rule, N, level, cc)
+                    if prop == "R1"
+                    else P.sibling_claim(g, mode, rule, N, N2, level, cc)
+                )
                 truths[name] = [o.holds(n, prop, level, chunk) for n in range(1, n_max + 1)]
     q = Query("batch", None, mode, g, z3.BoolVal(True), base, {"N": N})
     Nt = tokens(q, N)
@@ -139,7 +152,11 @@ def compare_batch(geo, mode, levels, n_max: int, *, rules=("promise", "replay", 
         return [BatchDisagreement("solver: " + s.reason_unknown(), -1, True)]
     model = s.model()
     n = model.eval(Nt).as_long()
-    return [BatchDisagreement(name, n, truths[name][n - 1]) for name, w in zip(claims, wrong) if z3.is_true(model.eval(w, model_completion=True))]
+    return [
+        BatchDisagreement(name, n, truths[name][n - 1])
+        for name, w in zip(claims, wrong)
+        if z3.is_true(model.eval(w, model_completion=True))
+    ]
 
 
 # ------------------------------------------------------------- the junction
@@ -167,7 +184,16 @@ def _cells(table: dict[int, list[bool]], Nt, Jt, want: bool) -> z3.BoolRef:
     return z3.Or(*out) if out else z3.BoolVal(False)
 
 
-def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, rules=("promise", "replay", "legacy"), timeout_ms: int = 60000) -> list[JunctionDisagreement]:
+def compare_junction(
+    geo,
+    mode,
+    n_max: int,
+    *,
+    chunk: int = 2,
+    period: int = 1,
+    rules=("promise", "replay", "legacy"),
+    timeout_ms: int = 60000,
+) -> list[JunctionDisagreement]:
     """junction-observed (every rule) and junction-unobserved (the promise)
     on one concrete hybrid geometry and mode against the reference
     (``Oracle.junction_holds`` / ``unobserved_holds``), for every N in
@@ -209,10 +235,18 @@ def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, 
         for rule in rules:
             o = Oracle(geo, mode, rule)
             q = P.junction_observed(g, mode, rule, level, retention)
-            add(f"junction-observed/{level}/{retention} {rule}", q, lambda n, j, o=o, lv=level, c=c, iv=iv: o.junction_holds(n, j, lv, c, iv))
+            add(
+                f"junction-observed/{level}/{retention} {rule}",
+                q,
+                lambda n, j, o=o, lv=level, c=c, iv=iv: o.junction_holds(n, j, lv, c, iv),
+            )
         o = Oracle(geo, mode, "promise")
         q = P.junction_unobserved(g, mode, level, retention)
-        add(f"junction-unobserved/{level}/{retention}", q, lambda n, j, o=o, lv=level, c=c, iv=iv: o.unobserved_holds(n, j, lv, c, iv))
+        add(
+            f"junction-unobserved/{level}/{retention}",
+            q,
+            lambda n, j, o=o, lv=level, c=c, iv=iv: o.unobserved_holds(n, j, lv, c, iv),
+        )
     N, J, D = (g.sp.count(f"{g.sp.tag}.{x}") for x in ("N", "J", "D"))
     q = Query("junction-batch", None, mode, g, z3.BoolVal(True), [], {"N": N})
     Nt, Jt, Dt = tokens(q, N), tokens(q, J), tokens(q, D)
@@ -231,7 +265,11 @@ def compare_junction(geo, mode, n_max: int, *, chunk: int = 2, period: int = 1, 
         return [JunctionDisagreement("solver: " + s.reason_unknown(), -1, -1, True)]
     model = s.model()
     n, j = model.eval(Nt).as_long(), model.eval(Jt).as_long()
-    return [JunctionDisagreement(name, n, j, truths[name][j][n - 1]) for name, w in zip(claims, wrong) if z3.is_true(model.eval(w, model_completion=True))]
+    return [
+        JunctionDisagreement(name, n, j, truths[name][j][n - 1])
+        for name, w in zip(claims, wrong)
+        if z3.is_true(model.eval(w, model_completion=True))
+    ]
 
 
 # ------------------------------------------------------------------ terms
@@ -251,7 +289,9 @@ def _bool(b) -> bool:
     return b
 
 
-def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, modes=None, *, kept: bool = True, first: bool = False) -> list[str]:
+def term_disagreements(
+    geo, every_junction_below: int = 0, sample=SAMPLE_N, modes=None, *, kept: bool = True, first: bool = False
+) -> list[str]:
     """Each encoded function of ``spec.rules`` against its reference function
     on one concrete geometry, at concrete N (every digit folds to a Python
     int, so no solver is involved), for every N in ``sample`` and every mode:
@@ -266,11 +306,11 @@ def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, mode
     grid (u: every chunk end and kept state lies on it, and so do the
     callers' queries). Returns the disagreements (``first``: only the
     first one found)."""
+    from reference.boundaries import floor_to, tail_checkpoint
+    from reference.serial import chunk_ends, prompt_fa_tail
     from spec import rules as R
     from spec.geometry import MODES
     from spec.oracle import Oracle
-    from reference.boundaries import floor_to, tail_checkpoint
-    from reference.serial import chunk_ends, prompt_fa_tail
 
     u = geo.u
     bad = []
@@ -316,7 +356,9 @@ def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, mode
                     bad.append(f"{geo.label()} {mode.name} {rule} N={n}: {got} != {want}")
                     continue
                 if geo.cls in ("partial", "hashed") or o.knobs.tail_checkpoint == "checkpoint":
-                    if _int(R.tail_checkpoint(g, mode, rule, N)) != tail_checkpoint(n, geo.H, mode.eagle_drop, L, o.knobs.tail_checkpoint):
+                    if _int(R.tail_checkpoint(g, mode, rule, N)) != tail_checkpoint(
+                        n, geo.H, mode.eagle_drop, L, o.knobs.tail_checkpoint
+                    ):
                         bad.append(f"{geo.label()} {mode.name} {rule} N={n}: tail")
                 grid = geo.U  # the junction grid: A, or H in ``hashed``
                 junctions = [0] if geo.A is None else [0, *range(grid, n, grid)]
@@ -330,7 +372,9 @@ def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, mode
                     ref_ends = set(chunk_ends(n, 0, j, replace(o.geometry, max_num_batched_tokens=n), o.knobs))
                     got_ends = {p for p in points if _bool(ends(count(p)))}
                     if got_ends != {p for p in ref_ends if p % u == 0} or not ref_ends <= set(points) | {n}:
-                        bad.append(f"{geo.label()} {mode.name} {rule} N={n} J={j}: chunk ends {sorted(got_ends)} != {sorted(ref_ends)}")
+                        bad.append(
+                            f"{geo.label()} {mode.name} {rule} N={n} J={j}: chunk ends {sorted(got_ends)} != {sorted(ref_ends)}"
+                        )
                         continue
                     for kept_rule in ("promise", rule) if kept and j in some else ():
                         witnesses, keep = R.retained(g, mode, kept_rule, N, level="oneshot", junction=J)
@@ -339,5 +383,7 @@ def term_disagreements(geo, every_junction_below: int = 0, sample=SAMPLE_N, mode
                         candidates = set(range(geo.M, n + 1, geo.M)) | {_int(w) for w in witnesses} | ref_kept
                         got_kept = {p for p in candidates if p > 0 and _bool(keep(count(p)))}
                         if got_kept != ref_kept:
-                            bad.append(f"{geo.label()} {mode.name} {kept_rule} N={n} J={j}: kept {sorted(got_kept)} != {sorted(ref_kept)}")
+                            bad.append(
+                                f"{geo.label()} {mode.name} {kept_rule} N={n} J={j}: kept {sorted(got_kept)} != {sorted(ref_kept)}"
+                            )
     return bad[:1] if first else bad

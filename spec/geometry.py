@@ -113,13 +113,55 @@ class Mode:
 
 
 MODES = (
-    Mode("plain/0.30", False, 0, "n_minus_1", "0.30.0", "0.29.0", None, False, "no speculative decoding, vLLM 0.29.0/0.30.0"),
-    Mode("plain/0.33", False, 0, "hashed", "0.33.0", "0.33.0", None, False, "no speculative decoding, vLLM 0.32.0/0.33.0"),
-    Mode("drop/0.30", True, 0, "n_minus_1", "0.30.0", "0.29.0", MTP_DROP, False, "EAGLE/MTP with the block drop, lookup ceiling N-1 (0.29.0/0.30.0)"),
+    Mode(
+        "plain/0.30",
+        False,
+        0,
+        "n_minus_1",
+        "0.30.0",
+        "0.29.0",
+        None,
+        False,
+        "no speculative decoding, vLLM 0.29.0/0.30.0",
+    ),
+    Mode(
+        "plain/0.33", False, 0, "hashed", "0.33.0", "0.33.0", None, False, "no speculative decoding, vLLM 0.32.0/0.33.0"
+    ),
+    Mode(
+        "drop/0.30",
+        True,
+        0,
+        "n_minus_1",
+        "0.30.0",
+        "0.29.0",
+        MTP_DROP,
+        False,
+        "EAGLE/MTP with the block drop, lookup ceiling N-1 (0.29.0/0.30.0)",
+    ),
     # junction_back_off False everywhere: 0.33.0 keeps J - bs only in an EAGLE
     # group's Mamba manager, which vLLM's models never have (reference 2243658).
-    Mode("drop/0.33", True, 0, "hashed", "0.33.0", "0.33.0", MTP_DROP, False, "EAGLE/MTP with the block drop, ceiling = hashed length (0.33.0 disable_lookahead_block_hashes; 0.32.0 MTP)"),
-    Mode("lookahead/0.33", False, 1, "hashed", "0.33.0", "0.33.0", MTP, False, "EAGLE/MTP with lookahead block hashes, no drop (0.33.0 default)"),
+    Mode(
+        "drop/0.33",
+        True,
+        0,
+        "hashed",
+        "0.33.0",
+        "0.33.0",
+        MTP_DROP,
+        False,
+        "EAGLE/MTP with the block drop, ceiling = hashed length (0.33.0 disable_lookahead_block_hashes; 0.32.0 MTP)",
+    ),
+    Mode(
+        "lookahead/0.33",
+        False,
+        1,
+        "hashed",
+        "0.33.0",
+        "0.33.0",
+        MTP,
+        False,
+        "EAGLE/MTP with lookahead block hashes, no drop (0.33.0 default)",
+    ),
 )
 MODE = {m.name: m for m in MODES}
 
@@ -178,9 +220,10 @@ class Geo:
             self.H = Unit("H", False)  # H = u in both hybrid shapes
 
     # -- reading a model back -------------------------------------------
-    def concrete(self, model: z3.ModelRef) -> "Concrete":
+    def concrete(self, model: z3.ModelRef) -> Concrete:
         def ev(e):
             return e if isinstance(e, int) else model.eval(e, model_completion=True).as_long()
+
         m, u = ev(self.sp.m), ev(self.sp.u)
         cls = self.cls
         if cls == "hybrid":
@@ -217,7 +260,7 @@ class Concrete:
         return self.S if self.cls == "hashed" else self.u
 
     @classmethod
-    def from_class(cls_, cls: str, m: int, u: int, name: str = "") -> "Concrete":
+    def from_class(cls_, cls: str, m: int, u: int, name: str = "") -> Concrete:
         if cls in ("aligned", "uniform"):
             cls = "uniform" if m == 1 else "aligned"
             return cls_(cls, m * u, u, m, u, name)
@@ -232,14 +275,14 @@ class Concrete:
         raise ValueError(cls)
 
     @classmethod
-    def hashed(cls_, B: int, H: int, name: str = "") -> "Concrete":
+    def hashed(cls_, B: int, H: int, name: str = "") -> Concrete:
         """Attention = Mamba = scheduler block B, hash unit (``prefix_match_unit``) H < B dividing it."""
         if H >= B or B % H:
             raise ValueError(f"B={B}, H={H}: the hash unit must divide the block and be smaller")
         return cls_("hashed", B, B, B // H, H, name)
 
     @classmethod
-    def from_blocks(cls_, A: int | None, M: int, name: str = "", H: int | None = None) -> "Concrete":
+    def from_blocks(cls_, A: int | None, M: int, name: str = "", H: int | None = None) -> Concrete:
         """Attention block A (None: a single Mamba group), Mamba block M and,
         for A = M, a hash unit H below the block (the ``hashed`` class)."""
         if A is None:
@@ -269,14 +312,25 @@ class Concrete:
             out["prefix_match_unit"] = self.H
         return out
 
-    def case(self, prompts: list[list[tuple[str, int]]], speculative: dict | None, *, name: str | None = None, budget: int = 8192, mamba_count: int = 1, interval: int | None = 0) -> Case:
-        return parse_case({
-            "schema": 1,
-            "name": name,
-            "geometry": self.geometry_dict(mamba_count=mamba_count, budget=budget, interval=interval),
-            "speculative": speculative,
-            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
-        })
+    def case(
+        self,
+        prompts: list[list[tuple[str, int]]],
+        speculative: dict | None,
+        *,
+        name: str | None = None,
+        budget: int = 8192,
+        mamba_count: int = 1,
+        interval: int | None = 0,
+    ) -> Case:
+        return parse_case(
+            {
+                "schema": 1,
+                "name": name,
+                "geometry": self.geometry_dict(mamba_count=mamba_count, budget=budget, interval=interval),
+                "speculative": speculative,
+                "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+            }
+        )
 
     def geo(self, tag: str = "") -> Geo:
         """This geometry as a ``Geo`` with concrete digits (N stays symbolic)."""
@@ -309,7 +363,9 @@ NAMED_BY = {g.name: g for g in NAMED}
 ISSUE_4_NAMED = ("1600", "1568", "A32/M16", "A16/M32", "mamba-only 1600")
 
 
-def sweep_geometries(limit: int = 4096, step: int = 16, classes=("uniform", "aligned", "partial", "hashed", "unitary")) -> list[Concrete]:
+def sweep_geometries(
+    limit: int = 4096, step: int = 16, classes=("uniform", "aligned", "partial", "hashed", "unitary")
+) -> list[Concrete]:
     """Every S that is a multiple of ``step`` up to ``limit`` with every valid
     (A, M) whose blocks are multiples of ``step``: uniform (A = M = S),
     aligned (A = S, M | S, M < S), partial (M = S, A | S, A < S), hashed

@@ -97,4 +97,11 @@ def confirm(row: Row, case: Case) -> dict[str, Any]:
     target = floor_to(kept_state(dense, knobs.alignment), M)
     hit = simulate(case, knobs, row.rule)[1].hit
     promised = simulate(case, knobs, "promise")[1].hit
-    return {"version": version, "dense_hit": dense, "target": target, "hit": hit, "promise_hit": promised, "confirmed": hit < target <= promised}
+    return {
+        "version": version,
+        "dense_hit": dense,
+        "target": target,
+        "hit": hit,
+        "promise_hit": promised,
+        "confirmed": hit < target <= promised,
+    }

@@ -14,9 +14,9 @@ real rules).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from spec import rules as R
 from spec.catalogue import Row
@@ -24,7 +24,10 @@ from spec.geometry import Concrete, Geo, Mode
 from spec.radix import AND, NOT, OR, Count
 
 #: The real rules, taken before any mutant is planted.
-_REAL = {name: getattr(R, name) for name in ("replay_boundaries", "lookup", "retained", "chunk_end", "attention_lookup", "chunk_anchors")}
+_REAL = {
+    name: getattr(R, name)
+    for name in ("replay_boundaries", "lookup", "retained", "chunk_end", "attention_lookup", "chunk_anchors")
+}
 
 # ------------------------------------------------------------- the mutants
 
@@ -111,6 +114,7 @@ def lookup_unitary_shifted(g: Geo, mode: Mode, N: Count, shared: Count) -> tuple
 def mask_zero_is_dense(g: Geo, rule: str, marks: list[Count], hashed: Count, interval):
     """reachable_block_mask computing interval // M <= 1 without the
     interval > 0 guard: interval 0 reads as dense."""
+
     def keep(p: Count):
         marked = OR(*[p == k for k in marks])
         if interval is None:
@@ -177,7 +181,9 @@ def fine_lookup_no_drop(g: Geo, candidate: Count, reach: Count, eagle_drop: bool
     return matched
 
 
-def fine_lookup_whole_blocks(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail=None) -> Count:
+def fine_lookup_whole_blocks(
+    g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail=None
+) -> Count:
     """attention_lookup (``hashed``) that matches whole blocks only, as
     without partial hash hits: the cached prompt's partial tail is never
     probed."""
@@ -234,29 +240,139 @@ HASHED = Concrete.hashed(32, 8)
 
 
 MUTATIONS = (
-    Mutation("replay: N instead of N-1", "replay_boundaries", replay_N_not_N_minus_1, (_r("R1", "uniform", "replay", "drop/0.30"),)),
-    Mutation("replay: no EAGLE shift", "replay_boundaries", replay_no_shift, (_r("R1", "aligned", "replay", "drop/0.30"), _r("R2", "uniform", "replay", "drop/0.30"))),
-    Mutation("replay: only the extension boundary", "replay_boundaries", replay_only_extension, (_r("R1", "uniform", "replay", "drop/0.30"),)),
-    Mutation("replay: only the resend boundary", "replay_boundaries", replay_only_resend, (_r("R2", "uniform", "replay", "drop/0.30"),)),
-    Mutation("replay: shift without the drop", "replay_boundaries", replay_shift_always, (_r("R1", "aligned", "replay", "plain/0.33"), _r("eagle-off", "uniform", None, "plain/0.30", None))),
+    Mutation(
+        "replay: N instead of N-1",
+        "replay_boundaries",
+        replay_N_not_N_minus_1,
+        (_r("R1", "uniform", "replay", "drop/0.30"),),
+    ),
+    Mutation(
+        "replay: no EAGLE shift",
+        "replay_boundaries",
+        replay_no_shift,
+        (_r("R1", "aligned", "replay", "drop/0.30"), _r("R2", "uniform", "replay", "drop/0.30")),
+    ),
+    Mutation(
+        "replay: only the extension boundary",
+        "replay_boundaries",
+        replay_only_extension,
+        (_r("R1", "uniform", "replay", "drop/0.30"),),
+    ),
+    Mutation(
+        "replay: only the resend boundary",
+        "replay_boundaries",
+        replay_only_resend,
+        (_r("R2", "uniform", "replay", "drop/0.30"),),
+    ),
+    Mutation(
+        "replay: shift without the drop",
+        "replay_boundaries",
+        replay_shift_always,
+        (_r("R1", "aligned", "replay", "plain/0.33"), _r("eagle-off", "uniform", None, "plain/0.30", None)),
+    ),
     Mutation("legacy: N instead of N-1", "legacy_boundaries", legacy_N, (_r("R1", "uniform", "legacy", "plain/0.30"),)),
-    Mutation("lookup: EAGLE drop forgotten", "attention_lookup", attention_no_drop, (_r("R1", "uniform", "replay", "drop/0.30"), _r("R2", "aligned", "replay", "drop/0.33"))),
-    Mutation("lookup: cap N instead of N-1", "lookup", lookup_cap_N, (_r("R1", "uniform", "legacy", "plain/0.30"), _r("R1", "unitary", "replay", "plain/0.33"))),
-    Mutation("lookup: lookahead tokens ignored", "lookup", lookup_no_lookahead, (_r("R2", "uniform", "replay", "lookahead/0.33"),)),
-    Mutation("lookup: unitary Mamba shifted", "lookup", lookup_unitary_shifted, (_r("unitary-unshifted", "unitary", None, "drop/0.30", None),)),
-    Mutation("mask: interval 0 read as dense", "retention_mask", mask_zero_is_dense, (_r("no-over-retention", "uniform", "replay", "drop/0.30", None),)),
-    Mutation("chunks: no stop at the last cache position", "chunk_end", chunks_skip_last, (_r("R2", "uniform", "replay", "drop/0.30", "oneshot"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
-    Mutation("retention: no partial-tail checkpoint", "retained", no_tail_checkpoint, (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot"))),
-    Mutation("chunks: no stop at the junction", "chunk_end", chunks_skip_junction, (_r("junction-observed", "uniform", "replay", "plain/0.33", "oneshot/sparse"), _r("junction-observed", "aligned", "legacy", "drop/0.30", "oneshot/dense"))),
-    Mutation("promise: every Mamba block written (issue 10)", "retained", promise_every_block_written, (_r("junction-unobserved", "uniform", "promise", "plain/0.33", "oneshot/dense"), _r("junction-unobserved", "aligned", "promise", "drop/0.33", "oneshot/periodic"))),
+    Mutation(
+        "lookup: EAGLE drop forgotten",
+        "attention_lookup",
+        attention_no_drop,
+        (_r("R1", "uniform", "replay", "drop/0.30"), _r("R2", "aligned", "replay", "drop/0.33")),
+    ),
+    Mutation(
+        "lookup: cap N instead of N-1",
+        "lookup",
+        lookup_cap_N,
+        (_r("R1", "uniform", "legacy", "plain/0.30"), _r("R1", "unitary", "replay", "plain/0.33")),
+    ),
+    Mutation(
+        "lookup: lookahead tokens ignored",
+        "lookup",
+        lookup_no_lookahead,
+        (_r("R2", "uniform", "replay", "lookahead/0.33"),),
+    ),
+    Mutation(
+        "lookup: unitary Mamba shifted",
+        "lookup",
+        lookup_unitary_shifted,
+        (_r("unitary-unshifted", "unitary", None, "drop/0.30", None),),
+    ),
+    Mutation(
+        "mask: interval 0 read as dense",
+        "retention_mask",
+        mask_zero_is_dense,
+        (_r("no-over-retention", "uniform", "replay", "drop/0.30", None),),
+    ),
+    Mutation(
+        "chunks: no stop at the last cache position",
+        "chunk_end",
+        chunks_skip_last,
+        (_r("R2", "uniform", "replay", "drop/0.30", "oneshot"), _r("R1", "partial", "replay", "plain/0.33", "oneshot")),
+    ),
+    Mutation(
+        "retention: no partial-tail checkpoint",
+        "retained",
+        no_tail_checkpoint,
+        (_r("R1", "partial", "replay", "drop/0.33"), _r("R1", "partial", "replay", "plain/0.33", "oneshot")),
+    ),
+    Mutation(
+        "chunks: no stop at the junction",
+        "chunk_end",
+        chunks_skip_junction,
+        (
+            _r("junction-observed", "uniform", "replay", "plain/0.33", "oneshot/sparse"),
+            _r("junction-observed", "aligned", "legacy", "drop/0.30", "oneshot/dense"),
+        ),
+    ),
+    Mutation(
+        "promise: every Mamba block written (issue 10)",
+        "retained",
+        promise_every_block_written,
+        (
+            _r("junction-unobserved", "uniform", "promise", "plain/0.33", "oneshot/dense"),
+            _r("junction-unobserved", "aligned", "promise", "drop/0.33", "oneshot/periodic"),
+        ),
+    ),
     # issue 9: the hashed class (attention = Mamba = B above the hash unit H)
-    Mutation("fine lookup: the hash unit read past the candidate is not dropped", "attention_lookup", fine_lookup_no_drop, (_r("R1", "hashed", "replay", "drop/0.33"), _r("R2", "hashed", "legacy", "drop/0.33", "oneshot")), ((HASHED, "drop/0.30"),)),
-    Mutation("fine lookup: whole blocks only (no partial tail)", "attention_lookup", fine_lookup_whole_blocks, (), ((HASHED, "plain/0.33"), (HASHED, "lookahead/0.33"))),
-    Mutation("fine lookup: partial tail keyed at floor(N/H)*H from 0.32.0 on", "fa_tail", fa_tail_uncapped, (), ((HASHED, "plain/0.33"),)),
-    Mutation("chunks: no stop at the block after a mid-block tail", "chunk_anchors", anchors_no_following_block, (), ((HASHED, "drop/0.33"),)),
-    Mutation("chunks: junction stop not floored to the block", "chunk_anchors", anchors_junction_unfloored, (_r("junction-observed", "hashed", "replay", "plain/0.33", "oneshot/sparse"), _r("junction-observed", "hashed", "legacy", "drop/0.30", "chunked/dense")), ((HASHED, "plain/0.30"),)),
+    Mutation(
+        "fine lookup: the hash unit read past the candidate is not dropped",
+        "attention_lookup",
+        fine_lookup_no_drop,
+        (_r("R1", "hashed", "replay", "drop/0.33"), _r("R2", "hashed", "legacy", "drop/0.33", "oneshot")),
+        ((HASHED, "drop/0.30"),),
+    ),
+    Mutation(
+        "fine lookup: whole blocks only (no partial tail)",
+        "attention_lookup",
+        fine_lookup_whole_blocks,
+        (),
+        ((HASHED, "plain/0.33"), (HASHED, "lookahead/0.33")),
+    ),
+    Mutation(
+        "fine lookup: partial tail keyed at floor(N/H)*H from 0.32.0 on",
+        "fa_tail",
+        fa_tail_uncapped,
+        (),
+        ((HASHED, "plain/0.33"),),
+    ),
+    Mutation(
+        "chunks: no stop at the block after a mid-block tail",
+        "chunk_anchors",
+        anchors_no_following_block,
+        (),
+        ((HASHED, "drop/0.33"),),
+    ),
+    Mutation(
+        "chunks: junction stop not floored to the block",
+        "chunk_anchors",
+        anchors_junction_unfloored,
+        (
+            _r("junction-observed", "hashed", "replay", "plain/0.33", "oneshot/sparse"),
+            _r("junction-observed", "hashed", "legacy", "drop/0.30", "chunked/dense"),
+        ),
+        ((HASHED, "plain/0.30"),),
+    ),
 )
 MUTATION = {m.name: m for m in MUTATIONS}
+
 
 @contextmanager
 def planted(mutation: Mutation) -> Iterator[None]:

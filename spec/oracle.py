@@ -14,7 +14,7 @@ decides), ``oneshot`` a budget of N, ``chunked`` the budget c*S.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 from reference.boundaries import floor_to, kept_state
 from reference.knobs import Knobs, resolve_knobs
@@ -28,7 +28,7 @@ from reference.serial import (
 from spec.geometry import MODE, Concrete, Mode
 
 
-@lru_cache(maxsize=None)
+@cache
 def resolved(geo: Concrete, mode_name: str, rule: str = "replay"):
     """(Geometry, Knobs) of ``geo`` served in ``mode`` as the version the
     rule belongs to resolves it."""
@@ -39,7 +39,11 @@ def resolved(geo: Concrete, mode_name: str, rule: str = "replay"):
 
 def knobs_match(mode: Mode, knobs: Knobs) -> bool:
     """The knobs a version resolves are the mode's."""
-    return (knobs.eagle_drop, knobs.hash_lookahead_tokens, knobs.eagle_lookup_ceiling) == (mode.eagle_drop, mode.L, mode.ceiling)
+    return (knobs.eagle_drop, knobs.hash_lookahead_tokens, knobs.eagle_lookup_ceiling) == (
+        mode.eagle_drop,
+        mode.L,
+        mode.ceiling,
+    )
 
 
 class Oracle:
@@ -69,11 +73,21 @@ class Oracle:
             return max(N, 1)
         return chunk * self.geometry.scheduler_block_size  # type: ignore[operator]
 
-    def kept(self, N: int, level: str = "mask", chunk: int | None = None, rule: str | None = None, junction: int = 0, interval: int | None = 0) -> set[int]:
+    def kept(
+        self,
+        N: int,
+        level: str = "mask",
+        chunk: int | None = None,
+        rule: str | None = None,
+        junction: int = 0,
+        interval: int | None = 0,
+    ) -> set[int]:
         """The Mamba states (token counts) the first request keeps."""
         key = (N, level, chunk, rule, junction, interval)
         if key not in self._kept:
-            geometry = replace(self.geometry, max_num_batched_tokens=self.budget(N, level, chunk), retention_interval=interval)
+            geometry = replace(
+                self.geometry, max_num_batched_tokens=self.budget(N, level, chunk), retention_interval=interval
+            )
             _, _, kept = retained_states(rule or self.rule, N, 0, junction, geometry, self.knobs)
             self._kept[key] = kept[self.geo.M]
         return self._kept[key]
@@ -99,7 +113,9 @@ class Oracle:
         return simulate(case, self.knobs, self.rule)[1].hit
 
     # -- the junction (issue 10) ---------------------------------------
-    def junction_holds(self, N: int, J: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0) -> bool:
+    def junction_holds(
+        self, N: int, J: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0
+    ) -> bool:
         """junction-observed: a request of N tokens with hit 0 and junction
         J keeps a state p with T <= p <= kept_state(J), T the Mamba block of
         kept_state(J) (or T = 0). ``interval`` in tokens (0 sparse, None
@@ -108,7 +124,9 @@ class Oracle:
         T = floor_to(reach, self.geo.M)
         return T == 0 or any(T <= p <= reach for p in self.kept(N, level, chunk, junction=J, interval=interval))
 
-    def unobserved_holds(self, N: int, D: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0) -> bool:
+    def unobserved_holds(
+        self, N: int, D: int, level: str = "oneshot", chunk: int | None = None, interval: int | None = 0
+    ) -> bool:
         """junction-unobserved (the promise): the first request keeps the
         state at D only if a chunk of its prefill ended there on the Mamba
         grid or D is a promise boundary."""

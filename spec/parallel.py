@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 R_ = TypeVar("R_")

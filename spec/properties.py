@@ -216,7 +216,16 @@ def eagle_off(g: Geo, mode: Mode) -> Query:
     p = g.sp.count(f"{g.sp.tag}.p")
     _, replay = _kept_at(g, mode, "replay", N, J, P)
     _, legacy = _kept_at(g, mode, "legacy", N, J, P)
-    return Query("eagle-off", None, mode, g, to_z3(replay(p)) == to_z3(legacy(p)), base, {"N": N, "J": J, "p": p}, {"interval_blocks": P})
+    return Query(
+        "eagle-off",
+        None,
+        mode,
+        g,
+        to_z3(replay(p)) == to_z3(legacy(p)),
+        base,
+        {"N": N, "J": J, "p": p},
+        {"interval_blocks": P},
+    )
 
 
 def unitary_unshifted(g: Geo, mode: Mode) -> Query:
@@ -229,11 +238,15 @@ def unitary_unshifted(g: Geo, mode: Mode) -> Query:
     N2 = g.sp.count(f"{g.sp.tag}.N2")
     base.append(to_z3(N2 > N))
     off = replace(mode, eagle_drop=False)
-    claim = to_z3(AND(
-        R.resend_boundary(g, mode, N) == R.resend_boundary(g, off, N),
-        R.extension_boundary(g, mode, N, N2) == R.extension_boundary(g, off, N, N2),
-    ))
-    return Query("unitary-unshifted", None, mode, g, claim, base, {"N": N, "N2": N2, "resend": R.resend_boundary(g, mode, N)})
+    claim = to_z3(
+        AND(
+            R.resend_boundary(g, mode, N) == R.resend_boundary(g, off, N),
+            R.extension_boundary(g, mode, N, N2) == R.extension_boundary(g, off, N, N2),
+        )
+    )
+    return Query(
+        "unitary-unshifted", None, mode, g, claim, base, {"N": N, "N2": N2, "resend": R.resend_boundary(g, mode, N)}
+    )
 
 
 def no_over_retention(g: Geo, mode: Mode, rule: str, against: str | None = None) -> Query:
@@ -326,7 +339,16 @@ def junction_observed(g: Geo, mode: Mode, rule: str, level: str = "oneshot", ret
     T = _target(g, J)
     candidates = {k.key: k for k in [T, reach, *witnesses]}.values()
     claim = to_z3(OR(T == 0, *[AND(T <= k, k <= reach, keep(k)) for k in candidates]))
-    return Query(f"junction-observed/{level}/{retention}", rule, mode, g, claim, base, {"N": N, "J": J, "target": T}, {**ints, **more})
+    return Query(
+        f"junction-observed/{level}/{retention}",
+        rule,
+        mode,
+        g,
+        claim,
+        base,
+        {"N": N, "J": J, "target": T},
+        {**ints, **more},
+    )
 
 
 def junction_unobserved(g: Geo, mode: Mode, level: str = "oneshot", retention: str = "dense") -> Query:
@@ -349,4 +371,6 @@ def junction_unobserved(g: Geo, mode: Mode, level: str = "oneshot", retention: s
     ends = R.chunk_end(g, mode, "promise", N, chunk)
     own = R.promise_boundaries(g, mode, N)
     claim = z3.Implies(to_z3(keep(D)), to_z3(OR(AND(g.M.divides(D), ends(D)), *[D == b for b in own])))
-    return Query(f"junction-unobserved/{level}/{retention}", "promise", mode, g, claim, base, {"N": N, "D": D}, {**ints, **more})
+    return Query(
+        f"junction-unobserved/{level}/{retention}", "promise", mode, g, claim, base, {"N": N, "D": D}, {**ints, **more}
+    )

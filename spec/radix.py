@@ -218,9 +218,10 @@ class Space:
         self.side.append(_bool_expr(z3.Z3_mk_eq(_CTX.ref(), v.as_ast(), e.as_ast())))
         return v
 
-    def count(self, name: str) -> "Count":
+    def count(self, name: str) -> Count:
         """The symbolic token count called ``name`` (normalised digits; the
         same name gives the same count)."""
+
         def build():
             n, j, s = (z3.Int(f"{name}.{d}") for d in ("n", "j", "s"))
             if isinstance(self.m, int) and self.m == 1:
@@ -235,7 +236,7 @@ class Space:
 
         return self.memo(("count", name), build)
 
-    def tokens(self, k: int) -> "Count":
+    def tokens(self, k: int) -> Count:
         """The constant k tokens (built by +1/-1 steps, so the digits are
         right for every u and m)."""
         return self.zero + k
@@ -245,7 +246,7 @@ class Space:
             self._memo[key] = build()
         return self._memo[key]
 
-    def ite(self, c, a: "Count", b: "Count") -> "Count":
+    def ite(self, c, a: Count, b: Count) -> Count:
         if c is True:
             return a
         if c is False:
@@ -254,23 +255,27 @@ class Space:
             return a
         if not isinstance(c, bool) and z3.is_false(c):
             return b
-        return Count(self, self.let(IF(c, a.n, b.n), "n"), self.let(IF(c, a.j, b.j), "j"), self.let(IF(c, a.s, b.s), "s"))
+        return Count(
+            self, self.let(IF(c, a.n, b.n), "n"), self.let(IF(c, a.j, b.j), "j"), self.let(IF(c, a.s, b.s), "s")
+        )
 
-    def min(self, a: "Count", b: "Count") -> "Count":
+    def min(self, a: Count, b: Count) -> Count:
         return self.memo(("min", a.key, b.key), lambda: self.ite(a <= b, a, b))
 
-    def max(self, a: "Count", b: "Count") -> "Count":
+    def max(self, a: Count, b: Count) -> Count:
         return self.memo(("max", a.key, b.key), lambda: self.ite(a >= b, a, b))
 
-    def value(self, x: "Count", model: z3.ModelRef) -> int:
+    def value(self, x: Count, model: z3.ModelRef) -> int:
         """The token count of ``x`` in a model."""
+
         def ev(e):
             e = _num(e)
             return e if isinstance(e, int) else model.eval(e, model_completion=True).as_long()
+
         m, u = ev(self.m), ev(self.u)
         return ev(x.n) * m * u + ev(x.j) * u + ev(x.s)
 
-    def divisible(self, x: "Count", c):
+    def divisible(self, x: Count, c):
         """``x`` is a multiple of ``c*S`` (c >= 1): x a multiple of S and
         ``n = q*c + 0`` (explicit quotient and remainder, so both polarities
         are exact)."""
@@ -308,14 +313,14 @@ class Count:
         return f"Count({self.n}, {self.j}, {self.s})"
 
     # -- arithmetic ------------------------------------------------------
-    def _coerce(self, other) -> "Count":
+    def _coerce(self, other) -> Count:
         if isinstance(other, Count):
             return other
         if isinstance(other, int):
             return self.sp.tokens(other)
         raise TypeError(f"cannot combine a Count with {other!r}")
 
-    def __add__(self, other) -> "Count":
+    def __add__(self, other) -> Count:
         if isinstance(other, int):
             x = self
             for _ in range(abs(other)):
@@ -325,14 +330,14 @@ class Count:
             return other.add(self, 1)
         return self._add(self._coerce(other))
 
-    def __sub__(self, other) -> "Count":
+    def __sub__(self, other) -> Count:
         if isinstance(other, int):
             return self + (-other)
         if isinstance(other, Unit):
             return other.add(self, -1)
         return self._sub(self._coerce(other))
 
-    def _inc(self) -> "Count":
+    def _inc(self) -> Count:
         sp = self.sp
 
         def build():
@@ -348,7 +353,7 @@ class Count:
 
         return sp.memo(("inc", self.key), build)
 
-    def _dec(self) -> "Count":
+    def _dec(self) -> Count:
         sp = self.sp
 
         def build():
@@ -363,7 +368,7 @@ class Count:
 
         return sp.memo(("dec", self.key), build)
 
-    def add_u(self, k: int) -> "Count":
+    def add_u(self, k: int) -> Count:
         """Add k (+1 or -1) blocks of u tokens."""
         sp = self.sp
 
@@ -380,14 +385,14 @@ class Count:
 
         return sp.memo(("addu", k, self.key), build)
 
-    def add_S(self, k: int) -> "Count":
+    def add_S(self, k: int) -> Count:
         """Add k blocks of S tokens (memoised like every other digit
         operation, so that a rule built twice, e.g. the chunk anchors of two
         predicates over the same prompt, names the same digits)."""
         sp = self.sp
         return sp.memo(("addS", k, self.key), lambda: Count(sp, sp.let(add(self.n, k), "n"), self.j, self.s))
 
-    def _add(self, o: "Count") -> "Count":
+    def _add(self, o: Count) -> Count:
         sp = self.sp
 
         def build():
@@ -400,7 +405,7 @@ class Count:
 
         return sp.memo(("add", self.key, o.key), build)
 
-    def _sub(self, o: "Count") -> "Count":
+    def _sub(self, o: Count) -> Count:
         sp = self.sp
 
         def build():
@@ -414,17 +419,22 @@ class Count:
         return sp.memo(("sub", self.key, o.key), build)
 
     # -- flooring ----------------------------------------------------------
-    def floor_S(self) -> "Count":
+    def floor_S(self) -> Count:
         return Count(self.sp, self.n, 0, 0)
 
-    def floor_u(self) -> "Count":
+    def floor_u(self) -> Count:
         return Count(self.sp, self.n, self.j, 0)
 
     # -- comparisons -------------------------------------------------------
-    def _lt(self, o: "Count"):
+    def _lt(self, o: Count):
         if self.key == o.key:
             return False
-        return self.sp.memo(("lt", self.key, o.key), lambda: OR(lt(self.n, o.n), AND(eq(self.n, o.n), OR(lt(self.j, o.j), AND(eq(self.j, o.j), lt(self.s, o.s))))))
+        return self.sp.memo(
+            ("lt", self.key, o.key),
+            lambda: OR(
+                lt(self.n, o.n), AND(eq(self.n, o.n), OR(lt(self.j, o.j), AND(eq(self.j, o.j), lt(self.s, o.s))))
+            ),
+        )
 
     def __lt__(self, other):
         return self._lt(self._coerce(other))

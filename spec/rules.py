@@ -28,9 +28,9 @@ shared-prefix checkpoint; the rules here are the reference's with both off.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-import z3
+import z3  # noqa: F401 - the proofs need z3: a missing solver fails at import, not mid-proof
 
 from spec.geometry import Geo, Mode
 from spec.radix import AND, NOT, OR, Count, Unit, _key
@@ -46,7 +46,9 @@ def floor_to(x: Count, unit: Unit) -> Count:
 # ------------------------------------------------------------- the scheduler
 
 
-def attention_lookup(g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail: tuple[object, Count] | None = None) -> Count:
+def attention_lookup(
+    g: Geo, candidate: Count, reach: Count, eagle_drop: bool, ceiling: Count, tail: tuple[object, Count] | None = None
+) -> Count:
     """``reference.boundaries.attention_lookup`` for the attention block A.
 
     ``unit`` is ``min(U, A)``: A in every other class (U = A there), the
@@ -274,7 +276,9 @@ def run_start(g: Geo, anchors: list[tuple[object, Count]], p: Count) -> Count:
     return sp.memo(key, build)
 
 
-def chunk_end(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None) -> Callable[[Count], object]:
+def chunk_end(
+    g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None
+) -> Callable[[Count], object]:
     """A predicate: p is where a prefill chunk of a request with hit 0 ends
     (``reference.serial.chunk_ends(N, 0, J, ...)``; ``junction`` None is J = 0).
 
@@ -315,7 +319,9 @@ def cacheable_tokens(g: Geo, mode: Mode, end: Count) -> Count:
     return aligned
 
 
-def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None) -> Callable[[Count], object]:
+def covered(
+    g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "oneshot", junction: Count | None = None
+) -> Callable[[Count], object]:
     """A predicate: some cache call of a request with hit 0 reaches exactly p
     (``{cacheable_tokens(e) for e in chunk_ends(...)}``). With partial hash
     hits a call reaches its chunk end, so this is ``chunk_end``. Without:
@@ -359,7 +365,17 @@ def covered(g: Geo, mode: Mode, rule: str, N: Count, chunk=None, level: str = "o
     return lambda p: OR(AND(g.partial_hits, ends(p)), AND(NOT(g.partial_hits), nonpartial(p)))
 
 
-def retained(g: Geo, mode: Mode, rule: str, N: Count, *, level: str = "oneshot", chunk=None, junction: Count | None = None, interval=0):
+def retained(
+    g: Geo,
+    mode: Mode,
+    rule: str,
+    N: Count,
+    *,
+    level: str = "oneshot",
+    chunk=None,
+    junction: Count | None = None,
+    interval=0,
+):
     """``reference.serial.retained_states`` for a request with hit 0:
     (witnesses, keep). ``keep(p)``: the state after p tokens is kept;
     ``witnesses``: every p that can be kept apart from periodic multiples
@@ -416,6 +432,7 @@ def retention_mask(g: Geo, rule: str, marks: list[Count], hashed: Count, interva
     length. (The reference's "an interval at or below M keeps every block" is
     the same set: an interval is a multiple of S >= M, so it is at or below M
     only when it equals M.)"""
+
     def keep(p: Count):
         marked = OR(*[p == k for k in marks])
         if interval is None:

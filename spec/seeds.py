@@ -20,8 +20,8 @@ ones lie in the fuzzer's literal domain (``fuzz.codec.encode``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Iterator
 
 import z3
 
@@ -43,7 +43,9 @@ def _named_rows(names, modes=MODE_NAMES) -> list[Row]:
             for prop in ("R1", "R2"):
                 for rule in RULE_NAMES:
                     for mode in modes:
-                        out.append(Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode)))
+                        out.append(
+                            Row(prop, f"named:{name}", mode, rule, level, expected_named(prop, level, name, rule, mode))
+                        )
     return out
 
 
@@ -93,7 +95,13 @@ def _differ(args) -> int | None:
 def _cached(names: tuple[str, ...], speculative_modes: tuple[str, ...], full_minimal: bool) -> tuple[Case, ...]:
     out: dict[str, Case] = {}
     pairs = (("promise", "replay"), ("replay", "legacy"), ("legacy", "replay"))
-    asks = [(NAMED_BY[name], mode, prop, a, b) for name in names for mode in speculative_modes for prop in ("R1", "R2") for a, b in pairs]
+    asks = [
+        (NAMED_BY[name], mode, prop, a, b)
+        for name in names
+        for mode in speculative_modes
+        for prop in ("R1", "R2")
+        for a, b in pairs
+    ]
     differ = dict(zip(asks, pmap(_differ, asks)))
 
     def add(case: Case) -> None:
@@ -117,12 +125,30 @@ def _cached(names: tuple[str, ...], speculative_modes: tuple[str, ...], full_min
                         lengths.add(n)
             for n in sorted(lengths):
                 budget = max(8192, geo.S)
-                add(geo.case([[("A", n)]] * 3, spec, name=f"seed-resend-{tag}-{mode_name.split('/')[0]}-N{n}", budget=budget, mamba_count=count))
-                add(geo.case([[("A", n)], [("A", n + geo.S + 2)]], spec, name=f"seed-sibling-{tag}-{mode_name.split('/')[0]}-N{n}", budget=budget, mamba_count=count))
+                add(
+                    geo.case(
+                        [[("A", n)]] * 3,
+                        spec,
+                        name=f"seed-resend-{tag}-{mode_name.split('/')[0]}-N{n}",
+                        budget=budget,
+                        mamba_count=count,
+                    )
+                )
+                add(
+                    geo.case(
+                        [[("A", n)], [("A", n + geo.S + 2)]],
+                        spec,
+                        name=f"seed-sibling-{tag}-{mode_name.split('/')[0]}-N{n}",
+                        budget=budget,
+                        mamba_count=count,
+                    )
+                )
     return tuple(out.values())
 
 
-def boundary_cases(geometries=None, *, modes=("plain/0.30", "drop/0.30", "lookahead/0.33"), all_counterexamples: bool = True) -> Iterator[Case]:
+def boundary_cases(
+    geometries=None, *, modes=("plain/0.30", "drop/0.30", "lookahead/0.33"), all_counterexamples: bool = True
+) -> Iterator[Case]:
     """The boundary cases (see the module docstring). ``geometries``: names
     from ``spec.geometry.NAMED`` (default: issue 4's, ``ISSUE_4_NAMED``, the
     ones the fuzzer's literal cases hold; the fuzzer draws the deployments

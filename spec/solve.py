@@ -47,7 +47,15 @@ def solver(seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS, logic: str | Non
     return s
 
 
-def decide(premises: list, claim: z3.BoolRef, *, seed: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS, logic: str | None = None, vacuity: bool = True) -> Outcome:
+def decide(
+    premises: list,
+    claim: z3.BoolRef,
+    *,
+    seed: int = 0,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    logic: str | None = None,
+    vacuity: bool = True,
+) -> Outcome:
     """Prove ``claim`` under ``premises``; see the module docstring.
 
     Two fresh solvers (z3's incremental mode is several times slower on
@@ -68,7 +76,9 @@ def decide(premises: list, claim: z3.BoolRef, *, seed: int = 0, timeout_ms: int 
             p.add(*premises)
             first = p.check()
             if first == z3.unsat:
-                return Outcome("error", time.perf_counter() - t0, reason="premises are unsatisfiable: the proof would be vacuous")
+                return Outcome(
+                    "error", time.perf_counter() - t0, reason="premises are unsatisfiable: the proof would be vacuous"
+                )
             if first == z3.unknown:
                 return Outcome("unknown", time.perf_counter() - t0, reason=f"premises: {p.reason_unknown()}")
         return Outcome("proved", time.perf_counter() - t0)

@@ -48,7 +48,9 @@ def domain(g, cls: str, limit: int = LIMIT, step: int = STEP) -> z3.BoolRef:
     for dd in range(1, top + 1):
         if top // dd >= lo:
             groups.setdefault(top // dd, []).append(dd)
-    return z3.And(*base, m >= lo, z3.Or(*[z3.And(d >= min(ds), d <= max(ds), m <= bound) for bound, ds in groups.items()]))
+    return z3.And(
+        *base, m >= lo, z3.Or(*[z3.And(d >= min(ds), d <= max(ds), m <= bound) for bound, ds in groups.items()])
+    )
 
 
 def count(cls: str, limit: int = LIMIT, step: int = STEP) -> int:

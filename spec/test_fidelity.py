@@ -25,6 +25,7 @@ import math
 from dataclasses import replace
 
 import pytest
+
 from ground.errors import KvspecError
 from reference.case import parse_case
 from reference.knobs import resolve_knobs
@@ -55,7 +56,13 @@ TINY_GEOMETRIES = tuple(
 #: (hashed: a few, each H | B: 16/8, 24/8, 48/16, 64/16, 64/32), plus the
 #: tiny blocks.
 SLOW_GEOMETRIES = tuple(
-    [Concrete.from_blocks(a, m) for S in range(8, 65, 8) for a in range(8, S + 1, 8) for m in range(8, S + 1, 8) if math.lcm(a, m) == S and (a % m == 0 or m % a == 0)]
+    [
+        Concrete.from_blocks(a, m)
+        for S in range(8, 65, 8)
+        for a in range(8, S + 1, 8)
+        for m in range(8, S + 1, 8)
+        if math.lcm(a, m) == S and (a % m == 0 or m % a == 0)
+    ]
     + [Concrete.from_blocks(None, S) for S in range(8, 65, 8)]
     + [Concrete.hashed(b, h) for b, h in ((16, 8), (24, 8), (48, 16), (64, 16), (64, 32))]
     + list(TINY_GEOMETRIES)
@@ -85,7 +92,14 @@ def _outside_classes(limit: int) -> list[tuple[int, int, int, bool, int, bool | 
     for A in range(1, limit + 1):
         for M in range(1, limit + 1):
             for H in [d for d in range(1, min(A, M) + 1) if A % d == 0 and M % d == 0]:
-                raw = {"schema": 1, "geometry": {"groups": [{"kind": "full_attention", "block_size": A}, {"kind": "mamba", "block_size": M}], "prefix_match_unit": H}, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
+                raw = {
+                    "schema": 1,
+                    "geometry": {
+                        "groups": [{"kind": "full_attention", "block_size": A}, {"kind": "mamba", "block_size": M}],
+                        "prefix_match_unit": H,
+                    },
+                    "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+                }
                 try:
                     case = parse_case(raw)
                     knobs = resolve_knobs(case, "0.33.0")
@@ -99,7 +113,11 @@ def _outside_classes(limit: int) -> list[tuple[int, int, int, bool, int, bool | 
                     in_class = False
                 if in_class:
                     assert supported, (A, M, H)
-                    assert (case.geometry.scheduler_block_size, case.geometry.hash_block_size, knobs.alignment) == (geo.S, geo.H, geo.U)
+                    assert (case.geometry.scheduler_block_size, case.geometry.hash_block_size, knobs.alignment) == (
+                        geo.S,
+                        geo.H,
+                        geo.U,
+                    )
                     assert min(A, M) == geo.bs
                 elif supported:
                     reachable, _ = geometry_reachability(case.geometry, "0.33.0")
@@ -118,7 +136,9 @@ def test_geometry_classes_are_the_supported_geometries(limit: int) -> None:
     spec/ does not restate."""
     outside = _outside_classes(limit)
     assert outside, "two block sizes with a hash unit below both: supported by the reference, in no class"
-    assert [g for g in outside if not (g[0] != g[1] and g[2] < min(g[0], g[1]) and g[3] and g[0] > g[4] and g[5] is False)] == []
+    assert [
+        g for g in outside if not (g[0] != g[1] and g[2] < min(g[0], g[1]) and g[3] and g[0] > g[4] and g[5] is False)
+    ] == []
 
 
 def test_every_deployment_geometry_is_in_a_class() -> None:
@@ -156,7 +176,9 @@ def test_properties_match_reference() -> None:
     geometry in every mode."""
     tasks = [(g, FAST_MODES[i % 2].name, ("mask", "oneshot"), 112, None) for i, g in enumerate(FAST_GEOMETRIES)]
     # hashed (a mid-block tail and the block boundary after it): chunked in the other mode
-    chunked = [(FAST_GEOMETRIES[2], m.name, ("chunked",), 128, 2) for m in FAST_MODES] + [(HASHED, FAST_MODES[1].name, ("chunked",), 128, 2)]
+    chunked = [(FAST_GEOMETRIES[2], m.name, ("chunked",), 128, 2) for m in FAST_MODES] + [
+        (HASHED, FAST_MODES[1].name, ("chunked",), 128, 2)
+    ]
     assert _run([], ("mask", "oneshot"), 112, extra=tasks + chunked) == []
 
 
@@ -172,14 +194,25 @@ def test_properties_match_reference_small_domain() -> None:
     on the tiny blocks."""
     tiny = [g for g in SLOW_GEOMETRIES if g.u < 8]
     big = [g for g in SLOW_GEOMETRIES if g.u >= 8]
-    assert _run(big, ("mask", "oneshot"), 1000, extra=[(g, m.name, ("mask", "oneshot"), 300, None) for g in tiny for m in MODES]) == []
+    assert (
+        _run(
+            big,
+            ("mask", "oneshot"),
+            1000,
+            extra=[(g, m.name, ("mask", "oneshot"), 300, None) for g in tiny for m in MODES],
+        )
+        == []
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 2, 3])
 def test_chunked_properties_match_reference_small_domain(chunk: int) -> None:
     """Chunk budgets of 1-3 scheduler blocks, every mode, S <= 32."""
-    assert _run([g for g in SLOW_GEOMETRIES if g.S <= 32 and g.cls != "hashed"] + [HASHED], ("chunked",), 400, chunk=chunk) == []
+    assert (
+        _run([g for g in SLOW_GEOMETRIES if g.S <= 32 and g.cls != "hashed"] + [HASHED], ("chunked",), 400, chunk=chunk)
+        == []
+    )
 
 
 # ----------------------------------------------------------------- terms
@@ -222,7 +255,9 @@ def test_terms_match_reference_tiny_blocks() -> None:
     """The same on blocks of 1, 2, 3, 5, 6, 12 tokens (every digit carry),
     and on the fast geometries, with every junction below N for the chunk
     ends (on the tiny blocks for N below 36)."""
-    assert [b for bad in pmap(_terms_every_junction, [*TINY_GEOMETRIES, *FAST_GEOMETRIES], chunksize=1) for b in bad] == []
+    assert [
+        b for bad in pmap(_terms_every_junction, [*TINY_GEOMETRIES, *FAST_GEOMETRIES], chunksize=1) for b in bad
+    ] == []
 
 
 # --------------------------------------------------------------- junction
@@ -230,7 +265,11 @@ def test_terms_match_reference_tiny_blocks() -> None:
 
 def _junction(args):
     geo, mode_name, n_max, chunk, period = args
-    return geo.label(), mode_name, [str(d) for d in compare_junction(geo, MODE[mode_name], n_max, chunk=chunk, period=period)]
+    return (
+        geo.label(),
+        mode_name,
+        [str(d) for d in compare_junction(geo, MODE[mode_name], n_max, chunk=chunk, period=period)],
+    )
 
 
 def _run_junction(tasks):
@@ -256,7 +295,10 @@ def test_junction_matches_reference_small_domain() -> None:
     and the tiny blocks, every mode, N <= 128 (N <= 48 on the tiny blocks),
     chunks of 1 scheduler block with an interval of 2, or of 3 with an
     interval of 1 (alternating over the modes)."""
-    hybrid = [g for g in SLOW_GEOMETRIES if g.A is not None and g.S <= 32 and g.cls != "hashed"] + [HASHED, *[g for g in TINY_GEOMETRIES if g.cls == "hashed"]]
+    hybrid = [g for g in SLOW_GEOMETRIES if g.A is not None and g.S <= 32 and g.cls != "hashed"] + [
+        HASHED,
+        *[g for g in TINY_GEOMETRIES if g.cls == "hashed"],
+    ]
     settings = ((1, 2), (3, 1))
     tasks = [(g, m.name, 128 if g.u >= 8 else 48, *settings[i % 2]) for g in hybrid for i, m in enumerate(MODES)]
     assert _run_junction(tasks) == []
@@ -317,7 +359,9 @@ def test_internal_checkpoints_change_no_verdict_on_h100() -> None:
 
 @pytest.mark.slow
 def test_internal_checkpoints_change_no_verdict_on_h100_every_mode() -> None:
-    tasks = [(NAMED_BY[name], m.name, grid, 5 * 576, 2 * 576) for name, grid in H100 for m in MODES if m.version == "0.33.0"]
+    tasks = [
+        (NAMED_BY[name], m.name, grid, 5 * 576, 2 * 576) for name, grid in H100 for m in MODES if m.version == "0.33.0"
+    ]
     out = pmap(_grid_insensitive, tasks, chunksize=1)
     assert [b for bad, _ in out for b in bad] == []
     assert all(moved for (bad, moved), (g, *_) in zip(out, tasks) if g.cls == "hashed")

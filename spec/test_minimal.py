@@ -37,28 +37,31 @@ def test_seed_11910_is_a_counterexample() -> None:
     assert decide(q.premises, q.claim).verdict == "refuted"
 
 
-@pytest.mark.parametrize("row,expected", [
-    # Without speculative decoding replay keeps floor((N-1)/S)*S only: a
-    # longer sibling of a block-aligned prompt (dense: kS) gets (k-1)S.
-    (Row("R2", "named:1600", "plain/0.30", "replay", "mask", "refuted"), 1600),
-    (Row("R2", "named:1600", "plain/0.33", "replay", "mask", "refuted"), 1600),
-    # Partial hash hits (attention 16 / Mamba 32, hash 16), drop, 0.30.0:
-    # the resend lands on an attention block replay's S-aligned marks miss.
-    (Row("R1", "named:A16/M32", "drop/0.30", "replay", "mask", "refuted"), 49),
-    # A single Mamba group: the lookup is not shifted, replay's marks are.
-    (Row("R1", "named:mamba-only 1600", "drop/0.30", "replay", "mask", "refuted"), 1601),
-    # One-shot prefill writes no state at (k-2)S: 0.30.0 drop, N = 3S.
-    (Row("R1", "named:1600", "drop/0.30", "replay", "oneshot", "refuted"), 4800),
-    # Qwen3-Next on an A100 with --prefix-match-unit 16 (B = 544, H = 16):
-    # the longer sibling of a block-aligned prompt resumes at N under dense
-    # retention; sparse keeps N - H and N - B (0.33.0: the sibling hits 528).
-    (Row("R2", "named:qwen3-next a100 544/16", "plain/0.33", "replay", "mask", "refuted"), 544),
-    # 0.30.0 drop: the resend lands on f_H(N) - H = B, a block boundary the
-    # marks (one block lower) miss and the 0.30.0 tail rule refuses: N = B + H + 1.
-    (Row("R1", "named:qwen3-next a100 544/16", "drop/0.30", "replay", "mask", "refuted"), 561),
-    # 0.30.0 without speculative decoding, one chunk: N = 2B writes only N.
-    (Row("R1", "named:qwen3-next a100 544/32", "plain/0.30", "replay", "oneshot", "refuted"), 1088),
-])
+@pytest.mark.parametrize(
+    "row,expected",
+    [
+        # Without speculative decoding replay keeps floor((N-1)/S)*S only: a
+        # longer sibling of a block-aligned prompt (dense: kS) gets (k-1)S.
+        (Row("R2", "named:1600", "plain/0.30", "replay", "mask", "refuted"), 1600),
+        (Row("R2", "named:1600", "plain/0.33", "replay", "mask", "refuted"), 1600),
+        # Partial hash hits (attention 16 / Mamba 32, hash 16), drop, 0.30.0:
+        # the resend lands on an attention block replay's S-aligned marks miss.
+        (Row("R1", "named:A16/M32", "drop/0.30", "replay", "mask", "refuted"), 49),
+        # A single Mamba group: the lookup is not shifted, replay's marks are.
+        (Row("R1", "named:mamba-only 1600", "drop/0.30", "replay", "mask", "refuted"), 1601),
+        # One-shot prefill writes no state at (k-2)S: 0.30.0 drop, N = 3S.
+        (Row("R1", "named:1600", "drop/0.30", "replay", "oneshot", "refuted"), 4800),
+        # Qwen3-Next on an A100 with --prefix-match-unit 16 (B = 544, H = 16):
+        # the longer sibling of a block-aligned prompt resumes at N under dense
+        # retention; sparse keeps N - H and N - B (0.33.0: the sibling hits 528).
+        (Row("R2", "named:qwen3-next a100 544/16", "plain/0.33", "replay", "mask", "refuted"), 544),
+        # 0.30.0 drop: the resend lands on f_H(N) - H = B, a block boundary the
+        # marks (one block lower) miss and the 0.30.0 tail rule refuses: N = B + H + 1.
+        (Row("R1", "named:qwen3-next a100 544/16", "drop/0.30", "replay", "mask", "refuted"), 561),
+        # 0.30.0 without speculative decoding, one chunk: N = 2B writes only N.
+        (Row("R1", "named:qwen3-next a100 544/32", "plain/0.30", "replay", "oneshot", "refuted"), 1088),
+    ],
+)
 def test_findings_minimal_and_confirmed(row: Row, expected: int) -> None:
     m = minimal(row)
     assert m.N == expected, m.values

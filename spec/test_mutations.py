@@ -31,7 +31,9 @@ def test_mutation_is_caught(mutation: Mutation) -> None:
             assert result.verdict == "refuted", f"{mutation.name}: {row.id} still {result.verdict}"
             assert result.counterexample
         if mutation.terms:
-            assert len(_terms(mutation)) == len(mutation.terms), f"{mutation.name}: the terms still match the reference somewhere"
+            assert len(_terms(mutation)) == len(mutation.terms), (
+                f"{mutation.name}: the terms still match the reference somewhere"
+            )
     assert getattr(R, mutation.target) is not mutation.mutant
 
 

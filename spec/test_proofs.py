@@ -16,9 +16,13 @@ FAST = rows("fast")
 
 
 def _check(result, row: Row) -> None:
-    assert result.verdict != "unknown", f"{row.id}: solver gave up ({result.reason}); a slow proof fails instead of hanging"
+    assert result.verdict != "unknown", (
+        f"{row.id}: solver gave up ({result.reason}); a slow proof fails instead of hanging"
+    )
     assert result.verdict != "error", f"{row.id}: {result.reason}"
-    assert result.verdict == row.expect, f"{row.id}: expected {row.expect}, got {result.verdict}; counterexample {result.counterexample}"
+    assert result.verdict == row.expect, (
+        f"{row.id}: expected {row.expect}, got {result.verdict}; counterexample {result.counterexample}"
+    )
 
 
 @pytest.mark.parametrize("row", FAST, ids=lambda r: r.id)
@@ -103,7 +107,10 @@ def test_catalogue_covers_issue_9() -> None:
     32, on an H100 at 576/32) and the H100's default 576."""
     from spec.geometry import NAMED_BY
 
-    props = {cls: {(r.prop, r.level, r.rule, r.mode) for r in rows("all") if r.geometry == cls} for cls in ("partial", "hashed")}
+    props = {
+        cls: {(r.prop, r.level, r.rule, r.mode) for r in rows("all") if r.geometry == cls}
+        for cls in ("partial", "hashed")
+    }
     assert props["hashed"] == props["partial"]
     named = {r.geometry for r in rows("full")}
     for name in ("qwen3-next a100 544/16", "qwen3-next a100 544/32", "qwen3-next h100 576/32"):

@@ -13,7 +13,13 @@ def test_prove_json_and_case_files(tmp_path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"]
     verdicts = {r["mode"]: r["verdict"] for r in out["results"]}
-    assert verdicts == {"plain/0.30": "proved", "plain/0.33": "proved", "drop/0.30": "refuted", "drop/0.33": "proved", "lookahead/0.33": "proved"}
+    assert verdicts == {
+        "plain/0.30": "proved",
+        "plain/0.33": "proved",
+        "drop/0.30": "refuted",
+        "drop/0.33": "proved",
+        "lookahead/0.33": "proved",
+    }
     cex = {c["id"]: c for c in out["counterexamples"]}
     c = cex["R1/mask named:1600 legacy drop/0.30"]
     assert c["N"] == 3201 and c["reference"]["confirmed"]

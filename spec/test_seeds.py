@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from reference.case import Case, case_to_dict, parse_case
-from spec.seeds import aligned_lengths, boundary_cases, rules_differ
 from spec.geometry import NAMED_BY
+from spec.seeds import aligned_lengths, boundary_cases, rules_differ
 
 
 def test_boundary_cases_small() -> None:

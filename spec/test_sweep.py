@@ -18,12 +18,16 @@ def test_sweep_counts() -> None:
     assert len(sweep_geometries()) == 4142
 
 
-@pytest.mark.parametrize("row", [
-    Row("R1", "aligned", "drop/0.30", "replay", "mask", "proved"),
-    Row("R1", "uniform", "drop/0.30", "legacy", "mask", "refuted"),
-    Row("R1", "partial", "drop/0.30", "replay", "mask", "refuted"),
-    Row("R2", "hashed", "plain/0.33", "replay", "mask", "refuted"),
-], ids=lambda r: r.id)
+@pytest.mark.parametrize(
+    "row",
+    [
+        Row("R1", "aligned", "drop/0.30", "replay", "mask", "proved"),
+        Row("R1", "uniform", "drop/0.30", "legacy", "mask", "refuted"),
+        Row("R1", "partial", "drop/0.30", "replay", "mask", "refuted"),
+        Row("R2", "hashed", "plain/0.33", "replay", "mask", "refuted"),
+    ],
+    ids=lambda r: r.id,
+)
 def test_sweep_sample(row: Row) -> None:
     result = sweep_row(row)
     assert result.ok, (result.verdict, result.everywhere, result.family, result.witness)

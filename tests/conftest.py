@@ -23,7 +23,14 @@ from reference.case import parse_case
 SGLANG_ENGINE_TESTS = ("test_sglang.py", "test_sglang_conformance.py")
 XDIST_GROUPS = (
     ("live-server", lambda item: bool({"live_servers", "engine_032"} & set(getattr(item, "fixturenames", ())))),
-    ("builds", lambda item: item.path.parent.name == "mutate" or item.path.name in ("test_patched_engines.py", "test_planted_faults.py", "test_builds.py", "test_environments.py")),
+    (
+        "builds",
+        lambda item: (
+            item.path.parent.name == "mutate"
+            or item.path.name
+            in ("test_patched_engines.py", "test_planted_faults.py", "test_builds.py", "test_environments.py")
+        ),
+    ),
     ("sglang", lambda item: item.path.name in SGLANG_ENGINE_TESTS),
 )
 
@@ -113,18 +120,26 @@ MTP = {"method": "mtp", "num_speculative_tokens": 2}
 
 
 def hybrid(attention: int, mamba: int, mamba_count: int = 3, **geometry) -> dict:
-    return {"groups": [{"kind": "full_attention", "block_size": attention}, {"kind": "mamba", "block_size": mamba, "count": mamba_count}], **geometry}
+    return {
+        "groups": [
+            {"kind": "full_attention", "block_size": attention},
+            {"kind": "mamba", "block_size": mamba, "count": mamba_count},
+        ],
+        **geometry,
+    }
 
 
 def make_case(geometry: dict, prompts, speculative=None, name=None):
     """prompts: a list of prompts, each a list of (segment, length)."""
-    return parse_case({
-        "schema": 1,
-        "name": name,
-        "geometry": geometry,
-        "speculative": speculative,
-        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "name": name,
+            "geometry": geometry,
+            "speculative": speculative,
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+        }
+    )
 
 
 @pytest.fixture

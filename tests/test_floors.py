@@ -172,18 +172,31 @@ def test_the_reader_sees_a_planted_back_arrow_and_circle(tmp_path):
 FAMILY_ENGINE = {f.driver.rpartition(".")[0]: {f.package, *f.imports} for f in FAMILIES.values()}
 #: Every engine package any family imports.
 ENGINE_PACKAGES = set().union(*FAMILY_ENGINE.values())
-ENGINE_SIDES = {"engine_adapter.host": "host", "engine_adapter.live": "host", "engine_adapter.inside": "inside", **dict.fromkeys(FAMILY_ENGINE, "family")}
+ENGINE_SIDES = {
+    "engine_adapter.host": "host",
+    "engine_adapter.live": "host",
+    "engine_adapter.inside": "inside",
+    **dict.fromkeys(FAMILY_ENGINE, "family"),
+}
 
 
 def _side(module: str) -> str | None:
-    return next((side for prefix, side in ENGINE_SIDES.items() if module == prefix or module.startswith(prefix + ".")), None)
+    return next(
+        (side for prefix, side in ENGINE_SIDES.items() if module == prefix or module.startswith(prefix + ".")), None
+    )
 
 
 def _engine_imports(path: Path) -> set[str]:
     """Top-level names of the engines a file imports (vllm, sglang)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
         found |= {n.split(".")[0] for n in names if n.split(".")[0] in ENGINE_PACKAGES}
     return found
 
@@ -195,12 +208,22 @@ def test_only_the_engine_family_imports_an_engine_and_nothing_inside_imports_the
     for module, path in modules.items():
         side = _side(module)
         if side in ("host", "inside") and _engine_imports(path):
-            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path))} (only a family, engine_adapter/vllm_engine or sglang_engine, may)")
-        own = next((e for prefix, e in FAMILY_ENGINE.items() if module.startswith(prefix + ".") or module == prefix), None)
+            wrong.append(
+                f"{rel[module]} imports {sorted(_engine_imports(path))} (only a family, engine_adapter/vllm_engine or sglang_engine, may)"
+            )
+        own = next(
+            (e for prefix, e in FAMILY_ENGINE.items() if module.startswith(prefix + ".") or module == prefix), None
+        )
         if own and _engine_imports(path) - own:
-            wrong.append(f"{rel[module]} imports {sorted(_engine_imports(path) - own)} (a family imports its own engine only: {sorted(own)})")
+            wrong.append(
+                f"{rel[module]} imports {sorted(_engine_imports(path) - own)} (a family imports its own engine only: {sorted(own)})"
+            )
         if side in ("family", "inside"):
-            wrong += [f"{rel[module]} -> {rel[dst]} (it runs inside the engine's environment; it never imports the host side)" for dst in sorted(graph[module]) if _side(dst) == "host"]
+            wrong += [
+                f"{rel[module]} -> {rel[dst]} (it runs inside the engine's environment; it never imports the host side)"
+                for dst in sorted(graph[module])
+                if _side(dst) == "host"
+            ]
     assert wrong == []
     assert {_side(m) for m in modules} >= {"host", "inside", "family"}  # the sides exist where this test looks
 
@@ -218,6 +241,12 @@ def test_the_host_side_reaches_the_family_only_through_the_engine_interface():
     (``engine_adapter.vllm_engine``) are imported only where listed, so a
     second family joins without touching them."""
     graph, rel = _graph()
-    wrong = [f"{rel[src]} -> {rel[dst]}" for src, dsts in graph.items() for dst in sorted(dsts)
-             if src.split(".")[0] in ("fuzz", "advise", "mutate", "kvspec") and _side(dst) == "family" and src not in FAMILY_IMPORTS_ALLOWED]
+    wrong = [
+        f"{rel[src]} -> {rel[dst]}"
+        for src, dsts in graph.items()
+        for dst in sorted(dsts)
+        if src.split(".")[0] in ("fuzz", "advise", "mutate", "kvspec")
+        and _side(dst) == "family"
+        and src not in FAMILY_IMPORTS_ALLOWED
+    ]
     assert wrong == []

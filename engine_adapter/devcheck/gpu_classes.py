@@ -70,7 +70,13 @@ REQUEST_S = 120
 GREEDY_TOKENS = 8
 VLLM = "vllm==0.33.0"
 #: Head counts a tensor-parallel rank holds a share of (divided by TP in the tiny model).
-HEAD_KEYS = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "mamba_n_heads")
+HEAD_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "mamba_n_heads",
+)
 #: Width keys that follow the heads they are made of (Falcon-H1's Mamba inner width).
 WIDTH_KEYS = ("mamba_d_ssm",)
 
@@ -88,7 +94,14 @@ class GpuClass:
 CLASSES = (
     GpuClass("dense-below-sparse", "dense-below-sparse-hashed-qwen3_next.json", 1152, [0, 1152], [0, 1184]),
     GpuClass("resend-beside-checkpoint", "r1-hashed-periodic-eagle-drop-qwen3_5.json", 320, [0, 1280], [0, 1632]),
-    GpuClass("stale-state", "stale-state-after-partial-hit-falcon_h1.json", 144, [0, 16, 144, 144], [0, 16, 144, 144], stale=True),
+    GpuClass(
+        "stale-state",
+        "stale-state-after-partial-hit-falcon_h1.json",
+        144,
+        [0, 16, 144, 144],
+        [0, 16, 144, 144],
+        stale=True,
+    ),
 )
 BY_ID = {c.id: c for c in CLASSES}
 
@@ -120,8 +133,25 @@ def serve_args(deployment: dict, model_dir: Path, port: int, cold: bool = False)
     args = set_flag(args, "--tensor-parallel-size", "1")
     if cold:
         args = tuple("--no-enable-prefix-caching" if a == "--enable-prefix-caching" else a for a in args)
-    return ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", "tiny", "--load-format", "dummy",
-            "--skip-tokenizer-init", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", *args]
+    return [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "tiny",
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "8192",
+        *args,
+    ]
 
 
 def plan(out: Path, classes: tuple[GpuClass, ...] = CLASSES) -> list[dict]:
@@ -134,14 +164,34 @@ def plan(out: Path, classes: tuple[GpuClass, ...] = CLASSES) -> list[dict]:
         model_dir = out / c.id / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
         (model_dir / "config.json").write_text(json.dumps(tiny_config(dep), indent=1))
-        case = {"schema": 1, "name": f"gpu-{c.id}", "trace": example["trace"],
-                "deployment": {**dep, "model": str(model_dir), "model_overrides": {}, "vllm_args": list(set_flag(tuple(dep["vllm_args"]), "--tensor-parallel-size", "1"))}}
+        case = {
+            "schema": 1,
+            "name": f"gpu-{c.id}",
+            "trace": example["trace"],
+            "deployment": {
+                **dep,
+                "model": str(model_dir),
+                "model_overrides": {},
+                "vllm_args": list(set_flag(tuple(dep["vllm_args"]), "--tensor-parallel-size", "1")),
+            },
+        }
         parse_case(case)  # the case kvspec replay reads: refused here, on CPU, if malformed
         (out / c.id / "case.json").write_text(json.dumps(case, indent=1))
-        rows.append({"class": c.id, "example": c.example, "block": c.block, "release": c.release, "promise": c.promise, "stale": c.stale,
-                     "model_dir": str(model_dir), "case": str(out / c.id / "case.json"),
-                     "serve": serve_args(dep, model_dir, 0), "cold_serve": serve_args(dep, model_dir, 0, cold=True) if c.stale else None,
-                     "prompts": [len(prompt_tokens(r)) for r in parse_case(case).trace]})
+        rows.append(
+            {
+                "class": c.id,
+                "example": c.example,
+                "block": c.block,
+                "release": c.release,
+                "promise": c.promise,
+                "stale": c.stale,
+                "model_dir": str(model_dir),
+                "case": str(out / c.id / "case.json"),
+                "serve": serve_args(dep, model_dir, 0),
+                "cold_serve": serve_args(dep, model_dir, 0, cold=True) if c.stale else None,
+                "prompts": [len(prompt_tokens(r)) for r in parse_case(case).trace],
+            }
+        )
     (out / "plan.json").write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -172,7 +222,14 @@ def greedy(url: str, case_path: Path) -> list[list[int]]:
     """Each request's first :data:`GREEDY_TOKENS` greedy token ids, serially."""
     out = []
     for r in parse_case(json.loads(case_path.read_text())).trace:
-        body = {"model": "tiny", "prompt": prompt_tokens(r), "max_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        body = {
+            "model": "tiny",
+            "prompt": prompt_tokens(r),
+            "max_tokens": GREEDY_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         out.append(_post(url + "/v1/completions", body)["choices"][0].get("token_ids") or [])
     return out
 
@@ -184,7 +241,9 @@ def _serve(python: str, row: dict, key: str, log: Path) -> Server:
     port = free_port()
     argv[argv.index("--port") + 1] = str(port)
     with open(log, "w") as out:
-        proc = subprocess.Popen([python, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [python, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     server = Server(proc, port, log, "tiny")
     try:
         server.started_s = wait_healthy(server, READY_S)
@@ -232,11 +291,34 @@ def run(out: Path, python: str, classes: tuple[GpuClass, ...]) -> list[str]:
                 report = d / "replay.json"
                 # the vLLM interpreter runs kvspec's replay: it resolves the deployment case in-process (docs/live.md, "Deployment cases")
                 env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-                subprocess.run([python, "-m", "kvspec.cli", "replay", row["case"], "--server", server.url, "--model", "tiny", "--rule", "replay",
-                                "--json", str(report)], cwd=REPO_ROOT, env=env, timeout=READY_S, check=False)
+                subprocess.run(
+                    [
+                        python,
+                        "-m",
+                        "kvspec.cli",
+                        "replay",
+                        row["case"],
+                        "--server",
+                        server.url,
+                        "--model",
+                        "tiny",
+                        "--rule",
+                        "replay",
+                        "--json",
+                        str(report),
+                    ],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    timeout=READY_S,
+                    check=False,
+                )
                 if report.exists():
                     rep = json.loads(report.read_text())
-                    hits = [r.get("hits") for r in rep.get("requests") or []] if rep.get("verdict") != "inconclusive" else None
+                    hits = (
+                        [r.get("hits") for r in rep.get("requests") or []]
+                        if rep.get("verdict") != "inconclusive"
+                        else None
+                    )
             warm = greedy(server.url, Path(row["case"])) if row["stale"] and block == row["block"] else None
         finally:
             server.stop()
@@ -286,26 +368,40 @@ PYTHON_CHECK_S = 300
 def _check_python(python: str) -> None:
     """``--python`` runs and imports vLLM, else one line, exit 2."""
     try:
-        done = subprocess.run([python, "-c", "import vllm"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PYTHON_CHECK_S, check=False)
+        done = subprocess.run(
+            [python, "-c", "import vllm"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PYTHON_CHECK_S,
+            check=False,
+        )
     except (OSError, ValueError) as e:
-        _refuse(f"gpu_classes: --python={python!r}: does not run ({getattr(e, 'strerror', None) or e}); allowed: an interpreter importing vLLM 0.33.0")
+        _refuse(
+            f"gpu_classes: --python={python!r}: does not run ({getattr(e, 'strerror', None) or e}); allowed: an interpreter importing vLLM 0.33.0"
+        )
     except subprocess.TimeoutExpired:
         _refuse(f"gpu_classes: --python={python!r}: did not import vLLM within {PYTHON_CHECK_S} s")
     if done.returncode != 0:
         last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1][:200]
-        _refuse(f"gpu_classes: --python={python!r}: cannot import vllm (exit {done.returncode}: {last}); allowed: an interpreter importing vLLM 0.33.0")
+        _refuse(
+            f"gpu_classes: --python={python!r}: cannot import vllm (exit {done.returncode}: {last}); allowed: an interpreter importing vLLM 0.33.0"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 done; 2 a bad option (one line: a plan folder that is a file
     or a device, a ``--python`` that does not run or import vLLM); 3 the run
     itself failed (a server that did not start, a disk error: one line)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", metavar="DIR", help="write the configs, cases and commands; start nothing (CPU)")
     mode.add_argument("--run", metavar="DIR", help="plan, then serve and replay each class (a GPU)")
     p.add_argument("--python", default=None, help="an interpreter that imports vLLM 0.33.0 (CUDA)")
-    p.add_argument("--install", default=None, metavar="VENV", help=f"create VENV and pip install {VLLM} there (needs network)")
+    p.add_argument(
+        "--install", default=None, metavar="VENV", help=f"create VENV and pip install {VLLM} there (needs network)"
+    )
     p.add_argument("--classes", default=",".join(BY_ID), help=f"comma-separated; allowed: {', '.join(BY_ID)}")
     a = p.parse_args(argv)
     chosen = []
@@ -321,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_classes: --plan={a.plan!r}: writing failed ({e.strerror or e})", file=sys.stderr)
             return 3
         for row in rows:
-            print(f"class={row['class']} block={row['block']} prompts={row['prompts']} serve=python {' '.join(row['serve'])}")
+            print(
+                f"class={row['class']} block={row['block']} prompts={row['prompts']} serve=python {' '.join(row['serve'])}"
+            )
         return 0
     python = a.python or (install(Path(a.install)) if a.install else None)
     if python is None:

@@ -174,7 +174,9 @@ def _kernel_modules() -> list[dict]:
         name = "vllm." + rel.removesuffix(".py").replace("/", ".")
         try:
             m = importlib.import_module(name)
-            out.append({"module": name, "stub": bool(getattr(m, "KVSPEC_STUB", False)), "file": getattr(m, "__file__", None)})
+            out.append(
+                {"module": name, "stub": bool(getattr(m, "KVSPEC_STUB", False)), "file": getattr(m, "__file__", None)}
+            )
         except Exception as e:  # noqa: BLE001
             out.append({"module": name, "error": f"{type(e).__name__}: {_short(e)}"})
     return out
@@ -239,7 +241,11 @@ def _hardware(p) -> dict:
 def _torch_facts() -> dict:
     import torch
 
-    out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": _try(torch.cuda.is_available)}
+    out = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": _try(torch.cuda.is_available),
+    }
     if out["cuda_available"] is True:
         out["device_name"] = _try(lambda: torch.cuda.get_device_name(0))
         out["capability"] = _try(lambda: list(torch.cuda.get_device_capability(0)))
@@ -282,17 +288,26 @@ def _selector(p, vc) -> dict:
     from vllm.v1.attention.selector import AttentionSelectorConfig, get_attn_backend
 
     mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
-    cfg = AttentionSelectorConfig(head_size=mc.get_head_size(), dtype=mc.dtype, kv_cache_dtype=cc.cache_dtype, block_size=None)
+    cfg = AttentionSelectorConfig(
+        head_size=mc.get_head_size(), dtype=mc.dtype, kv_cache_dtype=cc.cache_dtype, block_size=None
+    )
     num_heads = mc.get_num_attention_heads(pc)
     out: dict = {}
     with set_current_vllm_config(vc):
         try:
-            valid, invalid = p.get_valid_backends(device_capability=p.get_device_capability(), attn_selector_config=cfg, num_heads=num_heads)
+            valid, invalid = p.get_valid_backends(
+                device_capability=p.get_device_capability(), attn_selector_config=cfg, num_heads=num_heads
+            )
             out["valid"] = [c.backend.name for c in sorted(valid, key=lambda c: c.priority)]
             out["refused"] = {b.name: [_short(x, 240) for x in reasons] for b, (_, reasons) in invalid.items()}
             sizes = {}
             for c in valid:
-                sizes[c.backend.name] = _try(lambda c=c: [getattr(s, "base", s) if not isinstance(s, int) else s for s in c.backend_class.get_supported_kernel_block_sizes()])
+                sizes[c.backend.name] = _try(
+                    lambda c=c: [
+                        getattr(s, "base", s) if not isinstance(s, int) else s
+                        for s in c.backend_class.get_supported_kernel_block_sizes()
+                    ]
+                )
             out["kernel_block_sizes"] = sizes
         except Exception as e:  # noqa: BLE001
             out["valid_error"] = f"{type(e).__name__}: {_short(e)}"
@@ -308,11 +323,17 @@ def _selector(p, vc) -> dict:
 
 def _resolve_row(row: dict, mode: str, p) -> dict:
     from engine_adapter.vllm_engine import resolve as R
-    from reference.deployment import parse_deployment
     from ground.errors import KvspecError
+    from reference.deployment import parse_deployment
 
     dep = parse_deployment(row["deployment"])
-    entry: dict = {"model": row["model"], "tp": row["tp"], "kv_dtype": row["dtype"], "mtp": row["mtp"], "vllm_args": row["deployment"]["vllm_args"]}
+    entry: dict = {
+        "model": row["model"],
+        "tp": row["tp"],
+        "kv_dtype": row["dtype"],
+        "mtp": row["mtp"],
+        "vllm_args": row["deployment"]["vllm_args"],
+    }
     t0 = time.perf_counter()
 
     def once():
@@ -395,7 +416,14 @@ def child(mode: str, out_path: Path, tps: set[int], models: set[str] | None) -> 
             driver.set_active(_FakeDriver())
             import torch
 
-            props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 << 30, multi_processor_count=132, L2_cache_size=60 << 20)
+            props = types.SimpleNamespace(
+                name="NVIDIA H200",
+                major=9,
+                minor=0,
+                total_memory=141 << 30,
+                multi_processor_count=132,
+                L2_cache_size=60 << 20,
+            )
             torch.cuda.get_device_name = lambda *a, **k: props.name
             torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
             torch.cuda.get_device_properties = lambda *a, **k: props
@@ -427,8 +455,11 @@ def child(mode: str, out_path: Path, tps: set[int], models: set[str] | None) -> 
     for row in _deployments(tps, models):
         rows.append(_resolve_row(row, mode, p))
         out_path.write_text(json.dumps({**result, "rows": rows}, indent=1, default=str))
-        print(f"[{mode}] {row['model']} tp{row['tp']} {row['dtype']} mtp={row['mtp']}: "
-              f"{(rows[-1].get('summary') or {}).get('geometry', {}).get('scheduler_block_size', rows[-1].get('error', '?'))} ({rows[-1]['seconds']} s)", flush=True)
+        print(
+            f"[{mode}] {row['model']} tp{row['tp']} {row['dtype']} mtp={row['mtp']}: "
+            f"{(rows[-1].get('summary') or {}).get('geometry', {}).get('scheduler_block_size', rows[-1].get('error', '?'))} ({rows[-1]['seconds']} s)",
+            flush=True,
+        )
     result["rows"] = rows
     result["seconds"] = round(time.perf_counter() - t0, 2)
     result["third_party_modules"] = _third_party_modules()
@@ -456,11 +487,23 @@ def _cell(s: dict | None) -> str | None:
     if not s:
         return None
     g, f = s["geometry"], s["facts"]
-    return f"{g['scheduler_block_size']}/{g['hash_block_size']}/{f.get('mamba_block_size')}/{f.get('cache_hit_alignment_tokens') or g['scheduler_block_size']}" + (f" ckpt {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else "")
+    return (
+        f"{g['scheduler_block_size']}/{g['hash_block_size']}/{f.get('mamba_block_size')}/{f.get('cache_hit_alignment_tokens') or g['scheduler_block_size']}"
+        + (f" ckpt {g['prefill_checkpoint_grid']}" if g.get("prefill_checkpoint_grid") else "")
+    )
 
 
 def compare(native: dict, standin: dict) -> dict:
-    hw_keys = ("device_capability", "device_name", "total_memory_bytes", "cuda_runtime_major", "supports_fp8", "support_hybrid_kv_cache", "support_static_graph_mode", "is_device_capability_90")
+    hw_keys = (
+        "device_capability",
+        "device_name",
+        "total_memory_bytes",
+        "cuda_runtime_major",
+        "supports_fp8",
+        "support_hybrid_kv_cache",
+        "support_static_graph_mode",
+        "is_device_capability_90",
+    )
     nh, sh = native.get("hardware", {}), standin.get("hardware", {})
     hardware = {k: {"native": nh.get(k), "standin": sh.get(k), "same": nh.get(k) == sh.get(k)} for k in hw_keys}
     by_key = {(r["model"], r["tp"], r["kv_dtype"], r["mtp"]): r for r in standin.get("rows", [])}
@@ -469,17 +512,47 @@ def compare(native: dict, standin: dict) -> dict:
         key = (r["model"], r["tp"], r["kv_dtype"], r["mtp"])
         s = by_key.get(key)
         if s is None:
-            rows.append({"model": key[0], "tp": key[1], "kv_dtype": key[2], "mtp": key[3], "native": _cell(r.get("summary")) or f"error: {r.get('error')}", "standin": "missing", "agree": None})
+            rows.append(
+                {
+                    "model": key[0],
+                    "tp": key[1],
+                    "kv_dtype": key[2],
+                    "mtp": key[3],
+                    "native": _cell(r.get("summary")) or f"error: {r.get('error')}",
+                    "standin": "missing",
+                    "agree": None,
+                }
+            )
             continue
         ns, ss = r.get("summary"), s.get("summary")
-        item = {"model": key[0], "tp": key[1], "kv_dtype": key[2], "mtp": key[3],
-                "native": _cell(ns) or f"error: {r.get('error')}", "standin": _cell(ss) or f"error: {s.get('error')}"}
+        item = {
+            "model": key[0],
+            "tp": key[1],
+            "kv_dtype": key[2],
+            "mtp": key[3],
+            "native": _cell(ns) or f"error: {r.get('error')}",
+            "standin": _cell(ss) or f"error: {s.get('error')}",
+        }
         if r.get("device_count_override"):
             item["device_count_override"] = r["device_count_override"]
         if ns and ss:
-            a = _flat({"geometry": ns["geometry"], "speculative": ns["speculative"], "facts": {k: v for k, v in ns["facts"].items() if k not in IGNORED_FACTS}})
-            b = _flat({"geometry": ss["geometry"], "speculative": ss["speculative"], "facts": {k: v for k, v in ss["facts"].items() if k not in IGNORED_FACTS}})
-            diff = {k: {"native": a.get(k), "standin": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+            a = _flat(
+                {
+                    "geometry": ns["geometry"],
+                    "speculative": ns["speculative"],
+                    "facts": {k: v for k, v in ns["facts"].items() if k not in IGNORED_FACTS},
+                }
+            )
+            b = _flat(
+                {
+                    "geometry": ss["geometry"],
+                    "speculative": ss["speculative"],
+                    "facts": {k: v for k, v in ss["facts"].items() if k not in IGNORED_FACTS},
+                }
+            )
+            diff = {
+                k: {"native": a.get(k), "standin": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+            }
             item["differences"] = diff
             item["agree"] = not diff
         else:
@@ -491,9 +564,14 @@ def compare(native: dict, standin: dict) -> dict:
         if isinstance(sws, dict) and "geometry" in sws:
             item["native_with_selected_backend"] = _cell(sws)
         rows.append(item)
-    return {"hardware": hardware, "rows": rows, "agree_rows": sum(1 for x in rows if x["agree"]),
-            "disagree_rows": sum(1 for x in rows if x["agree"] is False), "rows_total": len(rows),
-            "missing_in_standin": sum(1 for x in rows if x["agree"] is None)}
+    return {
+        "hardware": hardware,
+        "rows": rows,
+        "agree_rows": sum(1 for x in rows if x["agree"]),
+        "disagree_rows": sum(1 for x in rows if x["agree"] is False),
+        "rows_total": len(rows),
+        "missing_in_standin": sum(1 for x in rows if x["agree"] is None),
+    }
 
 
 def compact(results: dict) -> dict:
@@ -520,15 +598,32 @@ def compact(results: dict) -> dict:
             out["device_count_override"] = r.get("device_count_override")
         sel = r.get("attention_selector")
         if sel:
-            out["attention_selector"] = {k: sel.get(k) for k in ("chosen", "valid", "refused", "kernel_block_sizes", "chosen_error") if sel.get(k) is not None}
+            out["attention_selector"] = {
+                k: sel.get(k)
+                for k in ("chosen", "valid", "refused", "kernel_block_sizes", "chosen_error")
+                if sel.get(k) is not None
+            }
         return out
 
     def cell_row(r: dict) -> dict:
         return {**key(r), "cell": _cell(r.get("summary")) or f"error: {r.get('error')}"}
 
     def verdicts(c: dict) -> dict:
-        return {**{k: c[k] for k in ("hardware", "agree_rows", "disagree_rows", "rows_total", "missing_in_standin") if k in c},
-                "rows": [{k: v for k, v in x.items() if k in ("model", "tp", "kv_dtype", "mtp", "agree", "differences", "errors") and v not in ({}, None)} for x in c.get("rows", [])]}
+        return {
+            **{
+                k: c[k]
+                for k in ("hardware", "agree_rows", "disagree_rows", "rows_total", "missing_in_standin")
+                if k in c
+            },
+            "rows": [
+                {
+                    k: v
+                    for k, v in x.items()
+                    if k in ("model", "tp", "kv_dtype", "mtp", "agree", "differences", "errors") and v not in ({}, None)
+                }
+                for x in c.get("rows", [])
+            ],
+        }
 
     out = {k: results[k] for k in ("checked_at_utc", "device", "tp", "models", "wall_seconds") if k in results}
     first = True
@@ -536,7 +631,11 @@ def compact(results: dict) -> dict:
         m = results.get(mode)
         if not m:
             continue
-        keep = {k: m[k] for k in ("vllm", "python", "hardware", "torch", "kernels", "import_seconds", "platform_error") if k in m}
+        keep = {
+            k: m[k]
+            for k in ("vllm", "python", "hardware", "torch", "kernels", "import_seconds", "platform_error")
+            if k in m
+        }
         keep["children"] = [{k: c[k] for k in ("model", "rc", "seconds")} for c in m.get("children", [])]
         keep["third_party_modules"] = {k: v.get("version") for k, v in (m.get("third_party_modules") or {}).items()}
         keep["rows"] = [(full_row if first else cell_row)(r) for r in m.get("rows", [])]
@@ -544,7 +643,11 @@ def compact(results: dict) -> dict:
         out[mode] = keep
     ref = results.get("reference_standin")
     if ref:
-        out["reference_standin"] = {"vllm_file": ref.get("vllm_file"), "hardware": ref.get("hardware"), "rows": [cell_row(r) for r in ref.get("rows", [])]}
+        out["reference_standin"] = {
+            "vllm_file": ref.get("vllm_file"),
+            "hardware": ref.get("hardware"),
+            "rows": [cell_row(r) for r in ref.get("rows", [])],
+        }
     for name in ("comparison", "comparison_with_reference"):
         if name in results:
             out[name] = verdicts(results[name])
@@ -557,7 +660,10 @@ def dump_compact(out: dict) -> str:
 
     def mark(o):
         if isinstance(o, dict):
-            return {k: ([_token(rows, r) for r in v] if k == "rows" and isinstance(v, list) else mark(v)) for k, v in o.items()}
+            return {
+                k: ([_token(rows, r) for r in v] if k == "rows" and isinstance(v, list) else mark(v))
+                for k, v in o.items()
+            }
         return o
 
     text = json.dumps(mark(out), indent=1, default=str)
@@ -580,9 +686,28 @@ def _run_children(modes: list[str], models: list[str], a, home: Path) -> dict:
     def start(mode, model):
         path = a.out / f"child-{mode}-{model}.json"
         env = dict(os.environ, KVSPEC_HOME=str(home / f"{mode}-{model}"), PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, "-m", "engine_adapter.devcheck.h200_resolution", "--child", mode, "--json", str(path), "--tp", a.tp, "--models", model]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine_adapter.devcheck.h200_resolution",
+            "--child",
+            mode,
+            "--json",
+            str(path),
+            "--tp",
+            a.tp,
+            "--models",
+            model,
+        ]
         log = open(a.out / f"child-{mode}-{model}.log", "w")  # noqa: SIM115 - open while the child runs
-        return (mode, model, path, log, time.perf_counter(), subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        return (
+            mode,
+            model,
+            path,
+            log,
+            time.perf_counter(),
+            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+        )
 
     def finish(item, rc):
         mode, model, path, log, t0, _ = item
@@ -621,15 +746,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", choices=("native", "standin", "fakecuda"))
     ap.add_argument("--json", type=Path, help="with --child: where it writes")
-    ap.add_argument("--make-stubs", type=Path, metavar="VLLM_DIR", help="write the stub modules into a vLLM package folder and exit")
+    ap.add_argument(
+        "--make-stubs", type=Path, metavar="VLLM_DIR", help="write the stub modules into a vLLM package folder and exit"
+    )
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--models", default=None, help="comma list of shipped models (default all)")
     ap.add_argument("--modes", default="native,standin", help="children the parent runs")
     ap.add_argument("--jobs", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)))
     ap.add_argument("--child-timeout", type=float, default=300.0, help="seconds for one child")
-    ap.add_argument("--compact", type=Path, metavar="FULL_JSON", help="write compact(FULL_JSON) to --out (a file) and exit")
-    ap.add_argument("--reference", type=Path, help="a stand-in result computed elsewhere (kvspec's own CPU machine): compared with the first mode too")
+    ap.add_argument(
+        "--compact", type=Path, metavar="FULL_JSON", help="write compact(FULL_JSON) to --out (a file) and exit"
+    )
+    ap.add_argument(
+        "--reference",
+        type=Path,
+        help="a stand-in result computed elsewhere (kvspec's own CPU machine): compared with the first mode too",
+    )
     a = ap.parse_args(argv)
     if a.compact:
         a.out.write_text(dump_compact(compact(json.loads(a.compact.read_text()))))
@@ -647,7 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="kvspec-devcheck-"))
     modes = a.modes.split(",")
     t0 = time.perf_counter()
-    results: dict = {"checked_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": DEVICE, "tp": sorted(tps), "models": models}
+    results: dict = {
+        "checked_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": DEVICE,
+        "tp": sorted(tps),
+        "models": models,
+    }
     results.update(_run_children(modes, models, a, home))
     results["wall_seconds"] = round(time.perf_counter() - t0, 1)
     first = modes[0]
@@ -667,8 +805,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}")
         print(json.dumps({k: v for k, v in cmp_["hardware"].items() if not v["same"]}, indent=1))
         for r in cmp_["rows"]:
-            print(f"{r['model']:16} tp{r['tp']} {r['kv_dtype']:4} mtp={r['mtp']!s:5} {first}={str(r['native'])[:60]:34} standin={str(r['standin'])[:60]:34} agree={r['agree']} sel={r.get('selector_chosen')}"
-                  + (f" diff={r.get('differences')}" if r.get("differences") else ""))
+            print(
+                f"{r['model']:16} tp{r['tp']} {r['kv_dtype']:4} mtp={r['mtp']!s:5} {first}={str(r['native'])[:60]:34} standin={str(r['standin'])[:60]:34} agree={r['agree']} sel={r.get('selector_chosen')}"
+                + (f" diff={r.get('differences')}" if r.get("differences") else "")
+            )
         print(f"agree: {cmp_['agree_rows']}/{cmp_['rows_total']}")
     print(f"wrote {out} in {results['wall_seconds']} s")
     return 0

@@ -68,13 +68,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_adapter.host import environments
+from engine_adapter.host import environments, source_files, venvs
 from engine_adapter.host import patches as patches_mod
-from engine_adapter.host import source_files, venvs
-from engine_adapter.host.versions import FAMILY_TITLES, SUPPORTED_VERSIONS, EngineSpec, engine_name, is_build, parse_engine, release_number, release_of
+from engine_adapter.host.versions import (
+    FAMILY_TITLES,
+    SUPPORTED_VERSIONS,
+    EngineSpec,
+    engine_name,
+    is_build,
+    parse_engine,
+    release_number,
+    release_of,
+)
 from ground.console import say as _say
-from ground.files import write_bytes_atomic
 from ground.errors import EngineError, InvalidArgument, invalid, shown
+from ground.files import write_bytes_atomic
 
 Progress = Callable[[str], None]
 #: Hex digits of the content hash in a build's name.
@@ -161,7 +169,10 @@ class Overlay:
             "release": self.release,
             "kind": self.kind,
             "sources": self.sources,
-            "files": {rel: (None if data is None else hashlib.sha256(data).hexdigest()) for rel, data in sorted(self.files.items())},
+            "files": {
+                rel: (None if data is None else hashlib.sha256(data).hexdigest())
+                for rel, data in sorted(self.files.items())
+            },
             "digest": self.digest,
         }
 
@@ -170,14 +181,20 @@ def _release_env(release: str) -> Path:
     """The release's ready environment's site-packages (a build starts there)."""
     if not environments.is_ready(release):
         state = environments.status(release)["state"]
-        raise EngineError(f"engine={engine_name(release)!r}: environment {state} at {environments.env_dir(release)}; a build starts from the release's ready environment; run: kvspec engines install {engine_name(release)}")
+        raise EngineError(
+            f"engine={engine_name(release)!r}: environment {state} at {environments.env_dir(release)}; a build starts from the release's ready environment; run: kvspec engines install {engine_name(release)}"
+        )
     sp = site_packages(environments.env_dir(release))
     if sp is None:
-        raise EngineError(f"engine={engine_name(release)!r}: no lib/python3*/site-packages under {environments.env_dir(release)}")
+        raise EngineError(
+            f"engine={engine_name(release)!r}: no lib/python3*/site-packages under {environments.env_dir(release)}"
+        )
     return sp
 
 
-def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str, package: str = "vllm") -> None:
+def _check_paths(
+    sp: Path, files: dict[str, bytes | None], flag: str, what: str, release: str, package: str = "vllm"
+) -> None:
     """Every file a build writes is a file: not a folder of the release, not
     below a file of the release or of the build (else writing it would fail
     half-way through the build)."""
@@ -185,10 +202,18 @@ def _check_paths(sp: Path, files: dict[str, bytes | None], flag: str, what: str,
     for rel in sorted(written):
         path = sp / rel
         if path.is_dir() and not path.is_symlink():
-            raise invalid(flag, what, f"{rel} is a folder in {title} {release_number(release)}; allowed: files of {title}'s {package}/ tree")
+            raise invalid(
+                flag,
+                what,
+                f"{rel} is a folder in {title} {release_number(release)}; allowed: files of {title}'s {package}/ tree",
+            )
         for parent in list(Path(rel).parents)[:-1]:
             if parent.as_posix() in written or ((sp / parent).exists() and not (sp / parent).is_dir()):
-                raise invalid(flag, what, f"{rel} lies below {parent.as_posix()}, a file; allowed: files of {title}'s {package}/ tree")
+                raise invalid(
+                    flag,
+                    what,
+                    f"{rel} lies below {parent.as_posix()}, a file; allowed: files of {title}'s {package}/ tree",
+                )
 
 
 def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag: str = "--patch") -> Overlay:
@@ -197,33 +222,60 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
     and bounded (:mod:`engine_adapter.host.patches`: bytes, count, file patches,
     hunks) before any is applied; a file they make keeps no more permission
     than the patches that made it."""
-    spec = release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")  # parsed at the edge, or here
+    spec = (
+        release if isinstance(release, EngineSpec) else EngineSpec.parse(release, "--engine")
+    )  # parsed at the edge, or here
     # the release's version key (vLLM's bare X; sglang==X), its package tree and its name in messages
-    release, package, title, shown_release = spec.release_spec.version, spec.family, FAMILY_TITLES[spec.family], spec.release
+    release, package, title, shown_release = (
+        spec.release_spec.version,
+        spec.family,
+        FAMILY_TITLES[spec.family],
+        spec.release,
+    )
     if not patches:
         raise invalid(flag, [], "give at least one patch file")
     if len(patches) > patches_mod.MAX_PATCHES:
-        raise invalid(flag, [str(p) for p in patches], f"{len(patches)} patches; allowed: at most {patches_mod.MAX_PATCHES}")
+        raise invalid(
+            flag, [str(p) for p in patches], f"{len(patches)} patches; allowed: at most {patches_mod.MAX_PATCHES}"
+        )
     read, total, nlines = [], 0, 0
     for p in patches:
         raw, mode = source_files.read_regular(p, flag, str(p), limit=patches_mod.MAX_PATCH_BYTES)
         total += len(raw)
         if total > patches_mod.MAX_PATCH_BYTES:
-            raise invalid(flag, str(p), f"the patches hold more than {patches_mod.MAX_PATCH_BYTES} bytes together; allowed: at most {patches_mod.MAX_PATCH_BYTES}")
+            raise invalid(
+                flag,
+                str(p),
+                f"the patches hold more than {patches_mod.MAX_PATCH_BYTES} bytes together; allowed: at most {patches_mod.MAX_PATCH_BYTES}",
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise invalid(flag, str(p), f"is not UTF-8 text (byte {e.start}); allowed: a unified diff") from None
         nlines += text.count("\n")
         if nlines > patches_mod.MAX_PATCH_LINES:
-            raise invalid(flag, str(p), f"the patches hold more than {patches_mod.MAX_PATCH_LINES} lines together; allowed: at most {patches_mod.MAX_PATCH_LINES}")
+            raise invalid(
+                flag,
+                str(p),
+                f"the patches hold more than {patches_mod.MAX_PATCH_LINES} lines together; allowed: at most {patches_mod.MAX_PATCH_LINES}",
+            )
         read.append((p, raw, mode, text))
     parsed, nfiles, nhunks = [], 0, 0
     for p, raw, mode, text in read:
         where = f"{flag}={str(p)!r}"
-        fps = patches_mod.parse_patch(text, where, max_files=patches_mod.MAX_FILE_PATCHES - nfiles, max_hunks=patches_mod.MAX_HUNKS - nhunks, package=package)
+        fps = patches_mod.parse_patch(
+            text,
+            where,
+            max_files=patches_mod.MAX_FILE_PATCHES - nfiles,
+            max_hunks=patches_mod.MAX_HUNKS - nhunks,
+            package=package,
+        )
         if not fps:
-            raise invalid(flag, str(p), f"holds no file patch ('--- a/{package}/...' / '+++ b/{package}/...' with hunks); allowed: a unified diff against {title}'s {package}/ tree")
+            raise invalid(
+                flag,
+                str(p),
+                f"holds no file patch ('--- a/{package}/...' / '+++ b/{package}/...' with hunks); allowed: a unified diff against {title}'s {package}/ tree",
+            )
         nfiles += len(fps)
         nhunks += sum(len(fp.hunks) for fp in fps)
         parsed.append((p, raw, mode, fps))
@@ -241,7 +293,9 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
                 try:
                     state[rel] = patches_mod.split_lines(path.read_bytes().decode("utf-8"))
                 except UnicodeDecodeError:
-                    raise InvalidArgument(f"{where}: {rel} is not UTF-8 text in {title} {shown_release}; allowed: patches to {title} {shown_release}'s text files") from None
+                    raise InvalidArgument(
+                        f"{where}: {rel} is not UTF-8 text in {title} {shown_release}; allowed: patches to {title} {shown_release}'s text files"
+                    ) from None
         return state[rel]
 
     for p, raw, mode, fps in parsed:
@@ -249,12 +303,16 @@ def overlay_from_patches(release: str, patches: list[str | os.PathLike], *, flag
         for fp in fps:
             if fp.old is None:  # a new file
                 if current(fp.new, where) is not None:
-                    raise InvalidArgument(f"{where}: {fp.new} is created by the patch but exists in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree")
+                    raise InvalidArgument(
+                        f"{where}: {fp.new} is created by the patch but exists in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree"
+                    )
                 lines: list[str] = []
             else:
                 lines = current(fp.old, where)
                 if lines is None:
-                    raise InvalidArgument(f"{where}: {fp.old}: no such file in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree")
+                    raise InvalidArgument(
+                        f"{where}: {fp.old}: no such file in {title} {shown_release}; allowed: a unified diff against {title} {shown_release}'s {package}/ tree"
+                    )
             result = patches_mod.apply_hunks(lines, fp, where, shown_release, package)
             if fp.new is None:
                 state[fp.old] = None
@@ -291,13 +349,23 @@ def _pick_release(found: str | None, base: str | None, what: str, flag: str) -> 
         return release_of(parse_engine(base, "--base"))
     m = _RELEASE.match(found or "")
     if m is None:
-        raise invalid(flag, what, f"its vLLM release is unknown (version {found!r}); allowed: --base vllm==X naming the release it is based on")
+        raise invalid(
+            flag,
+            what,
+            f"its vLLM release is unknown (version {found!r}); allowed: --base vllm==X naming the release it is based on",
+        )
     if m.group(1) not in SUPPORTED_VERSIONS:
-        raise invalid(flag, what, f"vLLM {shown(found)} is based on no release kvspec has an environment for; allowed: --base vllm==X with X one of {', '.join(SUPPORTED_VERSIONS)}")
+        raise invalid(
+            flag,
+            what,
+            f"vLLM {shown(found)} is based on no release kvspec has an environment for; allowed: --base vllm==X with X one of {', '.join(SUPPORTED_VERSIONS)}",
+        )
     return m.group(1)
 
 
-def _overlay_of(release: str, kind: str, label: str, members: dict[str, source_files.Source], source: dict, flag: str, what: str) -> Overlay:
+def _overlay_of(
+    release: str, kind: str, label: str, members: dict[str, source_files.Source], source: dict, flag: str, what: str
+) -> Overlay:
     sp = _release_env(release)
     files, modes = {}, {}
     for rel, (data, mode) in members.items():
@@ -322,7 +390,11 @@ def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engi
     elif root.name == "vllm" and (root / "__init__.py").is_file():
         pkg = root
     else:
-        raise invalid(flag, what, "is not a vLLM source tree (no vllm/__init__.py there); allowed: path:/src/vllm or the checkout holding it")
+        raise invalid(
+            flag,
+            what,
+            "is not a vLLM source tree (no vllm/__init__.py there); allowed: path:/src/vllm or the checkout holding it",
+        )
     members = source_files.tree_files(root, pkg, flag, what)
     version_file = members.get("vllm/_version.py")
     found = source_files.version_in(version_file[0].decode("utf-8", "replace")) if version_file else None
@@ -330,7 +402,15 @@ def overlay_from_tree(path: str, base: str | None = None, *, flag: str = "--engi
     h = hashlib.sha256()
     for rel in sorted(members):
         h.update(rel.encode() + b"\0" + hashlib.sha256(members[rel][0]).digest())
-    return _overlay_of(release, "path", "local", members, {"kind": "path", "path": str(pkg.resolve()), "version": found, "sha256": h.hexdigest()}, flag, what)
+    return _overlay_of(
+        release,
+        "path",
+        "local",
+        members,
+        {"kind": "path", "path": str(pkg.resolve()), "version": found, "sha256": h.hexdigest()},
+        flag,
+        what,
+    )
 
 
 def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--engine") -> Overlay:
@@ -348,7 +428,15 @@ def overlay_from_wheel(path: str, base: str | None = None, *, flag: str = "--eng
     if "vllm/__init__.py" not in members:
         raise invalid(flag, what, "holds no vllm/__init__.py; allowed: wheel:FILE.whl, a vLLM wheel")
     release = _pick_release(parts[1], base, what, flag)
-    return _overlay_of(release, "wheel", "wheel", members, {"kind": "wheel", "path": str(whl.resolve()), "version": parts[1], "sha256": digest}, flag, what)
+    return _overlay_of(
+        release,
+        "wheel",
+        "wheel",
+        members,
+        {"kind": "wheel", "path": str(whl.resolve()), "version": parts[1], "sha256": digest},
+        flag,
+        what,
+    )
 
 
 # ------------------------------------------------------------------ environments
@@ -397,19 +485,27 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
 
     def ready() -> bool:  # (a build only import-checked is remade when its case must run)
         marker = environments.read_marker(version) or {}
-        return environments.is_ready(version) and not (selftest == "run" and (marker.get("selftest") or {}).get("import_only"))
+        return environments.is_ready(version) and not (
+            selftest == "run" and (marker.get("selftest") or {}).get("import_only")
+        )
 
     def make() -> dict:
         start = time.monotonic()
-        with venvs.install_lock(release_dir, wait_s=environments.LOCK_WAIT_S, label=engine_name(release), progress=progress):
+        with venvs.install_lock(
+            release_dir, wait_s=environments.LOCK_WAIT_S, label=engine_name(release), progress=progress
+        ):
             _release_env(release)  # still ready under its lock
             try:
                 linked = link_tree(release_dir, target, skip_top=(venvs.MARKER_NAME,))
             except OSError as e:
-                raise EngineError(f"engine={name!r}: cannot hard-link {release_dir} into {target} ({e.strerror or e}); allowed: an engines folder on one file system") from None
+                raise EngineError(
+                    f"engine={name!r}: cannot hard-link {release_dir} into {target} ({e.strerror or e}); allowed: an engines folder on one file system"
+                ) from None
         link_s = time.monotonic() - start
         own = _write_overlay(overlay, site_packages(target), name)
-        progress(f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}")
+        progress(
+            f"{prefix} linked {linked} files of {engine_name(release)} in {link_s:.1f}s; wrote {len(overlay.files)} file(s): {', '.join(sorted(overlay.files)) or 'none'}"
+        )
         progress(f"{prefix} self-test ({'imports vLLM' if selftest == 'import' else 'drives the real scheduler once'})")
         selftest_result = environments._selftest(version, import_only=selftest == "import")
         return {
@@ -426,7 +522,13 @@ def build(overlay: Overlay, *, force: bool = False, selftest: str = "run", progr
         }
 
     return venvs.install(
-        target, label=name, wait_s=environments.BUILD_LOCK_WAIT_S, is_ready=ready, build=make, force=force, progress=progress,
+        target,
+        label=name,
+        wait_s=environments.BUILD_LOCK_WAIT_S,
+        is_ready=ready,
+        build=make,
+        force=force,
+        progress=progress,
         stale_line=f"{prefix} removing incomplete or stale build {target}",
         built_line=lambda marker: f"{prefix} ready in {marker['build_seconds']}s at {target}",
     )
@@ -465,7 +567,15 @@ def describe(version: str) -> dict | None:
 # ------------------------------------------------------------------ engine specs
 
 
-def prepare(spec: str | EngineSpec, patches: list[str] | None = None, base: str | None = None, *, flag: str = "--engine", selftest: str = "run", progress: Progress = _say) -> str:
+def prepare(
+    spec: str | EngineSpec,
+    patches: list[str] | None = None,
+    base: str | None = None,
+    *,
+    flag: str = "--engine",
+    selftest: str = "run",
+    progress: Progress = _say,
+) -> str:
     """An engine spec from the command line -> an engine name, building the
     build it names first: ``vllm==X`` (with ``patches``: the patched build),
     ``vllm==X+LABEL.HASH`` (a build made earlier), ``path:DIR``,
@@ -480,7 +590,9 @@ def prepare(spec: str | EngineSpec, patches: list[str] | None = None, base: str 
             raise invalid(flag, text, f"{kind}: needs a {'folder' if kind == 'path' else 'wheel file'} after the colon")
         if any(ord(c) < 32 or ord(c) == 127 for c in where):
             raise invalid(flag, text, f"{kind}: names a path with a control character; allowed: a printable path")
-        overlay = overlay_from_tree(where, base, flag=flag) if kind == "path" else overlay_from_wheel(where, base, flag=flag)
+        overlay = (
+            overlay_from_tree(where, base, flag=flag) if kind == "path" else overlay_from_wheel(where, base, flag=flag)
+        )
     else:
         parsed = text if isinstance(text, EngineSpec) else EngineSpec.parse(text, flag)  # parsed at the edge, or here
         version = parsed.version
@@ -489,10 +601,16 @@ def prepare(spec: str | EngineSpec, patches: list[str] | None = None, base: str 
         if not patches:
             return engine_name(version)
         if is_build(version):
-            raise invalid("--patch", patches[0], f"applies to a release (vllm=={release_of(version)}), not to the build {engine_name(version)}")
+            raise invalid(
+                "--patch",
+                patches[0],
+                f"applies to a release (vllm=={release_of(version)}), not to the build {engine_name(version)}",
+            )
         overlay = overlay_from_patches(parsed, patches)
     if not overlay.files:
-        progress(f"[{overlay.name}] note: the overlay changes no vLLM file: the build equals {engine_name(overlay.release)}")
+        progress(
+            f"[{overlay.name}] note: the overlay changes no vLLM file: the build equals {engine_name(overlay.release)}"
+        )
     build(overlay, selftest=selftest, progress=progress)
     return overlay.name
 
@@ -512,4 +630,11 @@ def inprocess_build_version(prefix: str | None = None) -> str | None:
 def run_python(version: str, args: list[str], *, timeout: float, platform: str = "cuda") -> subprocess.CompletedProcess:
     """Run the build's (or release's) interpreter with kvspec's worker
     environment, bounded by ``timeout``."""
-    return subprocess.run([str(environments.env_python(version)), *args], env=environments.worker_env(version, platform), capture_output=True, text=True, timeout=timeout, cwd=str(environments.REPO_ROOT))
+    return subprocess.run(
+        [str(environments.env_python(version)), *args],
+        env=environments.worker_env(version, platform),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(environments.REPO_ROOT),
+    )

@@ -43,13 +43,13 @@ from typing import Any
 
 from engine_adapter.host import environments, warm
 from engine_adapter.host.builds import inprocess_build_version
+from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
-from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number
 from ground import errors as kvspec_errors
 from ground.engines import DEFAULT_FAMILY, FAMILIES
-from reference.case import Case, case_to_dict, parse_case
 from ground.errors import EngineError, InvalidArgument
+from reference.case import Case, case_to_dict, parse_case
 
 MODES = ("auto", "inprocess", "worker", "warm")
 #: Seconds a worker may take to import vLLM and say hello.
@@ -116,7 +116,9 @@ class InProcessEngine(Engine):
         try:
             self.driver = get_driver(family.name)  # imports the engine here
         except ImportError as e:
-            raise EngineError(f"engine={self.engine!r}: in-process mode needs {family.title} importable here ({e})") from None
+            raise EngineError(
+                f"engine={self.engine!r}: in-process mode needs {family.title} importable here ({e})"
+            ) from None
         if self.driver.version != release_number(version):
             raise EngineError(f"engine={self.engine!r}: this interpreter imports {family.title} {self.driver.version}")
 
@@ -135,7 +137,15 @@ class WorkerProcess:
     """One ``python -m engine_adapter.inside.worker`` process of an engine
     environment, under one platform (``engine_adapter.vllm_engine.platform``)."""
 
-    def __init__(self, version: str, platform: str = "cuda", *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        version: str,
+        platform: str = "cuda",
+        *,
+        python: str | None = None,
+        start_timeout: float = START_TIMEOUT_S,
+        run_timeout: float = RUN_TIMEOUT_S,
+    ) -> None:
         self.version = version
         self.engine = engine_name(version)
         self.platform = platform
@@ -155,7 +165,9 @@ class WorkerProcess:
         if self.proc is not None and self.proc.poll() is None:
             return self.hello or {}
         if not os.path.exists(self.python):
-            raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
+            raise EngineError(
+                f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}"
+            )
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
             [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version)],
@@ -173,13 +185,19 @@ class WorkerProcess:
         msg = self._read(self.start_timeout)
         if msg is None:
             self._kill()
-            raise EngineError(f"engine={self.engine!r}: worker did not start within {self.start_timeout:.0f}s or exited: {self._last_stderr()}")
+            raise EngineError(
+                f"engine={self.engine!r}: worker did not start within {self.start_timeout:.0f}s or exited: {self._last_stderr()}"
+            )
         if msg.get("protocol") != PROTOCOL_VERSION or msg.get("event") != "hello":
             self._kill()
-            raise EngineError(f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}")
+            raise EngineError(
+                f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}"
+            )
         if msg.get("vllm_version") != release_number(self.version):
             self._kill()
-            raise EngineError(f"engine={self.engine!r}: worker environment has {msg.get('engine') or msg.get('vllm_version')}")
+            raise EngineError(
+                f"engine={self.engine!r}: worker environment has {msg.get('engine') or msg.get('vllm_version')}"
+            )
         self.hello = msg
         return msg
 
@@ -255,12 +273,20 @@ class WorkerProcess:
         except (OSError, ValueError):
             self._kill()
             self.restarts += 1
-            return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"worker exited before the request: {self._last_stderr()}"}}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {"kind": "worker", "message": f"worker exited before the request: {self._last_stderr()}"},
+            }
         while True:
             msg = self._read(timeout)
             if msg is None:
                 alive = self.proc is not None and self.proc.poll() is None
-                why = f"timed out after {timeout:.0f}s" if alive else f"worker died (exit {self.proc.returncode if self.proc else '?'})"
+                why = (
+                    f"timed out after {timeout:.0f}s"
+                    if alive
+                    else f"worker died (exit {self.proc.returncode if self.proc else '?'})"
+                )
                 self._kill()
                 self.restarts += 1
                 return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"{why}: {self._last_stderr()}"}}
@@ -314,9 +340,21 @@ def _run_result(engine: str, resp: dict, **harness) -> dict:
 def _harness_error(engine: str, kind: str, message: str, traceback: str | None = None) -> Observation:
     """An observation of nothing, carrying kvspec's own failure (``kind`` is
     never ``vllm``): the judge counts it as a harness error."""
-    return {"engine": engine, "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
-        "kind": kind, "phase": "worker", "request": None, "type": kind, "message": message, "traceback": traceback,
-    }}
+    return {
+        "engine": engine,
+        "hits": [],
+        "queries": [],
+        "knobs": None,
+        "explain": [],
+        "error": {
+            "kind": kind,
+            "phase": "worker",
+            "request": None,
+            "type": kind,
+            "message": message,
+            "traceback": traceback,
+        },
+    }
 
 
 def _resolve_result(engine: str, resp: dict) -> dict:
@@ -324,7 +362,9 @@ def _resolve_result(engine: str, resp: dict) -> dict:
         return resp["result"]
     err = resp.get("error") or {}
     _raise_kvspec(err)
-    raise EngineError(f"engine={engine!r}: resolve failed ({err.get('kind')}): {err.get('message', json.dumps(err))[:400]}")
+    raise EngineError(
+        f"engine={engine!r}: resolve failed ({err.get('kind')}): {err.get('message', json.dumps(err))[:400]}"
+    )
 
 
 class WorkerEngine(Engine):
@@ -334,7 +374,14 @@ class WorkerEngine(Engine):
 
     mode = "worker"
 
-    def __init__(self, version: str, *, python: str | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        version: str,
+        *,
+        python: str | None = None,
+        start_timeout: float = START_TIMEOUT_S,
+        run_timeout: float = RUN_TIMEOUT_S,
+    ) -> None:
         super().__init__(version)
         self._options = {"python": python, "start_timeout": start_timeout, "run_timeout": run_timeout}
         self.processes: dict[str, WorkerProcess] = {}
@@ -384,7 +431,15 @@ class WarmEngine(Engine):
 
     mode = "warm"
 
-    def __init__(self, version: str, *, idle_timeout: float | None = None, start_timeout: float = START_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S, directory=None) -> None:
+    def __init__(
+        self,
+        version: str,
+        *,
+        idle_timeout: float | None = None,
+        start_timeout: float = START_TIMEOUT_S,
+        run_timeout: float = RUN_TIMEOUT_S,
+        directory=None,
+    ) -> None:
         super().__init__(version)
         self._warm = warm
         self._options = {"idle_timeout": idle_timeout, "start_timeout": start_timeout, "directory": directory}
@@ -413,12 +468,16 @@ class WarmEngine(Engine):
 
     def run(self, case: Case | dict, options: dict | None = None, timeout: float | None = None) -> dict:
         parsed = case if isinstance(case, Case) else parse_case(case)
-        resp = self.client(_platform_of(parsed)).request("run", timeout or self.run_timeout, case=case_to_dict(parsed), options=options or {})
+        resp = self.client(_platform_of(parsed)).request(
+            "run", timeout or self.run_timeout, case=case_to_dict(parsed), options=options or {}
+        )
         return _run_result(self.engine, resp, warm=True)
 
     def resolve(self, case: Case | dict, timeout: float | None = None) -> dict:
         parsed = case if isinstance(case, Case) else parse_case(case)
-        resp = self.client(_platform_of(parsed)).request("resolve", timeout or self.run_timeout, case=case_to_dict(parsed))
+        resp = self.client(_platform_of(parsed)).request(
+            "resolve", timeout or self.run_timeout, case=case_to_dict(parsed)
+        )
         return _resolve_result(self.engine, resp)
 
 
@@ -435,7 +494,14 @@ def _platform_of(case: Case) -> str:
     return case.deployment.platform if case.deployment is not None else "cuda"
 
 
-def open_engine(spec: str | EngineSpec = "vllm==0.33.0", *, mode: str = "auto", install: bool = False, progress=None, warm: bool = False) -> Engine:
+def open_engine(
+    spec: str | EngineSpec = "vllm==0.33.0",
+    *,
+    mode: str = "auto",
+    install: bool = False,
+    progress=None,
+    warm: bool = False,
+) -> Engine:
     """An Engine for ``spec`` (``vllm==X``, or an :class:`EngineSpec` parsed
     at the command line's edge: not parsed again).
 
@@ -452,14 +518,18 @@ def open_engine(spec: str | EngineSpec = "vllm==0.33.0", *, mode: str = "auto", 
     here = inprocess_vllm_version()
     if mode == "inprocess" or (mode == "auto" and here == version):
         if here != version and family_of(version) == DEFAULT_FAMILY:  # another family's driver says (InProcessEngine)
-            raise EngineError(f"engine={engine_name(version)!r}: in-process mode needs vLLM {version} importable here (found {here or 'none'})")
+            raise EngineError(
+                f"engine={engine_name(version)!r}: in-process mode needs vLLM {version} importable here (found {here or 'none'})"
+            )
         return InProcessEngine(version)
     if not environments.is_ready(version):
         if install:
             environments.install(version, progress=progress or (lambda line: print(line, file=sys.stderr, flush=True)))
         else:
             state = environments.status(version)["state"]
-            raise EngineError(f"engine={engine_name(version)!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {engine_name(version)}")
+            raise EngineError(
+                f"engine={engine_name(version)!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {engine_name(version)}"
+            )
     if mode == "warm" or (mode == "auto" and warm):
         return WarmEngine(version)
     return WorkerEngine(version)

@@ -50,10 +50,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine_adapter.host import venvs
-from engine_adapter.host.versions import RELEASES, env_slug, engine_name, family_of, is_build, parse_engine, release_number, release_of
-from ground.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
-from ground.files import write_text_atomic
+from engine_adapter.host.versions import (
+    RELEASES,
+    engine_name,
+    env_slug,
+    family_of,
+    is_build,
+    parse_engine,
+    release_number,
+    release_of,
+)
 from ground.errors import EngineError, KvspecError
+from ground.files import write_text_atomic
+from ground.home import REPO_ROOT, contained_env, engines_dir, kvspec_home
 
 HERE = Path(__file__).resolve().parents[1]  # engine_adapter/
 STUBS_DIR = HERE / "live" / "stubs"
@@ -70,11 +79,35 @@ BUILD_LOCK_WAIT_S = 900.0
 #: What ``vllm.v1.core`` and ``vllm.config`` import (names; ``lock`` takes
 #: their versions from vLLM's own Requires-Dist where it states one).
 LIGHT_PACKAGES = (
-    "aiohttp", "cachetools", "cbor2", "cloudpickle", "compressed-tensors", "einops",
-    "huggingface_hub", "llguidance", "loguru", "msgspec", "numpy", "openai",
-    "openai-harmony", "pillow", "prometheus_client", "psutil", "py-cpuinfo",
-    "pybase64", "pydantic", "pyyaml", "pyzmq", "regex", "requests", "safetensors",
-    "tokenizers", "tqdm", "transformers", "uvloop", "apache-tvm-ffi",
+    "aiohttp",
+    "cachetools",
+    "cbor2",
+    "cloudpickle",
+    "compressed-tensors",
+    "einops",
+    "huggingface_hub",
+    "llguidance",
+    "loguru",
+    "msgspec",
+    "numpy",
+    "openai",
+    "openai-harmony",
+    "pillow",
+    "prometheus_client",
+    "psutil",
+    "py-cpuinfo",
+    "pybase64",
+    "pydantic",
+    "pyyaml",
+    "pyzmq",
+    "regex",
+    "requests",
+    "safetensors",
+    "tokenizers",
+    "tqdm",
+    "transformers",
+    "uvloop",
+    "apache-tvm-ffi",
 )
 LIGHT_EXTRA = {
     "0.30.0": ("fastapi", "starlette", "opentelemetry-api", "partial-json-parser"),
@@ -162,7 +195,15 @@ def worker_env(version: str | None = None, platform: str = "cuda") -> dict[str, 
 _NOISE = ("WARNING: Location 'file://", "is ignored: it is neither a file nor a directory")
 
 
-def _run(cmd: list[str], *, env: dict[str, str], timeout: float, progress: Progress, prefix: str, tail: list[str] | None = None) -> None:
+def _run(
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    timeout: float,
+    progress: Progress,
+    prefix: str,
+    tail: list[str] | None = None,
+) -> None:
     """Run a command, streaming its output as progress lines; raise EngineError on failure."""
     kept: list[str] = [] if tail is None else tail
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -175,7 +216,10 @@ def _run(cmd: list[str], *, env: dict[str, str], timeout: float, progress: Progr
                 continue
             kept.append(line)
             del kept[:-40]
-            if line.startswith(("Collecting", "Downloading", "Installing", "Successfully", "ERROR", "Processing")) or "kvspec" in line:
+            if (
+                line.startswith(("Collecting", "Downloading", "Installing", "Successfully", "ERROR", "Processing"))
+                or "kvspec" in line
+            ):
                 progress(f"{prefix} {line.strip()}")
             if time.monotonic() > deadline:
                 proc.kill()
@@ -186,7 +230,9 @@ def _run(cmd: list[str], *, env: dict[str, str], timeout: float, progress: Progr
         rc = -9
     if rc != 0:
         last = next((x for x in reversed(kept) if "ERROR" in x or "Error" in x), kept[-1] if kept else "")
-        raise EngineError(f"{prefix} `{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd[:4]))} ...` failed (exit {rc}): {last.strip()[:300]}")
+        raise EngineError(
+            f"{prefix} `{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd[:4]))} ...` failed (exit {rc}): {last.strip()[:300]}"
+        )
 
 
 def _dir_size(path: Path) -> int:
@@ -208,7 +254,9 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
     if is_build(version):
         if is_ready(version) and not force:
             return read_marker(version) or {}
-        raise EngineError(f"engine={engine_name(version)!r}: {status(version)['state']}: a build is made from its sources: --engine vllm=={release_of(version)} --patch FILE.diff, --engine path:DIR or --engine wheel:FILE.whl")
+        raise EngineError(
+            f"engine={engine_name(version)!r}: {status(version)['state']}: a build is made from its sources: --engine vllm=={release_of(version)} --patch FILE.diff, --engine path:DIR or --engine wheel:FILE.whl"
+        )
     prefix = f"[{engine_name(version)}]"
     req = requirements_file(version)
     if not req.exists():
@@ -222,19 +270,58 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
         n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
         if uv:
             progress(f"{prefix} step 1/3: uv venv {target}")
-            _run([uv, "venv", "--python", sys.executable, "--no-project", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
-            progress(f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})")
-            _run([uv, "pip", "install", "--python", str(env_python(version)), "--no-deps", *_uv_index_args(), "-r", str(req)],
-                 env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+            _run(
+                [uv, "venv", "--python", sys.executable, "--no-project", str(target)],
+                env=env,
+                timeout=300,
+                progress=progress,
+                prefix=prefix,
+            )
+            progress(
+                f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})"
+            )
+            _run(
+                [
+                    uv,
+                    "pip",
+                    "install",
+                    "--python",
+                    str(env_python(version)),
+                    "--no-deps",
+                    *_uv_index_args(),
+                    "-r",
+                    str(req),
+                ],
+                env=env,
+                timeout=PIP_TIMEOUT_S,
+                progress=progress,
+                prefix=prefix,
+            )
         else:
             progress(f"{prefix} step 1/3: python -m venv {target}")
             _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
             progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
             _run(
-                [str(env_python(version)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", "-r", str(req)],
-                env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix,
+                [
+                    str(env_python(version)),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "-r",
+                    str(req),
+                ],
+                env=env,
+                timeout=PIP_TIMEOUT_S,
+                progress=progress,
+                prefix=prefix,
             )
-        progress(f"{prefix} step 3/3: self-test (drives the real scheduler once" + ("; warms vLLM's model-inspection cache)" if family_of(version) == "vllm" else ")"))
+        progress(
+            f"{prefix} step 3/3: self-test (drives the real scheduler once"
+            + ("; warms vLLM's model-inspection cache)" if family_of(version) == "vllm" else ")")
+        )
         selftest = _selftest(version)
         return {
             "engine": engine_name(version),
@@ -249,10 +336,18 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
         }
 
     return venvs.install(
-        target, label=engine_name(version), wait_s=LOCK_WAIT_S, is_ready=lambda: is_ready(version), build=build, force=force, progress=progress,
+        target,
+        label=engine_name(version),
+        wait_s=LOCK_WAIT_S,
+        is_ready=lambda: is_ready(version),
+        build=build,
+        force=force,
+        progress=progress,
         stale_line=f"{prefix} removing incomplete or stale environment {target}",
         ready_line=lambda marker: f"{prefix} ready at {target} (built {marker.get('created', '?')})",
-        built_line=lambda marker: f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}",
+        built_line=lambda marker: (
+            f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}"
+        ),
     )
 
 
@@ -271,7 +366,9 @@ def _uv_bin() -> str | None:
     except (ImportError, FileNotFoundError):
         path = shutil.which("uv")
     if choice == "uv" and not path:
-        raise EngineError("KVSPEC_INSTALLER='uv': uv is not installed in kvspec's environment; allowed: auto, pip, or install uv")
+        raise EngineError(
+            "KVSPEC_INSTALLER='uv': uv is not installed in kvspec's environment; allowed: auto, pip, or install uv"
+        )
     return path
 
 
@@ -280,14 +377,22 @@ def _uv_index_args() -> list[str]:
     the CPU torch wheel is found through them."""
     args: list[str] = ["--index-strategy", "unsafe-best-match"]
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, env=contained_env()).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=contained_env(),
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return args
     seen: set[tuple[str, str]] = set()
     for line in out.splitlines():
         key, _, value = line.partition("=")
         name = key.split(".", 1)[-1].strip()
-        flag = {"find-links": "--find-links", "extra-index-url": "--extra-index-url", "index-url": "--index-url"}.get(name)
+        flag = {"find-links": "--find-links", "extra-index-url": "--extra-index-url", "index-url": "--index-url"}.get(
+            name
+        )
         if not flag:
             continue
         for item in value.strip().strip("'\"").split():
@@ -300,14 +405,26 @@ def _uv_index_args() -> list[str]:
 def _selftest(version: str, *, import_only: bool = False) -> dict:
     """Import the stack and (unless ``import_only``) run one tiny MTP case
     through the worker."""
-    cmd = [str(env_python(version)), "-m", "engine_adapter.inside.worker", "--family", family_of(version), "--selftest", "--expect-version", release_number(version), *(["--import-only"] if import_only else [])]
+    cmd = [
+        str(env_python(version)),
+        "-m",
+        "engine_adapter.inside.worker",
+        "--family",
+        family_of(version),
+        "--selftest",
+        "--expect-version",
+        release_number(version),
+        *(["--import-only"] if import_only else []),
+    ]
     try:
         proc = subprocess.run(cmd, env=worker_env(version), capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise EngineError(f"engine={engine_name(version)!r}: self-test timed out after {SELFTEST_TIMEOUT_S}s") from None
     if proc.returncode != 0:
         lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
-        raise EngineError(f"engine={engine_name(version)!r}: self-test failed: {(lines[-1] if lines else 'no output')[:300]}")
+        raise EngineError(
+            f"engine={engine_name(version)!r}: self-test failed: {(lines[-1] if lines else 'no output')[:300]}"
+        )
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -358,11 +475,25 @@ def status(version: str, *, size: bool = False) -> dict:
 
 def _build_row(version: str, state: str, marker: dict | None) -> dict:
     """A build's row: its state, its release, and what it is made of (its marker's ``build``)."""
-    row = {"engine": engine_name(version), "state": state, "path": str(env_dir(version)), "installed": state in ("ready", "stale"), "base": engine_name(release_of(version))}
+    row = {
+        "engine": engine_name(version),
+        "state": state,
+        "path": str(env_dir(version)),
+        "installed": state in ("ready", "stale"),
+        "base": engine_name(release_of(version)),
+    }
     if marker:
         build = marker.get("build") or {}
-        row.update({"created": marker.get("created"), "install_seconds": marker.get("build_seconds"), "size_bytes": marker.get("own_bytes"),
-                    "kind": build.get("kind"), "sources": [s.get("path") for s in build.get("sources", [])], "files": sorted(build.get("files", {}))})
+        row.update(
+            {
+                "created": marker.get("created"),
+                "install_seconds": marker.get("build_seconds"),
+                "size_bytes": marker.get("own_bytes"),
+                "kind": build.get("kind"),
+                "sources": [s.get("path") for s in build.get("sources", [])],
+                "files": sorted(build.get("files", {})),
+            }
+        )
     return row
 
 
@@ -385,7 +516,9 @@ def list_builds() -> list[str]:
 
 def list_engines(*, size: bool = False) -> list[dict]:
     """Every supported release's row (vLLM's, then SGLang's), then every build's."""
-    return [status(parse_engine(f"{f}=={v}"), size=size) for f, vs in RELEASES.items() for v in vs] + [status(v) for v in list_builds()]
+    return [status(parse_engine(f"{f}=={v}"), size=size) for f, vs in RELEASES.items() for v in vs] + [
+        status(v) for v in list_builds()
+    ]
 
 
 # ---------------------------------------------------------------- lock (maintainers)
@@ -426,7 +559,13 @@ def lock(version: str, *, wheel: str | None = None, progress: Progress = _stderr
         # pip's own tooling in the scratch venv (packaging, to read vLLM's metadata)
         _run([*pip, "packaging"], env=env, timeout=300, progress=progress, prefix=prefix)
         _run([*pip, TORCH_PIN], env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
-        _run([*pip, "--no-deps", wheel or f"vllm=={version}"], env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+        _run(
+            [*pip, "--no-deps", wheel or f"vllm=={version}"],
+            env=env,
+            timeout=PIP_TIMEOUT_S,
+            progress=progress,
+            prefix=prefix,
+        )
         specs = _vllm_requirement_specs(py)
 
         def spec(name: str) -> str:
@@ -435,13 +574,31 @@ def lock(version: str, *, wheel: str | None = None, progress: Progress = _stderr
                 return name + LIGHT_PINS[key]
             return specs.get(key, name)
 
-        _run([*pip, "--no-deps", *(spec(n) for n in NO_DEPS)], env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+        _run(
+            [*pip, "--no-deps", *(spec(n) for n in NO_DEPS)],
+            env=env,
+            timeout=PIP_TIMEOUT_S,
+            progress=progress,
+            prefix=prefix,
+        )
         names = list(LIGHT_PACKAGES) + list(LIGHT_EXTRA.get(version, ()))
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(TORCH_PIN + "\n")
-        _run([*pip, "-c", str(constraints), *(spec(n) for n in names)], env=env, timeout=PIP_TIMEOUT_S, progress=progress, prefix=prefix)
+        _run(
+            [*pip, "-c", str(constraints), *(spec(n) for n in names)],
+            env=env,
+            timeout=PIP_TIMEOUT_S,
+            progress=progress,
+            prefix=prefix,
+        )
         # --all: setuptools is a real dependency (torch imports it at runtime)
-        frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"], capture_output=True, text=True, check=True, env=env).stdout
+        frozen = subprocess.run(
+            [str(py), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        ).stdout
     lines = []
     for line in frozen.splitlines():
         name = line.split("==")[0].split(" @ ")[0].strip().lower().replace("_", "-")

@@ -102,13 +102,23 @@ def check_rel(rel: str, where: str, package: str = "vllm") -> str:
     else one line saying why not."""
     shown = shown_value(rel)
     if not rel.isprintable() or "\\" in rel:
-        raise InvalidArgument(f"{where}: path {shown} holds a control character or a backslash; allowed: printable paths like a/vllm/v1/core/kv_cache_coordinator.py")
+        raise InvalidArgument(
+            f"{where}: path {shown} holds a control character or a backslash; allowed: printable paths like a/vllm/v1/core/kv_cache_coordinator.py"
+        )
     if len(rel) > MAX_PATH_CHARS:
-        raise InvalidArgument(f"{where}: path {shown} is longer than {MAX_PATH_CHARS} characters; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py")
+        raise InvalidArgument(
+            f"{where}: path {shown} is longer than {MAX_PATH_CHARS} characters; allowed: paths like a/vllm/v1/core/kv_cache_coordinator.py"
+        )
     parts = rel.split("/")
     if not rel.startswith(package + "/") or any(p in ("", ".", "..") for p in parts):
-        like = "a/vllm/v1/core/kv_cache_coordinator.py" if package == "vllm" else f"a/{package}/srt/managers/schedule_policy.py"
-        raise InvalidArgument(f"{where}: path {shown} is not a file of {FAMILY_TITLES.get(package, package)}'s {package}/ tree; allowed: paths like {like}")
+        like = (
+            "a/vllm/v1/core/kv_cache_coordinator.py"
+            if package == "vllm"
+            else f"a/{package}/srt/managers/schedule_policy.py"
+        )
+        raise InvalidArgument(
+            f"{where}: path {shown} is not a file of {FAMILY_TITLES.get(package, package)}'s {package}/ tree; allowed: paths like {like}"
+        )
     return rel
 
 
@@ -123,12 +133,14 @@ def _header_path(text: str, where: str, package: str = "vllm") -> str | None:
 
 def _strip_newline(hunk: Hunk, tag: str) -> None:
     """``\\ No newline at end of file`` after a line tagged ``tag``."""
-    for side in ((hunk.old, hunk.new) if tag == " " else (hunk.old,) if tag == "-" else (hunk.new,)):
+    for side in (hunk.old, hunk.new) if tag == " " else (hunk.old,) if tag == "-" else (hunk.new,):
         if side:
             side[-1] = side[-1].removesuffix("\n").removesuffix("\r")
 
 
-def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_hunks: int = MAX_HUNKS, package: str = "vllm") -> list[FilePatch]:
+def parse_patch(
+    text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_hunks: int = MAX_HUNKS, package: str = "vllm"
+) -> list[FilePatch]:
     """The file patches of a unified diff; lines outside a file's hunks
     (``diff --git``, ``index``, prose) are ignored. ``max_files`` /
     ``max_hunks``: how many more file patches / hunks the build allows;
@@ -142,11 +154,18 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         line = lines[i]
         if line.startswith("--- ") and i + 1 < nlines and lines[i + 1].startswith("+++ "):
             where = f"{flag}: line {i + 1}"
-            old, new = _header_path(line[4:], where, package), _header_path(lines[i + 1][4:], f"{flag}: line {i + 2}", package)
+            old, new = (
+                _header_path(line[4:], where, package),
+                _header_path(lines[i + 1][4:], f"{flag}: line {i + 2}", package),
+            )
             if old is None and new is None:
-                raise InvalidArgument(f"{where}: both sides of the file header are /dev/null; allowed: '--- a/vllm/...' or '--- /dev/null' (a new file), then '+++ b/vllm/...' or '+++ /dev/null' (a deleted file)")
+                raise InvalidArgument(
+                    f"{where}: both sides of the file header are /dev/null; allowed: '--- a/vllm/...' or '--- /dev/null' (a new file), then '+++ b/vllm/...' or '+++ /dev/null' (a deleted file)"
+                )
             if len(files) >= max_files:
-                raise InvalidArgument(f"{where}: more than {MAX_FILE_PATCHES} file patches in the build's patches; allowed: at most {MAX_FILE_PATCHES}")
+                raise InvalidArgument(
+                    f"{where}: more than {MAX_FILE_PATCHES} file patches in the build's patches; allowed: at most {MAX_FILE_PATCHES}"
+                )
             files.append(FilePatch(old, new, i + 1))
             i += 2
             continue
@@ -156,12 +175,18 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
         where = f"{flag}: line {i + 1}"
         m = _HUNK.match(line)
         if not m:
-            raise InvalidArgument(f"{where}: {line.strip()[:80]!r} is not a hunk header; allowed: '@@ -START[,COUNT] +START[,COUNT] @@' with numbers of at most 9 digits")
+            raise InvalidArgument(
+                f"{where}: {line.strip()[:80]!r} is not a hunk header; allowed: '@@ -START[,COUNT] +START[,COUNT] @@' with numbers of at most 9 digits"
+            )
         if not files:
-            raise InvalidArgument(f"{where}: {line.strip()[:80]!r} comes before any '--- a/...' / '+++ b/...' file header; allowed: a unified diff")
+            raise InvalidArgument(
+                f"{where}: {line.strip()[:80]!r} comes before any '--- a/...' / '+++ b/...' file header; allowed: a unified diff"
+            )
         nhunks += 1
         if nhunks > max_hunks:
-            raise InvalidArgument(f"{where}: more than {MAX_HUNKS} hunks in the build's patches; allowed: at most {MAX_HUNKS}")
+            raise InvalidArgument(
+                f"{where}: more than {MAX_HUNKS} hunks in the build's patches; allowed: at most {MAX_HUNKS}"
+            )
         fp = files[-1]
         old_len = 1 if m.group(2) is None else int(m.group(2))
         new_len = 1 if m.group(4) is None else int(m.group(4))
@@ -198,8 +223,10 @@ def parse_patch(text: str, flag: str, *, max_files: int = MAX_FILE_PATCHES, max_
             _strip_newline(hunk, last)
             i += 1
         if len(hunk.old) != old_len or len(hunk.new) != new_len:
-            raise InvalidArgument(f"{flag}: line {hunk.line}: hunk {len(fp.hunks) + 1} of {fp.path} ({hunk.header}) is cut short: {len(hunk.old)}/{old_len} old and "
-                                  f"{len(hunk.new)}/{new_len} new lines; allowed: a complete unified diff")
+            raise InvalidArgument(
+                f"{flag}: line {hunk.line}: hunk {len(fp.hunks) + 1} of {fp.path} ({hunk.header}) is cut short: {len(hunk.old)}/{old_len} old and "
+                f"{len(hunk.new)}/{new_len} new lines; allowed: a complete unified diff"
+            )
         fp.hunks.append(hunk)
     return files
 
@@ -244,7 +271,9 @@ def _find(lines: list[str], index: _Index, old: list[str], want: int, floor: int
     j = min(range(n), key=lambda t: len(index.where[ids[t]]))  # the rarest line anchors the search
     pos = index.where[ids[j]]
     last = len(lines) - n
-    hi = bisect.bisect_left(pos, min(max(want, floor), last) + j)  # no candidate below floor or past the end is looked at
+    hi = bisect.bisect_left(
+        pos, min(max(want, floor), last) + j
+    )  # no candidate below floor or past the end is looked at
     lo = hi - 1
     while True:
         left = pos[lo] - j if lo >= 0 and pos[lo] - j >= floor else None
@@ -289,8 +318,10 @@ def apply_hunks(lines: list[str], fp: FilePatch, flag: str, release: str, packag
                 try:
                     found = _find(lines, index, old, want, cursor, budget)
                 except _OverBudget:
-                    raise InvalidArgument(f"{flag}: line {hunk.line}: hunk {k} of {fp.path} ({hunk.header}) is far from its line number and was not found within "
-                                          f"{SEARCH_FACTOR} candidates per line; allowed: hunks at or near the lines they name in {title} {release}'s file") from None
+                    raise InvalidArgument(
+                        f"{flag}: line {hunk.line}: hunk {k} of {fp.path} ({hunk.header}) is far from its line number and was not found within "
+                        f"{SEARCH_FACTOR} candidates per line; allowed: hunks at or near the lines they name in {title} {release}'s file"
+                    ) from None
                 if found is None:
                     first = old[0].strip()
                     raise InvalidArgument(

@@ -70,7 +70,10 @@ MAX_WHEEL_MEMBERS = 100_000
 MAX_RATIO = 100
 _CHUNK = 2**20
 
-_VERSION_LINE = re.compile(r"""^[ \t]*(?:(?:__version__|version)[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+(['"])([0-9][0-9A-Za-z.+!_-]{0,63})\1""", re.M)
+_VERSION_LINE = re.compile(
+    r"""^[ \t]*(?:(?:__version__|version)[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+(['"])([0-9][0-9A-Za-z.+!_-]{0,63})\1""",
+    re.M,
+)
 
 Source = tuple[bytes, int]  # (content, permission bits)
 
@@ -83,7 +86,9 @@ def version_in(text: str) -> str | None:
     return m.group(2) if m else None
 
 
-def read_regular(path: str | os.PathLike, flag: str, what: str, *, follow: bool = True, limit: int = MAX_SOURCE_BYTES) -> Source:
+def read_regular(
+    path: str | os.PathLike, flag: str, what: str, *, follow: bool = True, limit: int = MAX_SOURCE_BYTES
+) -> Source:
     """The bytes and permission bits of the regular file ``path`` (of at
     most ``limit`` bytes); ``follow=False``: the last part of ``path`` must
     not be a symlink. A FIFO, a device or a folder is refused, not opened
@@ -93,7 +98,9 @@ def read_regular(path: str | os.PathLike, flag: str, what: str, *, follow: bool 
     try:
         fd = os.open(path, flags)
     except (OSError, ValueError) as e:
-        raise invalid(flag, what, f"{named}cannot be read ({getattr(e, 'strerror', None) or e}); allowed: a readable regular file") from None
+        raise invalid(
+            flag, what, f"{named}cannot be read ({getattr(e, 'strerror', None) or e}); allowed: a readable regular file"
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -111,7 +118,9 @@ def read_regular(path: str | os.PathLike, flag: str, what: str, *, follow: bool 
             raise invalid(flag, what, f"{named}is larger than {limit} bytes; allowed: at most {limit}")
         return b"".join(chunks), stat.S_IMODE(st.st_mode)
     except OSError as e:
-        raise invalid(flag, what, f"{named}cannot be read ({e.strerror or e}); allowed: a readable regular file") from None
+        raise invalid(
+            flag, what, f"{named}cannot be read ({e.strerror or e}); allowed: a readable regular file"
+        ) from None
     finally:
         os.close(fd)
 
@@ -128,7 +137,11 @@ def tree_files(given: str | os.PathLike, pkg: Path, flag: str, what: str) -> dic
 
     def refuse_link(link: str) -> InvalidArgument:
         name = os.path.join(str(given), os.path.relpath(link, top))
-        return invalid(flag, what, f"{name!r} is a symlink to {os.path.realpath(link)!r}, outside {str(given)!r}; allowed: files and folders inside the tree")
+        return invalid(
+            flag,
+            what,
+            f"{name!r} is a symlink to {os.path.realpath(link)!r}, outside {str(given)!r}; allowed: files and folders inside the tree",
+        )
 
     if os.path.islink(pkg) and not _inside(os.path.realpath(pkg), root):
         raise refuse_link(str(pkg))
@@ -136,14 +149,18 @@ def tree_files(given: str | os.PathLike, pkg: Path, flag: str, what: str) -> dic
     entries = total = 0
 
     def walk_error(e: OSError) -> None:
-        raise invalid(flag, what, f"{e.filename!r} cannot be listed ({e.strerror or e}); allowed: a readable source tree")
+        raise invalid(
+            flag, what, f"{e.filename!r} cannot be listed ({e.strerror or e}); allowed: a readable source tree"
+        )
 
     for folder, dirs, files in os.walk(pkg, onerror=walk_error):
         rel_folder = Path(os.path.relpath(folder, pkg))
         depth = len(rel_folder.parts)  # Path(".").parts == ()
         entries += len(dirs) + len(files)
         if entries > MAX_TREE_ENTRIES:
-            raise invalid(flag, what, f"has more than {MAX_TREE_ENTRIES} entries under vllm/; allowed: at most {MAX_TREE_ENTRIES}")
+            raise invalid(
+                flag, what, f"has more than {MAX_TREE_ENTRIES} entries under vllm/; allowed: at most {MAX_TREE_ENTRIES}"
+            )
         for d in list(dirs):
             full = os.path.join(folder, d)
             if d == "__pycache__":
@@ -153,7 +170,11 @@ def tree_files(given: str | os.PathLike, pkg: Path, flag: str, what: str) -> dic
                     raise refuse_link(full)
                 dirs.remove(d)  # inside the tree: read where it lies, not through the link
             elif depth + 1 > MAX_TREE_DEPTH:
-                raise invalid(flag, what, f"{os.path.join(folder, d)!r} is more than {MAX_TREE_DEPTH} folders below vllm/; allowed: at most {MAX_TREE_DEPTH}")
+                raise invalid(
+                    flag,
+                    what,
+                    f"{os.path.join(folder, d)!r} is more than {MAX_TREE_DEPTH} folders below vllm/; allowed: at most {MAX_TREE_DEPTH}",
+                )
         for name in files:
             if not name.endswith(".py"):
                 continue
@@ -168,7 +189,11 @@ def tree_files(given: str | os.PathLike, pkg: Path, flag: str, what: str) -> dic
                 data, mode = read_regular(full, flag, what, follow=False)
             total += len(data)
             if total > MAX_SOURCES_BYTES:
-                raise invalid(flag, what, f"its Python files under vllm/ hold more than {MAX_SOURCES_BYTES} bytes; allowed: at most {MAX_SOURCES_BYTES}")
+                raise invalid(
+                    flag,
+                    what,
+                    f"its Python files under vllm/ hold more than {MAX_SOURCES_BYTES} bytes; allowed: at most {MAX_SOURCES_BYTES}",
+                )
             found[rel] = (data, mode)
     return found
 
@@ -181,10 +206,16 @@ def _central_directory(f, flag: str, what: str) -> None:
     :class:`zipfile.ZipFile` reads it into memory."""
     endrec = zipfile._EndRecData(f)  # the end-of-central-directory record (zip64 too); reads no entry
     if endrec is None:
-        raise invalid(flag, what, "is not a zip file (no end of central directory); allowed: wheel:FILE.whl, a vLLM wheel")
+        raise invalid(
+            flag, what, "is not a zip file (no end of central directory); allowed: wheel:FILE.whl, a vLLM wheel"
+        )
     count, size = endrec[zipfile._ECD_ENTRIES_TOTAL], endrec[zipfile._ECD_SIZE]
     if count > MAX_WHEEL_MEMBERS or size > MAX_WHEEL_MEMBERS * 1024:
-        raise invalid(flag, what, f"its central directory lists {count} members in {size} bytes; allowed: at most {MAX_WHEEL_MEMBERS} members")
+        raise invalid(
+            flag,
+            what,
+            f"its central directory lists {count} members in {size} bytes; allowed: at most {MAX_WHEEL_MEMBERS} members",
+        )
 
 
 def _inflate(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
@@ -224,19 +255,42 @@ def wheel_files(whl: Path, flag: str, what: str) -> tuple[dict[str, Source], str
                         continue
                     check_rel(name, f"{flag}={what!r}: member")
                     if info.file_size > MAX_SOURCE_BYTES:
-                        raise invalid(flag, what, f"member {name!r} inflates to {info.file_size} bytes; allowed: at most {MAX_SOURCE_BYTES}")
+                        raise invalid(
+                            flag,
+                            what,
+                            f"member {name!r} inflates to {info.file_size} bytes; allowed: at most {MAX_SOURCE_BYTES}",
+                        )
                     if info.file_size > _CHUNK and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-                        raise invalid(flag, what, f"member {name!r} inflates {info.compress_size} bytes to {info.file_size}; allowed: at most {MAX_RATIO} to 1")
+                        raise invalid(
+                            flag,
+                            what,
+                            f"member {name!r} inflates {info.compress_size} bytes to {info.file_size}; allowed: at most {MAX_RATIO} to 1",
+                        )
                     total += info.file_size
                     if total > MAX_SOURCES_BYTES:
-                        raise invalid(flag, what, f"its Python members under vllm/ inflate to more than {MAX_SOURCES_BYTES} bytes; allowed: at most {MAX_SOURCES_BYTES}")
+                        raise invalid(
+                            flag,
+                            what,
+                            f"its Python members under vllm/ inflate to more than {MAX_SOURCES_BYTES} bytes; allowed: at most {MAX_SOURCES_BYTES}",
+                        )
                     chosen.append(info)
                 for info in chosen:
                     member_mode = (info.external_attr >> 16) & 0o777
                     found[info.filename] = (_inflate(z, info), wheel_mode & (member_mode or 0o777))
     except KvspecError:
         raise
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, ValueError, zlib.error) as e:
+    except (
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+        zlib.error,
+    ) as e:
         text = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise invalid(flag, what, f"cannot be read as a wheel ({text!r}); allowed: wheel:FILE.whl, a vLLM wheel") from None
+        raise invalid(
+            flag, what, f"cannot be read as a wheel ({text!r}); allowed: wheel:FILE.whl, a vLLM wheel"
+        ) from None
     return found, digest

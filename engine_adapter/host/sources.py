@@ -18,9 +18,9 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from ground.home import kvspec_home
-from ground.files import write_bytes_atomic, write_text_atomic
 from ground.errors import EngineError
+from ground.files import write_bytes_atomic, write_text_atomic
+from ground.home import kvspec_home
 
 #: PyPI's simple index, JSON form (PEP 691).
 PYPI_SIMPLE = "https://pypi.org/simple/vllm/"

@@ -17,7 +17,6 @@ def ensure_pytest(python: str, timeout: float | None = None) -> bool:
     return ensure_tools(python, ("pytest",), TEST_TOOLS, timeout)
 
 
-
 def ensure_coverage(python: str, timeout: float | None = None) -> bool:
     """Make ``import coverage`` work in the environment of ``python``
     (``kvspec mutate``'s branch coverage of vLLM's functions)."""

@@ -39,10 +39,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ground.files import write_json_atomic
-from ground.home import contained_env
 from engine_adapter.protocol import READY_MARKER
 from ground.errors import EngineError
+from ground.files import write_json_atomic
+from ground.home import contained_env
 
 MARKER_NAME = READY_MARKER
 
@@ -86,7 +86,9 @@ def wait_flock(f, deadline: float, poll_s: float, timeout_message: str) -> None:
 
 
 @contextlib.contextmanager
-def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[str], None] | None = None, poll_s: float = 1.0) -> Iterator[None]:
+def install_lock(
+    root: Path, *, wait_s: float, label: str, progress: Callable[[str], None] | None = None, poll_s: float = 1.0
+) -> Iterator[None]:
     """Hold the install lock of the venv at ``root``; wait (polling every
     ``poll_s``) at most ``wait_s`` seconds for another installer.
     ``label`` names the venv in the one-line error."""
@@ -98,7 +100,12 @@ def install_lock(root: Path, *, wait_s: float, label: str, progress: Callable[[s
         except BlockingIOError:
             if progress is not None:
                 progress(f"[{label}] another install holds {path}; waiting")
-            wait_flock(f, time.monotonic() + wait_s, poll_s, f"{label}: install lock {path} held by another install for over {wait_s:.0f} s; allowed: a free lock")
+            wait_flock(
+                f,
+                time.monotonic() + wait_s,
+                poll_s,
+                f"{label}: install lock {path} held by another install for over {wait_s:.0f} s; allowed: a free lock",
+            )
         try:
             yield
         finally:
@@ -162,11 +169,17 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     ``dists`` at the versions kvspec's own interpreter has, without
     dependencies (pip's cache under kvspec's home). Each step is bounded by
     its own limit and by ``timeout`` seconds; False when it did not work."""
+
     def bound(limit: float) -> float:
         return min(limit, timeout) if timeout else limit
 
     try:
-        probe = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=bound(PROBE_TIMEOUT_S), check=False)
+        probe = subprocess.run(
+            [python, "-c", "import " + ", ".join(modules)],
+            capture_output=True,
+            timeout=bound(PROBE_TIMEOUT_S),
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return False
     if probe.returncode == 0:
@@ -176,7 +189,25 @@ def ensure_tools(python: str, modules: tuple[str, ...], dists: tuple[str, ...], 
     except importlib.metadata.PackageNotFoundError:
         return False
     try:
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--disable-pip-version-check", *pins], capture_output=True, text=True, env=contained_env(), timeout=bound(INSTALL_TIMEOUT_S), check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                python,
+                "install",
+                "-q",
+                "--no-deps",
+                "--disable-pip-version-check",
+                *pins,
+            ],
+            capture_output=True,
+            text=True,
+            env=contained_env(),
+            timeout=bound(INSTALL_TIMEOUT_S),
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0

@@ -92,15 +92,29 @@ from pathlib import Path
 
 from engine_adapter.host import environments
 from engine_adapter.host.versions import engine_name, family_of
-from engine_adapter.protocol import KILLED_MARK, encode
-from engine_adapter.host.warm_state import enabled  # noqa: F401 - part of the warm-engine API (kvspec's commands read it here)
 from engine_adapter.host.warm_state import (
-    IDLE_TIMEOUT_S, Paths, STOP_WAIT_S, _clean, _is_server, _kill, _locked, _log_tail, _wait_gone, env_id, fingerprint, idle_timeout_default, private_dir, read_state, warm_dir,
+    IDLE_TIMEOUT_S,
+    STOP_WAIT_S,
+    Paths,
+    _clean,
+    _is_server,
+    _kill,
+    _locked,
+    _log_tail,
+    _wait_gone,
+    enabled,  # noqa: F401 - part of the warm-engine API (kvspec's commands read it here)
+    env_id,
+    fingerprint,
+    idle_timeout_default,
+    private_dir,
+    read_state,
+    warm_dir,
 )
+from engine_adapter.protocol import KILLED_MARK, encode
 from engine_adapter.sockets import Lines, connect, event_of, read_line, remove_if, send_line
 from ground.console import say as console_say
-from ground.home import REPO_ROOT
 from ground.errors import EngineError, invalid
+from ground.home import REPO_ROOT
 
 #: Seconds a client waits for the warm engine to begin its request (busy
 #: with another command's) before it starts a fresh engine of its own.
@@ -114,7 +128,18 @@ class WarmClient:
     """Requests to the warm engine of one version and platform, starting
     (or replacing) it when needed."""
 
-    def __init__(self, version: str, platform: str = "cuda", *, idle_timeout: float | None = None, start_timeout: float = 180.0, directory: Path | None = None, python: str | None = None, queue_wait: float = QUEUE_WAIT_S, say=None) -> None:
+    def __init__(
+        self,
+        version: str,
+        platform: str = "cuda",
+        *,
+        idle_timeout: float | None = None,
+        start_timeout: float = 180.0,
+        directory: Path | None = None,
+        python: str | None = None,
+        queue_wait: float = QUEUE_WAIT_S,
+        say=None,
+    ) -> None:
         self.version, self.platform = version, platform
         self.engine = engine_name(version)
         self.python = python or str(environments.env_python(version))
@@ -125,7 +150,9 @@ class WarmClient:
         self.idle_timeout = idle_timeout if idle_timeout is not None else idle_timeout_default()
         self.start_timeout = start_timeout
         self.queue_wait = queue_wait
-        self.say = say if say is not None else console_say  # one line on stderr (ground.console.say) when this client starts a fresh engine for a reason
+        self.say = (
+            say if say is not None else console_say
+        )  # one line on stderr (ground.console.say) when this client starts a fresh engine for a reason
         self.fingerprint = fingerprint(version, platform, self.python)
         self.started: int | None = None  # pid of a server this client started
         self.restarts = 0
@@ -152,7 +179,15 @@ class WarmClient:
             sock = self.connect(deadline)
             state = read_state(self.paths)
             behind = state.get("pid") if state is not None else None
-            line = encode({"id": rid, "op": op, "fingerprint": self.fingerprint, "timeout_s": round(max(0.05, deadline - time.monotonic()), 3), **fields}).encode()
+            line = encode(
+                {
+                    "id": rid,
+                    "op": op,
+                    "fingerprint": self.fingerprint,
+                    "timeout_s": round(max(0.05, deadline - time.monotonic()), 3),
+                    **fields,
+                }
+            ).encode()
             lines = Lines(sock)
             serving: int | None = None
             try:
@@ -163,7 +198,7 @@ class WarmClient:
                     if event is not None and event.get("event") == "started":
                         serving = event.get("pid") if isinstance(event.get("pid"), int) else behind
                         raw = lines.next(deadline)
-                except socket.timeout:
+                except TimeoutError:
                     if serving is not None:
                         return self._timed_out(rid, timeout, serving)
                     raw, why = b"", "queued"
@@ -175,24 +210,52 @@ class WarmClient:
                 sock.close()  # a queued request whose client hung up is skipped
             if why == "queued":
                 if deadline - time.monotonic() < 1.0:
-                    return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"timed out after {timeout:.0f}s waiting for the warm engine {self.engine}, busy with another command's request (left running)"}}
+                    return {
+                        "id": rid,
+                        "ok": False,
+                        "error": {
+                            "kind": "worker",
+                            "message": f"timed out after {timeout:.0f}s waiting for the warm engine {self.engine}, busy with another command's request (left running)",
+                        },
+                    }
                 self.take_over(deadline, behind)
                 continue
             if raw is None and serving is None and _attempt < 3:
                 continue  # the engine left (or was killed) before it began this request: a fresh one will
             if raw is None:
                 self.restarts += 1
-                return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"warm engine {self.engine} ({self.platform}) {why}: {_log_tail(self.paths)}"}}
+                return {
+                    "id": rid,
+                    "ok": False,
+                    "error": {
+                        "kind": "worker",
+                        "message": f"warm engine {self.engine} ({self.platform}) {why}: {_log_tail(self.paths)}",
+                    },
+                }
             try:
                 resp = json.loads(raw)
             except ValueError:
-                return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"warm engine {self.engine} answered a non-protocol line: {raw[:200]!r}"}}
+                return {
+                    "id": rid,
+                    "ok": False,
+                    "error": {
+                        "kind": "worker",
+                        "message": f"warm engine {self.engine} answered a non-protocol line: {raw[:200]!r}",
+                    },
+                }
             err = resp.get("error") if isinstance(resp, dict) else None
             if isinstance(err, dict) and err.get("kind") == "stale":
                 self.replace(deadline)
                 continue
             return resp
-        return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"warm engine {self.engine}: no server of this kvspec's sources answered"}}
+        return {
+            "id": rid,
+            "ok": False,
+            "error": {
+                "kind": "worker",
+                "message": f"warm engine {self.engine}: no server of this kvspec's sources answered",
+            },
+        }
 
     def _timed_out(self, rid: int, timeout: float, pid: int) -> dict:
         """This client's own request ran past its bound on the engine
@@ -202,10 +265,19 @@ class WarmClient:
         state = read_state(self.paths)
         if state is not None and state.get("pid") == pid:
             with contextlib.suppress(OSError), open(self.paths.log, "a") as log:
-                log.write(f"\n{KILLED_MARK} a request ran past its time limit of {timeout:.0f}s (killed by its client)\n")
+                log.write(
+                    f"\n{KILLED_MARK} a request ran past its time limit of {timeout:.0f}s (killed by its client)\n"
+                )
         _kill(self.paths, pid)
         self.restarts += 1
-        return {"id": rid, "ok": False, "error": {"kind": "worker", "message": f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {tail}"}}
+        return {
+            "id": rid,
+            "ok": False,
+            "error": {
+                "kind": "worker",
+                "message": f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {tail}",
+            },
+        }
 
     def take_over(self, deadline: float, behind: object) -> None:
         """The warm engine ``behind`` stayed busy with another command's
@@ -216,7 +288,12 @@ class WarmClient:
         with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
             state = read_state(self.paths)
             pid = state.get("pid") if state is not None else None
-            if state is not None and pid != behind and state.get("fingerprint") == self.fingerprint and _is_server(pid, self.paths.sock):
+            if (
+                state is not None
+                and pid != behind
+                and state.get("fingerprint") == self.fingerprint
+                and _is_server(pid, self.paths.sock)
+            ):
                 return
             self._start(deadline, announce=False)
         self.say(f"kvspec: the warm engine {self.engine} is busy with another command; started a fresh one")
@@ -243,7 +320,11 @@ class WarmClient:
         self.folder_ready()
         with _locked(self.paths.lock, min(deadline, time.monotonic() + self.start_timeout), self.engine):
             state = read_state(self.paths)
-            if state is not None and state.get("fingerprint") == self.fingerprint and _is_server(state.get("pid"), self.paths.sock):
+            if (
+                state is not None
+                and state.get("fingerprint") == self.fingerprint
+                and _is_server(state.get("pid"), self.paths.sock)
+            ):
                 return
             self._start(deadline)
 
@@ -253,7 +334,9 @@ class WarmClient:
         request past its bound (its log ends with :data:`KILLED_MARK`), say
         so in one line (``announce``)."""
         if not os.path.exists(self.python):
-            raise EngineError(f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}")
+            raise EngineError(
+                f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}"
+            )
         paths = self.paths
         killed = _log_tail(paths).startswith(KILLED_MARK)
         state = read_state(paths)
@@ -266,29 +349,59 @@ class WarmClient:
                 connect(paths.sock, 1.0).close()
             except OSError:
                 remove_if(paths.sock)
-        make_room(paths, max_warm(), self.folder, self.say)  # at most KVSPEC_WARM_MAX resident, least recently used goes
-        cmd = [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version), "--socket", str(paths.sock), "--state", str(paths.state), "--fingerprint", self.fingerprint, "--idle-timeout", repr(float(self.idle_timeout))]
+        make_room(
+            paths, max_warm(), self.folder, self.say
+        )  # at most KVSPEC_WARM_MAX resident, least recently used goes
+        cmd = [
+            self.python,
+            "-m",
+            "engine_adapter.inside.worker",
+            "--family",
+            family_of(self.version),
+            "--socket",
+            str(paths.sock),
+            "--state",
+            str(paths.state),
+            "--fingerprint",
+            self.fingerprint,
+            "--idle-timeout",
+            repr(float(self.idle_timeout)),
+        ]
         with open(paths.log, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO_ROOT), start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=str(REPO_ROOT),
+                start_new_session=True,
+            )
         end = min(deadline, time.monotonic() + self.start_timeout)
         while True:
             rc = proc.poll()
             if rc is not None:
-                raise EngineError(f"engine={self.engine!r}: warm engine exited (status {rc}) before it answered: {_log_tail(paths)}")
+                raise EngineError(
+                    f"engine={self.engine!r}: warm engine exited (status {rc}) before it answered: {_log_tail(paths)}"
+                )
             state = read_state(paths)
             if state is not None and state.get("pid") == proc.pid:
                 with contextlib.suppress(OSError):
                     connect(paths.sock, 1.0).close()
                     self.started = proc.pid
                     if killed and announce:
-                        self.say(f"kvspec: the warm engine {self.engine} was killed (a request ran past its time limit); started a fresh one")
+                        self.say(
+                            f"kvspec: the warm engine {self.engine} was killed (a request ran past its time limit); started a fresh one"
+                        )
                     return
             if time.monotonic() > end:
                 _kill(paths, proc.pid)
                 with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                     proc.kill()
                     proc.wait(timeout=5)
-                raise EngineError(f"engine={self.engine!r}: warm engine did not answer within {self.start_timeout:.0f}s: {_log_tail(paths)}")
+                raise EngineError(
+                    f"engine={self.engine!r}: warm engine did not answer within {self.start_timeout:.0f}s: {_log_tail(paths)}"
+                )
             time.sleep(0.1)
 
 
@@ -314,7 +427,7 @@ def _version_of(path: Path, state: dict) -> str:
     if _env_of(path) is not None:
         stem = stem.rpartition("-")[0]
     if stem.startswith("vllm-") and stem.endswith("-" + platform):
-        return stem[len("vllm-"):-len(platform) - 1]
+        return stem[len("vllm-") : -len(platform) - 1]
     return str(state.get("version"))
 
 
@@ -349,12 +462,20 @@ def list_warm(directory: Path | None = None) -> list[dict]:
             current = state.get("fingerprint") == fingerprint(version, platform, state.get("python"))
         except Exception:  # noqa: BLE001 - an unknown version's files
             current = False
-        rows.append({
-            "engine": engine_name(version), "version": version, "platform": platform, "env": _env_of(path), "pid": pid,
-            "socket": str(paths.sock), "idle_timeout_s": idle,
-            "idle_left_s": round(max(0.0, idle - (now - last_used)), 1),
-            "started": state.get("started"), "current": current,
-        })
+        rows.append(
+            {
+                "engine": engine_name(version),
+                "version": version,
+                "platform": platform,
+                "env": _env_of(path),
+                "pid": pid,
+                "socket": str(paths.sock),
+                "idle_timeout_s": idle,
+                "idle_left_s": round(max(0.0, idle - (now - last_used)), 1),
+                "started": state.get("started"),
+                "current": current,
+            }
+        )
     return rows
 
 
@@ -391,7 +512,14 @@ def stop(version: str | None = None, directory: Path | None = None) -> list[dict
         if state is None or (version is not None and _version_of(path, state) != version):
             continue
         how = _stop_one(paths, state)
-        stopped.append({"engine": engine_name(_version_of(path, state)), "platform": state.get("platform"), "pid": state.get("pid"), "how": how})
+        stopped.append(
+            {
+                "engine": engine_name(_version_of(path, state)),
+                "platform": state.get("platform"),
+                "pid": state.get("pid"),
+                "how": how,
+            }
+        )
     return stopped
 
 
@@ -413,7 +541,9 @@ def max_warm() -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_WARM_LIMIT:
-        raise invalid("KVSPEC_WARM_MAX", raw, f"allowed: an integer in 1-{MAX_WARM_LIMIT} (warm engines running at once)")
+        raise invalid(
+            "KVSPEC_WARM_MAX", raw, f"allowed: an integer in 1-{MAX_WARM_LIMIT} (warm engines running at once)"
+        )
     return value
 
 
@@ -438,8 +568,15 @@ def make_room(keep: Paths, cap: int, directory: Path | None = None, say=None) ->
     stopped = []
     for _used, path, paths, state in live[: max(0, len(live) - (cap - 1))]:
         how = _stop_one(paths, state)
-        row = {"engine": engine_name(_version_of(path, state)), "platform": state.get("platform"), "pid": state.get("pid"), "how": how}
+        row = {
+            "engine": engine_name(_version_of(path, state)),
+            "platform": state.get("platform"),
+            "pid": state.get("pid"),
+            "how": how,
+        }
         stopped.append(row)
         if say is not None:
-            say(f"kvspec: stopped the warm engine {row['engine']} ({row['platform']}, pid {row['pid']}), the least recently used: at most {cap} run at once (KVSPEC_WARM_MAX)")
+            say(
+                f"kvspec: stopped the warm engine {row['engine']} ({row['platform']}, pid {row['pid']}), the least recently used: at most {cap} run at once (KVSPEC_WARM_MAX)"
+            )
     return stopped

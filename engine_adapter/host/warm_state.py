@@ -35,13 +35,33 @@ IDLE_TIMEOUT_S = 600.0
 STOP_WAIT_S = 10.0
 #: Environment variables that are part of a warm engine's identity:
 #: these prefixes and names (:func:`identity_env`) ...
-IDENTITY_PREFIXES = ("VLLM_", "KVSPEC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON", "LD_")
+IDENTITY_PREFIXES = (
+    "VLLM_",
+    "KVSPEC_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "PYTORCH_",
+    "CUDA_",
+    "NCCL_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "PYTHON",
+    "LD_",
+)
 IDENTITY_NAMES = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "TZ")
 #: ... but for the warm engines' own settings, read by the client only.
 NOT_IDENTITY = ("KVSPEC_WARM", "KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
 #: Sources a warm engine runs: a change to any of them makes it stale.
-FINGERPRINT_SOURCES = ("engine_adapter/**/*.py", "engine_adapter/models/**/*", "reference/**/*.py", "ground/**/*.py", "kvspec/__init__.py")
-
+FINGERPRINT_SOURCES = (
+    "engine_adapter/**/*.py",
+    "engine_adapter/models/**/*",
+    "reference/**/*.py",
+    "ground/**/*.py",
+    "kvspec/__init__.py",
+)
 
 
 def enabled() -> bool:
@@ -110,16 +130,31 @@ def private_dir(folder: Path, create: bool = False) -> Path:
     except FileNotFoundError:
         if not create:
             return sub
-        raise invalid(label, str(folder), f"a folder where kvspec can create its private subfolder {sub.name}") from None
-    if not (stat.S_ISDIR(sst.st_mode) and not stat.S_ISLNK(sst.st_mode) and sst.st_uid == os.geteuid() and not sst.st_mode & 0o077):
-        raise invalid(label, str(folder), f"a folder of yours that others cannot write, or one whose {sub.name} is a private folder of yours (yours, mode 0700, not a link)")
+        raise invalid(
+            label, str(folder), f"a folder where kvspec can create its private subfolder {sub.name}"
+        ) from None
+    if not (
+        stat.S_ISDIR(sst.st_mode)
+        and not stat.S_ISLNK(sst.st_mode)
+        and sst.st_uid == os.geteuid()
+        and not sst.st_mode & 0o077
+    ):
+        raise invalid(
+            label,
+            str(folder),
+            f"a folder of yours that others cannot write, or one whose {sub.name} is a private folder of yours (yours, mode 0700, not a link)",
+        )
     return sub
 
 
 def identity_env(env: dict[str, str]) -> dict[str, str]:
     """The variables of ``env`` that are part of a warm engine's identity
     (:data:`IDENTITY_PREFIXES`, :data:`IDENTITY_NAMES`, less :data:`NOT_IDENTITY`)."""
-    return {k: v for k, v in env.items() if (k.startswith(IDENTITY_PREFIXES) or k in IDENTITY_NAMES) and k not in NOT_IDENTITY}
+    return {
+        k: v
+        for k, v in env.items()
+        if (k.startswith(IDENTITY_PREFIXES) or k in IDENTITY_NAMES) and k not in NOT_IDENTITY
+    }
 
 
 def env_id(env: dict[str, str]) -> str:
@@ -204,7 +239,7 @@ def _proc_state(pid: int) -> str | None:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    tail = raw[raw.rfind(b")") + 1:].split()
+    tail = raw[raw.rfind(b")") + 1 :].split()
     return tail[0].decode() if tail else None
 
 
@@ -288,7 +323,12 @@ def _locked(path: Path, deadline: float, label: str) -> Iterator[None]:
     """Hold the start lock of one warm engine (its folder made by
     :meth:`WarmClient.folder_ready`); wait (polling) until ``deadline``."""
     with open(path, "a") as f:
-        wait_flock(f, deadline, 0.1, f"{label}: warm engine start lock {path} held by another client past the time limit; allowed: a free lock")
+        wait_flock(
+            f,
+            deadline,
+            0.1,
+            f"{label}: warm engine start lock {path} held by another client past the time limit; allowed: a free lock",
+        )
         try:
             yield
         finally:

@@ -33,7 +33,12 @@ def handle(driver, msg: dict, fingerprint: str | None = None) -> dict:
         op = msg.get("op")
         want = msg.get("fingerprint")
         if fingerprint is not None and want is not None and want != fingerprint:
-            return {"ok": False, "error": error("stale", f"this warm server runs fingerprint {fingerprint[:12]}, the client {str(want)[:12]}")}
+            return {
+                "ok": False,
+                "error": error(
+                    "stale", f"this warm server runs fingerprint {fingerprint[:12]}, the client {str(want)[:12]}"
+                ),
+            }
         if op not in OPS:
             return {"ok": False, "error": error("protocol", f"op={op!r}: allowed: {', '.join(OPS)}")}
         if op == "ping":

@@ -70,12 +70,22 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
     os.chmod(sock_file, 0o600)
     listener.listen(64)
     inode = os.stat(sock_file).st_ino
-    write_json_atomic(state_file, {
-        "pid": os.getpid(), "version": driver.version, "engine": f"vllm=={driver.version}",
-        "platform": os.environ.get("KVSPEC_PLATFORM", "cuda"), "fingerprint": fp, "python": sys.executable,
-        "socket": str(sock_file), "socket_inode": inode, "idle_timeout_s": idle_timeout,
-        "started": t0, "ready": time.time(),
-    })
+    write_json_atomic(
+        state_file,
+        {
+            "pid": os.getpid(),
+            "version": driver.version,
+            "engine": f"vllm=={driver.version}",
+            "platform": os.environ.get("KVSPEC_PLATFORM", "cuda"),
+            "fingerprint": fp,
+            "python": sys.executable,
+            "socket": str(sock_file),
+            "socket_inode": inode,
+            "idle_timeout_s": idle_timeout,
+            "started": t0,
+            "ready": time.time(),
+        },
+    )
     stopping = [False]
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
     signal.signal(signal.SIGINT, lambda *_: stopping.__setitem__(0, True))
@@ -105,7 +115,11 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
         """A request ran past its own bound: this engine serves no one
         else; it leaves and exits (the next command starts a fresh one)."""
         with contextlib.suppress(Exception):
-            print(f"{KILLED_MARK} a request ran past its time limit of {bound:.0f}s (+{OVERRUN_GRACE_S:.0f}s); this warm engine exits", file=sys.stderr, flush=True)
+            print(
+                f"{KILLED_MARK} a request ran past its time limit of {bound:.0f}s (+{OVERRUN_GRACE_S:.0f}s); this warm engine exits",
+                file=sys.stderr,
+                flush=True,
+            )
             leave()
         os._exit(70)
 
@@ -119,7 +133,19 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             continue
-        what = _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1), "version": driver.version}, overrun)
+        what = _serve_connection(
+            conn,
+            driver,
+            fp,
+            lambda: {
+                "pid": os.getpid(),
+                "fingerprint": fp,
+                "served": served,
+                "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1),
+                "version": driver.version,
+            },
+            overrun,
+        )
         if what == "used":
             served += 1
             last = time.monotonic()
@@ -135,7 +161,19 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             conn, _ = listener.accept()
         except OSError:
             break
-        _serve_connection(conn, driver, fp, lambda: {"pid": os.getpid(), "fingerprint": fp, "served": served, "idle_left_s": 0.0, "version": driver.version}, overrun)
+        _serve_connection(
+            conn,
+            driver,
+            fp,
+            lambda: {
+                "pid": os.getpid(),
+                "fingerprint": fp,
+                "served": served,
+                "idle_left_s": 0.0,
+                "version": driver.version,
+            },
+            overrun,
+        )
     listener.close()
     return 0
 
@@ -146,7 +184,11 @@ def _request_bound(msg: dict) -> float | None:
     bound = msg.get("timeout_s")
     if bound is None:
         return None
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not (math.isfinite(bound) and 0 < bound <= 86400 * 7):
+    if (
+        isinstance(bound, bool)
+        or not isinstance(bound, (int, float))
+        or not (math.isfinite(bound) and 0 < bound <= 86400 * 7)
+    ):
         raise ValueError(f"timeout_s={bound!r}: allowed: seconds, 0 < S <= 604800")
     return float(bound)
 
@@ -189,7 +231,11 @@ def _serve_connection(conn: socket.socket, driver, fp: str, status, overrun=None
             else:
                 watch = None
                 if bound is not None:
-                    send_line(conn, encode({"event": "started", "id": rid, "pid": os.getpid()}).encode(), time.monotonic() + RESPONSE_SEND_TIMEOUT_S)
+                    send_line(
+                        conn,
+                        encode({"event": "started", "id": rid, "pid": os.getpid()}).encode(),
+                        time.monotonic() + RESPONSE_SEND_TIMEOUT_S,
+                    )
                     if overrun is not None:
                         watch = threading.Timer(bound + OVERRUN_GRACE_S, overrun, (bound,))
                         watch.daemon = True

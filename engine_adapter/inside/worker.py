@@ -76,14 +76,25 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False, fami
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine_adapter.inside.worker")
-    parser.add_argument("--family", choices=sorted(FAMILIES), default="vllm", help="the engine family whose driver serves (default vllm)")
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="vllm",
+        help="the engine family whose driver serves (default vllm)",
+    )
     parser.add_argument("--selftest", action="store_true")
-    parser.add_argument("--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case")
+    parser.add_argument(
+        "--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case"
+    )
     parser.add_argument("--expect-version")
     parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.host.warm)")
     parser.add_argument("--state", help="with --socket: the state file to write")
-    parser.add_argument("--fingerprint", help="with --socket: the sources' fingerprint (engine_adapter.host.warm.fingerprint)")
-    parser.add_argument("--idle-timeout", type=float, default=600.0, help="with --socket: exit after this many idle seconds")
+    parser.add_argument(
+        "--fingerprint", help="with --socket: the sources' fingerprint (engine_adapter.host.warm.fingerprint)"
+    )
+    parser.add_argument(
+        "--idle-timeout", type=float, default=600.0, help="with --socket: exit after this many idle seconds"
+    )
     args = parser.parse_args(argv)
     if args.socket:
         from engine_adapter.inside.warm_server import serve_socket

@@ -32,9 +32,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -104,13 +104,19 @@ def check_base_url(url: object, field: str = "--server") -> str:
         raise invalid(field, url, "must be an http:// or https:// URL")
     shown = _shown_url(url)
     if len(url) > 2048 or any(c.isspace() or not c.isprintable() for c in url):
-        raise invalid(field, shown[:200], "must be an http:// or https:// URL of at most 2048 printable characters, no spaces")
+        raise invalid(
+            field, shown[:200], "must be an http:// or https:// URL of at most 2048 printable characters, no spaces"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
         host = parts.hostname
     except ValueError as e:
-        raise invalid(field, shown, f"is not a valid URL ({e}); allowed: http(s)://HOST[:PORT], an IPv6 host in brackets, PORT 1-65535") from None
+        raise invalid(
+            field,
+            shown,
+            f"is not a valid URL ({e}); allowed: http(s)://HOST[:PORT], an IPv6 host in brackets, PORT 1-65535",
+        ) from None
     if parts.scheme not in ("http", "https"):
         raise invalid(field, shown, "must be an http:// or https:// URL")
     if not host:
@@ -121,7 +127,9 @@ def check_base_url(url: object, field: str = "--server") -> str:
         try:
             ipaddress.IPv6Address(host.split("%", 1)[0])
         except ValueError:
-            raise invalid(field, shown, "the bracketed host is not an IPv6 address; allowed: http://[::1]:8000") from None
+            raise invalid(
+                field, shown, "the bracketed host is not an IPv6 address; allowed: http://[::1]:8000"
+            ) from None
     if parts.query or parts.fragment:
         raise invalid(field, shown, "has a query or fragment; allowed: a base URL such as http://127.0.0.1:8000")
     try:
@@ -174,14 +182,25 @@ def check_key_transport(url: str, has_key: bool, *, in_clear_ok: bool = False, f
         return
     parts = urlsplit(url)
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
-        raise invalid(field, _shown_url(url), "would send the API key in clear (plain http to a host that is not loopback); "
-                      "allowed: https://, http:// to 127.0.0.1/::1/localhost, or --send-key-in-clear to accept the risk")
+        raise invalid(
+            field,
+            _shown_url(url),
+            "would send the API key in clear (plain http to a host that is not loopback); "
+            "allowed: https://, http:// to 127.0.0.1/::1/localhost, or --send-key-in-clear to accept the risk",
+        )
 
 
 class LiveClient:
     """``base_url`` like ``http://127.0.0.1:8000``; ``api_key`` or None."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = DEFAULT_RETRIES):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+    ):
         self.base_url = check_base_url(base_url, "base_url").rstrip("/")
         self.timeout_s = float(timeout_s)
         self.retries = max(0, int(retries))
@@ -207,7 +226,7 @@ class LiveClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "LiveClient":
+    def __enter__(self) -> LiveClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -252,7 +271,9 @@ class LiveClient:
         timer.daemon = True
         timer.start()
         try:
-            request = self._http.build_request(method, path, json=body, extensions={"timeout": timeouts, "trace": trace})
+            request = self._http.build_request(
+                method, path, json=body, extensions={"timeout": timeouts, "trace": trace}
+            )
             response = self._http.send(request, stream=True)
             try:
                 yield response
@@ -307,10 +328,14 @@ class LiveClient:
                 if status == 404:
                     raise LiveError(f"status=404: GET {path} not found (is this a vLLM server?); allowed: 200")
             except (_Expired, httpx.TimeoutException):
-                raise LiveTimeout(f"timeout_s={self.timeout_s}: GET {path} did not finish in time ({attempt + 1} attempt(s)); allowed: a whole response in time") from None
+                raise LiveTimeout(
+                    f"timeout_s={self.timeout_s}: GET {path} did not finish in time ({attempt + 1} attempt(s)); allowed: a whole response in time"
+                ) from None
             except httpx.HTTPError as e:
                 if time.monotonic() >= deadline:  # the deadline timer shut the socket
-                    raise LiveTimeout(f"timeout_s={self.timeout_s}: GET {path} did not finish in time ({attempt + 1} attempt(s)); allowed: a whole response in time") from None
+                    raise LiveTimeout(
+                        f"timeout_s={self.timeout_s}: GET {path} did not finish in time ({attempt + 1} attempt(s)); allowed: a whole response in time"
+                    ) from None
                 last = self._redact(_describe(e))
             if attempt < self.retries and not self._sleep(attempt, deadline):
                 break
@@ -385,9 +410,13 @@ class LiveClient:
                         try:
                             event = json.loads(payload)
                         except (ValueError, RecursionError):
-                            raise LiveError("stream: a data line is not JSON; allowed: OpenAI completion chunks") from None
+                            raise LiveError(
+                                "stream: a data line is not JSON; allowed: OpenAI completion chunks"
+                            ) from None
                         if isinstance(event, dict) and "error" in event:
-                            raise LiveError(f"stream: server sent an error ({self._redact(str(event['error']))[:120]}); allowed: completion chunks")
+                            raise LiveError(
+                                f"stream: server sent an error ({self._redact(str(event['error']))[:120]}); allowed: completion chunks"
+                            )
                         finish = _finish_reason(event) or finish
                 return Completion(ttft, time.monotonic() - t0, finish, chunks, attempt + 1)
             except (_Expired, httpx.TimeoutException):
@@ -405,7 +434,9 @@ class LiveClient:
             except httpx.HTTPError as e:
                 if time.monotonic() >= deadline:
                     raise LiveTimeout(late) from None
-                raise LiveError(f"POST /v1/completions: {self._redact(_describe(e))}; allowed: a finished stream") from None
+                raise LiveError(
+                    f"POST /v1/completions: {self._redact(_describe(e))}; allowed: a finished stream"
+                ) from None
         raise LiveError(f"POST /v1/completions: {last} after {attempt + 1} attempt(s); allowed: HTTP 200")
 
 

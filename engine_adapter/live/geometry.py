@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ground.errors import Unsupported
 from reference.boundaries import rescale_length
 from reference.case import Case, Geometry, Group, Segment
-from ground.errors import Unsupported
 
 
 def _int_label(value: str | None) -> int | None:
@@ -92,14 +92,20 @@ class ServerInfo:
         a Mamba cache mode other than align."""
         cc = self.cache_config
         if not cc:
-            raise Unsupported("server vllm:cache_config_info=absent: cannot read the server's cache geometry; allowed: a vLLM server exposing /metrics")
+            raise Unsupported(
+                "server vllm:cache_config_info=absent: cannot read the server's cache geometry; allowed: a vLLM server exposing /metrics"
+            )
         if not self.prefix_caching:
-            raise Unsupported(f"server enable_prefix_caching={cc.get('enable_prefix_caching')}: {needs} needs prefix caching; allowed: True (--enable-prefix-caching)")
+            raise Unsupported(
+                f"server enable_prefix_caching={cc.get('enable_prefix_caching')}: {needs} needs prefix caching; allowed: True (--enable-prefix-caching)"
+            )
         block = self.block_size
         if block is None:
             raise Unsupported(f"server block_size={cc.get('block_size')!r}: unreadable; allowed: an integer label")
         if hybrid and self.mamba_cache_mode != "align":
-            raise Unsupported(f"server mamba_cache_mode={self.mamba_cache_mode}: {needs} models align mode; allowed: a hybrid server with --mamba-cache-mode align")
+            raise Unsupported(
+                f"server mamba_cache_mode={self.mamba_cache_mode}: {needs} models align mode; allowed: a hybrid server with --mamba-cache-mode align"
+            )
         return block
 
     def knobs(self) -> dict:
@@ -133,19 +139,29 @@ def check_case(case: Case, info: ServerInfo) -> GeometryCheck:
                 f"geometry.groups[{i}].block_size={grp.block_size}: the server's block_size is {block}; allowed: {block} (or --rescale where the case allows it)"
             )
     if g.hash_block_size != info.hash_block_size:
-        raise Unsupported(f"geometry.hash_block_size={g.hash_block_size}: the server hashes every {info.hash_block_size} tokens (prefix_match_unit={info.prefix_match_unit}); allowed: {info.hash_block_size}")
+        raise Unsupported(
+            f"geometry.hash_block_size={g.hash_block_size}: the server hashes every {info.hash_block_size} tokens (prefix_match_unit={info.prefix_match_unit}); allowed: {info.hash_block_size}"
+        )
     if g.scheduler_block_size != block:
-        raise Unsupported(f"geometry.scheduler_block_size={g.scheduler_block_size}: the server schedules in {block}-token blocks; allowed: {block}")
+        raise Unsupported(
+            f"geometry.scheduler_block_size={g.scheduler_block_size}: the server schedules in {block}-token blocks; allowed: {block}"
+        )
     spec = case.speculative
     if spec is None and info.spec_positions is not None:
-        raise Unsupported(f"server num_speculative_tokens={info.spec_positions}: the case has speculative=null; allowed: a server without --speculative-config")
+        raise Unsupported(
+            f"server num_speculative_tokens={info.spec_positions}: the case has speculative=null; allowed: a server without --speculative-config"
+        )
     if spec is not None and info.spec_positions is None:
-        raise Unsupported(f"speculative.method={spec.method}: the server runs no speculative decoding; allowed: speculative=null, or a server with --speculative-config")
+        raise Unsupported(
+            f"speculative.method={spec.method}: the server runs no speculative decoding; allowed: speculative=null, or a server with --speculative-config"
+        )
     if info.max_model_len is not None:
         for i, req in enumerate(case.trace):
             need = req.num_prompt_tokens + req.max_tokens
             if need > info.max_model_len:
-                raise Unsupported(f"trace[{i}] prompt+max_tokens={need}: above the server's max_model_len={info.max_model_len}; allowed: <= {info.max_model_len}")
+                raise Unsupported(
+                    f"trace[{i}] prompt+max_tokens={need}: above the server's max_model_len={info.max_model_len}; allowed: <= {info.max_model_len}"
+                )
 
     out = GeometryCheck()
     ret = info.retention_interval
@@ -155,13 +171,23 @@ def check_case(case: Case, info: ServerInfo) -> GeometryCheck:
         out.differences.append(f"retention_interval: case {_fmt_ret(g.retention_interval)}, server {_fmt_ret(ret)}")
     if spec is not None:
         if info.spec_positions != spec.num_speculative_tokens:
-            out.differences.append(f"num_speculative_tokens: case {spec.num_speculative_tokens}, server {info.spec_positions}")
+            out.differences.append(
+                f"num_speculative_tokens: case {spec.num_speculative_tokens}, server {info.spec_positions}"
+            )
         opts = ", ".join(f"{k}={v}" for k, v in sorted(spec.options.items()))
-        out.unverified.append(f"speculative.method={spec.method}" + (f" ({opts})" if opts else "") + " (not exposed by the server)")
+        out.unverified.append(
+            f"speculative.method={spec.method}" + (f" ({opts})" if opts else "") + " (not exposed by the server)"
+        )
     out.unverified.append(f"max_num_batched_tokens={g.max_num_batched_tokens} (not exposed by the server)")
     if g.mamba_block_sizes:  # the align-mode split: only where Mamba groups are
-        source = f"as vLLM {case.resolved_by.removeprefix('vllm==')} resolves the deployment" if case.resolved_by else "the smallest group block: a hand case"
-        out.unverified.append(f"split_block_size={g.split_block} (the block prefill chunks end on, {source}; not exposed by the server)")
+        source = (
+            f"as vLLM {case.resolved_by.removeprefix('vllm==')} resolves the deployment"
+            if case.resolved_by
+            else "the smallest group block: a hand case"
+        )
+        out.unverified.append(
+            f"split_block_size={g.split_block} (the block prefill chunks end on, {source}; not exposed by the server)"
+        )
     out.unverified.append(f"KV cache groups={g.num_groups} (not exposed by the server)")
     return out
 
@@ -189,33 +215,51 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
     case and a one-line note; raises Unsupported otherwise.
     """
     if case.deployment is not None:
-        raise Unsupported(f"--rescale: case.deployment={case.deployment.model!r}: a deployment's block is the one vLLM resolves for it; allowed: a hand case (a deployment case runs on a server of that deployment)")
+        raise Unsupported(
+            f"--rescale: case.deployment={case.deployment.model!r}: a deployment's block is the one vLLM resolves for it; allowed: a hand case (a deployment case runs on a server of that deployment)"
+        )
     g = case.geometry
     if g.split_block_size is not None:
-        raise Unsupported(f"--rescale: geometry.split_block_size={g.split_block_size}; allowed: a hand case whose prefill split is its block (split_block_size null)")
+        raise Unsupported(
+            f"--rescale: geometry.split_block_size={g.split_block_size}; allowed: a hand case whose prefill split is its block (split_block_size null)"
+        )
     sizes = {grp.block_size for grp in g.groups}
     if len(sizes) != 1:
-        raise Unsupported(f"--rescale: geometry.groups block sizes={sorted(sizes)}; allowed: one block size for every group")
+        raise Unsupported(
+            f"--rescale: geometry.groups block sizes={sorted(sizes)}; allowed: one block size for every group"
+        )
     (old,) = sizes
     if g.prefix_match_unit is not None or g.hash_block_size != old:
-        raise Unsupported(f"--rescale: geometry.hash_block_size={g.hash_block_size} (prefix_match_unit={g.prefix_match_unit}); allowed: equal to the block size {old}")
+        raise Unsupported(
+            f"--rescale: geometry.hash_block_size={g.hash_block_size} (prefix_match_unit={g.prefix_match_unit}); allowed: equal to the block size {old}"
+        )
     if new_block < 8:
         raise Unsupported(f"--rescale: server block_size={new_block}; allowed: >= 8")
     if old == new_block:
         return case, "no rescale needed"
     if case.speculative is not None and case.speculative.num_speculative_tokens >= new_block:
-        raise Unsupported(f"--rescale: speculative.num_speculative_tokens={case.speculative.num_speculative_tokens}; allowed: < server block_size={new_block}")
+        raise Unsupported(
+            f"--rescale: speculative.num_speculative_tokens={case.speculative.num_speculative_tokens}; allowed: < server block_size={new_block}"
+        )
 
     def scale_multiple(value: int | None, what: str) -> int | None:
         if value is None or value == 0:
             return value
         if value % old:
-            raise Unsupported(f"--rescale: geometry.{what}={value} is not a multiple of the block size {old}; allowed: a multiple")
+            raise Unsupported(
+                f"--rescale: geometry.{what}={value} is not a multiple of the block size {old}; allowed: a multiple"
+            )
         return value // old * new_block
 
     groups = tuple(Group(grp.kind, new_block, grp.count) for grp in g.groups)
     trace = tuple(
-        replace(req, prompt=tuple(s if s.output is not None else Segment(s.segment, max(1, _rescale_length(s.length, old, new_block))) for s in req.prompt))
+        replace(
+            req,
+            prompt=tuple(
+                s if s.output is not None else Segment(s.segment, max(1, _rescale_length(s.length, old, new_block)))
+                for s in req.prompt
+            ),
+        )
         for req in case.trace
     )
     retention = scale_multiple(g.retention_interval, "retention_interval")
@@ -231,8 +275,10 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
         after = [h / new_block for h in predict_fn(cand)]
         if after == before:
             lengths = ", ".join(str(r.num_prompt_tokens) for r in trace)
-            return cand, f"rescaled block {old} -> {new_block}: prompt lengths {lengths}; max_num_batched_tokens={budget}; predicted hits in blocks unchanged"
+            return (
+                cand,
+                f"rescaled block {old} -> {new_block}: prompt lengths {lengths}; max_num_batched_tokens={budget}; predicted hits in blocks unchanged",
+            )
     raise Unsupported(
         f"--rescale: block {old} -> {new_block} changes the predicted pattern (in blocks {before} -> {after}); allowed: cases whose boundaries keep their class"
     )
-

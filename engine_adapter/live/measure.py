@@ -64,7 +64,9 @@ def pick_model(client: LiveClient, requested: str | None) -> tuple[str, int | No
         raise Unsupported("server /v1/models=[]: no model is served; allowed: one or more models")
     if requested is None:
         if len(ids) > 1:
-            raise InvalidArgument(f"--model=None: the server serves {len(ids)} models ({', '.join(ids[:5])}); allowed: one of them")
+            raise InvalidArgument(
+                f"--model=None: the server serves {len(ids)} models ({', '.join(ids[:5])}); allowed: one of them"
+            )
         requested = ids[0]
     elif requested not in ids:
         raise InvalidArgument(f"--model={requested!r}: not served; allowed: {', '.join(ids[:10])}")
@@ -89,13 +91,20 @@ def wait_idle(client: LiveClient, model: str, deadline_s: float) -> Snapshot:
     return snap
 
 
-def settle(client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float, count: int = 1) -> tuple[Snapshot, bool]:
+def settle(
+    client: LiveClient, model: str, pre: Snapshot, prompt_len: int, settle_s: float, count: int = 1
+) -> tuple[Snapshot, bool]:
     """Poll until the counters show our ``count`` request(s) of
     ``prompt_len`` tokens in all (bounded)."""
     t_end = time.monotonic() + settle_s
     snap = client.metrics(model)
     for _ in range(int(settle_s / SETTLE_POLL_S) + 1):
-        if snap.queries is None or pre.queries is None or snap.queries < pre.queries or (snap.hits or 0) < (pre.hits or 0):
+        if (
+            snap.queries is None
+            or pre.queries is None
+            or snap.queries < pre.queries
+            or (snap.hits or 0) < (pre.hits or 0)
+        ):
             return snap, False  # missing or went down: the caller says which
         finished = pre.finished is None or (snap.finished is not None and snap.finished - pre.finished >= count)
         if snap.queries - pre.queries >= prompt_len and not snap.running and finished:
@@ -114,7 +123,9 @@ def counter_issue(before: Snapshot, after: Snapshot, when: str) -> str | None:
         if a is None or b is None:
             return f"prefix_cache_{name}_total missing {when}"
         if b < a:
-            return f"prefix_cache_{name}_total went down {when} ({number_text(a)} -> {number_text(b)}: restart or reset)"
+            return (
+                f"prefix_cache_{name}_total went down {when} ({number_text(a)} -> {number_text(b)}: restart or reset)"
+            )
     return None
 
 
@@ -149,11 +160,17 @@ class Sender:
         if issue:
             row.issues.append(issue)
         elif (pre.queries, pre.hits) != (prev.queries, prev.hits):
-            row.issues.append(f"counters moved between requests (queries +{number_text(pre.queries - prev.queries)}, hits +{number_text(pre.hits - prev.hits)}): foreign traffic")
+            row.issues.append(
+                f"counters moved between requests (queries +{number_text(pre.queries - prev.queries)}, hits +{number_text(pre.hits - prev.hits)}): foreign traffic"
+            )
         elif pre.finished != prev.finished:
-            row.issues.append(f"requests finished between ours (request_success_total +{number_text((pre.finished or 0) - (prev.finished or 0))}): foreign traffic")
+            row.issues.append(
+                f"requests finished between ours (request_success_total +{number_text((pre.finished or 0) - (prev.finished or 0))}): foreign traffic"
+            )
         if pre.running or pre.waiting:
-            row.issues.append(f"foreign traffic: running={number_text(pre.running)} waiting={number_text(pre.waiting)} before the request")
+            row.issues.append(
+                f"foreign traffic: running={number_text(pre.running)} waiting={number_text(pre.waiting)} before the request"
+            )
         if pre.cache_config != self.first.cache_config:
             row.issues.append("vllm:cache_config_info changed during the replay")
         return pre
@@ -177,17 +194,25 @@ class Sender:
             queries, hits = post.queries - pre.queries, post.hits - pre.hits
             measured = queries, hits
             if not settled and queries < prompt_len:
-                row.issues.append(f"metrics did not settle in {self.settle_s:g} s (query delta {number_text(queries)} of {prompt_len})")
+                row.issues.append(
+                    f"metrics did not settle in {self.settle_s:g} s (query delta {number_text(queries)} of {prompt_len})"
+                )
             elif queries != prompt_len:
                 if count == 1:
-                    row.issues.append(f"query delta {number_text(queries)} != prompt length {prompt_len}: foreign traffic or preemption")
+                    row.issues.append(
+                        f"query delta {number_text(queries)} != prompt length {prompt_len}: foreign traffic or preemption"
+                    )
                 else:
-                    row.issues.append(f"query delta {number_text(queries)} != the wave's prompt lengths {prompt_len}: foreign traffic, or a request looked up twice (deferred or preempted)")
+                    row.issues.append(
+                        f"query delta {number_text(queries)} != the wave's prompt lengths {prompt_len}: foreign traffic, or a request looked up twice (deferred or preempted)"
+                    )
             if hits > queries:
                 row.issues.append(f"hit delta {number_text(hits)} > query delta {number_text(queries)}")
             if pre.finished is not None and post.finished is not None and post.finished - pre.finished != count:
                 ours = "our one request" if count == 1 else f"our wave of {count} requests"
-                row.issues.append(f"request_success_total +{number_text(post.finished - pre.finished)} during {ours}: foreign traffic")
+                row.issues.append(
+                    f"request_success_total +{number_text(post.finished - pre.finished)} during {ours}: foreign traffic"
+                )
         if post.cache_config != self.first.cache_config:
             row.issues.append("vllm:cache_config_info changed during the replay")
         self.prev = post

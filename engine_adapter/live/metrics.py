@@ -61,7 +61,9 @@ def parse_metrics(text: str, model: str | None = None) -> Snapshot:
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError/TypeError/IndexError on junk
-        raise EngineError(f"metrics={text[:40]!r}: not Prometheus text ({type(e).__name__}: {str(e)[:80]}); allowed: vLLM's /metrics exposition") from None
+        raise EngineError(
+            f"metrics={text[:40]!r}: not Prometheus text ({type(e).__name__}: {str(e)[:80]}); allowed: vLLM's /metrics exposition"
+        ) from None
     for fam in families:
         for s in fam.samples:
             name = s.name

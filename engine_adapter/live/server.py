@@ -27,16 +27,18 @@ import httpx
 from engine_adapter.live.env import STUBS_DIR, ensure_server_env
 from engine_adapter.live.model import MODEL_NAME, tiny_model_dir
 from engine_adapter.live.paths import contained_env, logs_dir
-from reference.deployment import RESERVED_FLAGS
 from ground.errors import EngineError, invalid
+from reference.deployment import RESERVED_FLAGS
 
 HOST = "127.0.0.1"
 #: Flags that give the seed's cache behaviour on the tiny hybrid model.
 BASE_FLAGS = (
-    "--load-format", "dummy",
+    "--load-format",
+    "dummy",
     "--skip-tokenizer-init",
     "--enable-prefix-caching",
-    "--mamba-cache-mode", "align",
+    "--mamba-cache-mode",
+    "align",
     "--enforce-eager",
 )
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
@@ -67,14 +69,21 @@ class ServerConfig:
 
     def args(self, model_dir: Path, port: int) -> list[str]:
         a = [
-            "-m", "vllm.entrypoints.openai.api_server",
-            "--host", HOST,
-            "--port", str(port),
-            "--model", str(model_dir),
-            "--served-model-name", self.served_model_name,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            self.served_model_name,
             *BASE_FLAGS,
-            "--max-model-len", str(self.max_model_len),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
         ]
         if self.block_size is not None:
             a += ["--block-size", str(self.block_size)]
@@ -170,7 +179,7 @@ class Server:
         except subprocess.TimeoutExpired:
             pass
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -204,7 +213,9 @@ def wait_healthy(server: Server, timeout_s: float, interval_s: float = 0.5) -> f
             if time.monotonic() >= deadline:
                 break
             time.sleep(interval_s)
-    raise EngineError(f"startup_timeout_s={timeout_s}: /health not 200 in time (log {server.log_path}); allowed: a healthy server")
+    raise EngineError(
+        f"startup_timeout_s={timeout_s}: /health not 200 in time (log {server.log_path}); allowed: a healthy server"
+    )
 
 
 def start_server(

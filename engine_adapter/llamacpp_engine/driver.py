@@ -64,7 +64,9 @@ def _as_case(case) -> Case:
 
 def _deployment(case: Case):
     if case.deployment is None or case.deployment.engine != "llamacpp":
-        raise Unsupported("case.deployment: llama.cpp runs deployment cases with \"engine\": \"llamacpp\"; allowed: a deployment block with engine llamacpp and llamacpp_args")
+        raise Unsupported(
+            'case.deployment: llama.cpp runs deployment cases with "engine": "llamacpp"; allowed: a deployment block with engine llamacpp and llamacpp_args'
+        )
     return case.deployment
 
 
@@ -76,9 +78,13 @@ def check_case(case: Case) -> None:
         raise Unsupported("trace: a concurrent trace (arrival); allowed on llama.cpp: serial requests")
     for i, r in enumerate(case.trace):
         if quotes_output(r):
-            raise Unsupported(f"trace[{i}].prompt: quotes a request's output; allowed on llama.cpp: segments only (the real model's outputs are not kvspec's placeholder)")
+            raise Unsupported(
+                f"trace[{i}].prompt: quotes a request's output; allowed on llama.cpp: segments only (the real model's outputs are not kvspec's placeholder)"
+            )
         if r.num_prompt_tokens > MAX_PROMPT_TOKENS:
-            raise Unsupported(f"trace[{i}]: {r.num_prompt_tokens} prompt tokens; allowed on llama.cpp: at most {MAX_PROMPT_TOKENS}")
+            raise Unsupported(
+                f"trace[{i}]: {r.num_prompt_tokens} prompt tokens; allowed on llama.cpp: at most {MAX_PROMPT_TOKENS}"
+            )
         if not 1 <= r.max_tokens <= MAX_NEW_TOKENS:
             raise Unsupported(f"trace[{i}].max_tokens={r.max_tokens}: allowed on llama.cpp: 1..{MAX_NEW_TOKENS}")
 
@@ -96,13 +102,23 @@ def _options(options: dict | None) -> dict:
         raise InvalidArgument(f"options.seed={seed!r}: allowed: an integer in [0, 2**31)")
     double = options.get("test_double")
     if double not in (None, "stale_restore"):
-        raise InvalidArgument(f"options.test_double={double!r}: allowed: stale_restore (a test double of the restore step, unit tests only)")
+        raise InvalidArgument(
+            f"options.test_double={double!r}: allowed: stale_restore (a test double of the restore step, unit tests only)"
+        )
     return {"cold": bool(options.get("cold", False)), "n_probs": n_probs, "seed": seed, "test_double": double}
 
 
 def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
     """The body ``handle_completions`` receives: token ids, greedy."""
-    return {"prompt": list(tokens), "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "n_probs": n_probs, "ignore_eos": True, "stream": False}
+    return {
+        "prompt": list(tokens),
+        "n_predict": max_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "n_probs": n_probs,
+        "ignore_eos": True,
+        "stream": False,
+    }
 
 
 def outputs_of(response: dict) -> tuple[list[int], list[list[list]]]:
@@ -149,7 +165,13 @@ class LlamacppDriver:
             served = _Served(params, log)
             settings = serverlog.resolved_settings(served.load_log)
             del served
-        return {"engine": self.name, "deployment": dep.as_dict(), **info, "params": read_back(params), "server": settings}
+        return {
+            "engine": self.name,
+            "deployment": dep.as_dict(),
+            **info,
+            "params": read_back(params),
+            "server": settings,
+        }
 
     def run(self, case, options: dict | None = None) -> Observation:
         t0 = time.perf_counter()
@@ -170,15 +192,31 @@ class LlamacppDriver:
             stale = _PROCESS["offsets_n_ubatch"]
             if settings["n_ctx_checkpoints"] and stale is not None and stale != settings["n_ubatch"]:
                 del served
-                return {"engine": self.name, "hits": [], "queries": [], "knobs": None, "explain": [], "resolution": {**info, "server": settings},
-                        "error": {"kind": "worker", "phase": "config", "request": None, "type": "StaleProcess",
-                                  "message": f"this process's llama.cpp keeps the checkpoint offsets of an earlier server (n_ubatch {stale}); "
-                                             f"this case's n_ubatch is {settings['n_ubatch']}: run it in a fresh worker"}}
+                return {
+                    "engine": self.name,
+                    "hits": [],
+                    "queries": [],
+                    "knobs": None,
+                    "explain": [],
+                    "resolution": {**info, "server": settings},
+                    "error": {
+                        "kind": "worker",
+                        "phase": "config",
+                        "request": None,
+                        "type": "StaleProcess",
+                        "message": f"this process's llama.cpp keeps the checkpoint offsets of an earlier server (n_ubatch {stale}); "
+                        f"this case's n_ubatch is {settings['n_ubatch']}: run it in a fresh worker",
+                    },
+                }
             if settings["n_ctx_checkpoints"]:
                 _PROCESS["offsets_n_ubatch"] = settings["n_ubatch"]
             cold = None
             if opts["cold"]:
-                cparams, _ = common_params(dep, opts["seed"], {"cache_ram_mib": 0, "n_ctx_checkpoints": 0, "cache_prompt": False, "n_parallel": 1})
+                cparams, _ = common_params(
+                    dep,
+                    opts["seed"],
+                    {"cache_ram_mib": 0, "n_ctx_checkpoints": 0, "cache_prompt": False, "n_parallel": 1},
+                )
                 cold = _Served(cparams, log)
             if opts["test_double"] == "stale_restore":
                 from engine_adapter.llamacpp_engine.doubles import StaleRestore
@@ -192,10 +230,23 @@ class LlamacppDriver:
                 except KvspecError:
                     raise
                 except Exception as e:  # noqa: BLE001 - kvspec's own failure, reported as such
-                    error = {"kind": "internal", "phase": "step", "request": i, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__, "traceback": traceback.format_exc()[-4000:]}
+                    error = {
+                        "kind": "internal",
+                        "phase": "step",
+                        "request": i,
+                        "type": type(e).__name__,
+                        "message": one_line(e, 500) or type(e).__name__,
+                        "traceback": traceback.format_exc()[-4000:],
+                    }
                     break
                 if explain[-1].get("engine_error"):
-                    error = {"kind": "llamacpp", "phase": "step", "request": i, "type": "ServerError", "message": one_line(explain[-1]["engine_error"], 500)}
+                    error = {
+                        "kind": "llamacpp",
+                        "phase": "step",
+                        "request": i,
+                        "type": "ServerError",
+                        "message": one_line(explain[-1]["engine_error"], 500),
+                    }
                     explain.pop()
                     break
             del served, cold
@@ -207,24 +258,47 @@ class LlamacppDriver:
             "explain": explain,
             "resolution": {**info, "params": read_back(params), "server": settings},
             "timing": {"setup_s": round(t1 - t0, 4), "run_s": round(time.perf_counter() - t1, 4)},
-            "harness": {"cold": opts["cold"], "n_probs": opts["n_probs"], "seed": opts["seed"], "test_double": opts["test_double"], "model_recipe": gguf_models.recipe(info["arch"], opts["seed"]).key()},
+            "harness": {
+                "cold": opts["cold"],
+                "n_probs": opts["n_probs"],
+                "seed": opts["seed"],
+                "test_double": opts["test_double"],
+                "model_recipe": gguf_models.recipe(info["arch"], opts["seed"]).key(),
+            },
         }
         if error:
             out["error"] = error
         return out
 
     def _failed(self, case: Case, phase: str, request, e: BaseException, info: dict, t0: float) -> Observation:
-        return {"engine": self.name, "hits": [], "queries": [], "knobs": None, "explain": [], "resolution": info,
-                "timing": {"setup_s": round(time.perf_counter() - t0, 4)},
-                "error": {"kind": "llamacpp", "phase": phase, "request": request, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__}}
+        return {
+            "engine": self.name,
+            "hits": [],
+            "queries": [],
+            "knobs": None,
+            "explain": [],
+            "resolution": info,
+            "timing": {"setup_s": round(time.perf_counter() - t0, 4)},
+            "error": {
+                "kind": "llamacpp",
+                "phase": phase,
+                "request": request,
+                "type": type(e).__name__,
+                "message": one_line(e, 500) or type(e).__name__,
+            },
+        }
 
-    def _serve(self, served, cold, i: int, tokens: list[int], max_tokens: int, n_probs: int, held: dict[int, list[int]]) -> RequestObservation:
+    def _serve(
+        self, served, cold, i: int, tokens: list[int], max_tokens: int, n_probs: int, held: dict[int, list[int]]
+    ) -> RequestObservation:
         response, text = served.complete(request_body(tokens, max_tokens, n_probs))
         if "error" in response:
             return {"request": i, "engine_error": json.dumps(response.get("error"))[:500]}
         ev = serverlog.events(text)
         slot = ev["slot"] if ev["slot"] is not None else 0
-        cached = held.setdefault(-1, [])  # the RAM prompt cache: [[length, checkpoints], ...], as the log saves and loads them
+        cached = held.setdefault(
+            -1, []
+        )  # the RAM prompt cache: [[length, checkpoints], ...], as the log saves and loads them
         for op, who, n in ev["cache_ops"]:
             if op == "save":
                 cached.append([n, list(held.get(slot if who is None else who, []))])
@@ -282,9 +356,16 @@ def selftest_case() -> dict:
     return {
         "schema": 1,
         "name": "kvspec-llamacpp-selftest",
-        "deployment": {"model": "granitemoehybrid", "engine": "llamacpp", "llamacpp_args": ["--ctx-size", "8192", "--parallel", "1"]},
-        "trace": [{"prompt": [{"segment": "selftest", "length": 1200}]}, {"prompt": [{"segment": "selftest", "length": 1200}]},
-                  {"prompt": [{"segment": "selftest", "length": 1200}, {"segment": "more", "length": 300}]}],
+        "deployment": {
+            "model": "granitemoehybrid",
+            "engine": "llamacpp",
+            "llamacpp_args": ["--ctx-size", "8192", "--parallel", "1"],
+        },
+        "trace": [
+            {"prompt": [{"segment": "selftest", "length": 1200}]},
+            {"prompt": [{"segment": "selftest", "length": 1200}]},
+            {"prompt": [{"segment": "selftest", "length": 1200}, {"segment": "more", "length": 300}]},
+        ],
     }
 
 
@@ -309,7 +390,10 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
         return 1
     same = all(e["output_ids"] == e["cold_output_ids"] for e in result["explain"])
     if not (result["hits"][0] == 0 and result["hits"][1] > 0 and same):
-        print(f"selftest: implausible hits {result['hits']} or outputs differ from a cold server ({same})", file=sys.stderr)
+        print(
+            f"selftest: implausible hits {result['hits']} or outputs differ from a cold server ({same})",
+            file=sys.stderr,
+        )
         return 1
     out.write(json.dumps({**summary, "hits": result["hits"]}) + "\n")
     out.flush()

@@ -76,17 +76,26 @@ def layer_pattern(arch: str, max_layers: int = 4) -> tuple[str, ...]:
     kinds = cfg.get("layer_types") or cfg.get("layers_block_type") or []
     out: list[str] = []
     for k in kinds:
-        out.append({"linear_attention": "recurrent", "full_attention": "attention", "mamba": "recurrent", "attention": "attention"}.get(k, "mlp"))
+        out.append(
+            {
+                "linear_attention": "recurrent",
+                "full_attention": "attention",
+                "mamba": "recurrent",
+                "attention": "attention",
+            }.get(k, "mlp")
+        )
         if out[-1] == "attention":
             break
     if "attention" not in out:
-        raise ValueError(f"model={arch!r}: the shipped config has no attention layer; allowed: {', '.join(ARCHITECTURES)}")
+        raise ValueError(
+            f"model={arch!r}: the shipped config has no attention layer; allowed: {', '.join(ARCHITECTURES)}"
+        )
     if arch != "nemotron_h":  # nemotron_h has MLP/MoE blocks of their own; the others fold the FFN into each block
         out = [k for k in out if k != "mlp"]
     if len(out) > max_layers:
         out = out[: max_layers - 1] + ["attention"]
         if arch == "nemotron_h":
-            out = ["recurrent", "mlp", "attention"][: max_layers]
+            out = ["recurrent", "mlp", "attention"][:max_layers]
     return tuple(out)
 
 
@@ -109,7 +118,9 @@ def model_path(arch: str, seed: int = 0) -> Path:
     if not path.exists():
         from ground.files import write_bytes_atomic
 
-        with tempfile.TemporaryDirectory(prefix="kvspec-gguf-") as tmp:  # gguf writes a path; kvspec's helper publishes it
+        with tempfile.TemporaryDirectory(
+            prefix="kvspec-gguf-"
+        ) as tmp:  # gguf writes a path; kvspec's helper publishes it
             scratch = Path(tmp) / path.name
             write_model(r, scratch)
             write_bytes_atomic(path, scratch.read_bytes())
@@ -157,7 +168,9 @@ def write_model(r: Recipe, path: Path) -> None:
     w.add_block_count(n_layer)
     w.add_head_count(r.n_head)
     # per layer, 0 for a recurrent one (granitehybrid, nemotron_h); qwen3next reads one number
-    w.add_head_count_kv(r.n_head_kv if r.arch == "qwen3next" else [r.n_head_kv if k == "attention" else 0 for k in r.layers])
+    w.add_head_count_kv(
+        r.n_head_kv if r.arch == "qwen3next" else [r.n_head_kv if k == "attention" else 0 for k in r.layers]
+    )
     w.add_layer_norm_rms_eps(1e-5)
     if r.arch == "nemotron_h":
         w.add_layer_norm_eps(1e-5)

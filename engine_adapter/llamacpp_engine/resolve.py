@@ -30,9 +30,13 @@ HARNESS = {"n_threads": 1, "warmup": False, "verbosity": 4}
 
 def model_arch(dep: Deployment) -> str:
     if dep.model not in MODELS:
-        raise Unsupported(f"deployment.model={dep.model!r}: llama.cpp runs kvspec's tiny GGUF models; allowed: {', '.join(MODELS)}")
+        raise Unsupported(
+            f"deployment.model={dep.model!r}: llama.cpp runs kvspec's tiny GGUF models; allowed: {', '.join(MODELS)}"
+        )
     if dep.model_overrides:
-        raise Unsupported("deployment.model_overrides: the GGUF models are written from the shipped shapes; allowed: {} with engine llamacpp")
+        raise Unsupported(
+            "deployment.model_overrides: the GGUF models are written from the shipped shapes; allowed: {} with engine llamacpp"
+        )
     return MODELS[dep.model]
 
 
@@ -55,6 +59,19 @@ def common_params(dep: Deployment, seed: int = 0, overrides: dict[str, Any] | No
 
 def read_back(p: Any) -> dict:
     """The ``CommonParams`` fields kvspec reports, as the struct holds them."""
-    names = ("n_ctx", "n_parallel", "n_ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib", "n_batch", "n_ubatch",
-             "cache_prompt", "swa_full", "kv_unified", "cache_idle_slots", "n_cache_reuse", "slot_prompt_similarity")
+    names = (
+        "n_ctx",
+        "n_parallel",
+        "n_ctx_checkpoints",
+        "checkpoint_min_step",
+        "cache_ram_mib",
+        "n_batch",
+        "n_ubatch",
+        "cache_prompt",
+        "swa_full",
+        "kv_unified",
+        "cache_idle_slots",
+        "n_cache_reuse",
+        "slot_prompt_similarity",
+    )
     return {n: getattr(p, n) for n in names}

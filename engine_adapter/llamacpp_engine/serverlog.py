@@ -89,6 +89,7 @@ def events(text: str) -> dict:
 def resolved_settings(text: str) -> dict:
     """What the server resolved at load (its own log lines): slots, the
     slot context, checkpoints (max, min spacing), the prompt cache, batch sizes."""
+
     def num(pattern: str) -> int | None:
         m = re.search(pattern, text)
         return int(m.group(1)) if m else None

@@ -55,10 +55,14 @@ def model_config_dict(dep: Deployment) -> dict:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise InvalidArgument(f"deployment.model={dep.model!r}: neither a shipped model ({', '.join(SHIPPED)}) nor a readable config.json")
+            raise InvalidArgument(
+                f"deployment.model={dep.model!r}: neither a shipped model ({', '.join(SHIPPED)}) nor a readable config.json"
+            )
         try:
             if path.stat().st_size > 4 << 20:
-                raise InvalidArgument(f"deployment.model={dep.model!r}: config.json above 4 MiB; allowed: a model config")
+                raise InvalidArgument(
+                    f"deployment.model={dep.model!r}: config.json above 4 MiB; allowed: a model config"
+                )
             cfg = json.loads(path.read_bytes().decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             raise InvalidArgument(f"deployment.model={dep.model!r}: not a JSON config ({one_line(e, 120)})") from None
@@ -70,9 +74,13 @@ def model_config_dict(dep: Deployment) -> dict:
     check_model_config(cfg, "deployment model config")  # merged: also a Deployment built without parse_deployment
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise InvalidArgument(f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config")
+        raise InvalidArgument(
+            f"deployment.model={dep.model!r}: config.json has no architectures list; allowed: a Hugging Face model config"
+        )
     if archs[0] not in MAMBA_KIND:
-        raise Unsupported(f"deployment.model architectures[0]={archs[0]!r}: not an architecture kvspec knows; allowed: {', '.join(sorted(MAMBA_KIND))}")
+        raise Unsupported(
+            f"deployment.model architectures[0]={archs[0]!r}: not an architecture kvspec knows; allowed: {', '.join(sorted(MAMBA_KIND))}"
+        )
     return cfg
 
 

@@ -20,17 +20,33 @@ HERE = Path(__file__).resolve().parent
 
 #: name -> (transformers configuration class, vLLM architecture, what it is)
 SHIPPED: dict[str, tuple[str, str, str]] = {
-    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", "Qwen3-Next-80B-A3B: Gated DeltaNet + full attention 3:1, MTP"),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        "Qwen3-Next-80B-A3B: Gated DeltaNet + full attention 3:1, MTP",
+    ),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", "Qwen3.5 (text): Gated DeltaNet + full attention 3:1, MTP"),
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", "Nemotron-H: Mamba-2 + attention + MLP layers"),
-    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", "Falcon-H1: Mamba-2 and attention in parallel in every layer"),
+    "falcon_h1": (
+        "FalconH1Config",
+        "FalconH1ForCausalLM",
+        "Falcon-H1: Mamba-2 and attention in parallel in every layer",
+    ),
     "bamba": ("BambaConfig", "BambaForCausalLM", "Bamba: Mamba-2 + attention"),
-    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "Granite 4.0 MoE hybrid: Mamba-2 + attention"),
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        "Granite 4.0 MoE hybrid: Mamba-2 + attention",
+    ),
     "jamba": ("JambaConfig", "JambaForCausalLM", "Jamba: Mamba-1 + attention 7:1, MoE"),
     # Attention-free: one KV cache group (the single-group branch of vLLM's
     # block-size resolution and its unitary KV cache coordinator).
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", "Mamba-Codestral-7B: Mamba-2 layers only, no attention"),
-    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", "Falcon-Mamba: Mamba-1 layers only, no attention (transformers' small default widths)"),
+    "falcon_mamba": (
+        "FalconMambaConfig",
+        "FalconMambaForCausalLM",
+        "Falcon-Mamba: Mamba-1 layers only, no attention (transformers' small default widths)",
+    ),
 }
 
 
@@ -45,7 +61,10 @@ CHECKPOINT_FIELDS: dict[str, dict] = {
     # 4.0-H models are hybrids with 4 attention layers (IBM's model cards).
     # kvspec places them at layers 5, 13, 21 and 29 of 32 (their positions do
     # not change any block size, only the order of the KV cache groups).
-    "granitemoehybrid": {"torch_dtype": "bfloat16", "layer_types": ["full_attention" if i % 8 == 5 else "linear_attention" for i in range(32)]},
+    "granitemoehybrid": {
+        "torch_dtype": "bfloat16",
+        "layer_types": ["full_attention" if i % 8 == 5 else "linear_attention" for i in range(32)],
+    },
 }
 DEFAULT_FIELDS = {"torch_dtype": "bfloat16"}
 
@@ -62,10 +81,20 @@ def deployment_cases() -> list[dict]:
     release's ``VLLM_CACHE_ROOT``). ``kvspec mutate`` resolves them before
     its control, whose budget a cold cache otherwise eats (a control on a
     fresh machine got 2 cases through in 30 s)."""
-    return [{"schema": 1, "name": f"kvspec-warm-{name}",
-             "deployment": {"model": name, "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"},
-             "trace": [{"prompt": [{"segment": "warm", "length": 16}]}]}
-            for name in names()]
+    return [
+        {
+            "schema": 1,
+            "name": f"kvspec-warm-{name}",
+            "deployment": {
+                "model": name,
+                "vllm_args": ["--enable-prefix-caching"],
+                "platform": "cuda",
+                "device": "h100",
+            },
+            "trace": [{"prompt": [{"segment": "warm", "length": 16}]}],
+        }
+        for name in names()
+    ]
 
 
 def config_path(name: str) -> Path:
@@ -102,7 +131,10 @@ def generate(out: Path = HERE, only: tuple[str, ...] = ()) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["generate"] or any(n not in SHIPPED for n in sys.argv[2:]):
-        print(f"usage: python -m engine_adapter.models.shipped generate [NAME ...]; NAME one of {', '.join(SHIPPED)}", file=sys.stderr)
+        print(
+            f"usage: python -m engine_adapter.models.shipped generate [NAME ...]; NAME one of {', '.join(SHIPPED)}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     for p in generate(only=tuple(sys.argv[2:])):
         print(p)

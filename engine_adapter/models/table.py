@@ -18,7 +18,7 @@ def table_deployments(device: str | None) -> list[dict]:
         mtp = bool(load_config(model).get("num_nextn_predict_layers"))
         for tp in TABLE_TP:
             for dtype in TABLE_DTYPES:
-                for spec in ((False, True) if mtp else (False,)):
+                for spec in (False, True) if mtp else (False,):
                     args = ["--enable-prefix-caching", "--tensor-parallel-size", str(tp), "--kv-cache-dtype", dtype]
                     if spec:
                         args += ["--speculative-config", TABLE_SPEC]

@@ -55,7 +55,6 @@ from engine_adapter.sglang_engine.stubs import install as _install_stubs
 _install_stubs()
 
 import torch  # noqa: E402
-
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
@@ -102,7 +101,15 @@ class _Cache:
         page = res.page_size
         mamba_ids = [i for i in range(_LAYERS) if i not in _FULL]
         with envs.SGLANG_MAMBA_SSM_DTYPE.override("float32"):
-            shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=2, head_dim=16, state_size=16, conv_kernel=4)
+            shape = Mamba2StateShape.create(
+                tp_world_size=1,
+                intermediate_size=64,
+                n_groups=1,
+                num_heads=2,
+                head_dim=16,
+                state_size=16,
+                conv_kernel=4,
+            )
             params = Mamba2CacheParams(shape=shape, layers=mamba_ids)
         total_tokens, requests = sum(lengths) + len(lengths), len(lengths)
         size = (total_tokens + 4 * page + 1024) // page * page + page
@@ -111,21 +118,49 @@ class _Cache:
         # evicts: a hit lost to kvspec's pool size would be kvspec's finding.
         states = sum(n // max(1, res.chunked_prefill_size) + 6 for n in lengths) + 16
         self.req_pool = HybridReqToTokenPool(
-            size=requests + 4, mamba_size=states, mamba_spec_state_size=requests + 4, max_context_len=max(lengths, default=1) + 16,
-            device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=mamba_ids,
-            enable_mamba_extra_buffer=res.extra_buffer, speculative_num_draft_tokens=res.draft_tokens or 3,
+            size=requests + 4,
+            mamba_size=states,
+            mamba_spec_state_size=requests + 4,
+            max_context_len=max(lengths, default=1) + 16,
+            device="cpu",
+            enable_memory_saver=False,
+            cache_params=params,
+            mamba_layer_ids=mamba_ids,
+            enable_mamba_extra_buffer=res.extra_buffer,
+            speculative_num_draft_tokens=res.draft_tokens or 3,
         )
-        kv = HybridLinearKVPool(size=size, dtype=torch.bfloat16, page_size=page, head_num=1, head_dim=8, full_attention_layer_ids=list(_FULL),
-                                device="cpu", enable_memory_saver=False, mamba_pool=self.req_pool.mamba_pool)
+        kv = HybridLinearKVPool(
+            size=size,
+            dtype=torch.bfloat16,
+            page_size=page,
+            head_num=1,
+            head_dim=8,
+            full_attention_layer_ids=list(_FULL),
+            device="cpu",
+            enable_memory_saver=False,
+            mamba_pool=self.req_pool.mamba_pool,
+        )
         if page == 1:
-            self.allocator = TokenToKVPoolAllocator(size=size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+            self.allocator = TokenToKVPoolAllocator(
+                size=size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
+            )
         else:
-            self.allocator = PagedTokenToKVPoolAllocator(size=size, page_size=page, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
-        self.tree = UnifiedRadixCache(params=CacheInitParams(
-            req_to_token_pool=self.req_pool, token_to_kv_pool_allocator=self.allocator, page_size=page, disable=False,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=res.extra_buffer,
-            eviction_policy="lru", is_eagle=False, tree_core_backend=tree_core,
-        ))
+            self.allocator = PagedTokenToKVPoolAllocator(
+                size=size, page_size=page, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
+            )
+        self.tree = UnifiedRadixCache(
+            params=CacheInitParams(
+                req_to_token_pool=self.req_pool,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=page,
+                disable=False,
+                tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+                enable_mamba_extra_buffer=res.extra_buffer,
+                eviction_policy="lru",
+                is_eagle=False,
+                tree_core_backend=tree_core,
+            )
+        )
         self.tree_core = type(self.tree.tree_core).__name__
 
     # ---- the stood-in model runner
@@ -138,7 +173,9 @@ class _Cache:
         if batch.mamba_clear_indices is not None and len(batch.mamba_clear_indices):
             self.req_pool.mamba_pool.clear_slots(self._slots(batch.mamba_clear_indices))
         if batch.mamba_cow_src_indices is not None and len(batch.mamba_cow_src_indices):
-            self.req_pool.copy_mamba_state(self._slots(batch.mamba_cow_src_indices), self._slots(batch.mamba_cow_dst_indices))
+            self.req_pool.copy_mamba_state(
+                self._slots(batch.mamba_cow_src_indices), self._slots(batch.mamba_cow_dst_indices)
+            )
 
     def _temporal(self) -> torch.Tensor:
         return self.req_pool.mamba_pool.mamba_cache.temporal
@@ -194,7 +231,14 @@ class SglangDriver:
             except KvspecError:
                 raise
             except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
-                error = {"kind": _failure_kind(e), "phase": "step", "request": i, "type": type(e).__name__, "message": one_line(e, 500) or type(e).__name__, "traceback": traceback.format_exc()[-4000:]}
+                error = {
+                    "kind": _failure_kind(e),
+                    "phase": "step",
+                    "request": i,
+                    "type": type(e).__name__,
+                    "message": one_line(e, 500) or type(e).__name__,
+                    "traceback": traceback.format_exc()[-4000:],
+                }
                 break
         out: Observation = {
             "engine": self.name,
@@ -215,7 +259,9 @@ class SglangDriver:
         params = SamplingParams(temperature=0, max_new_tokens=1)
         params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
         req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
-        running = ScheduleBatch.init_new([], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE)
+        running = ScheduleBatch.init_new(
+            [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE
+        )
         chunked = None
         hit = branching = None
         resumed = None
@@ -225,7 +271,15 @@ class SglangDriver:
         for _round in range(len(tokens) + 2):
             if chunked is not None:
                 checkpoint_kv_cache(chunked, cache.tree)
-            adder = PrefillAdder(res.page_size, cache.tree, cache.allocator, running, 1.0, res.max_prefill_tokens, res.chunked_prefill_size)
+            adder = PrefillAdder(
+                res.page_size,
+                cache.tree,
+                cache.allocator,
+                running,
+                1.0,
+                res.max_prefill_tokens,
+                res.chunked_prefill_size,
+            )
             if chunked is not None:
                 chunked.init_next_round_input()
                 chunked = adder.add_chunked_req(chunked)
@@ -234,12 +288,23 @@ class SglangDriver:
                 hit, branching = req.prefix_len, req.mamba_branching_seqlen
                 adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
                 if req not in adder.can_run_list:
-                    raise RuntimeError(f"PrefillAdder did not admit request {i} ({len(tokens)} tokens) into an empty batch")
+                    raise RuntimeError(
+                        f"PrefillAdder did not admit request {i} ({len(tokens)} tokens) into an empty batch"
+                    )
             if adder.new_chunked_req is not None:
                 chunked = adder.new_chunked_req
             if chunked is not None:
                 chunked.inflight_middle_chunks += 1
-            batch = ScheduleBatch.init_new(adder.can_run_list, cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE, chunked_req=chunked)
+            batch = ScheduleBatch.init_new(
+                adder.can_run_list,
+                cache.req_pool,
+                cache.allocator,
+                cache.tree,
+                self._model_config,
+                False,
+                SpeculativeAlgorithm.NONE,
+                chunked_req=chunked,
+            )
             batch.prepare_for_extend()
             cache.deferred_cow_and_clear(batch)
             if resumed is None:
@@ -248,9 +313,15 @@ class SglangDriver:
             chunk_ends.append(end)
             cache.write(req.kv.mamba_pool_idx, tokens[:end])
             written.append(end)
-            if res.extra_buffer and batch.mamba_prefill_track_mask_cpu is not None and batch.mamba_prefill_track_mask_cpu[0]:
+            if (
+                res.extra_buffer
+                and batch.mamba_prefill_track_mask_cpu is not None
+                and batch.mamba_prefill_track_mask_cpu[0]
+            ):
                 at = req.kv.mamba_last_track_seqlen  # the length the tree keys the state at
-                computed = _tracked_content(batch, req, self._state_chunk)  # the tokens the kernel's copy was computed over
+                computed = _tracked_content(
+                    batch, req, self._state_chunk
+                )  # the tokens the kernel's copy was computed over
                 cache.write(batch.mamba_track_indices[0], tokens[:computed])
                 tracked.append(at)
                 if computed not in written:
@@ -299,7 +370,9 @@ def _tracked_content(batch, req, state_chunk: int) -> int:
     from sglang.srt.layers.attention.mamba.prefill_track_metadata import build_prefill_track_plan
 
     prefix, end = req.prefix_len, req.extend_end
-    plan = build_prefill_track_plan([True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], state_chunk, mamba2=False)
+    plan = build_prefill_track_plan(
+        [True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], state_chunk, mamba2=False
+    )
     return end if plan.final_rows else prefix + plan.chunk_indices[0] * state_chunk
 
 
@@ -324,7 +397,9 @@ def _as_case(case) -> Case:
 
 def _deployment(case: Case):
     if case.deployment is None or case.deployment.engine != "sglang":
-        raise Unsupported("case.deployment: SGLang runs deployment cases with \"engine\": \"sglang\"; allowed: a deployment block with engine sglang and sglang_args")
+        raise Unsupported(
+            'case.deployment: SGLang runs deployment cases with "engine": "sglang"; allowed: a deployment block with engine sglang and sglang_args'
+        )
     return case.deployment
 
 
@@ -333,12 +408,18 @@ def _check_case(case: Case) -> None:
     if len(case.trace) > MAX_SGLANG_REQUESTS:
         raise Unsupported(f"trace: {len(case.trace)} requests; allowed on SGLang: at most {MAX_SGLANG_REQUESTS}")
     if is_concurrent(case):
-        raise Unsupported("trace: a concurrent trace (arrival); allowed on SGLang: serial requests (concurrent batching is not driven yet)")
+        raise Unsupported(
+            "trace: a concurrent trace (arrival); allowed on SGLang: serial requests (concurrent batching is not driven yet)"
+        )
     for i, r in enumerate(case.trace):
         if r.max_tokens != 1:
-            raise Unsupported(f"trace[{i}].max_tokens={r.max_tokens}: allowed on SGLang: 1 (decode-time Mamba tracking is not driven yet)")
+            raise Unsupported(
+                f"trace[{i}].max_tokens={r.max_tokens}: allowed on SGLang: 1 (decode-time Mamba tracking is not driven yet)"
+            )
     if any(f in case.deployment.sglang_args for f in ("--speculative-algorithm",)):
-        raise Unsupported("deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags")
+        raise Unsupported(
+            "deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags"
+        )
 
 
 @functools.cache
@@ -354,14 +435,28 @@ def selftest_case() -> dict:
     return {
         "schema": 1,
         "name": "kvspec-sglang-selftest",
-        "deployment": {"model": "qwen3_next", "engine": "sglang",
-                       "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"]},
+        "deployment": {
+            "model": "qwen3_next",
+            "engine": "sglang",
+            "sglang_args": [
+                "--mamba-radix-cache-strategy",
+                "extra_buffer",
+                "--page-size",
+                "64",
+                "--chunked-prefill-size",
+                "2048",
+            ],
+        },
         "trace": [{"prompt": [{"segment": "selftest", "length": 3300}]}] * 3,
     }
 
 
 #: The SGLang modules an import-only self-test imports.
-IMPORT_CHECK = ("sglang.srt.mem_cache.unified_radix_cache", "sglang.srt.managers.schedule_batch", "sglang.srt.managers.schedule_policy")
+IMPORT_CHECK = (
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.managers.schedule_batch",
+    "sglang.srt.managers.schedule_policy",
+)
 
 
 def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
@@ -373,7 +468,12 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     if loaded is None:
         return 1
     driver, import_s = loaded
-    summary = {"vllm_version": driver.version, "engine": driver.name, "torch_version": torch.__version__, "import_s": round(import_s, 2)}
+    summary = {
+        "vllm_version": driver.version,
+        "engine": driver.name,
+        "torch_version": torch.__version__,
+        "import_s": round(import_s, 2),
+    }
     if import_only:
         return inside_selftest.import_only(out, IMPORT_CHECK, summary)
     hits = {}

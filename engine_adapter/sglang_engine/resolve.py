@@ -33,8 +33,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sglang.srt.runtime_context import get_exec, mamba_cache_chunk_size, mamba_checkpoint_grid, mamba_track_grid, override_platform
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.runtime_context import (
+    get_exec,
+    mamba_cache_chunk_size,
+    mamba_checkpoint_grid,
+    mamba_track_grid,
+    override_platform,
+)
 from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
 
 from engine_adapter.models.served import model_config_dict, model_dir
@@ -43,9 +49,20 @@ from ground.printable import one_line
 from reference.deployment import Deployment, parse_deployment
 
 #: What the summary reads from the resolved ServerArgs (its own field names).
-READ_FIELDS = ("page_size", "chunked_prefill_size", "max_prefill_tokens", "mamba_radix_cache_strategy", "mamba_track_interval",
-               "mamba_max_states_per_path", "disable_radix_cache", "disable_overlap_schedule", "speculative_algorithm",
-               "speculative_num_draft_tokens", "attention_backend", "uses_mamba_radix_cache")
+READ_FIELDS = (
+    "page_size",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "mamba_radix_cache_strategy",
+    "mamba_track_interval",
+    "mamba_max_states_per_path",
+    "disable_radix_cache",
+    "disable_overlap_schedule",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "attention_backend",
+    "uses_mamba_radix_cache",
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +117,11 @@ class SglangResolution:
         grid = self.checkpoint_grid
         return {
             "groups": [{"kind": "full_attention", "block_size": grid}, {"kind": "mamba", "block_size": grid}],
-            "hash_block_size": grid, "scheduler_block_size": grid, "prefix_match_unit": None,
-            "retention_interval": 0, "max_num_batched_tokens": self.chunked_prefill_size,
+            "hash_block_size": grid,
+            "scheduler_block_size": grid,
+            "prefix_match_unit": None,
+            "retention_interval": 0,
+            "max_num_batched_tokens": self.chunked_prefill_size,
         }
 
     def summary(self) -> dict:
@@ -110,7 +130,12 @@ class SglangResolution:
             "geometry": self.geometry(),
             "speculative": None,
             # the units a trace is drawn on (fuzz.campaign.Campaign.resolver), whatever the strategy
-            "facts": {"block": self.checkpoint_grid, "hash": self.page_size, "max_model_len": self.context_length, "max_num_seqs": 256},
+            "facts": {
+                "block": self.checkpoint_grid,
+                "hash": self.page_size,
+                "max_model_len": self.context_length,
+                "max_num_seqs": 256,
+            },
             "page_size": self.page_size,
             "chunked_prefill_size": self.chunked_prefill_size,
             "max_prefill_tokens": self.max_prefill_tokens,
@@ -172,18 +197,33 @@ def _resolve_fresh(dep: Deployment) -> SglangResolution:
             extra = bool(get_exec().mamba.enable_mamba_extra_buffer)
     except SystemExit:
         lines = [x for x in err.getvalue().splitlines() if x.strip()]
-        raise DeploymentRejected(f"deployment.sglang_args: SGLang's parser refused them: {one_line(lines[-1] if lines else 'exit', 300)}") from None
+        raise DeploymentRejected(
+            f"deployment.sglang_args: SGLang's parser refused them: {one_line(lines[-1] if lines else 'exit', 300)}"
+        ) from None
     except (AssertionError, ValueError, TypeError) as e:
         raise DeploymentRejected(f"deployment: SGLang refused it: {one_line(e, 300) or type(e).__name__}") from None
     if not resolved.get("uses_mamba_radix_cache"):
-        raise Unsupported(f"deployment.model={dep.model!r}: SGLang does not route it through the hybrid Mamba radix cache; allowed: a hybrid model")
+        raise Unsupported(
+            f"deployment.model={dep.model!r}: SGLang does not route it through the hybrid Mamba radix cache; allowed: a hybrid model"
+        )
     fields = {k: resolved.get(k) for k in READ_FIELDS}
     model_config = ModelConfig.from_server_args(sa)
     return SglangResolution(
-        server_args=sa, page_size=page, chunked_prefill_size=resolved["chunked_prefill_size"], max_prefill_tokens=resolved["max_prefill_tokens"],
-        strategy=resolved["mamba_radix_cache_strategy"], extra_buffer=extra, chunk=chunk, checkpoint_grid=grid, track_grid=track,
-        track_interval=resolved["mamba_track_interval"], max_states_per_path=resolved["mamba_max_states_per_path"],
-        speculative=resolved["speculative_algorithm"], draft_tokens=resolved["speculative_num_draft_tokens"], fields=fields,
-        context_length=resolved.get("context_length"), model_config=model_config,
+        server_args=sa,
+        page_size=page,
+        chunked_prefill_size=resolved["chunked_prefill_size"],
+        max_prefill_tokens=resolved["max_prefill_tokens"],
+        strategy=resolved["mamba_radix_cache_strategy"],
+        extra_buffer=extra,
+        chunk=chunk,
+        checkpoint_grid=grid,
+        track_grid=track,
+        track_interval=resolved["mamba_track_interval"],
+        max_states_per_path=resolved["mamba_max_states_per_path"],
+        speculative=resolved["speculative_algorithm"],
+        draft_tokens=resolved["speculative_num_draft_tokens"],
+        fields=fields,
+        context_length=resolved.get("context_length"),
+        model_config=model_config,
         state_chunk=int(getattr(model_config.hf_text_config, "mamba_chunk_size", None) or 64),
     )

@@ -45,7 +45,9 @@ class StubModule(types.ModuleType):
         return child
 
     def __call__(self, *args, **kwargs):
-        raise TorchvisionStubCalled(f"kvspec's torchvision stub: {self.__name__}(...) was called; SGLang's radix-cache driver runs no image code")
+        raise TorchvisionStubCalled(
+            f"kvspec's torchvision stub: {self.__name__}(...) was called; SGLang's radix-cache driver runs no image code"
+        )
 
     def __mro_entries__(self, bases):
         return (object,)
@@ -88,7 +90,9 @@ def install() -> None:
     real = sys.modules.get(ROOT)
     if real is not None and not isinstance(real, StubModule):
         return
-    for name in [n for n, m in sys.modules.items() if (n == ROOT or n.startswith(ROOT + ".")) and not isinstance(m, StubModule)]:
+    for name in [
+        n for n, m in sys.modules.items() if (n == ROOT or n.startswith(ROOT + ".")) and not isinstance(m, StubModule)
+    ]:
         del sys.modules[name]
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

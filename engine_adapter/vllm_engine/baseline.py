@@ -23,9 +23,12 @@ import time
 
 from engine_adapter.vllm_engine.driver import SAMPLED_TOKEN, VllmDriver  # first: it sets up vLLM's platform
 
+# isort: split
+
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 from vllm.v1.request import Request as VllmRequest  # noqa: E402
+
 from engine_adapter.vllm_engine.steploop import MAX_IDLE_STEPS, _runner_output, _stepping  # noqa: E402
 from reference.case import Case, prompt_tokens  # noqa: E402
 
@@ -47,14 +50,24 @@ def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float, f
     for i, creq in enumerate(case.trace):
         tokens = prompt_tokens(creq)
         rid = f"req-{i}"
-        s.add_request(VllmRequest(request_id=rid, prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=creq.max_tokens), pooling_params=None, block_hasher=hasher))
+        s.add_request(
+            VllmRequest(
+                request_id=rid,
+                prompt_token_ids=tokens,
+                sampling_params=SamplingParams(max_tokens=creq.max_tokens),
+                pooling_params=None,
+                block_hasher=hasher,
+            )
+        )
         h = steps = idle = 0
         max_steps = len(tokens) + creq.max_tokens + 64
         drafting = num_drafts > 0 and creq.max_tokens > 1
         while stepping():
             so = s.schedule()
             ids = list(so.num_scheduled_tokens)
-            sampled = [[SAMPLED_TOKEN] if s.requests[r].num_computed_tokens >= s.requests[r].num_tokens else [] for r in ids]
+            sampled = [
+                [SAMPLED_TOKEN] if s.requests[r].num_computed_tokens >= s.requests[r].num_tokens else [] for r in ids
+            ]
             out = s.update_from_output(so, _runner_output(s, so, ids, sampled))
             if drafting and rid in ids and rid in s.requests and not s.requests[rid].is_finished():
                 s.update_draft_token_ids(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))
@@ -68,6 +81,8 @@ def bare_run(driver: VllmDriver, case: Case) -> tuple[list[int], float, float, f
             steps += 1
             idle = idle + 1 if not ids else 0
             if idle > MAX_IDLE_STEPS or steps > max_steps:
-                raise BareLoopStuck(f"request {i}: still unfinished after {steps} steps (bound {max_steps}, {idle} idle)")
+                raise BareLoopStuck(
+                    f"request {i}: still unfinished after {steps} steps (bound {max_steps}, {idle} idle)"
+                )
         hits.append(h)
     return hits, t1 - t0, time.perf_counter() - t1, time.process_time() - c1

@@ -55,7 +55,9 @@ def check_supported(scheduler) -> None:
     """Refuse a connector whose worker side kvspec does not stand in."""
     name = connector_name(scheduler)
     if name is not None and name not in STOOD_IN:
-        raise Unsupported(f"deployment: KV connector {name}: kvspec stands in the worker side of {', '.join(sorted(STOOD_IN))} only")
+        raise Unsupported(
+            f"deployment: KV connector {name}: kvspec stands in the worker side of {', '.join(sorted(STOOD_IN))} only"
+        )
 
 
 def _num_workers(connector) -> int:
@@ -73,7 +75,10 @@ def _offloading_output(connector, metadata) -> Any:
         return None
     count = _num_workers(connector)
     recving = {job.req_id for job in (metadata.load_jobs or {}).values() if not getattr(job, "sync", False)}
-    return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs={jid: count for jid in jobs}))
+    return KVConnectorOutput(
+        finished_recving=recving or None,
+        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs={jid: count for jid in jobs}),
+    )
 
 
 #: Connector class -> the stand-in worker's output for one step's metadata.

@@ -144,13 +144,17 @@ class VllmDriver:
         if case.deployment is None:
             from ground.errors import Unsupported
 
-            raise Unsupported("case.geometry: a hand geometry; allowed: a case with a deployment (resolve turns model + flags into a geometry)")
+            raise Unsupported(
+                "case.geometry: a hand geometry; allowed: a case with a deployment (resolve turns model + flags into a geometry)"
+            )
         try:
             return summary(resolve(case.deployment))
         except VllmFailure as f:  # a crash has no geometry; to a resolve caller it is a deployment vLLM cannot build
             from ground.errors import DeploymentCrashes
 
-            raise DeploymentCrashes(f"deployment={case.deployment.describe()!r}: vLLM crashes resolving it ({f.phase}): {f}") from None
+            raise DeploymentCrashes(
+                f"deployment={case.deployment.describe()!r}: vLLM crashes resolving it ({f.phase}): {f}"
+            ) from None
 
     def run(self, case_or_dict: Case | dict, options: dict | None = None) -> dict:
         """Run a case. Returns the result dict; vLLM exceptions come back as
@@ -166,8 +170,15 @@ class VllmDriver:
         options = dict(options or {})
         case = case_or_dict if isinstance(case_or_dict, Case) else parse_case(case_or_dict)
         t0, c0 = time.perf_counter(), time.process_time()
-        result: dict[str, Any] = {"engine": f"vllm=={self.version}", "hits": [], "queries": [], "knobs": None, "explain": [],
-                                  "vllm_files_sha256": vllm_files_sha256(), "harness": {"platform": self.platform}}
+        result: dict[str, Any] = {
+            "engine": f"vllm=={self.version}",
+            "hits": [],
+            "queries": [],
+            "knobs": None,
+            "explain": [],
+            "vllm_files_sha256": vllm_files_sha256(),
+            "harness": {"platform": self.platform},
+        }
         setup = setup_cpu = 0.0
         try:
             built = self.build(case, options)
@@ -181,8 +192,12 @@ class VllmDriver:
             if not setup:
                 setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
         # wall and CPU seconds (this process's), of the setup and in all
-        result["timing"] = {"setup_s": round(setup, 6), "total_s": round(time.perf_counter() - t0, 6),
-                            "setup_cpu_s": round(setup_cpu, 6), "total_cpu_s": round(time.process_time() - c0, 6)}
+        result["timing"] = {
+            "setup_s": round(setup, 6),
+            "total_s": round(time.perf_counter() - t0, 6),
+            "setup_cpu_s": round(setup_cpu, 6),
+            "total_cpu_s": round(time.process_time() - c0, 6),
+        }
         return result
 
     def _trace(self, case: Case, built: dict, result: dict, options: dict) -> None:
@@ -208,18 +223,54 @@ class VllmDriver:
                 i = wave[0]
                 creq = case.trace[i]
                 served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table, slots=slots)
-                self._explain(case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None, slots)
+                self._explain(
+                    case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None, slots
+                )
                 clock += served.steps
                 continue
-            arrivals = [Arrival(i, prompt_tokens(case.trace[i]), case.trace[i].max_tokens, case.trace[i].arrival or 0) for i in wave]
+            arrivals = [
+                Arrival(i, prompt_tokens(case.trace[i]), case.trace[i].max_tokens, case.trace[i].arrival or 0)
+                for i in wave
+            ]
             admitted_lookups: dict[str, int] = {}
-            wave_served, totals = serve_wave(s, arrivals, built["hasher"], watch=table,
-                                             admitted=lambda rid: admitted_lookups.__setitem__(rid, len(rec.lookups.get(rid, ()))), slots=slots)
+            wave_served, totals = serve_wave(
+                s,
+                arrivals,
+                built["hasher"],
+                watch=table,
+                admitted=lambda rid: admitted_lookups.__setitem__(rid, len(rec.lookups.get(rid, ()))),
+                slots=slots,
+            )
             for i, served in zip(wave, wave_served):
-                self._explain(case, i, served, rec, scan, table, writer, result, clock, {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1}, slots)
+                self._explain(
+                    case,
+                    i,
+                    served,
+                    rec,
+                    scan,
+                    table,
+                    writer,
+                    result,
+                    clock,
+                    {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1},
+                    slots,
+                )
             clock += totals["steps"]
 
-    def _explain(self, case: Case, i: int, served, rec, scan, table, writer, result: dict, clock: int | None, wave: dict | None, slots=None) -> None:
+    def _explain(
+        self,
+        case: Case,
+        i: int,
+        served,
+        rec,
+        scan,
+        table,
+        writer,
+        result: dict,
+        clock: int | None,
+        wave: dict | None,
+        slots=None,
+    ) -> None:
         """Append request ``i``'s observation to ``result``. ``clock``: the
         scheduler steps run before its wave (a concurrent trace; None for a
         serial one); ``wave``: its wave's indices, summed stats and which of
@@ -228,7 +279,7 @@ class VllmDriver:
         rid = f"req-{i}"
         lookups = rec.lookups.get(rid, [])
         if wave is not None and lookups:  # the lookup that admitted it (an earlier one was deferred)
-            lookups = lookups[max(0, min(wave["lookup"], len(lookups) - 1)):]
+            lookups = lookups[max(0, min(wave["lookup"], len(lookups) - 1)) :]
         cache_blocks, boundaries = rec.cache_blocks_of(rid)
         by_size = tokens_held = by_group = after = None
         if scan is not None:
@@ -261,7 +312,11 @@ class VllmDriver:
         if clock is not None:  # a concurrent trace: when each request ran and each state was written
             explain["first_step"] = None if served.first_step is None else clock + served.first_step
             at = [clock + k for k in served.prefill_at]
-            explain["written_steps"] = None if explain["written"] is None else [[p, _step_of(p, served.prefill_steps, at)] for p in explain["written"]]
+            explain["written_steps"] = (
+                None
+                if explain["written"] is None
+                else [[p, _step_of(p, served.prefill_steps, at)] for p in explain["written"]]
+            )
         if wave is not None:
             explain["wave"] = wave["wave"]
             explain["wave_stats"] = wave["totals"]
@@ -273,7 +328,9 @@ class VllmDriver:
         if by_group is not None:
             explain["retained_mamba_by_group"] = by_group
         resumed = slots.resumed_state(rid) if slots is not None else None
-        if resumed is not None:  # what the stood-in forward pass read where the request resumed (engine_adapter.vllm_engine.forward)
+        if (
+            resumed is not None
+        ):  # what the stood-in forward pass read where the request resumed (engine_adapter.vllm_engine.forward)
             explain["resumed_state"] = resumed
         result["hits"].append(served.hits)
         result["queries"].append(served.queries)
@@ -297,7 +354,11 @@ def selftest_case() -> dict:
     return {
         "schema": 1,
         "name": "kvspec-selftest",
-        "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16, "count": 1}], "retention_interval": 0, "max_num_batched_tokens": 2048},
+        "geometry": {
+            "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16, "count": 1}],
+            "retention_interval": 0,
+            "max_num_batched_tokens": 2048,
+        },
         "speculative": {"method": "mtp", "num_speculative_tokens": 2},
         "trace": [{"prompt": [{"segment": "selftest", "length": 3300}]}] * 3,
     }
@@ -305,9 +366,14 @@ def selftest_case() -> dict:
 
 #: The modules an import-only self-test imports (``engine_adapter.inside.worker --selftest --import-only``): where the scheduler, the
 #: KV cache managers and the block-size resolution live.
-IMPORT_CHECK = ("vllm.v1.core.sched.scheduler", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
-                "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface", "vllm.v1.engine.core")
-
+IMPORT_CHECK = (
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.engine.core",
+)
 
 
 def selftest(expect_version: str | None, out, *, import_only: bool = False) -> int:
@@ -321,7 +387,11 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
         return 1
     driver, import_s = loaded
     if import_only:
-        return inside_selftest.import_only(out, IMPORT_CHECK, {"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2)})
+        return inside_selftest.import_only(
+            out,
+            IMPORT_CHECK,
+            {"vllm_version": driver.version, "torch_version": torch.__version__, "import_s": round(import_s, 2)},
+        )
     result = driver.run(selftest_case())
     if result.get("error"):
         print(f"selftest: vLLM raised: {result['error']['message']}", file=sys.stderr)
@@ -330,13 +400,18 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     if not (hits[0] == 0 and hits[2] > 0):
         print(f"selftest: implausible hits {hits} (the second resend must hit)", file=sys.stderr)
         return 1
-    out.write(json.dumps({
-        "vllm_version": driver.version,
-        "torch_version": torch.__version__,
-        "hits": hits,
-        "import_s": round(import_s, 2),
-        "run_s": result["timing"]["total_s"],
-    }) + "\n")
+    out.write(
+        json.dumps(
+            {
+                "vllm_version": driver.version,
+                "torch_version": torch.__version__,
+                "hits": hits,
+                "import_s": round(import_s, 2),
+                "run_s": result["timing"]["total_s"],
+            }
+        )
+        + "\n"
+    )
     out.flush()
     return 0
 

@@ -64,7 +64,9 @@ def engine_core_block_sizes(vllm_config, kv_cache_config, also=()) -> tuple[int,
     scheduler_block_size, hash_block_size = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     alignment = None
     if hasattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens"):
-        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size, hash_block_size)
+        alignment = kv_cache_utils.resolve_cache_hit_alignment_tokens(
+            kv_cache_config, vllm_config, scheduler_block_size, hash_block_size
+        )
         for c in (*also, kv_cache_config):
             c.hash_block_size = hash_block_size
             c.cache_hit_alignment_tokens = alignment
@@ -95,7 +97,12 @@ def engine_core_handshake(vc, dep: Deployment, facts: dict, assumptions: list[st
     except KvspecError:
         raise
     except Exception as e:
-        raise_outcome(e, "config", f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step", phase="config")
+        raise_outcome(
+            e,
+            "config",
+            f"deployment={dep.describe()!r}: vLLM's engine core fails its start-up config step",
+            phase="config",
+        )
     after = int(cc.block_size)
     facts["chunk_split_block_size"] = after
     if after != before:

@@ -64,7 +64,9 @@ REFUSALS: dict[str, tuple[type[BaseException], ...]] = {
 class VllmFailure(Exception):
     """vLLM raised (or misbehaved) while running a case: a finding, not a crash."""
 
-    def __init__(self, phase: str, exc: BaseException | None = None, message: str | None = None, request: int | None = None):
+    def __init__(
+        self, phase: str, exc: BaseException | None = None, message: str | None = None, request: int | None = None
+    ):
         self.phase = phase
         self.exc = exc
         self.request = request

@@ -57,7 +57,8 @@ blocks).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def fingerprint(tokens: list[int], count: int) -> tuple[int, int]:
@@ -77,7 +78,9 @@ class StateSlots:
         self.manager = managers[gids[0]] if gids else None
         self.block_size = int(self.manager.block_size) if self.manager is not None else 0
         spec = built["groups"][gids[0]].kv_cache_spec if gids else None
-        self.cell: Callable[[int, int], tuple[int, int] | None] | None = checkpoint_cells(built, spec) if spec is not None else None
+        self.cell: Callable[[int, int], tuple[int, int] | None] | None = (
+            checkpoint_cells(built, spec) if spec is not None else None
+        )
         self.held: dict[int, tuple[int, int] | None] = {}  # block id -> fingerprint (None: filled by a connector load)
         self.column: dict[str, int] = {}  # request -> the column holding its running state
         self.after: dict[str, int] = {}  # request -> tokens computed after its last step
@@ -120,7 +123,9 @@ class StateSlots:
             c0 = int(req.num_computed_tokens) - num
             blocks = self._blocks(rid)
             prev = self.column.get(rid)
-            if prev is None or self.after.get(rid) != c0:  # new, or resumed after a preemption (cleanup_mamba_state_idx)
+            if (
+                prev is None or self.after.get(rid) != c0
+            ):  # new, or resumed after a preemption (cleanup_mamba_state_idx)
                 prev = (c0 - 1) // M  # mamba_utils.py:1493-1495
                 if c0 > 0 and rid not in self.resumed:
                     self.resumed[rid] = self._read(req, blocks, prev, c0)
@@ -129,7 +134,9 @@ class StateSlots:
                 self.held[blocks[curr]] = self.held.get(blocks[prev], ("unwritten",))  # the copy (:1517)
             cell = None
             if self.cell is not None and req.num_output_tokens == 0:
-                cell = self.cell(c0 + num, num)  # the model runner's seq_len and query_len, as writes.written reads them
+                cell = self.cell(
+                    c0 + num, num
+                )  # the model runner's seq_len and query_len, as writes.written reads them
             self.column[rid] = curr
             todo.append((rid, req, blocks, curr, c0 + num - len(spec.get(rid) or ()), cell))
         return todo

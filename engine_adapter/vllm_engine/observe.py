@@ -44,8 +44,11 @@ class Recorder:
     def wrap(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
         kvm = scheduler.kv_cache_manager
         original_lookup = kvm.get_computed_blocks
-        attention = [(gid, int(m.block_size)) for gid, m in enumerate(kvm.coordinator.single_type_managers)
-                     if type(getattr(m, "kv_cache_spec", None)).__name__ == "FullAttentionSpec"]
+        attention = [
+            (gid, int(m.block_size))
+            for gid, m in enumerate(kvm.coordinator.single_type_managers)
+            if type(getattr(m, "kv_cache_spec", None)).__name__ == "FullAttentionSpec"
+        ]
 
         def get_computed_blocks(request, *args, **kwargs):
             out = original_lookup(request, *args, **kwargs)
@@ -109,8 +112,11 @@ class BlockTable:
 
     def __init__(self, scheduler: Scheduler, mamba_group_ids: list[int]) -> None:
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-        self.managers = [(managers[g], int(managers[g].block_size)) for g in mamba_group_ids
-                         if getattr(managers[g], "mamba_cache_mode", None) == "align"]
+        self.managers = [
+            (managers[g], int(managers[g].block_size))
+            for g in mamba_group_ids
+            if getattr(managers[g], "mamba_cache_mode", None) == "align"
+        ]
         self.scheduler = scheduler
 
     def leaked(self) -> int:
@@ -164,15 +170,24 @@ def read_knobs(version: str, built: dict) -> dict:
         "cache_hit_alignment_tokens": built["alignment_tokens"],
         "partial_hash_hits": bool(getattr(coord, "enable_partial_hash_hits", False)),
         "eagle_group_ids": sorted(int(i) for i in getattr(coord, "eagle_group_ids", ()) or ()),
-        "drop_eagle_group_ids": sorted(int(i) for i in getattr(coord, "drop_eagle_group_ids", ()) or ()) if hasattr(coord, "drop_eagle_group_ids") else None,
-        "mamba_drop_eagle_checkpoint_block": [bool(getattr(coord.single_type_managers[i], "drop_eagle_checkpoint_block", False)) for i in built["mamba_group_ids"]],
+        "drop_eagle_group_ids": sorted(int(i) for i in getattr(coord, "drop_eagle_group_ids", ()) or ())
+        if hasattr(coord, "drop_eagle_group_ids")
+        else None,
+        "mamba_drop_eagle_checkpoint_block": [
+            bool(getattr(coord.single_type_managers[i], "drop_eagle_checkpoint_block", False))
+            for i in built["mamba_group_ids"]
+        ],
         "retention_interval": getattr(coord, "retention_interval", None),
         "cache_block_size": int(vc.cache_config.block_size),
         "max_num_scheduled_tokens": int(s.max_num_scheduled_tokens),
         "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
         "num_lookahead_tokens": int(getattr(vc, "num_lookahead_tokens", 0) or 0),
-        "num_prefill_lookahead_tokens": int(getattr(vc, "num_prefill_lookahead_tokens", 0) or 0) if hasattr(vc, "num_prefill_lookahead_tokens") else None,
-        "use_eagle_block_drop": bool(spec.use_eagle_block_drop()) if spec is not None and hasattr(spec, "use_eagle_block_drop") else None,
+        "num_prefill_lookahead_tokens": int(getattr(vc, "num_prefill_lookahead_tokens", 0) or 0)
+        if hasattr(vc, "num_prefill_lookahead_tokens")
+        else None,
+        "use_eagle_block_drop": bool(spec.use_eagle_block_drop())
+        if spec is not None and hasattr(spec, "use_eagle_block_drop")
+        else None,
         "use_v2_model_runner": bool(getattr(s, "use_v2_model_runner", False)),
         "coordinator": type(coord).__name__,
         "kv_connector": None if getattr(s, "connector", None) is None else type(s.connector).__name__,
@@ -211,8 +226,8 @@ def _key_suffix(make_key, gid: int) -> bytes | None:
         sample = b"kvspec-key-probe"
         try:
             key = make_key(sample, gid)
-            if isinstance(key, bytes) and key.startswith(sample) and make_key(b"x", gid) == b"x" + key[len(sample):]:
-                suffix = bytes(key[len(sample):])
+            if isinstance(key, bytes) and key.startswith(sample) and make_key(b"x", gid) == b"x" + key[len(sample) :]:
+                suffix = bytes(key[len(sample) :])
         except Exception:
             pass
         _SUFFIXES[memo] = suffix
@@ -273,7 +288,12 @@ class RetainedScan:
         if cache_map is None or set(self.key_suffix) != set(self.mamba_gids) or len(lengths) != 1 or 0 in lengths:
             return
         insert, pop = getattr(self.map_obj, "insert", None), getattr(self.map_obj, "pop", None)
-        if not callable(insert) or not callable(pop) or _parameters(insert) != ["key", "block"] or _parameters(pop) != ["key", "block_id"]:
+        if (
+            not callable(insert)
+            or not callable(pop)
+            or _parameters(insert) != ["key", "block"]
+            or _parameters(pop) != ["key", "block_id"]
+        ):
             return
         cut = -lengths.pop()
         by_suffix = {suffix: gid for gid, suffix in self.key_suffix.items()}
@@ -318,7 +338,11 @@ class RetainedScan:
         self.held = held
 
     def _index_valid(self) -> bool:
-        return self.held is not None and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj and len(self.cache_map) == self._count[0]
+        return (
+            self.held is not None
+            and getattr(self.pool, "cached_block_hash_to_block", None) is self.map_obj
+            and len(self.cache_map) == self._count[0]
+        )
 
     def positions(self, hashes: list, first: int = 0) -> dict[int, list[int]]:
         """{group id: token counts p (multiples of the hash block) whose state
@@ -371,8 +395,15 @@ class RetainedScan:
             else:
                 bs = self.uniform_bs
                 partial = any(p % bs for p in first)
-                return {str(bs): [p // bs - 1 for p in first if p % bs == 0]}, ({str(g): tokens[g] for g in gids} if partial else None), None
-        by_group = {gid: [p // self.group_bs[gid] - 1 for p in tokens[gid] if p % self.group_bs[gid] == 0] for gid in self.mamba_gids}
+                return (
+                    {str(bs): [p // bs - 1 for p in first if p % bs == 0]},
+                    ({str(g): tokens[g] for g in gids} if partial else None),
+                    None,
+                )
+        by_group = {
+            gid: [p // self.group_bs[gid] - 1 for p in tokens[gid] if p % self.group_bs[gid] == 0]
+            for gid in self.mamba_gids
+        }
         by_size: dict[str, list[int]] = {}
         disagree = False
         for gid in self.mamba_gids:

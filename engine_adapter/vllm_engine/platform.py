@@ -108,7 +108,10 @@ def install() -> str:
         def support_static_graph_mode(cls) -> bool:
             return True
 
-    if getattr(platforms, "_current_platform", None) is None or type(platforms._current_platform).__name__ != "KvspecCudaAnswers":
+    if (
+        getattr(platforms, "_current_platform", None) is None
+        or type(platforms._current_platform).__name__ != "KvspecCudaAnswers"
+    ):
         platforms._current_platform = KvspecCudaAnswers()
     return platform
 

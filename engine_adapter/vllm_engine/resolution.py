@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ground.errors import Unsupported
-from reference.case import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_GROUPS, MAX_RETENTION_INTERVAL, MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
+from reference.case import (
+    MAX_BATCHED_TOKENS,
+    MAX_BLOCK_SIZE,
+    MAX_GROUPS,
+    MAX_RETENTION_INTERVAL,
+    MAX_SPECULATIVE_TOKENS,
+    SPECULATIVE_METHODS,
+)
 from reference.deployment import Deployment
 
 RESOLVER_VERSION = 1
@@ -50,19 +57,48 @@ def check_limits(res: Resolution) -> None:
     Only sizes: whether vLLM's structural rules hold is vLLM's answer."""
     vc, kcfg = res.vllm_config, res.kv_cache_config
     groups = list(kcfg.kv_cache_groups)
-    blocks = [("scheduler_block_size", res.scheduler_block_size), ("hash_block_size", res.hash_block_size), ("cache_hit_alignment_tokens", res.alignment_tokens),
-              ("prefix_match_unit", getattr(vc.cache_config, "prefix_match_unit", None)), ("split_block_size", res.facts.get("chunk_split_block_size"))]
+    blocks = [
+        ("scheduler_block_size", res.scheduler_block_size),
+        ("hash_block_size", res.hash_block_size),
+        ("cache_hit_alignment_tokens", res.alignment_tokens),
+        ("prefix_match_unit", getattr(vc.cache_config, "prefix_match_unit", None)),
+        ("split_block_size", res.facts.get("chunk_split_block_size")),
+    ]
     blocks += [(f"groups[{i}].block_size", g.kv_cache_spec.block_size) for i, g in enumerate(groups)]
-    blocks += [(f"groups[{i}].prefill_checkpoint_alignment", getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None)) for i, g in enumerate(groups)]
+    blocks += [
+        (f"groups[{i}].prefill_checkpoint_alignment", getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None))
+        for i, g in enumerate(groups)
+    ]
     sc = vc.speculative_config
     limits = [(name, value, MAX_BLOCK_SIZE) for name, value in blocks]
-    limits += [("groups", len(groups), MAX_GROUPS),
-               ("retention_interval", getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", None)), MAX_RETENTION_INTERVAL),
-               ("max_num_batched_tokens", getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens, MAX_BATCHED_TOKENS),
-               ("num_speculative_tokens", getattr(sc, "num_speculative_tokens", None) if sc is not None else None, MAX_SPECULATIVE_TOKENS)]
+    limits += [
+        ("groups", len(groups), MAX_GROUPS),
+        (
+            "retention_interval",
+            getattr(
+                kcfg,
+                "prefix_cache_retention_interval",
+                getattr(vc.cache_config, "prefix_cache_retention_interval", None),
+            ),
+            MAX_RETENTION_INTERVAL,
+        ),
+        (
+            "max_num_batched_tokens",
+            getattr(vc.scheduler_config, "max_num_scheduled_tokens", None)
+            or vc.scheduler_config.max_num_batched_tokens,
+            MAX_BATCHED_TOKENS,
+        ),
+        (
+            "num_speculative_tokens",
+            getattr(sc, "num_speculative_tokens", None) if sc is not None else None,
+            MAX_SPECULATIVE_TOKENS,
+        ),
+    ]
     for name, value, top in limits:
         if isinstance(value, int) and not isinstance(value, bool) and value > top:
-            raise Unsupported(f"deployment={res.deployment.describe()!r}: vLLM resolves {name}={value}, outside kvspec's documented case limits; allowed: at most {top:,}")
+            raise Unsupported(
+                f"deployment={res.deployment.describe()!r}: vLLM resolves {name}={value}, outside kvspec's documented case limits; allowed: at most {top:,}"
+            )
 
 
 def _group_kind(spec) -> str:
@@ -79,7 +115,9 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
     vc = res.vllm_config
     threshold = int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0)
     if threshold > 0:
-        raise Unsupported(f"long_prefill_token_threshold={threshold}: a second prefill chunk limit is outside kvspec's model; allowed: 0 (vLLM's default)")
+        raise Unsupported(
+            f"long_prefill_token_threshold={threshold}: a second prefill chunk limit is outside kvspec's model; allowed: 0 (vLLM's default)"
+        )
     groups: list[dict] = []
     for g in res.kv_cache_config.kv_cache_groups:
         kind = _group_kind(g.kv_cache_spec)
@@ -89,9 +127,16 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
         else:
             groups.append({"kind": kind, "block_size": bs, "count": 1})
     kcfg = res.kv_cache_config
-    retention = getattr(kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", 0))
+    retention = getattr(
+        kcfg, "prefix_cache_retention_interval", getattr(vc.cache_config, "prefix_cache_retention_interval", 0)
+    )
     pmu = getattr(vc.cache_config, "prefix_match_unit", None)
-    grids = {getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None) for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec" and getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0)}
+    grids = {
+        getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None)
+        for g in res.kv_cache_config.kv_cache_groups
+        if type(g.kv_cache_spec).__name__ == "MambaSpec"
+        and getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0)
+    }
     mamba_groups = [g for g in res.kv_cache_config.kv_cache_groups if type(g.kv_cache_spec).__name__ == "MambaSpec"]
     every = all(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) for g in mamba_groups)
     grid = next(iter(grids)) if (every and len(grids) == 1) else None
@@ -101,7 +146,9 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
         "prefix_match_unit": pmu if pmu is not None and pmu != res.scheduler_block_size else None,
         "scheduler_block_size": res.scheduler_block_size,
         "retention_interval": retention,
-        "max_num_batched_tokens": int(getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens),
+        "max_num_batched_tokens": int(
+            getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) or vc.scheduler_config.max_num_batched_tokens
+        ),
         "prefill_checkpoint_grid": int(grid) if grid is not None else None,
         "shared_prefix_checkpoint": bool(getattr(vc.cache_config, "enable_mamba_shared_prefix_checkpoint", False)),
         "split_block_size": _split_block(res),
@@ -126,7 +173,10 @@ def case_parts(res: Resolution) -> tuple[dict, dict | None, dict]:
     for g in res.kv_cache_config.kv_cache_groups:
         s = g.kv_cache_spec
         if type(s).__name__ == "MambaSpec" and getattr(s, "num_prefill_checkpoint_blocks", 0):
-            checkpoints = {"internal_prefill_checkpoints": True, "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None)}
+            checkpoints = {
+                "internal_prefill_checkpoints": True,
+                "prefill_checkpoint_alignment": getattr(s, "prefill_checkpoint_alignment", None),
+            }
             break
     return geometry, spec, checkpoints
 
@@ -139,7 +189,12 @@ def _legacy_hashes_kept(vc, sc) -> bool:
     if not hasattr(vc, "num_hash_lookahead_tokens") or getattr(sc, "disable_lookahead_block_hashes", None) is not False:
         return False
     drop = getattr(sc, "use_eagle_block_drop", None)
-    return callable(drop) and bool(drop()) and bool(vc.cache_config.enable_prefix_caching) and int(vc.num_hash_lookahead_tokens) == 0
+    return (
+        callable(drop)
+        and bool(drop())
+        and bool(vc.cache_config.enable_prefix_caching)
+        and int(vc.num_hash_lookahead_tokens) == 0
+    )
 
 
 def _split_block(res: Resolution) -> int | None:
@@ -157,7 +212,13 @@ def summary(res: Resolution) -> dict:
         "deployment": res.deployment.as_dict(),
         "geometry": geometry,
         "speculative": spec,
-        "facts": {**res.facts, **checkpoints, "scheduler_block_size": res.scheduler_block_size, "hash_block_size": res.hash_block_size, "cache_hit_alignment_tokens": res.alignment_tokens},
+        "facts": {
+            **res.facts,
+            **checkpoints,
+            "scheduler_block_size": res.scheduler_block_size,
+            "hash_block_size": res.hash_block_size,
+            "cache_hit_alignment_tokens": res.alignment_tokens,
+        },
         "assumptions": res.assumptions,
         "resolver": RESOLVER_VERSION,
     }

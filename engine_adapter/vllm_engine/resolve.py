@@ -48,18 +48,17 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.models.served import MAMBA_KIND, model_config_dict, model_dir
 from engine_adapter.vllm_engine import platform as kplatform
 from engine_adapter.vllm_engine.engine_core import engine_core_block_sizes, engine_core_handshake, kv_cache_configs
 from engine_adapter.vllm_engine.failure import raise_outcome
-from ground.printable import one_line
-from engine_adapter.vllm_engine.resolution import Resolution, check_limits
-from engine_adapter.models.served import MAMBA_KIND, model_config_dict, model_dir
-from ground.errors import DeploymentRejected as VllmRejected
-from ground.errors import KvspecError, Unsupported
-from reference.deployment import Deployment
 
 # Names other modules import from here; their homes are the modules above.
-from engine_adapter.vllm_engine.resolution import RESOLVER_VERSION, summary  # noqa: F401
+from engine_adapter.vllm_engine.resolution import RESOLVER_VERSION, Resolution, check_limits, summary  # noqa: F401
+from ground.errors import DeploymentRejected as VllmRejected
+from ground.errors import KvspecError, Unsupported
+from ground.printable import one_line
+from reference.deployment import Deployment
 
 MAMBA_BACKEND = {"gdn": "GDN_ATTN", "mamba2": "MAMBA2", "mamba1": "MAMBA1"}
 #: Where the attention layers' backend is chosen on CUDA (vLLM's
@@ -115,7 +114,14 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     import io
 
     parser = _serve_parser(EngineArgs, FlexibleArgumentParser)
-    argv = ["--model", str(cfg_dir), "--skip-tokenizer-init", "--load-format", "dummy", *with_drafter(dep.vllm_args, cfg_dir)]
+    argv = [
+        "--model",
+        str(cfg_dir),
+        "--skip-tokenizer-init",
+        "--load-format",
+        "dummy",
+        *with_drafter(dep.vllm_args, cfg_dir),
+    ]
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -123,9 +129,16 @@ def _vllm_config(dep: Deployment, cfg_dir: Path):
     except SystemExit:
         lines = [x for x in said.getvalue().splitlines() if x.strip()]
         reason = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
-        raise VllmRejected(f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {one_line(reason, 300)}") from None
+        raise VllmRejected(
+            f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser: {one_line(reason, 300)}"
+        ) from None
     except Exception as e:
-        raise_outcome(e, "config", f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser", phase="config")
+        raise_outcome(
+            e,
+            "config",
+            f"deployment.vllm_args={shlex.join(dep.vllm_args)!r}: vLLM's `vllm serve` parser",
+            phase="config",
+        )
     try:
         args = EngineArgs.from_cli_args(ns)
         return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -185,7 +198,9 @@ def check_drafter_target(vc, dep: Deployment) -> None:
     if sc is not None and sc.method in ("eagle", "eagle3") and vc.model_config.is_attention_free:
         # the draft layer's stand-in takes the target's attention shape
         # (``standins.AttentionStandIn``), which an attention-free target has not
-        raise Unsupported(f"deployment={dep.describe()!r}: an EAGLE drafter's attention layer beside an attention-free model's single Mamba group is outside kvspec's model; allowed: ngram, or a hybrid model")
+        raise Unsupported(
+            f"deployment={dep.describe()!r}: an EAGLE drafter's attention layer beside an attention-free model's single Mamba group is outside kvspec's model; allowed: ngram, or a hybrid model"
+        )
     if sc is None or sc.method != "eagle3":
         return
     from vllm.model_executor.models.interfaces import supports_eagle3
@@ -194,9 +209,13 @@ def check_drafter_target(vc, dep: Deployment) -> None:
     arch = vc.model_config.architecture
     cls = ModelRegistry._try_load_model_cls(arch)
     if cls is None:
-        raise Unsupported(f"deployment={dep.describe()!r}: vLLM's {arch} class does not import on this machine, so whether it supports EAGLE-3 is not known here; allowed: another method")
+        raise Unsupported(
+            f"deployment={dep.describe()!r}: vLLM's {arch} class does not import on this machine, so whether it supports EAGLE-3 is not known here; allowed: another method"
+        )
     if not supports_eagle3(cls):
-        raise VllmRejected(f"deployment={dep.describe()!r}: vLLM rejects it when its worker loads the model: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested ({arch})")
+        raise VllmRejected(
+            f"deployment={dep.describe()!r}: vLLM rejects it when its worker loads the model: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested ({arch})"
+        )
 
 
 def layer_kinds(vc) -> list[str]:
@@ -285,13 +304,25 @@ def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) 
     arch = vc.model_config.architecture
     kind = MAMBA_KIND.get(arch)
     if kind is None:
-        raise Unsupported(f"deployment.model architecture={arch}: kvspec knows the Mamba layers of {', '.join(sorted(MAMBA_KIND))}")
+        raise Unsupported(
+            f"deployment.model architecture={arch}: kvspec knows the Mamba layers of {', '.join(sorted(MAMBA_KIND))}"
+        )
     kinds = layer_kinds(vc)
     n_attention, n_mamba = kinds.count("attention"), kinds.count("mamba")
     if n_mamba == 0 or (n_attention == 0 and not vc.model_config.is_attention_free):
-        raise Unsupported(f"deployment.model architecture={arch}: {n_attention} attention and {n_mamba} Mamba layers in this config; kvspec checks hybrid models (both) and attention-free Mamba models")
+        raise Unsupported(
+            f"deployment.model architecture={arch}: {n_attention} attention and {n_mamba} Mamba layers in this config; kvspec checks hybrid models (both) and attention-free Mamba models"
+        )
     backend, backend_name = _attention_backend(dep)
-    facts.update({"architecture": arch, "mamba_kind": kind, "attention_layers": n_attention, "mamba_layers": n_mamba, "attention_backend": backend_name})
+    facts.update(
+        {
+            "architecture": arch,
+            "mamba_kind": kind,
+            "attention_layers": n_attention,
+            "mamba_layers": n_mamba,
+            "attention_backend": backend_name,
+        }
+    )
     mamba_type = getattr(MambaAttentionBackendEnum, MAMBA_BACKEND[kind])
     alignment = None
     extra = None
@@ -306,7 +337,10 @@ def _install_layers(vc, dep: Deployment, version: tuple[int, ...], facts: dict) 
             from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
 
             alignment = FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
-            extra = lambda cfg: {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": get_mamba_prefill_checkpoint_grid(cfg)}  # noqa: E731
+            extra = lambda cfg: {
+                "num_prefill_checkpoint_blocks": 1,
+                "prefill_checkpoint_alignment": get_mamba_prefill_checkpoint_grid(cfg),
+            }  # noqa: E731
     ctx = vc.compilation_config.static_forward_context
     ctx.clear()
     # Layer order: as a decoder stack registers them; only the draft layers'
@@ -349,7 +383,9 @@ def resolve(dep: Deployment, *, num_blocks: int = DEFAULT_POOL_BLOCKS) -> Resolu
     tests/engine/test_resolve.py). The device is set again on every call,
     as the run that follows reads it. A refusal or a crash is not kept."""
     if dep.engine != "vllm":
-        raise Unsupported(f"deployment.engine={dep.engine!r}: its flags are for another engine; allowed: vllm (run it with --engine {dep.engine}==X)")
+        raise Unsupported(
+            f"deployment.engine={dep.engine!r}: its flags are for another engine; allowed: vllm (run it with --engine {dep.engine}==X)"
+        )
     kplatform.set_device(dep.device)
     key = (dep.key(), int(num_blocks))
     hit = _MEMO.pop(key, None)
@@ -376,7 +412,9 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     if here == "native":  # vLLM's own platform on a real GPU serves cuda deployments
         here = "cuda"
     if dep.platform != here:
-        raise Unsupported(f"deployment.platform={dep.platform}: this engine process runs the {here} platform; allowed: {here} (open the engine with platform={dep.platform})")
+        raise Unsupported(
+            f"deployment.platform={dep.platform}: this engine process runs the {here} platform; allowed: {here} (open the engine with platform={dep.platform})"
+        )
     kplatform.set_device(dep.device)
     cfg = model_config_dict(dep)
     cfg_dir = model_dir(cfg)
@@ -385,9 +423,13 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     check_drafter_target(vc, dep)
     cc = vc.cache_config
     if not cc.enable_prefix_caching:
-        raise Unsupported(f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching")
+        raise Unsupported(
+            f"deployment={dep.describe()!r}: prefix caching is off in vLLM {vllm.__version__} for this deployment; allowed: add --enable-prefix-caching"
+        )
     if not (getattr(vc.model_config, "is_hybrid", False) or vc.model_config.is_attention_free):
-        raise Unsupported(f"deployment.model architecture={vc.model_config.architecture}: vLLM treats it as neither hybrid nor attention-free; kvspec checks hybrid attention/Mamba models and attention-free Mamba models")
+        raise Unsupported(
+            f"deployment.model architecture={vc.model_config.architecture}: vLLM treats it as neither hybrid nor attention-free; kvspec checks hybrid attention/Mamba models and attention-free Mamba models"
+        )
     try:
         _install_layers(vc, dep, version, facts)
         _update_block_size(vc, dep)
@@ -403,7 +445,9 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         # available KV cache memory" refusal of a deployment it serves (up
         # to MAX_BLOCKS a layer: past that vLLM's refusal stands)
         one_request = sum(int(s.max_memory_usage_bytes(vc)) for s in specs.values())
-        memory = max(memory, min(one_request + one_request // 16 + 2 * page * len(specs), page * len(specs) * MAX_BLOCKS))
+        memory = max(
+            memory, min(one_request + one_request // 16 + 2 * page * len(specs), page * len(specs) * MAX_BLOCKS)
+        )
         cfgs = kv_cache_configs(vc, specs, memory)
         import vllm.v1.core.kv_cache_utils as ku
 
@@ -413,40 +457,54 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         raise
     except Exception as e:
         raise_outcome(e, "kv_cache", f"deployment={dep.describe()!r}: vLLM fails to build its KV cache")
-    facts.update({
-        "block_size": int(cc.block_size),
-        "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
-        "mamba_page_size_padded": cc.mamba_page_size_padded,
-        # bytes of one Mamba layer's state page as the KV cache holds it (padding included)
-        "mamba_page_size_bytes": max((int(s.page_size_bytes) for s in specs.values() if type(s).__name__ == "MambaSpec"), default=None),
-        "mamba_cache_mode": cc.mamba_cache_mode,
-        "cache_dtype": cc.cache_dtype,
-        "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
-        "num_blocks": int(kcfg.num_blocks),
-        "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
-        # --scheduling-policy as vLLM parsed it: the Scheduler kvspec builds
-        # from this config picks its waiting queue by it (create_request_queue)
-        "scheduling_policy": str(vc.scheduler_config.policy),
-        "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
-        "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
-        # the KV connector vLLM configured (--kv-offloading-size: the
-        # native backend's OffloadingConnector), or None
-        "kv_connector": getattr(getattr(vc, "kv_transfer_config", None), "kv_connector", None),
-        "max_model_len": int(vc.model_config.max_model_len),
-        "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
-        "long_prefill_token_threshold": int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0),
-    })
+    facts.update(
+        {
+            "block_size": int(cc.block_size),
+            "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
+            "mamba_page_size_padded": cc.mamba_page_size_padded,
+            # bytes of one Mamba layer's state page as the KV cache holds it (padding included)
+            "mamba_page_size_bytes": max(
+                (int(s.page_size_bytes) for s in specs.values() if type(s).__name__ == "MambaSpec"), default=None
+            ),
+            "mamba_cache_mode": cc.mamba_cache_mode,
+            "cache_dtype": cc.cache_dtype,
+            "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
+            "num_blocks": int(kcfg.num_blocks),
+            "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
+            # --scheduling-policy as vLLM parsed it: the Scheduler kvspec builds
+            # from this config picks its waiting queue by it (create_request_queue)
+            "scheduling_policy": str(vc.scheduler_config.policy),
+            "max_num_batched_tokens": int(vc.scheduler_config.max_num_batched_tokens),
+            "num_hash_lookahead_tokens": int(getattr(vc, "num_hash_lookahead_tokens", 0) or 0),
+            # the KV connector vLLM configured (--kv-offloading-size: the
+            # native backend's OffloadingConnector), or None
+            "kv_connector": getattr(getattr(vc, "kv_transfer_config", None), "kv_connector", None),
+            "max_model_len": int(vc.model_config.max_model_len),
+            "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
+            "long_prefill_token_threshold": int(getattr(vc.scheduler_config, "long_prefill_token_threshold", 0) or 0),
+        }
+    )
     assumptions = []
     if dep.platform == "cuda" and kplatform.process_platform() == "native":
         from vllm.platforms import current_platform
 
-        assumptions.append(f"vLLM's hardware questions answered by its own {type(current_platform).__name__} (KVSPEC_PLATFORM=native)")
-        assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
+        assumptions.append(
+            f"vLLM's hardware questions answered by its own {type(current_platform).__name__} (KVSPEC_PLATFORM=native)"
+        )
+        assumptions.append(
+            f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)"
+        )
     elif dep.platform == "cuda":
-        assumptions.append(f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})")
-        assumptions.append(f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)")
+        assumptions.append(
+            f"{dep.device}: vLLM's hardware questions answered for {kplatform.DEVICES[dep.device][2]} (compute capability {'.'.join(map(str, kplatform.DEVICES[dep.device][0]))})"
+        )
+        assumptions.append(
+            f"attention aligned with {ALIGNMENT_BACKEND} (smallest kernel block 16, as FLASHINFER and TRITON_ATTN for these models)"
+        )
     engine_core_handshake(vc, dep, facts, assumptions)
-    res = Resolution(dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions)
+    res = Resolution(
+        dep, vc, specs, kcfg, int(sbs), int(hbs), None if alignment is None else int(alignment), facts, assumptions
+    )
     check_limits(res)
     return res
 

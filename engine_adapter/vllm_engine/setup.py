@@ -53,10 +53,10 @@ from vllm.v1.structured_output import StructuredOutputManager
 from engine_adapter.vllm_engine.connector import check_supported
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome
 from engine_adapter.vllm_engine.resolve import engine_core_block_sizes
+from ground.errors import KvspecError, Unsupported
+from ground.files import write_text_if_changed
 from ground.home import models_dir
 from reference.case import EAGLE_METHODS, Case
-from ground.files import write_text_if_changed
-from ground.errors import KvspecError, Unsupported
 
 VOCAB_SIZE = 2048
 MAX_POSITION_EMBEDDINGS = 1 << 20
@@ -134,16 +134,30 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
     # construction is linear in its blocks, holds little more than that
     first = R.resolve(dep)
     block = first.scheduler_block_size
-    need = R.needed_blocks([r.num_prompt_tokens + r.max_tokens for r in case.trace], min(g.kv_cache_spec.block_size for g in first.kv_cache_config.kv_cache_groups), k_max)
-    res = first if first.kv_cache_config.num_blocks >= need else R.resolve(dep, num_blocks=1 << max(0, need - 1).bit_length())
+    need = R.needed_blocks(
+        [r.num_prompt_tokens + r.max_tokens for r in case.trace],
+        min(g.kv_cache_spec.block_size for g in first.kv_cache_config.kv_cache_groups),
+        k_max,
+    )
+    res = (
+        first
+        if first.kv_cache_config.num_blocks >= need
+        else R.resolve(dep, num_blocks=1 << max(0, need - 1).bit_length())
+    )
     vc = res.vllm_config
     max_model_len = int(vc.model_config.max_model_len)
     if longest > max_model_len:
-        raise Unsupported(f"trace: a request of {longest} tokens is above this deployment's max_model_len={max_model_len}; allowed: shorter prompts, or --max-model-len in deployment.vllm_args")
+        raise Unsupported(
+            f"trace: a request of {longest} tokens is above this deployment's max_model_len={max_model_len}; allowed: shorter prompts, or --max-model-len in deployment.vllm_args"
+        )
     if res.kv_cache_config.num_blocks < need:
-        raise Unsupported(f"trace: needs {need} blocks per group without eviction; the deployment's pool has {res.kv_cache_config.num_blocks}; allowed: a shorter trace")
+        raise Unsupported(
+            f"trace: needs {need} blocks per group without eviction; the deployment's pool has {res.kv_cache_config.num_blocks}; allowed: a shorter trace"
+        )
     try:
-        scheduler, hasher = start_scheduler(caps, vc, res.kv_cache_config, res.scheduler_block_size, res.hash_block_size)
+        scheduler, hasher = start_scheduler(
+            caps, vc, res.kv_cache_config, res.scheduler_block_size, res.hash_block_size
+        )
     except KvspecError:
         raise
     except Exception as e:  # a ValueError: a setting vLLM validates when its engine starts (the retention interval against the resolved block)
@@ -214,8 +228,6 @@ def hand_model_dir(num_attention: int, num_mamba: int) -> Path:
     return path
 
 
-
-
 def _has_field(cls: type, name: str) -> bool:
     try:
         return any(f.name == name for f in dataclasses.fields(cls))
@@ -232,8 +244,6 @@ def _accepts(fn: Any, name: str) -> bool:
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
 
 
 def speculative_kwargs(caps: Capabilities, case: Case) -> tuple[dict, dict]:
@@ -255,7 +265,6 @@ def speculative_kwargs(caps: Capabilities, case: Case) -> tuple[dict, dict]:
         else:
             raise Unsupported(f"speculative.{name}={value!r}: not an option of vLLM {caps.version}'s SpeculativeConfig")
     return kwargs, ignored
-
 
 
 def _hand_failure(e: Exception, phase: str) -> NoReturn:
@@ -281,14 +290,20 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     longest = max(r.num_prompt_tokens + r.max_tokens for r in case.trace)
     max_model_len = max(8192, _round_up(longest + k + 16, 4096))
     if max_model_len > MAX_POSITION_EMBEDDINGS:
-        raise Unsupported(f"trace: a request of {longest} tokens exceeds the adapter's max_model_len {MAX_POSITION_EMBEDDINGS}")
+        raise Unsupported(
+            f"trace: a request of {longest} tokens exceeds the adapter's max_model_len {MAX_POSITION_EMBEDDINGS}"
+        )
     spec_kwargs, ignored = speculative_kwargs(caps, case) if spec is not None else ({}, {})
     if options.get("eagle_groups", "auto") not in EAGLE_GROUP_MODES:
-        raise Unsupported(f"options.eagle_groups={options.get('eagle_groups')!r}: allowed: {', '.join(EAGLE_GROUP_MODES)}")
+        raise Unsupported(
+            f"options.eagle_groups={options.get('eagle_groups')!r}: allowed: {', '.join(EAGLE_GROUP_MODES)}"
+        )
 
     # -- configs, as `vllm serve <model> --enable-prefix-caching ...` builds them
     try:
-        model_config = ModelConfig(model=str(hand_model_dir(num_attention, num_mamba)), skip_tokenizer_init=True, max_model_len=max_model_len)
+        model_config = ModelConfig(
+            model=str(hand_model_dir(num_attention, num_mamba)), skip_tokenizer_init=True, max_model_len=max_model_len
+        )
         cache_kwargs: dict[str, Any] = {
             "block_size": min(x.block_size for x in g.groups),
             "enable_prefix_caching": True,
@@ -297,7 +312,9 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
         }
         if g.shared_prefix_checkpoint:
             if "enable_mamba_shared_prefix_checkpoint" not in caps.cache_fields:
-                raise Unsupported(f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {caps.version}'s CacheConfig")
+                raise Unsupported(
+                    f"geometry.shared_prefix_checkpoint=true: not an option of vLLM {caps.version}'s CacheConfig"
+                )
             cache_kwargs["enable_mamba_shared_prefix_checkpoint"] = True
         mamba_sizes = sorted({x.block_size for x in groups_flat if x.kind == "mamba"})
         if mamba_sizes:
@@ -317,7 +334,9 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
         )
         speculative_config = None
         if spec is not None:
-            speculative_config = SpeculativeConfig(target_model_config=model_config, target_parallel_config=parallel_config, **spec_kwargs)
+            speculative_config = SpeculativeConfig(
+                target_model_config=model_config, target_parallel_config=parallel_config, **spec_kwargs
+            )
         vllm_config = VllmConfig(
             model_config=model_config,
             cache_config=cache_config,
@@ -338,9 +357,14 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
         if g.prefill_checkpoint_grid is not None:
             mamba_fields = {f.name for f in dataclasses.fields(MambaSpec)}
             if "prefill_checkpoint_alignment" not in mamba_fields:
-                raise Unsupported(f"geometry.prefill_checkpoint_grid={g.prefill_checkpoint_grid}: vLLM {caps.version}'s MambaSpec has no prefill_checkpoint_alignment")
+                raise Unsupported(
+                    f"geometry.prefill_checkpoint_grid={g.prefill_checkpoint_grid}: vLLM {caps.version}'s MambaSpec has no prefill_checkpoint_alignment"
+                )
             # what a checkpoint-exporting Mamba layer's get_kv_cache_spec adds
-            checkpoint_kwargs = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": g.prefill_checkpoint_grid}
+            checkpoint_kwargs = {
+                "num_prefill_checkpoint_blocks": 1,
+                "prefill_checkpoint_alignment": g.prefill_checkpoint_grid,
+            }
         groups: list = []
         layer_specs: dict[str, Any] = {}
         mamba_group_ids: list[int] = []
@@ -349,12 +373,16 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
             if x.kind == "full_attention":
                 layer = f"model.layers.{num_mamba + attn_i}.self_attn.attn"
                 attn_i += 1
-                layer_spec = FullAttentionSpec(block_size=x.block_size, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
+                layer_spec = FullAttentionSpec(
+                    block_size=x.block_size, num_kv_heads=2, head_size=16, dtype=torch.bfloat16
+                )
                 names = [layer]
                 layer_specs[layer] = layer_spec
                 if spec is not None and spec.method in EAGLE_METHODS and attn_i == 1:  # ngram: no drafter layer
                     names.append(draft_layer)
-                    layer_specs[draft_layer] = dataclasses.replace(layer_spec, is_draft=True) if caps.has_is_draft else layer_spec
+                    layer_specs[draft_layer] = (
+                        dataclasses.replace(layer_spec, is_draft=True) if caps.has_is_draft else layer_spec
+                    )
                 groups.append(KVCacheGroupSpec(names, layer_spec))
             else:
                 layer = f"model.layers.{mamba_i}.linear_attn"
@@ -370,7 +398,9 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
                 layer_specs[layer] = layer_spec
                 mamba_group_ids.append(len(groups))
                 groups.append(KVCacheGroupSpec([layer], layer_spec))
-        mark_eagle_groups(caps, vllm_config, speculative_config, groups, layer_specs, draft_layer, options.get("eagle_groups", "auto"))
+        mark_eagle_groups(
+            caps, vllm_config, speculative_config, groups, layer_specs, draft_layer, options.get("eagle_groups", "auto")
+        )
 
         num_blocks = hand_num_blocks(case, groups_flat, k)
         kv_kwargs: dict[str, Any] = {"num_blocks": num_blocks, "kv_cache_tensors": [], "kv_cache_groups": groups}
@@ -400,8 +430,9 @@ def build_hand(caps: Capabilities, case: Case, options: dict) -> dict:
     }
 
 
-
-def mark_eagle_groups(caps: Capabilities, vllm_config, speculative_config, groups, layer_specs, draft_layer, mode) -> None:
+def mark_eagle_groups(
+    caps: Capabilities, vllm_config, speculative_config, groups, layer_specs, draft_layer, mode
+) -> None:
     """Which groups take the EAGLE last-block drop, as the engine decides it.
 
     ``auto`` (default) does what this version's engine does for a
@@ -430,7 +461,6 @@ def mark_eagle_groups(caps: Capabilities, vllm_config, speculative_config, group
         annotate(vllm_config, layer_specs, groups)
 
 
-
 def hand_num_blocks(case: Case, groups_flat, k: int) -> int:
     """Enough blocks that nothing is ever evicted (the trace is serial and
     every finished request's blocks stay cached)."""
@@ -440,5 +470,3 @@ def hand_num_blocks(case: Case, groups_flat, k: int) -> int:
         for x in groups_flat:
             total += math.ceil(n / x.block_size) + k + 4
     return total
-
-

@@ -76,7 +76,12 @@ class AttentionStandIn(AttentionLayerBase):
     def get_kv_cache_spec(self, vllm_config):
         mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
         dtype = mc.dtype if cc.cache_dtype == "auto" else STR_DTYPE_TO_TORCH_DTYPE[cc.cache_dtype]
-        kwargs: dict[str, Any] = {"block_size": cc.block_size, "num_kv_heads": mc.get_num_kv_heads(pc), "head_size": mc.get_head_size(), "dtype": dtype}
+        kwargs: dict[str, Any] = {
+            "block_size": cc.block_size,
+            "num_kv_heads": mc.get_num_kv_heads(pc),
+            "head_size": mc.get_head_size(),
+            "dtype": dtype,
+        }
         if get_kv_quant_mode is not None and "kv_quant_mode" in _fields(FullAttentionSpec):
             kwargs["kv_quant_mode"] = get_kv_quant_mode(cc.cache_dtype)
         spec = FullAttentionSpec(**kwargs)
@@ -94,7 +99,9 @@ class MambaStandIn(MambaBase):
 
     def __init__(self, vllm_config, mamba_type, checkpoint_alignment: int | None = None, spec_extra=None) -> None:
         self._vc = vllm_config
-        self._cls, _ = ModelRegistry.resolve_model_cls(vllm_config.model_config.architecture, model_config=vllm_config.model_config)
+        self._cls, _ = ModelRegistry.resolve_model_cls(
+            vllm_config.model_config.architecture, model_config=vllm_config.model_config
+        )
         self._mamba_type = mamba_type
         self._alignment = checkpoint_alignment
         self._extra = spec_extra

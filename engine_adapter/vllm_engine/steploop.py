@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.sampling_params import SamplingParams
-from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 
@@ -80,7 +80,13 @@ def _add_request(scheduler: Scheduler, index: int, tokens: list[int], max_tokens
     """Add request ``index`` (``req-{index}``) to the scheduler; vLLM's
     refusal is a :class:`VllmFailure`, kvspec's own error goes on up."""
     try:
-        req = VllmRequest(request_id=f"req-{index}", prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None, block_hasher=hasher)
+        req = VllmRequest(
+            request_id=f"req-{index}",
+            prompt_token_ids=tokens,
+            sampling_params=SamplingParams(max_tokens=max_tokens),
+            pooling_params=None,
+            block_hasher=hasher,
+        )
         scheduler.add_request(req)
     except Exception as e:
         if vllm_outcome(e, "run") is None:
@@ -156,14 +162,18 @@ def _runner_output(scheduler: Scheduler, so, req_ids: list[str], sampled: list[l
     """The stood-in model runner's output for one step: the sampled tokens,
     and with a KV connector its stood-in workers' report
     (``engine_adapter.vllm_engine.connector``)."""
-    out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled)
+    out = ModelRunnerOutput(
+        req_ids=req_ids, req_id_to_index={x: j for j, x in enumerate(req_ids)}, sampled_token_ids=sampled
+    )
     connector_output = worker_output(scheduler, so)
     if connector_output is not None:
         out.kv_connector_output = connector_output
     return out
 
 
-def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None, slots=None) -> Served:
+def serve(
+    scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None, slots=None
+) -> Served:
     """Run one request to completion (the scheduler holds no other).
 
     The loop makes the bare loop's vLLM calls (``engine_adapter.vllm_engine.baseline``)
@@ -199,7 +209,9 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
                 _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
             todo = slots.scheduled(so) if slots is not None else None
             req_ids = list(scheduled)
-            sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
+            sampled = [
+                sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
+            ]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
             if todo:
                 slots.updated(todo)
@@ -213,7 +225,12 @@ def serve(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, 
         _sum_stats(outputs, totals)
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
-            raise VllmFailure("step", None, f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)", request=index)
+            raise VllmFailure(
+                "step",
+                None,
+                f"no progress: request {index} still unfinished after {steps} steps ({req.num_computed_tokens}/{n} prompt tokens computed)",
+                request=index,
+            )
     out.hits, out.queries, out.preempted_hits, out.preempted_queries, out.external_hits = totals
     out.hits += out.external_hits
     out.steps = steps
@@ -232,7 +249,9 @@ class Arrival:
     after: int
 
 
-def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, admitted=None, slots=None) -> tuple[list[Served], dict]:
+def serve_wave(
+    scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, admitted=None, slots=None
+) -> tuple[list[Served], dict]:
     """Run a wave of requests that share the scheduler, as a server batches
     them: each is added ``after`` steps after the previous one (at once when
     nothing is running: a server's idle loop takes no steps), and every
@@ -289,12 +308,20 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
                         admitted(rid)
             todo = slots.scheduled(so) if slots is not None else None
             req_ids = list(scheduled)
-            sampled = [sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids]
+            sampled = [
+                sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
+            ]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
             if todo:
                 slots.updated(todo)
             if num_drafts:
-                drafting = [rid for rid in req_ids if rid in served and served[rid].request.sampling_params.max_tokens > 1 and not served[rid].request.is_finished()]
+                drafting = [
+                    rid
+                    for rid in req_ids
+                    if rid in served
+                    and served[rid].request.sampling_params.max_tokens > 1
+                    and not served[rid].request.is_finished()
+                ]
                 if drafting:
                     propose(DraftTokenIds(drafting, [[SAMPLED_TOKEN] * num_drafts for _ in drafting]))
         except VllmFailure:
@@ -311,8 +338,20 @@ def serve_wave(scheduler: Scheduler, wave: list[Arrival], hasher, watch=None, ad
         idle = idle + 1 if not scheduled else 0
         if idle > MAX_IDLE_STEPS or steps > max_steps:
             late = [r for r, o in served.items() if not o.request.is_finished()]
-            raise VllmFailure("step", None, f"no progress: requests {', '.join(late) or '(none)'} of the wave still unfinished after {steps} steps", request=current)
+            raise VllmFailure(
+                "step",
+                None,
+                f"no progress: requests {', '.join(late) or '(none)'} of the wave still unfinished after {steps} steps",
+                request=current,
+            )
     for out in served.values():
         out.queries = len(out.request.prompt_token_ids)
     hits, queries, preempted_hits, preempted_queries, external_hits = totals
-    return [served[f"req-{a.index}"] for a in wave], {"hits": hits, "queries": queries, "preempted_hits": preempted_hits, "preempted_queries": preempted_queries, "external_hits": external_hits, "steps": steps}
+    return [served[f"req-{a.index}"] for a in wave], {
+        "hits": hits,
+        "queries": queries,
+        "preempted_hits": preempted_hits,
+        "preempted_queries": preempted_queries,
+        "external_hits": external_hits,
+        "steps": steps,
+    }

@@ -29,7 +29,7 @@ cannot be observed (a spec reserves checkpoint blocks, but this vLLM has no
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 #: ``[(seq_len, query_len), ...]`` of a request's prefill steps -> the
 #: positions every Mamba group writes an internal checkpoint at.
@@ -65,7 +65,11 @@ def _placement(built: dict):
     vllm_config = built["vllm_config"]
     mamba = [g.kv_cache_spec for g in built["groups"] if isinstance(g.kv_cache_spec, MambaSpec)]
     exporting = [s for s in mamba if getattr(s, "num_prefill_checkpoint_blocks", 0)]
-    if not exporting or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align" or len(exporting) < len(mamba):
+    if (
+        not exporting
+        or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align"
+        or len(exporting) < len(mamba)
+    ):
         return None
     try:
         from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
@@ -98,8 +102,16 @@ def checkpoint_cells(built: dict, spec) -> Callable[[int, int], tuple[int, int] 
     compute, _exporting, hash_block_size, alignment, drop, extra = placed
 
     def cell(seq_len: int, query_len: int) -> tuple[int, int] | None:
-        offsets, cols = compute([seq_len], [query_len], hash_block_size=hash_block_size, mamba_block_size=spec.block_size,
-                                checkpoint_alignment=spec.prefill_checkpoint_alignment, drop_eagle_block=drop, cache_hit_alignment_tokens=alignment, **extra)
+        offsets, cols = compute(
+            [seq_len],
+            [query_len],
+            hash_block_size=hash_block_size,
+            mamba_block_size=spec.block_size,
+            checkpoint_alignment=spec.prefill_checkpoint_alignment,
+            drop_eagle_block=drop,
+            cache_hit_alignment_tokens=alignment,
+            **extra,
+        )
         if offsets[0] > 0 and cols[0] >= 0:
             return seq_len - query_len + offsets[0], int(cols[0])
         return None
@@ -117,9 +129,16 @@ def _positions(compute_mamba_prefill_checkpoints, distinct, hash_block_size, ali
         seq_lens, query_lens = [q[0] for q in steps], [q[1] for q in steps]
         found: set[int] | None = None
         for s in distinct:
-            offsets, _cols = compute_mamba_prefill_checkpoints(seq_lens, query_lens, hash_block_size=hash_block_size, mamba_block_size=s.block_size,
-                                                               checkpoint_alignment=s.prefill_checkpoint_alignment, drop_eagle_block=drop,
-                                                               cache_hit_alignment_tokens=alignment, **extra)
+            offsets, _cols = compute_mamba_prefill_checkpoints(
+                seq_lens,
+                query_lens,
+                hash_block_size=hash_block_size,
+                mamba_block_size=s.block_size,
+                checkpoint_alignment=s.prefill_checkpoint_alignment,
+                drop_eagle_block=drop,
+                cache_hit_alignment_tokens=alignment,
+                **extra,
+            )
             mine = {seq - query + o for seq, query, o in zip(seq_lens, query_lens, offsets) if o > 0}
             found = mine if found is None else found & mine
         return found or set()

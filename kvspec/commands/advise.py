@@ -60,29 +60,77 @@ def configure(parser) -> None:
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "exit status: 0 advice given; 1 the engine disagreed with the model (findings written); 2 bad input; 3 the engine did not run a setting"
-    parser.add_argument("case", nargs="?", help="a case or finding file: its deployment (and its trace, without --workload/--trace)")
+    parser.add_argument(
+        "case", nargs="?", help="a case or finding file: its deployment (and its trace, without --workload/--trace)"
+    )
     parser.add_argument("--model", help="a shipped model name or a config.json path; vllm serve flags after --")
-    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="with --model: where vLLM would run (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)")
-    parser.add_argument("--engine", default=None, metavar="vllm==X", help="the vLLM version whose rules and resolution apply (default: vllm==0.33.0; with --server: the server's)")
+    parser.add_argument(
+        "--platform",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="with --model: where vLLM would run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)"
+    )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="vllm==X",
+        help="the vLLM version whose rules and resolution apply (default: vllm==0.33.0; with --server: the server's)",
+    )
     parser.add_argument("--server", metavar="URL", help="read the geometry from a running server's /metrics instead")
-    parser.add_argument("--api-key-env", default=None, metavar="NAME", help="with --server: the name of the environment variable holding its API key (never printed or saved)")
-    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: kept so it is not read as --api-key-env
-    parser.add_argument("--send-key-in-clear", action="store_true", help="with --server: send the API key over plain http to a host that is not loopback (anyone on the path can read it)")
-    parser.add_argument("--served-model", default=None, help="with --server: the served model name (when it serves several)")
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="with --server: the name of the environment variable holding its API key (never printed or saved)",
+    )
+    parser.add_argument(
+        "--api-key", default=None, help=argparse.SUPPRESS
+    )  # refused: kept so it is not read as --api-key-env
+    parser.add_argument(
+        "--send-key-in-clear",
+        action="store_true",
+        help="with --server: send the API key over plain http to a host that is not loopback (anyone on the path can read it)",
+    )
+    parser.add_argument(
+        "--served-model", default=None, help="with --server: the served model name (when it serves several)"
+    )
     parser.add_argument("--workload", metavar="|".join(WORKLOADS), help="a built-in workload shape")
     for flag in OPTIONS:
-        parser.add_argument(flag, type=int, default=None, metavar="N", help=f"workload size: {OPTIONS[flag].replace('_', ' ')}")
+        parser.add_argument(
+            flag, type=int, default=None, metavar="N", help=f"workload size: {OPTIONS[flag].replace('_', ' ')}"
+        )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     parser.add_argument("--trace", metavar="FILE", help="a recorded trace: JSON lines (advise.workloads)")
     confirm = parser.add_mutually_exclusive_group()
-    confirm.add_argument("--confirm", dest="confirm", action="store_true", default=None, help="confirm on the engine (default: up to 200 requests / 2,000,000 prompt tokens)")
+    confirm.add_argument(
+        "--confirm",
+        dest="confirm",
+        action="store_true",
+        default=None,
+        help="confirm on the engine (default: up to 200 requests / 2,000,000 prompt tokens)",
+    )
     confirm.add_argument("--no-confirm", dest="confirm", action="store_false", help="predict only")
-    parser.add_argument("--out", default=None, metavar="DIR", help="where advice.json, advice.png and findings/ go (default: .kvspec/advise)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where advice.json, advice.png and findings/ go (default: .kvspec/advise)",
+    )
     parser.add_argument("--chart", default=None, metavar="FILE", help="the PNG chart (default: OUT/advice.png)")
     parser.add_argument("--json", action="store_true", help="print the advice as JSON instead of tables")
-    parser.add_argument("--fresh", action="store_true", help="resolve the deployment again (ignore the resolution cache)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds one engine run (or a server request) may take (default: %(default)s)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="resolve the deployment again (ignore the resolution cache)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds one engine run (or a server request) may take (default: %(default)s)",
+    )
     parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
 
 
@@ -91,9 +139,13 @@ def check_options(args) -> None:
     from kvspec.options import output_dir, output_file, seconds
 
     if args.api_key is not None:  # never echo the value
-        raise InvalidArgument("--api-key: a key on the command line is readable by every local user (/proc/PID/cmdline); allowed: --api-key-env NAME, the name of an environment variable holding the key")
+        raise InvalidArgument(
+            "--api-key: a key on the command line is readable by every local user (/proc/PID/cmdline); allowed: --api-key-env NAME, the name of an environment variable holding the key"
+        )
     seconds("--timeout", args.timeout)
-    if args.model is not None and args.case is not None and args.case.startswith("-"):  # argparse put the first flag after -- here
+    if (
+        args.model is not None and args.case is not None and args.case.startswith("-")
+    ):  # argparse put the first flag after -- here
         args.flags = [args.case, *(args.flags or [])]
         args.case = None
     sources = [x for x in (args.case, args.model, args.server) if x is not None]
@@ -105,14 +157,24 @@ def check_options(args) -> None:
     if args.flags and args.model is None:
         raise invalid("flags", args.flags, "vllm serve flags go with --model only")
     if args.server is not None and args.engine is not None:
-        raise invalid("--engine", args.engine, "with --server the server's own vLLM version applies; allowed: no --engine")
+        raise invalid(
+            "--engine", args.engine, "with --server the server's own vLLM version applies; allowed: no --engine"
+        )
     if args.server is None and (args.api_key_env is not None or args.served_model is not None):
-        flag, value = ("--api-key-env", args.api_key_env) if args.api_key_env is not None else ("--served-model", args.served_model)
+        flag, value = (
+            ("--api-key-env", args.api_key_env)
+            if args.api_key_env is not None
+            else ("--served-model", args.served_model)
+        )
         raise invalid(flag, value, "only with --server")
     if args.workload is not None and args.trace is not None:
         raise invalid("--trace", args.trace, "give --workload or --trace, not both")
     if args.workload is None and args.trace is None and args.case is None:
-        raise invalid("--workload", None, "give a workload: --workload resend|chat|agent|rag|interleaved or --trace FILE (or a case file's trace)")
+        raise invalid(
+            "--workload",
+            None,
+            "give a workload: --workload resend|chat|agent|rag|interleaved or --trace FILE (or a case file's trace)",
+        )
     from advise.workloads import OPTIONS
 
     if args.workload is None:
@@ -136,7 +198,9 @@ def _written(flag: str, path, write) -> None:
     try:
         write()
     except OSError as e:
-        raise invalid(flag, str(path), f"cannot be written ({e.strerror or e}); allowed: a writable folder with room") from None
+        raise invalid(
+            flag, str(path), f"cannot be written ({e.strerror or e}); allowed: a writable folder with room"
+        ) from None
 
 
 def build_workload(args, case):
@@ -158,7 +222,9 @@ def _deployment_case(args):
     dep = {"model": args.model, "vllm_args": list(args.flags or []), "platform": args.platform}
     if args.device is not None:
         dep["device"] = args.device
-    return parse_case({"schema": 1, "name": "advise", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+    return parse_case(
+        {"schema": 1, "name": "advise", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
+    )
 
 
 class LazyEngine:
@@ -189,8 +255,8 @@ def main(args) -> int:
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report
     from engine_adapter.host.versions import DEFAULT_ENGINE, EngineSpec, parse_engine
-    from kvspec.commands.replay import _api_key
     from ground.files import write_json_atomic
+    from kvspec.commands.replay import _api_key
 
     check_options(args)
     if args.engine:
@@ -203,7 +269,9 @@ def main(args) -> int:
     if args.server is not None:
         from engine_adapter.live.client import check_base_url, check_key_transport
 
-        check_key_transport(check_base_url(args.server), api_key is not None, in_clear_ok=args.send_key_in_clear)  # before any connection
+        check_key_transport(
+            check_base_url(args.server), api_key is not None, in_clear_ok=args.send_key_in_clear
+        )  # before any connection
     case = None
     if args.case is not None:
         from fuzz.findings import load_finding
@@ -222,7 +290,9 @@ def main(args) -> int:
     lazy = spec = None
     try:
         if args.server is not None:
-            src = sources.from_server(args.server, api_key=api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0))
+            src = sources.from_server(
+                args.server, api_key=api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0)
+            )
         else:
             spec = EngineSpec.parse(args.engine or DEFAULT_ENGINE, "--engine")  # the name parsed once, here
             name = spec.name
@@ -230,17 +300,29 @@ def main(args) -> int:
             if case.deployment is not None:
                 src = sources.from_deployment(case, name, lazy, use_cache=not args.fresh)
             else:
-                src = sources.Source("hand", name, case.geometry, case.speculative, {}, ["a hand geometry: no deployment resolved it (kvspec resolve CASE says whether one reaches it)"], describe=case.name or str(args.case))
+                src = sources.Source(
+                    "hand",
+                    name,
+                    case.geometry,
+                    case.speculative,
+                    {},
+                    ["a hand geometry: no deployment resolved it (kvspec resolve CASE says whether one reaches it)"],
+                    describe=case.name or str(args.case),
+                )
         if lazy is None:
             lazy = LazyEngine(src.engine)
-        version = spec.version if spec is not None and src.engine == spec.name else parse_engine(src.engine)  # a server's engine: read here
+        version = (
+            spec.version if spec is not None and src.engine == spec.name else parse_engine(src.engine)
+        )  # a server's engine: read here
         _check_lengths(workload, src.facts.get("max_model_len"))
         resolved = src.case(workload.requests, workload.name)
         advice = model.advise(resolved, version, src.facts)
         from fuzz.impact import workload_cost
 
         dep = resolved.deployment.as_dict() if resolved.deployment is not None else None
-        advice["cost"] = workload_cost([r["implemented"] for r in advice["requests"]], [r["promise"] for r in advice["requests"]], dep, src.facts)
+        advice["cost"] = workload_cost(
+            [r["implemented"] for r in advice["requests"]], [r["promise"] for r in advice["requests"]], dep, src.facts
+        )
         confirmed = None
         skipped = None
         if args.confirm is False:
@@ -256,14 +338,22 @@ def main(args) -> int:
                     if args.confirm:
                         from ground.errors import EngineError
 
-                        raise EngineError(f"engine={src.engine!r}: not installed; run: kvspec engines install {src.engine}")
+                        raise EngineError(
+                            f"engine={src.engine!r}: not installed; run: kvspec engines install {src.engine}"
+                        )
                     skipped = f"the server's engine {src.engine} is not installed (kvspec engines install {src.engine})"
             if skipped is None:
-                confirmed = confirm(src, resolved, advice, lazy(), out, timeout=min(args.timeout, RUN_TIMEOUT_S), progress=_say)
+                confirmed = confirm(
+                    src, resolved, advice, lazy(), out, timeout=min(args.timeout, RUN_TIMEOUT_S), progress=_say
+                )
         chart_path = Path(args.chart) if args.chart else out / "advice.png"
         title = f"{src.describe} on {src.engine}: workload {workload.name} ({len(workload.requests):,} requests)"
         _written("--chart" if args.chart else "--out", chart_path, lambda: chart(advice, title[:330], chart_path))
-        files = {"json": str(out / "advice.json"), "chart": str(chart_path), "findings": str(out / "findings") if confirmed and confirmed["findings"] else None}
+        files = {
+            "json": str(out / "advice.json"),
+            "chart": str(chart_path),
+            "findings": str(out / "findings") if confirmed and confirmed["findings"] else None,
+        }
         doc = report(advice, src.as_dict(), workload.as_dict(), confirmed, files)
         if skipped:
             doc["confirm_skipped"] = skipped
@@ -287,7 +377,11 @@ def _check_lengths(workload, max_model_len: int | None) -> None:
     for i, r in enumerate(workload.requests):
         need = r.num_prompt_tokens + r.max_tokens
         if need > max_model_len:
-            raise invalid(f"workload request {i}", f"<{need:,} tokens with max_tokens>", f"above the deployment's max_model_len={max_model_len:,}; allowed: shorter prompts (or --max-model-len)")
+            raise invalid(
+                f"workload request {i}",
+                f"<{need:,} tokens with max_tokens>",
+                f"above the deployment's max_model_len={max_model_len:,}; allowed: shorter prompts (or --max-model-len)",
+            )
 
 
 def _advise_sglang(args) -> int:
@@ -306,10 +400,18 @@ def _advise_sglang(args) -> int:
 
         case, _ = load_finding(args.case)
         if case.deployment is None or case.deployment.engine != spec.family:
-            raise invalid("case", args.case, f"with --engine {spec.name}: a case whose deployment has \"engine\": \"{spec.family}\"")
+            raise invalid(
+                "case", args.case, f'with --engine {spec.name}: a case whose deployment has "engine": "{spec.family}"'
+            )
     else:
-        case = parse_case({"schema": 1, "name": "advise", "deployment": {"model": args.model, "engine": "sglang", "sglang_args": list(args.flags or [])},
-                           "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+        case = parse_case(
+            {
+                "schema": 1,
+                "name": "advise",
+                "deployment": {"model": args.model, "engine": "sglang", "sglang_args": list(args.flags or [])},
+                "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+            }
+        )
     workload = build_workload(args, case)
     case = Case(None, None, tuple(workload.requests), workload.name, case.deployment)
     out = Path(args.out) if args.out is not None else _default_out()
@@ -322,19 +424,39 @@ def _advise_sglang(args) -> int:
         if args.confirm is not False:
             obs = engine.run(case, {"tree_core": "python"})
             observed = obs.get("hits") or []
-            differs = [i for i, r in enumerate(advice["requests"]) if i >= len(observed) or observed[i] != r["implemented"]]
-            confirmed = {"status": "disagrees" if differs or obs.get("error") else "confirmed", "observed": observed, "differs": differs[:20]}
+            differs = [
+                i for i, r in enumerate(advice["requests"]) if i >= len(observed) or observed[i] != r["implemented"]
+            ]
+            confirmed = {
+                "status": "disagrees" if differs or obs.get("error") else "confirmed",
+                "observed": observed,
+                "differs": differs[:20],
+            }
     doc = {"advice": advice, "notes": advice_of.notes(advice), "workload": workload.as_dict(), "confirmed": confirmed}
     _written("--out", out / "advice.json", lambda: write_json_atomic(out / "advice.json", doc))
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         a = advice
-        print(f"{spec.name}: {case.deployment.describe()} on workload {workload.name} ({len(workload.requests)} requests)")
-        print(f"  resolved: page {a['setting']['page_size']}, chunk budget {a['setting']['chunked_prefill_size']}, {a['setting']['strategy']}, grid {a['setting']['checkpoint_grid']}")
-        print(f"  hit share {a['hit_share']:.1%} (SGLang's rule)" + (f", promise {a['promise_hit_share']:.1%}; {a['lost_tokens']:,} tokens lost" if "promise_hit_share" in a else "; promise not stated"))
+        print(
+            f"{spec.name}: {case.deployment.describe()} on workload {workload.name} ({len(workload.requests)} requests)"
+        )
+        print(
+            f"  resolved: page {a['setting']['page_size']}, chunk budget {a['setting']['chunked_prefill_size']}, {a['setting']['strategy']}, grid {a['setting']['checkpoint_grid']}"
+        )
+        print(
+            f"  hit share {a['hit_share']:.1%} (SGLang's rule)"
+            + (
+                f", promise {a['promise_hit_share']:.1%}; {a['lost_tokens']:,} tokens lost"
+                if "promise_hit_share" in a
+                else "; promise not stated"
+            )
+        )
         for line in doc["notes"]:
             print(f"  - {line}")
         if confirmed is not None:
-            print(f"  confirmed on {spec.name}: {confirmed['status']}" + (f" (requests {confirmed['differs']})" if confirmed["differs"] else ""))
+            print(
+                f"  confirmed on {spec.name}: {confirmed['status']}"
+                + (f" (requests {confirmed['differs']})" if confirmed["differs"] else "")
+            )
     return 1 if confirmed is not None and confirmed["status"] == "disagrees" else 0

@@ -16,13 +16,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from ground.console import say as _say
-
 from fuzz.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
+from ground.console import say as _say
 
 NAME = "check-build"
 HELP = "does an engine build (a release, vllm==X or sglang==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
-EPILOG = """\
+EPILOG = (
+    """\
 exit codes:
   0  every promise held
   1  a promise failed (its first counterexample is printed); with
@@ -31,9 +31,13 @@ exit codes:
   3  the harness failed: the build's environment or engine could not be
      made or started, nothing ran, or harness errors above the limit
 
-""" + textwrap.fill(
-    f"A build is judged by the {listed(o for o in KNOWN_ORACLES if BY_NAME[o].build and not BY_NAME[o].second_engine)} oracles, "
-    f"never by the rule its release implements (the {listed(o for o in KNOWN_ORACLES if not BY_NAME[o].build)} oracles).", 72) + """
+"""
+    + textwrap.fill(
+        f"A build is judged by the {listed(o for o in KNOWN_ORACLES if BY_NAME[o].build and not BY_NAME[o].second_engine)} oracles, "
+        f"never by the rule its release implements (the {listed(o for o in KNOWN_ORACLES if not BY_NAME[o].build)} oracles).",
+        72,
+    )
+    + """
 --against BUILD judges every counterexample on BUILD too (a
 release, or a build from `kvspec engines list`): a promise the baseline
 breaks on the same case is listed apart ("fails on baseline too"), so a
@@ -45,6 +49,7 @@ cases before it.
   kvspec check-build --engine vllm==0.33.0 --patch my-fix.diff --against vllm==0.33.0
   kvspec check-build --engine path:$HOME/src/vllm --base vllm==0.33.0
 """
+)
 
 
 def configure(parser) -> None:
@@ -52,24 +57,49 @@ def configure(parser) -> None:
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_engine_arguments(parser, metavar="ENGINE", help="the build: vllm==X (with --patch FILE.diff ...), vllm==X+LABEL.HASH, path:DIR or wheel:FILE.whl (default: vllm==0.33.0)")
-    parser.add_argument("--max-time", type=float, default=45.0, metavar="S", help="seconds for the random campaign after the boundary cases (default: %(default)s)")
-    parser.add_argument("--cases-time", type=float, default=240.0, metavar="S", help="at most this many seconds for the examples and boundary cases, engine start included (default: %(default)s)")
-    parser.add_argument("--against", default=None, metavar="BUILD", help="a baseline (vllm==X, or a build vllm==X+LABEL.HASH): failures it shares on the same case are not this build's (the exit code follows what is new)")
+    add_engine_arguments(
+        parser,
+        metavar="ENGINE",
+        help="the build: vllm==X (with --patch FILE.diff ...), vllm==X+LABEL.HASH, path:DIR or wheel:FILE.whl (default: vllm==0.33.0)",
+    )
+    parser.add_argument(
+        "--max-time",
+        type=float,
+        default=45.0,
+        metavar="S",
+        help="seconds for the random campaign after the boundary cases (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cases-time",
+        type=float,
+        default=240.0,
+        metavar="S",
+        help="at most this many seconds for the examples and boundary cases, engine start included (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="BUILD",
+        help="a baseline (vllm==X, or a build vllm==X+LABEL.HASH): failures it shares on the same case are not this build's (the exit code follows what is new)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
-    parser.add_argument("--fail-fast", action="store_true", help="stop at the first promise that fails (the others: not checked)")
-    parser.add_argument("--out", default=None, metavar="DIR", help="findings folder (default: $KVSPEC_HOME/check-build/<engine>/<time>)")
+    parser.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first promise that fails (the others: not checked)"
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="findings folder (default: $KVSPEC_HOME/check-build/<engine>/<time>)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def main(args) -> int:
+    from engine_adapter.host.builds import prepare
     from engine_adapter.host.versions import DEFAULT_ENGINE
     from fuzz.checkbuild import EXIT_HARNESS, check_build, render
-    from engine_adapter.host.builds import prepare
-    from kvspec.engine_options import engine_names
-    from ground.home import kvspec_home
-    from kvspec.options import output_dir, seconds
     from ground.errors import EngineError, invalid
+    from ground.home import kvspec_home
+    from kvspec.engine_options import engine_names
+    from kvspec.options import output_dir, seconds
 
     seconds("--max-time", args.max_time)
     seconds("--cases-time", args.cases_time)
@@ -78,7 +108,11 @@ def main(args) -> int:
     if args.out:
         out = output_dir("--out", args.out)
         if out.is_dir() and any(out.glob("*.json")):
-            raise invalid("--out", args.out, "holds findings already; allowed: an empty or new folder (check-build reports what this run finds)")
+            raise invalid(
+                "--out",
+                args.out,
+                "holds findings already; allowed: an empty or new folder (check-build reports what this run finds)",
+            )
     try:
         against = None if args.against is None else prepare(args.against, flag="--against", progress=_say)
         (name,) = engine_names(args, default=DEFAULT_ENGINE, progress=_say)
@@ -88,7 +122,17 @@ def main(args) -> int:
     started = time.monotonic()
     if not args.out:
         out = kvspec_home() / "check-build" / name.replace("==", "-") / time.strftime("%Y%m%d-%H%M%S")
-    report = check_build(name, out=Path(out), max_time=args.max_time, cases_time=args.cases_time, seed=args.seed, fail_fast=args.fail_fast, progress=_say, started=started, against=against)
+    report = check_build(
+        name,
+        out=Path(out),
+        max_time=args.max_time,
+        cases_time=args.cases_time,
+        seed=args.seed,
+        fail_fast=args.fail_fast,
+        progress=_say,
+        started=started,
+        against=against,
+    )
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

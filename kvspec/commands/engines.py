@@ -15,12 +15,10 @@ version's warm engines first.
 
 from __future__ import annotations
 
-from engine_adapter.host.versions import engine_name
-
 import json
 
 from engine_adapter.host import environments
-from engine_adapter.host.versions import DEFAULT_ENGINE, SUPPORTED_VERSIONS, parse_engine
+from engine_adapter.host.versions import DEFAULT_ENGINE, SUPPORTED_VERSIONS, engine_name, parse_engine
 
 HELP = "install, list or remove the per-version vLLM engine environments"
 
@@ -28,7 +26,12 @@ HELP = "install, list or remove the per-version vLLM engine environments"
 def configure(parser) -> None:
     sub = parser.add_subparsers(dest="engines_command", metavar="SUBCOMMAND", required=True)
     p = sub.add_parser("install", help="build the environment of each vllm==X (idempotent)")
-    p.add_argument("versions", nargs="*", metavar="vllm==X", help=f"default: {DEFAULT_ENGINE}; supported: {', '.join('vllm==' + v for v in SUPPORTED_VERSIONS)}")
+    p.add_argument(
+        "versions",
+        nargs="*",
+        metavar="vllm==X",
+        help=f"default: {DEFAULT_ENGINE}; supported: {', '.join('vllm==' + v for v in SUPPORTED_VERSIONS)}",
+    )
     p.add_argument("--all", action="store_true", help="every supported version")
     p.add_argument("--force", action="store_true", help="rebuild even if ready")
     p = sub.add_parser("list", help="show each supported version's environment")
@@ -38,8 +41,19 @@ def configure(parser) -> None:
     p.add_argument("versions", nargs="+", metavar="vllm==X")
     p = sub.add_parser("start", help="start a warm engine (reused by run, replay --engine, resolve, matrix)")
     p.add_argument("versions", nargs="*", metavar="vllm==X", help=f"default: {DEFAULT_ENGINE}")
-    p.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="the platform vLLM runs under (default: %(default)s)")
-    p.add_argument("--idle-timeout", type=float, default=None, metavar="S", help="exit after S idle seconds (default: KVSPEC_WARM_IDLE_S or 600)")
+    p.add_argument(
+        "--platform",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="the platform vLLM runs under (default: %(default)s)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="exit after S idle seconds (default: KVSPEC_WARM_IDLE_S or 600)",
+    )
     p = sub.add_parser("stop", help="stop warm engines (all, or those of each vllm==X)")
     p.add_argument("versions", nargs="*", metavar="vllm==X")
 
@@ -81,7 +95,11 @@ def main(args) -> int:
     warm_rows = warm.list_warm()
     rows = environments.list_engines(size=args.size)
     for r in rows:
-        r["warm"] = [{k: w[k] for k in ("platform", "pid", "idle_left_s", "idle_timeout_s", "current", "socket")} for w in warm_rows if w["engine"] == r["engine"]]
+        r["warm"] = [
+            {k: w[k] for k in ("platform", "pid", "idle_left_s", "idle_timeout_s", "current", "socket")}
+            for w in warm_rows
+            if w["engine"] == r["engine"]
+        ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -94,7 +112,15 @@ def main(args) -> int:
         table.add_column(col)
     for r in rows:
         install_s = r.get("install_seconds")
-        table.add_row(r["engine"], r["state"], r.get("created") or "-", f"{install_s:.0f}s" if install_s else "-", _fmt_size(r.get("size_bytes")), _fmt_warm(r["warm"]), r["path"])
+        table.add_row(
+            r["engine"],
+            r["state"],
+            r.get("created") or "-",
+            f"{install_s:.0f}s" if install_s else "-",
+            _fmt_size(r.get("size_bytes")),
+            _fmt_warm(r["warm"]),
+            r["path"],
+        )
     table_console().print(table)
     return 0
 
@@ -102,7 +128,10 @@ def main(args) -> int:
 def _fmt_warm(rows: list[dict]) -> str:
     if not rows:
         return "-"
-    return ", ".join(f"{w['platform']} pid {w['pid']}, {w['idle_left_s']:.0f}s" + ("" if w["current"] else " (stale sources)") for w in rows)
+    return ", ".join(
+        f"{w['platform']} pid {w['pid']}, {w['idle_left_s']:.0f}s" + ("" if w["current"] else " (stale sources)")
+        for w in rows
+    )
 
 
 def _start(args) -> int:
@@ -118,9 +147,13 @@ def _start(args) -> int:
         if not environments.is_ready(v):
             from ground.errors import EngineError
 
-            raise EngineError(f"engine='vllm=={v}': environment {environments.status(v)['state']} at {environments.env_dir(v)}; run: kvspec engines install vllm=={v}")
+            raise EngineError(
+                f"engine='vllm=={v}': environment {environments.status(v)['state']} at {environments.env_dir(v)}; run: kvspec engines install vllm=={v}"
+            )
     for v in versions:
         t = time.monotonic()
         pong = WarmEngine(v, idle_timeout=args.idle_timeout).ping(args.platform)
-        print(f"{engine_name(v)} ({args.platform}): warm engine pid {pong.get('pid')} ready in {time.monotonic() - t:.1f}s")
+        print(
+            f"{engine_name(v)} ({args.platform}): warm engine pid {pong.get('pid')} ready in {time.monotonic() - t:.1f}s"
+        )
     return 0

@@ -45,7 +45,9 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
         rep = c["representative"]
         new = f", {c['new']} new" if c.get("new") else ""
         cost = f" | {short(c['cost'])}" if c.get("cost") else ""
-        lines.append(f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}{cost}  ({c['count']} file(s){new})")
+        lines.append(
+            f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}{cost}  ({c['count']} file(s){new})"
+        )
         if c.get("known"):
             lines.append(f"     known class: {', '.join(c['known'])}")
         lines.append(f"     smallest: {rep['path']} ({rep['requests']} request(s), {rep['tokens']} tokens)")
@@ -66,7 +68,17 @@ def main(args) -> int:
     described, malformed = read_findings(folder)
     classes = triage(described)
     if args.json:
-        print(json.dumps({"dir": str(folder), "findings": len(described), "classes": classes, "malformed": [{"path": p, "reason": r} for p, r in malformed]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "dir": str(folder),
+                    "findings": len(described),
+                    "classes": classes,
+                    "malformed": [{"path": p, "reason": r} for p, r in malformed],
+                },
+                indent=2,
+            )
+        )
     else:
         print("\n".join(render(classes, malformed, str(folder))))
     return 0

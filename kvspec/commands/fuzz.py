@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fuzz.oracle_registry import build_sentence, help_text
 from ground.console import say as _say
 from ground.engines import Capability
 from ground.errors import invalid
-
-from fuzz.oracle_registry import build_sentence, help_text
 
 if TYPE_CHECKING:
     from ground.engines import EngineSpec
@@ -38,7 +37,8 @@ if TYPE_CHECKING:
 
 HELP = "differential fuzzing of a vLLM engine against the reference model"
 DRIVERS = ("atheris", "hypothesis", "random", "cases")
-EPILOG = """\
+EPILOG = (
+    """\
 exit codes:
   0  the campaign ran and wrote no finding
   1  the campaign wrote at least one finding this run; a divergence already
@@ -77,7 +77,12 @@ findings: they are counted and stored under OUT/harness-errors/. When stderr
 is not a terminal, a progress line is printed every ~10 s. At the end the
 findings in OUT are grouped into classes (see kvspec findings).
 
-""" + textwrap.fill(build_sentence(), 78) + "\n\n" + help_text() + "\n"
+"""
+    + textwrap.fill(build_sentence(), 78)
+    + "\n\n"
+    + help_text()
+    + "\n"
+)
 
 
 def configure(parser) -> None:
@@ -87,20 +92,73 @@ def configure(parser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, help="engine under test: vllm==X, a build vllm==X+LABEL.HASH, vllm==X --patch FILE.diff, path:DIR or wheel:FILE.whl; a second --engine adds the version-vs-version oracle (default: vllm==0.33.0)")
-    parser.add_argument("--max-time", type=float, default=60.0, help="wall-clock limit in seconds, start-up included (default: %(default)s)")
+    add_engine_arguments(
+        parser,
+        help="engine under test: vllm==X, a build vllm==X+LABEL.HASH, vllm==X --patch FILE.diff, path:DIR or wheel:FILE.whl; a second --engine adds the version-vs-version oracle (default: vllm==0.33.0)",
+    )
+    parser.add_argument(
+        "--max-time",
+        type=float,
+        default=60.0,
+        help="wall-clock limit in seconds, start-up included (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     parser.add_argument("--out", default=None, help="findings folder (default: $KVSPEC_HOME/findings)")
-    parser.add_argument("--corpus", default=None, help="with --driver atheris: corpus folder to resume from and grow (default: $KVSPEC_HOME/corpus/<engine>)")
-    parser.add_argument("--jobs", type=int, default=1, help="parallel campaign workers, worker j with seed --seed + j: libFuzzer processes here (--driver atheris), Ray tasks with --ray (any driver) (default: %(default)s)")
-    parser.add_argument("--ray", default=None, metavar="local|auto|HOST:PORT", help="run the --jobs workers on Ray: 'local' starts a cluster of --jobs CPUs on 127.0.0.1, 'auto' joins the one `ray start` started, HOST:PORT a cluster's GCS; one corpus, one findings folder (docs/distribute.md)")
-    parser.add_argument("--ray-retries", type=int, default=2, help="with --ray: times a worker whose process died is run again (default: %(default)s)")
-    parser.add_argument("--driver", choices=DRIVERS, default="random", help="search driver: 'random' (the structure-aware generator walking the deployment classes; it rediscovers every known class, docs/search.md), 'atheris' (coverage-guided libFuzzer over the same generator, with a corpus), 'hypothesis'; 'cases' runs only the z3 seeds and --case files, then stops (default: %(default)s)")
-    parser.add_argument("--case", action="append", default=[], metavar="FILE", help="a case or finding file to run first (repeatable; not with --driver atheris)")
-    parser.add_argument("--harness-error-limit", type=float, default=HARNESS_ERROR_LIMIT, metavar="FRACTION", help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)")
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="with --driver atheris: corpus folder to resume from and grow (default: $KVSPEC_HOME/corpus/<engine>)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="parallel campaign workers, worker j with seed --seed + j: libFuzzer processes here (--driver atheris), Ray tasks with --ray (any driver) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="local|auto|HOST:PORT",
+        help="run the --jobs workers on Ray: 'local' starts a cluster of --jobs CPUs on 127.0.0.1, 'auto' joins the one `ray start` started, HOST:PORT a cluster's GCS; one corpus, one findings folder (docs/distribute.md)",
+    )
+    parser.add_argument(
+        "--ray-retries",
+        type=int,
+        default=2,
+        help="with --ray: times a worker whose process died is run again (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        default="random",
+        help="search driver: 'random' (the structure-aware generator walking the deployment classes; it rediscovers every known class, docs/search.md), 'atheris' (coverage-guided libFuzzer over the same generator, with a corpus), 'hypothesis'; 'cases' runs only the z3 seeds and --case files, then stops (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a case or finding file to run first (repeatable; not with --driver atheris)",
+    )
+    parser.add_argument(
+        "--harness-error-limit",
+        type=float,
+        default=HARNESS_ERROR_LIMIT,
+        metavar="FRACTION",
+        help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)",
+    )
     parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
-    parser.add_argument("--synthetic-geometry", action="store_true", help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic")
-    parser.add_argument("--kv-connector", default="drawn", metavar="drawn|offloading|none", help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)")
+    parser.add_argument(
+        "--synthetic-geometry",
+        action="store_true",
+        help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic",
+    )
+    parser.add_argument(
+        "--kv-connector",
+        default="drawn",
+        metavar="drawn|offloading|none",
+        help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --, with --driver atheris: flags passed to libFuzzer")
 
@@ -132,7 +190,9 @@ def _validate(args, engines: list[EngineOption]) -> None:
     from kvspec.options import output_dir, seconds, whole
 
     if len(engines) > 2:
-        raise invalid("--engine", [e.text for e in engines], "give one engine under test and at most one more to compare with")
+        raise invalid(
+            "--engine", [e.text for e in engines], "give one engine under test and at most one more to compare with"
+        )
     seconds("--max-time", args.max_time)
     ray = getattr(args, "ray", None)
     top, why = max_jobs(ray)
@@ -143,31 +203,69 @@ def _validate(args, engines: list[EngineOption]) -> None:
         raise invalid("--harness-error-limit", args.harness_error_limit, "must be a fraction from 0 to 1")
     if args.driver != "atheris":
         if args.corpus:
-            raise invalid("--corpus", args.corpus, f"is atheris's corpus folder; allowed with --driver atheris (the driver is {args.driver})")
+            raise invalid(
+                "--corpus",
+                args.corpus,
+                f"is atheris's corpus folder; allowed with --driver atheris (the driver is {args.driver})",
+            )
         if args.libfuzzer:
-            raise invalid("libfuzzer", " ".join(args.libfuzzer), f"flags after -- go to libFuzzer; allowed with --driver atheris (the driver is {args.driver})")
+            raise invalid(
+                "libfuzzer",
+                " ".join(args.libfuzzer),
+                f"flags after -- go to libFuzzer; allowed with --driver atheris (the driver is {args.driver})",
+            )
         if args.jobs > 1 and ray is None:
-            raise invalid("--jobs", args.jobs, f"parallel workers are libFuzzer processes (--driver atheris) or Ray tasks (--ray); allowed with --driver {args.driver} and no --ray: 1")
+            raise invalid(
+                "--jobs",
+                args.jobs,
+                f"parallel workers are libFuzzer processes (--driver atheris) or Ray tasks (--ray); allowed with --driver {args.driver} and no --ray: 1",
+            )
     worker_only = next((e for e in engines if not e.family.supports(Capability.IN_PROCESS)), None)
     sglang = None if worker_only is None else worker_only.spec.name
     if worker_only is not None:  # its driver runs in its worker: no in-process atheris harness, deployments only
         title = worker_only.family.title
         if args.driver == "atheris":
-            raise invalid("--driver", "atheris", f"instruments vLLM in-process; allowed with --engine {sglang}: random, hypothesis, cases")
+            raise invalid(
+                "--driver",
+                "atheris",
+                f"instruments vLLM in-process; allowed with --engine {sglang}: random, hypothesis, cases",
+            )
         if args.synthetic_geometry or ray is not None:
-            raise invalid("--synthetic-geometry" if args.synthetic_geometry else "--ray", True, f"not with --engine {sglang}: {title} runs deployment cases in one process; allowed: neither")
+            raise invalid(
+                "--synthetic-geometry" if args.synthetic_geometry else "--ray",
+                True,
+                f"not with --engine {sglang}: {title} runs deployment cases in one process; allowed: neither",
+            )
         if len(engines) > 1 and worker_only.family.twin is not None:
-            raise invalid("--engine", [e.text for e in engines], f"with {sglang} the second engine is {title}'s own twin (its second tree core), always; allowed: one --engine")
+            raise invalid(
+                "--engine",
+                [e.text for e in engines],
+                f"with {sglang} the second engine is {title}'s own twin (its second tree core), always; allowed: one --engine",
+            )
     from fuzz.generate import CONNECTOR_MODES
 
     if args.kv_connector not in CONNECTOR_MODES:
         raise invalid("--kv-connector", args.kv_connector, f"allowed: {', '.join(CONNECTOR_MODES)}")
     no_connector = next((e for e in engines if not e.family.supports(Capability.CONNECTORS)), None)
-    if args.kv_connector != "drawn" and (args.driver != "random" or args.synthetic_geometry or no_connector is not None):
-        why = f"{no_connector.family.title} deployments carry none" if no_connector is not None else "hand geometries carry none" if args.synthetic_geometry else f"the {args.driver} driver draws it"
-        raise invalid("--kv-connector", args.kv_connector, f"pins the random driver's vLLM deployments; {why}; allowed here: drawn")
+    if args.kv_connector != "drawn" and (
+        args.driver != "random" or args.synthetic_geometry or no_connector is not None
+    ):
+        why = (
+            f"{no_connector.family.title} deployments carry none"
+            if no_connector is not None
+            else "hand geometries carry none"
+            if args.synthetic_geometry
+            else f"the {args.driver} driver draws it"
+        )
+        raise invalid(
+            "--kv-connector",
+            args.kv_connector,
+            f"pins the random driver's vLLM deployments; {why}; allowed here: drawn",
+        )
     if args.case and args.driver == "atheris":
-        raise invalid("--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)")
+        raise invalid(
+            "--case", args.case[0], "runs with --driver random, hypothesis or cases (atheris reads a corpus folder)"
+        )
     if args.driver == "cases" and not args.case and args.no_z3_seeds:
         raise invalid("--driver", "cases", "needs --case files or the z3 seeds (drop --no-z3-seeds)")
     from fuzz.atheris_runner import process_flag
@@ -201,9 +299,9 @@ def main(args) -> int:
     from fuzz.findings import load_finding
     from fuzz.outcome import EXIT_HARNESS
     from fuzz.progress import resume_line
-    from kvspec.engine_options import engine_specs, parse_engine_options
-    from ground.home import kvspec_home
     from ground.errors import EngineError
+    from ground.home import kvspec_home
+    from kvspec.engine_options import engine_specs, parse_engine_options
 
     options = parse_engine_options(args, default=DEFAULT_ENGINE)  # each name parsed once, here
     _validate(args, options)  # options first, before any build
@@ -221,7 +319,11 @@ def main(args) -> int:
     deadline = started + args.max_time
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
-    corpus = (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-")) if args.driver == "atheris" else None
+    corpus = (
+        (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-"))
+        if args.driver == "atheris"
+        else None
+    )
     missing = unusable_engine(specs)
     if missing:
         _say(f"kvspec: {missing} (harness failed, exit 3)")
@@ -237,19 +339,46 @@ def main(args) -> int:
         if getattr(args, "ray", None) is not None:
             from fuzz.ray_runner import run_on_ray
 
-            summary = run_on_ray(args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say)
+            summary = run_on_ray(
+                args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say
+            )
         elif args.driver == "atheris":
             from rich.console import Console
 
             from fuzz.atheris_runner import run_atheris
 
             tty = sys.stderr.isatty()
-            summary = run_atheris(engines[0], out=out, corpus=corpus, seed_dir=seed_dir, seed=args.seed, max_time=args.max_time, jobs=args.jobs, other=engines[1] if len(engines) > 1 else None, libfuzzer_args=args.libfuzzer, console=Console(stderr=True) if tty else None, deadline=deadline, emit=None if tty else _say, synthetic=args.synthetic_geometry)
+            summary = run_atheris(
+                engines[0],
+                out=out,
+                corpus=corpus,
+                seed_dir=seed_dir,
+                seed=args.seed,
+                max_time=args.max_time,
+                jobs=args.jobs,
+                other=engines[1] if len(engines) > 1 else None,
+                libfuzzer_args=args.libfuzzer,
+                console=Console(stderr=True) if tty else None,
+                deadline=deadline,
+                emit=None if tty else _say,
+                synthetic=args.synthetic_geometry,
+            )
         else:
             from fuzz.runner import RunConfig, run_in_process
 
-            config = RunConfig(driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry, connector=args.kv_connector)
-            summary = run_in_process(config, specs, out, load_seed_cases(seed_dir) if seed_dir else [], list(zip(args.case, cases)), started, deadline, say=_say)
+            config = RunConfig(
+                driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry, connector=args.kv_connector
+            )
+            summary = run_in_process(
+                config,
+                specs,
+                out,
+                load_seed_cases(seed_dir) if seed_dir else [],
+                list(zip(args.case, cases)),
+                started,
+                deadline,
+                say=_say,
+            )
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
@@ -281,7 +410,9 @@ def _written_so_far(out: Path, error: OSError) -> str:
         held = f"{len(described)} finding(s) already written in {out} stay valid"
     except OSError:
         held = f"what {out} holds could not be read"
-    return f"out={out}: the campaign stopped: {what} ({os.strerror(error.errno) if error.errno else error}){where}; {held}"
+    return (
+        f"out={out}: the campaign stopped: {what} ({os.strerror(error.errno) if error.errno else error}){where}; {held}"
+    )
 
 
 def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:
@@ -299,7 +430,6 @@ def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
     from rich.table import Table
 
     from ground.console import table_console
-
     from kvspec.commands.findings import render
 
     if args.json:
@@ -307,10 +437,30 @@ def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
         return
     engines = [spec.name for spec in specs]
     table = Table(title=f"kvspec fuzz: {engines[0]}" + (f" vs {engines[1]}" if len(engines) > 1 else ""))
-    for col in ("driver", "execs", "exec/s", "coverage", "unsupported", "rejected by vLLM", "harness errors", "new findings", "first finding (s)"):
+    for col in (
+        "driver",
+        "execs",
+        "exec/s",
+        "coverage",
+        "unsupported",
+        "rejected by vLLM",
+        "harness errors",
+        "new findings",
+        "first finding (s)",
+    ):
         table.add_column(col, justify="right")
     cov = summary.get("coverage")
-    table.add_row(args.driver, str(summary["execs"]), str(summary["exec_per_s"]), "-" if cov is None else str(cov), str(summary["unsupported"]), str(summary.get("rejected", 0)), str(summary["harness_errors"]), str(len(summary["findings"])), "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}")
+    table.add_row(
+        args.driver,
+        str(summary["execs"]),
+        str(summary["exec_per_s"]),
+        "-" if cov is None else str(cov),
+        str(summary["unsupported"]),
+        str(summary.get("rejected", 0)),
+        str(summary["harness_errors"]),
+        str(len(summary["findings"])),
+        "-" if summary["first_finding_s"] is None else f"{summary['first_finding_s']:.2f}",
+    )
     table_console().print(table)
     malformed = [(m["path"], m["reason"]) for m in summary["malformed"]]
     print("\n".join(render(summary["classes"], malformed, str(out))))
@@ -318,11 +468,15 @@ def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
     if reach:
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(reach["shapes"].items(), key=lambda kv: -kv[1]))
         if specs[0].family_entry.supports(Capability.DEPLOYMENT_CLASSES):
-            print(f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}")
+            print(
+                f"  reach: {reach['deployment_classes']} of {reach['of']} deployment classes (model/speculative/unit/retention); trace shapes: {shapes}"
+            )
         else:  # the deployment classes are vLLM's features (speculative mode, hash unit, retention)
             print(f"  reach: trace shapes: {shapes}")
     files = summary.get("case_files")
     if files and files.get("given"):
-        print(f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started")
+        print(
+            f"  --case files: {files['given']} given, {files['run']} run, {files['cut_at_deadline']} cut at the deadline, {files['harness_error']} a harness error, {files['not_started']} not started"
+        )
     if summary.get("harness_errors"):
         print(f"  {summary['harness_errors']} harness error(s) recorded under {out / 'harness-errors'} (not findings)")

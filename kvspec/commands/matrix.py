@@ -30,11 +30,18 @@ def configure(parser) -> None:
     parser.add_argument("cases", nargs="+", help="case or finding files")
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, required=True, metavar="vllm==X", help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl; or sglang==0.5.23 (a deployment case of the other family runs there with that engine's default flags)")
+    add_engine_arguments(
+        parser,
+        required=True,
+        metavar="vllm==X",
+        help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl; or sglang==0.5.23 (a deployment case of the other family runs there with that engine's default flags)",
+    )
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
     fmt.add_argument("--html", action="store_true", help="print an HTML table")
-    fmt.add_argument("--json", action="store_true", help="print the rows as JSON (each cell: hits, verdict, block, promise)")
+    fmt.add_argument(
+        "--json", action="store_true", help="print the rows as JSON (each cell: hits, verdict, block, promise)"
+    )
     parser.add_argument("--chart", default=None, help="write a hits-per-request chart (PNG) here")
 
 
@@ -48,7 +55,6 @@ def main(args) -> int:
     from engine_adapter import open_engine
     from engine_adapter.host import warm
     from fuzz.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
-
     from kvspec.engine_options import engine_specs
 
     specs = engine_specs(args)  # each name parsed once, there

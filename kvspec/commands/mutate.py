@@ -33,29 +33,84 @@ exit codes: 0 done; 2 usage (one line); 3 the harness failed before any mutant r
 def configure(parser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--engine", default="vllm==0.33.0", help="the release whose code is mutated (default: %(default)s)")
-    parser.add_argument("--mutants", type=int, default=20, metavar="N", help="how many mutants, picked round-robin over the areas (default: %(default)s)")
+    parser.add_argument(
+        "--engine", default="vllm==0.33.0", help="the release whose code is mutated (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--mutants",
+        type=int,
+        default=20,
+        metavar="N",
+        help="how many mutants, picked round-robin over the areas (default: %(default)s)",
+    )
     parser.add_argument("--only", nargs="+", default=None, metavar="ID", help="run these mutant ids (see --list)")
-    parser.add_argument("--budget", type=float, default=30.0, metavar="S", help="kvspec's seconds per mutant, from the engine being ready (default: %(default)s)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="kvspec's seconds per mutant, from the engine being ready (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="selection and case seed (default: %(default)s)")
-    parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: $KVSPEC_HOME/mutate/runs/<time>); a folder of an earlier run resumes it")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="run folder (default: $KVSPEC_HOME/mutate/runs/<time>); a folder of an earlier run resumes it",
+    )
     parser.add_argument("--no-vllm-tests", action="store_true", help="judge with kvspec only")
-    parser.add_argument("--vllm-tests-only", action="store_true", help="add vLLM's tests to the mutants a --no-vllm-tests pass in --out judged (runs beside it; touches no other mutant)")
-    parser.add_argument("--vllm-tests-from", default=None, metavar="DIR", help="take vLLM's tests' verdicts from an earlier run folder wherever it judged the same build (the same mutant diff in the same base); run them only for the others")
+    parser.add_argument(
+        "--vllm-tests-only",
+        action="store_true",
+        help="add vLLM's tests to the mutants a --no-vllm-tests pass in --out judged (runs beside it; touches no other mutant)",
+    )
+    parser.add_argument(
+        "--vllm-tests-from",
+        default=None,
+        metavar="DIR",
+        help="take vLLM's tests' verdicts from an earlier run folder wherever it judged the same build (the same mutant diff in the same base); run them only for the others",
+    )
     parser.add_argument("--keep-builds", action="store_true", help="keep each mutant's build environment")
     parser.add_argument("--report", action="store_true", help="only write the report of the run in --out")
-    parser.add_argument("--list", action="store_true", help="print every candidate mutant position (id, function, line, operator) and exit")
-    parser.add_argument("--coverage", type=float, default=None, metavar="S", help="only measure branch coverage of the target functions: an S-second campaign vs vLLM's tests")
-    parser.add_argument("--check-equivalent", nargs="+", default=None, metavar="ID", help="only run the equivalence check on these mutants (the fixed cases and --equivalent-cases random cases, mutant vs base); results under OUT/equivalent")
-    parser.add_argument("--equivalent-cases", type=int, default=30, metavar="N", help="random cases of --check-equivalent (default: %(default)s)")
-    parser.add_argument("--ray", default=None, metavar="auto|local|ADDRESS", help="run the mutants as tasks on a Ray cluster (fuzz.distribute)")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print every candidate mutant position (id, function, line, operator) and exit",
+    )
+    parser.add_argument(
+        "--coverage",
+        type=float,
+        default=None,
+        metavar="S",
+        help="only measure branch coverage of the target functions: an S-second campaign vs vLLM's tests",
+    )
+    parser.add_argument(
+        "--check-equivalent",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="only run the equivalence check on these mutants (the fixed cases and --equivalent-cases random cases, mutant vs base); results under OUT/equivalent",
+    )
+    parser.add_argument(
+        "--equivalent-cases",
+        type=int,
+        default=30,
+        metavar="N",
+        help="random cases of --check-equivalent (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="auto|local|ADDRESS",
+        help="run the mutants as tasks on a Ray cluster (fuzz.distribute)",
+    )
 
 
 def main(args) -> int:
     from engine_adapter.host.versions import EngineSpec
+    from ground.errors import EngineError, invalid
     from ground.home import kvspec_home
     from kvspec.options import output_dir, seconds, whole
-    from ground.errors import EngineError, invalid
 
     spec = EngineSpec.parse(args.engine, "--engine")
     release = spec.version
@@ -71,10 +126,18 @@ def main(args) -> int:
         if args.no_vllm_tests:
             raise invalid("--vllm-tests-from", args.vllm_tests_from, "scores vLLM's tests: not with --no-vllm-tests")
         if not (Path(args.vllm_tests_from) / "mutants").is_dir():
-            raise invalid("--vllm-tests-from", args.vllm_tests_from, "allowed: the --out folder of an earlier kvspec mutate run (it has mutants/)")
+            raise invalid(
+                "--vllm-tests-from",
+                args.vllm_tests_from,
+                "allowed: the --out folder of an earlier kvspec mutate run (it has mutants/)",
+            )
     if args.report and not args.out:
         raise invalid("--report", True, "needs --out DIR, the run to report on")
-    out = output_dir("--out", args.out) if args.out else kvspec_home() / "mutate" / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    out = (
+        output_dir("--out", args.out)
+        if args.out
+        else kvspec_home() / "mutate" / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    )
     if args.list:
         from mutate.generate import positions
         from mutate.run import base_engine, default_base_patches
@@ -88,7 +151,9 @@ def main(args) -> int:
         from mutate.equivalent import check_mutants
 
         whole("--equivalent-cases", args.equivalent_cases, minimum=0, maximum=100000)
-        results = check_mutants(release, args.check_equivalent, out=out, n=args.equivalent_cases, seed=args.seed, progress=_say)
+        results = check_mutants(
+            release, args.check_equivalent, out=out, n=args.equivalent_cases, seed=args.seed, progress=_say
+        )
         print(json.dumps([{k: r.get(k) for k in ("id", "equal", "compared", "reason")} for r in results], indent=2))
         return 0
     if args.coverage is not None:
@@ -103,9 +168,20 @@ def main(args) -> int:
         from mutate.run import run
 
         try:
-            run(release, out=out, budget=args.budget, n=args.mutants, only=args.only, seed=args.seed, vllm_tests=not args.no_vllm_tests,
-                keep_builds=args.keep_builds, ray=args.ray, tests_only=args.vllm_tests_only,
-                vllm_tests_from=Path(args.vllm_tests_from) if args.vllm_tests_from else None, progress=_say)
+            run(
+                release,
+                out=out,
+                budget=args.budget,
+                n=args.mutants,
+                only=args.only,
+                seed=args.seed,
+                vllm_tests=not args.no_vllm_tests,
+                keep_builds=args.keep_builds,
+                ray=args.ray,
+                tests_only=args.vllm_tests_only,
+                vllm_tests_from=Path(args.vllm_tests_from) if args.vllm_tests_from else None,
+                progress=_say,
+            )
         except EngineError as e:
             _say(f"kvspec: {e} (harness failed, exit 3)")
             return 3

@@ -23,7 +23,12 @@ HELP = "predict every request's prefix-cache hits with the reference model (a de
 
 def configure(parser) -> None:
     parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
-    parser.add_argument("--as", dest="version", default=f"vllm=={DEFAULT_VERSION}", help="resolve knobs (and a deployment) as this engine release does: vllm==X or sglang==X (default: %(default)s)")
+    parser.add_argument(
+        "--as",
+        dest="version",
+        default=f"vllm=={DEFAULT_VERSION}",
+        help="resolve knobs (and a deployment) as this engine release does: vllm==X or sglang==X (default: %(default)s)",
+    )
     parser.add_argument("--rule", choices=RULES, default="promise", help="retention rule (default: %(default)s)")
 
 
@@ -40,7 +45,9 @@ def resolved_as(case: Case, spec: EngineSpec) -> Case:
     with open_engine(spec.release_spec) as engine:
         r = engine.resolve(case)
     if r.get("geometry") is None:  # the family resolved a cache the promise is not stated for
-        raise Unsupported(f"--as={name}: {spec.family_entry.title} resolved {case.deployment.describe()} to a cache kvspec does not predict; allowed: a deployment it resolves to a stated geometry")
+        raise Unsupported(
+            f"--as={name}: {spec.family_entry.title} resolved {case.deployment.describe()} to a cache kvspec does not predict; allowed: a deployment it resolves to a stated geometry"
+        )
     return with_resolution(case, r["geometry"], r["speculative"], name)
 
 
@@ -53,7 +60,11 @@ def predict_llamacpp(case: Case, spec: EngineSpec, rule: str) -> dict:
     from reference.llamacpp import predict as predict_llamacpp_rule
 
     if case.deployment is None or case.deployment.engine != spec.family:
-        raise invalid("--as", spec.name, f"a {spec.family_entry.title} engine predicts a deployment case with \"engine\": \"{spec.family}\"; allowed: an engine of the case's family")
+        raise invalid(
+            "--as",
+            spec.name,
+            f'a {spec.family_entry.title} engine predicts a deployment case with "engine": "{spec.family}"; allowed: an engine of the case\'s family',
+        )
     with open_engine(spec) as engine:
         r = engine.resolve(case)
     out = predict_llamacpp_rule(case, Settings.of(r["server"], r["params"]))
@@ -73,7 +84,11 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
 
     name = spec.name
     if case.deployment is None or case.deployment.engine != spec.family:
-        raise invalid("--as", name, f"predicts a deployment case with \"engine\": \"{spec.family}\"; allowed: an engine of the case's family")
+        raise invalid(
+            "--as",
+            name,
+            f'predicts a deployment case with "engine": "{spec.family}"; allowed: an engine of the case\'s family',
+        )
     if rule not in ("promise", "replay"):
         raise invalid("--rule", rule, f"with --as {name}: promise or replay (SGLang's implemented rule)")
     with open_engine(spec) as engine:
@@ -82,7 +97,9 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
         out = sglang_predict(case, SglangSetting.from_resolution(r), name)
     else:
         if r.get("geometry") is None:
-            raise Unsupported(f"--rule promise: {name} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay")
+            raise Unsupported(
+                f"--rule promise: {name} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay"
+            )
         out = predict(with_resolution(case, r["geometry"], None, name), spec, "promise")
     out["resolved_by"] = name
     return out
@@ -95,7 +112,11 @@ def main(args) -> int:
         print(json.dumps(load(spec.family_entry.predictor)(case, spec, args.rule), indent=2))
         return 0
     if case.deployment is not None and case.deployment.engine != spec.family:
-        raise invalid("--as", args.version, f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family")
+        raise invalid(
+            "--as",
+            args.version,
+            f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family",
+        )
     case = resolved_as(case, spec)
     result = predict(case, spec, args.rule)  # the typed engine, not its name again
     if case.deployment is not None:

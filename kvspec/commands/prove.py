@@ -15,10 +15,20 @@ SYMBOL = {"proved": "proved", "refuted": "counterexample", "unknown": "unknown",
 
 def configure(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print every result as one JSON object instead of tables")
-    parser.add_argument("--sweep", action="store_true", help="also run the concrete sweep (every S = 16k <= 4096 with every valid A, M)")
-    parser.add_argument("--all", action="store_true", help="also the slow rows (chunked prefill per rule, about 0.5 s each)")
-    parser.add_argument("--out", default=None, help="folder for counterexample case files (default: $KVSPEC_HOME/counterexamples, KVSPEC_HOME defaulting to .kvspec)")
-    parser.add_argument("--only", default=None, help="only rows whose id contains this text (e.g. 'R1/mask named:1600')")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also run the concrete sweep (every S = 16k <= 4096 with every valid A, M)"
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="also the slow rows (chunked prefill per rule, about 0.5 s each)"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for counterexample case files (default: $KVSPEC_HOME/counterexamples, KVSPEC_HOME defaulting to .kvspec)",
+    )
+    parser.add_argument(
+        "--only", default=None, help="only rows whose id contains this text (e.g. 'R1/mask named:1600')"
+    )
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: the CPU count)")
     parser.add_argument("--seed", type=int, default=0, help="z3 random seed (default: %(default)s)")
     parser.add_argument("--timeout", type=int, default=5000, help="per solver call, in ms (default: %(default)s)")
@@ -69,14 +79,23 @@ def main(args) -> int:
     # so that each file can be confirmed with ``kvspec run``.
     from spec.geometry import MODE
 
-    named_refuted = [r.row for r in results if r.verdict == "refuted" and r.row.geometry.startswith("named:") and r.row.prop in ("R1", "R2") and MODE[r.row.mode].on_engine(r.row.rule)]
+    named_refuted = [
+        r.row
+        for r in results
+        if r.verdict == "refuted"
+        and r.row.geometry.startswith("named:")
+        and r.row.prop in ("R1", "R2")
+        and MODE[r.row.mode].on_engine(r.row.rule)
+    ]
     cexs = []
     for row, values, case, confirmation in pmap(_counterexample_work, named_refuted, args.jobs):
         if case is None:
             continue
         path = out / f"{case.name}.json"
         dump_case(case, path)
-        cexs.append({"id": row.id, "N": values["N"], "N2": values.get("N2"), "case": str(path), "reference": confirmation})
+        cexs.append(
+            {"id": row.id, "N": values["N"], "N2": values.get("N2"), "case": str(path), "reference": confirmation}
+        )
 
     sweep = []
     if args.sweep:
@@ -90,13 +109,32 @@ def main(args) -> int:
     ok = all(r.ok for r in results) and all(s.ok for s in sweep) and all(c["reference"]["confirmed"] for c in cexs)
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({
-            "ok": ok,
-            "seconds": round(elapsed, 3),
-            "results": [r.as_dict() for r in results],
-            "counterexamples": cexs,
-            "sweep": [{"id": s.row.id, "expect": s.row.expect, "verdict": s.verdict, "geometries": s.geometries, "refuted_everywhere": s.everywhere, "digits": s.family, "witness": s.witness, "seconds": round(s.seconds, 4), "ok": s.ok} for s in sweep],
-        }, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "seconds": round(elapsed, 3),
+                    "results": [r.as_dict() for r in results],
+                    "counterexamples": cexs,
+                    "sweep": [
+                        {
+                            "id": s.row.id,
+                            "expect": s.row.expect,
+                            "verdict": s.verdict,
+                            "geometries": s.geometries,
+                            "refuted_everywhere": s.everywhere,
+                            "digits": s.family,
+                            "witness": s.witness,
+                            "seconds": round(s.seconds, 4),
+                            "ok": s.ok,
+                        }
+                        for s in sweep
+                    ],
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0 if ok else 1
     _print_tables(results, cexs, sweep, MODE_NAMES, elapsed, ok, out)
     return 0 if ok else 1
@@ -122,7 +160,9 @@ def _print_tables(results, cexs, sweep, modes, elapsed, ok, out) -> None:
     for r in results:
         key = (r.row.prop + (f"/{r.row.level}" if r.row.level else ""), r.row.geometry, r.row.rule or "-")
         groups[key][r.row.mode] = r
-    table = Table(title="kvspec prove: property x rule x verdict x time (one column per serving mode)", show_lines=False)
+    table = Table(
+        title="kvspec prove: property x rule x verdict x time (one column per serving mode)", show_lines=False
+    )
     for col in ("property", "geometry", "rule", *modes):
         table.add_column(col, overflow="fold")
     for (prop, geo, rule), cells in groups.items():
@@ -139,12 +179,20 @@ def _print_tables(results, cexs, sweep, modes, elapsed, ok, out) -> None:
         table.add_row(*row)
     console.print(table)
     if cexs:
-        t = Table(title=f"minimal counterexamples (z3 Optimize) of the pairings an engine runs (legacy on 0.29.0, replay on 0.30.0+), as case files in {out}")
+        t = Table(
+            title=f"minimal counterexamples (z3 Optimize) of the pairings an engine runs (legacy on 0.29.0, replay on 0.30.0+), as case files in {out}"
+        )
         for col in ("row", "N", "N2", "reference: hit < block <= promise", "case file"):
             t.add_column(col, overflow="fold")
         for c in cexs:
             ref = c["reference"]
-            t.add_row(c["id"], str(c["N"]), str(c["N2"] or ""), f"{ref['hit']} < {ref['target']} <= {ref['promise_hit']} ({'confirmed' if ref['confirmed'] else 'NOT confirmed'})", c["case"])
+            t.add_row(
+                c["id"],
+                str(c["N"]),
+                str(c["N2"] or ""),
+                f"{ref['hit']} < {ref['target']} <= {ref['promise_hit']} ({'confirmed' if ref['confirmed'] else 'NOT confirmed'})",
+                c["case"],
+            )
         console.print(t)
     if sweep:
         t = Table(title="concrete sweep: every S = 16k <= 4096 with every valid A, M (N symbolic)")
@@ -152,7 +200,18 @@ def _print_tables(results, cexs, sweep, modes, elapsed, ok, out) -> None:
             t.add_column(col, overflow="fold")
         for s in sweep:
             w = s.witness or {}
-            t.add_row(s.row.id, str(s.geometries), SYMBOL[s.verdict] + ("" if s.ok else f" (expected {SYMBOL[s.row.expect]})"), "" if s.everywhere is None else str(s.everywhere), str(s.family or ""), f"{w.get('geometry', '')} N={w.get('N', '')}" if w else "", f"{s.seconds:.2f}s")
+            t.add_row(
+                s.row.id,
+                str(s.geometries),
+                SYMBOL[s.verdict] + ("" if s.ok else f" (expected {SYMBOL[s.row.expect]})"),
+                "" if s.everywhere is None else str(s.everywhere),
+                str(s.family or ""),
+                f"{w.get('geometry', '')} N={w.get('N', '')}" if w else "",
+                f"{s.seconds:.2f}s",
+            )
         console.print(t)
     bad = [r for r in results if not r.ok]
-    console.print(f"{len(results)} rows, {sum(r.verdict == 'proved' for r in results)} proved, {sum(r.verdict == 'refuted' for r in results)} refuted, {len(bad)} unexpected; {elapsed:.1f}s. " + ("every expected verdict holds" if ok else "SOME EXPECTED VERDICTS FAIL"))
+    console.print(
+        f"{len(results)} rows, {sum(r.verdict == 'proved' for r in results)} proved, {sum(r.verdict == 'refuted' for r in results)} refuted, {len(bad)} unexpected; {elapsed:.1f}s. "
+        + ("every expected verdict holds" if ok else "SOME EXPECTED VERDICTS FAIL")
+    )

@@ -45,20 +45,52 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 def configure(parser) -> None:
     parser.add_argument("file", metavar="FINDING_OR_CASE", help="a case file (schema 1) or a finding file")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--server", metavar="URL", help="base URL of a vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    where.add_argument(
+        "--server", metavar="URL", help="base URL of a vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000"
+    )
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, group=where, metavar="vllm==X", help="replay in-process on an installed engine instead (see fuzz.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
-    parser.add_argument("--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key")
-    parser.add_argument("--send-key-in-clear", action="store_true", help="send the API key over plain http to a host that is not loopback (anyone on the path can read it)")
+    add_engine_arguments(
+        parser,
+        group=where,
+        metavar="vllm==X",
+        help="replay in-process on an installed engine instead (see fuzz.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
+    )
+    parser.add_argument(
+        "--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key"
+    )
+    parser.add_argument(
+        "--send-key-in-clear",
+        action="store_true",
+        help="send the API key over plain http to a host that is not loopback (anyone on the path can read it)",
+    )
     parser.add_argument("--model", metavar="NAME", help="served model name (default: the only one the server serves)")
-    parser.add_argument("--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)")
-    parser.add_argument("--step-s", metavar="S", type=float, default=0.05,
-                        help="a concurrent trace: seconds a scheduler step is taken to last, so 'arrival' d sends a request d x S after the previous one (default: %(default)s)")
-    parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="per-request timeout in seconds (default: %(default)s)")
-    parser.add_argument("--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows")
-    parser.add_argument("--rule", choices=("promise", "replay", "legacy"), default="promise",
-                        help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)")
+    parser.add_argument(
+        "--gap", metavar="S", type=float, default=1.0, help="seconds between requests (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--step-s",
+        metavar="S",
+        type=float,
+        default=0.05,
+        help="a concurrent trace: seconds a scheduler step is taken to last, so 'arrival' d sends a request d x S after the previous one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=120.0,
+        help="per-request timeout in seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows"
+    )
+    parser.add_argument(
+        "--rule",
+        choices=("promise", "replay", "legacy"),
+        default="promise",
+        help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (no secrets in it)")
 
 
@@ -70,7 +102,9 @@ def _api_key(name: str | None) -> str | None:
     value = os.environ.get(name)
     if not value:
         # Name the variable, never a value.
-        raise InvalidArgument(f"--api-key-env={name}: the variable is unset or empty; allowed: a set, non-empty variable")
+        raise InvalidArgument(
+            f"--api-key-env={name}: the variable is unset or empty; allowed: a set, non-empty variable"
+        )
     return value
 
 
@@ -84,7 +118,9 @@ def _engine_replay(args) -> int:
     fn = getattr(module, "replay_on_engine", None) if module else None
     show = getattr(module, "render_replay", None) if module else None
     if fn is None or show is None:
-        raise Unsupported(f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL")
+        raise Unsupported(
+            f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL"
+        )
     from ground.console import table_console
     from kvspec.engine_options import engine_names
 
@@ -111,27 +147,52 @@ def main(args) -> int:
     if args.json:
         output_file("--json", args.json)
     if args.engine is not None:
-        for flag, value in (("--api-key-env", args.api_key_env), ("--send-key-in-clear", args.send_key_in_clear or None), ("--model", args.model), ("--rescale", args.rescale or None), ("--gap", None if args.gap == 1.0 else args.gap), ("--step-s", None if args.step_s == 0.05 else args.step_s), ("--rule", None if args.rule == "promise" else args.rule)):
+        for flag, value in (
+            ("--api-key-env", args.api_key_env),
+            ("--send-key-in-clear", args.send_key_in_clear or None),
+            ("--model", args.model),
+            ("--rescale", args.rescale or None),
+            ("--gap", None if args.gap == 1.0 else args.gap),
+            ("--step-s", None if args.step_s == 0.05 else args.step_s),
+            ("--rule", None if args.rule == "promise" else args.rule),
+        ):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
         return _engine_replay(args)
     for flag, value in (("--patch", args.engine_patches), ("--base", args.engine_bases)):
         if value:
-            raise invalid(flag, next(iter(value.values())), "applies to --engine only (a build runs in-process, a server is what it is)")
+            raise invalid(
+                flag,
+                next(iter(value.values())),
+                "applies to --engine only (a build runs in-process, a server is what it is)",
+            )
 
+    from engine_adapter.live.client import check_base_url, check_key_transport
     from fuzz.live_replay import load_target, render, replay
     from ground.files import write_json_atomic
 
-    from engine_adapter.live.client import check_base_url, check_key_transport
-
     key = _api_key(args.api_key_env)
-    check_key_transport(check_base_url(args.server), key is not None, in_clear_ok=args.send_key_in_clear)  # before any connection
+    check_key_transport(
+        check_base_url(args.server), key is not None, in_clear_ok=args.send_key_in_clear
+    )  # before any connection
     target = load_target(args.file)
-    report = replay(target, args.server, api_key=key, model=args.model, gap_s=args.gap, timeout_s=args.timeout, rescale=args.rescale, rule=args.rule, step_s=args.step_s)
+    report = replay(
+        target,
+        args.server,
+        api_key=key,
+        model=args.model,
+        gap_s=args.gap,
+        timeout_s=args.timeout,
+        rescale=args.rescale,
+        rule=args.rule,
+        step_s=args.step_s,
+    )
     if args.json:  # first: what was sent is on record whatever printing does
         try:
             write_json_atomic(args.json, report.as_dict())
         except OSError as e:
-            raise invalid("--json", args.json, f"cannot be written ({e.strerror or e}); allowed: a writable path") from None
+            raise invalid(
+                "--json", args.json, f"cannot be written ({e.strerror or e}); allowed: a writable path"
+            ) from None
     render(report)
     return EXIT[report.verdict]

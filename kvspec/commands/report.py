@@ -37,7 +37,13 @@ def configure(parser) -> None:
     parser.add_argument("--out", default=None, help="folder to write (default: report-<signature> beside the finding)")
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, dest="matrix", flag="--matrix", metavar="vllm==X", help="also run the case on this engine (repeatable); also a build: vllm==X --patch FILE.diff (the --patch after it), vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
+    add_engine_arguments(
+        parser,
+        dest="matrix",
+        flag="--matrix",
+        metavar="vllm==X",
+        help="also run the case on this engine (repeatable); also a build: vllm==X --patch FILE.diff (the --patch after it), vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
+    )
     parser.add_argument("--live", default=None, metavar="REPORT.json", help="a live replay report to quote")
 
 
@@ -49,17 +55,23 @@ def replaceable(out: Path) -> None:
     try:
         names = [p.name for p in out.iterdir()]
     except OSError as e:
-        raise invalid("--out", str(out), f"cannot be read ({e.strerror or e}); allowed: a new folder, or an earlier report's") from None
+        raise invalid(
+            "--out", str(out), f"cannot be read ({e.strerror or e}); allowed: a new folder, or an earlier report's"
+        ) from None
     other = sorted(n for n in names if not any(fnmatch.fnmatchcase(n, pattern) for pattern in REPORT_FILES))
     if other:
-        raise invalid("--out", str(out), f"holds {len(other)} file(s) that are not a report's ({shown(other[0])}, ...); allowed: a new or empty folder, or an earlier report's (it is replaced whole)")
+        raise invalid(
+            "--out",
+            str(out),
+            f"holds {len(other)} file(s) that are not a report's ({shown(other[0])}, ...); allowed: a new or empty folder, or an earlier report's (it is replaced whole)",
+        )
 
 
 def main(args) -> int:
     from fuzz.findings import check_fields, load_finding
     from fuzz.report import bundle
-    from kvspec.options import output_dir
     from ground.files import load_json, write_folder_atomic
+    from kvspec.options import output_dir
 
     case, finding = load_finding(args.finding)
     if not finding:
@@ -88,13 +100,19 @@ def main(args) -> int:
     family = FAMILIES[family_of(str(finding["engine"]["version"]))]
     if family.reporter:  # the family's own issue template and test (SGLang: in the style of its mem_cache unit tests)
         if live:
-            raise invalid("--live", args.live, f"a live replay report is vLLM's; allowed with a {family.title} finding: none")
+            raise invalid(
+                "--live", args.live, f"a live replay report is vLLM's; allowed with a {family.title} finding: none"
+            )
         files = load(family.reporter).bundle(finding, matrix=matrix or None, finding_path=Path(args.finding).name)
     else:
         files = bundle(finding, matrix=matrix or None, live=live, finding_path=Path(args.finding).name)
     try:
         write_folder_atomic(out, files)
     except OSError as e:
-        raise invalid("--out", str(out), f"cannot be written ({e.strerror or e}); nothing was written; allowed: a writable folder with room for the report") from None
+        raise invalid(
+            "--out",
+            str(out),
+            f"cannot be written ({e.strerror or e}); nothing was written; allowed: a writable folder with room for the report",
+        ) from None
     print(json.dumps({"out": str(out), "files": sorted(files)}, indent=2))
     return 0

@@ -32,19 +32,33 @@ if TYPE_CHECKING:
 HELP = "what the engine builds for a deployment (model + vllm serve or sglang serve flags), or whether a hand geometry is reachable"
 
 
-
 def configure(parser) -> None:
     import argparse
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
-    parser.add_argument("case", nargs="?", help="a case or finding file (a deployment case, or a hand geometry for its reachability)")
+    parser.epilog = (
+        "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
+    )
+    parser.add_argument(
+        "case", nargs="?", help="a case or finding file (a deployment case, or a hand geometry for its reachability)"
+    )
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, metavar="vllm==X", help="vLLM version(s) to resolve with (default: vllm==0.33.0); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl")
+    add_engine_arguments(
+        parser,
+        metavar="vllm==X",
+        help="vLLM version(s) to resolve with (default: vllm==0.33.0); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
+    )
     parser.add_argument("--model", help="a shipped model name or a config.json path (instead of CASE); flags after --")
-    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="with --model: where vLLM would run (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)")
+    parser.add_argument(
+        "--platform",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="with --model: where vLLM would run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)"
+    )
     parser.add_argument("--table", action="store_true", help="the shipped models x TP x KV dtype x MTP table")
     parser.add_argument("--markdown", action="store_true", help="with --table: a markdown table")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -56,15 +70,21 @@ def _deployment_case(args, family: str = DEFAULT_FAMILY):
 
     dep = {"model": args.model, "vllm_args": list(args.flags), "platform": args.platform}
     if family != DEFAULT_FAMILY:  # the flags after -- are that engine's (its registry entry's args_field)
-        dep = {"model": args.model, "engine": family, FAMILIES[family].args_field: list(args.flags), "platform": args.platform}
+        dep = {
+            "model": args.model,
+            "engine": family,
+            FAMILIES[family].args_field: list(args.flags),
+            "platform": args.platform,
+        }
     if args.device is not None:
         dep["device"] = args.device
-    return parse_case({"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+    return parse_case(
+        {"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
+    )
 
 
 def main(args) -> int:
     from engine_adapter.host.versions import DEFAULT_ENGINE
-
     from kvspec.engine_options import engine_specs
 
     engines = engine_specs(args, default=DEFAULT_ENGINE)  # each name parsed once, there
@@ -88,7 +108,11 @@ def main(args) -> int:
     else:
         families = {spec.family for spec in engines}
         if len(families) > 1:
-            raise invalid("--engine", [spec.name for spec in engines], "with --model the flags after -- are one engine's; allowed: engines of one family")
+            raise invalid(
+                "--engine",
+                [spec.name for spec in engines],
+                "with --model the flags after -- are one engine's; allowed: engines of one family",
+            )
         case = _deployment_case(args, families.pop())
     if case.deployment is None:
         return _reachability(case, engines, args)
@@ -113,14 +137,26 @@ def _render(r: dict) -> None:
         return load(printer)(r)
     g, f = r["geometry"], r["facts"]
     groups = ", ".join(f"{x['count']}x {x['kind']} {x['block_size']}" for x in g["groups"])
-    print(f"{r['engine']}  {r['deployment']['model']} on {f['platform']}" + (f"/{f['device']}" if f.get("device") else ""))
+    print(
+        f"{r['engine']}  {r['deployment']['model']} on {f['platform']}" + (f"/{f['device']}" if f.get("device") else "")
+    )
     print(f"  groups:            {groups}")
-    print(f"  scheduler block:   {g['scheduler_block_size']}   hash block: {g['hash_block_size']}   hit alignment: {f.get('cache_hit_alignment_tokens')}")
-    print(f"  Mamba block:       {f.get('mamba_block_size')}   padded Mamba page: {f.get('mamba_page_size_padded')}   mode: {f.get('mamba_cache_mode')}")
-    print(f"  retention:         {g['retention_interval']}   chunk budget: {g['max_num_batched_tokens']}   max_model_len: {f.get('max_model_len')}")
-    print(f"  prefill checkpoints: {g.get('prefill_checkpoint_grid')}   shared-prefix checkpoint: {g.get('shared_prefix_checkpoint')}")
+    print(
+        f"  scheduler block:   {g['scheduler_block_size']}   hash block: {g['hash_block_size']}   hit alignment: {f.get('cache_hit_alignment_tokens')}"
+    )
+    print(
+        f"  Mamba block:       {f.get('mamba_block_size')}   padded Mamba page: {f.get('mamba_page_size_padded')}   mode: {f.get('mamba_cache_mode')}"
+    )
+    print(
+        f"  retention:         {g['retention_interval']}   chunk budget: {g['max_num_batched_tokens']}   max_model_len: {f.get('max_model_len')}"
+    )
+    print(
+        f"  prefill checkpoints: {g.get('prefill_checkpoint_grid')}   shared-prefix checkpoint: {g.get('shared_prefix_checkpoint')}"
+    )
     print(f"  speculative:       {json.dumps(r['speculative'])}   hash lookahead: {f.get('num_hash_lookahead_tokens')}")
-    print(f"  attention backend: {f.get('attention_backend')}   GDN prefill: {f.get('gdn_prefill_backend')}   TP: {f.get('tensor_parallel_size')}   KV dtype: {f.get('cache_dtype')}")
+    print(
+        f"  attention backend: {f.get('attention_backend')}   GDN prefill: {f.get('gdn_prefill_backend')}   TP: {f.get('tensor_parallel_size')}   KV dtype: {f.get('cache_dtype')}"
+    )
     print("  reachable:         yes (vLLM built it)")
     for a in r.get("assumptions", []):
         print(f"  assumption:        {a}")
@@ -131,14 +167,24 @@ def _render_sglang(r: dict) -> None:
     promise reads (or that it is not stated for this cache)."""
     g = r.get("geometry")
     print(f"{r['engine']}  {r['deployment']['model']} (SGLang's ServerArgs pipeline, as on CUDA)")
-    print(f"  strategy:          {r['mamba_radix_cache_strategy']}   extra buffer: {r['extra_buffer']}   page: {r['page_size']}")
+    print(
+        f"  strategy:          {r['mamba_radix_cache_strategy']}   extra buffer: {r['extra_buffer']}   page: {r['page_size']}"
+    )
     print(f"  chunked prefill:   {r['chunked_prefill_size']}   max prefill tokens: {r['max_prefill_tokens']}")
-    print(f"  Mamba chunk:       {r['mamba_cache_chunk_size']}   checkpoint grid: {r['checkpoint_grid']}   track grid: {r['track_grid']} (interval {r['mamba_track_interval']})")
-    print(f"  states per path:   {r['mamba_max_states_per_path']}   speculative: {r['speculative_algorithm']} ({r['speculative_num_draft_tokens']} draft tokens)")
+    print(
+        f"  Mamba chunk:       {r['mamba_cache_chunk_size']}   checkpoint grid: {r['checkpoint_grid']}   track grid: {r['track_grid']} (interval {r['mamba_track_interval']})"
+    )
+    print(
+        f"  states per path:   {r['mamba_max_states_per_path']}   speculative: {r['speculative_algorithm']} ({r['speculative_num_draft_tokens']} draft tokens)"
+    )
     if g:
-        print(f"  the promise reads: block {g['scheduler_block_size']} (full attention and Mamba), chunk budget {g['max_num_batched_tokens']}")
+        print(
+            f"  the promise reads: block {g['scheduler_block_size']} (full attention and Mamba), chunk budget {g['max_num_batched_tokens']}"
+        )
     else:
-        print("  the promise reads: nothing: not stated for this cache (no_buffer keeps a state only where a prefill ends; a states-per-path cap drops them by design)")
+        print(
+            "  the promise reads: nothing: not stated for this cache (no_buffer keeps a state only where a prefill ends; a states-per-path cap drops them by design)"
+        )
 
 
 def _reachability(case, engines, args) -> int:
@@ -157,9 +203,8 @@ def _reachability(case, engines, args) -> int:
 def _table(specs: list[EngineSpec], args) -> int:
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from reference.case import parse_case
-
     from engine_adapter.models.table import table_deployments
+    from reference.case import parse_case
 
     plan = table_deployments(args.device)
     cells: dict[tuple, dict] = {}
@@ -167,16 +212,36 @@ def _table(specs: list[EngineSpec], args) -> int:
     for spec, name in zip(specs, engines):
         with open_engine(spec, warm=warm.enabled()) as engine:
             for row in plan:
-                case = parse_case({"schema": 1, "deployment": row["deployment"], "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+                case = parse_case(
+                    {
+                        "schema": 1,
+                        "deployment": row["deployment"],
+                        "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+                    }
+                )
                 key = (name, row["model"], row["tp"], row["dtype"], row["mtp"])
                 try:
                     r = engine.resolve(case)
                     g, f = r["geometry"], r["facts"]
-                    cells[key] = {"scheduler": g["scheduler_block_size"], "hash": g["hash_block_size"], "mamba": f.get("mamba_block_size"), "alignment": f.get("cache_hit_alignment_tokens") or g["scheduler_block_size"], "grid": g.get("prefill_checkpoint_grid")}
+                    cells[key] = {
+                        "scheduler": g["scheduler_block_size"],
+                        "hash": g["hash_block_size"],
+                        "mamba": f.get("mamba_block_size"),
+                        "alignment": f.get("cache_hit_alignment_tokens") or g["scheduler_block_size"],
+                        "grid": g.get("prefill_checkpoint_grid"),
+                    }
                 except KvspecError as e:
                     cells[key] = {"error": " ".join(str(e).split())[:160]}
     if args.json:
-        print(json.dumps([{"engine": k[0], "model": k[1], "tp": k[2], "kv_dtype": k[3], "mtp": k[4], **v} for k, v in cells.items()], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"engine": k[0], "model": k[1], "tp": k[2], "kv_dtype": k[3], "mtp": k[4], **v}
+                    for k, v in cells.items()
+                ],
+                indent=2,
+            )
+        )
         return 0
     header = ["model", "TP", "KV dtype", "MTP", *engines]
     lines = []
@@ -202,7 +267,9 @@ def _table(specs: list[EngineSpec], args) -> int:
 
         from ground.console import table_console
 
-        t = Table(title=f"scheduler/hash/Mamba block/hit alignment ({args.device or 'h100'}); 'ckpt g': internal prefill checkpoints on grid g")
+        t = Table(
+            title=f"scheduler/hash/Mamba block/hit alignment ({args.device or 'h100'}); 'ckpt g': internal prefill checkpoints on grid g"
+        )
         for h in header:
             t.add_column(h)
         for cols in lines:

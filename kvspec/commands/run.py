@@ -30,8 +30,8 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
-from ground.engines import FAMILIES, Capability, load
 from fuzz.oracle_resolution import COMPARED_KNOBS
+from ground.engines import FAMILIES, Capability, load
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
@@ -45,18 +45,47 @@ def configure(parser) -> None:
     parser.add_argument("case", help="case file (JSON, schema 1) or a finding file")
     from kvspec.engine_options import add_engine_arguments
 
-    add_engine_arguments(parser, help=f"engine to run (default: {DEFAULT_ENGINE}): vllm==X, a build vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl, or sglang==0.5.23 (a deployment case with \"engine\": \"sglang\")")
-    parser.add_argument("--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch")
-    parser.add_argument("--rule", choices=RULE_CHOICES, default="auto", help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)")
+    add_engine_arguments(
+        parser,
+        help=f'engine to run (default: {DEFAULT_ENGINE}): vllm==X, a build vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl, or sglang==0.5.23 (a deployment case with "engine": "sglang")',
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch"
+    )
+    parser.add_argument(
+        "--rule",
+        choices=RULE_CHOICES,
+        default="auto",
+        help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)",
+    )
     parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
     parser.add_argument("--install", action="store_true", help="install the engine environment first if missing")
-    parser.add_argument("--mode", choices=("auto", "inprocess", "worker", "warm"), default="auto", help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)")
-    parser.add_argument("--eagle-groups", choices=("auto", "all", "draft"), default="auto", help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)")
-    parser.add_argument("--tree-core", choices=("python", "rust"), default="python", help="SGLang only: which tree core its UnifiedRadixCache runs (default: %(default)s)")
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "inprocess", "worker", "warm"),
+        default="auto",
+        help="in-process (this interpreter's vLLM), the version's warm engine (started on first use, shared by later commands; auto uses it unless KVSPEC_WARM=0) or a worker of this command's own (default: auto)",
+    )
+    parser.add_argument(
+        "--eagle-groups",
+        choices=("auto", "all", "draft"),
+        default="auto",
+        help="which KV cache groups take the EAGLE drop (default: as this version's engine flags them)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="seconds the case may take (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--tree-core",
+        choices=("python", "rust"),
+        default="python",
+        help="SGLang only: which tree core its UnifiedRadixCache runs (default: %(default)s)",
+    )
 
 
-def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str], verdict) -> None:
+def _render(
+    reference: dict, observed: dict, mismatches: list[dict], engine: str, rule: str, oracle_notes: list[str], verdict
+) -> None:
     """The reference-vs-observed table; a request the model does not
     predict (``concurrent``: it shared scheduler steps) shows the
     observation alone, and ``oracle_notes`` what the oracles that judge it
@@ -69,8 +98,22 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     bad_requests = {m.get("request") for m in mismatches if "request" in m}
     table = Table(title=f"reference (--as {engine} --rule {rule}) vs observed ({engine})")
     who = FAMILIES[family_of(engine)].title
-    for col in ("", "req", "tokens", "hit ref", f"hit {who}", "junction ref", f"junction {who}", "chunk ends ref", f"chunk ends {who}", "Mamba kept ref", f"Mamba kept {who}"):
-        table.add_column(col, justify="right" if col in ("req", "tokens", "hit ref", f"hit {who}") else "left", no_wrap=col == "")
+    for col in (
+        "",
+        "req",
+        "tokens",
+        "hit ref",
+        f"hit {who}",
+        "junction ref",
+        f"junction {who}",
+        "chunk ends ref",
+        f"chunk ends {who}",
+        "Mamba kept ref",
+        f"Mamba kept {who}",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("req", "tokens", "hit ref", f"hit {who}") else "left", no_wrap=col == ""
+        )
     rex, oex = reference.get("explain") or [], observed.get("explain") or []
     for i in range(max(len(rex), len(oex))):
         r = (rex[i] if i < len(rex) else None) or {}
@@ -97,19 +140,26 @@ def _render(reference: dict, observed: dict, mismatches: list[dict], engine: str
     for k in COMPARED_KNOBS if observed.get("knobs") is not None else ():  # SGLang reports no vLLM knobs
         if k in rk or k in ok:
             same = rk.get(k) == ok.get(k)
-            knobs.add_row("[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-")))
+            knobs.add_row(
+                "[green]ok[/green]" if same else "[red]MISMATCH[/red]", k, str(rk.get(k, "-")), str(ok.get(k, "-"))
+            )
     console.print(knobs)
     for note in oracle_notes:
         console.print(f"[red]{note}[/red]", markup=True, highlight=False)
     if len(rex) > reference.get("predicted", len(rex)) and verdict.verdict == "agrees":
-        console.print(f"requests {reference['predicted']}..{len(rex) - 1} shared scheduler steps: the model predicts none of them; "
-                      "none resumes past what a request sent before it computed; no oracle that judges concurrent steps fires (stale, block_table)")
+        console.print(
+            f"requests {reference['predicted']}..{len(rex) - 1} shared scheduler steps: the model predicts none of them; "
+            "none resumes past what a request sent before it computed; no oracle that judges concurrent steps fires (stale, block_table)"
+        )
     if observed.get("error"):
         e = observed["error"]
         console.print(f"[red]{who} raised[/red] in {e.get('phase')} (request {e.get('request')}): {e.get('message')}")
     if observed.get("resolution") and observed["resolution"].get("geometry"):
         g = observed["resolution"]["geometry"]
-        console.print(f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}", highlight=False)
+        console.print(
+            f"deployment resolved by {engine}: scheduler block {g['scheduler_block_size']}, hash block {g['hash_block_size']}",
+            highlight=False,
+        )
     if verdict.verdict == "agrees":  # the judge's verdict (it agrees only where nothing mismatches)
         console.print(f"[green]reference and {who} agree[/green]")
     else:
@@ -142,8 +192,8 @@ def _sglang_reference(case, observed: dict, name: str, rule: str, judged) -> tup
 
 
 def main(args) -> int:
-    from kvspec.engine_options import engine_specs
     from ground.errors import invalid
+    from kvspec.engine_options import engine_specs
 
     seconds("--timeout", args.timeout)
     if args.engine and len(args.engine) > 1:
@@ -153,13 +203,21 @@ def main(args) -> int:
     version = spec.version
     family = spec.family_entry
     name, title = spec.name, family.title
-    if (case.deployment is not None and case.deployment.engine != spec.family) or (case.deployment is None and not family.supports(Capability.GEOMETRY)):
-        raise invalid("--engine", spec.name, f"the case's deployment is for {case.deployment.engine if case.deployment else 'vllm (a hand geometry)'}; allowed: an engine of that family")
+    if (case.deployment is not None and case.deployment.engine != spec.family) or (
+        case.deployment is None and not family.supports(Capability.GEOMETRY)
+    ):
+        raise invalid(
+            "--engine",
+            spec.name,
+            f"the case's deployment is for {case.deployment.engine if case.deployment else 'vllm (a hand geometry)'}; allowed: an engine of that family",
+        )
     reference = None
     # a build is compared with kvspec's promise: the implemented rule is its release's
     rule = ("promise" if spec.is_build else implemented_rule(version)) if args.rule == "auto" else args.rule
     if family.own_rule and args.rule == "auto" and not spec.is_build:
-        rule = load(family.own_rule)  # the family's own model of the rule it implements (SGLang: reference.sglang_prefill)
+        rule = load(
+            family.own_rule
+        )  # the family's own model of the rule it implements (SGLang: reference.sglang_prefill)
     from reference.predict import predict
 
     if args.compare and case.geometry is not None and case.deployment is None:
@@ -169,7 +227,9 @@ def main(args) -> int:
 
     with open_engine(spec, mode=args.mode, install=args.install, warm=warm.enabled()) as engine:
         # the options its driver takes; "cold" (a cold engine beside the cached one) comes with --compare
-        options = {option: bool(args.compare) if option == "cold" else getattr(args, option) for option in family.run_options}
+        options = {
+            option: bool(args.compare) if option == "cold" else getattr(args, option) for option in family.run_options
+        }
         if engine.mode in ("worker", "warm"):
             observed = engine.run(case, options, timeout=args.timeout)
         else:
@@ -180,7 +240,10 @@ def main(args) -> int:
     if harness is not None:
         print(json.dumps(observed, indent=2))
         sys.stdout.flush()
-        print(f"kvspec: engine={name}: did not run the case (kvspec's own failure, not {title}'s): {' '.join(harness.split())[:300]}", file=sys.stderr)
+        print(
+            f"kvspec: engine={name}: did not run the case (kvspec's own failure, not {title}'s): {' '.join(harness.split())[:300]}",
+            file=sys.stderr,
+        )
         return 3
     if not args.compare:
         print(json.dumps(observed, indent=2))
@@ -195,11 +258,17 @@ def main(args) -> int:
     if reference is None and family.own_reference and observed.get("resolution") and not observed.get("error"):
         reference, rule_notes = load(family.own_reference)(case, observed, name, rule, judged)
     if reference is None:
-        if judged.geometry is None and not family.supports(Capability.EVERY_CACHE_STATED) and observed.get("resolution"):
+        if (
+            judged.geometry is None
+            and not family.supports(Capability.EVERY_CACHE_STATED)
+            and observed.get("resolution")
+        ):
             from ground.errors import Unsupported
 
-            raise Unsupported(f"--compare: {title} resolved {case.deployment.describe()} to a cache the promise is not stated for "
-                              f"(strategy {observed['resolution'].get('mamba_radix_cache_strategy')}: a state only where a prefill ends); allowed: run without --compare")
+            raise Unsupported(
+                f"--compare: {title} resolved {case.deployment.describe()} to a cache the promise is not stated for "
+                f"(strategy {observed['resolution'].get('mamba_radix_cache_strategy')}: a state only where a prefill ends); allowed: run without --compare"
+            )
         if judged.geometry is None:  # the engine raised before it resolved the deployment
             reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
         else:
@@ -214,16 +283,53 @@ def main(args) -> int:
     if judged.geometry is not None:
         from fuzz.oracles import CONCURRENT_ORACLES, SAFETY_ORACLES, check_all, oracles_for
 
-        asked = tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution")) if is_concurrent(case) else ()
-        concurrent = check_all(judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES))))
+        asked = (
+            tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution"))
+            if is_concurrent(case)
+            else ()
+        )
+        concurrent = check_all(
+            judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES)))
+        )
     elif not observed.get("error"):  # no geometry the promise is stated for: safety still, a resumed state's content
         from fuzz.oracles import check_resumed_state
 
         concurrent = check_resumed_state(judged, version, observed)
-    verdict = judge(Target(reference["hits"], rule, reference["queries"], {k: rk[k] for k in COMPARED_KNOBS if k in rk}, reference.get("bounds")), observed, concurrent)
+    verdict = judge(
+        Target(
+            reference["hits"],
+            rule,
+            reference["queries"],
+            {k: rk[k] for k in COMPARED_KNOBS if k in rk},
+            reference.get("bounds"),
+        ),
+        observed,
+        concurrent,
+    )
     if args.json:
-        print(json.dumps({"engine": name, "rule": rule, "verdict": verdict.verdict, "reasons": verdict.reasons, "reference": reference, "observed": observed, "mismatches": mismatches}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "engine": name,
+                    "rule": rule,
+                    "verdict": verdict.verdict,
+                    "reasons": verdict.reasons,
+                    "reference": reference,
+                    "observed": observed,
+                    "mismatches": mismatches,
+                },
+                indent=2,
+            )
+        )
     else:
-        _render(reference, observed, mismatches, name, rule, [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent] + rule_notes, verdict)
+        _render(
+            reference,
+            observed,
+            mismatches,
+            name,
+            rule,
+            [f"{d.oracle} fires at request {d.first}: {d.detail}" for d in concurrent] + rule_notes,
+            verdict,
+        )
     sys.stdout.flush()
     return verdict.exit_code

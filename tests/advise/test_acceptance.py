@@ -66,7 +66,18 @@ def test_53504_on_0_33_0_loses_nothing(engines, tmp_path):
 
 
 def test_interleaved_conversations_on_0_33_0_the_recommendation_removes_the_loss(engines, tmp_path):
-    case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"}, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {
+                "model": "qwen3_next",
+                "vllm_args": ["--enable-prefix-caching"],
+                "platform": "cuda",
+                "device": "h100",
+            },
+            "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+        }
+    )
     workload = workloads.build("interleaved", {})
     src, advice, checked = _advise(engines, "0.33.0", case, workload, tmp_path)
     assert advice["totals"]["lost_tokens"] > 0
@@ -85,7 +96,16 @@ def test_interleaved_conversations_on_0_33_0_the_recommendation_removes_the_loss
 def test_a_disagreement_is_a_reference_finding(engines, tmp_path):
     """A model answer that is wrong (made wrong here) is caught by the
     engine and written as a finding; nothing is averaged away."""
-    case = parse_case({"schema": 1, "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}], "retention_interval": 0}, "trace": [{"prompt": [{"segment": "A", "length": 40}]}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": {
+                "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                "retention_interval": 0,
+            },
+            "trace": [{"prompt": [{"segment": "A", "length": 40}]}],
+        }
+    )
     src = source.Source("hand", "vllm==0.33.0", case.geometry, None, {}, [], describe="hand")
     workload = workloads.build("resend", {"requests": 3, "prompt_tokens": 40})
     resolved = src.case(workload.requests)
@@ -99,4 +119,7 @@ def test_a_disagreement_is_a_reference_finding(engines, tmp_path):
     judged, finding = load_finding(path)
     assert finding["oracle"] == "reference" and finding["first_divergence"] == 1
     assert finding["expected"]["hits"][1] == finding["observed"]["hits"][1] + 16
-    assert json.loads(open(path).read())["case"]["trace"] == [{"prompt": [{"segment": "A", "length": 40}], "max_tokens": 1}] * 3
+    assert (
+        json.loads(open(path).read())["case"]["trace"]
+        == [{"prompt": [{"segment": "A", "length": 40}], "max_tokens": 1}] * 3
+    )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from advise import model, workloads
-from reference.case import Case
 from ground.errors import Unsupported
+from reference.case import Case
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.serial import simulate
 from tests.conftest import MTP, MTP_DROP, hybrid, make_case
@@ -24,11 +24,20 @@ def _seed(spec=MTP_DROP):
     return make_case(hybrid(1600, 1600), [[("A", 1)]], spec)
 
 
-@pytest.mark.parametrize("version, spec, first, any_, promise", [
-    ("0.29.0", MTP_DROP, None, 3201, 3201),  # #53504: no first resend ever hits; a second one does from 2 blocks + 1
-    ("0.33.0", MTP, 1601, 1601, 1601),  # lookahead hashes instead of the drop
-    ("0.33.0", None, 1601, 1601, 1601),
-])
+@pytest.mark.parametrize(
+    "version, spec, first, any_, promise",
+    [
+        (
+            "0.29.0",
+            MTP_DROP,
+            None,
+            3201,
+            3201,
+        ),  # #53504: no first resend ever hits; a second one does from 2 blocks + 1
+        ("0.33.0", MTP, 1601, 1601, 1601),  # lookahead hashes instead of the drop
+        ("0.33.0", None, 1601, 1601, 1601),
+    ],
+)
 def test_minimum_cacheable_prefix_on_the_seed_geometry(version, spec, first, any_, promise):
     case = _seed(spec)
     got = model.min_cacheable_prefix(case.geometry, case.speculative, version)
@@ -66,14 +75,23 @@ def _takes(raw, spec, version) -> bool:
     return True
 
 
-BREAKPOINT_CASES = [(raw, spec, v) for raw, spec in SMALL for v in ("0.29.0", "0.30.0", "0.33.0") if _takes(raw, spec, v)]
+BREAKPOINT_CASES = [
+    (raw, spec, v) for raw, spec in SMALL for v in ("0.29.0", "0.30.0", "0.33.0") if _takes(raw, spec, v)
+]
 
 
 def test_only_the_internal_checkpoints_before_0_32_0_are_left_out_of_the_breakpoint_search():
     """The combinations the next test leaves out are those a version refuses
     (internal prefill checkpoints before 0.32.0), nothing else."""
-    left_out = [(raw, spec, v) for raw, spec in SMALL for v in ("0.29.0", "0.30.0", "0.33.0") if (raw, spec, v) not in BREAKPOINT_CASES]
-    assert sorted(v for _, _, v in left_out) == ["0.29.0", "0.30.0"] and all(raw.get("prefill_checkpoint_grid") for raw, _, _ in left_out), left_out
+    left_out = [
+        (raw, spec, v)
+        for raw, spec in SMALL
+        for v in ("0.29.0", "0.30.0", "0.33.0")
+        if (raw, spec, v) not in BREAKPOINT_CASES
+    ]
+    assert sorted(v for _, _, v in left_out) == ["0.29.0", "0.30.0"] and all(
+        raw.get("prefill_checkpoint_grid") for raw, _, _ in left_out
+    ), left_out
 
 
 @pytest.mark.parametrize("raw, spec, version", BREAKPOINT_CASES)
@@ -83,9 +101,15 @@ def test_breakpoints_find_the_shortest_hitting_prompt(raw, spec, version):
     case = make_case(raw, [[("A", 1)]], spec)
     g = case.geometry
     limit = model.search_limit(g, None)
-    for rule, geo, first in ((implemented_rule(version), g, True), (implemented_rule(version), g, False), ("promise", g, True)):
+    for rule, geo, first in (
+        (implemented_rule(version), g, True),
+        (implemented_rule(version), g, False),
+        ("promise", g, True),
+    ):
         found = model.first_hitting(geo, case.speculative, version, rule, limit, first_resend=first)
-        expected = _brute(geo, case.speculative, version, rule, 2 if first else model.RESENDS, (found or (limit, None))[0])
+        expected = _brute(
+            geo, case.speculative, version, rule, 2 if first else model.RESENDS, (found or (limit, None))[0]
+        )
         assert (found[0] if found else None) == expected, (rule, first)
 
 
@@ -113,7 +137,12 @@ def test_recommend_takes_the_fewest_states_within_one_percent():
     assert model.recommend(rows)["interval"] == 32
     rows[0]["hit_tokens"] = 990  # exactly 99% of the best
     assert model.recommend(rows)["interval"] == 0
-    assert model.recommend([{"interval": 0, "hit_tokens": 0, "states": 0}, {"interval": None, "hit_tokens": 0, "states": 3}])["interval"] == 0
+    assert (
+        model.recommend(
+            [{"interval": 0, "hit_tokens": 0, "states": 0}, {"interval": None, "hit_tokens": 0, "states": 3}]
+        )["interval"]
+        == 0
+    )
 
 
 def test_advice_for_53504_on_the_model():
@@ -149,9 +178,18 @@ def test_state_counts_are_distinct_prefixes():
     from reference.case import prompt_tokens
 
     cases = [
-        (make_case(hybrid(16, 16, retention_interval=None, max_num_batched_tokens=32), [[("S", 64), ("A", 20)], [("S", 64), ("B", 20)], [("S", 64), ("A", 40)], [("S", 64), ("A", 20)]]), "0.33.0"),
+        (
+            make_case(
+                hybrid(16, 16, retention_interval=None, max_num_batched_tokens=32),
+                [[("S", 64), ("A", 20)], [("S", 64), ("B", 20)], [("S", 64), ("A", 40)], [("S", 64), ("A", 20)]],
+            ),
+            "0.33.0",
+        ),
         (make_case(hybrid(16, 16), [[("A", 67)]] * 3, MTP_DROP), "0.29.0"),
-        (make_case(hybrid(16, 16, retention_interval=None), [[("A", 64)]] * 3), "0.33.0"),  # the resend recomputes (and keeps) the state at 64 it cannot hit (cap 63)
+        (
+            make_case(hybrid(16, 16, retention_interval=None), [[("A", 64)]] * 3),
+            "0.33.0",
+        ),  # the resend recomputes (and keeps) the state at 64 it cannot hit (cap 63)
     ]
     duplicates = 0
     for case, version in cases:
@@ -166,5 +204,12 @@ def test_state_counts_are_distinct_prefixes():
         duplicates += sum(len(k) for k in kept) - len(keys)
         for i, r in enumerate(case.trace):  # held on a prompt = every kept state on its path
             toks = prompt_tokens(r)
-            assert held[i] == sorted({p for j in range(i + 1) for p in kept[j] if prompt_tokens(case.trace[j])[: p + L] == toks[: p + L] and p + L <= len(toks)})
+            assert held[i] == sorted(
+                {
+                    p
+                    for j in range(i + 1)
+                    for p in kept[j]
+                    if prompt_tokens(case.trace[j])[: p + L] == toks[: p + L] and p + L <= len(toks)
+                }
+            )
     assert duplicates > 0

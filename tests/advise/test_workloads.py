@@ -9,8 +9,8 @@ import json
 import pytest
 
 from advise import workloads
-from reference.case import prompt_tokens
 from ground.errors import InvalidArgument
+from reference.case import prompt_tokens
 
 
 def _tokens(w):
@@ -80,7 +80,17 @@ def _write(tmp_path, lines):
 
 
 def test_trace_of_token_counts_keeps_prefix_relations(tmp_path):
-    path = _write(tmp_path, [{"tokens": 1000}, {"tokens": 1500, "shares": {"request": 0, "tokens": 1000}}, {"tokens": 1200, "shares": {"request": 0, "tokens": 1000}}, "", {"tokens": 1800, "shares": {"request": 1, "tokens": 1500}}, {"tokens": 700, "shares": {"request": 3, "tokens": 600}, "max_tokens": 4}])
+    path = _write(
+        tmp_path,
+        [
+            {"tokens": 1000},
+            {"tokens": 1500, "shares": {"request": 0, "tokens": 1000}},
+            {"tokens": 1200, "shares": {"request": 0, "tokens": 1000}},
+            "",
+            {"tokens": 1800, "shares": {"request": 1, "tokens": 1500}},
+            {"tokens": 700, "shares": {"request": 3, "tokens": 600}, "max_tokens": 4},
+        ],
+    )
     w = workloads.load_trace(path)
     toks = _tokens(w)
     assert [len(t) for t in toks] == [1000, 1500, 1200, 1800, 700]
@@ -93,21 +103,33 @@ def test_trace_of_token_counts_keeps_prefix_relations(tmp_path):
 
 
 def test_trace_of_prompts(tmp_path):
-    path = _write(tmp_path, [{"prompt": [{"segment": "A", "length": 50}]}, {"prompt": [{"segment": "A", "length": 80}], "max_tokens": 2}])
+    path = _write(
+        tmp_path,
+        [{"prompt": [{"segment": "A", "length": 50}]}, {"prompt": [{"segment": "A", "length": 80}], "max_tokens": 2}],
+    )
     w = workloads.load_trace(path)
     assert [r.num_prompt_tokens for r in w.requests] == [50, 80]
 
 
-@pytest.mark.parametrize("lines, message", [
-    (["{not json"], r"^--trace line 1="),
-    ([{"tokens": 0}], r"^--trace line 1\.tokens=0: must be an integer in \[1, "),
-    ([{"tokens": 10, "shares": {"request": 0, "tokens": 5}}], r"^--trace line 1\.shares\.request=0: the first request shares with none"),
-    ([{"tokens": 10}, {"tokens": 10, "shares": {"request": 0, "tokens": 11}}], r"^--trace line 2\.shares\.tokens=11: must be an integer in \[0, 10\]"),
-    ([{"tokens": 10}, {"prompt": [{"segment": "A", "length": 5}]}], r"^--trace line 2=.*one form per file"),
-    ([{"tokens": 10, "text": "hi"}], r"^--trace line 1\.text='hi': unknown field"),
-    ([{"prompt": [{"segment": "A", "length": -1}]}], r"^--trace line 1: trace\[0\]\.prompt\[0\]\.length=-1"),
-    ([], r"^--trace=0: has no request"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["{not json"], r"^--trace line 1="),
+        ([{"tokens": 0}], r"^--trace line 1\.tokens=0: must be an integer in \[1, "),
+        (
+            [{"tokens": 10, "shares": {"request": 0, "tokens": 5}}],
+            r"^--trace line 1\.shares\.request=0: the first request shares with none",
+        ),
+        (
+            [{"tokens": 10}, {"tokens": 10, "shares": {"request": 0, "tokens": 11}}],
+            r"^--trace line 2\.shares\.tokens=11: must be an integer in \[0, 10\]",
+        ),
+        ([{"tokens": 10}, {"prompt": [{"segment": "A", "length": 5}]}], r"^--trace line 2=.*one form per file"),
+        ([{"tokens": 10, "text": "hi"}], r"^--trace line 1\.text='hi': unknown field"),
+        ([{"prompt": [{"segment": "A", "length": -1}]}], r"^--trace line 1: trace\[0\]\.prompt\[0\]\.length=-1"),
+        ([], r"^--trace=0: has no request"),
+    ],
+)
 def test_malformed_trace_lines_are_one_line(tmp_path, lines, message):
     with pytest.raises(InvalidArgument, match=message) as e:
         workloads.load_trace(_write(tmp_path, lines) if lines else _write(tmp_path, [""]))

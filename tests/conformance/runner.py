@@ -7,13 +7,13 @@ the engine runs in its own environment (``engine_adapter.host.engine``).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 from fuzz.oracles import held_states as oracle_held_states
-from reference.case import Case, load_case
 from ground.files import load_json
+from reference.case import Case, load_case
 from reference.knobs import implemented_rule
 from reference.predict import predict
 
@@ -53,7 +53,7 @@ def rule() -> str:
     return implemented_rule(VERSION)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reference(case_path: str) -> str:
     return json.dumps(predict(load(case_path), VERSION, rule()))
 
@@ -197,7 +197,9 @@ def compare(ref: dict, eng: dict) -> list[str]:
         if list(r["chunk_ends"]) != engine_chunk_ends(e):
             out.append(f"chunk_ends[{i}]: reference {r['chunk_ends']}, engine {e['chunk_ends']}")
     if ref["explain"] and held_states(ref["explain"][0]) != held_states(eng["explain"][0]):
-        out.append(f"states[0]: reference {sorted(held_states(ref['explain'][0]))}, engine {sorted(held_states(eng['explain'][0]))}")
+        out.append(
+            f"states[0]: reference {sorted(held_states(ref['explain'][0]))}, engine {sorted(held_states(eng['explain'][0]))}"
+        )
     return out
 
 
@@ -217,7 +219,9 @@ class EngineRuns:
             result = self._get().run(load(case_path), options or {})
             if result.get("error"):
                 err = result["error"]
-                raise RuntimeError(f"{case_path}: vLLM raised in {err.get('phase')}: {err.get('type')}: {err.get('message')}")
+                raise RuntimeError(
+                    f"{case_path}: vLLM raised in {err.get('phase')}: {err.get('type')}: {err.get('message')}"
+                )
             self._runs[key] = result
         return self._runs[key]
 

@@ -51,16 +51,29 @@ def drawn_cases(engine, strategy: str, n: int, seed: int) -> list:
         except Exception:  # SGLang refused it: drawn again, as the campaign does
             continue
         facts = r.get("facts") or {}
-        info = {"block": facts.get("block", 64), "hash": facts.get("hash", 64), "max_model_len": facts.get("max_model_len")}
+        info = {
+            "block": facts.get("block", 64),
+            "hash": facts.get("hash", 64),
+            "max_model_len": facts.get("max_model_len"),
+        }
         out.append(sglang_case_on(c, dep, info, f"drawn-{strategy}-{k}"))
     return out
 
 
 def compare(engine, case) -> dict:
     obs = engine.run(case, {"tree_core": "python"})
-    row = {"case": case.name, "args": " ".join(case.deployment.sglang_args), "model": case.deployment.model, "engine": obs.get("hits")}
+    row = {
+        "case": case.name,
+        "args": " ".join(case.deployment.sglang_args),
+        "model": case.deployment.model,
+        "engine": obs.get("hits"),
+    }
     if obs.get("error") or not obs.get("resolution"):
-        row.update(model_hits=None, agrees=False, note=f"engine error: {(obs.get('error') or {}).get('message', 'no resolution')}"[:200])
+        row.update(
+            model_hits=None,
+            agrees=False,
+            note=f"engine error: {(obs.get('error') or {}).get('message', 'no resolution')}"[:200],
+        )
         return row
     setting = SglangSetting.from_resolution(obs["resolution"])
     steps = simulate(case, setting)
@@ -86,7 +99,9 @@ def main(argv=None) -> int:
     engine.start()
     rows = []
     try:
-        groups = [("example", example_cases())] + [(s, drawn_cases(engine, s, args.cases, args.seed)) for s in STRATEGY_NAMES]
+        groups = [("example", example_cases())] + [
+            (s, drawn_cases(engine, s, args.cases, args.seed)) for s in STRATEGY_NAMES
+        ]
         for group, cases in groups:
             for case in cases:
                 rows.append({"group": group, **compare(engine, case)})
@@ -98,10 +113,14 @@ def main(argv=None) -> int:
         print("| group | case | flags | SGLang hits | replay rule | stale resumes | agrees |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['group']} | {r['case']} | {r['args']} | {r['engine']} | {r.get('model_hits')} | {r.get('stale') or ''} | {'yes' if r['agrees'] else 'NO ' + r.get('note', '')} |")
+            print(
+                f"| {r['group']} | {r['case']} | {r['args']} | {r['engine']} | {r.get('model_hits')} | {r.get('stale') or ''} | {'yes' if r['agrees'] else 'NO ' + r.get('note', '')} |"
+            )
         for group in ("example",) + STRATEGY_NAMES:
             g = [r for r in rows if r["group"] == group]
-            print(f"{group}: {sum(r['agrees'] for r in g)}/{len(g)} agree; {sum(bool(r.get('stale')) for r in g)} with a stale resume")
+            print(
+                f"{group}: {sum(r['agrees'] for r in g)}/{len(g)} agree; {sum(bool(r.get('stale')) for r in g)} with a stale resume"
+            )
     return 0 if rows and all(r["agrees"] for r in rows) else 1
 
 

@@ -94,7 +94,14 @@ def render(runs: dict) -> str:
     rows, disagreements = [], []
     for e in man["entries"]:
         if not e["expressed"]:
-            rows.append([_where(e), _cell(e["asserts"]), "—", _cell(f"`{e['id']}`; **not expressible** ({e['category']}): {e['reason']}")])
+            rows.append(
+                [
+                    _where(e),
+                    _cell(e["asserts"]),
+                    "—",
+                    _cell(f"`{e['id']}`; **not expressible** ({e['category']}): {e['reason']}"),
+                ]
+            )
             continue
         expect = "; ".join(f"{show(c, c['expect'])} (:{c['line']})" for c in e["checks"])
         parts = []
@@ -105,7 +112,9 @@ def render(runs: dict) -> str:
             ok = all(v == c["expect"] for v in vals.values())
             parts.append(f"{shown} {OK if ok else BAD}")
             if "xfail" in c:
-                disagreements.append(f"- `{e['id']}` ({e['source'].rsplit('/', 1)[-1].rsplit(':', 1)[0]}:{c['line']}): expected {show(c, c['expect'])}, observed {shown}. {c['xfail']}")
+                disagreements.append(
+                    f"- `{e['id']}` ({e['source'].rsplit('/', 1)[-1].rsplit(':', 1)[0]}:{c['line']}): expected {show(c, c['expect'])}, observed {shown}. {c['xfail']}"
+                )
         notes = [f"`{e['id']}`", f"case `{e['case']}`", f"adapted: {e['adaptation']}" if e["adaptation"] else "exact"]
         notes += [f"**disagrees (xfail)** at :{c['line']}" for c in e["checks"] if "xfail" in c]
         rows.append([_where(e), _cell(f"{e['asserts']}: {expect}"), _cell("; ".join(parts)), _cell("; ".join(notes))])
@@ -143,7 +152,7 @@ def render(runs: dict) -> str:
         "- `test_mamba_unittest.py` (at `024f9a6860ce`): pool and `MambaRadixCache` tests whose match asserts all follow",
         "  a hand `evict` (eviction), plus KV-event, LRU-order and allocator accounting (internal); no entry expressible.",
         "- Two more `MambaRadixCache` test files were seen only by content search (no path to cite): a `--mamba-checkpoint-interval`",
-        "  suite (a flag 0.5.23 does not have) and an eviction \"gauntlet\".",
+        '  suite (a flag 0.5.23 does not have) and an eviction "gauntlet".',
         "",
         "## Table",
         "",

@@ -45,7 +45,15 @@ def render(engine_runs: EngineRuns) -> str:
     for e in entries:
         if not e["expressible"]:
             tally[f"cat:{e['category']}"] += 1
-            rows.append([_where(e["vllm_test"]), _cell(e["asserts"]), "—", "—", _cell(f"`{e['id']}`; **not expressible** ({e['category']}): {e['reason']}")])
+            rows.append(
+                [
+                    _where(e["vllm_test"]),
+                    _cell(e["asserts"]),
+                    "—",
+                    "—",
+                    _cell(f"`{e['id']}`; **not expressible** ({e['category']}): {e['reason']}"),
+                ]
+            )
             continue
         expect = "; ".join(f"{runner.describe(c)} (:{c['line']})" for c in e["checks"] if c["role"] == "expect")
         ref_text, ref_ok = _observed(e, runner.reference(e["case"]))
@@ -63,7 +71,15 @@ def render(engine_runs: EngineRuns) -> str:
             notes.append(e["note"])
         if e["not_expressed"]:
             notes.append(f"not expressed: {e['not_expressed']}")
-        rows.append([_where(e["vllm_test"]), _cell(f"{e['asserts']}: {expect}"), _cell(ref_text), _cell(eng_text), _cell("; ".join(notes))])
+        rows.append(
+            [
+                _where(e["vllm_test"]),
+                _cell(f"{e['asserts']}: {expect}"),
+                _cell(ref_text),
+                _cell(eng_text),
+                _cell("; ".join(notes)),
+            ]
+        )
 
     known = man["reference_vs_engine_xfail"]
     diffs = {}
@@ -72,7 +88,9 @@ def render(engine_runs: EngineRuns) -> str:
         if d:
             diffs[path] = d
     flagged = [e for e in expressed if e["engine_options"]]
-    same_flags = sum(not runner.compare(engine_runs.run(e["case"]), engine_runs.run(e["case"], e["engine_options"])) for e in flagged)
+    same_flags = sum(
+        not runner.compare(engine_runs.run(e["case"]), engine_runs.run(e["case"], e["engine_options"])) for e in flagged
+    )
     n_cases = len(runner.case_paths())
     n_expr = len(expressed)
     cats = sorted((k.removeprefix("cat:"), v) for k, v in tally.items() if k.startswith("cat:"))

@@ -75,7 +75,9 @@ def test_manifest_is_well_formed():
         assert re.fullmatch(r"[0-9a-f]{40}", e["commit"]), e["id"]
         assert e["asserts"].strip() and e["test"].strip(), e["id"]
         if e["expressed"]:
-            assert e["fidelity"] in ("exact", "adapted") and (e["fidelity"] == "adapted") == bool(e["adaptation"]), e["id"]
+            assert e["fidelity"] in ("exact", "adapted") and (e["fidelity"] == "adapted") == bool(e["adaptation"]), e[
+                "id"
+            ]
             assert e["checks"], e["id"]
             for c in e["checks"]:
                 assert c["field"] in MAN["observation"] and c["line"] > 0 and c["what"].strip(), (e["id"], c)
@@ -117,7 +119,9 @@ def test_docs_counts_match_the_manifest():
 def test_sglang_engine_gives_the_tests_value(runs, entry, check, core):
     obs = runs(entry["case"], core)
     value = table.observed(obs, check)
-    assert value == check["expect"], f"{entry['source']}: {table.show(check, value)}, the test asserts {table.show(check, check['expect'])}"
+    assert value == check["expect"], (
+        f"{entry['source']}: {table.show(check, value)}, the test asserts {table.show(check, check['expect'])}"
+    )
 
 
 def test_both_tree_cores_agree_and_resumed_states_are_their_tokens(runs):
@@ -125,7 +129,8 @@ def test_both_tree_cores_agree_and_resumed_states_are_their_tokens(runs):
         by_core = {core: runs(path, core) for core in CORES}
         first = by_core[CORES[0]]
         for core, obs in by_core.items():
-            assert [(e["hit"], e["branching"], e["chunk_ends"], e["tracked"]) for e in obs["explain"]] == \
-                   [(e["hit"], e["branching"], e["chunk_ends"], e["tracked"]) for e in first["explain"]], (path, core)
+            assert [(e["hit"], e["branching"], e["chunk_ends"], e["tracked"]) for e in obs["explain"]] == [
+                (e["hit"], e["branching"], e["chunk_ends"], e["tracked"]) for e in first["explain"]
+            ], (path, core)
             for e in obs["explain"]:
                 assert e["hit"] == 0 or e["resumed_state"] == {"tokens": e["hit"], "same_tokens": True}, (path, core, e)

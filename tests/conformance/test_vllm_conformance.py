@@ -42,7 +42,10 @@ def _params(side: str):
 
 def _case_params():
     known = runner.manifest()["reference_vs_engine_xfail"]
-    return [pytest.param(p, id=p, marks=[pytest.mark.xfail(strict=True, reason=known[p])] if p in known else []) for p in runner.case_paths()]
+    return [
+        pytest.param(p, id=p, marks=[pytest.mark.xfail(strict=True, reason=known[p])] if p in known else [])
+        for p in runner.case_paths()
+    ]
 
 
 # --------------------------------------------------------- the manifest itself
@@ -105,7 +108,9 @@ def test_reference_reproduces_the_tests_setup(entry):
     (chunking, the resume point) on the reference model."""
     case = runner.load(entry["case"])
     result = runner.reference(entry["case"])
-    problems = runner.knob_failures(entry, result["knobs"], case, engine=False) + runner.failures(entry, result, "setup")
+    problems = runner.knob_failures(entry, result["knobs"], case, engine=False) + runner.failures(
+        entry, result, "setup"
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -129,7 +134,9 @@ def engine_runs(engines):
 def test_engine_reproduces_the_tests_setup(entry, engine_runs):
     case = runner.load(entry["case"])
     result = engine_runs.run(entry["case"], entry["engine_options"])
-    problems = runner.knob_failures(entry, result["knobs"], case, engine=True, options=entry["engine_options"]) + runner.failures(entry, result, "setup")
+    problems = runner.knob_failures(
+        entry, result["knobs"], case, engine=True, options=entry["engine_options"]
+    ) + runner.failures(entry, result, "setup")
     assert not problems, "\n".join(problems)
 
 
@@ -162,14 +169,41 @@ def test_committed_table_is_current(engine_runs):
 def test_runner_checks_can_fail():
     """The check evaluator rejects a wrong value of every kind (guards the
     harness against passing anything)."""
-    result = {"hits": [0, 6], "explain": [
-        {"prompt_tokens": 7, "junction": 0, "chunk_ends": [6, 7], "retained_mamba_blocks": {"4": []}, "retained_mamba_tokens": {"4": [6]}},
-        {"prompt_tokens": 8, "junction": 0, "chunk_ends": [8], "retained_mamba_blocks": {"4": [1]}, "retained_mamba_tokens": None},
-    ]}
-    good = [build.hit(1, 6, 1), build.junction(1, 0, 1), build.chunk_ends(0, [6, 7], 1), build.chunk(1, 6, 8, 1),
-            build.states(0, 1, includes=[6]), build.states(1, 1, exactly=[8])]
-    bad = [build.hit(1, 4, 1), build.junction(1, 32, 1), build.chunk_ends(0, [7], 1), build.chunk(1, 0, 8, 1),
-           build.states(0, 1, excludes=[6]), build.states(1, 1, exactly=[4, 8])]
+    result = {
+        "hits": [0, 6],
+        "explain": [
+            {
+                "prompt_tokens": 7,
+                "junction": 0,
+                "chunk_ends": [6, 7],
+                "retained_mamba_blocks": {"4": []},
+                "retained_mamba_tokens": {"4": [6]},
+            },
+            {
+                "prompt_tokens": 8,
+                "junction": 0,
+                "chunk_ends": [8],
+                "retained_mamba_blocks": {"4": [1]},
+                "retained_mamba_tokens": None,
+            },
+        ],
+    }
+    good = [
+        build.hit(1, 6, 1),
+        build.junction(1, 0, 1),
+        build.chunk_ends(0, [6, 7], 1),
+        build.chunk(1, 6, 8, 1),
+        build.states(0, 1, includes=[6]),
+        build.states(1, 1, exactly=[8]),
+    ]
+    bad = [
+        build.hit(1, 4, 1),
+        build.junction(1, 32, 1),
+        build.chunk_ends(0, [7], 1),
+        build.chunk(1, 0, 8, 1),
+        build.states(0, 1, excludes=[6]),
+        build.states(1, 1, exactly=[4, 8]),
+    ]
     entry = {"checks": good + bad}
     verdicts = [ok for _, _, ok in runner.evaluate(entry, result)]
     assert verdicts == [True] * len(good) + [False] * len(bad), json.dumps(verdicts)

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from ground.files import write_text_atomic
 from ground.errors import EngineError
+from ground.files import write_text_atomic
 
 
 def square(task: dict) -> dict:

@@ -88,19 +88,28 @@ def test_tasks_complete_once_each_keyed_by_id(cluster, tmp_path):
     tasks = [{"id": f"t{i}", "x": i} for i in range(6)]
     results = run_tasks(T.square, tasks, ray_address=cluster, out=tmp_path, retries=1, timeout_s=60)
     assert [r["id"] for r in results] == [t["id"] for t in tasks]
-    assert [(r["status"], r["mode"], r["attempt"], r["result"]["square"]) for r in results] == [("ok", "ray", 0, i * i) for i in range(6)]
+    assert [(r["status"], r["mode"], r["attempt"], r["result"]["square"]) for r in results] == [
+        ("ok", "ray", 0, i * i) for i in range(6)
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"t{i}.json" for i in range(6))
     assert json.loads((tmp_path / "t3.json").read_text())["result"]["square"] == 9
     # a second call resumes: nothing runs again, the same envelopes come back
-    again = run_tasks(T.square, tasks + [{"id": "t6", "x": 6}], ray_address=cluster, out=tmp_path, retries=1, timeout_s=60)
+    again = run_tasks(
+        T.square, tasks + [{"id": "t6", "x": 6}], ray_address=cluster, out=tmp_path, retries=1, timeout_s=60
+    )
     assert [r.get("resumed", False) for r in again] == [True] * 6 + [False]
     assert again[6]["result"]["square"] == 36 and len(list(tmp_path.iterdir())) == 7
 
 
 def test_keyword_tasks_call_a_function_of_several_arguments(cluster, tmp_path):
-    tasks = [{"id": f"m{i}", "kwargs": {"mutant": {"id": f"m{i}"}, "budget": 60.0, "options": {"kill": i % 2 == 0}}} for i in range(3)]
+    tasks = [
+        {"id": f"m{i}", "kwargs": {"mutant": {"id": f"m{i}"}, "budget": 60.0, "options": {"kill": i % 2 == 0}}}
+        for i in range(3)
+    ]
     results = run_tasks(T.run_like_a_mutant, tasks, ray_address=cluster, out=tmp_path, timeout_s=60)
-    assert [r["result"] for r in results] == [{"mutant": f"m{i}", "budget": 60.0, "killed": i % 2 == 0} for i in range(3)]
+    assert [r["result"] for r in results] == [
+        {"mutant": f"m{i}", "budget": 60.0, "killed": i % 2 == 0} for i in range(3)
+    ]
 
 
 def test_a_worker_killed_mid_task_is_retried_and_counted_once(cluster, tmp_path, capfd):
@@ -129,14 +138,28 @@ def test_a_task_whose_worker_dies_past_its_retries_is_lost_not_missing(cluster, 
     pids, killed = tmp_path / "pids", []
     pids.mkdir()
     killer = _kill_when_written(pids / "k.0.pid", pids / "release", killed)
-    (result,) = run_tasks(T.record_pid_and_wait, [{"id": "k", "dir": str(pids), "wait_s": 60}], ray_address=cluster, out=tmp_path / "r", retries=0, timeout_s=60)
+    (result,) = run_tasks(
+        T.record_pid_and_wait,
+        [{"id": "k", "dir": str(pids), "wait_s": 60}],
+        ray_address=cluster,
+        out=tmp_path / "r",
+        retries=0,
+        timeout_s=60,
+    )
     killer.join(5)
     assert killed and result["status"] == "lost" and result["error"].startswith("WorkerCrashedError after 0 retries")
     assert json.loads((tmp_path / "r" / "k.json").read_text())["status"] == "lost"
 
 
 def test_a_task_that_raises_a_harness_error_is_not_retried(cluster, tmp_path):
-    (result,) = run_tasks(T.harness_error, [{"id": "h", "dir": str(tmp_path)}], ray_address=cluster, out=tmp_path / "r", retries=3, timeout_s=60)
+    (result,) = run_tasks(
+        T.harness_error,
+        [{"id": "h", "dir": str(tmp_path)}],
+        ray_address=cluster,
+        out=tmp_path / "r",
+        retries=3,
+        timeout_s=60,
+    )
     assert (result["status"], result["error_type"], result["attempt"]) == ("error", "EngineError", 0)
     assert result["error"] == "engine=vllm==9.9.9: worker did not start (test h)"
     assert len(list(tmp_path.glob("h.*.run"))) == 1
@@ -144,7 +167,13 @@ def test_a_task_that_raises_a_harness_error_is_not_retried(cluster, tmp_path):
 
 def test_the_deadline_bounds_every_wait(cluster, tmp_path):
     start = time.monotonic()
-    results = run_tasks(T.sleep, [{"id": "long", "seconds": 120}, {"id": "short", "seconds": 0.1}], ray_address=cluster, out=tmp_path, timeout_s=4)
+    results = run_tasks(
+        T.sleep,
+        [{"id": "long", "seconds": 120}, {"id": "short", "seconds": 0.1}],
+        ray_address=cluster,
+        out=tmp_path,
+        timeout_s=4,
+    )
     assert time.monotonic() - start < 15
     assert [(r["id"], r["status"]) for r in results] == [("long", "timeout"), ("short", "ok")]
 
@@ -159,7 +188,14 @@ def test_here_inline_and_in_a_child_process(tmp_path):
     pids, killed = tmp_path / "pids", []
     pids.mkdir()
     killer = _kill_when_written(pids / "k0.0.pid", pids / "release", killed)
-    (child,) = run_tasks(T.record_pid_and_wait, [{"id": "k0", "dir": str(pids), "wait_s": 30}], ray_address=None, out=tmp_path / "child", timeout_s=60, local="process")
+    (child,) = run_tasks(
+        T.record_pid_and_wait,
+        [{"id": "k0", "dir": str(pids), "wait_s": 30}],
+        ray_address=None,
+        out=tmp_path / "child",
+        timeout_s=60,
+        local="process",
+    )
     killer.join(5)
     assert killed and (child["status"], child["mode"], child["attempt"]) == ("ok", "process", 1)
     assert child["pid"] not in (os.getpid(), killed[0])
@@ -193,19 +229,46 @@ def test_fuzz_on_ray_finds_53504_once_in_one_folder(cluster, tmp_path):
     out = tmp_path / "findings"
     # two workers (seeds 1 and 2) run #53504's deployment on vLLM 0.29.0:
     # both find the same bugs; the folder keeps one file per signature
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--case", str(ROOT / "examples" / "seed-53504-deployment.json"), "--no-z3-seeds", "--jobs", "2", "--ray", cluster, "--max-time", "240", "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--engine",
+        "vllm==0.29.0",
+        "--driver",
+        "cases",
+        "--case",
+        str(ROOT / "examples" / "seed-53504-deployment.json"),
+        "--no-z3-seeds",
+        "--jobs",
+        "2",
+        "--ray",
+        cluster,
+        "--max-time",
+        "240",
+        "--out",
+        str(out),
+        "--json",
+    ]
     # ends when both workers have run the case (~100 s: two vLLM start-ups on 2 cores); --max-time is the bound
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=330)
     assert done.returncode == 1, done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert [(t["id"], t["status"], t["attempt"]) for t in summary["ray_tasks"]] == [("job-0", "ok", 0), ("job-1", "ok", 0)]
+    assert [(t["id"], t["status"], t["attempt"]) for t in summary["ray_tasks"]] == [
+        ("job-0", "ok", 0),
+        ("job-1", "ok", 0),
+    ]
     # each worker finds the bug: it reports it, or, where the other worker
     # wrote it first into the shared folder (a campaign starts by taking the
     # folder's signatures as seen), counts it as a duplicate
     assert all(t["findings_reported"] + t["duplicates"] >= 1 for t in summary["ray_tasks"]), summary["ray_tasks"]
     assert sum(t["findings_reported"] for t in summary["ray_tasks"]) >= 1, summary["ray_tasks"]
     assert summary["workers_died"] == 0 and summary["harness_errors"] == 0 and summary["execs"] > 0
-    assert summary["case_files"]["given"] == summary["case_files"]["run"] == 1 and summary["case_files"]["unfinished"] == []
+    assert (
+        summary["case_files"]["given"] == summary["case_files"]["run"] == 1
+        and summary["case_files"]["unfinished"] == []
+    )
     files = sorted(out.glob("*.json"))
     paths = [f["path"] for f in summary["findings"]]
     assert len(paths) == len(set(paths)) == len(files) >= 1
@@ -224,7 +287,34 @@ def test_fuzz_with_an_unreachable_ray_address_is_one_line_exit_2(tmp_path):
 
     ensure_env("0.29.0")
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--no-z3-seeds", "--case", str(ROOT / "examples" / "seed-53504.json"), "--ray", "127.0.0.1:1", "--max-time", "30", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "fuzz",
+            "--engine",
+            "vllm==0.29.0",
+            "--driver",
+            "cases",
+            "--no-z3-seeds",
+            "--case",
+            str(ROOT / "examples" / "seed-53504.json"),
+            "--ray",
+            "127.0.0.1:1",
+            "--max-time",
+            "30",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "kvspec: --ray='127.0.0.1:1': must be a reachable Ray cluster: 127.0.0.1:1 did not answer within 5 s (ConnectionRefusedError)"
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == "kvspec: --ray='127.0.0.1:1': must be a reachable Ray cluster: 127.0.0.1:1 did not answer within 5 s (ConnectionRefusedError)"
+    )
     assert time.monotonic() - start < 45

@@ -14,8 +14,8 @@ import pytest
 
 from engine_adapter.host import builds, environments, patches
 from engine_adapter.host.versions import is_build, parse_engine, release_of
-from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
+from ground.home import REPO_ROOT
 
 FIXES = REPO_ROOT / "fixes"
 LONGER_SIBLING = FIXES / "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff"
@@ -65,16 +65,24 @@ def test_a_hunk_whose_context_is_not_there_is_one_line_naming_the_file_and_hunk(
     with pytest.raises(InvalidArgument) as e:
         _apply(diff)
     msg = str(e.value)
-    assert msg.startswith("--patch='t.diff': hunk 2 of vllm/x.py (@@ -5,2 +5,2 @@) does not apply to vLLM 0.33.0: its context and removed lines are not in the file")
+    assert msg.startswith(
+        "--patch='t.diff': hunk 2 of vllm/x.py (@@ -5,2 +5,2 @@) does not apply to vLLM 0.33.0: its context and removed lines are not in the file"
+    )
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize("diff, needle", [
-    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,3 +1,3 @@\n line 1\n-line 2\n", "hunk 1 of vllm/x.py (@@ -1,3 +1,3 @@) is cut short"),
-    ("--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-a\n+b\n", "path 'setup.py' is not a file of vLLM's vllm/ tree"),
-    ("--- a/vllm/../x.py\n+++ b/vllm/../x.py\n@@ -1 +1 @@\n-a\n+b\n", "is not a file of vLLM's vllm/ tree"),
-    ("@@ -1 +1 @@\n-a\n+b\n", "comes before any '--- a/...' / '+++ b/...' file header"),
-])
+@pytest.mark.parametrize(
+    "diff, needle",
+    [
+        (
+            "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,3 +1,3 @@\n line 1\n-line 2\n",
+            "hunk 1 of vllm/x.py (@@ -1,3 +1,3 @@) is cut short",
+        ),
+        ("--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-a\n+b\n", "path 'setup.py' is not a file of vLLM's vllm/ tree"),
+        ("--- a/vllm/../x.py\n+++ b/vllm/../x.py\n@@ -1 +1 @@\n-a\n+b\n", "is not a file of vLLM's vllm/ tree"),
+        ("@@ -1 +1 @@\n-a\n+b\n", "comes before any '--- a/...' / '+++ b/...' file header"),
+    ],
+)
 def test_malformed_patches_are_one_line(diff, needle):
     with pytest.raises(InvalidArgument) as e:
         patches.parse_patch(diff, "--patch='t.diff'")
@@ -103,11 +111,15 @@ def test_build_names_are_local_versions_of_a_release():
 def test_patch_options_attach_to_the_engine_before_them():
     from kvspec.cli import build_parser
 
-    args = build_parser().parse_args(["fuzz", "--engine", "vllm==0.33.0", "--patch", "a.diff", "--patch", "b.diff", "--engine", "vllm==0.33.0"])
+    args = build_parser().parse_args(
+        ["fuzz", "--engine", "vllm==0.33.0", "--patch", "a.diff", "--patch", "b.diff", "--engine", "vllm==0.33.0"]
+    )
     assert args.engine == ["vllm==0.33.0", "vllm==0.33.0"] and args.engine_patches == {0: ["a.diff", "b.diff"]}
     args = build_parser().parse_args(["run", "case.json", "--patch", "a.diff"])
     assert args.engine is None and args.engine_patches == {0: ["a.diff"]}
-    args = build_parser().parse_args(["report", "f.json", "--matrix", "vllm==0.33.0", "--matrix", "vllm==0.33.0", "--patch", "a.diff"])
+    args = build_parser().parse_args(
+        ["report", "f.json", "--matrix", "vllm==0.33.0", "--matrix", "vllm==0.33.0", "--patch", "a.diff"]
+    )
     assert args.matrix_patches == {1: ["a.diff"]}
 
 
@@ -116,7 +128,14 @@ def test_removing_a_build_removes_only_its_folder(tmp_path, monkeypatch):
     fake = tmp_path / "engines" / "vllm-0.33.0+fake.abcdef"
     (fake / "bin").mkdir(parents=True)
     (tmp_path / "engines" / "vllm-0.33.0").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "remove", "vllm==0.33.0+fake.abcdef"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, env=dict(os.environ, KVSPEC_HOME=str(tmp_path)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "engines", "remove", "vllm==0.33.0+fake.abcdef"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        env=dict(os.environ, KVSPEC_HOME=str(tmp_path)),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "vllm==0.33.0+fake.abcdef: removed"
     assert not fake.exists() and (tmp_path / "engines" / "vllm-0.33.0").is_dir()
@@ -136,14 +155,35 @@ def release_033():
 @pytest.mark.engine
 def test_a_patch_that_does_not_apply_is_one_line_naming_the_file_and_hunk(release_033, tmp_path):
     bad = tmp_path / "bad.diff"
-    bad.write_text(LONGER_SIBLING.read_text().replace("return (num_prompt_tokens - 1,)", "return (num_prompt_tokens - 2,)"))
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", "examples/r2-block-aligned-extension-qwen3_next.json", "--engine", "vllm==0.33.0", "--patch", str(bad)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    bad.write_text(
+        LONGER_SIBLING.read_text().replace("return (num_prompt_tokens - 1,)", "return (num_prompt_tokens - 2,)")
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "run",
+            "examples/r2-block-aligned-extension-qwen3_next.json",
+            "--engine",
+            "vllm==0.33.0",
+            "--patch",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line
-    assert line.startswith(f"kvspec: --patch='{bad}': hunk 1 of vllm/v1/core/kv_cache_coordinator.py (@@ -79,7 +79,9 @@) does not apply to vLLM 0.33.0: its context and removed lines are not in the file"), line
-    assert not any(p.name.startswith("vllm-0.33.0+") and "bad" in p.name for p in environments.env_dir("0.33.0").parent.iterdir())
+    assert line.startswith(
+        f"kvspec: --patch='{bad}': hunk 1 of vllm/v1/core/kv_cache_coordinator.py (@@ -79,7 +79,9 @@) does not apply to vLLM 0.33.0: its context and removed lines are not in the file"
+    ), line
+    assert not any(
+        p.name.startswith("vllm-0.33.0+") and "bad" in p.name for p in environments.env_dir("0.33.0").parent.iterdir()
+    )
 
 
 @pytest.mark.engine
@@ -169,9 +209,17 @@ def test_a_patched_build_shares_the_release_files_by_hard_links_and_replaces_onl
     assert marker["engine"] == f"vllm=={version}" and marker["build"]["release"] == "0.33.0"
     assert marker["build"]["files"] == {rel: hashlib.sha256(overlay.files[rel]).hexdigest()}
     assert marker["build"]["sources"][0]["sha256"] == hashlib.sha256(LONGER_SIBLING.read_bytes()).hexdigest()
-    assert not (environments.env_dir("0.33.0") / ".kvspec-ready.json").samefile(environments.env_dir(version) / ".kvspec-ready.json")
+    assert not (environments.env_dir("0.33.0") / ".kvspec-ready.json").samefile(
+        environments.env_dir(version) / ".kvspec-ready.json"
+    )
     # listed, and found again by name (the same content, the same build)
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list", "--json"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "engines", "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     rows = {r["engine"]: r for r in json.loads(proc.stdout)}
     assert rows[f"vllm=={version}"]["state"] == "ready" and rows[f"vllm=={version}"]["base"] == "vllm==0.33.0"
     assert builds.overlay_from_patches("0.33.0", [LONGER_SIBLING]).version == version

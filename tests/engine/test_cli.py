@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from ground.home import REPO_ROOT
 from fuzz.verdict import differences as compare
-from reference.knobs import implemented_rule
+from ground.home import REPO_ROOT
 from reference.case import load_case
+from reference.knobs import implemented_rule
 from reference.predict import predict
 from tests.engine.conftest import ensure_env
 
@@ -22,7 +22,14 @@ SEED = str(REPO_ROOT / "examples" / "seed-53504.json")
 
 
 def kvspec(*argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
 
 
 def test_run_prints_the_predict_shape():
@@ -60,8 +67,12 @@ def test_compare_exits_1_on_a_mismatch_and_renders_a_table():
 
 def test_compare_json_and_vllm_error_exit_1(tmp_path):
     ensure_env("0.33.0")
-    case = {"schema": 1, "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]},
-            "speculative": {"method": "eagle", "num_speculative_tokens": 2}, "trace": [{"prompt": [{"segment": "A", "length": 64}]}]}
+    case = {
+        "schema": 1,
+        "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]},
+        "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+        "trace": [{"prompt": [{"segment": "A", "length": 64}]}],
+    }
     path = tmp_path / "eagle.json"
     path.write_text(json.dumps(case))
     proc = kvspec("run", str(path), "--engine", "vllm==0.33.0", "--compare", "--json")

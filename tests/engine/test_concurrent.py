@@ -58,8 +58,14 @@ def test_a_concurrent_trace_vllm_serves_correctly_agrees(engine_033):
 
 def test_a_planted_same_step_fault_is_caught_by_stale():
     ensure_env("0.33.0")
-    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", PLANT, str(EXAMPLE)], capture_output=True, text=True, timeout=600,
-                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    proc = subprocess.run(
+        [str(environments.env_python("0.33.0")), "-c", PLANT, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environments.worker_env("0.33.0"),
+        cwd=str(environments.REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     case = load_case(EXAMPLE)

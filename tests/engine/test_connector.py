@@ -62,7 +62,7 @@ def _without_connector(case: dict) -> dict:
     case = copy.deepcopy(case)
     args = case["deployment"]["vllm_args"]
     i = args.index(FLAG)
-    del args[i:i + 2]
+    del args[i : i + 2]
     return case
 
 
@@ -87,7 +87,9 @@ def _classes(engine, case: dict) -> set:
     (every single-engine oracle, as ``kvspec replay`` judges a bare case)."""
     judged = observe_and_judge(parse_case(case), None, engine)
     assert "error" not in judged.observation, judged.observation.get("error")
-    return {classify(make_finding(judged.case, d, judged.observation)) for d in judged.divergences} - {None} | ({"any"} if judged.divergences else set())
+    return {classify(make_finding(judged.case, d, judged.observation)) for d in judged.divergences} - {None} | (
+        {"any"} if judged.divergences else set()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))

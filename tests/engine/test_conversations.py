@@ -18,9 +18,22 @@ pytestmark = pytest.mark.engine
 
 
 def chat(geometry=None, speculative=None, deployment=None, first=40, max_tokens=30):
-    turns = [{"prompt": [{"segment": "A", "length": first}], "max_tokens": max_tokens},
-             {"prompt": [{"segment": "A", "length": first}, {"output": 0}, {"segment": "B", "length": 20}], "max_tokens": 12},
-             {"prompt": [{"segment": "A", "length": first}, {"output": 0}, {"segment": "B", "length": 20}, {"output": 1}, {"segment": "C", "length": 3}]}]
+    turns = [
+        {"prompt": [{"segment": "A", "length": first}], "max_tokens": max_tokens},
+        {
+            "prompt": [{"segment": "A", "length": first}, {"output": 0}, {"segment": "B", "length": 20}],
+            "max_tokens": 12,
+        },
+        {
+            "prompt": [
+                {"segment": "A", "length": first},
+                {"output": 0},
+                {"segment": "B", "length": 20},
+                {"output": 1},
+                {"segment": "C", "length": 3},
+            ]
+        },
+    ]
     if deployment is not None:
         return parse_case({"schema": 1, "deployment": deployment, "trace": turns})
     return parse_case({"schema": 1, "geometry": geometry, "speculative": speculative, "trace": turns})
@@ -35,13 +48,16 @@ def judged(engine, case, version="0.33.0"):
     return obs, model, divergences
 
 
-@pytest.mark.parametrize(("retention", "speculative", "second"), [
-    (None, None, 64),      # turn 1 computed 69 tokens: states at 48 and 64 inside its output
-    (0, None, 32),         # sparse: turn 1's extension boundary, its output recomputed
-    (32, None, 64),        # periodic 32: the segment end 64 inside the output
-    (None, MTP, 64),       # lookahead hashes: block 64 keyed with the output token after it
-    (None, MTP_DROP, 48),  # the EAGLE drop: attention gives up its last block
-])
+@pytest.mark.parametrize(
+    ("retention", "speculative", "second"),
+    [
+        (None, None, 64),  # turn 1 computed 69 tokens: states at 48 and 64 inside its output
+        (0, None, 32),  # sparse: turn 1's extension boundary, its output recomputed
+        (32, None, 64),  # periodic 32: the segment end 64 inside the output
+        (None, MTP, 64),  # lookahead hashes: block 64 keyed with the output token after it
+        (None, MTP_DROP, 48),  # the EAGLE drop: attention gives up its last block
+    ],
+)
 def test_a_follow_up_resumes_where_the_model_says(engine_033, retention, speculative, second):
     case = chat(hybrid(16, 16, 1, retention_interval=retention), speculative)
     obs, model, divergences = judged(engine_033, case)
@@ -54,7 +70,12 @@ def test_a_follow_up_resumes_where_the_model_says(engine_033, retention, specula
 def test_a_deployment_conversation(engine_033):
     # Qwen3-Next on an A100 resolves to a 544-token block: turn 1 (1,000
     # prompt tokens, 100 outputs) leaves a state at 1,088 inside its output
-    dense = {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "None"], "platform": "cuda", "device": "a100"}
+    dense = {
+        "model": "qwen3_next",
+        "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "None"],
+        "platform": "cuda",
+        "device": "a100",
+    }
     obs, model, divergences = judged(engine_033, chat(deployment=dense, first=1000, max_tokens=100))
     assert divergences == [], [(d.oracle, d.detail) for d in divergences]
     assert obs["hits"] == model

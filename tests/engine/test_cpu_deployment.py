@@ -30,17 +30,27 @@ def _deployment(**config) -> dict:
 
 
 def _case(deployment: dict, prompts, name: str = "cpu") -> dict:
-    return {"schema": 1, "name": name, "deployment": deployment, "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]}
+    return {
+        "schema": 1,
+        "name": name,
+        "deployment": deployment,
+        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+    }
 
 
 def test_the_live_servers_deployment_resolves_on_the_cpu_platform(engine_032):
     res = engine_032.resolve(_case(_deployment(), [[("A", 1)]]))
     facts, g = res["facts"], res["geometry"]
     assert facts["platform"] == "cpu" and facts["attention_backend"] == "CPU_ATTN"
-    assert facts["architecture"] == "Qwen3_5ForCausalLM" and facts["mamba_layers"] == 3 and facts["attention_layers"] == 1
+    assert (
+        facts["architecture"] == "Qwen3_5ForCausalLM" and facts["mamba_layers"] == 3 and facts["attention_layers"] == 1
+    )
     block = facts["block_size"]
     assert block in (128, 256), block  # bf16 or float32 SSM state (the CPU's AVX512-BF16)
-    assert g["groups"] == [{"kind": "mamba", "block_size": block, "count": 3}, {"kind": "full_attention", "block_size": block, "count": 1}]
+    assert g["groups"] == [
+        {"kind": "mamba", "block_size": block, "count": 3},
+        {"kind": "full_attention", "block_size": block, "count": 1},
+    ]
     assert g["scheduler_block_size"] == g["hash_block_size"] == facts["mamba_block_size"] == block
     assert g["retention_interval"] == 0 and g["max_num_batched_tokens"] == 8192 and res["speculative"] is None
     # vllm serve's engine core re-runs VllmConfig.__post_init__: the CPU
@@ -81,6 +91,11 @@ def test_the_engine_core_step_changes_nothing_on_cuda(engine_033):
     """The same re-run on the cuda platform (a shipped model, MTP on): the
     split block is the KV block."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
-    res = engine_033.resolve(_case({"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", spec]}, [[("A", 1)]]))
+    res = engine_033.resolve(
+        _case(
+            {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", "--speculative-config", spec]},
+            [[("A", 1)]],
+        )
+    )
     assert res["facts"]["chunk_split_block_size"] == res["facts"]["block_size"]
     assert not [a for a in res["assumptions"] if "chunk split" in a]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engine_adapter.host import environments
-from ground.home import kvspec_home
 from ground.errors import EngineError
+from ground.home import kvspec_home
 from tests.engine.conftest import ensure_env
 
 
@@ -29,7 +29,11 @@ def test_status_states(tmp_path, monkeypatch):
 
 def test_requirement_files_are_locks():
     for v in ("0.29.0", "0.30.0", "0.33.0"):
-        lines = [x.strip() for x in environments.requirements_file(v).read_text().splitlines() if x.strip() and not x.startswith("#")]
+        lines = [
+            x.strip()
+            for x in environments.requirements_file(v).read_text().splitlines()
+            if x.strip() and not x.startswith("#")
+        ]
         assert lines[0] == "torch==2.13.0+cpu"  # the CPU build, never an unpinned torch
         assert f"vllm=={v}" in lines
         assert all("==" in x for x in lines), [x for x in lines if "==" not in x]
@@ -46,7 +50,9 @@ def test_failed_install_leaves_nothing_that_looks_ready(tmp_path, monkeypatch):
     (reqs / "vllm-0.30.0.txt").write_text("kvspec-no-such-package-for-tests==0.0.1\n")
     monkeypatch.setattr(environments, "REQUIREMENTS_DIR", reqs)
     lines = []
-    with pytest.raises(EngineError, match=r"^\[vllm==0.30.0\] `(python -m pip install|uv pip install --python) \.\.\.` failed"):
+    with pytest.raises(
+        EngineError, match=r"^\[vllm==0.30.0\] `(python -m pip install|uv pip install --python) \.\.\.` failed"
+    ):
         environments.install("0.30.0", progress=lines.append)
     assert any("step 2/3" in x for x in lines)
     assert not environments.env_dir("0.30.0").exists()

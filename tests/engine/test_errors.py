@@ -43,7 +43,9 @@ def test_033_rejects_prefix_match_unit_on_a_single_group(engine_033):
 
 
 def test_029_ignores_prefix_match_unit_on_a_single_group(engine_029):
-    case = make_case({"groups": [{"kind": "full_attention", "block_size": 32}], "prefix_match_unit": 16}, [[("A", 100)]] * 2)
+    case = make_case(
+        {"groups": [{"kind": "full_attention", "block_size": 32}], "prefix_match_unit": 16}, [[("A", 100)]] * 2
+    )
     result = engine_029.run(case)
     assert "error" not in result
     assert result["knobs"]["hash_block_size"] == 32
@@ -51,7 +53,11 @@ def test_029_ignores_prefix_match_unit_on_a_single_group(engine_029):
 
 
 def test_option_missing_in_version_is_unsupported(engine_029):
-    case = make_case(hybrid(16, 16, mamba_count=1), TINY, {"method": "mtp", "num_speculative_tokens": 1, "disable_eagle_block_drop": True})
+    case = make_case(
+        hybrid(16, 16, mamba_count=1),
+        TINY,
+        {"method": "mtp", "num_speculative_tokens": 1, "disable_eagle_block_drop": True},
+    )
     with pytest.raises(Unsupported, match=r"^speculative.disable_eagle_block_drop=True: not an option of vLLM 0.29.0"):
         engine_029.run(case)
     # still serving
@@ -78,9 +84,25 @@ def test_a_deployment_vllm_refuses_when_its_scheduler_starts_is_rejected(engine_
     interval 1152: without MTP its H100 block is 1088.)"""
     from ground.errors import DeploymentRejected
 
-    case = {"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
-            "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "h100",
-                           "vllm_args": ["--enable-prefix-caching", "--kv-cache-dtype", "fp8", "--prefix-cache-retention-interval", "1152"]}}
-    with pytest.raises(DeploymentRejected, match=r"prefix_cache_retention_interval \(1152\) must be .* a multiple of scheduler_block_size \(1088\)"):
+    case = {
+        "schema": 1,
+        "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+        "deployment": {
+            "model": "qwen3_next",
+            "platform": "cuda",
+            "device": "h100",
+            "vllm_args": [
+                "--enable-prefix-caching",
+                "--kv-cache-dtype",
+                "fp8",
+                "--prefix-cache-retention-interval",
+                "1152",
+            ],
+        },
+    }
+    with pytest.raises(
+        DeploymentRejected,
+        match=r"prefix_cache_retention_interval \(1152\) must be .* a multiple of scheduler_block_size \(1088\)",
+    ):
         engine_033.run(case)
     assert engine_033.ping()["vllm_version"] == "0.33.0"

@@ -40,12 +40,22 @@ def kvspec(name: str) -> Path:
 
 
 def test_an_exception_vllm_raises_is_a_refusal_or_a_crash_by_where_it_was_raised(vllm_root):
-    deep_in_vllm = [kvspec("resolve.py"), vllm_root / "v1" / "core" / "kv_cache_utils.py", Path("/usr/lib/python3.11/json/__init__.py")]
+    deep_in_vllm = [
+        kvspec("resolve.py"),
+        vllm_root / "v1" / "core" / "kv_cache_utils.py",
+        Path("/usr/lib/python3.11/json/__init__.py"),
+    ]
     table = {
-        ("config", ValueError): "refused", ("config", AssertionError): "refused", ("config", TypeError): "crashed",
-        ("kv_cache", ValueError): "refused", ("kv_cache", NotImplementedError): "refused", ("kv_cache", IndexError): "crashed",
-        ("scheduler", ValueError): "refused", ("scheduler", AssertionError): "crashed",
-        ("run", ValueError): "crashed", ("run", AssertionError): "crashed",
+        ("config", ValueError): "refused",
+        ("config", AssertionError): "refused",
+        ("config", TypeError): "crashed",
+        ("kv_cache", ValueError): "refused",
+        ("kv_cache", NotImplementedError): "refused",
+        ("kv_cache", IndexError): "crashed",
+        ("scheduler", ValueError): "refused",
+        ("scheduler", AssertionError): "crashed",
+        ("run", ValueError): "crashed",
+        ("run", AssertionError): "crashed",
         ("hand", ValueError): "crashed",
     }
     for (where, kind), expected in table.items():
@@ -62,8 +72,17 @@ def test_kvspecs_own_exceptions_are_never_vllms(vllm_root):
     assert vllm_outcome(_chain(callback, IndexError("x")), "kv_cache", vllm_root) is None
     assert vllm_outcome(_chain(glue, KeyError("req-0")), "run", vllm_root) is None
     assert vllm_outcome(_chain(missing, ModuleNotFoundError("torchvision")), "config", vllm_root) is None
-    not_inspected = ValueError("Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected. Please check the logs for more details.")
-    assert vllm_outcome(_chain([kvspec("resolve.py"), vllm_root / "model_executor" / "models" / "registry.py"], not_inspected), "config", vllm_root) is None
+    not_inspected = ValueError(
+        "Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected. Please check the logs for more details."
+    )
+    assert (
+        vllm_outcome(
+            _chain([kvspec("resolve.py"), vllm_root / "model_executor" / "models" / "registry.py"], not_inspected),
+            "config",
+            vllm_root,
+        )
+        is None
+    )
     assert vllm_outcome(ValueError("never raised: no traceback"), "config", vllm_root) is None
     # a file outside both (the test's own, a library vLLM calls) decides nothing
     assert raised_by_vllm(_chain([kvspec("steploop.py"), vllm_root / "x.py", Path(__file__)], IndexError()), vllm_root)

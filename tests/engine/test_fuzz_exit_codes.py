@@ -22,7 +22,24 @@ MAX_TIME = 240
 
 def _fuzz_cases(case: str, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     ensure_env("0.33.0")
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--case", str(ROOT / "examples" / case), "--no-z3-seeds", "--max-time", str(MAX_TIME), "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--engine",
+        "vllm==0.33.0",
+        "--driver",
+        "cases",
+        "--case",
+        str(ROOT / "examples" / case),
+        "--no-z3-seeds",
+        "--max-time",
+        str(MAX_TIME),
+        "--out",
+        str(out),
+        "--json",
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=MAX_TIME + 60)
     return done, time.monotonic() - start
@@ -36,7 +53,13 @@ def test_a_campaign_that_finds_a_033_discrepancy_exits_1_with_one_class(tmp_path
     assert summary["exit_code"] == 1 and summary["harness_errors"] == 0
     assert len(summary["findings"]) == 1
     (cls,) = summary["classes"]
-    assert (cls["oracle"], cls["request_kind"], cls["geometry"], cls["count"], cls["new"]) == ("promise", "resend", "mixed", 1, 1)
+    assert (cls["oracle"], cls["request_kind"], cls["geometry"], cls["count"], cls["new"]) == (
+        "promise",
+        "resend",
+        "mixed",
+        1,
+        1,
+    )
     assert cls["hint"].startswith("resend low")
     assert "kvspec fuzz: exit 1: 1 finding(s) written this run" in done.stderr
     assert wall < MAX_TIME

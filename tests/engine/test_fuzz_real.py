@@ -74,13 +74,37 @@ RESUME_S = 90
 
 
 def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
-    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--driver", "atheris", "--engine", "vllm==0.29.0", "--max-time", str(seconds), "--seed", "1", "--out", str(out), "--corpus", str(corpus), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--driver",
+        "atheris",
+        "--engine",
+        "vllm==0.29.0",
+        "--max-time",
+        str(seconds),
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--corpus",
+        str(corpus),
+        "--json",
+    ]
 
 
 def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     ensure_env("0.29.0")
     out, corpus = tmp_path / "findings", tmp_path / "corpus"
-    proc = subprocess.Popen(_fuzz_cmd(out, corpus, 300), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        _fuzz_cmd(out, corpus, 300),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(out.glob("promise-*.json")):
         time.sleep(1)
@@ -104,7 +128,9 @@ def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     # limit, start-up included; on a non-TTY it says what it resumes from
     # and prints progress lines.
     start = time.monotonic()
-    done = subprocess.run(_fuzz_cmd(out, corpus, RESUME_S), cwd=ROOT, capture_output=True, text=True, timeout=RESUME_S + 120)
+    done = subprocess.run(
+        _fuzz_cmd(out, corpus, RESUME_S), cwd=ROOT, capture_output=True, text=True, timeout=RESUME_S + 120
+    )
     wall = time.monotonic() - start
     assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: a signature not seen before
     summary = json.loads(done.stdout)
@@ -112,7 +138,10 @@ def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     assert before <= {p.name for p in corpus.iterdir()}
     assert wall <= RESUME_S + 8, f"--max-time {RESUME_S} took {wall:.1f}s"
     err = done.stderr.splitlines()
-    assert f"kvspec fuzz: resuming: {len(found)} prior finding(s) in {out} (not reported again), {len(before)} corpus input(s) in {corpus}" in err
+    assert (
+        f"kvspec fuzz: resuming: {len(found)} prior finding(s) in {out} (not reported again), {len(before)} corpus input(s) in {corpus}"
+        in err
+    )
     assert sum(line.startswith("kvspec fuzz: ") and " execs " in line for line in err) >= RESUME_S // 10 - 2
     # The summary triages every finding in --out into classes.
     assert sum(c["count"] for c in summary["classes"]) == len(list(out.glob("*.json")))
@@ -146,7 +175,14 @@ def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
     ensure_env("0.33.0")
 
     def resolve_with(env: dict) -> dict:
-        proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", RESOLVE_QWEN35], env=env, cwd=str(environments.REPO_ROOT), capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [str(environments.env_python("0.33.0")), "-c", RESOLVE_QWEN35],
+            env=env,
+            cwd=str(environments.REPO_ROOT),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -33,8 +33,11 @@ def test_inprocess_engine_in_the_engine_environment():
     ensure_env("0.33.0")
     proc = subprocess.run(
         [str(environments.env_python("0.33.0")), "-c", SCRIPT],
-        capture_output=True, text=True, timeout=300,
-        env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environments.worker_env("0.33.0"),
+        cwd=str(environments.REPO_ROOT),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

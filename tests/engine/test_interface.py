@@ -15,32 +15,46 @@ from ground.errors import InvalidArgument
 
 
 def observation(**over):
-    obs = {"engine": "vllm==0.33.0", "hits": [0, 32], "queries": [40, 40], "knobs": {"eagle_drop": True},
-           "explain": [{"request": 0, "hit": 0}, {"request": 1, "hit": 32}], "harness": {"platform": "cuda"}}
+    obs = {
+        "engine": "vllm==0.33.0",
+        "hits": [0, 32],
+        "queries": [40, 40],
+        "knobs": {"eagle_drop": True},
+        "explain": [{"request": 0, "hit": 0}, {"request": 1, "hit": 32}],
+        "harness": {"platform": "cuda"},
+    }
     obs.update(over)
     return obs
 
 
 def test_a_well_formed_observation_passes_and_comes_back_tagged():
     assert observation_problem(observation()) is None
-    assert observation_problem(observation(error={"kind": "vllm", "message": "x"}, hits=[0], queries=[40], explain=[{"request": 0}])) is None
+    assert (
+        observation_problem(
+            observation(error={"kind": "vllm", "message": "x"}, hits=[0], queries=[40], explain=[{"request": 0}])
+        )
+        is None
+    )
     result = _run_result("vllm==0.33.0", {"ok": True, "result": observation()})
     assert result["hits"] == [0, 32] and result["harness"] == {"platform": "cuda", "mode": "worker"}
     assert harness_error_of(result) is None
 
 
-@pytest.mark.parametrize("bad, field", [
-    ([1, 2], "observation=list"),
-    (observation(hits=None), "observation.hits=None"),
-    (observation(hits=[0, "32"]), "observation.hits="),
-    (observation(hits=[0, True]), "observation.hits="),
-    (observation(queries=[40]), "observation: hits, queries and explain have 2, 1 and 2 entries"),
-    (observation(explain=[{"request": 0}, "x"]), "observation.explain="),
-    (observation(explain=[{"request": 0}, {"hit": 1}]), "observation.explain[1].request=None"),
-    (observation(error="boom"), "observation.error=boom"),
-    (observation(error={"message": "no kind"}), "observation.error="),
-    (observation(knobs=[1]), "observation.knobs=[1]"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ([1, 2], "observation=list"),
+        (observation(hits=None), "observation.hits=None"),
+        (observation(hits=[0, "32"]), "observation.hits="),
+        (observation(hits=[0, True]), "observation.hits="),
+        (observation(queries=[40]), "observation: hits, queries and explain have 2, 1 and 2 entries"),
+        (observation(explain=[{"request": 0}, "x"]), "observation.explain="),
+        (observation(explain=[{"request": 0}, {"hit": 1}]), "observation.explain[1].request=None"),
+        (observation(error="boom"), "observation.error=boom"),
+        (observation(error={"message": "no kind"}), "observation.error="),
+        (observation(knobs=[1]), "observation.knobs=[1]"),
+    ],
+)
 def test_a_malformed_answer_is_named_by_its_field_and_is_a_harness_error(bad, field):
     problem = observation_problem(bad)
     assert problem is not None and problem.startswith(field), problem
@@ -51,7 +65,11 @@ def test_a_malformed_answer_is_named_by_its_field_and_is_a_harness_error(bad, fi
 
 
 def test_the_families_are_named_and_an_unknown_one_is_refused_in_one_line():
-    assert FAMILIES == {"vllm": "engine_adapter.vllm_engine.driver", "sglang": "engine_adapter.sglang_engine.driver", "llamacpp": "engine_adapter.llamacpp_engine.driver"}
+    assert FAMILIES == {
+        "vllm": "engine_adapter.vllm_engine.driver",
+        "sglang": "engine_adapter.sglang_engine.driver",
+        "llamacpp": "engine_adapter.llamacpp_engine.driver",
+    }
     assert set(RELEASES) == set(FAMILIES)  # every family a name may start with has a driver
     with pytest.raises(InvalidArgument, match=r"^family='tgi'.*allowed: vllm, sglang, llamacpp$"):
         family_module("tgi")

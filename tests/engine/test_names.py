@@ -8,7 +8,16 @@ import sys
 import pytest
 
 from engine_adapter.host.engine import open_engine
-from engine_adapter.host.versions import EngineSpec, engine_name, env_slug, family_of, is_build, parse_engine, release_number, release_of
+from engine_adapter.host.versions import (
+    EngineSpec,
+    engine_name,
+    env_slug,
+    family_of,
+    is_build,
+    parse_engine,
+    release_number,
+    release_of,
+)
 from ground.errors import EngineError, InvalidArgument, Unsupported
 
 ALLOWED = "allowed: vllm==0.29.0, vllm==0.30.0, vllm==0.32.0, vllm==0.33.0, sglang==0.5.23, llamacpp==2026.10.11549"
@@ -24,7 +33,10 @@ def test_malformed_names(name):
     with pytest.raises(InvalidArgument) as e:
         parse_engine(name)
     msg = str(e.value)
-    assert msg == f"engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
+    assert (
+        msg
+        == f"engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
+    )
     assert "\n" not in msg
 
 
@@ -35,7 +47,10 @@ def test_malformed_names(name):
         ("vllm==0.29.0+fix.1a2b3c4d5e6f", ("vllm", "0.29.0", "fix", "1a2b3c4d5e6f")),  # a patched build
         ("vllm==0.33.0+fix.other.0f0f0f0f0f0f", ("vllm", "0.33.0", "fix.other", "0f0f0f0f0f0f")),  # two patches' labels
         ("vllm==0.32.0+path-vllm.abcdef012345", ("vllm", "0.32.0", "path-vllm", "abcdef012345")),  # path:DIR
-        ("vllm==0.30.0+wheel-vllm-0-30-0.123456abcdef", ("vllm", "0.30.0", "wheel-vllm-0-30-0", "123456abcdef")),  # wheel:FILE
+        (
+            "vllm==0.30.0+wheel-vllm-0-30-0.123456abcdef",
+            ("vllm", "0.30.0", "wheel-vllm-0-30-0", "123456abcdef"),
+        ),  # wheel:FILE
         ("vllm==0.33.0+local", ("vllm", "0.33.0", "local", None)),  # a local label with no hash
     ],
 )
@@ -46,19 +61,40 @@ def test_engine_spec_round_trips_every_name_form(name, fields):
     assert spec.version == parse_engine(name) == name.removeprefix("vllm==")
     assert spec.is_build == is_build(spec.version) == (fields[2] is not None)
     assert release_of(spec.version) == spec.release and spec.release_spec.name == f"vllm=={spec.release}"
-    assert EngineSpec.parse(spec.name) == spec == EngineSpec.parse(f"  {spec.version} ")  # a bare version, spaced, is vLLM's
+    assert (
+        EngineSpec.parse(spec.name) == spec == EngineSpec.parse(f"  {spec.version} ")
+    )  # a bare version, spaced, is vLLM's
     with pytest.raises(AttributeError):
         spec.release = "0.29.0"  # frozen
 
 
-@pytest.mark.parametrize("name", ["vllm", "vllm>=0.33.0", "torch==2.13.0", "vllm==0.33", "", "vllm==0.33.0.post1", "vllm==0.33.0+", "vllm==0.33.0+Fix.1", "vllm==0.33.0+.x"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vllm",
+        "vllm>=0.33.0",
+        "torch==2.13.0",
+        "vllm==0.33",
+        "",
+        "vllm==0.33.0.post1",
+        "vllm==0.33.0+",
+        "vllm==0.33.0+Fix.1",
+        "vllm==0.33.0+.x",
+    ],
+)
 def test_engine_spec_rejects_malformed_names_with_todays_message(name):
     with pytest.raises(InvalidArgument) as e:
         EngineSpec.parse(name, "--engine")
-    assert str(e.value) == f"--engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
+    assert (
+        str(e.value)
+        == f"--engine={name!r}: not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z; {ALLOWED}"
+    )
     with pytest.raises(InvalidArgument, match=r"^engine=3: must be a string like vllm==0.33.0; allowed: vllm==0.29.0"):
         EngineSpec.parse(3)
-    with pytest.raises(Unsupported, match=r"^engine='vllm==0.31.0\+fix.1': vLLM 0.31.0 has no kvspec engine environment; allowed: vllm==0.29.0"):
+    with pytest.raises(
+        Unsupported,
+        match=r"^engine='vllm==0.31.0\+fix.1': vLLM 0.31.0 has no kvspec engine environment; allowed: vllm==0.29.0",
+    ):
         EngineSpec.parse("vllm==0.31.0+fix.1")
 
 
@@ -66,15 +102,28 @@ def test_sglang_names_carry_their_family_in_the_version_key():
     """vLLM's version key stays the bare release (every cache and file name
     of a vLLM engine unchanged); SGLang's is its full name."""
     spec = EngineSpec.parse("sglang==0.5.23")
-    assert (spec.family, spec.release, spec.version, spec.name) == ("sglang", "0.5.23", "sglang==0.5.23", "sglang==0.5.23")
+    assert (spec.family, spec.release, spec.version, spec.name) == (
+        "sglang",
+        "0.5.23",
+        "sglang==0.5.23",
+        "sglang==0.5.23",
+    )
     assert family_of(spec.version) == "sglang" and family_of("0.33.0+fix.1") == "vllm"
     assert release_number(spec.version) == "0.5.23" and release_number("0.33.0+fix.1") == "0.33.0"
     assert env_slug(spec.version) == "sglang-0.5.23" and env_slug("0.33.0") == "vllm-0.33.0"
     assert engine_name(spec.version) == "sglang==0.5.23"
-    with pytest.raises(Unsupported, match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23, llamacpp==2026.10.11549$"):
+    with pytest.raises(
+        Unsupported,
+        match=r"^engine='sglang==0.33.0': SGLang 0.33.0 has no kvspec engine environment; allowed: .*sglang==0.5.23, llamacpp==2026.10.11549$",
+    ):
         EngineSpec.parse("sglang==0.33.0")
     build = EngineSpec.parse("sglang==0.5.23+keep-cut.88f092")  # an SGLang build (--patch)
-    assert (build.family, build.release, build.label, build.version) == ("sglang", "0.5.23", "keep-cut", "sglang==0.5.23+keep-cut.88f092")
+    assert (build.family, build.release, build.label, build.version) == (
+        "sglang",
+        "0.5.23",
+        "keep-cut",
+        "sglang==0.5.23+keep-cut.88f092",
+    )
     assert env_slug(build.version) == "sglang-0.5.23+keep-cut.88f092" and build.release_spec.name == "sglang==0.5.23"
 
 
@@ -102,9 +151,18 @@ def test_open_engine_rejects_before_any_work(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["run", "examples/seed-53504.json", "--engine", "vllm==0.31.0"], "kvspec: --engine='vllm==0.31.0': vLLM 0.31.0 has no kvspec engine environment"),
-        (["run", "examples/seed-53504.json", "--engine", "sglang"], "kvspec: --engine='sglang': not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z"),
-        (["engines", "install", "vllm==0.33.0", "vllm==1.0.0"], "kvspec: engine='vllm==1.0.0': vLLM 1.0.0 has no kvspec engine environment"),
+        (
+            ["run", "examples/seed-53504.json", "--engine", "vllm==0.31.0"],
+            "kvspec: --engine='vllm==0.31.0': vLLM 0.31.0 has no kvspec engine environment",
+        ),
+        (
+            ["run", "examples/seed-53504.json", "--engine", "sglang"],
+            "kvspec: --engine='sglang': not an engine name of the form vllm==X.Y.Z or sglang==X.Y.Z or llamacpp==X.Y.Z",
+        ),
+        (
+            ["engines", "install", "vllm==0.33.0", "vllm==1.0.0"],
+            "kvspec: engine='vllm==1.0.0': vLLM 1.0.0 has no kvspec engine environment",
+        ),
         (["engines", "remove", "latest"], "kvspec: engine='latest': not an engine name"),
     ],
 )
@@ -114,7 +172,9 @@ def test_cli_one_line_errors(argv, needle, tmp_path):
     from ground.home import REPO_ROOT
 
     env = dict(os.environ, KVSPEC_HOME=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith(needle), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -131,8 +191,8 @@ def test_fuzz_patch_parses_each_engine_name_once_at_the_edge(tmp_path, monkeypat
     parsed engine (before EngineSpec: five parses)."""
     from engine_adapter.host import builds, engine, environments
     from fuzz import runner
-    from kvspec.cli import main as kvspec
     from ground.errors import EngineError
+    from kvspec.cli import main as kvspec
 
     parsed = []
     real_parse = EngineSpec.parse.__func__
@@ -144,7 +204,11 @@ def test_fuzz_patch_parses_each_engine_name_once_at_the_edge(tmp_path, monkeypat
     monkeypatch.setattr(EngineSpec, "parse", classmethod(counting))
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     given = []
-    monkeypatch.setattr(builds, "overlay_from_patches", lambda release, patches, **k: given.append(release) or builds.Overlay(release.release, "patch", "fix", {}))
+    monkeypatch.setattr(
+        builds,
+        "overlay_from_patches",
+        lambda release, patches, **k: given.append(release) or builds.Overlay(release.release, "patch", "fix", {}),
+    )
     monkeypatch.setattr(builds, "build", lambda overlay, **k: {})
     monkeypatch.setattr(environments, "is_ready", lambda version: True)
     monkeypatch.setattr(engine, "WorkerEngine", lambda version: ("worker", version))
@@ -157,7 +221,20 @@ def test_fuzz_patch_parses_each_engine_name_once_at_the_edge(tmp_path, monkeypat
 
     monkeypatch.setattr(runner, "run_in_process", run_double)
     patch = "fixes/vllm-0.33.0-longer-sibling-of-aligned-prompt.diff"
-    argv = ["fuzz", "--engine", "vllm==0.33.0", "--patch", patch, "--driver", "random", "--no-z3-seeds", "--max-time", "5", "--out", str(tmp_path / "out")]
+    argv = [
+        "fuzz",
+        "--engine",
+        "vllm==0.33.0",
+        "--patch",
+        patch,
+        "--driver",
+        "random",
+        "--no-z3-seeds",
+        "--max-time",
+        "5",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert kvspec(argv) == 3
     assert "stopped here by the test (harness failed, exit 3)" in capsys.readouterr().err
     build = builds.Overlay("0.33.0", "patch", "fix", {}).version

@@ -72,8 +72,14 @@ print(json.dumps({"same": same, "indexed": sum(indexed), "valid_before": before,
 @pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
 def test_the_index_answers_as_the_map_does(version):
     ensure_env(version)
-    proc = subprocess.run([str(environments.env_python(version)), "-c", SCRIPT], capture_output=True, text=True, timeout=600,
-                          env=environments.worker_env(version), cwd=str(environments.REPO_ROOT))
+    proc = subprocess.run(
+        [str(environments.env_python(version)), "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environments.worker_env(version),
+        cwd=str(environments.REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(out["same"]) and len(out["same"]) == 18, out
@@ -117,11 +123,27 @@ def test_mamba_blocks_a_running_request_keeps_are_observed():
     ``leaked_blocks`` 0); with the pool planted to keep one block of the
     first allocation, A:5000 leaves one and ``block_table`` fires on it."""
     ensure_env("0.33.0")
-    case = {"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
-                                        "vllm_args": ["--enable-prefix-caching", "--max-num-batched-tokens", "1088"]},
-            "trace": [{"prompt": [{"segment": "A", "length": 5000}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 5000}]}]}
-    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", RETIRE % json.dumps(case)], capture_output=True, text=True, timeout=600,
-                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    case = {
+        "schema": 1,
+        "deployment": {
+            "model": "qwen3_next",
+            "platform": "cuda",
+            "device": "a100",
+            "vllm_args": ["--enable-prefix-caching", "--max-num-batched-tokens", "1088"],
+        },
+        "trace": [
+            {"prompt": [{"segment": "A", "length": 5000}], "max_tokens": 4},
+            {"prompt": [{"segment": "A", "length": 5000}]},
+        ],
+    }
+    proc = subprocess.run(
+        [str(environments.env_python("0.33.0")), "-c", RETIRE % json.dumps(case)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environments.worker_env("0.33.0"),
+        cwd=str(environments.REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     release, planted = out["release"], out["planted"]

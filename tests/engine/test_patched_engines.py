@@ -42,9 +42,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """{finding file: (folder, test file name)}: each finding's report bundle."""
-    from tests.engine.conftest import ensure_env
-
     from fuzz.report import bundle
+    from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
     out = {}
@@ -53,7 +52,9 @@ def bundles(tmp_path_factory):
         files = bundle(finding)
         assert files["fix.diff"] == fix.read_text(), name  # the report names its fix
         (test_name,) = [n for n in files if n.startswith("test_") and n.endswith(".py")]
-        assert "kvspec" not in "".join(line for line in files[test_name].splitlines() if line.startswith(("import", "from")))
+        assert "kvspec" not in "".join(
+            line for line in files[test_name].splitlines() if line.startswith(("import", "from"))
+        )
         folder = tmp_path_factory.mktemp(Path(name).stem)
         for n, text in files.items():
             (folder / n).write_text(text)
@@ -70,7 +71,14 @@ def _pytest(version: str, paths: list[Path]) -> subprocess.CompletedProcess:
     env.pop("PYTHONPATH", None)
     env["PYTHONNOUSERSITE"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, paths)], capture_output=True, text=True, cwd=paths[0].parent, env=env, timeout=900)
+    return subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=paths[0].parent,
+        env=env,
+        timeout=900,
+    )
 
 
 def test_the_regression_tests_fail_on_the_release(bundles):
@@ -93,7 +101,14 @@ def test_each_regression_test_passes_with_its_fix(bundles, name):
 
 
 def _check_build(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "check-build", *args, "--json"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "check-build", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -102,8 +117,18 @@ def _check_build(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
 
 
 def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
-    code, report, err = _check_build("--engine", "vllm==0.33.0", "--patch", str(LONGER_SIBLING),
-                                     "--patch", str(DATA / "undo-54713.diff"), "--patch", str(DATA / "undo-checkpoint-backoff.diff"), "--max-time", "5")
+    code, report, err = _check_build(
+        "--engine",
+        "vllm==0.33.0",
+        "--patch",
+        str(LONGER_SIBLING),
+        "--patch",
+        str(DATA / "undo-54713.diff"),
+        "--patch",
+        str(DATA / "undo-checkpoint-backoff.diff"),
+        "--max-time",
+        "5",
+    )
     rows = {r["promise"]: r for r in report["rows"]}
     assert code == 1, err[-2000:]
     assert rows["R1"]["verdict"] == "FAIL" and rows["errors"]["verdict"] == "pass"
@@ -115,7 +140,18 @@ def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
 
 
 def test_check_build_passes_the_release_with_its_fixes_on_the_promises_they_address():
-    code, report, err = _check_build("--engine", "vllm==0.33.0", "--patch", str(LONGER_SIBLING), "--patch", str(STALE_STATE), "--patch", str(HASH_UNIT_TAIL), "--max-time", "20")
+    code, report, err = _check_build(
+        "--engine",
+        "vllm==0.33.0",
+        "--patch",
+        str(LONGER_SIBLING),
+        "--patch",
+        str(STALE_STATE),
+        "--patch",
+        str(HASH_UNIT_TAIL),
+        "--max-time",
+        "20",
+    )
     rows = {r["promise"]: r["verdict"] for r in report["rows"]}
     assert code in (0, 1), err[-2000:]
     assert report["harness_errors"] == 0 and report["execs"] > 100

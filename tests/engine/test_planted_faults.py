@@ -64,7 +64,9 @@ def fixed(engines):
 def test_the_fixed_base_raises_no_safety_oracle_on_the_faults_case(fixed, name):
     judged = observe_and_judge(_case(name), None, fixed)
     assert "error" not in judged.observation, judged.observation.get("error")
-    assert not [d for d in judged.divergences if d.oracle in SAFETY_ORACLES], [(d.oracle, d.detail) for d in judged.divergences]
+    assert not [d for d in judged.divergences if d.oracle in SAFETY_ORACLES], [
+        (d.oracle, d.detail) for d in judged.divergences
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(FAULTS))

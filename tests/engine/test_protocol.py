@@ -9,9 +9,9 @@ import pytest
 
 from engine_adapter.host import environments
 from engine_adapter.protocol import PROTOCOL_VERSION
+from reference.case import case_to_dict
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.engine.conftest import ensure_env
-from reference.case import case_to_dict
 
 pytestmark = pytest.mark.engine
 

@@ -50,7 +50,11 @@ def test_a_versions_finding_records_both_real_engines(versions_finding):
     a, b = f["engine"], f["other_engine"]
     assert (a["name"], b["name"]) == ("vllm==0.29.0", "vllm==0.33.0")
     # each engine hashed its own vLLM files under test
-    assert len(a["vllm_files_sha256"]) == 64 and len(b["vllm_files_sha256"]) == 64 and a["vllm_files_sha256"] != b["vllm_files_sha256"]
+    assert (
+        len(a["vllm_files_sha256"]) == 64
+        and len(b["vllm_files_sha256"]) == 64
+        and a["vllm_files_sha256"] != b["vllm_files_sha256"]
+    )
     assert a["vllm_files_sha256"] == obs["vllm_files_sha256"] and b["vllm_files_sha256"] == other["vllm_files_sha256"]
     assert f["harness"] == {"mode": "worker", "platform": "cuda"}
 

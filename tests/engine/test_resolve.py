@@ -14,9 +14,8 @@ import pytest
 
 from engine_adapter.host import environments
 from fuzz.oracles import check_engine_error
-from reference.case import case_to_dict, load_case, parse_case
 from ground.errors import DeploymentRejected, InvalidArgument, Unsupported
-
+from reference.case import case_to_dict, load_case, parse_case
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
@@ -78,7 +77,12 @@ def test_the_53504_deployment_resolves_to_1600_and_1568(engine_029):
     assert block(engine_029.resolve(case)) == 1600
     args = list(case.deployment.vllm_args)
     i = args.index("--speculative-config")
-    off = parse_case({**json.loads(json.dumps({"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})), "deployment": {**case.deployment.as_dict(), "vllm_args": args[:i] + args[i + 2:]}})
+    off = parse_case(
+        {
+            **json.loads(json.dumps({"schema": 1, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})),
+            "deployment": {**case.deployment.as_dict(), "vllm_args": args[:i] + args[i + 2 :]},
+        }
+    )
     assert block(engine_029.resolve(off)) == 1568
 
 
@@ -100,7 +104,18 @@ def test_fewer_layers_leave_the_geometry_unchanged(engine_033):
     """model_overrides may shrink the layer count (same attention:Mamba
     ratio) without changing what vLLM resolves."""
     full = engine_033.resolve(deployment("qwen3_next"))
-    small = engine_033.resolve(deployment("qwen3_next", overrides={"num_hidden_layers": 8, "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]}))
+    small = engine_033.resolve(
+        deployment(
+            "qwen3_next",
+            overrides={
+                "num_hidden_layers": 8,
+                "layer_types": ["linear_attention"] * 3
+                + ["full_attention"]
+                + ["linear_attention"] * 3
+                + ["full_attention"],
+            },
+        )
+    )
     assert small["geometry"] == full["geometry"]
 
 
@@ -125,7 +140,9 @@ def test_an_attention_free_model_is_one_mamba_group_on_the_block_size(engine_033
 def test_one_kv_cache_group_refuses_a_finer_prefix_match_unit_on_033(engine_033):
     """vLLM 0.32.0+ (``resolve_kv_cache_block_sizes``' single-group branch)
     refuses a unit it would otherwise ignore; the example that pins it."""
-    with pytest.raises(DeploymentRejected, match="with a single KV cache group, prefix-cache hits land on the block size \\(256\\)"):
+    with pytest.raises(
+        DeploymentRejected, match="with a single KV cache group, prefix-cache hits land on the block size \\(256\\)"
+    ):
         engine_033.resolve(load_case("examples/rejected-prefix-match-unit-one-group-deployment.json"))
 
 
@@ -197,8 +214,14 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     and at a step (``engine_adapter.vllm_engine.failure.vllm_outcome``)."""
     ensure_env("0.33.0")
     case = load_case("examples/one-group-mamba2-deployment.json")
-    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", CRASH % json.dumps(case_to_dict(case))], capture_output=True, text=True, timeout=600,
-                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    proc = subprocess.run(
+        [str(environments.env_python("0.33.0")), "-c", CRASH % json.dumps(case_to_dict(case))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environments.worker_env("0.33.0"),
+        cwd=str(environments.REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["release"] == [0, 1024, 1024, 0, 1024]
@@ -207,9 +230,13 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     assert "kv_cache_utils.py" in err["traceback"]
     (div,) = check_engine_error(case, "0.33.0", {"hits": [], "error": err})
     assert div.oracle == "engine_error" and "IndexError" in div.detail
-    assert out["resolved"].startswith("deployment=") and "vLLM crashes resolving it (setup): IndexError" in out["resolved"]
+    assert (
+        out["resolved"].startswith("deployment=") and "vLLM crashes resolving it (setup): IndexError" in out["resolved"]
+    )
     assert out["glue"] == "IndexError raised to the harness"
-    assert out["observer"] == "KeyError raised to the harness"  # a step's own observer: never vLLM's EngineStall or step error
+    assert (
+        out["observer"] == "KeyError raised to the harness"
+    )  # a step's own observer: never vLLM's EngineStall or step error
     assert out["here"] is False  # no traceback: not raised in vLLM
 
 
@@ -217,7 +244,10 @@ def test_a_crash_building_the_kv_cache_is_an_engine_error_and_a_refusal_is_not()
     ("flags", "message"),
     [
         (("--tensor-parallel-size", "3"), "must be divisible by tensor parallel size"),
-        (("--scheduling-policy", "bogus"), "argument --scheduling-policy: invalid choice"),  # vLLM's parser (a flag off the allow-list, or a size that is no integer, never reaches vLLM: reference.vllm_flags)
+        (
+            ("--scheduling-policy", "bogus"),
+            "argument --scheduling-policy: invalid choice",
+        ),  # vLLM's parser (a flag off the allow-list, or a size that is no integer, never reaches vLLM: reference.vllm_flags)
         (("--kv-cache-dtype", "fp9"), "Invalid kv_cache_dtype"),
         (("--prefix-match-unit", "100"), "prefix_match_unit"),
     ],
@@ -237,7 +267,23 @@ def test_an_unknown_model_names_the_field():
 
 
 def test_cli_resolve_rejection_is_exit_2_one_line(tmp_path):
-    p = subprocess.run([".venv/bin/kvspec", "resolve", "--model", "qwen3_next", "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching", "--tensor-parallel-size", "3"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            ".venv/bin/kvspec",
+            "resolve",
+            "--model",
+            "qwen3_next",
+            "--engine",
+            "vllm==0.33.0",
+            "--",
+            "--enable-prefix-caching",
+            "--tensor-parallel-size",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvspec: deployment=") and "divisible" in lines[0]
@@ -260,13 +306,15 @@ def test_layer_checkpoint_facts_still_match_vllms_source():
         "print('ok')\n"
     )
     env = environments.worker_env("0.33.0")
-    p = subprocess.run([str(environments.env_python("0.33.0")), "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run(
+        [str(environments.env_python("0.33.0")), "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
     ours = (environments.REPO_ROOT / "engine_adapter" / "vllm_engine" / "standins.py").read_text()
     assert 'CHECKPOINT_EXPORTERS = {"mamba2": (0, 32, 0), "gdn": (0, 33, 0)}' in ours
 
 
-MEMO_SCRIPT = r'''
+MEMO_SCRIPT = r"""
 import json
 from engine_adapter.vllm_engine import resolve as R
 from engine_adapter.vllm_engine.driver import VllmDriver
@@ -291,7 +339,7 @@ strip = lambda r: {k: r[k] for k in ("hits", "queries", "explain", "knobs")}
 print(json.dumps({"same_object": again is first, "unchanged": snapshot(again) == before,
                   "runs_equal": strip(runs[0]) == strip(runs[1]), "hits": runs[0]["hits"], "big_hits": big["hits"],
                   "pool": short["knobs"]["num_blocks"], "big_pool": big["knobs"]["num_blocks"]}))
-'''
+"""
 
 
 def test_a_resolution_is_kept_per_process_and_nothing_writes_to_it():
@@ -300,8 +348,14 @@ def test_a_resolution_is_kept_per_process_and_nothing_writes_to_it():
     of a case observe the same, and a trace too long for the default pool
     gets a larger one (a second resolution) without eviction."""
     ensure_env("0.33.0")
-    proc = subprocess.run([str(environments.env_python("0.33.0")), "-c", MEMO_SCRIPT], capture_output=True, text=True, timeout=600,
-                          env=environments.worker_env("0.33.0"), cwd=str(environments.REPO_ROOT))
+    proc = subprocess.run(
+        [str(environments.env_python("0.33.0")), "-c", MEMO_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environments.worker_env("0.33.0"),
+        cwd=str(environments.REPO_ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["same_object"] and out["unchanged"] and out["runs_equal"], out
@@ -315,7 +369,9 @@ def test_a_flag_that_vllm_writes_into_a_default_does_not_reach_the_next_deployme
     leave it set for the next one (an H100 Qwen3-Next without the flag keeps
     FlashInfer's prefill and the 576-token block). ``--max-num-seqs 7`` makes
     both deployments new to this engine process."""
-    triton = engine_033.resolve(deployment("qwen3_next", "--max-num-seqs", "7", "--gdn-prefill-backend", "triton", device="h100"))
+    triton = engine_033.resolve(
+        deployment("qwen3_next", "--max-num-seqs", "7", "--gdn-prefill-backend", "triton", device="h100")
+    )
     auto = engine_033.resolve(deployment("qwen3_next", "--max-num-seqs", "7", device="h100"))
     assert (triton["facts"]["gdn_prefill_backend"], block(triton)) == ("triton", 544)
     assert (auto["facts"]["gdn_prefill_backend"], block(auto)) == ("flashinfer", 576)

@@ -32,15 +32,21 @@ def sglang():
 
 
 def _case(strategy_args: list[str], lengths: list[list[tuple[str, int]]]) -> dict:
-    return {"schema": 1, "name": "t", "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": strategy_args},
-            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in lengths]}
+    return {
+        "schema": 1,
+        "name": "t",
+        "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": strategy_args},
+        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in lengths],
+    }
 
 
 def test_resolution_is_sglangs_own(sglang):
     res = sglang.resolve(json.loads(CASE.read_text()))
     assert res["mamba_radix_cache_strategy"] == "extra_buffer" and res["extra_buffer"] is True
     assert res["page_size"] == 64 and res["chunked_prefill_size"] == 2048
-    assert res["checkpoint_grid"] == 64 and res["track_grid"] == 256  # lcm(64, page) and lcm(grid, --mamba-track-interval 256)
+    assert (
+        res["checkpoint_grid"] == 64 and res["track_grid"] == 256
+    )  # lcm(64, page) and lcm(grid, --mamba-track-interval 256)
     auto = sglang.resolve(_case([], [[("A", 10)]]))
     assert auto["mamba_radix_cache_strategy"] == "extra_buffer"  # "auto" for Qwen3-Next on CUDA, as SGLang resolves it
 
@@ -70,7 +76,9 @@ def test_grid_multiple_resend_misses_the_promise(sglang):
     raw = json.loads(CASE.read_text())
     obs = sglang.run(raw)
     res = obs["resolution"]
-    promised = predict(with_resolution(parse_case(raw), res["geometry"], res["speculative"], VERSION), VERSION, "promise")["hits"]
+    promised = predict(
+        with_resolution(parse_case(raw), res["geometry"], res["speculative"], VERSION), VERSION, "promise"
+    )["hits"]
     grid = res["checkpoint_grid"]
     assert promised[1] == (3200 - 1) // grid * grid
     assert obs["hits"][1] < promised[1]  # the class: the resend loses reuse
@@ -80,39 +88,112 @@ def test_grid_multiple_resend_misses_the_promise(sglang):
 
 
 def test_no_buffer_keeps_states_where_prefills_end(sglang):
-    obs = sglang.run(_case(["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "2048"],
-                           [[("A", 3300)], [("A", 3300)], [("A", 3300), ("B", 100)]]))
+    obs = sglang.run(
+        _case(
+            [
+                "--mamba-radix-cache-strategy",
+                "no_buffer",
+                "--disable-overlap-schedule",
+                "--chunked-prefill-size",
+                "2048",
+            ],
+            [[("A", 3300)], [("A", 3300)], [("A", 3300), ("B", 100)]],
+        )
+    )
     assert obs["resolution"]["geometry"] is None  # the promise is not stated for it
-    assert obs["hits"][0] == 0 and obs["hits"][1] == 2048 and obs["hits"][2] == 3300  # a chunk end; the whole earlier prompt
+    assert (
+        obs["hits"][0] == 0 and obs["hits"][1] == 2048 and obs["hits"][2] == 3300
+    )  # a chunk end; the whole earlier prompt
     assert all(e["written"] == e["chunk_ends"] for e in obs["explain"])
 
 
 def test_cli_compare_exits_1_on_the_divergence_from_the_promise():
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(CASE), "--engine", VERSION, "--compare", "--rule", "promise", "--json", "--mode", "worker"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "run",
+            str(CASE),
+            "--engine",
+            VERSION,
+            "--compare",
+            "--rule",
+            "promise",
+            "--json",
+            "--mode",
+            "worker",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["verdict"] == "diverges" and out["engine"] == VERSION and out["rule"] == "promise"
 
 
 def test_cli_compare_agrees_with_sglangs_own_rule_by_default():
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(CASE), "--engine", VERSION, "--compare", "--json", "--mode", "worker"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "run",
+            str(CASE),
+            "--engine",
+            VERSION,
+            "--compare",
+            "--json",
+            "--mode",
+            "worker",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    assert out["verdict"] == "agrees" and out["rule"] == "replay" and out["reference"]["hits"] == [0, 2048, 3136, 0, 3264, 3264]
+    assert (
+        out["verdict"] == "agrees"
+        and out["rule"] == "replay"
+        and out["reference"]["hits"] == [0, 2048, 3136, 0, 3264, 3264]
+    )
 
 
 def test_a_hit_above_the_promise_by_a_chunk_end_state_is_not_a_divergence(tmp_path):
     """Issue 42's trace: request 1 is the grid class (below the promise);
     request 3 resumes at 512, a chunk end SGLang's prefill wrote, where the
     promise says 0: that one is legitimate."""
-    case = _case(["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "512"],
-                 [[("A", 1024)], [("A", 1024)], [("A", 1024), ("B", 40)], [("A", 700), ("C", 300)]])
+    case = _case(
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "512"],
+        [[("A", 1024)], [("A", 1024)], [("A", 1024), ("B", 40)], [("A", 700), ("C", 300)]],
+    )
     path = tmp_path / "c.json"
     path.write_text(json.dumps(case))
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(path), "--engine", VERSION, "--compare", "--rule", "promise", "--json", "--mode", "worker"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "run",
+            str(path),
+            "--engine",
+            VERSION,
+            "--compare",
+            "--rule",
+            "promise",
+            "--json",
+            "--mode",
+            "worker",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     out = json.loads(proc.stdout)
     assert out["observed"]["hits"][3] == 512 and out["reference"]["hits"][3] == 512, out["reference"]["hits"]
     assert [r.split(":")[0] for r in out["reasons"]] == ["request 1"], out["reasons"]  # the grid class only
@@ -133,7 +214,12 @@ def test_a_continuing_chunk_off_the_page_resumes_a_state_keyed_below_its_tokens(
     """The data path: the tracked slot holds the state the kernel copies
     (over 2,920 tokens), the tree keys it at the page floor (2,880); the
     resend resumes from it (``resumed_state.same_tokens`` False)."""
-    obs = sglang.run(_case(["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"], [[("A", 3000)]] * 3))
+    obs = sglang.run(
+        _case(
+            ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"],
+            [[("A", 3000)]] * 3,
+        )
+    )
     assert obs["hits"] == [0, 2880, 2944]
     assert obs["explain"][1]["resumed_state"] == {"tokens": 2920, "same_tokens": False}
     assert obs["explain"][2]["resumed_state"]["same_tokens"] is True
@@ -141,15 +227,25 @@ def test_a_continuing_chunk_off_the_page_resumes_a_state_keyed_below_its_tokens(
 
 def test_predict_as_sglang_answers_with_either_rule():
     for rule, hits in (("replay", [0, 2048, 3136, 0, 3264, 3264]), ("promise", [0, 3136, 3136, 0, 3264, 3264])):
-        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "predict", str(CASE), "--as", VERSION, "--rule", rule],
-                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvspec.cli", "predict", str(CASE), "--as", VERSION, "--rule", rule],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr[-1000:]
         assert json.loads(proc.stdout)["hits"] == hits
 
 
 def test_cli_refuses_a_vllm_case_on_sglang():
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(ROOT / "examples" / "seed-53504.json"), "--engine", VERSION],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "run", str(ROOT / "examples" / "seed-53504.json"), "--engine", VERSION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "--engine='sglang==0.5.23'" in proc.stderr, proc.stderr[-500:]
 
 
@@ -158,10 +254,11 @@ def test_a_campaign_finds_both_sglang_classes_by_itself(sglang, tmp_path):
     runs, not time): deployments drawn from SGLang's knobs, traces from the
     promise's shapes; every finding is one of the two SGLang classes, the
     two tree cores agree on every case, and nothing is a harness error."""
+    import time
+
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, TreeCoreTwin, run_random
     from fuzz.known_classes import classify
-    import time
 
     bounded = BoundedEngine(sglang, time.monotonic() + 600)
     campaign = Campaign(bounded, tmp_path, other=TreeCoreTwin(bounded), seed=2)
@@ -175,9 +272,18 @@ def test_a_campaign_finds_both_sglang_classes_by_itself(sglang, tmp_path):
 
 
 def test_fuzz_refuses_what_the_sglang_family_does_not_drive():
-    for extra, flag in ((["--driver", "atheris"], "--driver"), (["--synthetic-geometry"], "--synthetic-geometry"), (["--engine", "vllm==0.33.0"], "--engine")):
-        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", VERSION, *extra, "--max-time", "5"],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+    for extra, flag in (
+        (["--driver", "atheris"], "--driver"),
+        (["--synthetic-geometry"], "--synthetic-geometry"),
+        (["--engine", "vllm==0.33.0"], "--engine"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", VERSION, *extra, "--max-time", "5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert proc.returncode == 2 and f"kvspec: {flag}=" in proc.stderr, (extra, proc.stderr[-400:])
 
 
@@ -186,8 +292,25 @@ def test_a_matrix_across_families_judges_each_engine_on_its_own_resolution():
     case runs on the other family with that engine's default flags (the
     cell says so), and each cell is judged against the promise on the
     geometry its own engine resolved."""
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "matrix", str(CASE), str(ROOT / "examples" / "seed-53504-deployment.json"),
-                           "--engine", "vllm==0.33.0", "--engine", VERSION, "--json"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "matrix",
+            str(CASE),
+            str(ROOT / "examples" / "seed-53504-deployment.json"),
+            "--engine",
+            "vllm==0.33.0",
+            "--engine",
+            VERSION,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-1500:]
     rows = {r["name"]: r["cells"] for r in json.loads(proc.stdout)}
     grid = rows["sglang-grid-resend-qwen3_next"]
@@ -208,12 +331,31 @@ def test_a_patched_sglang_build_keeps_the_promise_on_both_classes(tmp_path):
     from engine_adapter.host.builds import overlay_from_patches, prepare
 
     overlay = overlay_from_patches(VERSION, [str(FIX)])
-    assert list(overlay.files) == ["sglang/srt/managers/schedule_policy.py"] and overlay.version.startswith("sglang==0.5.23+keep-cut.")
+    assert list(overlay.files) == ["sglang/srt/managers/schedule_policy.py"] and overlay.version.startswith(
+        "sglang==0.5.23+keep-cut."
+    )
     name = prepare(VERSION, [str(FIX)])
     assert name == overlay.name
     for example in (CASE, ROOT / "examples" / "sglang-sibling-branch-qwen3_next.json"):
-        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "run", str(example), "--engine", name, "--compare", "--json", "--mode", "worker"],
-                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvspec.cli",
+                "run",
+                str(example),
+                "--engine",
+                name,
+                "--compare",
+                "--json",
+                "--mode",
+                "worker",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr[-1500:]
         out = json.loads(proc.stdout)
         assert out["verdict"] == "agrees" and out["engine"] == name
@@ -224,17 +366,54 @@ def test_an_sglang_patch_stays_in_sglangs_tree(tmp_path):
     from ground.errors import InvalidArgument
 
     bad = tmp_path / "bad.diff"
-    bad.write_text("--- a/vllm/v1/core/sched/scheduler.py\n+++ b/vllm/v1/core/sched/scheduler.py\n@@ -1 +1 @@\n-a\n+b\n")
-    with pytest.raises(InvalidArgument, match=r"is not a file of SGLang's sglang/ tree; allowed: paths like a/sglang/srt/managers/schedule_policy.py"):
+    bad.write_text(
+        "--- a/vllm/v1/core/sched/scheduler.py\n+++ b/vllm/v1/core/sched/scheduler.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    with pytest.raises(
+        InvalidArgument,
+        match=r"is not a file of SGLang's sglang/ tree; allowed: paths like a/sglang/srt/managers/schedule_policy.py",
+    ):
         overlay_from_patches(VERSION, [str(bad)])
 
 
 def test_kvspec_resolve_prints_what_sglang_built_and_relays_its_refusal():
-    ok = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", str(CASE), "--engine", VERSION], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert ok.returncode == 0 and "strategy:          extra_buffer" in ok.stdout and "the promise reads: block 64" in ok.stdout, ok.stdout + ok.stderr[-500:]
-    refused = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_next", "--engine", VERSION, "--",
-                              "--mamba-radix-cache-strategy", "no_buffer", "--page-size", "64"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert refused.returncode == 2 and refused.stderr.strip() == "kvspec: deployment: SGLang refused it: no_buffer only supports page_size=1.", refused.stderr[-500:]
+    ok = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "resolve", str(CASE), "--engine", VERSION],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert (
+        ok.returncode == 0
+        and "strategy:          extra_buffer" in ok.stdout
+        and "the promise reads: block 64" in ok.stdout
+    ), ok.stdout + ok.stderr[-500:]
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "resolve",
+            "--model",
+            "qwen3_next",
+            "--engine",
+            VERSION,
+            "--",
+            "--mamba-radix-cache-strategy",
+            "no_buffer",
+            "--page-size",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert (
+        refused.returncode == 2
+        and refused.stderr.strip() == "kvspec: deployment: SGLang refused it: no_buffer only supports page_size=1."
+    ), refused.stderr[-500:]
 
 
 def test_a_deployment_resolved_again_runs_under_its_own_arguments(sglang):
@@ -242,9 +421,14 @@ def test_a_deployment_resolved_again_runs_under_its_own_arguments(sglang):
     scheduler reads process-wide arguments, so a deployment met again (A,
     then B, then A) must run under A's, as it did the first time."""
     a = json.loads(CASE.read_text())
-    b = _case(["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "2048"], [[("A", 3200)], [("A", 3200)]])
+    b = _case(
+        ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "2048"],
+        [[("A", 3200)], [("A", 3200)]],
+    )
     first = sglang.run(a)
     other = sglang.run(b)
     again = sglang.run(a)
     assert other["resolution"]["mamba_radix_cache_strategy"] == "no_buffer"
-    assert again["hits"] == first["hits"] and [e["tracked"] for e in again["explain"]] == [e["tracked"] for e in first["explain"]]
+    assert again["hits"] == first["hits"] and [e["tracked"] for e in again["explain"]] == [
+        e["tracked"] for e in first["explain"]
+    ]

@@ -41,9 +41,16 @@ MODELS = ("qwen3_next", "qwen3_5", "nemotron_h", "falcon_h1", "granitemoehybrid"
 
 def _case(model: str, config: dict, *flags: str, trace=None) -> dict:
     args = ["--enable-prefix-caching", "--speculative-config", json.dumps(config), *flags]
-    trace = trace or [{"prompt": [{"segment": "A", "length": 2000}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 2000}], "max_tokens": 4},
-                      {"prompt": [{"segment": "A", "length": 2500}], "max_tokens": 2}]
-    return {"schema": 1, "deployment": {"model": model, "vllm_args": args, "platform": "cuda", "device": "h100"}, "trace": trace}
+    trace = trace or [
+        {"prompt": [{"segment": "A", "length": 2000}], "max_tokens": 4},
+        {"prompt": [{"segment": "A", "length": 2000}], "max_tokens": 4},
+        {"prompt": [{"segment": "A", "length": 2500}], "max_tokens": 2},
+    ]
+    return {
+        "schema": 1,
+        "deployment": {"model": model, "vllm_args": args, "platform": "cuda", "device": "h100"},
+        "trace": trace,
+    }
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -54,8 +61,15 @@ def test_ngram_resolves_on_every_shipped_model_with_no_drafter_kv(engine_033, mo
     assert r["facts"]["draft_attention_layers"] == 0
 
 
-@pytest.mark.parametrize("options", [{}, {"disable_eagle_block_drop": True}, {"disable_lookahead_block_hashes": True},
-                                     {"disable_eagle_block_drop": True, "disable_lookahead_block_hashes": True, "prompt_lookup_max": 3}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"disable_eagle_block_drop": True},
+        {"disable_lookahead_block_hashes": True},
+        {"disable_eagle_block_drop": True, "disable_lookahead_block_hashes": True, "prompt_lookup_max": 3},
+    ],
+)
 def test_an_ngram_case_runs_and_agrees_with_the_reference_drop_options_on_and_off(engine_033, options):
     """The drop options change nothing for ngram: no drop, no lookahead, the
     hits of the reference (the resend hits, the longer prompt hits too)."""
@@ -67,17 +81,31 @@ def test_an_ngram_case_runs_and_agrees_with_the_reference_drop_options_on_and_of
     assert observed["hits"][1] > 0 and observed["hits"][2] >= observed["hits"][1]
 
 
-@pytest.mark.parametrize(("config", "kept"), [({"method": "ngram", "num_speculative_tokens": 1}, False),
-                                             ({"method": "eagle", "num_speculative_tokens": 1, "disable_eagle_block_drop": True}, False),
-                                             ({"method": "eagle", "num_speculative_tokens": 1}, True)])
+@pytest.mark.parametrize(
+    ("config", "kept"),
+    [
+        ({"method": "ngram", "num_speculative_tokens": 1}, False),
+        ({"method": "eagle", "num_speculative_tokens": 1, "disable_eagle_block_drop": True}, False),
+        ({"method": "eagle", "num_speculative_tokens": 1}, True),
+    ],
+)
 def test_the_shared_prefix_checkpoint_acts_only_with_an_eagle_group(engine_033, config, kept):
     """``--enable-mamba-shared-prefix-checkpoint`` acts only with an EAGLE
     group (a drafter's KV layer, flagged under the block drop or lookahead
     hashes): ngram has none, and an EAGLE drafter with the drop disabled is
     not flagged; the reference's knob says the same, and the hits agree."""
-    raw = _case("qwen3_next", config, "--prefix-match-unit", "64", "--enable-mamba-shared-prefix-checkpoint",
-                trace=[{"prompt": [{"segment": "A", "length": 1500}]}, {"prompt": [{"segment": "A", "length": 896}, {"segment": "B", "length": 300}]},
-                       {"prompt": [{"segment": "A", "length": 896}, {"segment": "C", "length": 400}]}])
+    raw = _case(
+        "qwen3_next",
+        config,
+        "--prefix-match-unit",
+        "64",
+        "--enable-mamba-shared-prefix-checkpoint",
+        trace=[
+            {"prompt": [{"segment": "A", "length": 1500}]},
+            {"prompt": [{"segment": "A", "length": 896}, {"segment": "B", "length": 300}]},
+            {"prompt": [{"segment": "A", "length": 896}, {"segment": "C", "length": 400}]},
+        ],
+    )
     observed = engine_033.run(parse_case(raw))
     judged = resolved(parse_case(raw), observed, "0.33.0")
     assert judged.geometry.shared_prefix_checkpoint and judged.geometry.hash_block_size == 64
@@ -95,31 +123,57 @@ def test_an_eagle_deployment_gets_kvspecs_drafter_and_nothing_else_changes(tmp_p
 
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path))
     target = model_dir(load_config("nemotron_h"))
-    out = with_drafter(["--enable-prefix-caching", "--speculative_config=" + json.dumps({"method": "eagle3", "num_speculative_tokens": 2})], target)
+    out = with_drafter(
+        [
+            "--enable-prefix-caching",
+            "--speculative_config=" + json.dumps({"method": "eagle3", "num_speculative_tokens": 2}),
+        ],
+        target,
+    )
     flag, value = out[1].split("=", 1)
     doc = json.loads(value)
     assert flag == "--speculative_config" and doc["method"] == "eagle3" and doc["model"].startswith(str(tmp_path))
     written = json.loads((Path(doc["model"]) / "config.json").read_text())
     cfg = load_config("nemotron_h")
-    assert written == drafter_config(cfg) and written["hidden_size"] == cfg["hidden_size"] and written["vocab_size"] == cfg["vocab_size"]
+    assert (
+        written == drafter_config(cfg)
+        and written["hidden_size"] == cfg["hidden_size"]
+        and written["vocab_size"] == cfg["vocab_size"]
+    )
     for config in ({"method": "ngram", "num_speculative_tokens": 1}, {"method": "mtp", "num_speculative_tokens": 1}):
         args = ["--speculative-config", json.dumps(config)]
         assert with_drafter(args, target) == args
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-@pytest.mark.parametrize(("options", "drop", "lookahead"), [({}, False, 1), ({"disable_lookahead_block_hashes": True}, True, 0), ({"disable_eagle_block_drop": True}, False, 0)])
+@pytest.mark.parametrize(
+    ("options", "drop", "lookahead"),
+    [
+        ({}, False, 1),
+        ({"disable_lookahead_block_hashes": True}, True, 0),
+        ({"disable_eagle_block_drop": True}, False, 0),
+    ],
+)
 @pytest.mark.parametrize("model", ["qwen3_next", "nemotron_h"])
 def test_eagle_with_kvspecs_drafter_resolves_runs_and_agrees(engine_033, method, options, drop, lookahead, model):
-    raw = _case(model, {"method": method, "num_speculative_tokens": 2, **options},
-                trace=[{"prompt": [{"segment": "A", "length": 1152}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 1152}], "max_tokens": 2},
-                       {"prompt": [{"segment": "A", "length": 1300}]}, {"prompt": [{"segment": "A", "length": 700}, {"segment": "B", "length": 100}]}])
+    raw = _case(
+        model,
+        {"method": method, "num_speculative_tokens": 2, **options},
+        trace=[
+            {"prompt": [{"segment": "A", "length": 1152}], "max_tokens": 4},
+            {"prompt": [{"segment": "A", "length": 1152}], "max_tokens": 2},
+            {"prompt": [{"segment": "A", "length": 1300}]},
+            {"prompt": [{"segment": "A", "length": 700}, {"segment": "B", "length": 100}]},
+        ],
+    )
     r = engine_033.resolve(parse_case(raw))
     assert r["speculative"]["method"] == method and r["facts"]["draft_attention_layers"] == 1
     assert r["facts"]["num_hash_lookahead_tokens"] == lookahead
     observed = engine_033.run(parse_case(raw))
     # the drafter's group is flagged unless the drop is disabled (vLLM flags it only under use_eagle_block_drop)
-    assert observed["knobs"]["eagle_drop"] is drop and bool(observed["knobs"]["eagle_group_ids"]) is (drop or lookahead > 0)
+    assert observed["knobs"]["eagle_drop"] is drop and bool(observed["knobs"]["eagle_group_ids"]) is (
+        drop or lookahead > 0
+    )
     judged = resolved(parse_case(raw), observed, "0.33.0")
     assert observed["hits"] == predict(judged, "vllm==0.33.0", "replay")["hits"]
 
@@ -137,7 +191,11 @@ def test_an_eagle_drafter_on_an_attention_free_model_is_unsupported_not_a_crash(
     attention-free model has not (vLLM's grouping divided by its zero page
     size: a campaign's engine_error that was kvspec's, not vLLM's)."""
     with pytest.raises(Unsupported, match="attention-free"):
-        engine_033.resolve(parse_case(_case(model, {"method": method, "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True})))
+        engine_033.resolve(
+            parse_case(
+                _case(model, {"method": method, "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True})
+            )
+        )
 
 
 @pytest.mark.parametrize("method", ["draft_model", "dflash", "suffix", "ngram_gpu", "custom_class"])

@@ -21,9 +21,9 @@ from engine_adapter.host.engine import WarmEngine
 from fuzz.campaign import Campaign
 from fuzz.choosers import RandomChooser
 from fuzz.generate import build_case
+from ground.errors import DeploymentRejected
 from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case
-from ground.errors import DeploymentRejected
 from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
@@ -50,7 +50,9 @@ def observe(engine, case) -> dict:
 def cases(engine_033, tmp_path_factory):
     """The examples (hand and deployment), 12 random hand geometries and 12
     random deployments (drawn on what the cold engine resolves)."""
-    out = [c for c in map(load_case, EXAMPLES) if c.deployment is None or c.deployment.engine == "vllm"]  # vLLM's examples
+    out = [
+        c for c in map(load_case, EXAMPLES) if c.deployment is None or c.deployment.engine == "vllm"
+    ]  # vLLM's examples
     rng = random.Random(14)
     out += [build_case(RandomChooser(rng)) for _ in range(12)]
     resolver = Campaign(engine_033, tmp_path_factory.mktemp("resolver")).resolver
@@ -77,7 +79,9 @@ def test_warm_and_cold_observe_the_same(warm_033, cases, cold):
     warm_results = {i: observe(warm_033, cases[i]) for i in order}
     for i, case in enumerate(cases):
         got = warm_results[i]
-        platform = case.deployment.platform if case.deployment is not None else "cuda"  # a cpu deployment runs on the cpu platform's warm server
+        platform = (
+            case.deployment.platform if case.deployment is not None else "cuda"
+        )  # a cpu deployment runs on the cpu platform's warm server
         assert "rejected" in got or got["harness"] == {"platform": platform, "mode": "worker", "warm": True}
         assert comparable(got) == cold[i], f"case {i} ({case.name}): {json.dumps(case_to_dict(case))[:300]}"
 
@@ -107,12 +111,21 @@ def test_two_concurrent_clients_both_get_their_answers(warm_033, cases, cold):
 
 
 def kvspec(*argv, env=None):
-    return subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env=env or dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+        env=env or dict(os.environ),
+    )
 
 
 def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
     ours = warm_033.client().env_id  # engines of other environments are others'
-    (server,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours]  # the cpu example has one of its own
+    (server,) = [
+        w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours
+    ]  # the cpu example has one of its own
     seed = str(REPO_ROOT / "examples" / "seed-53504.json")
     deployment = str(REPO_ROOT / "examples" / "seed-53504-deployment.json")
     run = kvspec("run", seed, "--engine", "vllm==0.33.0")
@@ -122,7 +135,9 @@ def test_the_commands_reuse_one_warm_engine(warm_033, tmp_path):
     assert kvspec("replay", seed, "--engine", "vllm==0.33.0").returncode in (0, 1)
     chart = tmp_path / "m.png"
     assert kvspec("matrix", seed, "--engine", "vllm==0.33.0", "--chart", str(chart)).returncode == 0 and chart.exists()
-    (after,) = [w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours]
+    (after,) = [
+        w for w in warm.list_warm() if w["engine"] == "vllm==0.33.0" and w["platform"] == "cuda" and w["env"] == ours
+    ]
     assert after["pid"] == server["pid"]  # every command used the same warm engine
     cold_run = kvspec("run", seed, "--engine", "vllm==0.33.0", env={**os.environ, "KVSPEC_WARM": "0"})
     assert cold_run.returncode == 0 and json.loads(cold_run.stdout)["harness"] == {"platform": "cuda", "mode": "worker"}

@@ -25,10 +25,10 @@ import pytest
 from engine_adapter import sockets
 from engine_adapter.host import warm, warm_state
 from engine_adapter.host.warm import Paths, WarmClient
-from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
+from ground.home import REPO_ROOT
 
-STAND_IN = r'''
+STAND_IN = r"""
 import os, sys, time, types
 sys.path.insert(0, os.environ["KVSPEC_TEST_REPO"])
 class Driver:
@@ -53,7 +53,7 @@ fake.get_driver = lambda: Driver()
 sys.modules["engine_adapter.vllm_engine.driver"] = fake
 from engine_adapter.inside.worker import main
 sys.exit(main(sys.argv[3:]))
-'''
+"""
 
 
 @pytest.fixture
@@ -74,8 +74,12 @@ def folder(tmp_path):
 
 
 def case(name="c", n=1) -> dict:
-    return {"schema": 1, "name": name, "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]},
-            "trace": [{"prompt": [{"segment": "A", "length": 32}]}] * n}
+    return {
+        "schema": 1,
+        "name": name,
+        "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]},
+        "trace": [{"prompt": [{"segment": "A", "length": 32}]}] * n,
+    }
 
 
 def client(stand_in, folder, **kw) -> WarmClient:
@@ -107,7 +111,12 @@ def test_started_once_reused_listed_and_stopped(stand_in, folder):
     paths = Paths.of("0.33.0", "cuda", folder)
     assert stat.S_IMODE(os.stat(paths.sock).st_mode) == 0o600 and stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     (row,) = warm.list_warm(folder)
-    assert row["pid"] == pid and row["engine"] == "vllm==0.33.0" and row["platform"] == "cuda" and 0 < row["idle_left_s"] <= row["idle_timeout_s"]
+    assert (
+        row["pid"] == pid
+        and row["engine"] == "vllm==0.33.0"
+        and row["platform"] == "cuda"
+        and 0 < row["idle_left_s"] <= row["idle_timeout_s"]
+    )
     (gone,) = warm.stop(directory=folder)
     assert gone["pid"] == pid and gone["how"] == "shutdown"
     assert wait_gone(pid) and not paths.sock.exists() and not paths.state.exists()
@@ -129,10 +138,22 @@ def test_a_stale_socket_and_a_dead_pid_are_cleaned(stand_in, folder):
     dead = subprocess.Popen(["true"])
     dead.wait()
     s = socket.socket(socket.AF_UNIX)
-    with sockets.address(paths.sock) as address:  # a deep tmp_path (the engine's name carries its environment) passes 107 bytes
+    with sockets.address(
+        paths.sock
+    ) as address:  # a deep tmp_path (the engine's name carries its environment) passes 107 bytes
         s.bind(address)  # a socket file nobody listens on
     s.close()
-    paths.state.write_text(json.dumps({"pid": dead.pid, "version": "0.33.0", "platform": "cuda", "fingerprint": "x", "socket_inode": os.stat(paths.sock).st_ino}))
+    paths.state.write_text(
+        json.dumps(
+            {
+                "pid": dead.pid,
+                "version": "0.33.0",
+                "platform": "cuda",
+                "fingerprint": "x",
+                "socket_inode": os.stat(paths.sock).st_ino,
+            }
+        )
+    )
     assert warm.list_warm(folder) == []  # a dead server is not listed (its state is removed)
     out = run(client(stand_in, folder))
     assert out["ok"] and out["result"]["pid"] != dead.pid
@@ -224,10 +245,12 @@ def test_a_zombie_leader_whose_thread_still_runs_has_not_exited():
     """The leader of a multithreaded process shows ``Z`` while another thread
     still holds its files (a listening socket accepts, then resets); only a
     zombie with no thread left has exited."""
-    code = ("import ctypes, os, socket, sys, threading, time\n"
-            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
-            "threading.Thread(target=lambda: (time.sleep(3), os._exit(0))).start()\n"
-            "ctypes.CDLL(None).pthread_exit(None)\n")
+    code = (
+        "import ctypes, os, socket, sys, threading, time\n"
+        "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
+        "threading.Thread(target=lambda: (time.sleep(3), os._exit(0))).start()\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
     path = f"/tmp/kvspec-zombie-{os.getpid()}.sock"
     proc = subprocess.Popen([sys.executable, "-c", code, path])
     try:

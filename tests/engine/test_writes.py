@@ -58,9 +58,21 @@ def test_steps_after_the_prefill_carry_the_drafts_the_step_loop_proposes(engine_
     from fuzz.oracles import check_split
 
     mtp = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
-    case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "h100",
-                                                   "vllm_args": ["--enable-prefix-caching", "--speculative-config", mtp]},
-                       "trace": [{"prompt": [{"segment": "A", "length": 575}], "max_tokens": 4}, {"prompt": [{"segment": "A", "length": 575}]}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {
+                "model": "qwen3_next",
+                "platform": "cuda",
+                "device": "h100",
+                "vllm_args": ["--enable-prefix-caching", "--speculative-config", mtp],
+            },
+            "trace": [
+                {"prompt": [{"segment": "A", "length": 575}], "max_tokens": 4},
+                {"prompt": [{"segment": "A", "length": 575}]},
+            ],
+        }
+    )
     obs = engine_033.run(case)
     assert [e["decode_steps"] for e in obs["explain"]] == [[[575, 3, 3], [576, 3, 3], [577, 3, 3]], []]
     assert [e["chunk_ends"] for e in obs["explain"]] == [[575], [575]]
@@ -79,16 +91,36 @@ def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_reten
     this fails)."""
     from fuzz.oracles import check_retention
 
-    case = parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
-                                                   "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "0"]},
-                       "trace": [{"prompt": [{"segment": "A", "length": 1087}], "max_tokens": 4}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {
+                "model": "qwen3_next",
+                "platform": "cuda",
+                "device": "a100",
+                "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "0"],
+            },
+            "trace": [{"prompt": [{"segment": "A", "length": 1087}], "max_tokens": 4}],
+        }
+    )
     obs = engine_033.run(case)
     (e,) = obs["explain"]
-    assert (e["decode_steps"], e["retained_mamba_blocks"], e["retained_output_states"]) == ([[1087, 1, 1], [1088, 1, 1], [1089, 1, 1]], {"544": [0]}, [])
+    assert (e["decode_steps"], e["retained_mamba_blocks"], e["retained_output_states"]) == (
+        [[1087, 1, 1], [1088, 1, 1], [1089, 1, 1]],
+        {"544": [0]},
+        [],
+    )
     assert check_retention(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
     # periodic retention every 544 tokens keeps the segment end 1088 inside the output, which the oracle allows
-    periodic = parse_case({**case_to_dict(case), "deployment": {**case_to_dict(case)["deployment"],
-                                                               "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "544"]}})
+    periodic = parse_case(
+        {
+            **case_to_dict(case),
+            "deployment": {
+                **case_to_dict(case)["deployment"],
+                "vllm_args": ["--enable-prefix-caching", "--prefix-cache-retention-interval", "544"],
+            },
+        }
+    )
     obs = engine_033.run(periodic)
     assert obs["explain"][0]["retained_output_states"] == [1088]
     assert check_retention(resolved(periodic, obs, engine_033.version), engine_033.version, obs) == []

@@ -66,7 +66,15 @@ class RaisingDouble(ReferenceDouble):
         self.calls += 1
         for i, r in enumerate(case.trace):
             if r.num_prompt_tokens > self.limit:
-                return {"error": {"kind": "vllm", "type": "ValueError", "message": f"prompt of {r.num_prompt_tokens} tokens exceeds {self.limit}", "traceback": "Traceback ...", "request": i}}
+                return {
+                    "error": {
+                        "kind": "vllm",
+                        "type": "ValueError",
+                        "message": f"prompt of {r.num_prompt_tokens} tokens exceeds {self.limit}",
+                        "traceback": "Traceback ...",
+                        "request": i,
+                    }
+                }
         return super().run(case)
 
 
@@ -83,9 +91,21 @@ class BrokenHarnessDouble(ReferenceDouble):
     def run(self, case: Case) -> dict:
         self.runs += 1
         if self.runs % self.every == 0:
-            return {"engine": "vllm==0.29.0", "hits": [], "queries": [], "knobs": None, "explain": [], "error": {
-                "kind": self.kind, "phase": "worker", "request": None, "type": self.kind,
-                "message": "worker died (exit -9): (no stderr)", "traceback": None}}
+            return {
+                "engine": "vllm==0.29.0",
+                "hits": [],
+                "queries": [],
+                "knobs": None,
+                "explain": [],
+                "error": {
+                    "kind": self.kind,
+                    "phase": "worker",
+                    "request": None,
+                    "type": self.kind,
+                    "message": "worker died (exit -9): (no stderr)",
+                    "traceback": None,
+                },
+            }
         return super().run(case)
 
 
@@ -119,11 +139,21 @@ class ResolvingDouble:
         self.calls += 1
         args = list(case.deployment.vllm_args)
         unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
-        geometry = {"groups": [{"kind": "full_attention", "block_size": 544}, {"kind": "mamba", "block_size": 544, "count": 1}],
-                    "prefix_match_unit": unit, "hash_block_size": self.hashed or unit or 544, "retention_interval": 0, "max_num_batched_tokens": 2048}
+        geometry = {
+            "groups": [{"kind": "full_attention", "block_size": 544}, {"kind": "mamba", "block_size": 544, "count": 1}],
+            "prefix_match_unit": unit,
+            "hash_block_size": self.hashed or unit or 544,
+            "retention_interval": 0,
+            "max_num_batched_tokens": 2048,
+        }
         n = len(case.trace)
-        return {"hits": [0] * n, "queries": [r.num_prompt_tokens for r in case.trace], "knobs": {}, "explain": [{} for _ in range(n)],
-                "resolution": {"geometry": geometry, "speculative": None}}
+        return {
+            "hits": [0] * n,
+            "queries": [r.num_prompt_tokens for r in case.trace],
+            "knobs": {},
+            "explain": [{} for _ in range(n)],
+            "resolution": {"geometry": geometry, "speculative": None},
+        }
 
 
 class SetupErrorDouble:
@@ -134,5 +164,17 @@ class SetupErrorDouble:
     version = "0.33.0+asserts.000000"
 
     def run(self, case: Case) -> dict:
-        return {"hits": [], "queries": [], "knobs": None, "explain": [],
-                "error": {"kind": "vllm", "phase": "setup", "request": None, "type": "AssertionError", "message": "AssertionError: ", "traceback": "Traceback ..."}}
+        return {
+            "hits": [],
+            "queries": [],
+            "knobs": None,
+            "explain": [],
+            "error": {
+                "kind": "vllm",
+                "phase": "setup",
+                "request": None,
+                "type": "AssertionError",
+                "message": "AssertionError: ",
+                "traceback": "Traceback ...",
+            },
+        }

@@ -84,9 +84,15 @@ def test_a_known_class_never_hides_a_new_failure_of_the_same_signature(tmp_path)
 
 
 def test_the_report_separates_new_from_known_and_the_exit_follows_what_is_new():
-    report = BuildReport("vllm==0.33.0+x.abc", against="vllm==0.33.0", known={"R2": "/tmp/r2.json"},
-                    rows=[{"promise": "R1", "name": "identical resend", "verdict": "pass"},
-                          {"promise": "R2", "name": "longer sibling", "verdict": "fails on baseline too"}])
+    report = BuildReport(
+        "vllm==0.33.0+x.abc",
+        against="vllm==0.33.0",
+        known={"R2": "/tmp/r2.json"},
+        rows=[
+            {"promise": "R1", "name": "identical resend", "verdict": "pass"},
+            {"promise": "R2", "name": "longer sibling", "verdict": "fails on baseline too"},
+        ],
+    )
     text = "\n".join(render(report))
     assert "against vllm==0.33.0" in text and "fails on baseline too" in text
     assert "failing on the baseline vllm==0.33.0 too" in text and "R2: /tmp/r2.json" in text

@@ -27,14 +27,17 @@ from tests.fuzz.doubles import BrokenHarnessDouble, ReferenceDouble, Unreachable
 # ------------------------------------------------------------ harness errors
 
 
-@pytest.mark.parametrize("error, judged", [
-    (None, True),
-    ({"kind": "vllm", "type": "ValueError", "message": "bad budget", "request": 0}, True),
-    ({"kind": "worker", "message": "worker died (exit -9): (no stderr)"}, False),
-    ({"kind": "internal", "message": "KeyError: 'x'", "traceback": "Traceback ..."}, False),
-    ({"type": "ValueError", "message": "no kind given"}, False),
-    ("not an object", False),
-])
+@pytest.mark.parametrize(
+    "error, judged",
+    [
+        (None, True),
+        ({"kind": "vllm", "type": "ValueError", "message": "bad budget", "request": 0}, True),
+        ({"kind": "worker", "message": "worker died (exit -9): (no stderr)"}, False),
+        ({"kind": "internal", "message": "KeyError: 'x'", "traceback": "Traceback ..."}, False),
+        ({"type": "ValueError", "message": "no kind given"}, False),
+        ("not an object", False),
+    ],
+)
 def test_only_an_error_of_kind_vllm_is_judged(error, judged):
     obs = {"hits": [0], "queries": [1]} if error is None else {"hits": [], "error": error}
     assert (harness_error_of(obs) is None) == judged
@@ -75,18 +78,21 @@ def test_a_run_cut_at_the_deadline_is_not_a_harness_error(tmp_path):
 # ------------------------------------------------------------ exit codes
 
 
-@pytest.mark.parametrize("execs, harness, new, died, code", [
-    (100, 0, 0, 0, EXIT_OK),
-    (100, 0, 2, 0, EXIT_FINDINGS),
-    (0, 0, 0, 0, EXIT_HARNESS),  # no execution at all
-    (0, 50, 0, 0, EXIT_HARNESS),
-    (100, 0, 2, 1, EXIT_HARNESS),  # a worker died: 3 wins over 1
-    (20, 3, 0, 0, EXIT_HARNESS),  # 3 > 10% of 20
-    (20, 3, 1, 0, EXIT_HARNESS),
-    (40, 3, 0, 0, EXIT_OK),  # 3 is not above 10% of 40
-    (2, 2, 0, 0, EXIT_OK),  # below the minimum of 3
-    (2, 2, 1, 0, EXIT_FINDINGS),
-])
+@pytest.mark.parametrize(
+    "execs, harness, new, died, code",
+    [
+        (100, 0, 0, 0, EXIT_OK),
+        (100, 0, 2, 0, EXIT_FINDINGS),
+        (0, 0, 0, 0, EXIT_HARNESS),  # no execution at all
+        (0, 50, 0, 0, EXIT_HARNESS),
+        (100, 0, 2, 1, EXIT_HARNESS),  # a worker died: 3 wins over 1
+        (20, 3, 0, 0, EXIT_HARNESS),  # 3 > 10% of 20
+        (20, 3, 1, 0, EXIT_HARNESS),
+        (40, 3, 0, 0, EXIT_OK),  # 3 is not above 10% of 40
+        (2, 2, 0, 0, EXIT_OK),  # below the minimum of 3
+        (2, 2, 1, 0, EXIT_FINDINGS),
+    ],
+)
 def test_exit_code_rule(execs, harness, new, died, code):
     got, reason = outcome(execs=execs, harness_errors=harness, new_findings=new, workers_died=died)
     assert got == code
@@ -103,22 +109,35 @@ def test_fuzz_help_documents_the_exit_codes(capsys):
         kvspec(["fuzz", "--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    for line in ("0  the campaign ran and wrote no finding", "1  the campaign wrote at least one finding this run", "2  usage", "3  the harness failed", "--harness-error-limit", "wall limit of the whole command, engine start-up included"):
+    for line in (
+        "0  the campaign ran and wrote no finding",
+        "1  the campaign wrote at least one finding this run",
+        "2  usage",
+        "3  the harness failed",
+        "--harness-error-limit",
+        "wall limit of the whole command, engine start-up included",
+    ):
         assert line in " ".join(text.split()) or line in text, line
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--max-time", "nan"], "--max-time="),
-    (["--max-time", "-5"], "--max-time="),
-    (["--harness-error-limit", "nan"], "--harness-error-limit="),
-    (["--harness-error-limit", "2"], "--harness-error-limit="),
-    (["--driver", "atheris", "--case", "examples/seed-53504.json"], "--case="),  # atheris reads a corpus, not case files
-    # atheris's own options, refused with the default driver (random)
-    (["--corpus", "corpus"], "--corpus="),
-    (["--jobs", "2"], "--jobs="),
-    (["--driver", "cases", "--jobs", "2"], "--jobs="),
-    (["--", "-runs=10"], "libfuzzer="),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--max-time", "nan"], "--max-time="),
+        (["--max-time", "-5"], "--max-time="),
+        (["--harness-error-limit", "nan"], "--harness-error-limit="),
+        (["--harness-error-limit", "2"], "--harness-error-limit="),
+        (
+            ["--driver", "atheris", "--case", "examples/seed-53504.json"],
+            "--case=",
+        ),  # atheris reads a corpus, not case files
+        # atheris's own options, refused with the default driver (random)
+        (["--corpus", "corpus"], "--corpus="),
+        (["--jobs", "2"], "--jobs="),
+        (["--driver", "cases", "--jobs", "2"], "--jobs="),
+        (["--", "-runs=10"], "libfuzzer="),
+    ],
+)
 def test_fuzz_usage_errors_exit_2_with_one_line(capsys, argv, field):
     assert kvspec(["fuzz", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -185,7 +204,17 @@ def test_libfuzzer_lines_are_parsed_with_and_without_coverage():
     assert (st.harness_errors, st.unsupported, st.duplicates) == (1, 2, 7)
 
 
-@pytest.mark.parametrize("returncode, stopped, died", [(0, False, False), (1, False, True), (-9, False, True), (-15, True, False), (72, True, False), (None, False, False)])
+@pytest.mark.parametrize(
+    "returncode, stopped, died",
+    [
+        (0, False, False),
+        (1, False, True),
+        (-9, False, True),
+        (-15, True, False),
+        (72, True, False),
+        (None, False, False),
+    ],
+)
 def test_a_worker_died_when_it_exited_non_zero_unasked(returncode, stopped, died):
     assert WorkerState(returncode=returncode, stopped=stopped).died == died
 
@@ -222,8 +251,18 @@ def _three_findings_in_two_classes(folder):
     _write(folder, "promise-large.json", _finding(large, "promise", 1, [0, 80, 80], [0, 64, 80], knobs=knobs))
     _write(folder, "promise-small.json", _finding(small, "promise", 1, [0, 32], [0, 16], knobs=knobs))
     raised = make_case(hybrid(16, 16, max_num_batched_tokens=2), [[("A", 5)]] * 2, MTP_DROP)
-    error = {"kind": "vllm", "phase": "config", "type": "ValueError", "message": "max_num_batched_tokens too small", "request": 0}
-    _write(folder, "engine_error-x.json", _finding(raised, "engine_error", 0, [], [], error=error, detail="ValueError: max_num_batched_tokens too small"))
+    error = {
+        "kind": "vllm",
+        "phase": "config",
+        "type": "ValueError",
+        "message": "max_num_batched_tokens too small",
+        "request": 0,
+    }
+    _write(
+        folder,
+        "engine_error-x.json",
+        _finding(raised, "engine_error", 0, [], [], error=error, detail="ValueError: max_num_batched_tokens too small"),
+    )
 
 
 def test_findings_group_into_classes_with_the_smallest_representative(tmp_path):
@@ -232,7 +271,10 @@ def test_findings_group_into_classes_with_the_smallest_representative(tmp_path):
     assert malformed == []
     classes = triage(described)
     # worst severity first (a crash before lost reuse), then tokens recomputed, then the count
-    assert [(c["oracle"], c["request_kind"], c["geometry"], c["count"]) for c in classes] == [("engine_error", "fresh", "uniform", 1), ("promise", "resend", "uniform", 2)]
+    assert [(c["oracle"], c["request_kind"], c["geometry"], c["count"]) for c in classes] == [
+        ("engine_error", "fresh", "uniform", 1),
+        ("promise", "resend", "uniform", 2),
+    ]
     raised, promise = classes
     assert promise["hint"] == "resend low, block-aligned prompt"
     assert promise["representative"]["path"].endswith("promise-small.json")
@@ -245,7 +287,10 @@ def test_mixed_blocks_and_a_high_miss_are_another_class(tmp_path):
     _write(tmp_path, "a.json", _finding(mixed, "promise", 1, [0, 32], [0, 0]))
     _write(tmp_path, "b.json", _finding(mixed, "reference", 1, [0, 32], [0, 48]))
     classes = triage(read_findings(tmp_path)[0])
-    assert sorted(c["hint"] for c in classes) == ["resend high, mixed attention/Mamba blocks", "resend low, mixed attention/Mamba blocks"]
+    assert sorted(c["hint"] for c in classes) == [
+        "resend high, mixed attention/Mamba blocks",
+        "resend low, mixed attention/Mamba blocks",
+    ]
     assert {c["geometry"] for c in classes} == {"mixed"}
 
 
@@ -271,7 +316,9 @@ def test_kvspec_findings_lists_classes_and_malformed_files_one_line_each(tmp_pat
     lines = out.out.splitlines()
     assert lines[0] == f"3 finding(s) in 2 class(es) in {tmp_path}"
     bad = [line for line in lines if line.startswith(f"  {tmp_path}/")]
-    assert sorted(line.split(":")[0].strip() for line in bad) == sorted(str(tmp_path / n) for n in [*MALFORMED, "fifo.json"])
+    assert sorted(line.split(":")[0].strip() for line in bad) == sorted(
+        str(tmp_path / n) for n in [*MALFORMED, "fifo.json"]
+    )
     assert f"{len(MALFORMED) + 1} malformed file(s), not findings:" in lines
     assert kvspec(["findings", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -280,7 +327,9 @@ def test_kvspec_findings_lists_classes_and_malformed_files_one_line_each(tmp_pat
 
 
 def test_a_campaign_s_findings_read_as_fewer_classes_than_files(tmp_path):
-    campaign = Campaign(ReferenceDouble("0.29.0", "legacy"), tmp_path, oracles=("promise", "reference"), shrink_calls=20)
+    campaign = Campaign(
+        ReferenceDouble("0.29.0", "legacy"), tmp_path, oracles=("promise", "reference"), shrink_calls=20
+    )
     run_cases(campaign, itertools.islice(random_cases(2), 150))
     files = list(tmp_path.glob("*.json"))
     classes = triage(read_findings(tmp_path)[0])
@@ -288,7 +337,10 @@ def test_a_campaign_s_findings_read_as_fewer_classes_than_files(tmp_path):
     assert len(classes) < len(files)
     for c in classes:  # the representative is the smallest of its class
         members = [json.loads(open(p).read()) for p in c["paths"]]
-        smallest = min((len(m["case"]["trace"]), sum(s["length"] for r in m["case"]["trace"] for s in r["prompt"])) for m in members)
+        smallest = min(
+            (len(m["case"]["trace"]), sum(s["length"] for r in m["case"]["trace"] for s in r["prompt"]))
+            for m in members
+        )
         assert (c["representative"]["requests"], c["representative"]["tokens"]) == smallest
 
 
@@ -311,13 +363,17 @@ class _ResolveDouble:
 
         model = case.deployment.model
         if model == "mamba2":
-            raise DeploymentCrashes("deployment='mamba2': vLLM crashes building its KV cache: IndexError: list index out of range")
+            raise DeploymentCrashes(
+                "deployment='mamba2': vLLM crashes building its KV cache: IndexError: list index out of range"
+            )
         if model == "jamba":
             raise DeploymentRejected("deployment='jamba': vLLM rejects it: ValueError: no")
         if model == "bamba":
             from ground.errors import EngineError
 
-            raise EngineError("engine='vllm==0.33.0': resolve failed (internal): ValidationError: Model architectures ['BambaForCausalLM'] failed to be inspected")
+            raise EngineError(
+                "engine='vllm==0.33.0': resolve failed (internal): ValidationError: Model architectures ['BambaForCausalLM'] failed to be inspected"
+            )
         return {"geometry": {"scheduler_block_size": 544, "hash_block_size": 544}, "facts": {"max_model_len": 32768}}
 
 

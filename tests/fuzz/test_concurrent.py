@@ -16,11 +16,14 @@ from fuzz.oracles import CONCURRENT_ORACLES, ORACLES, check_all, check_stale, se
 from fuzz.reach import trace_shape
 from fuzz.shrink import shrink
 from fuzz.verdict import AGREES, DIVERGES, Target, judge
-from reference.case import case_to_dict, is_concurrent, parse_case, serial_prefix, waves
 from ground.errors import InvalidArgument
+from reference.case import case_to_dict, is_concurrent, parse_case, serial_prefix, waves
 from reference.predict import predict
 
-GEOMETRY = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}], "max_num_batched_tokens": 64}
+GEOMETRY = {
+    "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+    "max_num_batched_tokens": 64,
+}
 
 
 def case_of(*requests) -> object:
@@ -45,7 +48,16 @@ def test_arrival_is_parsed_kept_and_bounded():
         case_of((100, 0))
     for bad in (-1, True, 1.5, "1", 1 << 21):
         with pytest.raises(InvalidArgument, match=r"trace\[1\]\.arrival"):
-            parse_case({"schema": 1, "geometry": GEOMETRY, "trace": [{"prompt": [{"segment": "A", "length": 5}]}, {"prompt": [{"segment": "A", "length": 5}], "arrival": bad}]})
+            parse_case(
+                {
+                    "schema": 1,
+                    "geometry": GEOMETRY,
+                    "trace": [
+                        {"prompt": [{"segment": "A", "length": 5}]},
+                        {"prompt": [{"segment": "A", "length": 5}], "arrival": bad},
+                    ],
+                }
+            )
 
 
 def test_the_serial_prefix_stops_at_the_head_of_the_first_shared_wave():
@@ -67,8 +79,18 @@ def observation(hits, written_steps, first_steps, chunk_ends=None):
     """A result dict in the engine's layout (a test double)."""
     explain = []
     for i, (h, ws, fs) in enumerate(zip(hits, written_steps, first_steps)):
-        explain.append({"request": i, "hit": h, "written": [p for p, _ in ws], "written_steps": [list(x) for x in ws], "first_step": fs,
-                        "chunk_ends": chunk_ends[i] if chunk_ends else [p for p, _ in ws], "steps": 3, "retained_mamba_blocks": None})
+        explain.append(
+            {
+                "request": i,
+                "hit": h,
+                "written": [p for p, _ in ws],
+                "written_steps": [list(x) for x in ws],
+                "first_step": fs,
+                "chunk_ends": chunk_ends[i] if chunk_ends else [p for p, _ in ws],
+                "steps": 3,
+                "retained_mamba_blocks": None,
+            }
+        )
     return {"hits": list(hits), "queries": [100] * len(hits), "knobs": {}, "explain": explain}
 
 
@@ -77,7 +99,11 @@ def test_stale_fires_on_a_state_read_in_the_step_that_computes_it():
     # request 0 writes 64 in step 1 and 100 in step 2; request 1 first runs in step 1 and resumes at 64
     same_step = observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 1])
     (div,) = check_stale(case, "0.33.0", same_step)
-    assert div.requests == [1] and div.expected[1] == 0 and "in step 1, the first that ran it, from the state request 0 computes in step 1" in div.detail
+    assert (
+        div.requests == [1]
+        and div.expected[1] == 0
+        and "in step 1, the first that ran it, from the state request 0 computes in step 1" in div.detail
+    )
     one_step_later = observation([0, 64], [[(64, 1), (100, 2)], [(100, 3)]], [0, 2])
     assert check_stale(case, "0.33.0", one_step_later) == []
 
@@ -99,7 +125,12 @@ def test_the_serial_oracles_judge_only_the_serial_prefix():
     fired = {d.oracle for d in check_all(case, "0.33.0", obs, None, ("promise", "reference", "stale"))}
     assert "promise" not in fired and "reference" not in fired  # request 1 is the head of a shared wave
     assert "stale" in fired  # request 2 resumed at 7, where nothing was written
-    assert set(CONCURRENT_ORACLES) <= set(ORACLES) | {"resolution", "versions", "engine_error", "outputs"}  # outputs: run when asked
+    assert set(CONCURRENT_ORACLES) <= set(ORACLES) | {
+        "resolution",
+        "versions",
+        "engine_error",
+        "outputs",
+    }  # outputs: run when asked
 
 
 def test_a_target_without_predictions_past_the_prefix_is_judged_by_the_oracles():
@@ -156,13 +187,22 @@ def test_a_same_step_read_is_its_own_class_and_a_stale_key_is_not():
 def test_resume_bounds_stop_at_what_a_request_sent_before_computed():
     from reference.predict import resume_bounds
 
-    case = parse_case({"schema": 1, "geometry": GEOMETRY, "trace": [
-        {"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4},
-        {"prompt": [{"segment": "A", "length": 100}], "arrival": 0},               # its resend: N - 1
-        {"prompt": [{"segment": "A", "length": 60}, {"segment": "B", "length": 90}], "arrival": 1},  # diverges at 60
-        {"prompt": [{"segment": "A", "length": 200}]},                              # holds request 0 whole: + its 3 computed outputs
-        {"prompt": [{"segment": "C", "length": 50}], "arrival": 2},                 # shares nothing
-    ]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": GEOMETRY,
+            "trace": [
+                {"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4},
+                {"prompt": [{"segment": "A", "length": 100}], "arrival": 0},  # its resend: N - 1
+                {
+                    "prompt": [{"segment": "A", "length": 60}, {"segment": "B", "length": 90}],
+                    "arrival": 1,
+                },  # diverges at 60
+                {"prompt": [{"segment": "A", "length": 200}]},  # holds request 0 whole: + its 3 computed outputs
+                {"prompt": [{"segment": "C", "length": 50}], "arrival": 2},  # shares nothing
+            ],
+        }
+    )
     assert resume_bounds(case) == [0, 99, 60, 103, 0]
     predicted = predict(case)
     assert predicted["bounds"] == [0, 99, 60, 103, 0] and predicted["predicted"] == 0  # request 0 heads a shared wave
@@ -174,7 +214,12 @@ def test_the_judge_holds_unpredicted_hits_to_their_bounds_alone_or_summed_over_a
     ok = judge(Target(hits, "promise", bounds=bounds), {"hits": [0, 64, 99]})
     assert ok.verdict == AGREES and "none resumes past what a request sent before it computed" in ok.reasons[0]
     above = judge(Target(hits, "promise", bounds=bounds), {"hits": [0, 100, 0]})
-    assert above.verdict == DIVERGES and above.reasons == ["request 1: observed hits 100 above 99, the most it can resume from whatever the batching (no request sent before it computed more)"]
+    assert above.verdict == DIVERGES and above.reasons == [
+        "request 1: observed hits 100 above 99, the most it can resume from whatever the batching (no request sent before it computed more)"
+    ]
     summed = {"hits": [0, None, None], "waves": [{"requests": [1, 2], "hits": 199}]}
     assert judge(Target(hits, "promise", bounds=bounds), summed).verdict == DIVERGES
-    assert judge(Target(hits, "promise", bounds=bounds), dict(summed, waves=[{"requests": [1, 2], "hits": 198}])).verdict == AGREES
+    assert (
+        judge(Target(hits, "promise", bounds=bounds), dict(summed, waves=[{"requests": [1, 2], "hits": 198}])).verdict
+        == AGREES
+    )

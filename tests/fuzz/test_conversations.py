@@ -36,7 +36,7 @@ def test_a_conversation_turn_is_the_previous_prompt_its_output_and_new_text():
             assert turn.prompt[:at] == earlier.prompt  # its prompt, then its output, then new text
             assert turn.prompt[at].length == earlier.max_tokens
             assert at == len(turn.prompt) - 2 and turn.prompt[-1].output is None
-            assert prompt_tokens(turn)[:earlier.num_prompt_tokens] == prompt_tokens(earlier)
+            assert prompt_tokens(turn)[: earlier.num_prompt_tokens] == prompt_tokens(earlier)
         for i in [quoting[0] - 1, *quoting]:
             r = case.trace[i]
             assert 10 <= r.max_tokens <= MAX_DECODE  # tens to hundreds
@@ -59,12 +59,29 @@ def test_half_the_turns_end_within_their_outputs_reach_of_a_block_boundary():
 
 
 def chat_case(retention=None):
-    return parse_case({"schema": 1, "geometry": hybrid(16, 16, 1, retention_interval=retention), "trace": [
-        {"prompt": [{"segment": "X", "length": 7}]},
-        {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 30},
-        {"prompt": [{"segment": "A", "length": 40}, {"output": 1}, {"segment": "B", "length": 20}], "max_tokens": 30},
-        {"prompt": [{"segment": "A", "length": 40}, {"output": 1}, {"segment": "B", "length": 20}, {"output": 2}, {"segment": "C", "length": 5}]},
-    ]})
+    return parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(16, 16, 1, retention_interval=retention),
+            "trace": [
+                {"prompt": [{"segment": "X", "length": 7}]},
+                {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 30},
+                {
+                    "prompt": [{"segment": "A", "length": 40}, {"output": 1}, {"segment": "B", "length": 20}],
+                    "max_tokens": 30,
+                },
+                {
+                    "prompt": [
+                        {"segment": "A", "length": 40},
+                        {"output": 1},
+                        {"segment": "B", "length": 20},
+                        {"output": 2},
+                        {"segment": "C", "length": 5},
+                    ]
+                },
+            ],
+        }
+    )
 
 
 def test_the_shrinker_keeps_output_segments_valid():
@@ -87,14 +104,26 @@ def _observation(hits, computed):
     explain = []
     for i, r in enumerate(case.trace):
         n = r.num_prompt_tokens
-        explain.append({"request": i, "prompt_tokens": n, "written": [n], "chunk_ends": [n],
-                        "decode_steps": [[p, 1, 1] for p in range(n, n + r.max_tokens - 1)],
-                        "computed_tokens": computed[i], "retained_mamba_blocks": {"16": []}, "retained_output_states": []})
+        explain.append(
+            {
+                "request": i,
+                "prompt_tokens": n,
+                "written": [n],
+                "chunk_ends": [n],
+                "decode_steps": [[p, 1, 1] for p in range(n, n + r.max_tokens - 1)],
+                "computed_tokens": computed[i],
+                "retained_mamba_blocks": {"16": []},
+                "retained_output_states": [],
+            }
+        )
     return case, {"hits": hits, "explain": explain}
 
 
 def test_stale_accepts_a_resume_where_an_earlier_decode_step_ended():
-    assert decode_writes({"prompt_tokens": 40, "decode_steps": [[40, 1, 1], [41, 1, 1]], "computed_tokens": 42}) == {41, 42}
+    assert decode_writes({"prompt_tokens": 40, "decode_steps": [[40, 1, 1], [41, 1, 1]], "computed_tokens": 42}) == {
+        41,
+        42,
+    }
     case, obs = _observation([0, 0, 64, 112], [7, 69, 119, 125])
     assert check_stale(case, "0.33.0", obs) == []
 

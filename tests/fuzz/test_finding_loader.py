@@ -18,8 +18,16 @@ from tests.conftest import hybrid, make_case
 
 def _finding(**kw) -> dict:
     case = make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]])
-    data = {"kvspec_finding": 1, "oracle": "reference", "engine": {"version": "0.29.0", "knobs": {}}, "expected": {"hits": [0, 32], "detail": ""},
-            "observed": {"hits": [0, 16], "queries": [], "error": None}, "first_divergence": 1, "summary": "s", "case": case_to_dict(case)}
+    data = {
+        "kvspec_finding": 1,
+        "oracle": "reference",
+        "engine": {"version": "0.29.0", "knobs": {}},
+        "expected": {"hits": [0, 32], "detail": ""},
+        "observed": {"hits": [0, 16], "queries": [], "error": None},
+        "first_divergence": 1,
+        "summary": "s",
+        "case": case_to_dict(case),
+    }
     data.update(kw)
     return data
 

@@ -26,7 +26,9 @@ def refusing_connectors(dep: dict) -> dict | None:  # a test double: an engine t
 
 
 def _args(seed: int, resolver, connector: str, n: int = 40) -> list[tuple[str, ...]]:
-    return [c.deployment.vllm_args for c in itertools.islice(random_cases(seed, resolver=resolver, connector=connector), n)]
+    return [
+        c.deployment.vllm_args for c in itertools.islice(random_cases(seed, resolver=resolver, connector=connector), n)
+    ]
 
 
 def test_one_deployment_in_four_draws_the_offloading_connector_and_the_draw_is_seeded():
@@ -52,7 +54,7 @@ def test_a_pinned_connector_does_not_move_the_other_draws():
     def strip(args):
         args = list(args)
         if FLAG in args:
-            del args[args.index(FLAG):args.index(FLAG) + 2]
+            del args[args.index(FLAG) : args.index(FLAG) + 2]
         return args
 
     one = build_case(RandomChooser(random.Random(9)), resolver=accepting_resolver, connector="none")
@@ -62,13 +64,16 @@ def test_a_pinned_connector_does_not_move_the_other_draws():
     assert one.trace == other.trace
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--driver", "atheris", "--kv-connector", "offloading"], "--kv-connector"),
-    (["--driver", "hypothesis", "--kv-connector", "none"], "--kv-connector"),
-    (["--synthetic-geometry", "--kv-connector", "offloading"], "--kv-connector"),
-    (["--engine", "sglang==0.5.23", "--kv-connector", "offloading"], "--kv-connector"),
-    (["--kv-connector", "lmcache"], "--kv-connector"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--driver", "atheris", "--kv-connector", "offloading"], "--kv-connector"),
+        (["--driver", "hypothesis", "--kv-connector", "none"], "--kv-connector"),
+        (["--synthetic-geometry", "--kv-connector", "offloading"], "--kv-connector"),
+        (["--engine", "sglang==0.5.23", "--kv-connector", "offloading"], "--kv-connector"),
+        (["--kv-connector", "lmcache"], "--kv-connector"),
+    ],
+)
 def test_the_pin_is_refused_where_no_drawn_deployment_could_carry_it(argv, field):
     import argparse
 

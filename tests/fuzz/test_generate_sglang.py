@@ -42,7 +42,10 @@ def test_drawn_deployments_parse_and_keep_to_the_allow_list():
         assert parsed.as_dict() == dep  # canonical: a case's own deployment is the key it was resolved under
         check_sglang_args(dep["sglang_args"])
         args = dep["sglang_args"]  # drawn in the long spelling, each flag once
-        if "--mamba-radix-cache-strategy" in args and args[args.index("--mamba-radix-cache-strategy") + 1] == "no_buffer":
+        if (
+            "--mamba-radix-cache-strategy" in args
+            and args[args.index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
+        ):
             assert "--disable-overlap-schedule" in args
 
 
@@ -53,7 +56,9 @@ def test_cases_are_serial_one_token_requests_drawn_on_the_resolved_unit():
         assert case.deployment.engine == "sglang"
         assert all(r.max_tokens == 1 and r.arrival is None for r in case.trace)
     lengths = [r.num_prompt_tokens for case in cases for r in case.trace]
-    assert any(n % 256 == 0 for n in lengths) and any(n % 256 not in (0, 1, 255) for n in lengths)  # biased to the grid, not only on it
+    assert any(n % 256 == 0 for n in lengths) and any(
+        n % 256 not in (0, 1, 255) for n in lengths
+    )  # biased to the grid, not only on it
     again = [build_sglang_case(RandomChooser(random.Random(s)), fake_resolver(block=256, hash_=16)) for s in range(40)]
     assert again == cases  # seeded
 
@@ -95,7 +100,9 @@ def test_sglang_flags_are_an_allow_list():
         check_sglang_args(["--page-size", "64", "--trust-remote-code"])
     with pytest.raises(InvalidArgument, match=r"--page-size='1_000': allowed: an integer"):
         check_sglang_args(["--page-size=1_000"])
-    with pytest.raises(InvalidArgument, match=r"--mamba-radix-cache-strategy='all': allowed: auto, no_buffer, extra_buffer"):
+    with pytest.raises(
+        InvalidArgument, match=r"--mamba-radix-cache-strategy='all': allowed: auto, no_buffer, extra_buffer"
+    ):
         check_sglang_args(["--mamba-radix-cache-strategy", "all"])
     with pytest.raises(InvalidArgument, match=r"--disable-radix-cache takes no value"):
         check_sglang_args(["--disable-radix-cache=1"])
@@ -106,7 +113,9 @@ def test_sglang_flags_are_an_allow_list():
 
 def test_a_deployment_names_its_engine_and_keeps_vllms_form():
     vllm = parse_deployment({"model": "qwen3_next", "vllm_args": ["--block-size", "64"]})
-    assert "engine" not in vllm.as_dict() and vllm.engine == "vllm"  # a vLLM deployment's JSON (and cache keys) as before
+    assert (
+        "engine" not in vllm.as_dict() and vllm.engine == "vllm"
+    )  # a vLLM deployment's JSON (and cache keys) as before
     sg = parse_deployment({"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--page-size", "64"]})
     assert sg.as_dict()["engine"] == "sglang" and "vllm_args" not in sg.as_dict() and sg.args == ("--page-size", "64")
     assert parse_deployment(sg.as_dict()) == sg
@@ -116,24 +125,40 @@ def test_a_deployment_names_its_engine_and_keeps_vllms_form():
         parse_deployment({"model": "qwen3_next", "engine": "sglang", "platform": "cpu"})
 
 
-GRID = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}], "hash_block_size": 64,
-        "scheduler_block_size": 64, "prefix_match_unit": None, "retention_interval": 0, "max_num_batched_tokens": 2048}
+GRID = {
+    "groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+    "hash_block_size": 64,
+    "scheduler_block_size": 64,
+    "prefix_match_unit": None,
+    "retention_interval": 0,
+    "max_num_batched_tokens": 2048,
+}
 
 
 def _case(prompts: list[list[tuple[str, int]]]) -> dict:
-    return {"schema": 1, "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": []},
-            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]}
+    return {
+        "schema": 1,
+        "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": []},
+        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+    }
 
 
 def test_the_promise_on_an_sglang_resolution_has_no_eagle_drop_and_lands_on_the_grid():
-    case = with_resolution(parse_case(_case([[("A", 3200)], [("A", 3200)], [("A", 3300)], [("A", 3300), ("B", 10)]])), GRID, None, "sglang==0.5.23")
+    case = with_resolution(
+        parse_case(_case([[("A", 3200)], [("A", 3200)], [("A", 3300)], [("A", 3300), ("B", 10)]])),
+        GRID,
+        None,
+        "sglang==0.5.23",
+    )
     assert implemented_rule("sglang==0.5.23") == "promise"
     knobs = resolve_knobs(case, "sglang==0.5.23")
     assert not knobs.eagle_drop and knobs.hash_lookahead_tokens == 0 and knobs.alignment == 64
     assert predict(case, "sglang==0.5.23", "promise")["hits"] == [0, 3136, 3200, 3264]
     with pytest.raises(InvalidArgument, match=r"supported: sglang==0.5.23"):
         resolve_knobs(case, "sglang==0.5.22")
-    spec = with_resolution(parse_case(_case([[("A", 10)]])), GRID, {"method": "mtp", "num_speculative_tokens": 2}, "sglang==0.5.23")
+    spec = with_resolution(
+        parse_case(_case([[("A", 10)]])), GRID, {"method": "mtp", "num_speculative_tokens": 2}, "sglang==0.5.23"
+    )
     with pytest.raises(Unsupported):
         resolve_knobs(spec, "sglang==0.5.23")
 
@@ -142,8 +167,14 @@ def _finding(prompts, expected, observed, first, grid_case=True) -> dict:
     raw = _case(prompts)
     if grid_case:
         raw = {**raw, "geometry": GRID, "speculative": None, "resolved_by": "sglang==0.5.23"}
-    return {"oracle": "promise", "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
-            "case": raw, "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}}}
+    return {
+        "oracle": "promise",
+        "first_divergence": first,
+        "expected": {"hits": expected},
+        "observed": {"hits": observed},
+        "case": raw,
+        "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}},
+    }
 
 
 def test_the_sglang_classes_are_told_apart_by_the_rule_they_break():
@@ -152,9 +183,13 @@ def test_the_sglang_classes_are_told_apart_by_the_rule_they_break():
     assert classify(grid) == "sglang-grid-resend"
     off_grid = _finding([[("A", 130)], [("A", 130)]], [0, 128], [0, 64], 1)
     assert classify(off_grid) is None  # low, but not this class's shape
-    sibling_ext = _finding([[("A", 128)], [("A", 64), ("B", 64)], [("A", 64), ("B", 64), ("D", 1)]], [0, 0, 128], [0, 0, 64], 2)
+    sibling_ext = _finding(
+        [[("A", 128)], [("A", 64), ("B", 64)], [("A", 64), ("B", 64), ("D", 1)]], [0, 0, 128], [0, 0, 64], 2
+    )
     assert classify(sibling_ext) == "sglang-sibling-branch"
-    sibling_resend = _finding([[("A", 146)], [("A", 108), ("B", 21)], [("A", 108), ("B", 21)]], [0, 0, 128], [0, 0, 64], 2)
+    sibling_resend = _finding(
+        [[("A", 146)], [("A", 108), ("B", 21)], [("A", 108), ("B", 21)]], [0, 0, 128], [0, 0, 64], 2
+    )
     assert classify(sibling_resend) == "sglang-sibling-branch"
     as_vllm = {**grid, "engine": {"name": "vllm==0.33.0", "version": "0.33.0", "knobs": {}}}
     assert classify(as_vllm) is None  # the same numbers on vLLM are not an SGLang class
@@ -176,9 +211,17 @@ def _flag(args, flag):
 def test_budgets_pages_and_track_intervals_are_drawn_on_and_off_each_others_grids():
     c = RandomChooser(random.Random(11))
     deps = [draw_sglang_deployment(c)["sglang_args"] for _ in range(400)]
-    pairs = [(_flag(a, "--chunked-prefill-size"), _flag(a, "--page-size") or 64) for a in deps if _flag(a, "--chunked-prefill-size")]
-    assert any(chunk % page == 0 for chunk, page in pairs) and any(chunk % page for chunk, page in pairs)  # on and off the page
-    assert any(chunk % 64 for chunk, _ in pairs) and any(chunk % 64 == 0 for chunk, _ in pairs)  # on and off the 64-token grid
+    pairs = [
+        (_flag(a, "--chunked-prefill-size"), _flag(a, "--page-size") or 64)
+        for a in deps
+        if _flag(a, "--chunked-prefill-size")
+    ]
+    assert any(chunk % page == 0 for chunk, page in pairs) and any(
+        chunk % page for chunk, page in pairs
+    )  # on and off the page
+    assert any(chunk % 64 for chunk, _ in pairs) and any(
+        chunk % 64 == 0 for chunk, _ in pairs
+    )  # on and off the 64-token grid
     tracks = [(_flag(a, "--mamba-track-interval"), _flag(a, "--chunked-prefill-size")) for a in deps]
     assert any(t and ch and (t % ch and ch % t) for t, ch in tracks)  # neither a multiple of the other
     assert len({_flag(a, "--page-size") for a in deps}) >= 7

@@ -57,9 +57,15 @@ def test_an_other_class_draws_a_non_mtp_method_with_the_drop_options_on_and_off(
         seen[config["method"]] += 1
         args = list(case.deployment.vllm_args)
         retentions.add(args[args.index("--prefix-cache-retention-interval") + 1])
-    assert all(seen[(o, v)] for o in ("disable_eagle_block_drop", "disable_lookahead_block_hashes") for v in (True, False)), seen
+    assert all(
+        seen[(o, v)] for o in ("disable_eagle_block_drop", "disable_lookahead_block_hashes") for v in (True, False)
+    ), seen
     assert {"0", "None"} <= retentions and len(retentions) > 2  # sparse, dense and periodic drawn inside the class
-    assert seen["ngram"] and bool(seen["eagle"]) is (model not in g.ATTENTION_FREE_MODELS) and bool(seen["eagle3"]) is (model in g.EAGLE3_MODELS), seen
+    assert (
+        seen["ngram"]
+        and bool(seen["eagle"]) is (model not in g.ATTENTION_FREE_MODELS)
+        and bool(seen["eagle3"]) is (model in g.EAGLE3_MODELS)
+    ), seen
 
 
 def test_the_same_seed_draws_the_same_case_and_the_hypothesis_path_draws_ngram_too():
@@ -79,14 +85,16 @@ def test_the_policy_is_drawn_with_a_seed_and_leaves_the_rest_of_the_case_alone(m
     cls = g.DeploymentClass("qwen3_next", "mtp", True, "periodic")
     drawn = [g.build_case(RandomChooser(random.Random(seed)), resolver=lenient, cls=cls) for seed in range(60)]
     assert {_policy(c) for c in drawn} == {None, "fcfs", "priority"}
-    assert [_policy(c) for c in drawn] == [_policy(g.build_case(RandomChooser(random.Random(seed)), resolver=lenient, cls=cls)) for seed in range(60)]
+    assert [_policy(c) for c in drawn] == [
+        _policy(g.build_case(RandomChooser(random.Random(seed)), resolver=lenient, cls=cls)) for seed in range(60)
+    ]
     monkeypatch.setattr(g, "SCHEDULING_POLICIES", (None,))
     plain = [g.build_case(RandomChooser(random.Random(seed)), resolver=lenient, cls=cls) for seed in range(60)]
     for with_policy, without in zip(drawn, plain):
         args = list(with_policy.deployment.vllm_args)
         if "--scheduling-policy" in args:
             i = args.index("--scheduling-policy")
-            del args[i:i + 2]
+            del args[i : i + 2]
         assert tuple(args) == without.deployment.vllm_args and with_policy.trace == without.trace
 
 

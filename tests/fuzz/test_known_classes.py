@@ -12,50 +12,120 @@ from reference.case import case_to_dict
 from tests.conftest import MTP_DROP, hybrid, make_case
 
 
-def _finding(oracle, geometry, prompts, expected, observed, *, spec=None, version="0.33.0", model="qwen3_next", drop=None):
+def _finding(
+    oracle, geometry, prompts, expected, observed, *, spec=None, version="0.33.0", model="qwen3_next", drop=None
+):
     case = case_to_dict(make_case(geometry, prompts, spec))
-    case["deployment"] = {"model": model, "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "a100"}
+    case["deployment"] = {
+        "model": model,
+        "vllm_args": ["--enable-prefix-caching"],
+        "platform": "cuda",
+        "device": "a100",
+    }
     case["resolved_by"] = f"vllm=={version}"
     first = next((i for i, (e, o) in enumerate(zip(expected, observed)) if e != o), None)
     drop = bool(spec and spec.get("disable_lookahead_block_hashes")) if drop is None else drop
-    return {"oracle": oracle, "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
-            "engine": {"version": version, "knobs": {"eagle_drop": drop}}, "case": case}
+    return {
+        "oracle": oracle,
+        "first_divergence": first,
+        "expected": {"hits": expected},
+        "observed": {"hits": observed},
+        "engine": {"version": version, "knobs": {"eagle_drop": drop}},
+        "case": case,
+    }
 
 
 CASES = {
     # seed-53504-deployment.json on 0.29.0: miss/miss/hit
-    "resend-53504": _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 3, [0, 9600, 9600], [0, 0, 9600], spec=MTP_DROP, version="0.29.0"),
+    "resend-53504": _finding(
+        "promise",
+        hybrid(1600, 1600),
+        [[("A", 11910)]] * 3,
+        [0, 9600, 9600],
+        [0, 0, 9600],
+        spec=MTP_DROP,
+        version="0.29.0",
+    ),
     # r2-block-aligned-extension-qwen3_next.json: 0 / 544 where the promise gives 0 / 1088
-    "longer-sibling": _finding("promise", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1089)]], [0, 1088], [0, 544]),
+    "longer-sibling": _finding(
+        "promise", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1089)]], [0, 1088], [0, 544]
+    ),
     # the R2 class on Falcon-H1 with a 16-token hash unit (block 144): 272 where the promise gives 288
-    "hashed-longer-sibling": _finding("sparse_dense", hybrid(144, 144, prefix_match_unit=16, retention_interval=0), [[("A", 288)], [("A", 300)]], [0, 288], [0, 272], model="falcon_h1"),
+    "hashed-longer-sibling": _finding(
+        "sparse_dense",
+        hybrid(144, 144, prefix_match_unit=16, retention_interval=0),
+        [[("A", 288)], [("A", 300)]],
+        [0, 288],
+        [0, 272],
+        model="falcon_h1",
+    ),
     # stale-state-after-partial-hit-falcon_h1.json
-    "stale-state": _finding("stale", hybrid(144, 144, prefix_match_unit=16, retention_interval=None), [[("A", 17)], [("A", 428)], [("A", 313)]], [0, 16, 16], [0, 16, 144], model="falcon_h1"),
+    "stale-state": _finding(
+        "stale",
+        hybrid(144, 144, prefix_match_unit=16, retention_interval=None),
+        [[("A", 17)], [("A", 428)], [("A", 313)]],
+        [0, 16, 16],
+        [0, 16, 144],
+        model="falcon_h1",
+    ),
     # r1-hashed-periodic-eagle-drop-qwen3_5.json: 0 / 1280 where the promise gives 0 / 1632
-    "resend-beside-checkpoint": _finding("promise", hybrid(320, 320, prefix_match_unit=32, retention_interval=960), [[("C", 1664)]] * 2, [0, 1632], [0, 1280], spec=MTP_DROP, model="qwen3_5"),
+    "resend-beside-checkpoint": _finding(
+        "promise",
+        hybrid(320, 320, prefix_match_unit=32, retention_interval=960),
+        [[("C", 1664)]] * 2,
+        [0, 1632],
+        [0, 1280],
+        spec=MTP_DROP,
+        model="qwen3_5",
+    ),
     # dense-below-sparse-hashed-qwen3_next.json: 0 / 1152 where the promise gives 0 / 1184
-    "dense-below-sparse": _finding("promise", hybrid(1152, 1152, prefix_match_unit=32, retention_interval=None), [[("A", 1216)], [("A", 1216), ("B", 17)]], [0, 1184], [0, 1152], spec=MTP_DROP),
+    "dense-below-sparse": _finding(
+        "promise",
+        hybrid(1152, 1152, prefix_match_unit=32, retention_interval=None),
+        [[("A", 1216)], [("A", 1216), ("B", 17)]],
+        [0, 1184],
+        [0, 1152],
+        spec=MTP_DROP,
+    ),
 }
 
 
 def _sglang_finding(prompts, expected, observed) -> dict:
     """An SGLang finding on the grid-64 resolution (examples/sglang-*.json)."""
     case = case_to_dict(make_case(hybrid(64, 64, retention_interval=0), prompts, None))
-    case.update(deployment={"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"]},
-                resolved_by="sglang==0.5.23")
+    case.update(
+        deployment={
+            "model": "qwen3_next",
+            "engine": "sglang",
+            "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"],
+        },
+        resolved_by="sglang==0.5.23",
+    )
     first = next((i for i, (e, o) in enumerate(zip(expected, observed)) if e != o), None)
-    return {"oracle": "promise", "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
-            "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}}, "case": case}
+    return {
+        "oracle": "promise",
+        "first_divergence": first,
+        "expected": {"hits": expected},
+        "observed": {"hits": observed},
+        "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}},
+        "case": case,
+    }
 
 
-CASES.update({
-    # sglang-grid-resend-qwen3_next.json: 0 / 2048 where the promise gives 0 / 3136
-    "sglang-grid-resend": _sglang_finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048]),
-    # sglang-sibling-branch-qwen3_next.json: the sibling's resend, 640 where the promise gives 1024
-    "sglang-sibling-branch": _sglang_finding([[("A", 1024)], [("A", 640), ("B", 400)], [("A", 640), ("B", 400)]], [0, 0, 1024], [0, 0, 640]),
-    # sglang-off-page-key-qwen3_next.json: the resend resumes at 2880 from a state over 2920 tokens
-    "sglang-off-page-key": dict(_sglang_finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944]), oracle="resumed_state", first_divergence=1),
-})
+CASES.update(
+    {
+        # sglang-grid-resend-qwen3_next.json: 0 / 2048 where the promise gives 0 / 3136
+        "sglang-grid-resend": _sglang_finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048]),
+        # sglang-sibling-branch-qwen3_next.json: the sibling's resend, 640 where the promise gives 1024
+        "sglang-sibling-branch": _sglang_finding(
+            [[("A", 1024)], [("A", 640), ("B", 400)], [("A", 640), ("B", 400)]], [0, 0, 1024], [0, 0, 640]
+        ),
+        # sglang-off-page-key-qwen3_next.json: the resend resumes at 2880 from a state over 2920 tokens
+        "sglang-off-page-key": dict(
+            _sglang_finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944]), oracle="resumed_state", first_divergence=1
+        ),
+    }
+)
 
 
 def test_every_known_class_has_a_finding_here_and_a_release():
@@ -72,33 +142,67 @@ def test_a_finding_that_breaks_no_known_rule_is_none():
     assert classify(honest) is None  # no divergence
     high = dict(CASES["longer-sibling"], observed={"hits": [0, 1600]})
     assert classify(high) is None  # a hit above the promise is not a lost-reuse class
-    sibling = _finding("junction", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 600), ("B", 5)]], [0, 544], [0, 0])
+    sibling = _finding(
+        "junction", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 600), ("B", 5)]], [0, 544], [0, 0]
+    )
     assert classify(sibling) is None  # junction: no known class
-    spec_off_resend = _finding("promise", hybrid(1600, 1600), [[("A", 11910)]] * 2, [0, 11200], [0, 9600], version="0.33.0")
+    spec_off_resend = _finding(
+        "promise", hybrid(1600, 1600), [[("A", 11910)]] * 2, [0, 11200], [0, 9600], version="0.33.0"
+    )
     assert classify(spec_off_resend) is None  # a resend miss without the drop on 0.33.0 is not #53504
 
 
 def test_the_hash_unit_tail_under_periodic_retention_is_the_dense_below_sparse_class_for_an_extension():
-    periodic = _finding("promise", hybrid(192, 192, prefix_match_unit=32, retention_interval=192), [[("A", 600)], [("A", 700)]], [0, 224], [0, 192], spec=MTP_DROP, model="qwen3_5")
+    periodic = _finding(
+        "promise",
+        hybrid(192, 192, prefix_match_unit=32, retention_interval=192),
+        [[("A", 600)], [("A", 700)]],
+        [0, 224],
+        [0, 192],
+        spec=MTP_DROP,
+        model="qwen3_5",
+    )
     assert classify(periodic) == "dense-below-sparse"
-    sparse = _finding("promise", hybrid(192, 192, prefix_match_unit=32, retention_interval=0), [[("A", 600)], [("A", 700)]], [0, 224], [0, 192], spec=MTP_DROP, model="qwen3_5")
+    sparse = _finding(
+        "promise",
+        hybrid(192, 192, prefix_match_unit=32, retention_interval=0),
+        [[("A", 600)], [("A", 700)]],
+        [0, 224],
+        [0, 192],
+        spec=MTP_DROP,
+        model="qwen3_5",
+    )
     assert classify(sparse) == "hashed-longer-sibling"  # sparse retention: the hashed longer sibling
 
 
 def test_the_longer_sibling_under_periodic_retention_without_a_hash_unit_is_the_longer_sibling_class():
     # a Granite 4.0-H deployment of a connector campaign (interval 3 blocks):
     # B then B+1 hits 0 where the promise gives B; the longer-sibling fix gives B
-    periodic = _finding("promise", hybrid(528, 528, retention_interval=1584), [[("A", 528)], [("A", 528), ("B", 1)]], [0, 528], [0, 0], model="granitemoehybrid")
+    periodic = _finding(
+        "promise",
+        hybrid(528, 528, retention_interval=1584),
+        [[("A", 528)], [("A", 528), ("B", 1)]],
+        [0, 528],
+        [0, 0],
+        model="granitemoehybrid",
+    )
     assert classify(periodic) == "longer-sibling"
-    dense = _finding("promise", hybrid(528, 528, retention_interval=None), [[("A", 528)], [("A", 528), ("B", 1)]], [0, 528], [0, 0], model="granitemoehybrid")
+    dense = _finding(
+        "promise",
+        hybrid(528, 528, retention_interval=None),
+        [[("A", 528)], [("A", 528), ("B", 1)]],
+        [0, 528],
+        [0, 0],
+        model="granitemoehybrid",
+    )
     assert classify(dense) is None  # dense retention keeps every state: not this class
 
 
 def test_findings_lists_the_known_class_of_a_class(tmp_path):
     import json
 
-    from kvspec.commands.findings import render
     from fuzz.triage import read_findings, triage
+    from kvspec.commands.findings import render
 
     (tmp_path / "promise-a.json").write_text(json.dumps(CASES["longer-sibling"]))
     described, malformed = read_findings(tmp_path)

@@ -31,7 +31,10 @@ def test_promise_oracle_fires_on_legacy_and_not_on_promise():
     divs = check_all(case, "0.29.0", legacy.run(case), legacy.run, ("promise",))
     assert [(d.oracle, d.requests) for d in divs] == [("promise", [1])]
     honest = ReferenceDouble("0.29.0", "promise")
-    assert check_all(case, "0.29.0", honest.run(case), honest.run, ("promise", "knobs", "sparse_dense", "spec_on_off")) == []
+    assert (
+        check_all(case, "0.29.0", honest.run(case), honest.run, ("promise", "knobs", "sparse_dense", "spec_on_off"))
+        == []
+    )
 
 
 def test_random_campaign_finds_shrinks_and_writes_a_replayable_finding(tmp_path):
@@ -107,6 +110,7 @@ def test_a_campaign_over_deployments_decodes_every_input_to_a_deployment():
     mutation of a deployment input turns into) is read as a generated
     deployment input: no hand geometry reaches the engine of a campaign over
     deployments. Without one it stays the hand geometry it encodes."""
+
     def stub_resolver(dep: dict) -> dict:  # a test double: every deployment resolves to block 544
         return {"block": 544, "hash": 544, "max_model_len": 32768}
 
@@ -157,6 +161,7 @@ def test_sparse_dense_fires_only_where_sparse_hits_less():
         def run(variant):  # a test double for the engine's dense run
             assert variant.geometry.retention_interval is None
             return {"hits": hits}
+
         return run
 
     assert check_sparse_dense(case, "0.33.0", {"hits": [0, 64]}, dense_run([0, 48])) == []
@@ -168,7 +173,6 @@ def test_sparse_dense_fires_only_where_sparse_hits_less():
     assert check_sparse_dense(three, "0.33.0", {"hits": [0, 64, 64]}, dense_run([0, 64, 80])) == []
 
 
-
 def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state():
     """check_promise: below the promise is lost reuse; above it is judged by
     the engine's chunk ends. (From the 10-min campaign on 0.33.0 + both
@@ -178,8 +182,10 @@ def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state
     wrote, kept beyond what the promise requires, not stale.)"""
     from fuzz.oracles import check_promise
 
-    case = make_case(hybrid(576, 576, prefix_match_unit=32, retention_interval=1728, prefill_checkpoint_grid=64),
-                     [[("A", 45)], [("A", 727)], [("A", 576), ("B", 1)]])
+    case = make_case(
+        hybrid(576, 576, prefix_match_unit=32, retention_interval=1728, prefill_checkpoint_grid=64),
+        [[("A", 45)], [("A", 727)], [("A", 576), ("B", 1)]],
+    )
     explain = [{"chunk_ends": [32, 45]}, {"chunk_ends": [576, 704, 727]}, {"chunk_ends": [577]}]
     assert check_promise(case, "0.33.0", {"hits": [0, 32, 576], "explain": explain}) == []
     # the same hit with no prefill ending there: a stale state
@@ -205,7 +211,11 @@ def test_the_stale_oracle_flags_a_hit_where_no_earlier_prefill_wrote_a_state():
     assert (div.oracle, div.requests, div.expected, div.observed) == ("stale", [2], [0, 16, 17], [0, 16, 144])
     # a state written over other tokens does not count
     other = make_case(hybrid(16, 16), [[("B", 150)], [("A", 150)], [("A", 150), ("B", 3)]])
-    (div,) = check_stale(other, "0.33.0", {"hits": [0, 0, 144], "explain": [{"written": [144, 150]}, {"written": [150]}, {"written": [153]}]})
+    (div,) = check_stale(
+        other,
+        "0.33.0",
+        {"hits": [0, 0, 144], "explain": [{"written": [144, 150]}, {"written": [150]}, {"written": [153]}]},
+    )
     assert div.requests == [2]
     # writes the engine could not observe (null): not judged
     unknown = [{"written": None}, {"written": [150]}, {"written": [153]}]
@@ -242,21 +252,38 @@ def test_the_retention_oracle_flags_states_kept_nowhere_reachable_and_dropped_se
     sparse = make_case(hybrid(64, 64, retention_interval=0), [[("A", 300)], [("A", 300), ("B", 40)]])
     ok = [{"retained_mamba_blocks": {"64": [3]}, "junction": 0}, {"retained_mamba_blocks": {"64": [3]}, "junction": 0}]
     assert check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": ok}) == []
-    every = [{"retained_mamba_blocks": {"64": [0, 1, 2, 3]}, "junction": 0}, {"retained_mamba_blocks": {"64": [0, 1, 2, 3, 4]}, "junction": 0}]
+    every = [
+        {"retained_mamba_blocks": {"64": [0, 1, 2, 3]}, "junction": 0},
+        {"retained_mamba_blocks": {"64": [0, 1, 2, 3, 4]}, "junction": 0},
+    ]
     (div,) = check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": every})
     assert (div.oracle, div.requests, div.expected, div.observed) == ("retention", [0, 1], [0, 256], [0, 256])
-    assert div.context["expected_states"] == [[256], [256, 320]] and div.context["observed_states"][0] == [64, 128, 192, 256]
+    assert div.context["expected_states"] == [[256], [256, 320]] and div.context["observed_states"][0] == [
+        64,
+        128,
+        192,
+        256,
+    ]
     # dense retention keeps every block: not this oracle's to judge
     dense = make_case(hybrid(64, 64, retention_interval=None), [[("A", 300)]])
     assert check_retention(dense, "0.33.0", {"hits": [0], "explain": every[:1]}) == []
     # periodic, interval 128: segment ends 128 and 256 (written by chunk ends at 128, 256)
     periodic = make_case(hybrid(64, 64, retention_interval=128, max_num_batched_tokens=128), [[("A", 300)]])
     wrote = {"written": [128, 256, 300], "junction": 0}
-    assert check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [1, 3]}}]}) == []
-    (div,) = check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [2]}}]})
+    assert (
+        check_retention(
+            periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [1, 3]}}]}
+        )
+        == []
+    )
+    (div,) = check_retention(
+        periodic, "0.33.0", {"hits": [0], "explain": [{**wrote, "retained_mamba_blocks": {"64": [2]}}]}
+    )
     assert div.context["expected_states"] == [[128, 256]] and "drops the segment ends [128, 256]" in div.detail
     # not observed: not judged
-    assert check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": [{"retained_mamba_blocks": None}, ok[1]]}) == []
+    assert (
+        check_retention(sparse, "0.33.0", {"hits": [0, 256], "explain": [{"retained_mamba_blocks": None}, ok[1]]}) == []
+    )
     assert promise_of({"oracle": "retention", "case": {}, "first_divergence": 0}) == "retention"
 
 
@@ -302,19 +329,32 @@ def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
     mutant = [{**release[0], "retained_output_states": [1088]}]
     (div,) = check_retention(sparse, "0.33.0", {"hits": [0], "explain": mutant})
     assert (div.oracle, div.requests, div.expected, div.observed) == ("retention", [0], [0], [0])
-    assert div.context["observed_states"] == [[544, 1088]] and div.context["expected_states"] == [[544]] and div.context["output_states"] == [[1088]]
+    assert (
+        div.context["observed_states"] == [[544, 1088]]
+        and div.context["expected_states"] == [[544]]
+        and div.context["output_states"] == [[1088]]
+    )
     assert "keeps [1088] inside its 1087-token prompt's output" in div.detail
     # a prompt state kept nowhere reachable is another class
-    (prompt,) = check_retention(sparse, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_mamba_blocks": {"544": [0, 1]}}]})
+    (prompt,) = check_retention(
+        sparse, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_mamba_blocks": {"544": [0, 1]}}]}
+    )
     knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
     assert signature(sparse, div, knobs) != signature(sparse, prompt, knobs)
     # periodic retention may keep a segment end inside the output, nothing else
     periodic = make_case(hybrid(544, 544, retention_interval=1088), [[("A", 1087)]])
     assert check_retention(periodic, "0.33.0", {"hits": [0], "explain": mutant}) == []
-    (off,) = check_retention(periodic, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_output_states": [1088, 1632]}]})
+    (off,) = check_retention(
+        periodic, "0.33.0", {"hits": [0], "explain": [{**release[0], "retained_output_states": [1088, 1632]}]}
+    )
     assert off.context["output_states"] == [[1632]]
     # not observed (an older observation): the prompt states alone
-    assert check_retention(sparse, "0.33.0", {"hits": [0], "explain": [{"retained_mamba_blocks": {"544": [0]}, "junction": 0}]}) == []
+    assert (
+        check_retention(
+            sparse, "0.33.0", {"hits": [0], "explain": [{"retained_mamba_blocks": {"544": [0]}, "junction": 0}]}
+        )
+        == []
+    )
 
 
 def test_every_generated_request_may_decode():
@@ -329,7 +369,10 @@ def test_every_generated_request_may_decode():
 
     drawn = [build_case(RandomChooser(random.Random(seed)), speculative=None) for seed in range(40)]
     turns = [{s.output for r in case.trace for s in r.prompt if s.output is not None} for case in drawn]
-    turns = [t | {i for i, r in enumerate(case.trace) if any(s.output is not None for s in r.prompt)} for t, case in zip(turns, drawn)]
+    turns = [
+        t | {i for i, r in enumerate(case.trace) if any(s.output is not None for s in r.prompt)}
+        for t, case in zip(turns, drawn)
+    ]
     outputs = {r.max_tokens for case, t in zip(drawn, turns) for i, r in enumerate(case.trace) if i not in t}
     assert outputs == {1, 2, 4}
     assert all(10 <= case.trace[i].max_tokens <= MAX_DECODE for case, t in zip(drawn, turns) for i in t)
@@ -346,7 +389,10 @@ def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed(
 
     case = make_case(hybrid(16, 16, max_num_batched_tokens=40), [[("A", 10)], [("A", 100)]])
     knobs = {"max_num_scheduled_tokens": 40, "num_prefill_lookahead_tokens": 2}
-    ok = [{"prompt_tokens": 10, "chunk_ends": [10]}, {"prompt_tokens": 100, "scheduler_hit": 0, "chunk_ends": [32, 64, 96, 98, 100]}]
+    ok = [
+        {"prompt_tokens": 10, "chunk_ends": [10]},
+        {"prompt_tokens": 100, "scheduler_hit": 0, "chunk_ends": [32, 64, 96, 98, 100]},
+    ]
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": ok}) == []
     stray = [{"prompt_tokens": 10, "chunk_ends": [1, 10]}, ok[1]]
     (div,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": stray})
@@ -374,7 +420,10 @@ def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_tha
 
     case = make_case(hybrid(576, 576, max_num_batched_tokens=8192), [[("A", 575)], [("A", 575)]])
     knobs = {"max_num_scheduled_tokens": 8192, "max_model_len": 32768}
-    whole = [{"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": [[575, 3, 3], [576, 3, 3], [577, 3, 3]]}, {"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": []}]
+    whole = [
+        {"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": [[575, 3, 3], [576, 3, 3], [577, 3, 3]]},
+        {"prompt_tokens": 575, "chunk_ends": [575], "decode_steps": []},
+    ]
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": whole}) == []
     cut = [{**whole[0], "decode_steps": [[575, 3, 1], [576, 3, 3], [577, 3, 3]]}, whole[1]]
     (div,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": cut})
@@ -383,12 +432,19 @@ def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_tha
     assert "from 575, schedules 1 of the 3 tokens" in div.detail and "cut at 576" in div.detail
     # max_model_len 577 caps the step from 575 at 577 - 575 - 1 = 1 token; a budget of 40 may be what cut it
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 577}, "explain": cut}) == []
-    assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_num_scheduled_tokens": 40}, "explain": cut}) == []
+    assert (
+        check_split(
+            case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_num_scheduled_tokens": 40}, "explain": cut}
+        )
+        == []
+    )
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 579}, "explain": cut}) != []
     # a cut step and a stray prefill end of the same request are two classes
     from fuzz.findings import signature
 
-    (chunk,) = check_split(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": [{**whole[0], "chunk_ends": [512, 575]}, whole[1]]})
+    (chunk,) = check_split(
+        case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": [{**whole[0], "chunk_ends": [512, 575]}, whole[1]]}
+    )
     assert signature(case, div, knobs) != signature(case, chunk, knobs)
 
 
@@ -402,8 +458,16 @@ def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_e
     from fuzz.checkbuild import promise_of
     from fuzz.oracles import check_checkpoint
 
-    case = make_case(hybrid(144, 144, prefill_checkpoint_grid=1, max_num_batched_tokens=2048), [[("A", 200)], [("A", 100)]])
-    knobs = {"hash_block_size": 144, "max_num_scheduled_tokens": 2048, "partial_hash_hits": False, "eagle_drop": False, "hash_lookahead_tokens": 0}
+    case = make_case(
+        hybrid(144, 144, prefill_checkpoint_grid=1, max_num_batched_tokens=2048), [[("A", 200)], [("A", 100)]]
+    )
+    knobs = {
+        "hash_block_size": 144,
+        "max_num_scheduled_tokens": 2048,
+        "partial_hash_hits": False,
+        "eagle_drop": False,
+        "hash_lookahead_tokens": 0,
+    }
     one = [{"prompt_tokens": 200, "chunk_ends": [200]}, {"prompt_tokens": 100, "chunk_ends": [100]}]
     assert check_checkpoint(case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": one}) == []
     split = [{"prompt_tokens": 200, "chunk_ends": [144, 200]}, one[1]]
@@ -430,10 +494,20 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_beyond_or_missing_below_th
     from fuzz.oracles import check_hit_blocks
 
     case = make_case(hybrid(144, 144), [[("A", 300)], [("A", 150), ("B", 10)]])
-    fine = [{"scheduler_hit": 0, "attention_blocks": [[144, 0]]}, {"scheduler_hit": 144, "attention_blocks": [[144, 1]]}]
+    fine = [
+        {"scheduler_hit": 0, "attention_blocks": [[144, 0]]},
+        {"scheduler_hit": 144, "attention_blocks": [[144, 1]]},
+    ]
     assert check_hit_blocks(case, "0.33.0", {"hits": [0, 144], "explain": fine}) == []
     # a hash-unit hit inside a block takes that block (ceil)
-    assert check_hit_blocks(case, "0.33.0", {"hits": [0, 160], "explain": [fine[0], {"scheduler_hit": 160, "attention_blocks": [[144, 2]]}]}) == []
+    assert (
+        check_hit_blocks(
+            case,
+            "0.33.0",
+            {"hits": [0, 160], "explain": [fine[0], {"scheduler_hit": 160, "attention_blocks": [[144, 2]]}]},
+        )
+        == []
+    )
     extra = [fine[0], {"scheduler_hit": 0, "attention_blocks": [[144, 1]]}]
     (div,) = check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": extra})
     assert (div.oracle, div.requests, div.context["extra_blocks"]) == ("hit_blocks", [1], [0, 1])
@@ -443,7 +517,10 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_beyond_or_missing_below_th
     knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
     assert signature(case, div, knobs) != signature(case, missing, knobs)
     # not recorded (an older observation): not judged
-    assert check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": [{"scheduler_hit": 0}, {"scheduler_hit": 0}]}) == []
+    assert (
+        check_hit_blocks(case, "0.33.0", {"hits": [0, 0], "explain": [{"scheduler_hit": 0}, {"scheduler_hit": 0}]})
+        == []
+    )
     assert promise_of({"oracle": "hit_blocks", "case": {}, "first_divergence": 1}) == "hit-blocks"
 
 
@@ -459,25 +536,50 @@ def test_the_shared_prefix_oracle_flags_a_junction_full_attention_never_cached()
     from fuzz.findings import signature
     from fuzz.oracles import check_shared_prefix
 
-    case = make_case(hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 1728)], [("A", 1152), ("B", 1000), ("C", 700)]])
-    release = [{"scheduler_hit": 0, "junction": 0}, {"scheduler_hit": 1088, "junction": 0}, {"scheduler_hit": 1088, "junction": 1632}]
+    case = make_case(
+        hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 1728)], [("A", 1152), ("B", 1000), ("C", 700)]]
+    )
+    release = [
+        {"scheduler_hit": 0, "junction": 0},
+        {"scheduler_hit": 1088, "junction": 0},
+        {"scheduler_hit": 1088, "junction": 1632},
+    ]
     assert check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": release}) == []
     mutant = [release[0], {"scheduler_hit": 1088, "junction": 3264}, {"scheduler_hit": 1088, "junction": 3808}]
     (div,) = check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": mutant})
-    assert (div.oracle, div.requests, div.expected, div.observed) == ("shared_prefix", [1, 2], [0, 1088, 1088], [0, 1088, 1088])
+    assert (div.oracle, div.requests, div.expected, div.observed) == (
+        "shared_prefix",
+        [1, 2],
+        [0, 1088, 1088],
+        [0, 1088, 1088],
+    )
     # the reach: request 1 runs through A:1152 (plus its one output), request 2 shares 2152 with request 1
     assert div.context["bad_junctions"] == [[], [3264, 1088, 1153], [3808, 1088, 2152]]
     assert "past the 1153 tokens" in div.detail
     # a junction at or below the hit
-    (low,) = check_shared_prefix(case, "0.33.0", {"hits": [0, 1088, 1088], "explain": [release[0], release[1], {"scheduler_hit": 1632, "junction": 1632}]})
+    (low,) = check_shared_prefix(
+        case,
+        "0.33.0",
+        {"hits": [0, 1088, 1088], "explain": [release[0], release[1], {"scheduler_hit": 1632, "junction": 1632}]},
+    )
     assert low.context["bad_junctions"][2] == [1632, 1632, 2152] and "not above its hit" in low.detail
     knobs = {"eagle_drop": False, "hash_lookahead_tokens": 0}
     assert signature(case, div, knobs) != signature(case, low, knobs)
     # a junction at the earlier request's outputs: its max_tokens count
     longer = make_case(hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 600)]])
-    assert check_shared_prefix(longer, "0.33.0", {"hits": [0, 0], "explain": [release[0], {"scheduler_hit": 0, "junction": 1153}]}) == []
+    assert (
+        check_shared_prefix(
+            longer, "0.33.0", {"hits": [0, 0], "explain": [release[0], {"scheduler_hit": 0, "junction": 1153}]}
+        )
+        == []
+    )
     # not recorded: not judged
-    assert check_shared_prefix(case, "0.33.0", {"hits": [0, 0, 0], "explain": [{}, {"scheduler_hit": 0}, {"junction": 4000}]}) == []
+    assert (
+        check_shared_prefix(
+            case, "0.33.0", {"hits": [0, 0, 0], "explain": [{}, {"scheduler_hit": 0}, {"junction": 4000}]}
+        )
+        == []
+    )
     assert promise_of({"oracle": "shared_prefix", "case": {}, "first_divergence": 1}) == "shared-prefix"
 
 
@@ -496,20 +598,38 @@ def test_the_block_table_oracle_flags_mamba_blocks_freed_or_no_longer_needed():
     case = make_case(hybrid(544, 544), [[("A", 5000)], [("A", 5000)]])
     release = [{"scheduler_hit": 0, "block_table": []}, {"scheduler_hit": 4896, "block_table": []}]
     assert check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": release}) == []
-    leaking = [{"scheduler_hit": 0, "block_table": [[2176, 1, 0], [3264, 2, 0], [4352, 3, 0], [4896, 4, 0]]}, release[1]]
+    leaking = [
+        {"scheduler_hit": 0, "block_table": [[2176, 1, 0], [3264, 2, 0], [4352, 3, 0], [4896, 4, 0]]},
+        release[1],
+    ]
     (div,) = check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": leaking})
     assert (div.oracle, div.requests, div.expected, div.observed) == ("block_table", [0], [0, 4896], [0, 4896])
     assert div.context["block_table"] == [[[2176, 1, 0], [3264, 2, 0], [4352, 3, 0], [4896, 4, 0]], []]
-    assert "1 block(s) below the state" in div.detail and "starting at 2176" in div.detail and "3 more step(s)" in div.detail
+    assert (
+        "1 block(s) below the state" in div.detail
+        and "starting at 2176" in div.detail
+        and "3 more step(s)" in div.detail
+    )
     assert "freed" not in div.detail.split("held")[1].split("once")[0]
-    (freed,) = check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [release[0], {"scheduler_hit": 4896, "block_table": [[5000, 0, 1]]}]})
+    (freed,) = check_block_table(
+        case,
+        "0.33.0",
+        {"hits": [0, 4896], "explain": [release[0], {"scheduler_hit": 4896, "block_table": [[5000, 0, 1]]}]},
+    )
     assert freed.requests == [1] and "1 block(s) it had freed" in freed.detail and "below" not in freed.detail
     # a block reference left once a request finished: flagged where the count rises, not after
-    left = [{"block_table": [], "leaked_blocks": 0}, {"block_table": [], "leaked_blocks": 3}, {"block_table": [], "leaked_blocks": 3}]
+    left = [
+        {"block_table": [], "leaked_blocks": 0},
+        {"block_table": [], "leaked_blocks": 3},
+        {"block_table": [], "leaked_blocks": 3},
+    ]
     (leak,) = check_block_table(case, "0.33.0", {"hits": [0, 4896, 4896], "explain": left})
     assert leak.requests == [1] and leak.context["leaked_blocks"] == [0, 3, 0]
     assert "request 1 finished with 3 more block reference(s)" in leak.detail
-    assert check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [{"leaked_blocks": 0}, {"leaked_blocks": 0}]}) == []
+    assert (
+        check_block_table(case, "0.33.0", {"hits": [0, 4896], "explain": [{"leaked_blocks": 0}, {"leaked_blocks": 0}]})
+        == []
+    )
     # not recorded (an older observation): not judged
     assert check_block_table(case, "0.33.0", {"hits": [0, 0], "explain": [{}, {"scheduler_hit": 0}]}) == []
     assert promise_of({"oracle": "block_table", "case": {}, "first_divergence": 0}) == "block-table"
@@ -533,27 +653,71 @@ def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_p
     from reference.case import parse_case
     from tests.fuzz.doubles import ResolvingDouble
 
-    dep = {"model": "qwen3_next", "platform": "cuda", "device": "a100", "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "16"]}
-    case = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1152}]}, {"prompt": [{"segment": "A", "length": 1152}]}]})
+    dep = {
+        "model": "qwen3_next",
+        "platform": "cuda",
+        "device": "a100",
+        "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "16"],
+    }
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": dep,
+            "trace": [{"prompt": [{"segment": "A", "length": 1152}]}, {"prompt": [{"segment": "A", "length": 1152}]}],
+        }
+    )
     dropping = ResolvingDouble(hashed=544)
     (div,) = check_resolution(case, dropping.version, dropping.run(case))
-    assert (div.oracle, div.requests, div.expected, div.observed, div.context["rule"]) == ("resolution", [], [0, 0], [0, 0], "prefix_match_unit")
+    assert (div.oracle, div.requests, div.expected, div.observed, div.context["rule"]) == (
+        "resolution",
+        [],
+        [0, 0],
+        [0, 0],
+        "prefix_match_unit",
+    )
     assert "--prefix-match-unit 16" in div.detail and "hash_block_size=544" in div.detail
     assert check_resolution(case, "0.33.0", ResolvingDouble().run(case)) == []  # the unit kept
-    no_unit = parse_case({**json.loads(json.dumps({"schema": 1, "deployment": {**dep, "vllm_args": ["--enable-prefix-caching"]}, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]}))})
+    no_unit = parse_case(
+        {
+            **json.loads(
+                json.dumps(
+                    {
+                        "schema": 1,
+                        "deployment": {**dep, "vllm_args": ["--enable-prefix-caching"]},
+                        "trace": [{"prompt": [{"segment": "A", "length": 8}]}],
+                    }
+                )
+            )
+        }
+    )
     assert check_resolution(no_unit, "0.33.0", dropping.run(no_unit)) == []  # no unit asked for
-    assert check_resolution(case, "0.33.0", {"error": {"kind": "vllm"}, "resolution": dropping.run(case)["resolution"]}) == []
+    assert (
+        check_resolution(case, "0.33.0", {"error": {"kind": "vllm"}, "resolution": dropping.run(case)["resolution"]})
+        == []
+    )
     # a build that accepts a unit vLLM rejects (48 does not divide 544): the shape of blocks-eab54c26
-    loose = parse_case({"schema": 1, "deployment": {**dep, "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"]}, "trace": [{"prompt": [{"segment": "A", "length": 8}]}]})
+    loose = parse_case(
+        {
+            "schema": 1,
+            "deployment": {**dep, "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"]},
+            "trace": [{"prompt": [{"segment": "A", "length": 8}]}],
+        }
+    )
     (undivided,) = check_resolution(loose, "0.33.0", ResolvingDouble().run(loose))
-    assert undivided.context["rule"] == "hash_divides_blocks" and undivided.context["resolution"]["blocks"] == [544] and "does not divide" in undivided.detail
+    assert (
+        undivided.context["rule"] == "hash_divides_blocks"
+        and undivided.context["resolution"]["blocks"] == [544]
+        and "does not divide" in undivided.detail
+    )
     assert promise_of({"oracle": "resolution", "case": {}, "first_divergence": None}) == "flags"
 
     campaign = Campaign(dropping, tmp_path, oracles=("resolution",), seed=1)
     (path,) = campaign.check(case)
     assert campaign.stats.harness_errors == 0
     finding_case, finding = load_finding(path)
-    assert finding["oracle"] == "resolution" and finding["first_divergence"] is None and len(finding_case.trace) == 1  # shrunk to one request
+    assert (
+        finding["oracle"] == "resolution" and finding["first_divergence"] is None and len(finding_case.trace) == 1
+    )  # shrunk to one request
     assert "not judged further" in render(finding)
     described, malformed = read_findings(tmp_path)
     assert malformed == [] and triage(described)[0]["geometry"] == "unresolved"
@@ -624,8 +788,19 @@ def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness
     from reference.case import parse_case
     from tests.fuzz.doubles import SetupErrorDouble
 
-    dep = {"model": "qwen3_next", "platform": "cuda", "device": "a100", "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"]}
-    case = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 600}]}, {"prompt": [{"segment": "A", "length": 600}]}]})
+    dep = {
+        "model": "qwen3_next",
+        "platform": "cuda",
+        "device": "a100",
+        "vllm_args": ["--enable-prefix-caching", "--prefix-match-unit", "48"],
+    }
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": dep,
+            "trace": [{"prompt": [{"segment": "A", "length": 600}]}, {"prompt": [{"segment": "A", "length": 600}]}],
+        }
+    )
     campaign = Campaign(SetupErrorDouble(), tmp_path, seed=1)
     (path,) = campaign.check(case)
     assert campaign.stats.harness_errors == 0
@@ -648,7 +823,7 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
 
     root = Path(__file__).resolve().parents[2]
     readme = " ".join((root / "docs" / "check-build.md").read_text().split())
-    readme = readme[readme.index("a build is judged by"):][:400]  # the sentence that lists them
+    readme = readme[readme.index("a build is judged by") :][:400]  # the sentence that lists them
     epilog = " ".join(check_build.EPILOG.split())
     for name in BUILD_ORACLES:
         if name != "junction":
@@ -656,7 +831,21 @@ def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
         if name != "versions":  # check-build judges one engine
             assert name in epilog, name
     ids = {p for p, _n, _w in PROMISES}
-    for name in ("stale", "cap", "keys", "draft_keys", "resumed_state", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "engine_error"):
+    for name in (
+        "stale",
+        "cap",
+        "keys",
+        "draft_keys",
+        "resumed_state",
+        "retention",
+        "split",
+        "checkpoint",
+        "hit_blocks",
+        "shared_prefix",
+        "block_table",
+        "resolution",
+        "engine_error",
+    ):
         assert promise_of({"oracle": name, "case": {}, "first_divergence": 0}) in ids, name
 
 
@@ -670,9 +859,13 @@ def test_the_stale_oracle_flags_a_state_held_where_the_request_wrote_none():
     an earlier prefill wrote, so the hit rule alone lets it pass."""
     from fuzz.oracles import check_stale
 
-    case = make_case(hybrid(144, 144, prefix_match_unit=16, prefill_checkpoint_grid=1), [[("A", 1008)], [("A", 1153)], [("A", 1009)]])
+    case = make_case(
+        hybrid(144, 144, prefix_match_unit=16, prefill_checkpoint_grid=1), [[("A", 1008)], [("A", 1153)], [("A", 1009)]]
+    )
+
     def ex(written, held):
         return {"written": written, "retained_mamba_blocks": {"144": []}, "retained_mamba_tokens": {"0": held}}
+
     release = [ex([992, 1008], [992]), ex([1152, 1153], [992, 1008, 1152]), ex([1009], [992, 1008])]
     (div,) = check_stale(case, "0.33.0", {"hits": [0, 992, 1008], "explain": release})
     assert (div.oracle, div.requests, div.context["stale_keys"]) == ("stale", [1], [[], [1008], []])
@@ -724,7 +917,11 @@ def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_acce
     flags_asked = sum(1 for a in asked if "--enable-mamba-shared-prefix-checkpoint" in a)
     assert free > 60 and sizes == {None, "64", "256", "1024"}
     assert units_kept > 0 and flags_asked > 0
-    assert all("--speculative-config" in a and "--prefix-match-unit" in a for a in asked if "--enable-mamba-shared-prefix-checkpoint" in a)
+    assert all(
+        "--speculative-config" in a and "--prefix-match-unit" in a
+        for a in asked
+        if "--enable-mamba-shared-prefix-checkpoint" in a
+    )
     assert not any(m in ATTENTION_FREE_MODELS for m in MTP_MODELS)
 
 
@@ -750,7 +947,9 @@ def test_variant_runs_are_made_only_where_their_oracle_can_fire():
     for rule, variants in (("promise", 0), ("legacy", 2)):
         engine = ReferenceDouble("0.29.0", rule)
         ran = []
-        check_all(case, "0.29.0", engine.run(case), lambda c: ran.append(c) or engine.run(c), ("sparse_dense", "spec_on_off"))
+        check_all(
+            case, "0.29.0", engine.run(case), lambda c: ran.append(c) or engine.run(c), ("sparse_dense", "spec_on_off")
+        )
         assert len(ran) == variants, (rule, len(ran))
 
 

@@ -7,20 +7,47 @@ from __future__ import annotations
 from fuzz.oracles import NEUTRAL_ORACLES, ORACLES, check_promise, check_resumed_state, check_versions, oracles_for
 from reference.case import parse_case, with_resolution
 
-GRID = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}], "hash_block_size": 64,
-        "scheduler_block_size": 64, "prefix_match_unit": None, "retention_interval": 0, "max_num_batched_tokens": 2048}
-RAW = {"schema": 1, "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": []},
-       "trace": [{"prompt": [{"segment": "A", "length": 3200}]}, {"prompt": [{"segment": "A", "length": 3200}]}]}
+GRID = {
+    "groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+    "hash_block_size": 64,
+    "scheduler_block_size": 64,
+    "prefix_match_unit": None,
+    "retention_interval": 0,
+    "max_num_batched_tokens": 2048,
+}
+RAW = {
+    "schema": 1,
+    "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": []},
+    "trace": [{"prompt": [{"segment": "A", "length": 3200}]}, {"prompt": [{"segment": "A", "length": 3200}]}],
+}
 
 
 def _obs(hits, resumed=None, core=None):
-    explain = [{"request": i, "hit": h, "written": [3200], "resumed_state": (resumed or {}).get(i)} for i, h in enumerate(hits)]
-    return {"hits": hits, "queries": [3200] * len(hits), "explain": explain, **({"harness": {"tree_core": core}} if core else {})}
+    explain = [
+        {"request": i, "hit": h, "written": [3200], "resumed_state": (resumed or {}).get(i)} for i, h in enumerate(hits)
+    ]
+    return {
+        "hits": hits,
+        "queries": [3200] * len(hits),
+        "explain": explain,
+        **({"harness": {"tree_core": core}} if core else {}),
+    }
 
 
 def test_another_family_is_judged_by_the_promises_own_oracles_only():
-    assert oracles_for("sglang==0.5.23") == ("promise", "stale", "cap", "keys", "draft_keys", "resumed_state", "versions", "engine_error")
-    assert NEUTRAL_ORACLES == oracles_for("sglang==0.5.23") + ("outputs",)  # outputs: run when asked (a family with real weights)
+    assert oracles_for("sglang==0.5.23") == (
+        "promise",
+        "stale",
+        "cap",
+        "keys",
+        "draft_keys",
+        "resumed_state",
+        "versions",
+        "engine_error",
+    )
+    assert NEUTRAL_ORACLES == oracles_for("sglang==0.5.23") + (
+        "outputs",
+    )  # outputs: run when asked (a family with real weights)
     assert oracles_for("0.33.0") == ORACLES and "reference" in ORACLES and "reference" not in NEUTRAL_ORACLES
 
 

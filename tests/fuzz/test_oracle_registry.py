@@ -11,8 +11,20 @@ from pathlib import Path
 import pytest
 
 from fuzz import oracle_registry as registry
-from fuzz.oracle_registry import (BUILD_ORACLES, CONCURRENT_ORACLES, EXTRA_ORACLES, HIT_ORACLES, KNOWN_ORACLES, NOT_BY_COUNTERS, ORACLES,
-                                  NEUTRAL_ORACLES, REGISTRY, SAME_HITS_ORACLES, SINGLE_ENGINE_ORACLES, VARIANT_ORACLES)
+from fuzz.oracle_registry import (
+    BUILD_ORACLES,
+    CONCURRENT_ORACLES,
+    EXTRA_ORACLES,
+    HIT_ORACLES,
+    KNOWN_ORACLES,
+    NEUTRAL_ORACLES,
+    NOT_BY_COUNTERS,
+    ORACLES,
+    REGISTRY,
+    SAME_HITS_ORACLES,
+    SINGLE_ENGINE_ORACLES,
+    VARIANT_ORACLES,
+)
 from fuzz.oracles import SINGLE_RUN_CHECKS
 from kvspec.commands import check_build
 from kvspec.commands import fuzz as fuzz_command
@@ -35,16 +47,83 @@ def test_the_lists_keep_what_they_held_before_the_registry():
     so their order is the registry's. ``resumed_state`` joined with SGLang
     (issue 26), before ``versions``; the safety oracles ``cap``, ``keys`` and
     ``draft_keys`` (issue 39) after ``stale``."""
-    assert ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution", "reference",
-                       "knobs", "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error")
-    assert BUILD_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "resolution",
-                             "sparse_dense", "spec_on_off", "resumed_state", "versions", "engine_error", "junction")
-    assert NEUTRAL_ORACLES == ("promise", "stale", "cap", "keys", "draft_keys", "resumed_state", "versions", "engine_error", "outputs")  # outputs: issue 44, run when asked
+    assert ORACLES == (
+        "promise",
+        "stale",
+        "cap",
+        "keys",
+        "draft_keys",
+        "retention",
+        "split",
+        "checkpoint",
+        "hit_blocks",
+        "shared_prefix",
+        "block_table",
+        "resolution",
+        "reference",
+        "knobs",
+        "sparse_dense",
+        "spec_on_off",
+        "resumed_state",
+        "versions",
+        "engine_error",
+    )
+    assert BUILD_ORACLES == (
+        "promise",
+        "stale",
+        "cap",
+        "keys",
+        "draft_keys",
+        "retention",
+        "split",
+        "checkpoint",
+        "hit_blocks",
+        "shared_prefix",
+        "block_table",
+        "resolution",
+        "sparse_dense",
+        "spec_on_off",
+        "resumed_state",
+        "versions",
+        "engine_error",
+        "junction",
+    )
+    assert NEUTRAL_ORACLES == (
+        "promise",
+        "stale",
+        "cap",
+        "keys",
+        "draft_keys",
+        "resumed_state",
+        "versions",
+        "engine_error",
+        "outputs",
+    )  # outputs: issue 44, run when asked
     assert EXTRA_ORACLES == ("outputs", "junction") and KNOWN_ORACLES == ORACLES + ("outputs", "junction")
-    assert SAME_HITS_ORACLES == ("retention", "split", "checkpoint", "hit_blocks", "shared_prefix", "block_table", "outputs")
+    assert SAME_HITS_ORACLES == (
+        "retention",
+        "split",
+        "checkpoint",
+        "hit_blocks",
+        "shared_prefix",
+        "block_table",
+        "outputs",
+    )
     assert SINGLE_ENGINE_ORACLES == tuple(o for o in ORACLES if o != "versions")
     assert HIT_ORACLES == ("promise", "sparse_dense", "spec_on_off")
-    assert set(CONCURRENT_ORACLES) == {"knobs", "stale", "block_table", "engine_error", "versions", "resolution", "resumed_state", "cap", "keys", "draft_keys", "outputs"}
+    assert set(CONCURRENT_ORACLES) == {
+        "knobs",
+        "stale",
+        "block_table",
+        "engine_error",
+        "versions",
+        "resolution",
+        "resumed_state",
+        "cap",
+        "keys",
+        "draft_keys",
+        "outputs",
+    }
     assert set(NOT_BY_COUNTERS) == {"knobs", "engine_error", "resolution", "resumed_state", *SAME_HITS_ORACLES}
     assert VARIANT_ORACLES == ("sparse_dense", "spec_on_off", "junction")
 
@@ -66,7 +145,9 @@ def test_every_oracle_a_module_can_produce_is_registered_and_every_registered_on
             found.setdefault(name, []).append(path.name)
     assert set(found) == set(KNOWN_ORACLES), found
     # the dispatch runs each registered oracle through one path or another
-    dispatched = {n for n, _check in SINGLE_RUN_CHECKS} | set(VARIANT_ORACLES) | {"engine_error", "versions", "resolution"}
+    dispatched = (
+        {n for n, _check in SINGLE_RUN_CHECKS} | set(VARIANT_ORACLES) | {"engine_error", "versions", "resolution"}
+    )
     assert dispatched == set(KNOWN_ORACLES)
 
 
@@ -88,8 +169,8 @@ def test_fuzz_help_names_every_oracle_on_its_own_line():
 def judged(text: str) -> list[str]:
     """The oracles a help text's "judged by the A, B and C oracles" names."""
     part = " ".join(text.split())
-    part = part[part.index("judged by the ") + len("judged by the "):]
-    return re.split(r", | and ", part[:part.index(" oracles")])
+    part = part[part.index("judged by the ") + len("judged by the ") :]
+    return re.split(r", | and ", part[: part.index(" oracles")])
 
 
 def test_the_build_texts_name_the_build_oracles():
@@ -104,7 +185,9 @@ def test_the_build_texts_name_the_build_oracles():
 def test_the_docs_table_is_in_sync_with_the_registry():
     text = registry.DOCS.read_text()
     assert registry.BEGIN in text and registry.END in text
-    assert registry.with_table(text) == text, "docs/judge.md's oracle table is stale: python -m fuzz.oracle_registry --write-docs"
+    assert registry.with_table(text) == text, (
+        "docs/judge.md's oracle table is stale: python -m fuzz.oracle_registry --write-docs"
+    )
     for name in KNOWN_ORACLES:
         assert f"| `{name}` |" in text, name
 

@@ -17,14 +17,41 @@ DROP = json.dumps({"method": "mtp", "num_speculative_tokens": 2, "disable_lookah
 
 
 def _deployment(*args):
-    return parse_case({"schema": 1, "deployment": {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching", *args], "platform": "cuda", "device": "a100"},
-                       "trace": [{"prompt": [{"segment": "A", "length": 100}]}]})
+    return parse_case(
+        {
+            "schema": 1,
+            "deployment": {
+                "model": "qwen3_next",
+                "vllm_args": ["--enable-prefix-caching", *args],
+                "platform": "cuda",
+                "device": "a100",
+            },
+            "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
+        }
+    )
 
 
 def test_a_deployment_s_class_reads_its_flags():
     assert deployment_class_of(_deployment()).label() == "qwen3_next/off/block/sparse"
-    assert deployment_class_of(_deployment("--speculative-config", DROP, "--prefix-match-unit", "32", "--prefix-cache-retention-interval", "None")).label() == "qwen3_next/drop/unit/dense"
-    assert deployment_class_of(_deployment("--speculative-config", '{"method":"mtp","num_speculative_tokens":1}', "--prefix-cache-retention-interval", "1088")).label() == "qwen3_next/mtp/block/periodic"
+    assert (
+        deployment_class_of(
+            _deployment(
+                "--speculative-config", DROP, "--prefix-match-unit", "32", "--prefix-cache-retention-interval", "None"
+            )
+        ).label()
+        == "qwen3_next/drop/unit/dense"
+    )
+    assert (
+        deployment_class_of(
+            _deployment(
+                "--speculative-config",
+                '{"method":"mtp","num_speculative_tokens":1}',
+                "--prefix-cache-retention-interval",
+                "1088",
+            )
+        ).label()
+        == "qwen3_next/mtp/block/periodic"
+    )
     assert deployment_class_of(make_case(hybrid(16, 16), [[("A", 5)]])) is None
 
 
@@ -40,10 +67,15 @@ def test_trace_shapes_name_the_kinds_and_a_junction_chain():
 
 def test_a_campaign_counts_what_it_ran(tmp_path):
     campaign = Campaign(ReferenceDouble("0.33.0", "replay"), tmp_path, oracles=("promise",))
-    run_cases(campaign, [make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]), make_case(hybrid(16, 16), [[("A", 40)], [("B", 3)]])])
+    run_cases(
+        campaign,
+        [make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]), make_case(hybrid(16, 16), [[("A", 40)], [("B", 3)]])],
+    )
     assert campaign.stats.reach.as_dict()["shapes"] == {"resend": 1, "fresh": 1}
     reach = Reach()
     reach.add(_deployment())
     table = reach.as_dict()
     assert table["deployment_classes"] == 1 and table["of"] == len(deployment_classes())
-    assert "qwen3_next/off/block/sparse" not in table["never_reached"] and len(table["never_reached"]) == table["of"] - 1
+    assert (
+        "qwen3_next/off/block/sparse" not in table["never_reached"] and len(table["never_reached"]) == table["of"] - 1
+    )

@@ -12,12 +12,29 @@ from reference.case import case_to_dict
 from tests.conftest import hybrid, make_case
 
 
-def _finding(prompts, expected, observed, *, oracle="promise", args=("--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64")):
+def _finding(
+    prompts,
+    expected,
+    observed,
+    *,
+    oracle="promise",
+    args=("--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"),
+):
     case = case_to_dict(make_case(hybrid(64, 64, retention_interval=0), prompts, None))
-    case.update(deployment={"model": "qwen3_next", "engine": "sglang", "sglang_args": list(args)}, resolved_by="sglang==0.5.23")
+    case.update(
+        deployment={"model": "qwen3_next", "engine": "sglang", "sglang_args": list(args)}, resolved_by="sglang==0.5.23"
+    )
     first = next((i for i, (e, o) in enumerate(zip(expected, observed)) if e != o), None)
-    return {"signature": "abcdef12", "oracle": oracle, "first_divergence": first, "expected": {"hits": expected}, "observed": {"hits": observed},
-            "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}}, "case": case, "summary": "x"}
+    return {
+        "signature": "abcdef12",
+        "oracle": oracle,
+        "first_divergence": first,
+        "expected": {"hits": expected},
+        "observed": {"hits": observed},
+        "engine": {"name": "sglang==0.5.23", "version": "sglang==0.5.23", "knobs": {}},
+        "case": case,
+        "summary": "x",
+    }
 
 
 def test_a_grid_resend_bundle_cites_prior_art_and_carries_the_fix():
@@ -30,14 +47,35 @@ def test_a_grid_resend_bundle_cites_prior_art_and_carries_the_fix():
     assert "mamba_keep_cut" in files["fix.diff"]
     test = next(v for k, v in files.items() if k.startswith("test_"))
     tree = ast.parse(test)
-    assigns = {t.targets[0].id: ast.literal_eval(t.value) for t in tree.body if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name) and t.targets[0].id.isupper() and t.targets[0].id not in ("LAYERS",)}
-    assert assigns["EXPECTED_HITS"] == [0, 3136] and assigns["CHECK"] == "hits" and assigns["PROMPTS"] == [[("A", 3200)], [("A", 3200)]]
-    imported = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert imported <= {"sglang", "torch", "json", "os", "tempfile", "unittest", "zlib", "array"}, imported  # nothing of kvspec
+    assigns = {
+        t.targets[0].id: ast.literal_eval(t.value)
+        for t in tree.body
+        if isinstance(t, ast.Assign)
+        and isinstance(t.targets[0], ast.Name)
+        and t.targets[0].id.isupper()
+        and t.targets[0].id not in ("LAYERS",)
+    }
+    assert (
+        assigns["EXPECTED_HITS"] == [0, 3136]
+        and assigns["CHECK"] == "hits"
+        and assigns["PROMPTS"] == [[("A", 3200)], [("A", 3200)]]
+    )
+    imported = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    assert imported <= {"sglang", "torch", "json", "os", "tempfile", "unittest", "zlib", "array"}, (
+        imported
+    )  # nothing of kvspec
 
 
 def test_an_off_page_key_finding_checks_resumed_states_and_ships_its_fix():
-    f = _finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944], oracle="resumed_state", args=("--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"))
+    f = _finding(
+        [[("A", 3000)]] * 3,
+        [0, 0, 0],
+        [0, 2880, 2944],
+        oracle="resumed_state",
+        args=("--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"),
+    )
     f["first_divergence"] = 1
     files = bundle(f)
     assert "CHECK = 'resumed'" in regression_test(f) and "-        and get_parallel().dcp_enabled" in files["fix.diff"]

@@ -14,7 +14,9 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 
 
 def _obs(hits, **per_request):
-    explain = [{"request": i, "hit": h, **{k: v[i] for k, v in per_request.items() if i in v}} for i, h in enumerate(hits)]
+    explain = [
+        {"request": i, "hit": h, **{k: v[i] for k, v in per_request.items() if i in v}} for i, h in enumerate(hits)
+    ]
     return {"hits": list(hits), "queries": [0] * len(hits), "explain": explain}
 
 
@@ -22,7 +24,9 @@ def test_no_request_resumes_at_or_past_the_last_position_it_must_compute():
     case = make_case(hybrid(16, 16), [[("A", 48)]] * 2)
     assert check_cap(case, "0.33.0", _obs([0, 47])) == []
     div = check_cap(case, "0.33.0", _obs([0, 48], external_hit={1: 32}))
-    assert div[0].oracle == "cap" and div[0].requests == [1] and div[0].expected == [0, 47] and div[0].observed == [0, 48]
+    assert (
+        div[0].oracle == "cap" and div[0].requests == [1] and div[0].expected == [0, 47] and div[0].observed == [0, 48]
+    )
     assert "32 of them loaded by a KV connector" in div[0].detail
 
 
@@ -49,7 +53,12 @@ def test_under_lookahead_hashes_the_token_after_the_hit_is_part_of_the_key():
     lookahead hashes) the same hit is safe."""
     case = make_case(hybrid(16, 16), [[("A", 48)], [("A", 32), ("B", 16)]], speculative=MTP)
     div = check_draft_keys(case, "0.33.0", _obs([0, 32]))
-    assert div[0].oracle == "draft_keys" and div[0].requests == [1] and div[0].expected == [0, 16] and div[0].context["lookahead"] == 1
+    assert (
+        div[0].oracle == "draft_keys"
+        and div[0].requests == [1]
+        and div[0].expected == [0, 16]
+        and div[0].context["lookahead"] == 1
+    )
     assert check_draft_keys(case, "0.33.0", _obs([0, 16])) == []
     assert check_draft_keys(case, "0.32.0", _obs([0, 32])) == []
     # a build is judged by its release's rule, whatever its own hasher does

@@ -17,7 +17,15 @@ GEOMETRY_1600 = hybrid(1600, 1600)
 
 def test_half_fix_double_fails_exactly_on_aligned_lengths_from_3S():
     engine = HalfFixDouble()
-    for n, fails in ((3199, False), (3200, False), (3201, False), (4799, False), (4800, True), (4801, False), (8000, True)):
+    for n, fails in (
+        (3199, False),
+        (3200, False),
+        (3201, False),
+        (4799, False),
+        (4800, True),
+        (4801, False),
+        (8000, True),
+    ):
         case = make_case(GEOMETRY_1600, [[("A", n)]] * 2, MTP_DROP)
         promise = (n - 1) // 1600 * 1600 - 1600
         assert (engine.run(case)["hits"][1] != max(promise, 0)) == fails, n
@@ -35,7 +43,9 @@ def test_z3_seeded_campaign_finds_the_half_fix_within_a_second(tmp_path):
 
 def test_plain_random_search_misses_the_half_fix(tmp_path):
     campaign = Campaign(HalfFixDouble(), tmp_path, oracles=("promise",))
-    run_random(campaign, seed=1, max_time=30, max_execs=300, boundary_bias=False, geometry=GEOMETRY_1600, speculative=MTP_DROP)
+    run_random(
+        campaign, seed=1, max_time=30, max_execs=300, boundary_bias=False, geometry=GEOMETRY_1600, speculative=MTP_DROP
+    )
     assert campaign.stats.execs >= 300
     assert campaign.stats.findings == []
 

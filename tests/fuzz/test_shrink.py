@@ -47,11 +47,16 @@ def test_a_long_segment_shrinks_to_its_smallest_residue_in_few_calls():
 
 def test_a_deployment_case_is_cut_by_the_block_it_resolves_to():
     # An unresolved deployment has no geometry: the caller names its block.
-    case = parse_case({
-        "schema": 1,
-        "deployment": {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"]},
-        "trace": [{"prompt": [{"segment": "A", "length": 1152 * 7 + 1}]}, {"prompt": [{"segment": "A", "length": 1152 * 7 + 1}]}],
-    })
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {"model": "qwen3_next", "vllm_args": ["--enable-prefix-caching"]},
+            "trace": [
+                {"prompt": [{"segment": "A", "length": 1152 * 7 + 1}]},
+                {"prompt": [{"segment": "A", "length": 1152 * 7 + 1}]},
+            ],
+        }
+    )
 
     def fires(c):  # one token past a block boundary, two blocks in at least
         return len(c.trace) == 2 and all(r.prompt[0].length % 1152 == 1 and r.prompt[0].length > 2304 for r in c.trace)

@@ -18,10 +18,20 @@ from fuzz import findings as F
 from fuzz.matrix import run_matrix, to_markdown
 from fuzz.oracles import Divergence, check_all, check_versions, resolved
 from fuzz.replay import replay_case
-from fuzz.verdict import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, Target, judge, observe_and_judge
+from fuzz.verdict import (
+    AGREES,
+    DIVERGES,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Claim,
+    Target,
+    judge,
+    observe_and_judge,
+)
+from ground.errors import InvalidArgument
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, parse_case, with_resolution
-from ground.errors import InvalidArgument
 from reference.knobs import resolve_knobs
 from reference.predict import predict_with_knobs
 from tests.conftest import MTP_DROP, hybrid, make_case
@@ -66,8 +76,14 @@ def _div(oracle, first, expected, observed):
 
 
 def _finding(oracle="promise", first=1, expected=(0, 9600, 9600), observed=(0, 0, 9600), **extra):
-    return {"kvspec_finding": 2, "oracle": oracle, "first_divergence": first, "expected": {"hits": list(expected), "detail": ""},
-            "observed": {"hits": list(observed), "queries": [], "error": None}, **extra}
+    return {
+        "kvspec_finding": 2,
+        "oracle": oracle,
+        "first_divergence": first,
+        "expected": {"hits": list(expected), "detail": ""},
+        "observed": {"hits": list(observed), "queries": [], "error": None},
+        **extra,
+    }
 
 
 def test_the_same_oracle_at_another_request_is_not_reproduced():
@@ -167,7 +183,9 @@ def test_a_bare_case_against_a_target_agrees_or_diverges():
     v = judge(Target([0, 11200], "promise"), obs)
     assert v.verdict == DIVERGES and v.reasons == ["request 1: observed hits 9600, target 11200"]
     assert judge(Target([0, 9600], None, [11910, 5]), obs).verdict == DIVERGES
-    assert judge(Target([0, 9600], None, None, {"eagle_drop": False, "unreported": 1}), obs).reasons == ["knob eagle_drop: observed True, target False"]
+    assert judge(Target([0, 9600], None, None, {"eagle_drop": False, "unreported": 1}), obs).reasons == [
+        "knob eagle_drop: observed True, target False"
+    ]
     raised = {"hits": [], "error": {"kind": "vllm", "type": "ValidationError", "message": "x", "request": 0}}
     assert judge(Target([0]), raised).verdict == DIVERGES
 
@@ -214,8 +232,12 @@ class Pretending(ReferenceDouble):
 
 def test_a_versions_finding_whose_other_engine_differs_from_the_finding_is_not_reproduced():
     old = ReferenceDouble("0.29.0", "legacy")
-    finding = _finding("versions", 1, (0, 9600, 9600), (0, 0, 9600), other_engine={"name": "vllm==0.33.0", "version": "0.33.0"})
-    div = Divergence("versions", "0.29.0", [1], [0, 8000, 8000], [0, 0, 9600], "expected = vllm==0.33.0", {"other_version": "0.33.0"})
+    finding = _finding(
+        "versions", 1, (0, 9600, 9600), (0, 0, 9600), other_engine={"name": "vllm==0.33.0", "version": "0.33.0"}
+    )
+    div = Divergence(
+        "versions", "0.29.0", [1], [0, 8000, 8000], [0, 0, 9600], "expected = vllm==0.33.0", {"other_version": "0.33.0"}
+    )
     v = judge(finding, old.run(seed()), [div], other_observation={"hits": [0, 8000, 8000]})
     assert v.verdict == NOT_REPRODUCED
     assert "request 1: the other engine hit 8000, the finding's other engine 9600" in v.reasons
@@ -224,7 +246,10 @@ def test_a_versions_finding_whose_other_engine_differs_from_the_finding_is_not_r
 def test_replay_on_engine_opens_the_other_engine_a_versions_finding_names(tmp_path, monkeypatch):
     doubles = {"0.29.0": ReferenceDouble("0.29.0", "legacy"), "0.33.0": ReferenceDouble("0.33.0", "replay")}
     opened = []
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: opened.append(name) or doubles[name.removeprefix("vllm==")])
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine",
+        lambda name, **kw: opened.append(name) or doubles[name.removeprefix("vllm==")],
+    )
     case = seed()
     obs, other = doubles["0.29.0"].run(case), doubles["0.33.0"].run(case)
     (div,) = check_versions(case, "0.29.0", obs, "0.33.0", other)
@@ -269,15 +294,27 @@ class ResolvingDouble(ReferenceDouble):
 
 def deployment_case(prompts=(11910, 11910, 11910), spec=True):
     args = (["--speculative-config", SPEC] if spec else []) + ["--prefix-cache-retention-interval", "0"]
-    return parse_case({"schema": 1, "name": "dep", "deployment": {"model": "qwen3_next", "vllm_args": args},
-                       "trace": [{"prompt": [{"segment": "A", "length": n}]} for n in prompts]})
+    return parse_case(
+        {
+            "schema": 1,
+            "name": "dep",
+            "deployment": {"model": "qwen3_next", "vllm_args": args},
+            "trace": [{"prompt": [{"segment": "A", "length": n}]} for n in prompts],
+        }
+    )
 
 
 def test_a_deployment_finding_is_judged_on_the_geometry_the_engine_resolved():
     old = ResolvingDouble("0.29.0", "legacy", 1600)
     finding = finding_of(deployment_case(), old)
-    assert finding["case"]["resolved_by"] == "vllm==0.29.0" and finding["case"]["geometry"]["scheduler_block_size"] == 1600
-    assert finding["case_kind"] == "deployment" and finding["reachable"] is True and finding["resolution"]["geometry"]["scheduler_block_size"] == 1600
+    assert (
+        finding["case"]["resolved_by"] == "vllm==0.29.0" and finding["case"]["geometry"]["scheduler_block_size"] == 1600
+    )
+    assert (
+        finding["case_kind"] == "deployment"
+        and finding["reachable"] is True
+        and finding["resolution"]["geometry"]["scheduler_block_size"] == 1600
+    )
     case, loaded = F.load_finding(_write(finding))
     assert replay_case(case, loaded, old)["verdict"] == REPRODUCED
     # the same deployment resolved to another block elsewhere: other hits, not reproduced
@@ -288,19 +325,26 @@ def test_a_deployment_finding_is_judged_on_the_geometry_the_engine_resolved():
 def test_the_matrix_shows_each_version_s_resolved_block_and_verdict(tmp_path):
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case())))
-    rows = run_matrix([str(path)], [ResolvingDouble("0.29.0", "legacy", 1568), ResolvingDouble("0.33.0", "replay", 1600)])
+    rows = run_matrix(
+        [str(path)], [ResolvingDouble("0.29.0", "legacy", 1568), ResolvingDouble("0.33.0", "replay", 1600)]
+    )
     cells = rows[0]["cells"]
     assert cells["0.29.0"]["block"] == 1568 and cells["0.33.0"]["block"] == 1600
     assert cells["0.29.0"]["verdict"] == DIVERGES and cells["0.33.0"]["verdict"] == AGREES
     md = to_markdown(rows, ["0.29.0", "0.33.0"])
-    assert "miss/miss/hit (0/0/9408) [block 1568] diverges" in md and "miss/hit/hit (0/9600/9600) [block 1600] agrees" in md
+    assert (
+        "miss/miss/hit (0/0/9408) [block 1568] diverges" in md
+        and "miss/hit/hit (0/9600/9600) [block 1600] agrees" in md
+    )
 
 
 def test_the_matrix_judges_a_finding_per_engine(tmp_path):
     finding = finding_of(seed(), ReferenceDouble("0.29.0", "legacy"))
     path = F.write_finding(finding, tmp_path)
     rows = run_matrix([str(path)], [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")])
-    assert rows[0]["cells"]["0.29.0"]["verdict"] == REPRODUCED and rows[0]["cells"]["0.33.0"]["verdict"] == NOT_REPRODUCED
+    assert (
+        rows[0]["cells"]["0.29.0"]["verdict"] == REPRODUCED and rows[0]["cells"]["0.33.0"]["verdict"] == NOT_REPRODUCED
+    )
 
 
 def test_a_harness_error_in_a_variant_run_is_inconclusive():
@@ -333,7 +377,12 @@ def test_schema_2_records_kvspec_the_harness_and_the_engine():
     (div,) = check_all(case, "0.29.0", obs, None, ("promise",))
     f = F.make_finding(case, div, obs)
     assert f["kvspec_finding"] == F.FINDING_SCHEMA == 2
-    assert f["engine"] == {"name": "vllm==0.29.0", "version": "0.29.0", "vllm_files_sha256": "c" * 64, "knobs": obs["knobs"]}
+    assert f["engine"] == {
+        "name": "vllm==0.29.0",
+        "version": "0.29.0",
+        "vllm_files_sha256": "c" * 64,
+        "knobs": obs["knobs"],
+    }
     assert f["other_engine"] is None
     assert f["harness"] == {"mode": "worker", "platform": "cuda"}
     assert f["kvspec"]["version"] == "0.1.0" and (f["kvspec"]["commit"] is None or len(f["kvspec"]["commit"]) == 40)
@@ -343,11 +392,19 @@ def test_schema_2_records_kvspec_the_harness_and_the_engine():
 
 def test_schema_1_files_still_load_and_replay(tmp_path):
     v1 = {  # a finding as kvspec wrote it before schema 2
-        "kvspec_finding": 1, "summary": "request 1 (resend) hit 0, expected 9600 (expected = vllm==0.33.0)", "oracle": "versions",
-        "signature": "0123456789abcdef", "engine": {"version": "0.29.0", "knobs": {}}, "first_divergence": 1, "diverging_requests": [1],
+        "kvspec_finding": 1,
+        "summary": "request 1 (resend) hit 0, expected 9600 (expected = vllm==0.33.0)",
+        "oracle": "versions",
+        "signature": "0123456789abcdef",
+        "engine": {"version": "0.29.0", "knobs": {}},
+        "first_divergence": 1,
+        "diverging_requests": [1],
         "expected": {"hits": [0, 9600, 9600], "detail": "expected = vllm==0.33.0"},
         "observed": {"hits": [0, 0, 9600], "queries": [11910] * 3, "error": None},
-        "explain": {"model": [], "engine": []}, "reproduced_twice": True, "seed": None, "found_at": "2025-01-01T00:00:00Z",
+        "explain": {"model": [], "engine": []},
+        "reproduced_twice": True,
+        "seed": None,
+        "found_at": "2025-01-01T00:00:00Z",
         "case": case_to_dict(seed()),
     }
     path = tmp_path / "versions-0123456789abcdef.json"
@@ -356,7 +413,10 @@ def test_schema_1_files_still_load_and_replay(tmp_path):
     assert finding["kvspec_finding"] == 1
     assert finding["engine"]["name"] == "vllm==0.29.0" and finding["other_engine"]["version"] == "0.33.0"
     assert finding["kvspec"] is None and finding["harness"] is None and finding["resolution"] is None
-    assert replay_case(case, finding, ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay"))["verdict"] == REPRODUCED
+    assert (
+        replay_case(case, finding, ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay"))["verdict"]
+        == REPRODUCED
+    )
     v1["kvspec_finding"] = 3
     path.write_text(json.dumps(v1))
     with pytest.raises(InvalidArgument, match=r"^kvspec_finding=3: this kvspec reads finding schemas 1, 2$"):
@@ -392,7 +452,9 @@ def test_run_compare_predicts_a_deployment_on_its_resolution_and_exits_by_the_ju
     # a block-aligned prompt's one-token extension: 0.33.0 resumes at the replay boundary 1152, the promise says 1280
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case((1280, 1281), spec=False))))
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda name, **kw: _Opened(ResolvingDouble("0.33.0", "replay", 128)))
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine", lambda name, **kw: _Opened(ResolvingDouble("0.33.0", "replay", 128))
+    )
     assert cli_main(["run", str(path), "--engine", "vllm==0.33.0", "--compare", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == AGREES and out["reference"]["hits"] == [0, 1152] and out["observed"]["hits"] == [0, 1152]
@@ -404,7 +466,14 @@ def test_run_compare_predicts_a_deployment_on_its_resolution_and_exits_by_the_ju
 def test_run_exits_3_when_the_engine_did_not_run_the_case(tmp_path, monkeypatch, capsys):
     class Dead(ReferenceDouble):
         def run(self, case):
-            return {"engine": "vllm==0.33.0", "hits": [], "queries": [], "knobs": None, "explain": [], "error": {"kind": "worker", "type": "worker", "message": "worker died (exit -9)"}}
+            return {
+                "engine": "vllm==0.33.0",
+                "hits": [],
+                "queries": [],
+                "knobs": None,
+                "explain": [],
+                "error": {"kind": "worker", "type": "worker", "message": "worker died (exit -9)"},
+            }
 
     path = tmp_path / "seed.json"
     path.write_text(json.dumps(case_to_dict(seed())))
@@ -419,20 +488,33 @@ def test_predict_resolves_a_deployment_through_the_engine_of_its_version(tmp_pat
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case())))
     opened = []
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec.name) or _Opened(ResolvingDouble(spec.version, "replay", 1568)))  # the typed engine, parsed once
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine",
+        lambda spec, **kw: opened.append(spec.name) or _Opened(ResolvingDouble(spec.version, "replay", 1568)),
+    )  # the typed engine, parsed once
     assert cli_main(["predict", str(path), "--as", "vllm==0.29.0"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert opened == ["vllm==0.29.0"] and out["resolved_by"] == "vllm==0.29.0" and out["knobs"]["scheduler_block_size"] == 1568
+    assert (
+        opened == ["vllm==0.29.0"]
+        and out["resolved_by"] == "vllm==0.29.0"
+        and out["knobs"]["scheduler_block_size"] == 1568
+    )
     # a case resolved by that very version: its own geometry, no engine
     res = ResolvingDouble("0.33.0", "replay", 1600).run(deployment_case())["resolution"]
     resolved_case = with_resolution(deployment_case(), res["geometry"], res["speculative"], "vllm==0.33.0")
     path.write_text(json.dumps(case_to_dict(resolved_case)))
     assert cli_main(["predict", str(path), "--as", "vllm==0.33.0"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert opened == ["vllm==0.29.0"] and out["hits"] == predict_with_knobs(resolved_case, resolve_knobs(resolved_case, "0.33.0"), "promise")["hits"]
+    assert (
+        opened == ["vllm==0.29.0"]
+        and out["hits"] == predict_with_knobs(resolved_case, resolve_knobs(resolved_case, "0.33.0"), "promise")["hits"]
+    )
     # ... by another version: resolved again by this one
     assert cli_main(["predict", str(path), "--as", "vllm==0.29.0"]) == 0
-    assert opened == ["vllm==0.29.0", "vllm==0.29.0"] and json.loads(capsys.readouterr().out)["knobs"]["scheduler_block_size"] == 1568
+    assert (
+        opened == ["vllm==0.29.0", "vllm==0.29.0"]
+        and json.loads(capsys.readouterr().out)["knobs"]["scheduler_block_size"] == 1568
+    )
 
 
 def test_predict_as_an_sglang_release_is_parsed_as_sglang_not_vllm(tmp_path, monkeypatch, capsys):
@@ -446,10 +528,17 @@ def test_predict_as_an_sglang_release_is_parsed_as_sglang_not_vllm(tmp_path, mon
     monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec) or None)
     assert cli_main(["predict", str(path), "--as", "sglang==0.5.23"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--as='sglang==0.5.23'" in err and "deployment is for vllm" in err and "vllm==sglang" not in err
+    assert (
+        err.count("\n") == 1
+        and "--as='sglang==0.5.23'" in err
+        and "deployment is for vllm" in err
+        and "vllm==sglang" not in err
+    )
     assert opened == []
     sglang = tmp_path / "sglang.json"
-    sglang.write_text((Path(__file__).resolve().parents[2] / "examples" / "sglang-no-buffer-qwen3_next.json").read_text())
+    sglang.write_text(
+        (Path(__file__).resolve().parents[2] / "examples" / "sglang-no-buffer-qwen3_next.json").read_text()
+    )
 
     class Unstated:  # a test double: SGLang's answer for a no-buffer cache (no geometry)
         def __enter__(self):
@@ -461,7 +550,9 @@ def test_predict_as_an_sglang_release_is_parsed_as_sglang_not_vllm(tmp_path, mon
         def resolve(self, case):
             return {"geometry": None, "speculative": None}
 
-    monkeypatch.setattr("engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec.name) or Unstated())
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine", lambda spec, **kw: opened.append(spec.name) or Unstated()
+    )
     assert cli_main(["predict", str(sglang), "--as", "sglang==0.5.23"]) == 2
     err = capsys.readouterr().err
     assert opened == ["sglang==0.5.23"] and err.count("\n") == 1 and "--as=sglang==0.5.23: SGLang resolved" in err

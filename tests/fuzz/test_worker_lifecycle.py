@@ -37,7 +37,24 @@ def _broken_home(home: Path) -> Path:
 
 
 def _cmd(out: Path, max_time: int) -> list[str]:
-    return [sys.executable, "-m", "kvspec.cli", "fuzz", "--driver", "atheris", "--engine", f"vllm=={VERSION}", "--no-z3-seeds", "--max-time", str(max_time), "--seed", "1", "--out", str(out), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--driver",
+        "atheris",
+        "--engine",
+        f"vllm=={VERSION}",
+        "--no-z3-seeds",
+        "--max-time",
+        str(max_time),
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    ]
 
 
 def _env(home: Path) -> dict:
@@ -88,10 +105,19 @@ def test_a_crashing_engine_exits_3_within_max_time_and_files_no_finding(tmp_path
 @pytest.mark.parametrize("target", ["runner", "group"])
 def test_libfuzzer_workers_die_with_the_runner_on_kill_9(tmp_path, target):
     home, out = _broken_home(tmp_path / "home"), tmp_path / "out"
-    proc = subprocess.Popen(_cmd(out, 120), cwd=ROOT, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(out, 120),
+        cwd=ROOT,
+        env=_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         # The worker is up and fuzzing once it has recorded a harness error.
-        assert _wait_for(lambda: fuzz_workers(str(out)) and list((out / "harness-errors").glob("*.json")), 90), "the worker never started fuzzing"
+        assert _wait_for(lambda: fuzz_workers(str(out)) and list((out / "harness-errors").glob("*.json")), 90), (
+            "the worker never started fuzzing"
+        )
         if target == "runner":
             os.kill(proc.pid, signal.SIGKILL)
         else:
@@ -129,7 +155,14 @@ time.sleep(120)
 def test_a_quiet_worker_dies_with_its_parent():
     """The worker asks the kernel for SIGKILL when its parent dies
     (PR_SET_PDEATHSIG): even one that writes nothing (a long case) goes."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         child = int(parent.stdout.readline())
         assert parent.stdout.readline().strip() == "ready"

@@ -56,7 +56,10 @@ class Servers:
         server = start_server(config, python=self.python, startup_timeout_s=600)
         label = f"retention {config.retention_interval}"
         self.started.append((label, server.started_s or 0.0))
-        print(f"[live] server ({label}) healthy in {server.started_s:.0f} s at {server.url} (pid {server.pid}, log {server.log_path})", flush=True)
+        print(
+            f"[live] server ({label}) healthy in {server.started_s:.0f} s at {server.url} (pid {server.pid}, log {server.log_path})",
+            flush=True,
+        )
         self.current, self.config = server, config
         return server
 
@@ -96,7 +99,12 @@ def resolve_server(engine_032):
         deployment = server_deployment(config)
         key = json.dumps(deployment, sort_keys=True)
         if key not in cache:
-            case = {"schema": 1, "name": "live-server", "deployment": deployment, "trace": [{"prompt": [{"segment": "resolve", "length": 2}]}]}
+            case = {
+                "schema": 1,
+                "name": "live-server",
+                "deployment": deployment,
+                "trace": [{"prompt": [{"segment": "resolve", "length": 2}]}],
+            }
             cache[key] = engine_032.resolve(case)
         return cache[key]
 
@@ -147,7 +155,9 @@ def live_case(resolve_server):
             "schema": 1,
             "name": name,
             "deployment": server_deployment(config),
-            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p], "max_tokens": max_tokens} for p in prompts],
+            "trace": [
+                {"prompt": [{"segment": s, "length": n} for s, n in p], "max_tokens": max_tokens} for p in prompts
+            ],
         }
         res = resolve_server(config)
         return with_resolution(parse_case(raw), res["geometry"], res["speculative"], f"vllm=={VERSION}")

@@ -14,9 +14,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 MODEL = "stub-model"
 
@@ -103,7 +103,7 @@ class StubVllm:
 
     # ------------------------------------------------------------- lifecycle
 
-    def __enter__(self) -> "StubVllm":
+    def __enter__(self) -> StubVllm:
         self._thread.start()
         return self
 
@@ -312,7 +312,15 @@ class StubVllm:
                     for k in range(int(body.get("max_tokens", 1))):
                         if k:
                             time.sleep(f.stall_s.get(i, 0.0))
-                        chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": "length" if k == body["max_tokens"] - 1 else None}]}
+                        chunk = {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "text": "x",
+                                    "finish_reason": "length" if k == body["max_tokens"] - 1 else None,
+                                }
+                            ]
+                        }
                         self._chunk(f"data: {json.dumps(chunk)}\n\n")
                     with stub.lock:
                         stub.running = 0

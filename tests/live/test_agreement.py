@@ -31,8 +31,8 @@ import httpx
 import pytest
 
 from engine_adapter.live.metrics import parse_metrics
-from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
+from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
 from reference.case import case_to_dict, parse_case, with_resolution
 
 pytestmark = [pytest.mark.live, pytest.mark.engine, pytest.mark.timeout(2400)]
@@ -154,14 +154,21 @@ def agree(engine, server, deployment: dict, *, block: int, cases: int, seed: int
         for attempt in range(2):  # an inconclusive replay is retried once on fresh segments
             if attempt:
                 rename = {}
-                trace = [([(rename.setdefault(s, f"{token}-c{i}-r{next(counter)}"), n) for s, n in p], m) for p, m in trace]
+                trace = [
+                    ([(rename.setdefault(s, f"{token}-c{i}-r{next(counter)}"), n) for s, n in p], m) for p, m in trace
+                ]
             raw = deployment_case(deployment, trace, f"agreement-{tag}-{i}")
             inproc = engine.run(raw)
             assert not inproc.get("error"), inproc["error"]
             res = inproc["resolution"]
             assert res["geometry"]["scheduler_block_size"] == block
             case = with_resolution(parse_case(raw), res["geometry"], res["speculative"], f"vllm=={VERSION}")
-            report = replay(LiveTarget(case, "case", None, None), server.url, gap_s=GAP_S, predict_fn=lambda c, v, r, h=inproc["hits"]: list(h))
+            report = replay(
+                LiveTarget(case, "case", None, None),
+                server.url,
+                gap_s=GAP_S,
+                predict_fn=lambda c, v, r, h=inproc["hits"]: list(h),
+            )
             if report.verdict != INCONCLUSIVE:
                 break
         live = [None if r.hits is None else int(r.hits) for r in report.rows]
@@ -217,14 +224,24 @@ def _compare_resolution(res: dict, labels: dict, config: ServerConfig) -> None:
 # ---------------------------------------------------------------- tests
 
 
-def test_periodic_retention_agrees_with_the_live_server(engine_032, resolve_server, periodic_config, periodic_server, block, seg):
+def test_periodic_retention_agrees_with_the_live_server(
+    engine_032, resolve_server, periodic_config, periodic_server, block, seg
+):
     """The periodic server (``--prefix-cache-retention-interval`` = one
     block): resolve equals its cache_config_info, and random cases agree."""
     res = resolve_server(periodic_config)
     assert res["geometry"]["retention_interval"] == periodic_config.retention_interval > 0
     assert periodic_config.retention_interval % block == 0
     _compare_resolution(res, _cache_config(periodic_server), periodic_config)
-    result = agree(engine_032, periodic_server, server_deployment(periodic_config), block=block, cases=CASES, seed=SEED + 1, tag=seg("periodic"))
+    result = agree(
+        engine_032,
+        periodic_server,
+        server_deployment(periodic_config),
+        block=block,
+        cases=CASES,
+        seed=SEED + 1,
+        tag=seg("periodic"),
+    )
     print(f"[agreement periodic {periodic_config.retention_interval}] " + _summary(result))
     assert not result["differ"] and not result["inconclusive"], _summary(result)
     assert result["agree"] == CASES
@@ -239,7 +256,15 @@ def test_resolve_equals_the_live_servers_cache_config_info(resolve_server, live_
 
 
 def test_sparse_retention_agrees_with_the_live_server(engine_032, live_server, block, seg):
-    result = agree(engine_032, live_server, server_deployment(ServerConfig()), block=block, cases=CASES, seed=SEED, tag=seg("sparse"))
+    result = agree(
+        engine_032,
+        live_server,
+        server_deployment(ServerConfig()),
+        block=block,
+        cases=CASES,
+        seed=SEED,
+        tag=seg("sparse"),
+    )
     print("[agreement sparse 0] " + _summary(result))
     assert not result["differ"] and not result["inconclusive"], _summary(result)
     assert result["agree"] == CASES

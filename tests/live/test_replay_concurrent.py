@@ -12,8 +12,8 @@ import time
 import pytest
 
 from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, LiveTarget, render, replay
-from reference.case import parse_case, prompt_tokens
 from ground.errors import Unsupported
+from reference.case import parse_case, prompt_tokens
 from tests.conftest import hybrid
 from tests.live.stub_server import Faults, StubVllm
 
@@ -23,16 +23,20 @@ FAST = dict(gap_s=0.0, timeout_s=5.0, settle_s=2.0, step_s=0.0)
 def wave_case(arrivals=(0, 1)):
     """A prompt alone; a wave (a prompt, its resend, a longer sibling);
     the resend again, alone once the wave finished."""
-    return parse_case({
-        "schema": 1, "name": "wave", "geometry": hybrid(128, 128),
-        "trace": [
-            {"prompt": [{"segment": "S", "length": 300}]},
-            {"prompt": [{"segment": "A", "length": 1000}]},
-            {"prompt": [{"segment": "A", "length": 1000}], "arrival": arrivals[0]},
-            {"prompt": [{"segment": "A", "length": 1000}, {"segment": "B", "length": 300}], "arrival": arrivals[1]},
-            {"prompt": [{"segment": "A", "length": 1000}]},
-        ],
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "name": "wave",
+            "geometry": hybrid(128, 128),
+            "trace": [
+                {"prompt": [{"segment": "S", "length": 300}]},
+                {"prompt": [{"segment": "A", "length": 1000}]},
+                {"prompt": [{"segment": "A", "length": 1000}], "arrival": arrivals[0]},
+                {"prompt": [{"segment": "A", "length": 1000}, {"segment": "B", "length": 300}], "arrival": arrivals[1]},
+                {"prompt": [{"segment": "A", "length": 1000}]},
+            ],
+        }
+    )
 
 
 def by_prompt(case, hits):
@@ -67,7 +71,9 @@ def test_a_wave_above_its_bounds_diverges():
     with StubVllm(by_prompt(case, [0, 512, 896, 896, 896])) as stub:  # the head hits what nobody computed
         rep = run(stub, case)
     assert rep.verdict == DIVERGES
-    assert rep.reasons == ["requests 1-3 (one wave): summed hits 2304 above 1999, the sum of the most each can resume from whatever the batching"]
+    assert rep.reasons == [
+        "requests 1-3 (one wave): summed hits 2304 above 1999, the sum of the most each can resume from whatever the batching"
+    ]
 
 
 def test_a_request_alone_after_a_wave_is_held_to_its_bound():

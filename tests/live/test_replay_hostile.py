@@ -16,9 +16,9 @@ import pytest
 
 from engine_adapter.live.client import LiveClient, LiveError, LiveTimeout, check_base_url, redact, split_lines
 from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
+from ground.errors import InvalidArgument, KvspecError
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict
-from ground.errors import InvalidArgument, KvspecError
 from tests.conftest import hybrid, make_case
 from tests.live.stub_server import Faults, StubVllm
 from tests.live.test_replay_unit import FAST, follows, predicted, repeat_case
@@ -83,7 +83,7 @@ def test_a_stream_line_without_end_is_bounded():
 
 def test_redact_covers_every_form_of_the_key():
     key = 'sk-"odd\\key/+='
-    text = f'raw {key} json {json.dumps(key)[1:-1]} repr {key!r} url sk-%22odd%5Ckey%2F%2B%3D header Authorization: Bearer other-token'
+    text = f"raw {key} json {json.dumps(key)[1:-1]} repr {key!r} url sk-%22odd%5Ckey%2F%2B%3D header Authorization: Bearer other-token"
     out = redact(text, key)
     assert "odd" not in out and "other-token" not in out
     assert out.count("[redacted]") == 5
@@ -105,7 +105,20 @@ def test_key_echoed_in_an_error_body_is_redacted_in_output_and_report(tmp_path, 
     echo = json.dumps({"error": {"message": f"rejected header 'Authorization: Bearer {SECRET}' (key {SECRET})"}})
     faults = Faults(status={1: [500]}, status_body={1: echo})
     with StubVllm(follows(predicted(case)), api_key=SECRET, faults=faults) as stub:
-        rc = cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--api-key-env", "KVSPEC_ECHO_KEY", "--json", str(report)])
+        rc = cli_main(
+            [
+                "replay",
+                path,
+                "--server",
+                stub.url,
+                "--gap",
+                "0",
+                "--api-key-env",
+                "KVSPEC_ECHO_KEY",
+                "--json",
+                str(report),
+            ]
+        )
         assert set(stub.seen_auth) == {f"Bearer {SECRET}"}  # the real key was sent
     assert rc == 3
     out = capsys.readouterr()
@@ -123,14 +136,29 @@ def test_key_echoed_in_metrics_is_redacted(tmp_path, capsys, monkeypatch):
     # after the first request, /metrics turns into an echo of the request
     faults = Faults(metrics_garbage_after=1, metrics_garbage=f"Authorization: Bearer {SECRET}\n")
     with StubVllm(follows(predicted(case)), api_key=SECRET, faults=faults, models=(f"model-{SECRET}",)) as stub:
-        rc = cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--api-key-env", "KVSPEC_ECHO_KEY", "--json", str(report)])
+        rc = cli_main(
+            [
+                "replay",
+                path,
+                "--server",
+                stub.url,
+                "--gap",
+                "0",
+                "--api-key-env",
+                "KVSPEC_ECHO_KEY",
+                "--json",
+                str(report),
+            ]
+        )
     assert rc == 3
     out = capsys.readouterr()
     saved = report.read_text()
     _assert_no_key(out.out, out.err, saved)
     data = json.loads(saved)
     assert data["model"] == "model-[redacted]"
-    assert any("metrics after the request unreadable" in r and "[redacted]" in r for r in data["reasons"]), data["reasons"]
+    assert any("metrics after the request unreadable" in r and "[redacted]" in r for r in data["reasons"]), data[
+        "reasons"
+    ]
 
 
 def test_key_echoed_in_metrics_before_anything_was_sent(tmp_path, capsys, monkeypatch):
@@ -159,7 +187,9 @@ def test_garbage_metrics_after_a_request_is_inconclusive_with_a_report(tmp_path,
     assert "verdict: inconclusive" in out
     data = json.loads(report.read_text())
     assert data["verdict"] == "inconclusive"
-    assert data["reasons"][0].startswith("request 0: metrics after the request unreadable: metrics='<html>this is not Prometheus text")
+    assert data["reasons"][0].startswith(
+        "request 0: metrics after the request unreadable: metrics='<html>this is not Prometheus text"
+    )
     assert "request 1: not sent" in data["reasons"] and "request 2: not sent" in data["reasons"]
 
 
@@ -208,7 +238,18 @@ def test_bad_server_urls_are_one_line(tmp_path, capsys, url, says):
     assert "pw-s3cret" not in err
 
 
-@pytest.mark.parametrize("argv", [["--gap=nan"], ["--gap=inf"], ["--gap=-1"], ["--timeout=nan"], ["--timeout=-5"], ["--timeout=inf"], ["--timeout=0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gap=nan"],
+        ["--gap=inf"],
+        ["--gap=-1"],
+        ["--timeout=nan"],
+        ["--timeout=-5"],
+        ["--timeout=inf"],
+        ["--timeout=0"],
+    ],
+)
 def test_non_finite_or_negative_seconds_are_one_line(tmp_path, capsys, argv):
     path = write_case(tmp_path, repeat_case())
     assert cli_main(["replay", path, "--server", "http://127.0.0.1:9", *argv]) == 2

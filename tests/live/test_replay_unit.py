@@ -12,10 +12,20 @@ import types
 import pytest
 
 from engine_adapter.live.geometry import rescale_case
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, render, replay
+from fuzz.live_replay import (
+    AGREES,
+    DIVERGES,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    LiveTarget,
+    load_target,
+    render,
+    replay,
+)
+from ground.errors import InvalidArgument, KvspecError, Unsupported
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
-from ground.errors import InvalidArgument, KvspecError, Unsupported
 from reference.predict import predict
 from tests.conftest import MTP, hybrid, make_case
 from tests.live.stub_server import Faults, StubVllm, cache_config_labels
@@ -109,7 +119,9 @@ def test_counter_reset_makes_the_run_inconclusive():
     with StubVllm(follows(predicted(case))) as stub:
         rep = run(stub, case, after_request=lambda i: stub.reset() if i == 0 else None)
     assert rep.verdict == INCONCLUSIVE
-    assert "request 1: prefix_cache_queries_total went down between requests (300 -> 0: restart or reset)" in rep.reasons
+    assert (
+        "request 1: prefix_cache_queries_total went down between requests (300 -> 0: restart or reset)" in rep.reasons
+    )
 
 
 def test_counter_reset_during_a_request():
@@ -117,7 +129,10 @@ def test_counter_reset_during_a_request():
     with StubVllm(follows(predicted(case)), faults=Faults(reset_during={2})) as stub:
         rep = run(stub, case)
     assert rep.verdict == INCONCLUSIVE
-    assert "request 2: prefix_cache_queries_total went down during the request (600 -> 300: restart or reset)" in rep.reasons
+    assert (
+        "request 2: prefix_cache_queries_total went down during the request (600 -> 300: restart or reset)"
+        in rep.reasons
+    )
 
 
 def test_restart_is_seen_through_process_start_time():
@@ -206,7 +221,11 @@ def test_metrics_that_never_settle():
 def test_cache_config_change_during_the_run():
     case = repeat_case()
     with StubVllm(follows(predicted(case))) as stub:
-        rep = run(stub, case, after_request=lambda i: stub.change_config(prefix_cache_retention_interval="None") if i == 1 else None)
+        rep = run(
+            stub,
+            case,
+            after_request=lambda i: stub.change_config(prefix_cache_retention_interval="None") if i == 1 else None,
+        )
     assert rep.verdict == INCONCLUSIVE
     assert any("cache_config_info changed" in r for r in rep.reasons)
 
@@ -244,13 +263,41 @@ def test_unreachable_server_is_one_line():
 @pytest.mark.parametrize(
     "stub_kw, case_fn, match",
     [
-        (dict(), lambda: make_case(hybrid(1600, 1600), [[("A", 100)]]), r"^geometry.groups\[0\].block_size=1600: the server's block_size is 128"),
-        (dict(), lambda: make_case(hybrid(128, 128), [[("A", 100)]], MTP), r"^speculative.method=mtp: the server runs no speculative decoding"),
-        (dict(spec_positions=2), lambda: repeat_case(), r"^server num_speculative_tokens=2: the case has speculative=null"),
-        (dict(cache_config=cache_config_labels(enable_prefix_caching="False")), lambda: repeat_case(), r"enable_prefix_caching=False"),
-        (dict(cache_config=cache_config_labels(mamba_cache_mode="none")), lambda: repeat_case(), r"mamba_cache_mode=none"),
-        (dict(cache_config=cache_config_labels(prefix_match_unit=64)), lambda: repeat_case(), r"hash_block_size=128: the server hashes every 64 tokens"),
-        (dict(max_model_len=512), lambda: repeat_case(), r"^trace\[2\] prompt\+max_tokens=1001: above the server's max_model_len=512"),
+        (
+            dict(),
+            lambda: make_case(hybrid(1600, 1600), [[("A", 100)]]),
+            r"^geometry.groups\[0\].block_size=1600: the server's block_size is 128",
+        ),
+        (
+            dict(),
+            lambda: make_case(hybrid(128, 128), [[("A", 100)]], MTP),
+            r"^speculative.method=mtp: the server runs no speculative decoding",
+        ),
+        (
+            dict(spec_positions=2),
+            lambda: repeat_case(),
+            r"^server num_speculative_tokens=2: the case has speculative=null",
+        ),
+        (
+            dict(cache_config=cache_config_labels(enable_prefix_caching="False")),
+            lambda: repeat_case(),
+            r"enable_prefix_caching=False",
+        ),
+        (
+            dict(cache_config=cache_config_labels(mamba_cache_mode="none")),
+            lambda: repeat_case(),
+            r"mamba_cache_mode=none",
+        ),
+        (
+            dict(cache_config=cache_config_labels(prefix_match_unit=64)),
+            lambda: repeat_case(),
+            r"hash_block_size=128: the server hashes every 64 tokens",
+        ),
+        (
+            dict(max_model_len=512),
+            lambda: repeat_case(),
+            r"^trace\[2\] prompt\+max_tokens=1001: above the server's max_model_len=512",
+        ),
         (dict(version="0.99.0"), lambda: repeat_case(), r"^server version=0.99.0"),
         (dict(version=None), lambda: repeat_case(), r"^server /version=unknown"),
     ],
@@ -275,7 +322,9 @@ def test_model_choice():
 
 def test_soft_knob_difference_runs_but_is_inconclusive():
     case = repeat_case()  # retention_interval 0
-    with StubVllm(follows(predicted(case)), cache_config=cache_config_labels(prefix_cache_retention_interval="None")) as stub:
+    with StubVllm(
+        follows(predicted(case)), cache_config=cache_config_labels(prefix_cache_retention_interval="None")
+    ) as stub:
         rep = run(stub, case)
         assert len(stub.admitted) == 3
     assert rep.verdict == INCONCLUSIVE
@@ -303,7 +352,9 @@ def ref32(case):
 
 
 def test_rescale_keeps_boundary_classes_and_the_pattern():
-    seed = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3 + [[("A", 3200)], [("A", 3201)], [("A", 4799)]], name="seed")
+    seed = make_case(
+        hybrid(1600, 1600), [[("A", 11910)]] * 3 + [[("A", 3200)], [("A", 3201)], [("A", 4799)]], name="seed"
+    )
     new, note = rescale_case(seed, 128, ref32)
     assert [r.num_prompt_tokens for r in new.trace] == [953, 953, 953, 256, 257, 383]
     assert {g.block_size for g in new.geometry.groups} == {128}
@@ -333,21 +384,42 @@ def test_rescale_through_replay_matches_a_server():
 
 #: A deployment as a user writes it (a shipped model on the CPU platform);
 #: the stub plays a server of it whose block vLLM resolves to 128.
-DEPLOYMENT = {"model": "qwen3_5", "vllm_args": ["--enable-prefix-caching", "--mamba-cache-mode", "align"], "platform": "cpu"}
+DEPLOYMENT = {
+    "model": "qwen3_5",
+    "vllm_args": ["--enable-prefix-caching", "--mamba-cache-mode", "align"],
+    "platform": "cpu",
+}
 
 
 def deployment_case(prompts, name="dep"):
     from reference.case import parse_case
 
-    return parse_case({"schema": 1, "name": name, "deployment": DEPLOYMENT, "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]})
+    return parse_case(
+        {
+            "schema": 1,
+            "name": name,
+            "deployment": DEPLOYMENT,
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+        }
+    )
 
 
 def resolution(block=128, split=None, retention=0):
     """What an engine's resolve() returns, in the parts replay reads."""
-    groups = [{"kind": "mamba", "block_size": block, "count": 3}, {"kind": "full_attention", "block_size": block, "count": 1}]
+    groups = [
+        {"kind": "mamba", "block_size": block, "count": 3},
+        {"kind": "full_attention", "block_size": block, "count": 1},
+    ]
     return {
-        "geometry": {"groups": groups, "hash_block_size": block, "prefix_match_unit": None, "scheduler_block_size": block,
-                     "retention_interval": retention, "max_num_batched_tokens": 8192, "split_block_size": split},
+        "geometry": {
+            "groups": groups,
+            "hash_block_size": block,
+            "prefix_match_unit": None,
+            "scheduler_block_size": block,
+            "retention_interval": retention,
+            "max_num_batched_tokens": 8192,
+            "split_block_size": split,
+        },
         "speculative": None,
         "assumptions": ["engine core: a line the resolver wrote"],
     }
@@ -366,10 +438,18 @@ def test_a_deployment_case_is_resolved_on_the_servers_version_then_checked():
     assert asked == [("qwen3_5", None, "0.32.0")]  # unresolved, on the server's version
     assert rep.verdict == AGREES, rep.reasons
     assert [r.target for r in rep.rows] == [0, 256]
-    assert any(n.startswith("deployment resolved by vllm==0.32.0 (the server's version): block 128, hash block 128, split block 128, retention sparse (0)") for n in rep.notes), rep.notes
+    assert any(
+        n.startswith(
+            "deployment resolved by vllm==0.32.0 (the server's version): block 128, hash block 128, split block 128, retention sparse (0)"
+        )
+        for n in rep.notes
+    ), rep.notes
     assert "resolution assumed: engine core: a line the resolver wrote" in rep.notes
     assert rep.case["resolved_by"] == "vllm==0.32.0" and rep.case["geometry"]["scheduler_block_size"] == 128
-    assert "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+    assert (
+        "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)"
+        in rep.unverified
+    )
 
 
 def test_the_split_block_vllm_resolves_is_predicted_and_reported():
@@ -386,17 +466,25 @@ def test_the_split_block_vllm_resolves_is_predicted_and_reported():
         rep = run(stub, case, resolve_fn=lambda c, v: resolution(256, split=128))
     assert rep.verdict == DIVERGES and rep.reasons == ["request 1: observed hits 0, target 1280"]
     assert [r.implemented for r in rep.rows] == [0, 0, 1280]
-    assert "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+    assert (
+        "split_block_size=128 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)"
+        in rep.unverified
+    )
     with StubVllm(follows([0, 1280, 1280]), cache_config=cache_config_labels(block_size=256)) as stub:
         rep = run(stub, case, resolve_fn=lambda c, v: resolution(256, split=None), rule="replay")
     assert rep.verdict == AGREES, rep.reasons  # the same case where the split is the block
-    assert "split_block_size=256 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)" in rep.unverified
+    assert (
+        "split_block_size=256 (the block prefill chunks end on, as vLLM 0.32.0 resolves the deployment; not exposed by the server)"
+        in rep.unverified
+    )
 
 
 def test_a_resolved_geometry_the_server_does_not_have_is_refused_before_sending():
     case = deployment_case([[("A", 300)]])
     with StubVllm() as stub:
-        with pytest.raises(Unsupported, match=r"^geometry.groups\[0\].block_size=256: the server's block_size is 128") as e:
+        with pytest.raises(
+            Unsupported, match=r"^geometry.groups\[0\].block_size=256: the server's block_size is 128"
+        ) as e:
             run(stub, case, resolve_fn=lambda c, v: resolution(256))
         assert stub.admitted == [] and stub.completions == 0
     assert "\n" not in str(e.value)
@@ -410,7 +498,10 @@ def test_a_deployment_case_without_the_servers_engine_is_refused_in_one_line(mon
     monkeypatch.setattr(engine_mod, "inprocess_vllm_version", lambda: None)
     case = deployment_case([[("A", 300)]])
     with StubVllm() as stub:
-        with pytest.raises(Unsupported, match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.32.0 \(.*\); allowed: kvspec engines install vllm==0.32.0, or a hand case$") as e:
+        with pytest.raises(
+            Unsupported,
+            match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.32.0 \(.*\); allowed: kvspec engines install vllm==0.32.0, or a hand case$",
+        ) as e:
             run(stub, case)
         path = tmp_path / "dep.json"
         path.write_text(json.dumps(case_to_dict(case)))
@@ -420,17 +511,26 @@ def test_a_deployment_case_without_the_servers_engine_is_refused_in_one_line(mon
     err = capsys.readouterr().err
     assert err.startswith("kvspec: case.deployment='qwen3_5': resolving it needs") and err.count("\n") == 1
     with StubVllm(version="0.99.0") as stub:  # a version kvspec has no engine for
-        with pytest.raises(Unsupported, match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.99.0"):
+        with pytest.raises(
+            Unsupported,
+            match=r"^case.deployment='qwen3_5': resolving it needs kvspec's engine of the server's vLLM version 0.99.0",
+        ):
             run(stub, case)
     with StubVllm(version=None) as stub:
-        with pytest.raises(Unsupported, match=r"^server /version=unknown: resolving case.deployment='qwen3_5' needs the server's vLLM version"):
+        with pytest.raises(
+            Unsupported,
+            match=r"^server /version=unknown: resolving case.deployment='qwen3_5' needs the server's vLLM version",
+        ):
             run(stub, case)
 
 
 def test_a_deployment_case_is_not_rescaled():
     case = deployment_case([[("A", 300)]])
     with StubVllm() as stub:
-        with pytest.raises(Unsupported, match=r"^--rescale: case.deployment='qwen3_5': a deployment's block is the one vLLM resolves for it"):
+        with pytest.raises(
+            Unsupported,
+            match=r"^--rescale: case.deployment='qwen3_5': a deployment's block is the one vLLM resolves for it",
+        ):
             run(stub, case, rescale=True, resolve_fn=lambda c, v: resolution(128))
         assert stub.completions == 0
 
@@ -503,7 +603,9 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     with StubVllm(follows(predicted(case))) as stub:
         assert cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "verdict: agrees" in out and "target = reference prediction, rule promise, as vLLM 0.32.0" in " ".join(out.split())
+    assert "verdict: agrees" in out and "target = reference prediction, rule promise, as vLLM 0.32.0" in " ".join(
+        out.split()
+    )
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["verdict"] == "agrees" and [r["hits"] for r in report["requests"]] == [0, 256, 256]
     with StubVllm(follows([0, 0, 0])) as stub:
@@ -524,7 +626,23 @@ def test_api_key_comes_from_the_named_variable_and_is_never_shown(tmp_path, caps
     out_json = tmp_path / "r.json"
     monkeypatch.setenv("KVSPEC_TEST_KEY", secret)
     with StubVllm(follows(predicted(case)), api_key=secret) as stub:
-        assert cli_main(["replay", path, "--server", stub.url, "--gap", "0", "--api-key-env", "KVSPEC_TEST_KEY", "--json", str(out_json)]) == 0
+        assert (
+            cli_main(
+                [
+                    "replay",
+                    path,
+                    "--server",
+                    stub.url,
+                    "--gap",
+                    "0",
+                    "--api-key-env",
+                    "KVSPEC_TEST_KEY",
+                    "--json",
+                    str(out_json),
+                ]
+            )
+            == 0
+        )
         assert set(stub.seen_auth) == {f"Bearer {secret}"}
         # no key: refused by the server, one line, no key in it
         assert cli_main(["replay", path, "--server", stub.url, "--gap", "0"]) == 2
@@ -578,7 +696,14 @@ def test_server_and_engine_are_exclusive(tmp_path):
         cli_main(["replay", path, "--server", "http://127.0.0.1:9", "--engine", "vllm==0.33.0"])
 
 
-@pytest.mark.parametrize("argv, match", [(["--gap", "-1"], "--gap=-1.0"), (["--timeout", "0"], "--timeout=0.0"), (["--server", "ftp://x"], "--server='ftp://x'")])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--gap", "-1"], "--gap=-1.0"),
+        (["--timeout", "0"], "--timeout=0.0"),
+        (["--server", "ftp://x"], "--server='ftp://x'"),
+    ],
+)
 def test_bad_flags_are_one_line(tmp_path, capsys, argv, match):
     path = write_case(tmp_path, repeat_case())
     full = ["replay", path, *(["--server", "http://127.0.0.1:9"] if "--server" not in argv else []), *argv]
@@ -640,13 +765,22 @@ def test_report_quotes_a_live_replay_report(tmp_path):
     record["signature"] = "0123456789abcdef"  # a report names its files by it (kvspec writes one into every finding)
     live = live_summary(json.loads(rpath.read_text()), str(rpath), 3)
     issue = bundle(record, live=live)["ISSUE.md"]
-    section = issue[issue.index("## Live server"):]
+    section = issue[issue.index("## Live server") :]
     section = section[: section.index("\n## ", 3)]
-    assert "Replayed against a running vLLM 0.32.0 OpenAI server (model `stub-model`; block_size=128, hash_block_size=128, retention_interval=0" in section
+    assert (
+        "Replayed against a running vLLM 0.32.0 OpenAI server (model `stub-model`; block_size=128, hash_block_size=128, retention_interval=0"
+        in section
+    )
     assert "verdict **reproduced** (the server shows the finding's observed hits at every request)" in section
     assert "| 1 | 300 | 256 | 0 | 0 |" in section and "| 2 | 1000 | 256 | 0 | 0 |" in section
-    assert "Not exposed by the server, assumed as the case states: max_num_batched_tokens=8192; split_block_size=128 (the block prefill chunks end on, the smallest group block: a hand case); KV cache groups=4." in section
-    for bad, says in (({"verdict": "agrees", "rows": []}, "kvspec replay --server --json"), ({"verdict": "agrees", "requests": [{}]}, "for the finding's case (3 requests; the report has 1)")):
+    assert (
+        "Not exposed by the server, assumed as the case states: max_num_batched_tokens=8192; split_block_size=128 (the block prefill chunks end on, the smallest group block: a hand case); KV cache groups=4."
+        in section
+    )
+    for bad, says in (
+        ({"verdict": "agrees", "rows": []}, "kvspec replay --server --json"),
+        ({"verdict": "agrees", "requests": [{}]}, "for the finding's case (3 requests; the report has 1)"),
+    ):
         with pytest.raises(InvalidArgument, match="^--live=") as e:
             live_summary(bad, "bad.json", 3)
         assert says in str(e.value) and "\n" not in str(e.value)

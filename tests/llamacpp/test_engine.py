@@ -58,8 +58,15 @@ def test_planted_stale_restore_is_reported_as_different_outputs(llamacpp):
 
 def test_a_process_that_kept_other_checkpoint_offsets_is_refused(llamacpp):
     def case(ubatch):
-        return {"schema": 1, "deployment": {"model": "nemotron_h", "engine": "llamacpp", "llamacpp_args": ["--ubatch-size", str(ubatch)]},
-                "trace": [{"prompt": [{"segment": "A", "length": 400}]}]}
+        return {
+            "schema": 1,
+            "deployment": {
+                "model": "nemotron_h",
+                "engine": "llamacpp",
+                "llamacpp_args": ["--ubatch-size", str(ubatch)],
+            },
+            "trace": [{"prompt": [{"segment": "A", "length": 400}]}],
+        }
 
     first = llamacpp.run(case(128))
     assert first["explain"][0]["checkpoints_created"] == [268, 396]  # 400 - 4 - 128, 400 - 4

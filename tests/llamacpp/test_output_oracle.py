@@ -13,7 +13,14 @@ from fuzz.oracle_registry import BY_NAME
 
 
 def _e(i, ids, tops, cold_ids, cold_tops, hit=10):
-    return {"request": i, "hit": hit, "output_ids": ids, "top_logprobs": tops, "cold_output_ids": cold_ids, "cold_top_logprobs": cold_tops}
+    return {
+        "request": i,
+        "hit": hit,
+        "output_ids": ids,
+        "top_logprobs": tops,
+        "cold_output_ids": cold_ids,
+        "cold_top_logprobs": cold_tops,
+    }
 
 
 def test_within_tolerance_agrees_beyond_diverges():

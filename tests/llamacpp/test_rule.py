@@ -19,8 +19,15 @@ from reference.llamacpp_flags import parse_llamacpp_args
 
 
 def _case(prompts, args=(), max_tokens=1):
-    return parse_case({"schema": 1, "deployment": {"model": "granitemoehybrid", "engine": "llamacpp", "llamacpp_args": list(args)},
-                       "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p], "max_tokens": max_tokens} for p in prompts]})
+    return parse_case(
+        {
+            "schema": 1,
+            "deployment": {"model": "granitemoehybrid", "engine": "llamacpp", "llamacpp_args": list(args)},
+            "trace": [
+                {"prompt": [{"segment": s, "length": n} for s, n in p], "max_tokens": max_tokens} for p in prompts
+            ],
+        }
+    )
 
 
 def test_checkpoints_land_before_the_last_ubatch_and_four_before_the_end():
@@ -29,12 +36,21 @@ def test_checkpoints_land_before_the_last_ubatch_and_four_before_the_end():
     assert placements(0, 1200, st) == [684, 1196]  # not at 0: the memory is empty there
     assert placements(0, 300, st) == [296]  # shorter than 4 + n_ubatch: one checkpoint
     assert placements(684, 1000, st) == [684, 996]
-    assert placements(0, 5000, Settings(n_batch=2048, n_ubatch=512)) == [4484, 4996]  # full batches until the last ubatch: none of those checkpointed
+    assert placements(0, 5000, Settings(n_batch=2048, n_ubatch=512)) == [
+        4484,
+        4996,
+    ]  # full batches until the last ubatch: none of those checkpointed
     assert placements(0, 1200, Settings(n_ctx_checkpoints=0)) == []
 
 
 def test_issue_44_trace_resend_longer_diverging_then_again():
-    steps = simulate(_case([[("A", 1200)], [("A", 1200)], [("A", 1200), ("B", 300)], [("A", 800), ("C", 200)], [("A", 1200)]], max_tokens=4), Settings())
+    steps = simulate(
+        _case(
+            [[("A", 1200)], [("A", 1200)], [("A", 1200), ("B", 300)], [("A", 800), ("C", 200)], [("A", 1200)]],
+            max_tokens=4,
+        ),
+        Settings(),
+    )
     assert [s.hit for s in steps] == [0, 1196, 1196, 684, 684]
     assert [s.restored for s in steps] == [None, 1196, 1196, 684, 684]
     assert steps[3].erased == [1196, 1496]  # past the resume point
@@ -64,12 +80,26 @@ def test_prompt_cache_loads_a_better_cached_prompt_on_lru():
     st = Settings(prompt_cache=True)
     steps = simulate(_case([[("A", 1000)], [("B", 600)], [("A", 1000), ("C", 300)]]), st)
     assert steps[2].prompt_cache_load and steps[2].hit == 1000
-    assert simulate(_case([[("A", 1000)], [("B", 600)], [("A", 1000), ("C", 300)]]), Settings(prompt_cache=False))[2].hit == 0
+    assert (
+        simulate(_case([[("A", 1000)], [("B", 600)], [("A", 1000), ("C", 300)]]), Settings(prompt_cache=False))[2].hit
+        == 0
+    )
 
 
 def test_flags_allow_list_and_deployment():
-    assert parse_llamacpp_args(["--ctx-size", "8192", "--no-cache-prompt", "--ubatch-size=64"]) == {"n_ctx": 8192, "cache_prompt": False, "n_ubatch": 64}
-    for bad in (["--model", "x"], ["--ctx-size"], ["--ctx-size", "1e9"], ["--parallel", "99"], ["8192"], ["--swa-full=1"]):
+    assert parse_llamacpp_args(["--ctx-size", "8192", "--no-cache-prompt", "--ubatch-size=64"]) == {
+        "n_ctx": 8192,
+        "cache_prompt": False,
+        "n_ubatch": 64,
+    }
+    for bad in (
+        ["--model", "x"],
+        ["--ctx-size"],
+        ["--ctx-size", "1e9"],
+        ["--parallel", "99"],
+        ["8192"],
+        ["--swa-full=1"],
+    ):
         with pytest.raises(InvalidArgument):
             parse_llamacpp_args(bad)
     d = parse_deployment({"model": "qwen3_next", "engine": "llamacpp", "llamacpp_args": ["--parallel", "2"]})
@@ -84,13 +114,27 @@ def test_idle_slots_publish_a_copy_a_later_request_loads():
     """Two slots: the sibling state slot 1 held before a resend of the long
     prompt replaced it is found in the RAM cache (campaign seed 1 case 27,
     observed on the wheel: 0, 0, 0, 217, 473, 217)."""
-    case = parse_case({"schema": 1, "deployment": {"model": "nemotron_h", "engine": "llamacpp", "llamacpp_args": []}, "trace": [
-        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 3},
-        {"prompt": [{"segment": "s1", "length": 389}, {"segment": "s2", "length": 88}], "max_tokens": 2},
-        {"prompt": [{"segment": "s3", "length": 961}], "max_tokens": 3},
-        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 4},
-        {"prompt": [{"segment": "s1", "length": 389}, {"segment": "s2", "length": 88}, {"segment": "s4", "length": 202}], "max_tokens": 3},
-        {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 1}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {"model": "nemotron_h", "engine": "llamacpp", "llamacpp_args": []},
+            "trace": [
+                {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 3},
+                {"prompt": [{"segment": "s1", "length": 389}, {"segment": "s2", "length": 88}], "max_tokens": 2},
+                {"prompt": [{"segment": "s3", "length": 961}], "max_tokens": 3},
+                {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 4},
+                {
+                    "prompt": [
+                        {"segment": "s1", "length": 389},
+                        {"segment": "s2", "length": 88},
+                        {"segment": "s4", "length": 202},
+                    ],
+                    "max_tokens": 3,
+                },
+                {"prompt": [{"segment": "s1", "length": 1418}], "max_tokens": 1},
+            ],
+        }
+    )
     st = Settings(n_parallel=2, n_batch=1024, n_ubatch=256, checkpoint_min_step=16)
     assert [s.hit for s in simulate(case, st)] == [0, 0, 0, 217, 473, 217]
     no_idle = Settings(n_parallel=2, n_batch=1024, n_ubatch=256, checkpoint_min_step=16, cache_idle_slots=False)

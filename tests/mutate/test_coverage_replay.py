@@ -14,10 +14,16 @@ from tests.engine.conftest import ensure_env
 
 pytestmark = pytest.mark.engine
 
-CASE = {"schema": 1,
-        "geometry": {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16, "count": 1}], "retention_interval": 0, "max_num_batched_tokens": 2048},
-        "speculative": None,
-        "trace": [{"prompt": [{"segment": "A", "length": 40}]}, {"prompt": [{"segment": "A", "length": 40}]}]}
+CASE = {
+    "schema": 1,
+    "geometry": {
+        "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16, "count": 1}],
+        "retention_interval": 0,
+        "max_num_batched_tokens": 2048,
+    },
+    "speculative": None,
+    "trace": [{"prompt": [{"segment": "A", "length": 40}]}, {"prompt": [{"segment": "A", "length": 40}]}],
+}
 
 
 def test_the_replay_runs_every_case_over_two_processes_and_combines_their_coverage(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ground.errors import InvalidArgument
 from mutate.generate import materialize, operator_names, positions, select
 from mutate.targets import AREAS, release_vllm_root, spans
-from ground.errors import InvalidArgument
 
 pytestmark = pytest.mark.engine  # reads vllm==0.33.0's installed source
 
@@ -27,8 +27,14 @@ def cands(root):
 
 def test_every_target_is_found_and_every_area_has_positions(root, cands):
     names = {s.function for s in spans(root)}
-    assert {"replay_boundaries", "HybridKVCacheCoordinator.find_longest_cache_hit", "Scheduler._mamba_block_aligned_split",
-            "resolve_kv_cache_block_sizes", "get_mamba_prefill_checkpoint_position", "MambaManager.cache_blocks"} <= names
+    assert {
+        "replay_boundaries",
+        "HybridKVCacheCoordinator.find_longest_cache_hit",
+        "Scheduler._mamba_block_aligned_split",
+        "resolve_kv_cache_block_sizes",
+        "get_mamba_prefill_checkpoint_position",
+        "MambaManager.cache_blocks",
+    } <= names
     assert {c["area"] for c in cands} == set(AREAS)
     assert len({c["id"] for c in cands}) == len(cands)
     assert all(name.startswith("core/") for name in operator_names())
@@ -50,7 +56,10 @@ def test_a_diff_is_what_the_builds_applier_takes(root, cands, tmp_path):
     from engine_adapter.host.builds import overlay_from_patches
 
     m = select(root, cands, only=["replay-82bcea0f"])[0]
-    assert (m["before"], m["after"]) == ("resend = (num_prompt_tokens - 1) // block * block", "resend = (num_prompt_tokens - 1) // block // block")
+    assert (m["before"], m["after"]) == (
+        "resend = (num_prompt_tokens - 1) // block * block",
+        "resend = (num_prompt_tokens - 1) // block // block",
+    )
     path = tmp_path / "m.diff"
     path.write_text(m["diff"])
     overlay = overlay_from_patches("0.33.0", [str(path)])

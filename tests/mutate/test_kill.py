@@ -12,13 +12,13 @@ import json
 
 import pytest
 
+from ground.files import write_json_atomic
 from mutate import report
 from mutate.generate import positions, select, unified_diff
 from mutate.kill import read_result, run_mutant
 from mutate.run import base_engine, default_base_patches
 from mutate.targets import release_vllm_root
 from reference.case import case_to_dict
-from ground.files import write_json_atomic
 
 pytestmark = pytest.mark.engine
 
@@ -33,8 +33,11 @@ def base():
 
     ensure_env("0.33.0")
     patches = default_base_patches("0.33.0")
-    assert [p.rsplit("/", 1)[1] for p in patches] == ["vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff", "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
-                                                      "vllm-0.33.0-stale-state-after-partial-hit.diff"]
+    assert [p.rsplit("/", 1)[1] for p in patches] == [
+        "vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff",
+        "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
+        "vllm-0.33.0-stale-state-after-partial-hit.diff",
+    ]
     return base_engine("0.33.0", patches), patches
 
 
@@ -48,9 +51,18 @@ def root(base):
 #: tells the two replay boundaries apart (otherwise resend and extension
 #: floor to the same block and each covers the other's mutant).
 ALIGNED_EAGLE_RESEND = {
-    "schema": 1, "name": "aligned-eagle-resend-qwen3-next-a100",
-    "deployment": {"model": "qwen3_next", "platform": "cuda", "device": "a100",
-                   "vllm_args": ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}']},
+    "schema": 1,
+    "name": "aligned-eagle-resend-qwen3-next-a100",
+    "deployment": {
+        "model": "qwen3_next",
+        "platform": "cuda",
+        "device": "a100",
+        "vllm_args": [
+            "--enable-prefix-caching",
+            "--speculative-config",
+            '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}',
+        ],
+    },
     "trace": [{"prompt": [{"segment": "A", "length": 11200}]}] * 3,
 }
 
@@ -61,20 +73,46 @@ def options(tmp_path, base):
 
     cases = tmp_path / "cases.json"  # no proof seeds to map in a test: one aligned EAGLE resend, then the examples
     write_json_atomic(cases, [ALIGNED_EAGLE_RESEND, *(case_to_dict(c) for _n, c in example_cases())])
-    return {"out": str(tmp_path / "run"), "release": "0.33.0", "seed": 1, "vllm_tests": False, "cases": str(cases), "base_patches": base[1], "base_engine": base[0]}
+    return {
+        "out": str(tmp_path / "run"),
+        "release": "0.33.0",
+        "seed": 1,
+        "vllm_tests": False,
+        "cases": str(cases),
+        "base_patches": base[1],
+        "base_engine": base[0],
+    }
 
 
 def _hand_mutant(root, mid: str, after: str) -> dict:
     before = (root / FILE).read_text()
-    return {"id": mid, "area": "replay", "file": FILE, "function": "replay_boundaries", "operator": "test", "occurrence": 0, "line": 1,
-            "before": "", "after": "", "diff": unified_diff(FILE, before, after)}
+    return {
+        "id": mid,
+        "area": "replay",
+        "file": FILE,
+        "function": "replay_boundaries",
+        "operator": "test",
+        "occurrence": 0,
+        "line": 1,
+        "before": "",
+        "after": "",
+        "diff": unified_diff(FILE, before, after),
+    }
 
 
 def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, options, monkeypatch):
     from engine_adapter.host import builds, environments
 
-    cands = [m for m in positions(root) if m["function"] == "MambaManager.find_longest_cache_hit" and m["operator"] == "core/ReplaceBreakWithContinue"]
-    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].startswith("break  # we just need the last match")]
+    cands = [
+        m
+        for m in positions(root)
+        if m["function"] == "MambaManager.find_longest_cache_hit" and m["operator"] == "core/ReplaceBreakWithContinue"
+    ]
+    (m,) = [
+        x
+        for x in select(root, cands, only=[c["id"] for c in cands])
+        if x["before"].startswith("break  # we just need the last match")
+    ]
     # the right-to-left search goes on past the longest match: the Mamba hit falls to the shortest one
     res = run_mutant(m, 25.0, options)
     kv = res["kvspec"]
@@ -93,8 +131,17 @@ def test_a_mutant_that_stalls_the_prefill_imports_and_is_killed_by_an_oracle(roo
     """Cosmic Ray's Add -> Sub on the split's chunk end: vLLM imports (the
     build's self-test only imports), then its scheduler schedules nothing;
     kvspec's step loop bounds that and the engine_error oracle kills it."""
-    cands = [m for m in positions(root) if m["function"] == "Scheduler._mamba_block_aligned_split" and m["operator"] == "core/ReplaceBinaryOperator_Add_Sub"]
-    (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if x["before"].strip() == "end = start + num_new_tokens"]
+    cands = [
+        m
+        for m in positions(root)
+        if m["function"] == "Scheduler._mamba_block_aligned_split"
+        and m["operator"] == "core/ReplaceBinaryOperator_Add_Sub"
+    ]
+    (m,) = [
+        x
+        for x in select(root, cands, only=[c["id"] for c in cands])
+        if x["before"].strip() == "end = start + num_new_tokens"
+    ]
     res = run_mutant(m, 10.0, options)
     kv = res["kvspec"]
     assert res["status"] == "ran" and kv["killed"] is True, res
@@ -108,7 +155,11 @@ def test_a_reviewed_equivalent_mutant_survives_and_is_counted_apart(root, option
     no oracle can kill it (mutate/equivalent.json), and it is no score."""
     from mutate.equivalent import reviewed
 
-    cands = [m for m in positions(root) if m["function"] == "replay_boundaries" and m["operator"] == "core/ReplaceBinaryOperator_Sub_Mul"]
+    cands = [
+        m
+        for m in positions(root)
+        if m["function"] == "replay_boundaries" and m["operator"] == "core/ReplaceBinaryOperator_Sub_Mul"
+    ]
     (m,) = [x for x in select(root, cands, only=[c["id"] for c in cands]) if "max(resend * block, 0)" in x["after"]]
     res = run_mutant(m, 8.0, options)
     assert res["status"] == "ran" and res["kvspec"]["killed"] is False and res["kvspec"]["execs"] > 0, res
@@ -129,9 +180,14 @@ def test_a_mutant_that_breaks_the_import_is_counted_apart(root, options):
 
 def test_a_patch_kvspec_cannot_build_is_a_harness_failure_not_a_kill(root, options):
     m = _hand_mutant(root, "harness-test", "x = 1\n")
-    m["diff"] = m["diff"].replace("def replay_boundaries", "def replay_boundaries_not_in_the_release", 1)  # context no release has
+    m["diff"] = m["diff"].replace(
+        "def replay_boundaries", "def replay_boundaries_not_in_the_release", 1
+    )  # context no release has
     res = run_mutant(m, 10.0, options)
     assert res["status"] == "harness" and res["reason"].startswith("build:"), res
     s = report.summarize([res], equivalent={})
     assert s["counts"]["harness"] == 1 and s["kvspec_killed"] == 0 and s["scored"] == 0
-    assert json.loads((report.Path(options["out"]) / "mutants" / "harness-test" / "result.json").read_text())["status"] == "harness"
+    assert (
+        json.loads((report.Path(options["out"]) / "mutants" / "harness-test" / "result.json").read_text())["status"]
+        == "harness"
+    )

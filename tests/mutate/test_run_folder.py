@@ -11,10 +11,18 @@ from mutate import run as runmod
 def test_a_run_folder_resumes_only_under_the_judge_that_started_it(tmp_path):
     from ground.errors import InvalidArgument
 
-    ident = {"kvspec_sources_sha256": runmod.sources_sha256(), "release": "0.33.0", "base": "vllm==0.33.0+x.1", "budget_s": 30.0, "seed": 1}
+    ident = {
+        "kvspec_sources_sha256": runmod.sources_sha256(),
+        "release": "0.33.0",
+        "base": "vllm==0.33.0+x.1",
+        "budget_s": 30.0,
+        "seed": 1,
+    }
     runmod.claim_folder(tmp_path, ident)
     runmod.claim_folder(tmp_path, ident)  # the same judge resumes
-    with pytest.raises(InvalidArgument, match=r"^--out=.*judged with other kvspec_sources_sha256; allowed: a fresh folder"):
+    with pytest.raises(
+        InvalidArgument, match=r"^--out=.*judged with other kvspec_sources_sha256; allowed: a fresh folder"
+    ):
         runmod.claim_folder(tmp_path, {**ident, "kvspec_sources_sha256": "0" * 64})
     with pytest.raises(InvalidArgument, match="other base, budget_s"):
         runmod.claim_folder(tmp_path, {**ident, "base": "vllm==0.33.0", "budget_s": 5.0})

@@ -32,7 +32,10 @@ def _python(tmp_path: Path, body: str) -> str:
 
 
 def _base(sdist: Path) -> dict:
-    return {"sdist": str(sdist), "files": {"tests/v1/core/test_x.py": {"seconds": 1.0, "tests": {"tests/v1/core/test_x.py::test_a": "passed"}}}}
+    return {
+        "sdist": str(sdist),
+        "files": {"tests/v1/core/test_x.py": {"seconds": 1.0, "tests": {"tests/v1/core/test_x.py::test_a": "passed"}}},
+    }
 
 
 def test_a_run_that_cannot_start_is_a_harness_failure_and_a_failing_test_a_kill(tmp_path, monkeypatch):
@@ -42,17 +45,30 @@ def test_a_run_that_cannot_start_is_a_harness_failure_and_a_failing_test_a_kill(
     monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: True)
     # no pytest in the build: exit 1, no test ran
     monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, 'echo "No module named pytest" >&2; exit 1\n'))
-    res = vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")
+    res = vt.run_for_mutant(
+        "vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml"
+    )
     assert "killed" not in res and "No module named pytest" in res["harness"]
     # a test that fails: a kill, named
     junit = '<testsuite><testcase classname="tests.v1.core.test_x" name="test_a" file="tests/v1/core/test_x.py"><failure message="boom"/></testcase></testsuite>'
-    body = 'for a in "$@"; do case "$a" in --junitxml=*) printf \'%s\' \'' + junit + '\' > "${a#--junitxml=}";; esac; done; exit 1\n'
+    body = (
+        'for a in "$@"; do case "$a" in --junitxml=*) printf \'%s\' \''
+        + junit
+        + '\' > "${a#--junitxml=}";; esac; done; exit 1\n'
+    )
     monkeypatch.setattr(vt, "_python", lambda engine: _python(tmp_path, body))
-    res = vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")
+    res = vt.run_for_mutant(
+        "vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml"
+    )
     assert res["killed"] is True and res.get("killing_test")
     # pytest that cannot be installed
     monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: False)
-    assert "cannot install pytest" in vt.run_for_mutant("vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml")["harness"]
+    assert (
+        "cannot install pytest"
+        in vt.run_for_mutant(
+            "vllm==0.33.0+m.000000", _base(sdist), ["tests/v1/core/test_x.py"], junit=tmp_path / "j.xml"
+        )["harness"]
+    )
 
 
 def test_a_killing_test_the_base_cannot_run_is_no_verdict_on_the_base(tmp_path, monkeypatch):
@@ -97,7 +113,9 @@ def test_a_baseline_file_that_timed_out_is_run_again_not_reused(tmp_path, monkey
     monkeypatch.setattr(vt, "test_files", lambda root: [f])
     monkeypatch.setattr(vt, "run_root", lambda s: sdist)
     monkeypatch.setattr(vt, "pytest_env", lambda version, root: dict(os.environ))
-    monkeypatch.setattr(vt, "target_paths", lambda version: [str(tmp_path / "site-packages" / "vllm" / "v1" / "core" / "x.py")])
+    monkeypatch.setattr(
+        vt, "target_paths", lambda version: [str(tmp_path / "site-packages" / "vllm" / "v1" / "core" / "x.py")]
+    )
     monkeypatch.setattr("engine_adapter.host.testtools.ensure_pytest", lambda python, timeout=None: True)
     monkeypatch.setattr("engine_adapter.host.testtools.ensure_coverage", lambda python, timeout=None: True)
     monkeypatch.setattr(vt, "FILE_TIMEOUT_S", 1.0)
@@ -105,7 +123,11 @@ def test_a_baseline_file_that_timed_out_is_run_again_not_reused(tmp_path, monkey
     first = vt.baseline("0.33.0", out=tmp_path / "base")
     assert first["files"][f]["rc"] == "timeout" and vt.usable(first, f) == []
     junit = '<testsuite><testcase classname="tests.v1.core.test_x" name="test_a" file="tests/v1/core/test_x.py"/></testsuite>'
-    body = 'for a in "$@"; do case "$a" in --junitxml=*) printf \'%s\' \'' + junit + '\' > "${a#--junitxml=}";; esac; done; exit 0\n'
+    body = (
+        'for a in "$@"; do case "$a" in --junitxml=*) printf \'%s\' \''
+        + junit
+        + '\' > "${a#--junitxml=}";; esac; done; exit 0\n'
+    )
     monkeypatch.setattr(vt, "_python", lambda release: _python(tmp_path, body))
     again = vt.baseline("0.33.0", out=tmp_path / "base")
     assert again["files"][f]["rc"] == 0 and vt.usable(again, f) == ["tests/v1/core/test_x.py::test_a"]

@@ -23,14 +23,22 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from ground.errors import InvalidArgument
+from ground.files import MAX_FILE_BYTES
 from kvspec.cli import EXIT_BROKEN_PIPE, main
 from reference.case import MAX_CASE_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, load_case
-from ground.files import MAX_FILE_BYTES
-from ground.errors import InvalidArgument
 from tests.conftest import hybrid
 
 REPO = Path(__file__).resolve().parents[2]
-GOOD = {"schema": 1, "name": "ok", "geometry": hybrid(16, 16, 1), "trace": [{"prompt": [{"segment": "A", "length": 40}], "max_tokens": 1}, {"prompt": [{"segment": "A", "length": 40}]}]}
+GOOD = {
+    "schema": 1,
+    "name": "ok",
+    "geometry": hybrid(16, 16, 1),
+    "trace": [
+        {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 1},
+        {"prompt": [{"segment": "A", "length": 40}]},
+    ],
+}
 #: One line naming a field: ``kvspec: FIELD=VALUE: ...`` or ``kvspec: FIELD: missing; ...``.
 ONE_LINE = re.compile(r"^kvspec: [^\n=]+?(=[^\n]*|: missing[^\n]*)\n$")
 
@@ -152,24 +160,55 @@ def test_a_finding_file_goes_through_the_same_reader(tmp_path):
         (["schema"], True, "schema=True"),
         (["schema"], 1.0, "schema=1.0"),
         (["schema"], "1", "schema='1'"),
-        (["geometry", "groups", 0, "block_size"], 2**63, "geometry.groups[0].block_size=9223372036854775808: must be an integer in [1, 1,048,576]"),
+        (
+            ["geometry", "groups", 0, "block_size"],
+            2**63,
+            "geometry.groups[0].block_size=9223372036854775808: must be an integer in [1, 1,048,576]",
+        ),
         (["geometry", "groups", 0, "count"], 10**6, "geometry.groups[0].count=1000000"),
         (["geometry", "groups"], [{"kind": "mamba", "block_size": 16}] * 257, "geometry.groups='<257 groups>'"),
-        (["geometry", "groups"], [{"kind": "mamba", "block_size": 16, "count": 200}, {"kind": "full_attention", "block_size": 16, "count": 100}], "geometry.groups[1].count=100: at most 256"),
-        (["geometry", "groups"], [{"kind": "mamba", "block_size": 1048573}, {"kind": "full_attention", "block_size": 1048571}], "geometry.groups=[1048571, 1048573]: the LCM"),
+        (
+            ["geometry", "groups"],
+            [
+                {"kind": "mamba", "block_size": 16, "count": 200},
+                {"kind": "full_attention", "block_size": 16, "count": 100},
+            ],
+            "geometry.groups[1].count=100: at most 256",
+        ),
+        (
+            ["geometry", "groups"],
+            [{"kind": "mamba", "block_size": 1048573}, {"kind": "full_attention", "block_size": 1048571}],
+            "geometry.groups=[1048571, 1048573]: the LCM",
+        ),
         (["geometry", "retention_interval"], 2**63, "geometry.retention_interval="),
         (["geometry", "max_num_batched_tokens"], 2**63, "geometry.max_num_batched_tokens="),
         (["geometry", "hash_block_size"], 2**40, "geometry.hash_block_size="),
         (["geometry", "scheduler_block_size"], 2**40, "geometry.scheduler_block_size="),
         (["speculative"], {"method": "mtp", "num_speculative_tokens": 10**6}, "speculative.num_speculative_tokens="),
-        (["trace", 0, "prompt", 0, "length"], 10**9, "trace[0].prompt[0].length=1000000000: must be an integer in [1, 1,048,576]"),
+        (
+            ["trace", 0, "prompt", 0, "length"],
+            10**9,
+            "trace[0].prompt[0].length=1000000000: must be an integer in [1, 1,048,576]",
+        ),
         (["trace", 0, "prompt", 0, "length"], 2**63, "trace[0].prompt[0].length="),
-        (["trace", 0, "prompt"], [{"segment": "A", "length": MAX_PROMPT_TOKENS}, {"segment": "B", "length": 1}], "trace[0].prompt='<1,048,577+ tokens>'"),
+        (
+            ["trace", 0, "prompt"],
+            [{"segment": "A", "length": MAX_PROMPT_TOKENS}, {"segment": "B", "length": 1}],
+            "trace[0].prompt='<1,048,577+ tokens>'",
+        ),
         (["trace", 0, "prompt"], [{"segment": "A", "length": 1}] * 257, "trace[0].prompt='<257 segments>'"),
         (["trace", 0, "max_tokens"], 2**63, "trace[0].max_tokens="),
         (["trace", 0, "max_tokens"], True, "trace[0].max_tokens=True"),
-        (["trace"], [{"prompt": [{"segment": f"S{i}", "length": 1}]} for i in range(MAX_REQUESTS + 1)], "trace='<1001 requests>'"),
-        (["trace"], [{"prompt": [{"segment": "A", "length": MAX_PROMPT_TOKENS}]}] * 5, "trace[4]='<5,242,880 prompt tokens so far>'"),
+        (
+            ["trace"],
+            [{"prompt": [{"segment": f"S{i}", "length": 1}]} for i in range(MAX_REQUESTS + 1)],
+            "trace='<1001 requests>'",
+        ),
+        (
+            ["trace"],
+            [{"prompt": [{"segment": "A", "length": MAX_PROMPT_TOKENS}]}] * 5,
+            "trace[4]='<5,242,880 prompt tokens so far>'",
+        ),
         (["geometry", "groups", 0, "kind"], ["mamba"], "geometry.groups[0].kind=['mamba']"),
         (["speculative"], {"method": {"x": 1}, "num_speculative_tokens": 1}, "speculative.method={'x': 1}"),
     ],
@@ -180,7 +219,9 @@ def test_limits_name_the_field_and_the_range(tmp_path, path, value, field):
 
 def test_ten_thousand_requests_are_refused_at_once(tmp_path):
     doc = mutated(["trace"], [{"prompt": [{"segment": "A", "length": 100 + i}]} for i in range(10_000)])
-    refused(["predict", write_doc(tmp_path, doc)], "trace='<10000 requests>': at most 1,000 requests per case", within_s=3)
+    refused(
+        ["predict", write_doc(tmp_path, doc)], "trace='<10000 requests>': at most 1,000 requests per case", within_s=3
+    )
 
 
 def test_the_limits_themselves_are_accepted(tmp_path):
@@ -206,7 +247,13 @@ def test_predict_into_a_closed_pipe_exits_quietly():
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head -1` once head has exited
     try:
-        p = subprocess.run([sys.executable, "-m", "kvspec.cli", "predict", "examples/seed-53504.json"], cwd=REPO, stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "kvspec.cli", "predict", "examples/seed-53504.json"],
+            cwd=REPO,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
     finally:
         os.close(write_end)
     assert p.returncode == EXIT_BROKEN_PIPE == 141
@@ -214,7 +261,14 @@ def test_predict_into_a_closed_pipe_exits_quietly():
 
 
 def test_predict_piped_into_head_shows_no_traceback():
-    p = subprocess.run(f"{sys.executable} -m kvspec.cli predict examples/seed-53504.json | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, timeout=120)
+    p = subprocess.run(
+        f"{sys.executable} -m kvspec.cli predict examples/seed-53504.json | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
     assert p.stderr == b""
     assert p.stdout.strip() in (b"0", b"141")  # 0 if it all fit in the pipe before head left
 
@@ -224,7 +278,16 @@ def test_run_timeout_must_be_a_finite_positive_number(tmp_path, value):
     refused(["run", write_doc(tmp_path, GOOD), f"--timeout={value}"], "--timeout=")
 
 
-@pytest.mark.parametrize("argv, field", [(["--timeout", "-5"], "--timeout=-5"), (["--timeout", "0"], "--timeout=0"), (["--jobs", "0"], "--jobs=0"), (["--jobs", "-1"], "--jobs=-1"), (["--seed", "-1"], "--seed=-1")])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--timeout", "-5"], "--timeout=-5"),
+        (["--timeout", "0"], "--timeout=0"),
+        (["--jobs", "0"], "--jobs=0"),
+        (["--jobs", "-1"], "--jobs=-1"),
+        (["--seed", "-1"], "--seed=-1"),
+    ],
+)
 def test_prove_options(argv, field):
     refused(["prove", "--only", "no-such-row", *argv], field)
 
@@ -239,7 +302,10 @@ def test_prove_out_must_be_a_writable_folder(tmp_path):
 def test_matrix_chart_path_is_checked_before_any_engine(tmp_path):
     afile = tmp_path / "f"
     afile.write_text("x")
-    refused(["matrix", write_doc(tmp_path, GOOD), "--engine", "vllm==0.33.0", "--chart", str(afile / "chart.png")], "--chart=")
+    refused(
+        ["matrix", write_doc(tmp_path, GOOD), "--engine", "vllm==0.33.0", "--chart", str(afile / "chart.png")],
+        "--chart=",
+    )
     refused(["matrix", write_doc(tmp_path, GOOD), "--engine", "vllm==0.33.0", "--chart", str(tmp_path)], "--chart=")
 
 
@@ -302,12 +368,18 @@ def malformed(draw) -> bytes:
     text = json.dumps(doc, allow_nan=True)
     if kind == "text":
         pos = draw(st.integers(0, len(text)))
-        text = text[:pos] + draw(st.sampled_from(["NaN", "1" * 5000, "[" * 2000, "}", '"\\ud800"', "-", "1e99999", "\u2028"])) + text[pos:]
+        text = (
+            text[:pos]
+            + draw(st.sampled_from(["NaN", "1" * 5000, "[" * 2000, "}", '"\\ud800"', "-", "1e99999", "\u2028"]))
+            + text[pos:]
+        )
     data = text.encode()
     if kind == "bytes":
         return draw(st.binary(max_size=200))
     if kind == "encode":
-        return text.encode(draw(st.sampled_from(["utf-16", "utf-16-be", "utf-32", "utf-8-sig", "latin-1"])), errors="replace") + (b"\xe9" if draw(st.booleans()) else b"")
+        return text.encode(
+            draw(st.sampled_from(["utf-16", "utf-16-be", "utf-32", "utf-8-sig", "latin-1"])), errors="replace"
+        ) + (b"\xe9" if draw(st.booleans()) else b"")
     if kind == "truncate":
         return data[: draw(st.integers(0, max(0, len(data) - 1)))]
     if kind == "flip":

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from ground.errors import InvalidArgument
 from kvspec.cli import main
 from reference.case import case_to_dict, load_case, parse_case, prompt_tokens, segment_tokens
-from ground.errors import InvalidArgument
 from tests.conftest import hybrid, make_case
 
 GOOD = {"schema": 1, "geometry": hybrid(1600, 1600), "trace": [{"prompt": [{"segment": "A", "length": 10}]}]}

@@ -134,7 +134,11 @@ def test_dense_retention_keeps_every_written_state_and_no_other():
     every block: a sibling diverging at 6000 finds no state at or below its
     junction the first time (0), and the next one finds the state the first
     one wrote when it split its prefill there (the junction rule)."""
-    case = make_case(hybrid(1600, 1600, retention_interval=None), [[("A", 11910)], [("A", 6000), ("B", 10)], [("A", 6000), ("C", 10)]], MTP_DROP)
+    case = make_case(
+        hybrid(1600, 1600, retention_interval=None),
+        [[("A", 11910)], [("A", 6000), ("B", 10)], [("A", 6000), ("C", 10)]],
+        MTP_DROP,
+    )
     result = predict(case, "0.33.0")
     assert result["explain"][0]["chunk_ends"] == [8000, 9600, 11910]
     assert result["explain"][0]["retained_mamba_blocks"]["1600"] == [4, 5]
@@ -171,7 +175,11 @@ def test_033_keeps_the_prompt_checkpoint_even_without_partial_hits():
     call covers exactly up to it (seen on the real 0.33.0 scheduler); 0.30.0
     leaves a full-block checkpoint to the mask."""
     spec = {"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True}
-    case = make_case(hybrid(32, 16, 1, retention_interval=96), [[("A", 95)], [("A", 95)], [("A", 95), ("B", 92)], [("A", 95), ("B", 92)]], spec)
+    case = make_case(
+        hybrid(32, 16, 1, retention_interval=96),
+        [[("A", 95)], [("A", 95)], [("A", 95), ("B", 92)], [("A", 95), ("B", 92)]],
+        spec,
+    )
     new = predict(case, "0.33.0", "replay")
     assert new["explain"][0]["retained_mamba_blocks"]["16"] == [3]
     assert new["hits"] == [0, 0, 32, 64]

@@ -8,7 +8,15 @@ import json
 import pytest
 
 from ground.errors import InvalidArgument
-from reference.case import OUTPUT_TOKEN, case_to_dict, parse_case, prompt_tokens, resync_outputs, segment_tokens, sequence_tokens
+from reference.case import (
+    OUTPUT_TOKEN,
+    case_to_dict,
+    parse_case,
+    prompt_tokens,
+    resync_outputs,
+    segment_tokens,
+    sequence_tokens,
+)
 from reference.knobs import resolve_knobs
 from reference.serial import output_states, simulate, simulate_pairwise
 from tests.conftest import MTP, MTP_DROP, hybrid
@@ -17,11 +25,17 @@ from tests.conftest import MTP, MTP_DROP, hybrid
 def chat(retention=0, speculative=None, first=40, max_tokens=30, text=20, block=16):
     """Turn 1: A:first generating max_tokens; turn 2: turn 1's prompt, its
     output and B:text."""
-    return parse_case({
-        "schema": 1, "geometry": hybrid(block, block, 1, retention_interval=retention), "speculative": speculative,
-        "trace": [{"prompt": [{"segment": "A", "length": first}], "max_tokens": max_tokens},
-                  {"prompt": [{"segment": "A", "length": first}, {"output": 0}, {"segment": "B", "length": text}]}],
-    })
+    return parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(block, block, 1, retention_interval=retention),
+            "speculative": speculative,
+            "trace": [
+                {"prompt": [{"segment": "A", "length": first}], "max_tokens": max_tokens},
+                {"prompt": [{"segment": "A", "length": first}, {"output": 0}, {"segment": "B", "length": text}]},
+            ],
+        }
+    )
 
 
 def test_an_output_segment_is_the_quoted_requests_output_tokens():
@@ -42,7 +56,13 @@ def test_round_trip_writes_the_output_index_back():
 
 
 def test_a_case_without_outputs_is_written_as_before():
-    case = parse_case({"schema": 1, "geometry": hybrid(16, 16), "trace": [{"prompt": [{"segment": "A", "length": 5}, {"segment": "B", "length": 3}], "max_tokens": 4}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(16, 16),
+            "trace": [{"prompt": [{"segment": "A", "length": 5}, {"segment": "B", "length": 3}], "max_tokens": 4}],
+        }
+    )
     raw = case_to_dict(case)
     assert raw["trace"] == [{"prompt": [{"segment": "A", "length": 5}, {"segment": "B", "length": 3}], "max_tokens": 4}]
 
@@ -71,7 +91,9 @@ def test_an_output_segment_takes_no_other_field():
 
 
 def test_the_first_request_quotes_nothing():
-    assert _bad([{"prompt": [{"output": 0}]}]).startswith("trace[0].prompt[0].output=0: no request finished before this one is sent")
+    assert _bad([{"prompt": [{"output": 0}]}]).startswith(
+        "trace[0].prompt[0].output=0: no request finished before this one is sent"
+    )
 
 
 def test_a_request_quotes_only_an_earlier_wave():
@@ -90,14 +112,24 @@ def test_quoted_outputs_count_toward_the_prompt_limit():
 
 
 def test_resync_follows_dropped_requests_and_max_tokens():
-    case = parse_case({"schema": 1, "geometry": hybrid(16, 16), "trace": [
-        {"prompt": [{"segment": "X", "length": 3}]}, FIRST, {"prompt": [{"segment": "A", "length": 8}, {"output": 1}]}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(16, 16),
+            "trace": [
+                {"prompt": [{"segment": "X", "length": 3}]},
+                FIRST,
+                {"prompt": [{"segment": "A", "length": 8}, {"output": 1}]},
+            ],
+        }
+    )
     kept = resync_outputs(case.trace[1:], [1, 2])
     assert kept is not None and kept[1].prompt[1].output == 0 and kept[1].num_prompt_tokens == 13
     assert resync_outputs((case.trace[0], case.trace[2]), [0, 2]) is None  # the quoted request is gone
 
 
 # ------------------------------------------------------------ the model
+
 
 def hits(case, version="0.33.0", rule="replay"):
     knobs = resolve_knobs(case, version)
@@ -157,7 +189,9 @@ def test_output_states_rule():
     assert output_states(40, 24, spec.geometry, knobs) == {16: {48}}  # 63 computed
     # a prompt on the block grid: its last block's hash waits for the first output token
     assert output_states(48, 1, spec.geometry, knobs) == {16: {48}}
-    assert output_states(48, 1, chat(retention=None).geometry, resolve_knobs(chat(), "0.33.0")) == {}  # no lookahead: the prompt rule's
+    assert (
+        output_states(48, 1, chat(retention=None).geometry, resolve_knobs(chat(), "0.33.0")) == {}
+    )  # no lookahead: the prompt rule's
 
 
 def test_a_one_token_turn_on_the_grid_is_resumed_at_its_end_with_lookahead_hashes():
@@ -169,6 +203,14 @@ def test_a_one_token_turn_on_the_grid_is_resumed_at_its_end_with_lookahead_hashe
 
 
 def test_a_resend_never_reaches_into_an_output():
-    case = parse_case({"schema": 1, "geometry": hybrid(16, 16, 1, retention_interval=None), "trace": [
-        {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 30}, {"prompt": [{"segment": "A", "length": 40}]}]})
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(16, 16, 1, retention_interval=None),
+            "trace": [
+                {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 30},
+                {"prompt": [{"segment": "A", "length": 40}]},
+            ],
+        }
+    )
     assert hits(case) == [0, 32]

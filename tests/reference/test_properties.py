@@ -20,7 +20,13 @@ def geometries(draw, retention=st.sampled_from([None, 0, "periodic"])):
     interval = draw(retention)
     if interval == "periodic":
         interval = block * draw(st.integers(1, 3))
-    return hybrid(block, block, draw(st.integers(1, 3)), retention_interval=interval, max_num_batched_tokens=draw(st.sampled_from([block, 3 * block, 8192])))
+    return hybrid(
+        block,
+        block,
+        draw(st.integers(1, 3)),
+        retention_interval=interval,
+        max_num_batched_tokens=draw(st.sampled_from([block, 3 * block, 8192])),
+    )
 
 
 @st.composite
@@ -71,8 +77,10 @@ def test_longer_sibling_of_fresh_prompt_matches_dense(block, n, extra, spec):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3),
-       st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3))
+@given(
+    st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3),
+    st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 40)), min_size=1, max_size=3),
+)
 def test_common_prefix_shortcut_equals_token_comparison(p, q):
     from reference.case import prompt_tokens
     from reference.serial import common_prefix, known_common

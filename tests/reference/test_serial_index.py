@@ -37,7 +37,13 @@ def _colliding_names() -> tuple[str, str]:
 def _random_case(rng: random.Random, names: list[str]):
     block = rng.choice([16, 32, 64])
     interval = rng.choice([None, 0, 0, block * rng.randint(1, 3)])
-    geometry = hybrid(block, block * rng.choice([1, 2]) if rng.random() < 0.3 else block, rng.randint(1, 3), retention_interval=interval, max_num_batched_tokens=rng.choice([block, 3 * block, 8192]))
+    geometry = hybrid(
+        block,
+        block * rng.choice([1, 2]) if rng.random() < 0.3 else block,
+        rng.randint(1, 3),
+        retention_interval=interval,
+        max_num_batched_tokens=rng.choice([block, 3 * block, 8192]),
+    )
     if geometry["groups"][1]["block_size"] != block:
         geometry["retention_interval"] = rng.choice([None, 0])
     prompts: list[list[tuple[str, int]]] = []

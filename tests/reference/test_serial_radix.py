@@ -70,7 +70,13 @@ def _prompts(rng: random.Random, names: list[str], block: int) -> list[list[tupl
 def _random_case(rng: random.Random, names: list[str]):
     block = rng.choice([16, 32, 64])
     partial = rng.random() < 0.3
-    geometry = hybrid(block, block, rng.randint(1, 3), retention_interval=rng.choice([None, 0, 0, block * rng.randint(1, 3)]), max_num_batched_tokens=rng.choice([block, 3 * block, 8192]))
+    geometry = hybrid(
+        block,
+        block,
+        rng.randint(1, 3),
+        retention_interval=rng.choice([None, 0, 0, block * rng.randint(1, 3)]),
+        max_num_batched_tokens=rng.choice([block, 3 * block, 8192]),
+    )
     if partial:
         geometry["prefix_match_unit"] = block // rng.choice([2, 4])
     if rng.random() < 0.2:
@@ -96,7 +102,11 @@ def test_radix_simulation_equals_the_pairwise_definition():
             knobs = resolve_knobs(case, version)
         except Exception:  # a geometry this version does not take (e.g. checkpoints before 0.32.0)
             continue
-        assert _explain(serial.simulate(case, knobs, rule)) == _explain(serial.simulate_pairwise(case, knobs, rule)), (version, rule, case)
+        assert _explain(serial.simulate(case, knobs, rule)) == _explain(serial.simulate_pairwise(case, knobs, rule)), (
+            version,
+            rule,
+            case,
+        )
         checked += 1
     assert checked >= 300
 
@@ -104,7 +114,10 @@ def test_radix_simulation_equals_the_pairwise_definition():
 def test_the_check_can_fail():
     """A tree that forgets marks below a split changes answers: the
     comparison above would see it."""
-    case = make_case(hybrid(16, 16, retention_interval=None, max_num_batched_tokens=16), [[("A", 100)], [("A", 40), ("B", 30)], [("A", 40), ("C", 30)]])
+    case = make_case(
+        hybrid(16, 16, retention_interval=None, max_num_batched_tokens=16),
+        [[("A", 100)], [("A", 40), ("B", 30)], [("A", 40), ("C", 30)]],
+    )
     knobs = resolve_knobs(case, "0.33.0")
     good = [s.hit for s in serial.simulate(case, knobs, "replay")]
     assert good == [s.hit for s in serial.simulate_pairwise(case, knobs, "replay")]
@@ -170,7 +183,9 @@ def test_one_pass_over_many_settings_equals_one_simulation_each():
         from dataclasses import replace
 
         for (interval, rule), got in zip(runs, many):
-            alone = serial.simulate(replace(case, geometry=replace(case.geometry, retention_interval=interval)), knobs, rule)
+            alone = serial.simulate(
+                replace(case, geometry=replace(case.geometry, retention_interval=interval)), knobs, rule
+            )
             assert _explain(got) == _explain(alone), (version, runs, case)
         checked += 1
     assert checked >= 80

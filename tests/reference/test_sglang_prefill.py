@@ -18,12 +18,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def setting(page=64, chunk=2048, extra=True, grid=64, state_chunk=64, states=-1) -> SglangSetting:
-    return SglangSetting(page_size=page, chunked_prefill_size=chunk, extra_buffer=extra, strategy="extra_buffer" if extra else "no_buffer",
-                         cache_chunk=max(grid, page), checkpoint_grid=grid, state_chunk=state_chunk, max_states_per_path=states)
+    return SglangSetting(
+        page_size=page,
+        chunked_prefill_size=chunk,
+        extra_buffer=extra,
+        strategy="extra_buffer" if extra else "no_buffer",
+        cache_chunk=max(grid, page),
+        checkpoint_grid=grid,
+        state_chunk=state_chunk,
+        max_states_per_path=states,
+    )
 
 
 def case(prompts: list[list[tuple[str, int]]]):
-    return parse_case({"schema": 1, "name": "t", "deployment": {"model": "qwen3_next", "engine": "sglang"}, "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts]})
+    return parse_case(
+        {
+            "schema": 1,
+            "name": "t",
+            "deployment": {"model": "qwen3_next", "engine": "sglang"},
+            "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in prompts],
+        }
+    )
 
 
 def test_first_chunk_is_floored_to_an_absolute_page_and_later_ones_are_not():
@@ -74,7 +89,10 @@ def test_a_hit_above_the_promise_by_a_chunk_end_state_is_legitimate():
     c = case([[("A", 1024)], [("A", 1024)], [("A", 1024), ("B", 40)], [("A", 700), ("C", 300)]])
     steps = simulate(c, setting(chunk=512))
     assert steps[3].hit == 512 and steps[3].resumed_same_tokens is True
-    obs = {"hits": [s.hit for s in steps], "explain": [{"resumed_state": {"same_tokens": s.resumed_same_tokens} if s.hit else None} for s in steps]}
+    obs = {
+        "hits": [s.hit for s in steps],
+        "explain": [{"resumed_state": {"same_tokens": s.resumed_same_tokens} if s.hit else None} for s in steps],
+    }
     assert set(legitimately_above([0, 960, 1024, 0], obs, steps)) == {3}
     obs["explain"][3] = {"resumed_state": {"same_tokens": False}}  # the engine's state disagrees: not legitimate
     assert legitimately_above([0, 960, 1024, 0], obs, steps) == {}
@@ -83,6 +101,15 @@ def test_a_hit_above_the_promise_by_a_chunk_end_state_is_legitimate():
 def test_what_the_rule_does_not_model_is_refused():
     with pytest.raises(Unsupported):
         simulate(case([[("A", 100)]]), setting(states=2))
-    c = json.loads(json.dumps({"schema": 1, "name": "t", "deployment": {"model": "qwen3_next", "engine": "sglang"}, "trace": [{"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4}]}))
+    c = json.loads(
+        json.dumps(
+            {
+                "schema": 1,
+                "name": "t",
+                "deployment": {"model": "qwen3_next", "engine": "sglang"},
+                "trace": [{"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4}],
+            }
+        )
+    )
     with pytest.raises(Unsupported):
         simulate(parse_case(c), setting())

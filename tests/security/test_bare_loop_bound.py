@@ -74,8 +74,15 @@ def _in_vllm(script: str, timeout: float) -> subprocess.CompletedProcess:
     python = environments.env_python("0.33.0")
     if not python.exists():
         pytest.fail("vLLM 0.33.0's environment is missing: run kvspec engines install vllm==0.33.0")
-    return subprocess.run([str(python), "-c", script], cwd=str(environments.REPO_ROOT), capture_output=True, text=True, timeout=timeout, check=False,
-                          env=environments.worker_env("0.33.0", "cuda"))
+    return subprocess.run(
+        [str(python), "-c", script],
+        cwd=str(environments.REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=environments.worker_env("0.33.0", "cuda"),
+    )
 
 
 @pytest.mark.timeout(400)
@@ -95,8 +102,15 @@ def test_the_bare_loop_ends_on_a_kv_connector_deployment():
     if not python.exists():
         pytest.fail("vLLM 0.33.0's environment is missing: run kvspec engines install vllm==0.33.0")
     try:
-        proc = subprocess.run([str(python), "-c", SCRIPT], cwd=str(environments.REPO_ROOT), capture_output=True, text=True, timeout=600, check=False,
-                              env=environments.worker_env("0.33.0", "cuda"))
+        proc = subprocess.run(
+            [str(python), "-c", SCRIPT],
+            cwd=str(environments.REPO_ROOT),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env=environments.worker_env("0.33.0", "cuda"),
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("bare_run did not end within 600 s on a KV connector deployment")
     assert proc.returncode == 0, proc.stderr[-2000:]

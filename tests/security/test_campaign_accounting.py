@@ -27,10 +27,10 @@ import pytest
 from fuzz.campaign import Campaign
 from fuzz.drivers import BoundedEngine, run_given
 from fuzz.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
+from ground.errors import EngineError, InvalidArgument
 from kvspec.cli import main as kvspec
 from kvspec.options import cores, output_dir, output_file
 from reference.case import case_to_dict
-from ground.errors import EngineError, InvalidArgument
 from tests.conftest import hybrid, make_case
 from tests.fuzz.doubles import ReferenceDouble
 
@@ -57,7 +57,9 @@ def _bad_folders(tmp: Path) -> dict[str, str]:
 
 def _bad_numbers() -> list[tuple[str, str]]:
     over = str(2 * cores() + 1)
-    return [("--jobs", v) for v in ("0", "-1", "1000000", over)] + [("--max-time", v) for v in ("nan", "inf", "-inf", "-1", "0", "1e9")]
+    return [("--jobs", v) for v in ("0", "-1", "1000000", over)] + [
+        ("--max-time", v) for v in ("nan", "inf", "-inf", "-1", "0", "1e9")
+    ]
 
 
 def _argvs(tmp: Path) -> list[tuple[str, list[str]]]:
@@ -65,14 +67,29 @@ def _argvs(tmp: Path) -> list[tuple[str, list[str]]]:
     for kind, path in _bad_folders(tmp).items():
         for driver in ("atheris", "random", "cases"):
             out.append(("--out", ["fuzz", "--driver", driver, "--max-time", "30", "--out", path]))
-        out.append(("--corpus", ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--corpus", path]))
+        out.append(
+            (
+                "--corpus",
+                ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--corpus", path],
+            )
+        )
         out.append(("--out", ["check-build", "--max-time", "30", "--out", path]))
         out.append(("--out", ["mutate", "--report", "--out", path]))
     for flag, value in _bad_numbers():
         for driver in ("atheris", "random"):
             out.append((flag, ["fuzz", "--driver", driver, f"{flag}={value}", "--out", str(tmp / "ok")]))
-    for value in ("-jobs=1000000", "-workers=64", "-fork=8", "-merge=1"):  # libFuzzer's own processes, out of --jobs' reach
-        out.append(("libfuzzer", ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--", "-runs=10", value]))
+    for value in (
+        "-jobs=1000000",
+        "-workers=64",
+        "-fork=8",
+        "-merge=1",
+    ):  # libFuzzer's own processes, out of --jobs' reach
+        out.append(
+            (
+                "libfuzzer",
+                ["fuzz", "--driver", "atheris", "--max-time", "30", "--out", str(tmp / "ok"), "--", "-runs=10", value],
+            )
+        )
     return out
 
 
@@ -100,7 +117,10 @@ def test_jobs_bound_names_this_machine_s_cores(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     assert kvspec(["fuzz", "--jobs", "1000000", "--out", str(tmp_path / "o")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == f"kvspec: --jobs=1000000: must be an integer in [1, {2 * cores()}] (2 per core of this machine's {cores()} cores)"
+    assert (
+        line
+        == f"kvspec: --jobs=1000000: must be an integer in [1, {2 * cores()}] (2 per core of this machine's {cores()} cores)"
+    )
 
 
 class ReadOnlyMountDouble:
@@ -112,7 +132,20 @@ class ReadOnlyMountDouble:
 
     def __call__(self, path):
         st = self.real(path)
-        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree, st.f_favail, st.f_flag | os.ST_RDONLY, st.f_namemax))
+        return os.statvfs_result(
+            (
+                st.f_bsize,
+                st.f_frsize,
+                st.f_blocks,
+                st.f_bfree,
+                st.f_bavail,
+                st.f_files,
+                st.f_ffree,
+                st.f_favail,
+                st.f_flag | os.ST_RDONLY,
+                st.f_namemax,
+            )
+        )
 
 
 def test_a_read_only_mount_is_refused_even_for_root(tmp_path, monkeypatch):
@@ -163,7 +196,20 @@ class SlowCaseDouble(ReferenceDouble):
         self.ran.append(case.name)
         if case.name == "slow":
             time.sleep(self.delay)
-            return {"hits": [], "queries": [], "knobs": None, "explain": [], "error": {"kind": "worker", "phase": "worker", "request": None, "type": "worker", "message": "timed out", "traceback": None}}
+            return {
+                "hits": [],
+                "queries": [],
+                "knobs": None,
+                "explain": [],
+                "error": {
+                    "kind": "worker",
+                    "phase": "worker",
+                    "request": None,
+                    "type": "worker",
+                    "message": "timed out",
+                    "traceback": None,
+                },
+            }
         return super().run(case)
 
     def close(self):
@@ -177,21 +223,47 @@ def _case(name: str):
 def test_a_case_cut_at_the_deadline_is_unfinished_work_not_a_verdict(tmp_path):
     engine = SlowCaseDouble(delay=0.6)
     campaign = Campaign(engine, tmp_path, oracles=("promise",), deadline=time.monotonic() + 0.3)
-    counts = run_given(campaign, [("fast.json", _case("fast")), ("slow.json", _case("slow")), ("after.json", _case("after"))], deadline=campaign.deadline)
+    counts = run_given(
+        campaign,
+        [("fast.json", _case("fast")), ("slow.json", _case("slow")), ("after.json", _case("after"))],
+        deadline=campaign.deadline,
+    )
     assert engine.ran == ["fast", "slow"]
-    assert {k: counts[k] for k in ("given", "run", "cut_at_deadline", "harness_error", "not_started")} == {"given": 3, "run": 1, "cut_at_deadline": 1, "harness_error": 0, "not_started": 1}
-    assert counts["unfinished"] == [{"path": "slow.json", "why": "cut_at_deadline"}, {"path": "after.json", "why": "not_started"}]
-    code, line = outcome(execs=campaign.stats.execs, harness_errors=campaign.stats.harness_errors, new_findings=0, cases=counts)
+    assert {k: counts[k] for k in ("given", "run", "cut_at_deadline", "harness_error", "not_started")} == {
+        "given": 3,
+        "run": 1,
+        "cut_at_deadline": 1,
+        "harness_error": 0,
+        "not_started": 1,
+    }
+    assert counts["unfinished"] == [
+        {"path": "slow.json", "why": "cut_at_deadline"},
+        {"path": "after.json", "why": "not_started"},
+    ]
+    code, line = outcome(
+        execs=campaign.stats.execs, harness_errors=campaign.stats.harness_errors, new_findings=0, cases=counts
+    )
     assert code == EXIT_HARNESS and "no finding" not in line
-    assert "2 of 3 --case file(s) not run to completion: slow.json (cut at the deadline), after.json (not started)" in line
+    assert (
+        "2 of 3 --case file(s) not run to completion: slow.json (cut at the deadline), after.json (not started)" in line
+    )
 
 
 def test_outcome_of_case_files_every_branch():
     every = {"given": 2, "run": 2, "cut_at_deadline": 0, "harness_error": 0, "not_started": 0, "unfinished": []}
-    cut = {"given": 2, "run": 1, "cut_at_deadline": 1, "harness_error": 0, "not_started": 0, "unfinished": [{"path": "b\x1b[2J.json", "why": "cut_at_deadline"}]}
+    cut = {
+        "given": 2,
+        "run": 1,
+        "cut_at_deadline": 1,
+        "harness_error": 0,
+        "not_started": 0,
+        "unfinished": [{"path": "b\x1b[2J.json", "why": "cut_at_deadline"}],
+    }
     assert outcome(execs=2, harness_errors=0, new_findings=0, cases=every) == (EXIT_OK, "ran; no finding")
     code, line = outcome(execs=2, harness_errors=0, new_findings=0, cases=cut)
-    assert code == EXIT_HARNESS and "1 of 2 --case file(s)" in line and "\x1b" not in line and "'b\\x1b[2J.json'" in line
+    assert (
+        code == EXIT_HARNESS and "1 of 2 --case file(s)" in line and "\x1b" not in line and "'b\\x1b[2J.json'" in line
+    )
     code, line = outcome(execs=2, harness_errors=0, new_findings=1, cases=cut)
     assert code == EXIT_FINDINGS and "1 finding(s) written" in line and "1 of 2 --case file(s)" in line
 
@@ -200,20 +272,33 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     """The CLI end to end with a test double engine in place of the worker:
     two case files, the second cut by --max-time; never exit 0."""
     import engine_adapter
-
     import fuzz.runner
     import kvspec.commands.fuzz as fuzz_cmd
 
     double = SlowCaseDouble(delay=1.6)
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(engine_adapter, "open_engine", lambda name, **k: double)
-    monkeypatch.setattr(fuzz.runner, "open_engine", lambda name, **k: double)  # bound there when an earlier test imported it
+    monkeypatch.setattr(
+        fuzz.runner, "open_engine", lambda name, **k: double
+    )  # bound there when an earlier test imported it
     monkeypatch.setattr(fuzz_cmd, "unusable_engine", lambda engines: None)
     files = []
     for name in ("fast", "slow"):
         files.append(tmp_path / f"{name}.json")
         files[-1].write_text(json.dumps(case_to_dict(_case(name))))
-    argv = ["fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--max-time", "3", "--out", str(tmp_path / "out"), "--json"]
+    argv = [
+        "fuzz",
+        "--engine",
+        "vllm==0.33.0",
+        "--driver",
+        "cases",
+        "--no-z3-seeds",
+        "--max-time",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+    ]
     for f in files:
         argv += ["--case", str(f)]
     t0 = time.monotonic()
@@ -221,24 +306,47 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     assert time.monotonic() - t0 < 3 + 2  # --max-time, and a margin for a loaded machine
     out = capsys.readouterr()
     summary = json.loads(out.out)
-    assert summary["case_files"]["given"] == 2 and summary["case_files"]["run"] == 1 and summary["case_files"]["cut_at_deadline"] == 1
-    assert double.ran[0] == "fast" and double.ran[-1] == "slow" and set(double.ran) == {"fast", "slow"}  # the --case files, in order (an oracle may run one twice)
+    assert (
+        summary["case_files"]["given"] == 2
+        and summary["case_files"]["run"] == 1
+        and summary["case_files"]["cut_at_deadline"] == 1
+    )
+    assert (
+        double.ran[0] == "fast" and double.ran[-1] == "slow" and set(double.ran) == {"fast", "slow"}
+    )  # the --case files, in order (an oracle may run one twice)
     assert summary["findings"] == []
     last = out.err.strip().splitlines()[-1]
-    assert last.startswith("kvspec fuzz: exit 3: harness failed: 1 of 2 --case file(s) not run to completion:") and f"{files[1]} (cut at the deadline)" in last
+    assert (
+        last.startswith("kvspec fuzz: exit 3: harness failed: 1 of 2 --case file(s) not run to completion:")
+        and f"{files[1]} (cut at the deadline)" in last
+    )
     double.ran.clear()
-    assert kvspec([a for a in argv if a != "--json"] + ["--out", str(tmp_path / "out2")]) == EXIT_HARNESS  # the table names the counts too
-    assert "--case files: 2 given, 1 run, 1 cut at the deadline, 0 a harness error, 0 not started" in capsys.readouterr().out
+    assert (
+        kvspec([a for a in argv if a != "--json"] + ["--out", str(tmp_path / "out2")]) == EXIT_HARNESS
+    )  # the table names the counts too
+    assert (
+        "--case files: 2 given, 1 run, 1 cut at the deadline, 0 a harness error, 0 not started"
+        in capsys.readouterr().out
+    )
 
 
 def test_ray_workers_case_files_merge_run_when_any_worker_ran_it():
     from fuzz.ray_runner import _case_files
 
     names = ["a.json", "b.json", "c.json"]
-    first = {"given": 3, "unfinished": [{"path": "b.json", "why": "cut_at_deadline"}, {"path": "c.json", "why": "not_started"}]}
+    first = {
+        "given": 3,
+        "unfinished": [{"path": "b.json", "why": "cut_at_deadline"}, {"path": "c.json", "why": "not_started"}],
+    }
     second = {"given": 3, "unfinished": [{"path": "c.json", "why": "harness_error"}]}
     merged = _case_files([first, None, second], names)
-    assert {k: merged[k] for k in ("given", "run", "cut_at_deadline", "harness_error", "not_started")} == {"given": 3, "run": 2, "cut_at_deadline": 0, "harness_error": 1, "not_started": 0}
+    assert {k: merged[k] for k in ("given", "run", "cut_at_deadline", "harness_error", "not_started")} == {
+        "given": 3,
+        "run": 2,
+        "cut_at_deadline": 0,
+        "harness_error": 1,
+        "not_started": 0,
+    }
     assert merged["unfinished"] == [{"path": "c.json", "why": "harness_error"}]  # the furthest a worker got
     assert _case_files([None, None], names)["not_started"] == 3  # every worker died: none ran
     assert _case_files([first], []) is None
@@ -330,7 +438,21 @@ def test_real_engine_two_case_files_and_a_tiny_deadline_exit_3(tmp_path):
     within the deadline plus a few seconds."""
     cases = [ROOT / "examples" / "seed-53504.json", ROOT / "examples" / "r2-block-aligned-extension.json"]
     env = {**os.environ, "KVSPEC_WARM": "0"}
-    cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--max-time", "3", "--out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvspec.cli",
+        "fuzz",
+        "--engine",
+        "vllm==0.33.0",
+        "--driver",
+        "cases",
+        "--no-z3-seeds",
+        "--max-time",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     for c in cases:
         cmd += ["--case", str(c)]
     t0 = time.monotonic()
@@ -347,8 +469,12 @@ def test_fuzz_help_states_the_accounting_rules(capsys):
         kvspec(["fuzz", "--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for rule in ("If any was not run to completion the exit is 3, with one line naming how many and which, never 0",
-                 "a finding written still gives 1", "--jobs is at most 2 per core of this machine", "nothing is started past it"):
+    for rule in (
+        "If any was not run to completion the exit is 3, with one line naming how many and which, never 0",
+        "a finding written still gives 1",
+        "--jobs is at most 2 per core of this machine",
+        "nothing is started past it",
+    ):
         assert rule in text, rule
 
 
@@ -414,7 +540,18 @@ def test_a_disk_that_fills_up_mid_campaign_is_exit_3_in_one_line(tmp_path, monke
     monkeypatch.setattr(fuzz.findings, "write_finding", fill_up)
     monkeypatch.setattr(fuzz.findings, "write_harness_error", full)  # the disk is full for it too
     seed = json.loads((Path(__file__).resolve().parents[2] / "examples/seed-53504.json").read_text())
-    argv = ["fuzz", "--engine", "vllm==0.29.0", "--driver", "cases", "--no-z3-seeds", "--max-time", "60", "--out", str(tmp_path / "out")]
+    argv = [
+        "fuzz",
+        "--engine",
+        "vllm==0.29.0",
+        "--driver",
+        "cases",
+        "--no-z3-seeds",
+        "--max-time",
+        "60",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     for name, length in (("one", 11910), ("two", 9000)):
         seed["name"] = name
         seed["trace"] = [{"prompt": [{"segment": "A", "length": length}]}] * 3

@@ -42,10 +42,14 @@ def test_redaction_keeps_option_names_and_drops_values():
     assert redact_values(f"--api-key={SECRET} {SECRET} -x -3") == "--api-key=... ... -x ..."
 
 
-@pytest.mark.parametrize("argv", [
-    ["advise", "case.json", "--server", f"http://user:{SECRET}@127.0.0.1:9"],
-    ["advise", "--model", "qwen3_next", "--server", f"https://{SECRET}@127.0.0.1:9/v1"],
-], ids=["case+server", "model+server"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["advise", "case.json", "--server", f"http://user:{SECRET}@127.0.0.1:9"],
+        ["advise", "--model", "qwen3_next", "--server", f"https://{SECRET}@127.0.0.1:9/v1"],
+    ],
+    ids=["case+server", "model+server"],
+)
 def test_a_server_password_is_not_echoed_by_a_source_conflict(argv, capsys):
     # Two sources (a case file and --server) are one line naming both; the
     # URL's user:password@ part is masked there as in every --server error.

@@ -30,31 +30,82 @@ import pytest
 
 from engine_adapter.models import load_config
 from engine_adapter.models.served import MAMBA_KIND, model_config_dict
+from ground.errors import InvalidArgument, Unsupported
 from ground.home import REPO_ROOT
 from reference.deployment import Deployment, parse_deployment
-from ground.errors import InvalidArgument, Unsupported
 from reference.model_config import MAX_DIMENSION, MAX_LAYERS
 from reference.vllm_flags import FLAGS
 
 #: Flags that load code, data or a model by name, or start a server (vLLM 0.33.0).
 REFUSED_FLAGS = (
-    "--trust-remote-code", "--compilation-config", "--kv-transfer-config", "--hf-overrides", "--worker-cls",
-    "--worker-extension-cls", "--scheduler-cls", "--logits-processors", "--tool-parser-plugin", "--chat-template",
-    "--tokenizer", "--download-dir", "--config", "--model", "--host", "--port", "--api-key", "--served-model-name",
-    "--model-loader-extra-config", "--additional-config", "--reasoning-parser-plugin", "--io-processor-plugin",
-    "--hf-config-path", "--revision", "--code-revision", "--spec-model", "--spec-method", "--attention-backend",
-    "--quantization", "--pooler-config", "--kv-events-config", "--ec-transfer-config", "--profiler-config",
-    "--structured-outputs-config", "--optimization-level", "--distributed-executor-backend",
+    "--trust-remote-code",
+    "--compilation-config",
+    "--kv-transfer-config",
+    "--hf-overrides",
+    "--worker-cls",
+    "--worker-extension-cls",
+    "--scheduler-cls",
+    "--logits-processors",
+    "--tool-parser-plugin",
+    "--chat-template",
+    "--tokenizer",
+    "--download-dir",
+    "--config",
+    "--model",
+    "--host",
+    "--port",
+    "--api-key",
+    "--served-model-name",
+    "--model-loader-extra-config",
+    "--additional-config",
+    "--reasoning-parser-plugin",
+    "--io-processor-plugin",
+    "--hf-config-path",
+    "--revision",
+    "--code-revision",
+    "--spec-model",
+    "--spec-method",
+    "--attention-backend",
+    "--quantization",
+    "--pooler-config",
+    "--kv-events-config",
+    "--ec-transfer-config",
+    "--profiler-config",
+    "--structured-outputs-config",
+    "--optimization-level",
+    "--distributed-executor-backend",
 )
 #: ``--speculative-config`` keys that load code or a model, or are no cache setting.
 REFUSED_SPEC_KEYS = (
-    "trust_remote_code", "auto_map", "model", "tokenizer", "revision", "code_revision", "quantization",
-    "draft_load_config", "target_model_config", "draft_model_config", "kv_connector_module_path",
-    "proposer_cls", "class_name", "drafter_qualname", "attention_backend", "moe_backend",
+    "trust_remote_code",
+    "auto_map",
+    "model",
+    "tokenizer",
+    "revision",
+    "code_revision",
+    "quantization",
+    "draft_load_config",
+    "target_model_config",
+    "draft_model_config",
+    "kv_connector_module_path",
+    "proposer_cls",
+    "class_name",
+    "drafter_qualname",
+    "attention_backend",
+    "moe_backend",
 )
 #: Model config keys that name code to import.
-REFUSED_CONFIG_KEYS = ("auto_map", "trust_remote_code", "custom_pipelines", "tokenizer_class", "processor_class",
-                       "kv_connector_module_path", "worker_cls", "inductor_qualname", "Auto_Map")
+REFUSED_CONFIG_KEYS = (
+    "auto_map",
+    "trust_remote_code",
+    "custom_pipelines",
+    "tokenizer_class",
+    "processor_class",
+    "kv_connector_module_path",
+    "worker_cls",
+    "inductor_qualname",
+    "Auto_Map",
+)
 
 
 def dep(args=(), overrides=None, model="qwen3_next") -> dict:
@@ -76,7 +127,15 @@ def refused(raw: dict) -> str:
 def spellings(flag: str) -> list[list[str]]:
     """Every way vLLM's parser reads ``flag`` with a value."""
     body = flag[2:]
-    out = [[flag], [flag, "x"], [f"{flag}=x"], ["--" + body.replace("-", "_"), "x"], ["--" + body.replace("-", "_") + "=x"], [flag + ".key", "1"], [flag + ".key=1"]]
+    out = [
+        [flag],
+        [flag, "x"],
+        [f"{flag}=x"],
+        ["--" + body.replace("-", "_"), "x"],
+        ["--" + body.replace("-", "_") + "=x"],
+        [flag + ".key", "1"],
+        [flag + ".key=1"],
+    ]
     if len(body) > 4:
         out.append([flag[:-2], "x"])  # an argparse abbreviation
         out.append([(flag[:-2]).replace("-", "_") + "=x"])
@@ -93,8 +152,25 @@ def test_every_spelling_of_a_refused_flag_is_refused_naming_its_index(flag, form
     assert "allowed: " in text and "--block-size" in text
 
 
-@pytest.mark.parametrize("form", [["-O3"], ["-O", "3"], ["-O=3"], ["-cc", "{}"], ["-q", "fp8"], ["-qfp8"], ["--"], ["-tp2"], ["-n", "2"], ["--help"],
-                                  ["--config=/tmp/x.yaml"], ["--ENABLE-PREFIX-CACHING"], ["--enable-prefix-caching "], ["--trust-remote-code", "--enable-prefix-caching"]])
+@pytest.mark.parametrize(
+    "form",
+    [
+        ["-O3"],
+        ["-O", "3"],
+        ["-O=3"],
+        ["-cc", "{}"],
+        ["-q", "fp8"],
+        ["-qfp8"],
+        ["--"],
+        ["-tp2"],
+        ["-n", "2"],
+        ["--help"],
+        ["--config=/tmp/x.yaml"],
+        ["--ENABLE-PREFIX-CACHING"],
+        ["--enable-prefix-caching "],
+        ["--trust-remote-code", "--enable-prefix-caching"],
+    ],
+)
 def test_short_and_odd_spellings_are_refused(form):
     text = refused(dep(form))
     assert text.startswith(f"deployment.vllm_args[1]={form[0]!r}: "), text
@@ -104,11 +180,18 @@ def test_an_abbreviation_of_an_allowed_flag_and_a_dotted_negative_number_are_ref
     assert "an abbreviation" in refused(dep(["--enable-prefix"]))
     assert "an abbreviation" in refused(dep(["--max-num-batched", "8192"]))
     # vLLM's parser reads "-1.5" as a dotted key that swallows the next token
-    assert refused(dep(["--seed", "-1.5", "--enforce-eager"])).startswith("deployment.vllm_args[1]='--seed': --seed takes a value")
+    assert refused(dep(["--seed", "-1.5", "--enforce-eager"])).startswith(
+        "deployment.vllm_args[1]='--seed': --seed takes a value"
+    )
 
 
 def test_a_benign_config_field_that_only_looks_like_code_is_accepted():
-    assert parse_deployment(dep(overrides={"classifier_dropout": 0.0, "num_labels": 2})).model_overrides["classifier_dropout"] == 0.0
+    assert (
+        parse_deployment(dep(overrides={"classifier_dropout": 0.0, "num_labels": 2})).model_overrides[
+            "classifier_dropout"
+        ]
+        == 0.0
+    )
 
 
 @pytest.mark.parametrize("model", ["/tmp/\x1b[2Jx/config.json", "/tmp/a\u202eb/config.json", "/tmp/a\nb.json"])
@@ -117,15 +200,29 @@ def test_a_model_path_with_control_or_format_characters_is_refused(model):
 
 
 def test_a_refused_flag_anywhere_in_the_list_is_found():
-    args = ["--block-size", "64", "--tensor-parallel-size", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}', "--trust_remote_code"]
+    args = [
+        "--block-size",
+        "64",
+        "--tensor-parallel-size",
+        "2",
+        "--speculative-config",
+        '{"method":"mtp","num_speculative_tokens":1}',
+        "--trust_remote_code",
+    ]
     assert refused(dep(args)).startswith("deployment.vllm_args[7]='--trust_remote_code': loads code")
 
 
 def test_a_token_that_is_no_flag_and_no_value_is_refused():
-    assert refused(dep(["--enforce-eager", "--trust-remote-code"])).startswith("deployment.vllm_args[2]='--trust-remote-code'")
+    assert refused(dep(["--enforce-eager", "--trust-remote-code"])).startswith(
+        "deployment.vllm_args[2]='--trust-remote-code'"
+    )
     assert refused(dep(["--enforce-eager", "true"])).startswith("deployment.vllm_args[2]='true': a value with no flag")
-    assert refused(dep(["--enforce-eager=1"])).startswith("deployment.vllm_args[1]='--enforce-eager=1': --enforce-eager takes no value")
-    assert refused(dep(["--block-size"])).startswith("deployment.vllm_args[1]='--block-size': --block-size takes a value")
+    assert refused(dep(["--enforce-eager=1"])).startswith(
+        "deployment.vllm_args[1]='--enforce-eager=1': --enforce-eager takes no value"
+    )
+    assert refused(dep(["--block-size"])).startswith(
+        "deployment.vllm_args[1]='--block-size': --block-size takes a value"
+    )
 
 
 @pytest.mark.parametrize("key", REFUSED_SPEC_KEYS)
@@ -139,39 +236,73 @@ def test_a_speculative_config_key_that_loads_code_is_refused(key, spelling):
     assert "allowed keys: method, num_speculative_tokens" in text
 
 
-@pytest.mark.parametrize("config,field", [
-    ({"method": "custom_class", "num_speculative_tokens": 1}, "method"),
-    ({"method": "evil_mod.Evil", "num_speculative_tokens": 1}, "method"),
-    ({"method": "draft_model", "num_speculative_tokens": 1}, "method"),
-    ({"method": "mtp", "num_speculative_tokens": 10**9}, "num_speculative_tokens"),
-    ({"method": "mtp", "num_speculative_tokens": True}, "num_speculative_tokens"),
-    ({"method": "mtp", "num_speculative_tokens": 1, "kv_cache_dtype": "a.b"}, "kv_cache_dtype"),
-    ({"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": "yes"}, "disable_lookahead_block_hashes"),
-])
+@pytest.mark.parametrize(
+    "config,field",
+    [
+        ({"method": "custom_class", "num_speculative_tokens": 1}, "method"),
+        ({"method": "evil_mod.Evil", "num_speculative_tokens": 1}, "method"),
+        ({"method": "draft_model", "num_speculative_tokens": 1}, "method"),
+        ({"method": "mtp", "num_speculative_tokens": 10**9}, "num_speculative_tokens"),
+        ({"method": "mtp", "num_speculative_tokens": True}, "num_speculative_tokens"),
+        ({"method": "mtp", "num_speculative_tokens": 1, "kv_cache_dtype": "a.b"}, "kv_cache_dtype"),
+        (
+            {"method": "mtp", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": "yes"},
+            "disable_lookahead_block_hashes",
+        ),
+    ],
+)
 def test_a_speculative_config_value_out_of_its_type_is_refused(config, field):
     assert refused(dep(["--speculative-config", json.dumps(config)])).startswith(f"deployment.vllm_args[2].{field}=")
 
 
-@pytest.mark.parametrize("value", ["mtp", "[1]", "NaN", '{"method": NaN}', "{" * 3000, '{"a":' * 600 + "1" + "}" * 600, ""])
+@pytest.mark.parametrize(
+    "value", ["mtp", "[1]", "NaN", '{"method": NaN}', "{" * 3000, '{"a":' * 600 + "1" + "}" * 600, ""]
+)
 def test_a_speculative_config_that_is_no_json_object_is_refused(value):
-    assert refused(dep(["--speculative-config", value])).startswith(("deployment.vllm_args[2]=", "deployment.vllm_args[2].a="))
+    assert refused(dep(["--speculative-config", value])).startswith(
+        ("deployment.vllm_args[2]=", "deployment.vllm_args[2].a=")
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ["--block-size", str(2**21)], ["--block-size=8000000000"], ["--mamba-block-size", "2M"], ["--max-num-batched-tokens", "2m"],
-    ["--max-num-seqs", "1G"], ["-tp", "4096"], ["--max-model-len", "1T"], ["--prefix-cache-retention-interval", str(2**40)],
-    ["--load-format", "auto"], ["--load-format=tensorizer"], ["--max-num-seqs", "1_000_000_000"], ["--block-size", "\uff11\uff16"],
-    ["--max-num-batched-tokens", "2M"], ["--block-size", "1" * 40], ["--max-model-len", "+99999999999"],
-    ["--kv-offloading-size", "0"], ["--kv-offloading-size", "1025"], ["--kv-offloading-size", "1e3"], ["--kv-offloading-size", "nan"],
-    ["--kv-offloading-size", "-1"], ["--kv-offloading-size", "4G"], ["--kv-offloading-size=\uff14"], ["--kv-offloading-backend", "lmcache"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--block-size", str(2**21)],
+        ["--block-size=8000000000"],
+        ["--mamba-block-size", "2M"],
+        ["--max-num-batched-tokens", "2m"],
+        ["--max-num-seqs", "1G"],
+        ["-tp", "4096"],
+        ["--max-model-len", "1T"],
+        ["--prefix-cache-retention-interval", str(2**40)],
+        ["--load-format", "auto"],
+        ["--load-format=tensorizer"],
+        ["--max-num-seqs", "1_000_000_000"],
+        ["--block-size", "\uff11\uff16"],
+        ["--max-num-batched-tokens", "2M"],
+        ["--block-size", "1" * 40],
+        ["--max-model-len", "+99999999999"],
+        ["--kv-offloading-size", "0"],
+        ["--kv-offloading-size", "1025"],
+        ["--kv-offloading-size", "1e3"],
+        ["--kv-offloading-size", "nan"],
+        ["--kv-offloading-size", "-1"],
+        ["--kv-offloading-size", "4G"],
+        ["--kv-offloading-size=\uff14"],
+        ["--kv-offloading-backend", "lmcache"],
+    ],
+)
 def test_a_size_flag_past_its_limit_or_a_fixed_flag_off_its_value_is_refused(args):
     text = refused(dep(args))
     assert text.startswith("deployment.vllm_args[1]=") or text.startswith("deployment.vllm_args[2]="), text
 
 
 def test_the_offloading_connector_flags_are_accepted_within_their_bounds():
-    for args in (["--kv-offloading-size", "4"], ["--kv-offloading-size=0.5", "--kv-offloading-backend", "native"], ["--kv_offloading_size", "1024"]):
+    for args in (
+        ["--kv-offloading-size", "4"],
+        ["--kv-offloading-size=0.5", "--kv-offloading-backend", "native"],
+        ["--kv_offloading_size", "1024"],
+    ):
         assert parse_deployment({"model": "qwen3_next", "vllm_args": args}).vllm_args == tuple(args)
 
 
@@ -187,21 +318,24 @@ def test_a_code_loading_key_in_model_overrides_is_refused(key):
     assert nested.startswith(f"deployment.model_overrides.text_config.{key}="), nested
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"num_hidden_layers": MAX_LAYERS + 1}, "num_hidden_layers"),
-    ({"num_hidden_layers": 2**31}, "num_hidden_layers"),
-    ({"num_hidden_layers": 10**7}, "num_hidden_layers"),
-    ({"mtp_num_hidden_layers": 5000}, "mtp_num_hidden_layers"),
-    ({"layer_types": ["linear_attention"] * (MAX_LAYERS + 1)}, "layer_types"),
-    ({"hybrid_override_pattern": "M" * (MAX_LAYERS + 1)}, "hybrid_override_pattern"),
-    ({"hidden_size": MAX_DIMENSION + 1}, "hidden_size"),
-    ({"linear_num_value_heads": 2**31}, "linear_num_value_heads"),
-    ({"linear_key_head_dim": 2**24}, "linear_key_head_dim"),
-    ({"mamba_d_state": 2**30}, "mamba_d_state"),
-    ({"text_config": {"num_hidden_layers": 10**6}}, "text_config.num_hidden_layers"),
-    ({"architectures": ["os.system"]}, "architectures"),
-    ({"architectures": "Qwen3NextForCausalLM"}, "architectures"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"num_hidden_layers": MAX_LAYERS + 1}, "num_hidden_layers"),
+        ({"num_hidden_layers": 2**31}, "num_hidden_layers"),
+        ({"num_hidden_layers": 10**7}, "num_hidden_layers"),
+        ({"mtp_num_hidden_layers": 5000}, "mtp_num_hidden_layers"),
+        ({"layer_types": ["linear_attention"] * (MAX_LAYERS + 1)}, "layer_types"),
+        ({"hybrid_override_pattern": "M" * (MAX_LAYERS + 1)}, "hybrid_override_pattern"),
+        ({"hidden_size": MAX_DIMENSION + 1}, "hidden_size"),
+        ({"linear_num_value_heads": 2**31}, "linear_num_value_heads"),
+        ({"linear_key_head_dim": 2**24}, "linear_key_head_dim"),
+        ({"mamba_d_state": 2**30}, "mamba_d_state"),
+        ({"text_config": {"num_hidden_layers": 10**6}}, "text_config.num_hidden_layers"),
+        ({"architectures": ["os.system"]}, "architectures"),
+        ({"architectures": "Qwen3NextForCausalLM"}, "architectures"),
+    ],
+)
 def test_layers_and_dimensions_past_the_limits_are_refused(overrides, field):
     assert refused(dep(overrides=overrides)).startswith(f"deployment.model_overrides.{field}=")
 
@@ -214,13 +348,16 @@ def _config_file(tmp_path: Path, **fields) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fields,field", [
-    ({"auto_map": {"AutoConfig": "evil_mod.EvilConfig"}}, "auto_map"),
-    ({"text_config": {"auto_map": {"AutoConfig": "evil_mod.EvilConfig"}}}, "text_config.auto_map"),
-    ({"trust_remote_code": True}, "trust_remote_code"),
-    ({"num_hidden_layers": 10**7}, "num_hidden_layers"),
-    ({"linear_num_value_heads": 2**30}, "linear_num_value_heads"),
-])
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        ({"auto_map": {"AutoConfig": "evil_mod.EvilConfig"}}, "auto_map"),
+        ({"text_config": {"auto_map": {"AutoConfig": "evil_mod.EvilConfig"}}}, "text_config.auto_map"),
+        ({"trust_remote_code": True}, "trust_remote_code"),
+        ({"num_hidden_layers": 10**7}, "num_hidden_layers"),
+        ({"linear_num_value_heads": 2**30}, "linear_num_value_heads"),
+    ],
+)
 def test_a_config_json_is_held_to_the_same_rules_before_vllm_reads_it(tmp_path, fields, field):
     path = _config_file(tmp_path, **fields)
     with pytest.raises(InvalidArgument) as e:
@@ -228,7 +365,16 @@ def test_a_config_json_is_held_to_the_same_rules_before_vllm_reads_it(tmp_path, 
     assert str(e.value).startswith(f"deployment.model={str(path)!r}: config.json field.{field}="), str(e.value)
 
 
-@pytest.mark.parametrize("text", ["[" * 200_000, '{"a":' * 50_000 + "1" + "}" * 50_000, json.dumps({"architectures": ["Qwen3NextForCausalLM"], "rope_scaling": json.loads('{"a":' * 20 + "1" + "}" * 20)})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 200_000,
+        '{"a":' * 50_000 + "1" + "}" * 50_000,
+        json.dumps(
+            {"architectures": ["Qwen3NextForCausalLM"], "rope_scaling": json.loads('{"a":' * 20 + "1" + "}" * 20)}
+        ),
+    ],
+)
 def test_a_config_json_too_deep_or_not_json_is_one_line(tmp_path, text):
     path = tmp_path / "config.json"
     path.write_text(text)
@@ -239,7 +385,10 @@ def test_a_config_json_too_deep_or_not_json_is_one_line(tmp_path, text):
 
 def test_a_config_json_or_override_of_an_unknown_architecture_is_refused_before_vllm(tmp_path):
     path = _config_file(tmp_path, architectures=["EvilForCausalLM"])
-    with pytest.raises(Unsupported, match=r"^deployment.model architectures\[0\]='EvilForCausalLM': not an architecture kvspec knows; allowed: "):
+    with pytest.raises(
+        Unsupported,
+        match=r"^deployment.model architectures\[0\]='EvilForCausalLM': not an architecture kvspec knows; allowed: ",
+    ):
         model_config_dict(Deployment(str(path)))
     with pytest.raises(Unsupported, match=r"architectures\[0\]='LlamaForCausalLM'"):
         model_config_dict(parse_deployment(dep(overrides={"architectures": ["LlamaForCausalLM"]})))
@@ -252,7 +401,10 @@ def test_a_config_json_or_override_of_an_unknown_architecture_is_refused_before_
 def test_every_shipped_example_and_conformance_case_still_parses():
     from fuzz.findings import load_finding
 
-    paths = sorted(glob.glob(str(REPO_ROOT / "examples" / "**" / "*.json"), recursive=True) + glob.glob(str(REPO_ROOT / "tests" / "conformance" / "cases" / "**" / "*.json"), recursive=True))
+    paths = sorted(
+        glob.glob(str(REPO_ROOT / "examples" / "**" / "*.json"), recursive=True)
+        + glob.glob(str(REPO_ROOT / "tests" / "conformance" / "cases" / "**" / "*.json"), recursive=True)
+    )
     assert len(paths) >= 50
     deployments = 0
     for p in paths:
@@ -261,15 +413,31 @@ def test_every_shipped_example_and_conformance_case_still_parses():
     assert deployments >= 10
 
 
-@pytest.mark.parametrize("args", [
-    ["--enable_prefix_caching"], ["-tp", "2"], ["-tp=2"], ["--tensor-parallel-size=2"], ["--seed", "-1"], ["--max-model-len", "-1"],
-    ["--max-model-len", "32k"], ["--block-size", "1024"], ["--prefix-cache-retention-interval", "None"],
-    ["--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}'],
-    ["--speculative-config", '{"method":"qwen3_next_mtp","num_speculative_tokens":1}'],
-    ["--no-enable-prefix-caching"], ["--disable-chunked-prefill"], ["--async-scheduling"], ["--enforce-eager"],
-    ["--gpu-memory-utilization", "0.9"], ["--dtype", "bfloat16"], ["--mamba-ssm-cache-dtype", "float32"], ["--scheduling-policy", "priority"],
-    ["--load-format", "dummy", "--skip-tokenizer-init", "--mamba-cache-mode", "align"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--enable_prefix_caching"],
+        ["-tp", "2"],
+        ["-tp=2"],
+        ["--tensor-parallel-size=2"],
+        ["--seed", "-1"],
+        ["--max-model-len", "-1"],
+        ["--max-model-len", "32k"],
+        ["--block-size", "1024"],
+        ["--prefix-cache-retention-interval", "None"],
+        ["--speculative-config", '{"method":"mtp","num_speculative_tokens":2,"disable_lookahead_block_hashes":true}'],
+        ["--speculative-config", '{"method":"qwen3_next_mtp","num_speculative_tokens":1}'],
+        ["--no-enable-prefix-caching"],
+        ["--disable-chunked-prefill"],
+        ["--async-scheduling"],
+        ["--enforce-eager"],
+        ["--gpu-memory-utilization", "0.9"],
+        ["--dtype", "bfloat16"],
+        ["--mamba-ssm-cache-dtype", "float32"],
+        ["--scheduling-policy", "priority"],
+        ["--load-format", "dummy", "--skip-tokenizer-init", "--mamba-cache-mode", "align"],
+    ],
+)
 def test_a_cache_setting_in_any_spelling_is_accepted(args):
     assert parse_deployment(dep(args)).vllm_args[1:] == tuple(args)
 
@@ -281,9 +449,16 @@ def test_the_generators_draws_and_the_live_servers_flags_still_pass():
 
     for seed in range(300):
         rng = random.Random(seed)
-        case = g.build_deployment_case(RandomChooser(random.Random(seed)), lambda d: {"block": rng.choice([64, 256, 544, 2048]), "hash": 16, "max_model_len": 32768})
+        case = g.build_deployment_case(
+            RandomChooser(random.Random(seed)),
+            lambda d: {"block": rng.choice([64, 256, 544, 2048]), "hash": 16, "max_model_len": 32768},
+        )
         assert case.deployment is not None
-    server = server_deployment(ServerConfig(speculative_config='{"method":"mtp","num_speculative_tokens":2}', block_size=256, retention_interval=256))
+    server = server_deployment(
+        ServerConfig(
+            speculative_config='{"method":"mtp","num_speculative_tokens":2}', block_size=256, retention_interval=256
+        )
+    )
     assert parse_deployment({**server, "model": "/tmp/tiny/config.json"}).vllm_args == tuple(server["vllm_args"])
     assert "--load-format" in FLAGS and "--skip-tokenizer-init" in FLAGS
 
@@ -293,7 +468,14 @@ def test_the_generators_draws_and_the_live_servers_flags_still_pass():
 
 def _cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "kvspec.cli", *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _evil_model(tmp_path: Path) -> tuple[Path, Path]:
@@ -317,7 +499,19 @@ def _one_refusal(p: subprocess.CompletedProcess) -> str:
 
 def test_trust_remote_code_with_an_auto_map_config_is_refused_before_any_engine(tmp_path):
     config, marker = _evil_model(tmp_path)
-    line = _one_refusal(_cli("resolve", "--model", str(config), "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching", "--trust-remote-code", timeout=120))
+    line = _one_refusal(
+        _cli(
+            "resolve",
+            "--model",
+            str(config),
+            "--engine",
+            "vllm==0.33.0",
+            "--",
+            "--enable-prefix-caching",
+            "--trust-remote-code",
+            timeout=120,
+        )
+    )
     assert "deployment.vllm_args[1]='--trust-remote-code': loads code" in line
     assert not marker.exists()
 
@@ -327,8 +521,16 @@ def _evil_case(tmp_path: Path) -> tuple[Path, Path]:
     marker its module would write."""
     _, marker = _evil_model(tmp_path)
     case = tmp_path / "case.json"
-    case.write_text(json.dumps({"schema": 1, "name": "evil-config", "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
-                                "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]}}))
+    case.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "name": "evil-config",
+                "trace": [{"prompt": [{"segment": "A", "length": 100}]}],
+                "deployment": {"model": str(tmp_path), "vllm_args": ["--enable-prefix-caching"]},
+            }
+        )
+    )
     return case, marker
 
 
@@ -340,8 +542,23 @@ def test_a_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_pa
     # ~20 s later: the red-team re-probe).
     case, marker = _evil_case(tmp_path)
     out = tmp_path / "out"
-    argv = {"fuzz": ("fuzz", "--engine", "vllm==0.33.0", "--driver", "cases", "--no-z3-seeds", "--case", str(case), "--out", str(out), "--max-time", "30"),
-            "advise": ("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out))}[command]
+    argv = {
+        "fuzz": (
+            "fuzz",
+            "--engine",
+            "vllm==0.33.0",
+            "--driver",
+            "cases",
+            "--no-z3-seeds",
+            "--case",
+            str(case),
+            "--out",
+            str(out),
+            "--max-time",
+            "30",
+        ),
+        "advise": ("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out)),
+    }[command]
     line = _one_refusal(_cli(*argv, timeout=60))
     assert "config.json field.auto_map=" in line and "names code to import" in line
     assert not marker.exists() and not out.exists()
@@ -353,7 +570,9 @@ def test_an_auto_map_config_json_never_runs_its_module_in_the_engine(tmp_path):
 
     ensure_env("0.33.0")
     config, marker = _evil_model(tmp_path)
-    line = _one_refusal(_cli("resolve", "--model", str(config), "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching"))
+    line = _one_refusal(
+        _cli("resolve", "--model", str(config), "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching")
+    )
     assert "config.json field.auto_map=" in line and "names code to import" in line
     assert not marker.exists()
 
@@ -363,9 +582,21 @@ def test_a_geometry_past_the_case_limits_is_refused_by_resolve_not_printed(tmp_p
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")
-    case = {"schema": 1, "name": "huge-mamba-page", "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
-            "deployment": dep(overrides={"num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-                                         "linear_num_value_heads": 65536, "linear_num_key_heads": 65536, "linear_value_head_dim": 4096, "linear_key_head_dim": 4096})}
+    case = {
+        "schema": 1,
+        "name": "huge-mamba-page",
+        "trace": [{"prompt": [{"segment": "A", "length": 1}]}],
+        "deployment": dep(
+            overrides={
+                "num_hidden_layers": 4,
+                "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+                "linear_num_value_heads": 65536,
+                "linear_num_key_heads": 65536,
+                "linear_value_head_dim": 4096,
+                "linear_key_head_dim": 4096,
+            }
+        ),
+    }
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     line = _one_refusal(_cli("resolve", str(path), "--engine", "vllm==0.33.0"))
@@ -373,4 +604,3 @@ def test_a_geometry_past_the_case_limits_is_refused_by_resolve_not_printed(tmp_p
     for argv in (("run", str(path), "--engine", "vllm==0.33.0"), ("predict", str(path), "--as", "vllm==0.33.0")):
         line = _one_refusal(_cli(*argv))
         assert "outside kvspec's documented case limits" in line, (argv, line)
-

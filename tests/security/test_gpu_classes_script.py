@@ -18,7 +18,14 @@ BY_ONE = "stale-state"
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine_adapter.devcheck.gpu_classes", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "engine_adapter.devcheck.gpu_classes", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _one_line(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -45,4 +52,3 @@ def test_a_python_that_fails_is_one_line_before_any_server(tmp_path, python):
     proc = _script("--run", str(tmp_path / "out"), "--python", py, "--classes", BY_ONE)
     _one_line(proc, "--python=")
     assert not (tmp_path / "out" / BY_ONE / "server.log").exists()
-

@@ -31,14 +31,17 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.host import builds, environments, patches, source_files
-from ground.home import REPO_ROOT
 from ground.errors import InvalidArgument
+from ground.home import REPO_ROOT
 
 SOURCE = "".join(f"line {i}\n" for i in range(1, 21))
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"") for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture
@@ -64,8 +67,14 @@ def _one_line(e: pytest.ExceptionInfo, *needles: str) -> str:
 
 
 def _cli(args: list[str], home: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvspec.cli", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout,
-                          env=dict(os.environ, KVSPEC_HOME=str(home)))
+    return subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        env=dict(os.environ, KVSPEC_HOME=str(home)),
+    )
 
 
 def _assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -86,7 +95,9 @@ def _tree(root: Path, version: str | None = "0.33.0") -> Path:
     (pkg / "__init__.py").write_text("")
     (pkg / "x.py").write_text(SOURCE.replace("line 3\n", "line three\n"))
     if version:
-        (pkg / "_version.py").write_text(f"__version__ = version = '{version}'\n__version_tuple__ = version_tuple = (0, 33, 0)\n")
+        (pkg / "_version.py").write_text(
+            f"__version__ = version = '{version}'\n__version_tuple__ = version_tuple = (0, 33, 0)\n"
+        )
     return pkg
 
 
@@ -107,7 +118,9 @@ def test_a_symlink_out_of_the_tree_is_refused_in_one_line_naming_it(tmp_path, re
         link = root / "vllm"
     else:
         pkg = _tree(root)
-        link = {"file": pkg / "v1" / "leak.py", "folder": pkg / "v1" / "leak", "version_file": pkg / "_version.py"}[where]
+        link = {"file": pkg / "v1" / "leak.py", "folder": pkg / "v1" / "leak", "version_file": pkg / "_version.py"}[
+            where
+        ]
         if where == "version_file":
             link.unlink()
         link.symlink_to({"folder": secret / "pkg"}.get(where, secret / "secret.py"))
@@ -159,15 +172,19 @@ def test_a_tree_with_too_many_entries_is_refused(tmp_path, release_double, monke
 @pytest.mark.timeout(30)
 def test_the_version_is_read_from_vllm_s_own_version_file_as_text(tmp_path, release_double):
     # setuptools-scm's (vcs-versioning's) file as vLLM 0.32.0 and 0.33.0 ship it
-    scm = ("from __future__ import annotations\n\n__all__ = [\"__version__\", \"version\"]\n\nversion: str\n__version__: str\n"
-           "__version_tuple__: tuple[int | str, ...]\n\n__version__ = version = '0.33.0'\n__version_tuple__ = version_tuple = (0, 33, 0)\n\n__commit_id__ = commit_id = 'g5df63a720'\n")
+    scm = (
+        'from __future__ import annotations\n\n__all__ = ["__version__", "version"]\n\nversion: str\n__version__: str\n'
+        "__version_tuple__: tuple[int | str, ...]\n\n__version__ = version = '0.33.0'\n__version_tuple__ = version_tuple = (0, 33, 0)\n\n__commit_id__ = commit_id = 'g5df63a720'\n"
+    )
     assert source_files.version_in(scm) == "0.33.0"
     assert source_files.version_in('__version__ = "0.33.0.dev3+gabc"\n') == "0.33.0.dev3+gabc"
     assert source_files.version_in("version: str = '0.32.0'\n") == "0.32.0"
     assert source_files.version_in("x = 1\n") is None
     pkg = _tree(tmp_path / "src", version=None)
     marker = tmp_path / "ran"
-    (pkg / "_version.py").write_text(scm.replace("from __future__ import annotations\n", f"open({str(marker)!r}, 'w').close()\n"))
+    (pkg / "_version.py").write_text(
+        scm.replace("from __future__ import annotations\n", f"open({str(marker)!r}, 'w').close()\n")
+    )
     overlay = builds.overlay_from_tree(str(tmp_path / "src"))  # no --base: the tree's own version
     assert overlay.release == "0.33.0" and overlay.version.startswith("0.33.0+local.")
     assert not marker.exists()  # read, never run
@@ -182,7 +199,9 @@ def test_the_version_is_read_from_vllm_s_own_version_file_as_text(tmp_path, rele
 
 
 @pytest.mark.timeout(60)
-def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outside_it(tmp_path, release_double, monkeypatch):
+def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outside_it(
+    tmp_path, release_double, monkeypatch
+):
     pkg = _tree(tmp_path / "src")
     (pkg / "x.py").chmod(0o600)
     (pkg / "v1" / "new.py").write_text("b = 2\n")
@@ -192,7 +211,9 @@ def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outsi
     env = release_double.parents[2]
     (env / "bin").mkdir()
     (env / "bin" / "python").write_text("")
-    monkeypatch.setattr(environments, "_selftest", lambda version, import_only=False: {"double": True})  # a test double: no vLLM here
+    monkeypatch.setattr(
+        environments, "_selftest", lambda version, import_only=False: {"double": True}
+    )  # a test double: no vLLM here
     monkeypatch.setattr(environments, "fingerprint", lambda release: "double")
     before = _files(tmp_path)
     builds.build(overlay, progress=lambda line: None)
@@ -200,11 +221,16 @@ def test_a_0600_source_file_is_written_0600_in_the_build_and_nothing_lands_outsi
     assert (sp / "vllm" / "x.py").read_bytes() == (pkg / "x.py").read_bytes()
     assert stat.S_IMODE(os.stat(sp / "vllm" / "x.py").st_mode) == 0o600  # was 0644 (the release's file mode)
     assert stat.S_IMODE(os.stat(sp / "vllm" / "v1" / "new.py").st_mode) == 0o640  # a new file: 0644 & the source's
-    assert stat.S_IMODE(os.stat(release_double / "vllm" / "x.py").st_mode) != 0o600 and (release_double / "vllm" / "x.py").read_text() == SOURCE
+    assert (
+        stat.S_IMODE(os.stat(release_double / "vllm" / "x.py").st_mode) != 0o600
+        and (release_double / "vllm" / "x.py").read_text() == SOURCE
+    )
     after = _files(tmp_path)
     build_dir = environments.env_dir(overlay.version).relative_to(tmp_path).as_posix()
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-    assert changed and all(k.startswith(build_dir) or k.startswith("home/engines/.") or k.endswith(".lock") for k in changed), sorted(changed)[:10]
+    assert changed and all(
+        k.startswith(build_dir) or k.startswith("home/engines/.") or k.endswith(".lock") for k in changed
+    ), sorted(changed)[:10]
 
 
 @pytest.mark.timeout(30)
@@ -221,7 +247,9 @@ def test_the_cli_refuses_a_tree_with_a_link_out_in_one_line(tmp_path):
     (tmp_path / "secret").write_text("x")
     (pkg / "leak.py").symlink_to(tmp_path / "secret")
     proc = _cli(["check-build", "--engine", f"path:{tmp_path / 'src'}"], tmp_path / "home")
-    _assert_refused(proc, f"kvspec: --engine='path:{tmp_path / 'src'}': '{pkg / 'leak.py'}' is a symlink to '{tmp_path / 'secret'}'")
+    _assert_refused(
+        proc, f"kvspec: --engine='path:{tmp_path / 'src'}': '{pkg / 'leak.py'}' is a symlink to '{tmp_path / 'secret'}'"
+    )
 
 
 # ---------------------------------------------------------------- patches
@@ -234,16 +262,31 @@ def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
 
 
 HEADER_PROBES = [
-    ("--- a/vllm/x\x00.py\n+++ b/vllm/x\x00.py\n@@ -1 +1 @@\n-line 1\n+one\n", "line 1: path 'vllm/x\\x00.py' holds a control character"),
-    ("--- a/vllm/x.py\n+++ b/vllm/x\r.py\n@@ -1 +1 @@\n-line 1\n+one\n", "line 2: path 'vllm/x\\r.py' holds a control character"),
+    (
+        "--- a/vllm/x\x00.py\n+++ b/vllm/x\x00.py\n@@ -1 +1 @@\n-line 1\n+one\n",
+        "line 1: path 'vllm/x\\x00.py' holds a control character",
+    ),
+    (
+        "--- a/vllm/x.py\n+++ b/vllm/x\r.py\n@@ -1 +1 @@\n-line 1\n+one\n",
+        "line 2: path 'vllm/x\\r.py' holds a control character",
+    ),
     ("prose\n--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+x\n", "line 2: both sides of the file header are /dev/null"),
-    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-line 1\n+one\n@@ -99999999999 +1 @@\n-a\n+b\n", "line 6: '@@ -99999999999 +1 @@' is not a hunk header"),
+    (
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-line 1\n+one\n@@ -99999999999 +1 @@\n-a\n+b\n",
+        "line 6: '@@ -99999999999 +1 @@' is not a hunk header",
+    ),
     ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1" + "0" * 5000 + " +1 @@\n-a\n+b\n", "line 3: "),
     ("--- a/vllm/..\\x.py\n+++ b/vllm/..\\x.py\n@@ -1 +1 @@\n-a\n+b\n", "or a backslash"),
-    ("--- a/../../etc/passwd\n+++ b/../../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "line 1: path '../../etc/passwd' is not a file of vLLM's vllm/ tree"),
+    (
+        "--- a/../../etc/passwd\n+++ b/../../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n",
+        "line 1: path '../../etc/passwd' is not a file of vLLM's vllm/ tree",
+    ),
     ("--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "is not a file of vLLM's vllm/ tree"),
     ("--- a/vllm/" + "d/" * 600 + "x.py\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n", "is longer than 1024 characters"),
-    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n line 1\n-line 2\n", "line 3: hunk 1 of vllm/x.py (@@ -1,2 +1,2 @@) is cut short"),
+    (
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n line 1\n-line 2\n",
+        "line 3: hunk 1 of vllm/x.py (@@ -1,2 +1,2 @@) is cut short",
+    ),
 ]
 
 
@@ -261,13 +304,27 @@ def test_malformed_patches_are_one_line_naming_the_patch_and_the_line(tmp_path, 
 def test_the_cli_refuses_bad_patches_in_one_line_before_it_needs_an_engine(tmp_path):
     home = tmp_path / "home"  # no engine environment at all
     nul = _write(tmp_path, "nul.diff", HEADER_PROBES[0][0])
-    _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(nul)], home), f"kvspec: --patch={str(nul)!r}: line 1: path 'vllm/x\\x00.py'")
+    _assert_refused(
+        _cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(nul)], home),
+        f"kvspec: --patch={str(nul)!r}: line 1: path 'vllm/x\\x00.py'",
+    )
     both = _write(tmp_path, "both.diff", HEADER_PROBES[2][0])
-    _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(both)], home), "line 2: both sides of the file header are /dev/null")
+    _assert_refused(
+        _cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(both)], home),
+        "line 2: both sides of the file header are /dev/null",
+    )
     big = _write(tmp_path, "big.diff", b"#" * (patches.MAX_PATCH_BYTES + 1))
-    _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big)], home), f"is larger than {patches.MAX_PATCH_BYTES} bytes")
-    _assert_refused(_cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big), "--against", "vllm==0.33.0;rm"], home), "kvspec: --against='vllm==0.33.0;rm'")
-    assert not (home / "engines").exists() or not any(p.name.startswith("vllm-0.33.0+") for p in (home / "engines").iterdir())
+    _assert_refused(
+        _cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big)], home),
+        f"is larger than {patches.MAX_PATCH_BYTES} bytes",
+    )
+    _assert_refused(
+        _cli(["check-build", "--engine", "vllm==0.33.0", "--patch", str(big), "--against", "vllm==0.33.0;rm"], home),
+        "kvspec: --against='vllm==0.33.0;rm'",
+    )
+    assert not (home / "engines").exists() or not any(
+        p.name.startswith("vllm-0.33.0+") for p in (home / "engines").iterdir()
+    )
 
 
 @pytest.mark.timeout(30)
@@ -283,7 +340,9 @@ def test_patch_bytes_and_counts_are_bounded_before_anything_is_applied(tmp_path,
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_patches("0.33.0", [lines])
     _one_line(e, f"the patches hold more than {patches.MAX_PATCH_LINES} lines together")
-    monkeypatch.setattr(builds, "_release_env", lambda release: pytest.fail("the release is read before the bounds are checked"))
+    monkeypatch.setattr(
+        builds, "_release_env", lambda release: pytest.fail("the release is read before the bounds are checked")
+    )
     many = "--- a/vllm/x.py\n+++ b/vllm/x.py\n" + "@@ -1 +1 @@\n-line 1\n+one\n" * 30
     monkeypatch.setattr(patches, "MAX_HUNKS", 20)
     with pytest.raises(InvalidArgument) as e:
@@ -318,9 +377,15 @@ def _pair(tmp_path: Path, n: int = 300_000, step: int = 5, shift: int = 0) -> tu
     a = "--- /dev/null\n+++ b/vllm/big.py\n@@ -0,0 +1,%d @@\n" % n + "".join("+" + t for t in lines)
     hunks, want = [], list(lines)
     for k in range(1, n - 2, step):
-        hunks.append(f"@@ -{k + shift},3 +{k + shift},3 @@\n {lines[k - 1]}-{lines[k]}+{lines[k][:-1]}  # changed\n {lines[k + 1]}")
+        hunks.append(
+            f"@@ -{k + shift},3 +{k + shift},3 @@\n {lines[k - 1]}-{lines[k]}+{lines[k][:-1]}  # changed\n {lines[k + 1]}"
+        )
         want[k] = lines[k][:-1] + "  # changed\n"
-    return _write(tmp_path, "a.diff", a), _write(tmp_path, "b.diff", "--- a/vllm/big.py\n+++ b/vllm/big.py\n" + "".join(hunks)), want
+    return (
+        _write(tmp_path, "a.diff", a),
+        _write(tmp_path, "b.diff", "--- a/vllm/big.py\n+++ b/vllm/big.py\n" + "".join(hunks)),
+        want,
+    )
 
 
 @pytest.mark.timeout(20)
@@ -343,7 +408,9 @@ def test_a_hunk_not_in_the_file_is_refused_after_one_scan(tmp_path, release_doub
     n = 200_000
     a = _write(tmp_path, "a.diff", "--- /dev/null\n+++ b/vllm/xy.py\n@@ -0,0 +1,%d @@\n" % n + "+x\n+y\n" * (n // 2))
     # every hunk wants 'x','x', which is nowhere: each would scan the whole file
-    b = _write(tmp_path, "b.diff", "--- a/vllm/xy.py\n+++ b/vllm/xy.py\n" + "@@ -1,3 +1,3 @@\n x\n-x\n+z\n y\n" * 20_000)
+    b = _write(
+        tmp_path, "b.diff", "--- a/vllm/xy.py\n+++ b/vllm/xy.py\n" + "@@ -1,3 +1,3 @@\n x\n-x\n+z\n y\n" * 20_000
+    )
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_patches("0.33.0", [a, b])
     _one_line(e, "hunk 1 of vllm/xy.py (@@ -1,3 +1,3 @@) does not apply to vLLM 0.33.0")
@@ -352,15 +419,24 @@ def test_a_hunk_not_in_the_file_is_refused_after_one_scan(tmp_path, release_doub
 @pytest.mark.timeout(20)
 def test_the_search_for_a_moved_hunk_is_bounded_and_refused_in_one_line(tmp_path, release_double, monkeypatch):
     n = 20_000
-    a = _write(tmp_path, "a.diff", "--- /dev/null\n+++ b/vllm/xy.py\n@@ -0,0 +1,%d @@\n" % (n + 2) + "+x\n+y\n" * (n // 2) + "+x\n+x\n")
+    a = _write(
+        tmp_path,
+        "a.diff",
+        "--- /dev/null\n+++ b/vllm/xy.py\n@@ -0,0 +1,%d @@\n" % (n + 2) + "+x\n+y\n" * (n // 2) + "+x\n+x\n",
+    )
     # 'x','x' is only at the end; the hunk says line 1: n/2 candidates lie between
     b = _write(tmp_path, "b.diff", "--- a/vllm/xy.py\n+++ b/vllm/xy.py\n@@ -1,2 +1,2 @@\n x\n-x\n+z\n")
-    assert builds.overlay_from_patches("0.33.0", [a, b]).files["vllm/xy.py"].endswith(b"y\nx\nz\n")  # within the bound: found
+    assert (
+        builds.overlay_from_patches("0.33.0", [a, b]).files["vllm/xy.py"].endswith(b"y\nx\nz\n")
+    )  # within the bound: found
     monkeypatch.setattr(patches, "SEARCH_FACTOR", 0)
     monkeypatch.setattr(patches, "SEARCH_SLACK", 1000)
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_patches("0.33.0", [a, b])
-    _one_line(e, f"--patch={str(b)!r}: line 3: hunk 1 of vllm/xy.py (@@ -1,2 +1,2 @@) is far from its line number and was not found")
+    _one_line(
+        e,
+        f"--patch={str(b)!r}: line 3: hunk 1 of vllm/xy.py (@@ -1,2 +1,2 @@) is far from its line number and was not found",
+    )
 
 
 def test_a_zero_context_insertion_goes_after_the_line_it_names():
@@ -391,11 +467,22 @@ def _streamed_member(z: zipfile.ZipFile, name: str, size: int) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_wheel_s_python_files_are_read_and_its_names_stay_inside(tmp_path, release_double):
-    whl = _wheel(tmp_path, {"vllm/__init__.py": b"", "vllm/x.py": SOURCE.replace("line 2", "two").encode(), "vllm/lib.so": b"\x7fELF", "vllm-0.33.0.dist-info/METADATA": b""})
+    whl = _wheel(
+        tmp_path,
+        {
+            "vllm/__init__.py": b"",
+            "vllm/x.py": SOURCE.replace("line 2", "two").encode(),
+            "vllm/lib.so": b"\x7fELF",
+            "vllm-0.33.0.dist-info/METADATA": b"",
+        },
+    )
     overlay = builds.overlay_from_wheel(str(whl))
     assert overlay.release == "0.33.0" and list(overlay.files) == ["vllm/x.py"]
-    for bad, needle in [("vllm/../../evil.py", "path 'vllm/../../evil.py' is not a file of vLLM's vllm/ tree"), ("vllm/x\r.py", "holds a control character"),
-                        ("vllm/v1/..\\..\\evil.py", "or a backslash")]:
+    for bad, needle in [
+        ("vllm/../../evil.py", "path 'vllm/../../evil.py' is not a file of vLLM's vllm/ tree"),
+        ("vllm/x\r.py", "holds a control character"),
+        ("vllm/v1/..\\..\\evil.py", "or a backslash"),
+    ]:
         whl = _wheel(tmp_path, {"vllm/__init__.py": b"", bad: b"x = 1\n"})
         with pytest.raises(InvalidArgument) as e:
             builds.overlay_from_wheel(str(whl))
@@ -415,7 +502,9 @@ def test_zip_bombs_are_refused_from_the_central_directory(tmp_path, release_doub
     assert whl.stat().st_size < 2**20  # small on disk, 64 MiB inflated
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_wheel(str(whl))
-    _one_line(e, f"member 'vllm/bomb.py' inflates to {64 * 2**20} bytes; allowed: at most {source_files.MAX_SOURCE_BYTES}")
+    _one_line(
+        e, f"member 'vllm/bomb.py' inflates to {64 * 2**20} bytes; allowed: at most {source_files.MAX_SOURCE_BYTES}"
+    )
     with zipfile.ZipFile(whl, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("vllm/__init__.py", b"")
         _streamed_member(z, "vllm/ratio.py", 8 * 2**20)
@@ -423,7 +512,9 @@ def test_zip_bombs_are_refused_from_the_central_directory(tmp_path, release_doub
         builds.overlay_from_wheel(str(whl))
     _one_line(e, f"allowed: at most {source_files.MAX_RATIO} to 1")
     monkeypatch.setattr(source_files, "MAX_SOURCES_BYTES", 3 * 2**20)
-    whl = _wheel(tmp_path, {"vllm/__init__.py": b"", **{f"vllm/m{i}.py": os.urandom(2**20) for i in range(4)}})  # each under the bounds, 4 MiB together
+    whl = _wheel(
+        tmp_path, {"vllm/__init__.py": b"", **{f"vllm/m{i}.py": os.urandom(2**20) for i in range(4)}}
+    )  # each under the bounds, 4 MiB together
     with pytest.raises(InvalidArgument) as e:
         builds.overlay_from_wheel(str(whl))
     _one_line(e, f"inflate to more than {3 * 2**20} bytes")
@@ -477,7 +568,9 @@ def test_the_cli_refuses_a_zip_bomb_in_one_line(tmp_path):
     with zipfile.ZipFile(whl, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("vllm/__init__.py", b"")
         _streamed_member(z, "vllm/bomb.py", 64 * 2**20)
-    _assert_refused(_cli(["check-build", "--engine", f"wheel:{whl}"], tmp_path / "home"), "member 'vllm/bomb.py' inflates to")
+    _assert_refused(
+        _cli(["check-build", "--engine", f"wheel:{whl}"], tmp_path / "home"), "member 'vllm/bomb.py' inflates to"
+    )
 
 
 # ---------------------------------------------------------------- the real release (engine)
@@ -510,11 +603,21 @@ def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_privat
     sp = builds.site_packages(environments.env_dir("0.33.0"))
 
     def release_hashes() -> dict[str, str]:
-        return {p.relative_to(sp).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((sp / "vllm").rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(sp).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((sp / "vllm").rglob("*"))
+            if p.is_file()
+        }
 
     before = release_hashes()
     src = tmp_path / "src"
-    shutil.copytree(sp / "vllm", src / "vllm", ignore=lambda folder, names: [n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())])
+    shutil.copytree(
+        sp / "vllm",
+        src / "vllm",
+        ignore=lambda folder, names: [
+            n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())
+        ],
+    )
     rel = "vllm/v1/core/block_pool.py"
     (src / rel).write_text((src / rel).read_text() + "# a local change\n")
     (src / rel).chmod(0o600)
@@ -536,7 +639,9 @@ def test_a_copy_of_the_release_tree_builds_without_base_keeps_a_0600_file_privat
 def test_a_long_patch_name_gives_a_bounded_hashed_label(tmp_path, release_double, stem):
     """A 240-character patch file name (the most a file system allows is 255)
     made a build folder name past 255 bytes: ``OSError: File name too long``."""
-    patch = _write(tmp_path, stem[:240] + ".diff", "--- a/vllm/v1/y.py\n+++ b/vllm/v1/y.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
+    patch = _write(
+        tmp_path, stem[:240] + ".diff", "--- a/vllm/v1/y.py\n+++ b/vllm/v1/y.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
+    )
     overlay = builds.overlay_from_patches("0.33.0", [patch])
     assert len(overlay.label) <= builds.MAX_LABEL and len(overlay.name.encode()) < 100
     assert re.fullmatch(r"[a-z0-9.-]+", overlay.label)

@@ -24,8 +24,15 @@ from tests.live.test_replay_unit import follows, predicted, repeat_case
 SECRET = "sk-kvspec-transport-5e1f"
 
 #: Hosts a key must not reach over plain http without the flag.
-REMOTE = ["http://10.0.0.7:8000", "http://example.com", "http://[2001:db8::1]:8000", "http://127.0.0.1.evil.example:80",
-          "http://localhost.evil.example", "http://0.0.0.0:8000", "http://user:pw@192.168.1.2:8000"]
+REMOTE = [
+    "http://10.0.0.7:8000",
+    "http://example.com",
+    "http://[2001:db8::1]:8000",
+    "http://127.0.0.1.evil.example:80",
+    "http://localhost.evil.example",
+    "http://0.0.0.0:8000",
+    "http://user:pw@192.168.1.2:8000",
+]
 
 
 @pytest.fixture
@@ -50,9 +57,15 @@ def _case(tmp_path):
 
 @pytest.mark.parametrize("url", REMOTE)
 @pytest.mark.parametrize("command", ["replay", "advise"])
-def test_a_key_over_plain_http_to_another_host_is_refused_before_connecting(tmp_path, capsys, monkeypatch, no_network, url, command):
+def test_a_key_over_plain_http_to_another_host_is_refused_before_connecting(
+    tmp_path, capsys, monkeypatch, no_network, url, command
+):
     monkeypatch.setenv("KVSPEC_T_KEY", SECRET)
-    argv = ["replay", _case(tmp_path), "--server", url] if command == "replay" else ["advise", "--server", url, "--workload", "resend"]
+    argv = (
+        ["replay", _case(tmp_path), "--server", url]
+        if command == "replay"
+        else ["advise", "--server", url, "--workload", "resend"]
+    )
     rc = kvspec(argv + ["--api-key-env", "KVSPEC_T_KEY"])
     err = capsys.readouterr().err
     assert rc == 2 and no_network == []
@@ -64,7 +77,18 @@ def test_a_key_to_loopback_goes_as_before(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("KVSPEC_T_KEY", SECRET)
     case = repeat_case()
     with StubVllm(follows(predicted(case)), api_key=SECRET) as stub:
-        rc = kvspec(["replay", _case(tmp_path), "--server", stub.url.replace("127.0.0.1", "localhost"), "--gap", "0", "--api-key-env", "KVSPEC_T_KEY"])
+        rc = kvspec(
+            [
+                "replay",
+                _case(tmp_path),
+                "--server",
+                stub.url.replace("127.0.0.1", "localhost"),
+                "--gap",
+                "0",
+                "--api-key-env",
+                "KVSPEC_T_KEY",
+            ]
+        )
         assert set(stub.seen_auth) == {f"Bearer {SECRET}"}
     assert rc == 0, capsys.readouterr().err[-300:]
 

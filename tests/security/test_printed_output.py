@@ -147,7 +147,13 @@ def test_the_matrix_table_plants_no_hyperlink_on_a_terminal(probe):
 
     from fuzz.matrix import to_rich
 
-    rows = [{"name": HOSTILE_NAMES[probe], "cells": {"0.33.0": {"error": HOSTILE_NAMES[probe], "verdict": None}}, "promise": None}]
+    rows = [
+        {
+            "name": HOSTILE_NAMES[probe],
+            "cells": {"0.33.0": {"error": HOSTILE_NAMES[probe], "verdict": None}},
+            "promise": None,
+        }
+    ]
     buf = io.StringIO()
     Console(file=buf, force_terminal=True, width=200).print(to_rich(rows, ["0.33.0"]))
     text = buf.getvalue()
@@ -211,7 +217,10 @@ def test_an_unrecognized_argument_is_echoed_without_escapes(capsys, probe):
 
 def test_matrix_exits_1_when_a_cell_diverges(monkeypatch, capsys):
     _doubles(monkeypatch, ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "promise"))
-    assert kvspec(["matrix", "examples/seed-53504.json", "--engine", "vllm==0.29.0", "--engine", "vllm==0.33.0", "--json"]) == 1
+    assert (
+        kvspec(["matrix", "examples/seed-53504.json", "--engine", "vllm==0.29.0", "--engine", "vllm==0.33.0", "--json"])
+        == 1
+    )
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["cells"]["0.29.0"]["verdict"] == "diverges"
 

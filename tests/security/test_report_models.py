@@ -44,7 +44,9 @@ def _report(tmp_path, finding) -> str:
 def test_a_local_model_folder_is_not_read_into_a_shared_report(tmp_path, reads):
     folder = tmp_path / "my-model"
     folder.mkdir()
-    (folder / "config.json").write_text((ROOT / "engine_adapter/models/qwen3_next.json").read_text())  # a readable config
+    (folder / "config.json").write_text(
+        (ROOT / "engine_adapter/models/qwen3_next.json").read_text()
+    )  # a readable config
     f = copy.deepcopy(BASE)
     f["case"]["deployment"]["model"] = str(folder)
     issue = _report(tmp_path, f)

@@ -67,6 +67,7 @@ def payloads(marker: Path) -> dict[str, str]:
 
 def _set(path: str, value):
     """A setter of one field of a finding (dotted path; ``[]`` appends)."""
+
     def apply(f: dict) -> None:
         *parents, last = path.split(".")
         node = f
@@ -78,14 +79,25 @@ def _set(path: str, value):
             node.setdefault(last[:-2], []).append(value)
         else:
             node[last] = value
+
     return apply
 
 
 #: Fields kvspec checks: a payload there is refused (one line, exit 2).
 CHECKED = ("signature", "oracle", "engine.version")
 #: Free-text fields: a payload there is written, escaped (exit 0).
-FREE = ("summary", "expected.detail", "observed.error", "case_kind", "reachability", "resolution.assumptions[]",
-        "case.name", "engine.name", "harness.platform", "kvspec.commit")
+FREE = (
+    "summary",
+    "expected.detail",
+    "observed.error",
+    "case_kind",
+    "reachability",
+    "resolution.assumptions[]",
+    "case.name",
+    "engine.name",
+    "harness.platform",
+    "kvspec.commit",
+)
 #: Fields of the case's deployment: a payload there is written escaped, or
 #: refused by the case's own rules (NUL, a model name) in one line.
 DEPLOYMENT = ("case.deployment.model", "case.deployment.vllm_args[]", "case.deployment.device")
@@ -123,7 +135,13 @@ def _run_top_level(path: Path, monkeypatch) -> None:
     tree = ast.parse(source)
     names = set()
     for node in ast.walk(tree):
-        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        mods = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else []
+        )
         for m in mods:
             if m.split(".")[0] in ("torch", "vllm"):
                 parts = m.split(".")
@@ -141,8 +159,11 @@ def _tree(folder: Path) -> set[str]:
 def _structure(issue: str) -> list[str]:
     """ISSUE.md's headings (their level, and kvspec's own section names)
     and fence lines, in order."""
-    return [line if line.startswith("##") else re.match(r"^(#+|`{3,}\w*)", line).group(1)
-            for line in issue.splitlines() if line.startswith("#") or line.startswith("```")]
+    return [
+        line if line.startswith("##") else re.match(r"^(#+|`{3,}\w*)", line).group(1)
+        for line in issue.splitlines()
+        if line.startswith("#") or line.startswith("```")
+    ]
 
 
 def _prose(issue: str) -> str:
@@ -179,12 +200,15 @@ def benign_structure(tmp_path_factory):
     return {cls: _structure(bundle(_hostile("summary", "benign", classified=cls))["ISSUE.md"]) for cls in (True, False)}
 
 
-CORPUS = [(place, name, True) for place in CHECKED + FREE + DEPLOYMENT for name in payloads(Path("m"))] + \
-         [("summary", name, False) for name in payloads(Path("m"))]
+CORPUS = [(place, name, True) for place in CHECKED + FREE + DEPLOYMENT for name in payloads(Path("m"))] + [
+    ("summary", name, False) for name in payloads(Path("m"))
+]
 
 
 @pytest.mark.parametrize("place, payload, classified", CORPUS)
-def test_a_hostile_field_is_refused_or_written_escaped(tmp_path, capsys, monkeypatch, benign_structure, place, payload, classified):
+def test_a_hostile_field_is_refused_or_written_escaped(
+    tmp_path, capsys, monkeypatch, benign_structure, place, payload, classified
+):
     marker = tmp_path / "MARKER"
     text = payloads(marker)[payload]
     code, got, out, new = _report(tmp_path, _hostile(place, text, classified=classified), capsys)
@@ -254,25 +278,28 @@ def test_kvspec_findings_and_render_print_no_control_character(tmp_path, capsys)
 # ------------------------------------------------------------ malformed findings
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("observed", None, "kvspec: observed=None: must be an object with 'hits'"),
-    ("observed", [], "kvspec: observed=[]: must be an object with 'hits'"),
-    ("expected", None, "kvspec: expected=None: must be an object with 'hits'"),
-    ("expected", KeyError, "kvspec: expected: missing; required field"),
-    ("observed", {"hits": None}, "kvspec: observed.hits=None: must be a list of hit counts"),
-    ("expected", {"hits": [0, "544"]}, "kvspec: expected.hits=[0, '544']: must be a list of hit counts"),
-    ("engine", "vllm", "kvspec: engine='vllm': must be an object whose version is an engine version"),
-    ("engine", {"name": "vllm"}, "kvspec: engine={'name': 'vllm'}: must be an object whose version"),
-    ("signature", KeyError, "kvspec: signature=None: must be 6 to 64 lowercase hex digits"),
-    ("signature", "5f328a45/../x", "kvspec: signature='5f328a45/../x': must be 6 to 64 lowercase hex digits"),
-    ("first_divergence", "1", "kvspec: first_divergence='1': must be a request index"),
-    ("first_divergence", 10**9, "kvspec: first_divergence=1000000000: must be a request index (an integer in [0, "),
-    ("diverging_requests", [10**9], "kvspec: diverging_requests=[1000000000]: must be a list of request indices"),
-    ("expected", "MORE_HITS_THAN_REQUESTS", "kvspec: expected.hits="),
-    ("diverging_requests", None, "kvspec: diverging_requests=None: must be a list of request indices"),
-    ("summary", ["x"], "kvspec: summary=['x']: must be a string or absent"),
-    ("resolution", {"assumptions": "x"}, "kvspec: resolution.assumptions='x': must be a list of strings"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("observed", None, "kvspec: observed=None: must be an object with 'hits'"),
+        ("observed", [], "kvspec: observed=[]: must be an object with 'hits'"),
+        ("expected", None, "kvspec: expected=None: must be an object with 'hits'"),
+        ("expected", KeyError, "kvspec: expected: missing; required field"),
+        ("observed", {"hits": None}, "kvspec: observed.hits=None: must be a list of hit counts"),
+        ("expected", {"hits": [0, "544"]}, "kvspec: expected.hits=[0, '544']: must be a list of hit counts"),
+        ("engine", "vllm", "kvspec: engine='vllm': must be an object whose version is an engine version"),
+        ("engine", {"name": "vllm"}, "kvspec: engine={'name': 'vllm'}: must be an object whose version"),
+        ("signature", KeyError, "kvspec: signature=None: must be 6 to 64 lowercase hex digits"),
+        ("signature", "5f328a45/../x", "kvspec: signature='5f328a45/../x': must be 6 to 64 lowercase hex digits"),
+        ("first_divergence", "1", "kvspec: first_divergence='1': must be a request index"),
+        ("first_divergence", 10**9, "kvspec: first_divergence=1000000000: must be a request index (an integer in [0, "),
+        ("diverging_requests", [10**9], "kvspec: diverging_requests=[1000000000]: must be a list of request indices"),
+        ("expected", "MORE_HITS_THAN_REQUESTS", "kvspec: expected.hits="),
+        ("diverging_requests", None, "kvspec: diverging_requests=None: must be a list of request indices"),
+        ("summary", ["x"], "kvspec: summary=['x']: must be a string or absent"),
+        ("resolution", {"assumptions": "x"}, "kvspec: resolution.assumptions='x': must be a list of strings"),
+    ],
+)
 def test_a_malformed_finding_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, field, value, message):
     f = copy.deepcopy(BASE)
     if value is KeyError:
@@ -309,6 +336,7 @@ def _failing_writer(err: int, after: int):
         if len(calls) > after:
             raise OSError(err, __import__("os").strerror(err))
         real(path, data)
+
     return write
 
 
@@ -317,7 +345,10 @@ def test_a_full_or_read_only_disk_is_one_line_and_no_half_written_folder(tmp_pat
     monkeypatch.setattr(ground.files, "write_bytes_atomic", _failing_writer(err, after))
     code, got, out, new = _report(tmp_path, BASE, capsys)
     assert code == 2
-    assert got.err == f"kvspec: --out={str(out)!r}: cannot be written ({__import__('os').strerror(err)}); nothing was written; allowed: a writable folder with room for the report\n"
+    assert (
+        got.err
+        == f"kvspec: --out={str(out)!r}: cannot be written ({__import__('os').strerror(err)}); nothing was written; allowed: a writable folder with room for the report\n"
+    )
     assert new == set(), "no folder, no temporary folder"
 
 
@@ -343,24 +374,29 @@ def test_an_earlier_report_is_replaced_whole_and_another_folder_is_refused(tmp_p
     assert sorted(p.name for p in out.iterdir()) == sorted(json.loads(got.out)["files"])
     (out / "notes.txt").write_text("mine")
     code, got, _, new = _report(tmp_path, BASE, capsys)
-    assert code == 2 and got.err.startswith(f"kvspec: --out={str(out)!r}: holds 1 file(s) that are not a report's ('notes.txt', ...)"), got.err
+    assert code == 2 and got.err.startswith(
+        f"kvspec: --out={str(out)!r}: holds 1 file(s) that are not a report's ('notes.txt', ...)"
+    ), got.err
     assert (out / "notes.txt").read_text() == "mine" and new == set()
 
 
 # ------------------------------------------------------------ the one sanitiser
 
 
-@pytest.mark.parametrize("text, keep, want", [
-    ("a\x1b[2Jb", "", "ab"),  # CSI removed whole, not just its ESC
-    ("x\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\y", "", "xclicky"),  # OSC 8 hyperlink
-    ("x\x1b]0;title\x07y", "", "xy"),  # OSC window title, BEL-terminated
-    ("x\x9b31mred", "", "xred"),  # 8-bit CSI
-    ("l\u202eevil\u2066z\u2069", "", "levilz"),
-    ("a\x00b\x7fc\x85d", "", "abcd"),
-    ("a\nb\tc\rd", "", "a b c d"),
-    ("a\nb\tc\rd", "\n\t", "a\nb\tc d"),
-    ("plain é 中 `code`", "", "plain é 中 `code`"),
-])
+@pytest.mark.parametrize(
+    "text, keep, want",
+    [
+        ("a\x1b[2Jb", "", "ab"),  # CSI removed whole, not just its ESC
+        ("x\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\y", "", "xclicky"),  # OSC 8 hyperlink
+        ("x\x1b]0;title\x07y", "", "xy"),  # OSC window title, BEL-terminated
+        ("x\x9b31mred", "", "xred"),  # 8-bit CSI
+        ("l\u202eevil\u2066z\u2069", "", "levilz"),
+        ("a\x00b\x7fc\x85d", "", "abcd"),
+        ("a\nb\tc\rd", "", "a b c d"),
+        ("a\nb\tc\rd", "\n\t", "a\nb\tc d"),
+        ("plain é 中 `code`", "", "plain é 中 `code`"),
+    ],
+)
 def test_printable_removes_terminal_control(text, keep, want):
     from ground.printable import printable
 

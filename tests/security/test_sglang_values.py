@@ -29,8 +29,12 @@ REFUSED = [
 
 
 def _case(args: list[str]) -> dict:
-    return {"schema": 1, "name": "sg", "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": args},
-            "trace": [{"prompt": [{"segment": "A", "length": 3}]}, {"prompt": [{"segment": "A", "length": 3}]}]}
+    return {
+        "schema": 1,
+        "name": "sg",
+        "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": args},
+        "trace": [{"prompt": [{"segment": "A", "length": 3}]}, {"prompt": [{"segment": "A", "length": 3}]}],
+    }
 
 
 @pytest.mark.parametrize("args,named", REFUSED, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
@@ -58,6 +62,9 @@ def test_run_refuses_it_before_any_engine(tmp_path, capsys, monkeypatch, args, n
     assert rc == 2 and named in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args", [["--page-size", "1"], ["--page-size", "64", "--chunked-prefill-size", "4096"], ["--chunked-prefill-size=1048576"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--page-size", "1"], ["--page-size", "64", "--chunked-prefill-size", "4096"], ["--chunked-prefill-size=1048576"]],
+)
 def test_values_in_range_still_pass(args):
     assert parse_case(_case(args)).deployment.sglang_args == tuple(args)

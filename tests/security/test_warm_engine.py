@@ -30,10 +30,10 @@ import pytest
 
 from engine_adapter import sockets
 from engine_adapter.host import warm, warm_state
-from engine_adapter.inside import warm_server
 from engine_adapter.host.warm import Paths, WarmClient
-from ground.home import REPO_ROOT
+from engine_adapter.inside import warm_server
 from ground.errors import InvalidArgument
+from ground.home import REPO_ROOT
 from tests.engine.test_warm_lifecycle import case, folder, stand_in, wait_gone  # noqa: F401 - fixtures
 
 __all__ = ["folder", "stand_in"]
@@ -41,7 +41,9 @@ __all__ = ["folder", "stand_in"]
 
 def client(stand_in, folder, said=None, **kw) -> WarmClient:
     kw.setdefault("start_timeout", 60)
-    return WarmClient("0.33.0", "cuda", python=stand_in, directory=folder, say=(said.append if said is not None else None), **kw)
+    return WarmClient(
+        "0.33.0", "cuda", python=stand_in, directory=folder, say=(said.append if said is not None else None), **kw
+    )
 
 
 def run(c: WarmClient, timeout=60, **options) -> dict:
@@ -71,11 +73,18 @@ def test_a_wedged_request_costs_its_engine_and_the_next_command_gets_a_fresh_one
     command, queued behind it, gets a fresh engine well within its own time,
     and says so."""
     pid = run(client(stand_in, folder))["result"]["pid"]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
-            "from tests.engine.test_warm_lifecycle import case\n"
-            "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
-            "print('sent', flush=True); c.request('run', 3.0, case=case(), options={'open': sys.argv[4]})\n")
-    wedger = subprocess.Popen([sys.executable, "-c", code, str(REPO_ROOT), stand_in, str(folder), str(fifo)], stdout=subprocess.PIPE, text=True, env={**os.environ})
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
+        "from tests.engine.test_warm_lifecycle import case\n"
+        "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
+        "print('sent', flush=True); c.request('run', 3.0, case=case(), options={'open': sys.argv[4]})\n"
+    )
+    wedger = subprocess.Popen(
+        [sys.executable, "-c", code, str(REPO_ROOT), stand_in, str(folder), str(fifo)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert wedger.stdout.readline().strip() == "sent"
         time.sleep(1.0)  # its request has begun on the engine
@@ -91,7 +100,9 @@ def test_a_wedged_request_costs_its_engine_and_the_next_command_gets_a_fresh_one
     assert out["ok"], out
     assert out["result"]["pid"] != pid and wall < 15, (wall, out)
     assert wait_gone(pid)
-    assert said == ["kvspec: the warm engine vllm==0.33.0 was killed (a request ran past its time limit); started a fresh one"], said
+    assert said == [
+        "kvspec: the warm engine vllm==0.33.0 was killed (a request ran past its time limit); started a fresh one"
+    ], said
 
 
 def test_a_queued_client_with_a_short_timeout_never_kills_the_busy_engine(stand_in, folder):
@@ -179,8 +190,18 @@ def test_a_different_environment_starts_and_uses_another_engine(stand_in, folder
 def test_the_warm_engines_own_settings_are_not_part_of_its_identity(monkeypatch):
     env = {"VLLM_X": "1", "KVSPEC_HOME": "/h", "PATH": "/bin", "TERM": "xterm"}
     base = warm.env_id(env)
-    assert warm.env_id({**env, "KVSPEC_WARM_IDLE_S": "5", "KVSPEC_WARM_DIR": "/x", "PATH": "/usr/bin", "TERM": "dumb"}) == base
-    for key in ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "KVSPEC_PLATFORM", "PYTHONPATH", "HF_HOME", "OMP_NUM_THREADS", "LD_PRELOAD"):
+    assert (
+        warm.env_id({**env, "KVSPEC_WARM_IDLE_S": "5", "KVSPEC_WARM_DIR": "/x", "PATH": "/usr/bin", "TERM": "dumb"})
+        == base
+    )
+    for key in (
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+        "KVSPEC_PLATFORM",
+        "PYTHONPATH",
+        "HF_HOME",
+        "OMP_NUM_THREADS",
+        "LD_PRELOAD",
+    ):
         assert warm.env_id({**env, key: "1"}) != base, key
 
 
@@ -208,7 +229,9 @@ def test_a_private_existing_folder_keeps_its_mode(stand_in, tmp_path):
 
 
 @pytest.mark.parametrize("mode, owner", [(0o1777, None), (0o775, None), (0o755, 65534)])
-def test_a_shared_or_foreign_folder_is_never_chmodded_and_gets_a_private_subfolder(stand_in, tmp_path, monkeypatch, mode, owner):
+def test_a_shared_or_foreign_folder_is_never_chmodded_and_gets_a_private_subfolder(
+    stand_in, tmp_path, monkeypatch, mode, owner
+):
     d = tmp_path / "shared"
     d.mkdir()
     if owner is not None:
@@ -256,9 +279,19 @@ def test_engines_list_through_the_cli_says_a_doubtful_folder_in_one_line(tmp_pat
     d.mkdir()
     d.chmod(0o1777)
     (d / f"kvspec-warm-{os.geteuid()}").symlink_to("/")
-    proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "engines", "list"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "KVSPEC_WARM_DIR": str(d)})
-    assert proc.returncode == 2 and proc.stderr.startswith("kvspec: KVSPEC_WARM_DIR=") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "engines", "list"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KVSPEC_WARM_DIR": str(d)},
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.startswith("kvspec: KVSPEC_WARM_DIR=")
+        and len(proc.stderr.strip().splitlines()) == 1
+    ), proc.stderr
 
 
 # ------------------------------------------------------------------ the real engine
@@ -283,8 +316,14 @@ def test_the_command_after_a_wedged_real_warm_engine_gets_a_fresh_one_within_its
 
     def resolve(*flags, timeout=400):
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_5", "--json", "--", *flags],
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvspec.cli", "resolve", "--model", "qwen3_5", "--json", "--", *flags],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
         return proc, time.monotonic() - t0
 
     def serving() -> tuple[int, str]:
@@ -295,18 +334,26 @@ def test_the_command_after_a_wedged_real_warm_engine_gets_a_fresh_one_within_its
     assert first.returncode == 0, first.stderr
     pid, fp = serving()
     hostile, hostile_s = resolve("--config", str(fifo), timeout=60)
-    assert hostile.returncode == 2 and hostile.stderr.startswith("kvspec: deployment.vllm_args") and len(hostile.stderr.strip().splitlines()) == 1, hostile.stderr
+    assert (
+        hostile.returncode == 2
+        and hostile.stderr.startswith("kvspec: deployment.vllm_args")
+        and len(hostile.stderr.strip().splitlines()) == 1
+    ), hostile.stderr
     again, again_s = resolve()
     assert again.returncode == 0, again.stderr
     now, now_fp = serving()
-    assert now == pid or now_fp != fp  # the same engine serves (unless kvspec's sources changed meanwhile: a shared checkout)
+    assert (
+        now == pid or now_fp != fp
+    )  # the same engine serves (unless kvspec's sources changed meanwhile: a shared checkout)
     os.kill(now, signal.SIGSTOP)
     try:
         nxt, wall = resolve()
     finally:
         os.kill(now, signal.SIGKILL)
-    print(f"\nthe --config FIFO command: {hostile_s:.1f}s (exit 2); the next command: {again_s:.1f}s; "
-          f"the command after a wedged engine: {wall:.1f}s (queue wait {warm.QUEUE_WAIT_S:.0f}s + a fresh engine)")
+    print(
+        f"\nthe --config FIFO command: {hostile_s:.1f}s (exit 2); the next command: {again_s:.1f}s; "
+        f"the command after a wedged engine: {wall:.1f}s (queue wait {warm.QUEUE_WAIT_S:.0f}s + a fresh engine)"
+    )
     assert nxt.returncode == 0, nxt.stderr
     assert "kvspec: the warm engine vllm==0.33.0 is busy with another command; started a fresh one" in nxt.stderr
     assert json.loads(nxt.stdout)["geometry"] == json.loads(first.stdout)["geometry"]
@@ -320,11 +367,15 @@ def test_a_request_that_holds_the_gil_past_its_bound_still_ends_its_engine(stand
     fresh one."""
     c = client(stand_in, folder)
     pid = run(c)["result"]["pid"]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
-            "from tests.engine.test_warm_lifecycle import case\n"
-            "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
-            "print('sent', flush=True); c.request('run', 1.0, case=case(), options={'gil': True})\n")
-    hog = subprocess.Popen([sys.executable, "-c", code, str(REPO_ROOT), stand_in, str(folder)], stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from engine_adapter.host.warm import WarmClient\n"
+        "from tests.engine.test_warm_lifecycle import case\n"
+        "c = WarmClient('0.33.0', 'cuda', python=sys.argv[2], directory=__import__('pathlib').Path(sys.argv[3]))\n"
+        "print('sent', flush=True); c.request('run', 1.0, case=case(), options={'gil': True})\n"
+    )
+    hog = subprocess.Popen(
+        [sys.executable, "-c", code, str(REPO_ROOT), stand_in, str(folder)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert hog.stdout.readline().strip() == "sent"
         time.sleep(0.5)
@@ -381,13 +432,33 @@ def test_an_sglang_worker_is_listed_and_stopped_under_its_own_name(folder):
 
     base = warm_state.private_dir(folder, create=True) / "vllm-sglang==0.5.23-cpu-0123456789ab"
     paths = Paths.named(base)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "engine_adapter.inside.worker", "--socket", str(paths.sock)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(120)",
+            "engine_adapter.inside.worker",
+            "--socket",
+            str(paths.sock),
+        ]
+    )
     try:
         for _ in range(100):  # until it has exec'd (its command line is the sleeper's)
             if str(paths.sock) in (warm_state._cmdline(proc.pid) or []):
                 break
             time.sleep(0.05)
-        paths.state.write_text(json.dumps({"pid": proc.pid, "platform": "cpu", "version": "0.5.23", "fingerprint": "x", "idle_timeout_s": 600, "started": time.time()}))
+        paths.state.write_text(
+            json.dumps(
+                {
+                    "pid": proc.pid,
+                    "platform": "cpu",
+                    "version": "0.5.23",
+                    "fingerprint": "x",
+                    "idle_timeout_s": 600,
+                    "started": time.time(),
+                }
+            )
+        )
         rows = warm.list_warm(folder)
         assert [r["engine"] for r in rows] == ["sglang==0.5.23"]
         stopped = warm.stop(directory=folder)
