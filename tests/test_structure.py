@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ground.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from ground.errors import EngineError
+from ground.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,18 @@ _WRITER = re.compile(r"mkstemp\(|os\.replace\(|\.replace\((?:path|target|out|cfg
 
 def test_every_atomic_write_goes_through_the_one_helper():
     offenders = []
-    for folder in ("ground", "reference", "engine_adapter", "fuzz", "advise", "mutate", "kvspec", "spec", "bench", "tests"):
+    for folder in (
+        "ground",
+        "reference",
+        "engine_adapter",
+        "fuzz",
+        "advise",
+        "mutate",
+        "kvspec",
+        "spec",
+        "bench",
+        "tests",
+    ):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path in (ROOT / "ground" / "files.py", Path(__file__).resolve()):
                 continue
@@ -91,7 +102,10 @@ def test_the_install_lock_makes_a_second_installer_wait_then_gives_up_in_one_lin
     held.wait(5)
     lines: list[str] = []
     t0 = time.monotonic()
-    with pytest.raises(EngineError, match=r"^vllm==9\.9\.9: install lock .*\.vllm-9\.9\.9\.lock held by another install for over 0 s; allowed: a free lock$"):
+    with pytest.raises(
+        EngineError,
+        match=r"^vllm==9\.9\.9: install lock .*\.vllm-9\.9\.9\.lock held by another install for over 0 s; allowed: a free lock$",
+    ):
         with venvs.install_lock(root, wait_s=0.3, label="vllm==9.9.9", progress=lines.append, poll_s=0.05):
             pass
     assert 0.3 <= time.monotonic() - t0 < 3
@@ -123,7 +137,9 @@ def test_both_venv_kinds_use_the_shared_manager():
         text = Path(module.__file__).read_text()
         assert "fcntl" not in text and "venvs." in text, module.__name__
         # one install transaction: none of them removes on failure or writes the marker itself
-        assert "venvs.install(" in text and "except BaseException" not in text and "write_marker" not in text, module.__name__
+        assert "venvs.install(" in text and "except BaseException" not in text and "write_marker" not in text, (
+            module.__name__
+        )
     assert live_env.marker_path() == venvs.marker_path(live_env.env_dir())
     assert environments.marker_path("0.33.0") == venvs.marker_path(environments.env_dir("0.33.0"))
 
@@ -142,8 +158,17 @@ def _transaction(root, steps, **kw):
         return {"fingerprint": "new"}
 
     kw.setdefault("is_ready", lambda: venvs.read_marker(root) is not None)
-    marker = venvs.install(root, label="vllm==9.9.9", wait_s=5, build=build, progress=lines.append, stale_line=f"removing {root}",
-                           ready_line=lambda m: f"ready at {root} ({m.get('fingerprint')})", built_line=lambda m: f"built {m['fingerprint']}", **kw)
+    marker = venvs.install(
+        root,
+        label="vllm==9.9.9",
+        wait_s=5,
+        build=build,
+        progress=lines.append,
+        stale_line=f"removing {root}",
+        ready_line=lambda m: f"ready at {root} ({m.get('fingerprint')})",
+        built_line=lambda m: f"built {m['fingerprint']}",
+        **kw,
+    )
     return marker, lines
 
 
@@ -244,23 +269,40 @@ def test_kvspec_refuses_to_run_when_another_package_takes_one_of_its_names(tmp_p
     (tmp_path / "spec").mkdir()
     (tmp_path / "spec" / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    out = subprocess.run([sys.executable, "-c", "import sys; from kvspec.cli import main; sys.exit(main(['--help']))"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; from kvspec.cli import main; sys.exit(main(['--help']))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.strip().splitlines() == [f"kvspec: package='spec' imports from {tmp_path / 'spec' / '__init__.py'}, not from kvspec's checkout {ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)"]
+    assert out.stderr.strip().splitlines() == [
+        f"kvspec: package='spec' imports from {tmp_path / 'spec' / '__init__.py'}, not from kvspec's checkout {ROOT}: another installed package has that name; allowed: kvspec in a virtual environment of its own (make venv)"
+    ]
 
 
 def test_no_module_is_over_500_lines_without_its_reason():
     """Issue 28: a module over ~500 lines says why in its docstring (the
-    words "500 lines"); otherwise it is split by job."""
+    words "500 lines"); otherwise it is split by job. Since the tree is
+    formatted (ruff, 120 columns; issue 41) the size is counted in
+    statements (tokenize's NEWLINE tokens), which wrapping does not change:
+    330 statements is about what 500 lines of the unformatted tree held
+    (engine_adapter/host/builds.py: 515 lines, 330 statements)."""
     import ast
+    import io
+    import tokenize
 
     long = []
     for pkg in ("ground", "reference", "spec", "engine_adapter", "fuzz", "advise", "mutate", "kvspec"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             text = path.read_text()
-            if text.count("\n") > 500 and "500 lines" not in (ast.get_docstring(ast.parse(text)) or ""):
-                long.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+            statements = sum(
+                1 for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.NEWLINE
+            )
+            if statements > 330 and "500 lines" not in (ast.get_docstring(ast.parse(text)) or ""):
+                long.append(f"{path.relative_to(ROOT)}: {statements} statements")
     assert long == []
 
 
