@@ -6,10 +6,9 @@ drawn on the unit SGLang resolved, exactly as for vLLM.
 
 A deployment: a shipped hybrid model SGLang routes through its hybrid
 Mamba radix cache (four of them) x ``--mamba-radix-cache-strategy`` {auto, extra_buffer,
-no_buffer} x ``--page-size`` {default, 1, 8, ..., 256} x
-``--chunked-prefill-size`` (default, powers of two, round decimal sizes,
-k x page + r on and off the page: :func:`draw_chunk`) x
-``--mamba-track-interval`` {default, 128, 256, 384, 512, 768, 1000, 1024, 2048} x
+no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
+``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
+``--mamba-track-interval`` {default, 256, 512, 1024} x
 ``--mamba-max-states-per-path`` {default, 1, 2, 4}, with
 ``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
 ``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
@@ -37,41 +36,10 @@ from reference.deployment import parse_deployment
 #: ``full_attention``/``linear_attention``; SGLang's wants ``attention``/``mamba``.)
 SGLANG_MODELS = ("qwen3_next", "qwen3_5", "falcon_h1", "granitemoehybrid")
 STRATEGIES = (None, "extra_buffer", "no_buffer")
-#: Pages as users set them: powers of two from 1 to 256 (SGLang 0.5.23
-#: asserts the page and the model's Mamba chunk divide one another,
-#: ``arg_groups/overrides.py:1919``; a page it refuses is drawn again).
-PAGE_SIZES = (None, 1, 8, 16, 32, 64, 128, 256)
-#: Chunk budgets as users set them: powers of two, round decimal numbers
-#: (not multiples of a page above 8 or of the 64-token grid), and sizes
-#: drawn on and off the page (:func:`draw_chunk`).
-CHUNK_POWERS = (256, 512, 1024, 2048, 4096, 8192)
-CHUNK_DECIMAL = (500, 1000, 1500, 2000, 3000, 4000, 6000)
-#: Track intervals (decode tracking; ``arg_groups/mamba_hook.py:115``
-#: wants a multiple of the page): on and off the chunk budget's grid.
-TRACK_INTERVALS = (None, 128, 256, 384, 512, 768, 1000, 1024, 2048)
+PAGE_SIZES = (None, 1, 16, 64, 256)
+CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
+TRACK_INTERVALS = (None, 256, 512, 1024)
 MAX_STATES = (None, 1, 2, 4)
-#: How often a draw leaves a knob at SGLang's default.
-DEFAULT_WEIGHT = 4
-
-
-def draw_chunk(c: Chooser, page: int | None) -> int | None:
-    """A ``--chunked-prefill-size``: SGLang's default, a power of two, a
-    round decimal number, or a multiple of the page plus a remainder drawn
-    on or off it (``k x page + r``, r in {0, 1, page/2, page-1}): where the
-    prefill cuts chunks is SGLang's rule (``schedule_policy.py``: the first
-    chunk floored to the page, later ones not), so the budget is drawn on
-    and off every grid it meets."""
-    kind = c.integer(0, DEFAULT_WEIGHT + 2)
-    if kind >= 3:
-        return None if kind > 3 else c.choice(CHUNK_POWERS)
-    if kind == 0:
-        return c.choice(CHUNK_POWERS)
-    if kind == 1:
-        return c.choice(CHUNK_DECIMAL)
-    unit = max(page or 64, 1)
-    k = c.integer(max(1, 256 // unit), max(2, 4096 // unit))
-    r = c.choice(sorted({0, 1, unit // 2, unit - 1}))
-    return max(unit, k * unit + r)
 
 
 #: When every drawn deployment is refused: one SGLang always builds.
@@ -91,13 +59,12 @@ def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> d
         strategy = c.choice(STRATEGIES)
     if strategy is not None:
         args += ["--mamba-radix-cache-strategy", strategy]
-    page = c.choice(PAGE_SIZES)
-    if page is not None:
-        args += ["--page-size", str(page)]
-    chunk = draw_chunk(c, page)
-    if chunk is not None:
-        args += ["--chunked-prefill-size", str(chunk)]
-    for flag, options in (("--mamba-track-interval", TRACK_INTERVALS), ("--mamba-max-states-per-path", MAX_STATES)):
+    for flag, options in (
+        ("--page-size", PAGE_SIZES),
+        ("--chunked-prefill-size", CHUNKED_PREFILL),
+        ("--mamba-track-interval", TRACK_INTERVALS),
+        ("--mamba-max-states-per-path", MAX_STATES),
+    ):
         value = c.choice(options)
         if value is not None:
             args += [flag, str(value)]

@@ -208,25 +208,6 @@ def _flag(args, flag):
     return int(args[args.index(flag) + 1]) if flag in args else None
 
 
-def test_budgets_pages_and_track_intervals_are_drawn_on_and_off_each_others_grids():
-    c = RandomChooser(random.Random(11))
-    deps = [draw_sglang_deployment(c)["sglang_args"] for _ in range(400)]
-    pairs = [
-        (_flag(a, "--chunked-prefill-size"), _flag(a, "--page-size") or 64)
-        for a in deps
-        if _flag(a, "--chunked-prefill-size")
-    ]
-    assert any(chunk % page == 0 for chunk, page in pairs) and any(
-        chunk % page for chunk, page in pairs
-    )  # on and off the page
-    assert any(chunk % 64 for chunk, _ in pairs) and any(
-        chunk % 64 == 0 for chunk, _ in pairs
-    )  # on and off the 64-token grid
-    tracks = [(_flag(a, "--mamba-track-interval"), _flag(a, "--chunked-prefill-size")) for a in deps]
-    assert any(t and ch and (t % ch and ch % t) for t, ch in tracks)  # neither a multiple of the other
-    assert len({_flag(a, "--page-size") for a in deps}) >= 7
-
-
 def test_a_pinned_strategy_is_drawn_as_pinned():
     c = RandomChooser(random.Random(5))
     for _ in range(20):
