@@ -98,7 +98,7 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
     else:
         if r.get("geometry") is None:
             raise Unsupported(
-                f"--rule promise: {name} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay"
+                f"--as={name}: {spec.family_entry.title} resolved {case.deployment.describe()} to a cache the promise is not stated for (strategy {r.get('mamba_radix_cache_strategy')}); allowed: --rule replay"
             )
         out = predict(with_resolution(case, r["geometry"], None, name), spec, "promise")
     out["resolved_by"] = name
@@ -108,15 +108,15 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
 def main(args) -> int:
     spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
     case = load_case(args.case)
-    if spec.family_entry.predictor:  # a family with a prediction of its own
-        print(json.dumps(load(spec.family_entry.predictor)(case, spec, args.rule), indent=2))
-        return 0
     if case.deployment is not None and case.deployment.engine != spec.family:
         raise invalid(
             "--as",
             args.version,
             f"the case's deployment is for {case.deployment.engine}; allowed: an engine of that family",
         )
+    if spec.family_entry.predictor:  # a family with a prediction of its own
+        print(json.dumps(load(spec.family_entry.predictor)(case, spec, args.rule), indent=2))
+        return 0
     case = resolved_as(case, spec)
     result = predict(case, spec, args.rule)  # the typed engine, not its name again
     if case.deployment is not None:
