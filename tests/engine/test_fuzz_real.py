@@ -95,6 +95,7 @@ def _fuzz_cmd(out: Path, corpus: Path, seconds: int) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_atheris_campaign_on_029_finds_53504_and_survives_kill_9(tmp_path):
     ensure_env("0.29.0")
     out, corpus = tmp_path / "findings", tmp_path / "corpus"

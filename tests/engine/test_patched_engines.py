@@ -139,6 +139,7 @@ def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
     assert report["first_failure_s"] is not None
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_check_build_passes_the_release_with_its_fixes_on_the_promises_they_address():
     code, report, err = _check_build(
         "--engine",

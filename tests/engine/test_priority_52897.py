@@ -45,6 +45,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "priority-52897-qwen3_5.json"
 VERSIONS = ("0.29.0", "0.30.0", "0.32.0", "0.33.0")
+# The default tier drives the two ends (0.29.0: the drop; 0.33.0: the
+# lookahead hash); 0.30.0 (installed on demand, not by `make engines`) and
+# 0.32.0 run in the slow tier (`make test-slow`), to keep `make test` short.
+TIERED = [v if v in ("0.29.0", "0.33.0") else pytest.param(v, marks=pytest.mark.slow) for v in VERSIONS]
 BLOCK = 1648
 PROMPT = 6592  # 4 x 1648: block aligned, as in the report
 
@@ -78,7 +82,7 @@ def _promise(case: dict, observed: dict, version: str) -> list[int]:
     return predict(judged, f"vllm=={version}", "promise")["hits"]
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", TIERED)
 def test_the_policy_reaches_vllm_and_changes_no_hit(engines, version):
     engine = engines(version)
     runs = {}
@@ -111,7 +115,7 @@ PROMISE = {
 }
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", TIERED)
 def test_the_promise_on_the_reported_shape(engines, version):
     case = _case("priority")
     obs = engines(version).run(case)

@@ -287,6 +287,7 @@ def test_fuzz_refuses_what_the_sglang_family_does_not_drive():
         assert proc.returncode == 2 and f"kvspec: {flag}=" in proc.stderr, (extra, proc.stderr[-400:])
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_a_matrix_across_families_judges_each_engine_on_its_own_resolution():
     """``kvspec matrix`` with a vLLM and an SGLang engine: each deployment
     case runs on the other family with that engine's default flags (the
@@ -324,6 +325,7 @@ def test_a_matrix_across_families_judges_each_engine_on_its_own_resolution():
 FIX = ROOT / "fixes" / "sglang-0.5.23-keep-cut.diff"
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_a_patched_sglang_build_keeps_the_promise_on_both_classes(tmp_path):
     """``--engine sglang==0.5.23 --patch fixes/sglang-0.5.23-keep-cut.diff``:
     the build (SGLang's sglang/ tree overlaid, hard-linked from the release)

@@ -224,6 +224,7 @@ def _compare_resolution(res: dict, labels: dict, config: ServerConfig) -> None:
 # ---------------------------------------------------------------- tests
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_periodic_retention_agrees_with_the_live_server(
     engine_032, resolve_server, periodic_config, periodic_server, block, seg
 ):

@@ -26,6 +26,7 @@ CASE = {
 }
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_the_replay_runs_every_case_over_two_processes_and_combines_their_coverage(tmp_path):
     from mutate.coverage import replay_coverage
 

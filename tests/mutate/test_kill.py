@@ -127,6 +127,7 @@ def test_a_mamba_lookup_mutant_is_killed_by_kvspec_and_its_build_removed(root, o
     assert s["counts"]["kvspec only"] == 1 and s["kvspec_score"] == 1.0
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_a_mutant_that_stalls_the_prefill_imports_and_is_killed_by_an_oracle(root, options):
     """Cosmic Ray's Add -> Sub on the split's chunk end: vLLM imports (the
     build's self-test only imports), then its scheduler schedules nothing;
@@ -149,6 +150,7 @@ def test_a_mutant_that_stalls_the_prefill_imports_and_is_killed_by_an_oracle(roo
     assert report.summarize([res], equivalent={})["counts"]["kvspec only"] == 1
 
 
+@pytest.mark.slow  # over a minute on 2 cores: `make test-slow` (Makefile, test tiers)
 def test_a_reviewed_equivalent_mutant_survives_and_is_counted_apart(root, options):
     """``resend * block`` in replay_boundaries' EAGLE branch: 0.33.0 keeps
     the state a resend needs through the prompt checkpoint's back-off, so
