@@ -49,6 +49,7 @@ from pathlib import Path
 from fuzz.finding_text import deployment_title, prompt_text, serve_args
 from fuzz.findings import check_fields
 from fuzz.impact import cost_of, impact_lines, is_shipped_model
+from fuzz.known_classes import classify as known_class
 from ground.errors import KvspecError, invalid
 from ground.home import engines_dir as default_dir
 from ground.printable import markdown_text, printable
@@ -62,9 +63,10 @@ def report_data(name: str) -> str:
     return resources.files("fuzz").joinpath("data", name).read_text(encoding="utf-8")
 
 
-#: Known finding classes' report prose (where vLLM's two numbers part, the
-#: fix, the workaround, what vLLM's own tests say): data, not code
-#: (``fuzz/data/report_vllm_classes.json``).
+#: The report prose of known classes (``classes``: the ids of
+#: ``fuzz.known_classes``, the one registry, it tells; where vLLM's two
+#: numbers part, the fix, the workaround, what vLLM's own tests say): data,
+#: not code (``fuzz/data/report_vllm_classes.json``).
 KNOWN_CLASSES = tuple(json.loads(report_data("report_vllm_classes.json")))
 
 
@@ -73,30 +75,11 @@ def _case_of(finding: dict):
 
 
 def classify(finding: dict) -> dict | None:
-    """The known class of a finding, or None."""
-    case = _case_of(finding)
-    g = case.geometry
-    if g is None:
-        return None
-    first = finding.get("first_divergence")
-    exp = (finding.get("expected") or {}).get("hits") or []
-    obs = (finding.get("observed") or {}).get("hits") or []
-    if first is None or first >= len(exp) or first >= len(obs):
-        return None
-    low, high = obs[first] < exp[first], obs[first] > exp[first]
-    B = g.scheduler_block_size
-    lengths = [r.num_prompt_tokens for r in case.trace]
-    spec_off = case.speculative is None
-    if (
-        low
-        and spec_off
-        and finding.get("oracle") in ("promise", "sparse_dense")
-        and any(n % B == 0 for n in lengths[:first])
-    ):
-        return KNOWN_CLASSES[0]
-    if high and g.prefill_checkpoint_grid is not None and g.prefix_match_unit is not None:
-        return KNOWN_CLASSES[1]
-    return None
+    """The report prose of a finding's known class (the one registry,
+    ``fuzz.known_classes.classify``), or None: a class with no prose here
+    is reported as an unknown one."""
+    known = known_class(finding)
+    return next((c for c in KNOWN_CLASSES if known in c["classes"]), None)
 
 
 def vllm_line(version: str, path: str, anchor: str, needle: str, engines_dir: Path | None = None) -> str | None:

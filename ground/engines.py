@@ -86,8 +86,8 @@ class Family:
       deployment, info, name) -> Case``), None: vLLM's (``fuzz.generate``);
     * ``twin``: a second engine a campaign holds it to when none is given
       (``twin(engine)``), else None;
-    * ``classes``: its known-class classifier (``classify(finding, kind,
-      geometry)``), None: the default family's;
+    * ``classes``: a module declaring its known classes (``CLASSES``, and
+      ``classify(finding, kind, geometry)``), None: the default family's;
     * ``canonical_flag``: its flag-name canonicaliser, None: vLLM's;
     * ``resolve_printer``: how ``kvspec resolve`` prints its resolution,
       None: the default's.
@@ -193,7 +193,7 @@ FAMILIES: dict[str, Family] = {
             run_options=("tree_core",),
             generator="fuzz.generate_sglang",
             twin="fuzz.drivers:TreeCoreTwin",
-            classes="fuzz.known_classes:_sglang_class",
+            classes="fuzz.known_classes_sglang",
             canonical_flag="reference.sglang_flags:canonical_flag",
             resolve_printer="kvspec.commands.resolve:_render_sglang",
             predictor="kvspec.commands.predict:predict_sglang",
