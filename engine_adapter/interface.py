@@ -39,6 +39,20 @@ from reference.case import Case, is_concurrent, parse_case
 FAMILIES = {f.name: f.driver for f in _REGISTRY.values()}
 
 
+class ReleaseOfPackage:
+    """A driver's ``version`` and ``name``, read from its family's installed
+    package (``ground.engines`` entry's ``package``): a subclass sets
+    ``family``."""
+
+    family: str
+
+    def __init__(self) -> None:
+        import importlib.metadata
+
+        self.version = importlib.metadata.version(_REGISTRY[self.family].package)
+        self.name = f"{self.family}=={self.version}"
+
+
 def as_case(case: Case | dict) -> Case:
     """A case a driver was handed (parsed already, or its dict)."""
     return case if isinstance(case, Case) else parse_case(case)

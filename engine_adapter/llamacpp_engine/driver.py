@@ -26,7 +26,6 @@ placeholder; the model's real outputs differ).
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import sys
 import time
@@ -34,7 +33,14 @@ import traceback
 
 import xllamacpp
 
-from engine_adapter.interface import Observation, RequestObservation, as_case, check_requests, family_deployment
+from engine_adapter.interface import (
+    Observation,
+    ReleaseOfPackage,
+    RequestObservation,
+    as_case,
+    check_requests,
+    family_deployment,
+)
 from engine_adapter.llamacpp_engine import gguf_models, serverlog
 from engine_adapter.llamacpp_engine.resolve import common_params, read_back
 from ground.errors import InvalidArgument, KvspecError, Unsupported
@@ -137,14 +143,10 @@ class _Served:
         return response, self.log.wait_for(start, "stop processing")
 
 
-class LlamacppDriver:
+class LlamacppDriver(ReleaseOfPackage):
     """The llama.cpp family's driver (``engine_adapter.interface.FamilyDriver``)."""
 
     family = "llamacpp"
-
-    def __init__(self) -> None:
-        self.version = importlib.metadata.version("xllamacpp")
-        self.name = f"llamacpp=={self.version}"
 
     def resolve(self, case) -> dict:
         case = _as_case(case)

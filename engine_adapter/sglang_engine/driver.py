@@ -70,7 +70,14 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
-from engine_adapter.interface import Observation, RequestObservation, as_case, check_requests, family_deployment  # noqa: E402
+from engine_adapter.interface import (  # noqa: E402
+    Observation,
+    ReleaseOfPackage,
+    RequestObservation,
+    as_case,
+    check_requests,
+    family_deployment,
+)
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
 from ground.printable import one_line  # noqa: E402
@@ -194,14 +201,10 @@ class _Cache:
         return int(flat[0].item()), int(flat[1].item())
 
 
-class SglangDriver:
+class SglangDriver(ReleaseOfPackage):
     """The SGLang family's driver (``engine_adapter.interface.FamilyDriver``)."""
 
     family = "sglang"
-
-    def __init__(self) -> None:
-        self.version = importlib.metadata.version("sglang")
-        self.name = f"sglang=={self.version}"
 
     def resolve(self, case) -> dict:
         case = _as_case(case)
