@@ -30,12 +30,55 @@ import importlib
 from typing import Any, Protocol, TypedDict
 
 from ground.engines import FAMILIES as _REGISTRY
-from ground.errors import invalid
+from ground.errors import Unsupported, invalid
+from reference.case import Case, is_concurrent, parse_case
 
 #: The families kvspec drives: family name -> the module (inside the
 #: family's environment) whose ``get_driver()`` returns its driver; read
 #: from the one registry, ``ground.engines.FAMILIES``.
 FAMILIES = {f.name: f.driver for f in _REGISTRY.values()}
+
+
+class ReleaseOfPackage:
+    """A driver's ``version`` and ``name``, read from its family's installed
+    package (``ground.engines`` entry's ``package``): a subclass sets
+    ``family``."""
+
+    family: str
+
+    def __init__(self) -> None:
+        import importlib.metadata
+
+        self.version = importlib.metadata.version(_REGISTRY[self.family].package)
+        self.name = f"{self.family}=={self.version}"
+
+
+def as_case(case: Case | dict) -> Case:
+    """A case a driver was handed (parsed already, or its dict)."""
+    return case if isinstance(case, Case) else parse_case(case)
+
+
+def family_deployment(case: Case, family: str):
+    """The case's deployment, when it is one of ``family``'s (a family that
+    runs only deployments); else one line built from the family's
+    ``ground.engines`` entry (its title and serve-flag field)."""
+    entry = _REGISTRY[family]
+    if case.deployment is None or case.deployment.engine != family:
+        raise Unsupported(
+            f'case.deployment: {entry.title} runs deployment cases with "engine": "{family}"; '
+            f"allowed: a deployment block with engine {family} and {entry.args_field}"
+        )
+    return case.deployment
+
+
+def check_requests(case: Case, family: str, most: int, serial_note: str = "") -> None:
+    """A driver's ``check_case`` prologue: at most ``most`` requests, and a
+    serial trace (``serial_note``: why, after "serial requests")."""
+    title = _REGISTRY[family].title
+    if len(case.trace) > most:
+        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on {title}: at most {most}")
+    if is_concurrent(case):
+        raise Unsupported(f"trace: a concurrent trace (arrival); allowed on {title}: serial requests{serial_note}")
 
 
 class EngineFailure(TypedDict, total=False):

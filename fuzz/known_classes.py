@@ -58,7 +58,7 @@ from fuzz.oracle_registry import HIT_ORACLES
 from fuzz.oracles import SAME_STEP_READ, request_kinds
 from ground.engines import FAMILIES, family_of, load
 from ground.errors import KvspecError
-from reference.case import parse_case, prompt_tokens
+from reference.case import parse_case
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,9 @@ class KnownClass:
     rule: str  # what a finding of it says, in one line
 
 
-KNOWN_CLASSES = (
+#: The default family's (vLLM's) classes; another family declares its own
+#: (its registry entry's ``classes`` module: ``CLASSES`` and ``classify``).
+VLLM_CLASSES = (
     KnownClass(
         "resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"
     ),
@@ -100,25 +102,19 @@ KNOWN_CLASSES = (
         "R2",
         "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block",
     ),
-    KnownClass(
-        "sglang-grid-resend",
-        "sglang==0.5.23",
-        "R1",
-        "SGLang: an identical resend of a prompt of k x grid tokens hits below the promise",
-    ),
-    KnownClass(
-        "sglang-sibling-branch",
-        "sglang==0.5.23",
-        "R2",
-        "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)",
-    ),
-    KnownClass(
-        "sglang-off-page-key",
-        "sglang==0.5.23",
-        "no-stale",
-        "SGLang: a request resumes a Mamba state computed over more tokens than its key (a chunk started off the page)",
-    ),
 )
+
+
+def _declared() -> tuple[KnownClass, ...]:
+    """Every family's classes: the default family's, then each family's own
+    (``ground.engines.FAMILIES``' ``classes``), in registry order."""
+    own = tuple(KnownClass(*k) for f in FAMILIES.values() if f.classes is not None for k in load(f.classes).CLASSES)
+    return VLLM_CLASSES + own
+
+
+#: The one known-class registry: ``kvspec findings``, ``triage``,
+#: ``report`` and ``bench/rediscovery.py`` all read it.
+KNOWN_CLASSES = _declared()
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
 
@@ -141,6 +137,23 @@ def _low_hit(finding: dict) -> tuple[str, dict] | None:
         return None
 
 
+def _high_past_checkpoint(finding: dict) -> bool:
+    """The first diverging request hit more than the reference gives, on a
+    deployment with internal prefill checkpoints and a hash unit (partial
+    hits): a copied state cached as a later boundary's (the stale-state
+    class as ``kvspec report`` has told it since stop 20:
+    ``fixes/vllm-0.33.0-stale-state-after-partial-hit.diff``)."""
+    i = finding.get("first_divergence")
+    exp = (finding.get("expected") or {}).get("hits") or []
+    obs = (finding.get("observed") or {}).get("hits") or []
+    g = (finding.get("case") or {}).get("geometry") if isinstance(finding.get("case"), dict) else None
+    if not isinstance(i, int) or not isinstance(g, dict) or i >= len(exp) or i >= len(obs):
+        return False
+    if not all(isinstance(x, int) for x in (exp[i], obs[i])):
+        return False
+    return obs[i] > exp[i] and g.get("prefill_checkpoint_grid") is not None and g.get("prefix_match_unit") is not None
+
+
 def classify(finding: dict) -> str | None:
     """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
     or None. Reads only the finding's own fields; a case it cannot read is
@@ -157,14 +170,16 @@ def classify(finding: dict) -> str | None:
         family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:
             return family.state_class
+    version = str((finding.get("engine") or {}).get("version") or "")
+    family = FAMILIES.get(family_of(version))
+    if family is not None and family.classes is None and _high_past_checkpoint(finding):
+        return "stale-state"
     low = _low_hit(finding)
     if low is None:
         return None
     kind, g = low
-    version = str((finding.get("engine") or {}).get("version") or "")
-    family = FAMILIES.get(family_of(version))
     if family is not None and family.classes is not None:  # the family's own classes
-        return load(family.classes)(finding, kind, g)
+        return load(family.classes).classify(finding, kind, g)
     knobs = (finding.get("engine") or {}).get("knobs") or {}
     drop = bool(knobs.get("eagle_drop"))
     hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]
@@ -186,35 +201,4 @@ def classify(finding: dict) -> str | None:
             # with interval 3B: B then B+1 hits 0 where the promise gives B;
             # the longer-sibling fix gives B)
             return "longer-sibling"
-    return None
-
-
-def _sglang_class(finding: dict, kind: str, g: dict) -> str | None:
-    """An SGLang finding's class: the first low request's earliest prefix
-    in the trace (the request it resends or extends) was itself a sibling
-    (it diverged inside an earlier prompt): ``sglang-sibling-branch``; else
-    a resend of a prompt of a whole number of grids (the geometry's block):
-    ``sglang-grid-resend``."""
-    if kind not in ("resend", "extension"):
-        return None
-    try:
-        case = parse_case(finding["case"])
-    except (KvspecError, KeyError, TypeError):
-        return None
-    i = finding["first_divergence"]
-    prompts = [prompt_tokens(r) for r in case.trace[: i + 1]]
-    mine = prompts[i]
-    earlier = [j for j in range(i) if mine[: len(prompts[j])] == prompts[j]]  # its prefixes among the earlier prompts
-    if not earlier:
-        return None
-    longest = max(len(prompts[j]) for j in earlier)
-    first = min(
-        j for j in earlier if len(prompts[j]) == longest
-    )  # the first request that sent the prompt it repeats or extends
-    kinds = request_kinds(case)
-    if kinds[first] == "sibling":
-        return "sglang-sibling-branch"
-    grid = g.get("scheduler_block_size")
-    if kind == "resend" and isinstance(grid, int) and grid > 0 and len(mine) % grid == 0:
-        return "sglang-grid-resend"
     return None

@@ -32,9 +32,9 @@ ISSUE.md shows a finding's text without control characters
 escaped: no link, image, HTML or extra cell), code spans and fences longer than any backtick run inside
 them (a text cannot close them), and shell lines with every word quoted.
 
-The module is longer than 500 lines because about 170 of them are the
-regression test's template (vLLM test code kept as one literal text,
-``_TEST_TEMPLATE``), which stays beside the escaping that fills it.
+The bug prose of each known class and the regression test's template are
+data files under ``fuzz/data/`` (``report_vllm_classes.json``,
+``regression_test_vllm.py.tmpl``), read with :mod:`importlib.resources`.
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ import ast
 import json
 import re
 import shlex
+from importlib import resources
 from pathlib import Path
 
 from fuzz.finding_text import deployment_title, prompt_text, serve_args
 from fuzz.findings import check_fields
 from fuzz.impact import cost_of, impact_lines, is_shipped_model
+from fuzz.known_classes import classify as known_class
 from ground.errors import KvspecError, invalid
 from ground.home import engines_dir as default_dir
 from ground.printable import markdown_text, printable
@@ -55,37 +57,17 @@ from reference.case import case_to_dict, parse_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Known finding classes: how to recognise one (a predicate over the finding
-#: and its case), where vLLM's two numbers part, the fix, the workaround.
-KNOWN_CLASSES = (
-    {
-        "id": "longer-sibling-of-aligned-prompt",
-        "title": "Hybrid prefix cache: a longer sibling of a block-aligned prompt gets one block less under sparse retention (no EAGLE)",
-        "where": ("vllm/v1/core/kv_cache_coordinator.py", "def replay_boundaries", "if not use_eagle:"),
-        "why": "Without EAGLE, `replay_boundaries` returns only `num_prompt_tokens - 1`. The retention mask keeps the Mamba state of the block that position floors to. For a prompt of N = k*B tokens that is block k-1 (state after N - B), while a longer sibling, which shares all N tokens, resumes at N: its state is written (the prefill's last chunk ends at N) but not kept. The function's own docstring names both positions (\"a resend ... capped at num_tokens - 1 ..., a longer sibling matches the final aligned block\"); only the EAGLE branch keeps both (#54713).",
-        "fix": "fixes/vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
-        "workaround": "`--prefix-cache-retention-interval B` (every block state written is kept, i.e. dense for written states)",
-        "cites": [
-            "vLLM's own `tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py` asserts that without MTP each follow-up turn hits at least the previous prompt's length floored to the block: a block-aligned previous turn breaks that; its prompt lengths just never land on a block boundary."
-        ],
-    },
-    {
-        "id": "stale-state-after-partial-hit",
-        "title": "Hybrid prefix cache: with internal Mamba prefill checkpoints, a partial hit's copied state is cached as the state after the next block boundary",
-        "where": (
-            "vllm/v1/core/sched/scheduler.py",
-            "def _mamba_block_aligned_split",
-            "if start % block_size != 0 and not use_internal_checkpoint",
-        ),
-        "why": "After a partial (sub-block) hit at s inside block k, the request's slot k holds a copy of the state after s. Normally the prefill stops at the next block boundary, so slot k is overwritten with the state after (k+1)*B. With an internal prefill checkpoint (Mamba-2 layers since 0.32.0, Qwen GDN on FlashInfer in 0.33.0) `_mamba_block_aligned_split` drops that stop, the chunk runs past (k+1)*B, and `MambaManager.cache_blocks` then publishes slot k under the hash of (k+1)*B tokens: a state after s tokens served as the state after (k+1)*B. The invariant vLLM's own `tests/v1/core/test_mamba_align_chunk_split.py` states (slot p holds the state after exactly (p+1)*block_size tokens; #43559) breaks on this path.",
-        "fix": "fixes/vllm-0.33.0-stale-state-after-partial-hit.diff",
-        "workaround": "`--prefix-cache-retention-interval 0` (sparse, the default) avoids it unless a replay boundary or a junction marks that block; or no `--prefix-match-unit` (no partial hits)",
-        "cites": [
-            "#43559 (the same invariant, another path)",
-            "vLLM's `tests/v1/core/test_mamba_align_chunk_split.py`",
-        ],
-    },
-)
+
+def report_data(name: str) -> str:
+    """A report's prose or template, kept as a data file under ``fuzz/data/``."""
+    return resources.files("fuzz").joinpath("data", name).read_text(encoding="utf-8")
+
+
+#: The report prose of known classes (``classes``: the ids of
+#: ``fuzz.known_classes``, the one registry, it tells; where vLLM's two
+#: numbers part, the fix, the workaround, what vLLM's own tests say): data,
+#: not code (``fuzz/data/report_vllm_classes.json``).
+KNOWN_CLASSES = tuple(json.loads(report_data("report_vllm_classes.json")))
 
 
 def _case_of(finding: dict):
@@ -93,30 +75,11 @@ def _case_of(finding: dict):
 
 
 def classify(finding: dict) -> dict | None:
-    """The known class of a finding, or None."""
-    case = _case_of(finding)
-    g = case.geometry
-    if g is None:
-        return None
-    first = finding.get("first_divergence")
-    exp = (finding.get("expected") or {}).get("hits") or []
-    obs = (finding.get("observed") or {}).get("hits") or []
-    if first is None or first >= len(exp) or first >= len(obs):
-        return None
-    low, high = obs[first] < exp[first], obs[first] > exp[first]
-    B = g.scheduler_block_size
-    lengths = [r.num_prompt_tokens for r in case.trace]
-    spec_off = case.speculative is None
-    if (
-        low
-        and spec_off
-        and finding.get("oracle") in ("promise", "sparse_dense")
-        and any(n % B == 0 for n in lengths[:first])
-    ):
-        return KNOWN_CLASSES[0]
-    if high and g.prefill_checkpoint_grid is not None and g.prefix_match_unit is not None:
-        return KNOWN_CLASSES[1]
-    return None
+    """The report prose of a finding's known class (the one registry,
+    ``fuzz.known_classes.classify``), or None: a class with no prose here
+    is reported as an unknown one."""
+    known = known_class(finding)
+    return next((c for c in KNOWN_CLASSES if known in c["classes"]), None)
 
 
 def vllm_line(version: str, path: str, anchor: str, needle: str, engines_dir: Path | None = None) -> str | None:
@@ -455,178 +418,9 @@ def _live_section(live: dict) -> list[str]:
 # ------------------------------------------------------------- the test
 
 
-_TEST_TEMPLATE = '''# SPDX-License-Identifier: Apache-2.0
-"""Regression test: {doc_title}
-
-Generated by kvspec (the finding: TITLE and FINDING_SIGNATURE below). It
-drives vLLM's Scheduler the way tests/v1/core's tests do, with the geometry
-vLLM resolved for the deployment (a tiny model config with the same KV cache
-groups: block sizes, hash unit, retention and budget are what matter), and
-serves the trace one request at a time. No kvspec import.
-"""
-
-import json
-import random
-
-import pytest
-import torch
-
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec, get_mamba_prefill_checkpoint_position
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
-
-TITLE = {title}
-FINDING_SIGNATURE = {signature}
-BLOCK = {block}
-PREFIX_MATCH_UNIT = {pmu}
-RETENTION = {retention}
-BUDGET = {budget}
-CHECKPOINT_GRID = {grid}
-NUM_MAMBA_GROUPS = {mamba_groups}
-SPECULATIVE = {speculative}
-# Each prompt: (stream name, length) segments; equal names share a prefix.
-PROMPTS = {prompts}
-EXPECTED_HITS = {expected}
-CHECK = {check}
-SAMPLED = 2000  # outside every stream's ids
-
-
-def stream(name, n, _cache={{}}):
-    s = _cache.setdefault(name, [])
-    rng = _cache.setdefault(("rng", name), random.Random(name))
-    while len(s) < n:
-        s.append(1 + rng.randrange(1999))
-    return s[:n]
-
-
-def tokens(prompt):
-    out = []
-    for name, n in prompt:
-        out += stream(name, n)
-    return out
-
-
-def make_scheduler(tmp_path):
-    layer_types = ["linear_attention"] * NUM_MAMBA_GROUPS + ["full_attention"]
-    config = {{
-        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 4096,
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": len(layer_types), "layer_types": layer_types,
-        "full_attention_interval": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
-        "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-        "max_position_embeddings": 1 << 20, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
-        "torch_dtype": "bfloat16", "bos_token_id": 4094, "eos_token_id": 4095,
-    }}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    longest = max(len(tokens(p)) for p in PROMPTS)
-    max_model_len = max(8192, -(-(longest + 64) // 4096) * 4096)
-    model_config = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, max_model_len=max_model_len)
-    cache_kwargs = dict(block_size=BLOCK, enable_prefix_caching=True, mamba_cache_mode="align",
-                        prefix_cache_retention_interval=RETENTION, mamba_block_size=BLOCK)
-    if PREFIX_MATCH_UNIT is not None:
-        cache_kwargs["prefix_match_unit"] = PREFIX_MATCH_UNIT
-    cache_config = CacheConfig(**cache_kwargs)
-    parallel_config = ParallelConfig()
-    scheduler_config = SchedulerConfig(max_model_len=max_model_len, is_encoder_decoder=False, max_num_batched_tokens=BUDGET,
-                                       max_num_seqs=max(1, min(128, BUDGET)), enable_chunked_prefill=True)
-    spec_config = None
-    k = 0
-    if SPECULATIVE is not None:
-        spec_config = SpeculativeConfig(target_model_config=model_config, target_parallel_config=parallel_config, **SPECULATIVE)
-        k = SPECULATIVE["num_speculative_tokens"]
-    vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config, parallel_config=parallel_config,
-                             scheduler_config=scheduler_config, speculative_config=spec_config, device_config=DeviceConfig(device="cpu"))
-    extra = {{}}
-    if CHECKPOINT_GRID is not None:
-        extra = dict(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=CHECKPOINT_GRID)
-    groups = []
-    for i in range(NUM_MAMBA_GROUPS):
-        spec = MambaSpec(block_size=BLOCK, shapes=((3, 96), (4, 16, 16)), dtypes=(torch.bfloat16, torch.float32),
-                         mamba_cache_mode="align", num_speculative_blocks=k, **extra)
-        groups.append(KVCacheGroupSpec([f"model.layers.{{i}}.linear_attn"], spec))
-    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
-    names = [f"model.layers.{{NUM_MAMBA_GROUPS}}.self_attn.attn"]
-    if SPECULATIVE is not None:
-        names.append("mtp.layers.0.self_attn.attn")
-    groups.append(KVCacheGroupSpec(names, attn))
-    if SPECULATIVE is not None and spec_config.use_eagle_block_drop():
-        groups[-1].is_eagle_group = True  # the draft layer's group, as vLLM flags it
-    num_blocks = 64 + sum(len(tokens(p)) // BLOCK + 8 + k for p in PROMPTS) * len(groups)
-    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                                    prefix_cache_retention_interval=RETENTION)
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    vllm_config.validate_block_size()
-    sbs, hbs = kv_cache_utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    kv_cache_config.hash_block_size = hbs
-    kv_cache_config.cache_hit_alignment_tokens = kv_cache_utils.resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, sbs, hbs)
-    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                          structured_output_manager=StructuredOutputManager(vllm_config), block_size=sbs, hash_block_size=hbs,
-                          include_finished_set=False, log_stats=True)
-    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
-    kv_cache_utils.init_none_hash(hash_fn)
-    hasher = kv_cache_utils.get_request_block_hasher(hbs, hash_fn, vllm_config.num_hash_lookahead_tokens)
-    return scheduler, hasher, hbs
-
-
-def serve(scheduler, hasher, index, toks):
-    """One request to completion; (hits, prefill chunk ends, the request)."""
-    req = Request(request_id=f"req-{{index}}", prompt_token_ids=toks, sampling_params=SamplingParams(max_tokens=1),
-                  pooling_params=None, block_hasher=hasher)
-    scheduler.add_request(req)
-    hits, ends = 0, []
-    for _ in range(len(toks) + 64):
-        if not scheduler.has_unfinished_requests():
-            break
-        so = scheduler.schedule()
-        ids = list(so.num_scheduled_tokens)
-        done = min(req.num_computed_tokens, len(toks))
-        if req.request_id in ids and (not ends or ends[-1] < done) and req.num_output_tokens == 0:
-            ends.append(done)
-        sampled = [[SAMPLED] if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens else [] for r in ids]
-        out = scheduler.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index={{r: j for j, r in enumerate(ids)}},
-                                                                  sampled_token_ids=sampled))
-        for eco in (out or {{}}).values():
-            if eco.scheduler_stats is not None and eco.scheduler_stats.prefix_cache_stats is not None:
-                hits += eco.scheduler_stats.prefix_cache_stats.hits
-    assert not scheduler.has_unfinished_requests()
-    return hits, ends, req
-
-
-def mamba_states_held(scheduler, req, hbs):
-    """Token counts p whose Mamba state (group 0) the block pool holds for this prompt."""
-    pool = scheduler.kv_cache_manager.block_pool
-    return [(j + 1) * hbs for j, h in enumerate(req.block_hashes) if pool.get_cached_block(h, [0]) is not None]
-
-
-def test_{name}(tmp_path):
-    scheduler, hasher, hbs = make_scheduler(tmp_path)
-    hits, written = [], set()
-    for i, prompt in enumerate(PROMPTS):
-        h, ends, req = serve(scheduler, hasher, i, tokens(prompt))
-        hits.append(h)
-        written |= set(ends)
-        if CHECKPOINT_GRID is not None:  # the prompt checkpoint a kernel may export from inside a chunk
-            written.add(get_mamba_prefill_checkpoint_position(len(req.prompt_token_ids), hbs, scheduler.use_eagle_block_drop,
-                                                              num_hash_lookahead_tokens=scheduler.num_hash_lookahead_tokens))
-        if CHECK == "written":
-            # Every Mamba state keyed at p tokens was written by a prefill
-            # chunk ending at p (or by vLLM's own prompt checkpoint: a sub-block
-            # position, keyed as a partial block).
-            for p in mamba_states_held(scheduler, req, hbs):
-                assert p in written or p % BLOCK, (
-                    f"request {{i}}: a Mamba state is cached as the state after {{p}} tokens, but no prefill chunk "
-                    f"ended at {{p}} (chunk ends so far: {{sorted(written)}})")
-    if CHECK == "hits":
-        assert hits == EXPECTED_HITS
-'''
+#: The regression test's template (vLLM test code, ``str.format``): data,
+#: ``fuzz/data/regression_test_vllm.py.tmpl``.
+_TEST_TEMPLATE = report_data("regression_test_vllm.py.tmpl")
 
 
 def regression_test(finding: dict) -> str:

@@ -27,43 +27,14 @@ from string import Template
 
 from fuzz.findings import check_fields
 from fuzz.known_classes import classify as known_class
-from fuzz.report import _case_of, _cell, _code, _fence, _literal, _text
+from fuzz.report import _case_of, _cell, _code, _fence, _literal, _text, report_data
 from ground.engines import family_of
 from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Per known SGLang class: what goes wrong, where (0.5.23 wheel), the fix, prior art.
-SGLANG_CLASSES = {
-    "sglang-grid-resend": {
-        "title": "an identical resend of a prompt of k x grid tokens misses the state its prefill tracked",
-        "why": "the prefill tracks its state at N (`schedule_batch.py:3137 _mamba_radix_cache_v2_req_prepare_for_extend`: "
-        "`prefix_len + (extend_len // grid) * grid`); the resend is capped at N-1 (`schedule_batch.py:1766 _compute_max_prefix_len`), "
-        "so the walk stops one token inside that node and resumes at the previous chunk end",
-        "fix": ["fixes/sglang-0.5.23-keep-cut.diff"],
-        "prior": 'Reported upstream before as sgl-project/sglang#30882 and #21350 ("Improve reusable Mamba prefix tracking for aligned prefills"), '
-        "both closed unmerged. What this report adds: a fix validated by a campaign on the patched build, a regression test, and the second "
-        "class (a sibling keeps only its branching point).",
-    },
-    "sglang-sibling-branch": {
-        "title": "a resend or extension of a sibling resumes at the branching point only",
-        "why": "a request whose match names a branching point tracks it instead of its own last grid point "
-        "(`schedule_batch.py:3214-3231`): one state per extend, so the sibling keeps nothing past the branch",
-        "fix": ["fixes/sglang-0.5.23-keep-cut.diff"],
-        "prior": "The grid-resend class of the same mechanism was reported upstream as sgl-project/sglang#30882 and #21350 (closed unmerged); "
-        "this sibling class is not in either.",
-    },
-    "sglang-off-page-key": {
-        "title": "a Mamba state is keyed below the tokens it was computed over (a chunk started off the page)",
-        "why": "a continuing chunk takes min(remaining, budget) tokens unrounded without DCP (`schedule_policy.py:1140 add_chunked_req`, "
-        "`:586 mamba_prefill_chunk_grid` returns 1), so the next extend starts off the page; its prefix-relative tracked point "
-        "(`schedule_batch.py:3175-3180`) is off the page too, and `checkpoint_into_tree` keys it at the page floor "
-        "(`unified_radix_cache.py:1232 page_aligned`): a later match resumes a state that has seen tokens past its key",
-        "fix": ["fixes/sglang-0.5.23-chunk-on-grid.diff"],
-        "prior": "Not found among upstream issues; `mamba_prefill_chunk_grid`'s docstring (0.5.23) says rounding the cut without DCP would "
-        "only drop budget, which holds for the donation count but not for the key.",
-    },
-}
+SGLANG_CLASSES = json.loads(report_data("report_sglang_classes.json"))
 
 
 def regression_test_name(finding: dict) -> str:
@@ -151,185 +122,9 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, finding_p
     return "\n".join(lines) + "\n"
 
 
-_TEST_TEMPLATE = Template('''"""CPU regression test: $doc_title.
-
-Drives SGLang's UnifiedRadixCache (FULL + MAMBA) and the scheduler's prefill
-steps (Req.init_next_round_input, PrefillAdder, ScheduleBatch.prepare_for_extend,
-checkpoint_kv_cache between chunks, release_kv_cache at the end) for a serial
-trace, one output token per request. The model forward is stood in: the
-state the kernel would copy into a tracked slot is a fingerprint of the
-tokens it covers, placed where SGLang's own track plan says
-(layers/attention/mamba/prefill_track_metadata.py).
-"""
-
-import json
-import os
-import tempfile
-import unittest
-import zlib
-from array import array
-
-import torch
-
-from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.environ import envs
-from sglang.srt.layers.attention.mamba.prefill_track_metadata import build_prefill_track_plan
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import PrefillAdder
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-from sglang.srt.runtime_context import get_exec, override_platform
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-try:
-    from sglang.test.ci.ci_register import register_cpu_ci
-
-    register_cpu_ci(est_time=20, suite="base-a-test-cpu")
-except ImportError:
-    pass
-
-MODEL_CONFIG = $config
-FLAGS = $flags
-PROMPTS = $prompts
-EXPECTED_HITS = $expected
-CHECK = $check
-LAYERS, FULL = 4, (3,)
-
-
-def stream(name, n, names={}):
-    base = 1000 + 100000 * names.setdefault(name, len(names))
-    return list(range(base, base + n))
-
-
-def fingerprint(tokens):
-    return float(len(tokens) % (1 << 24)), float(zlib.crc32(array("q", tokens).tobytes()) % (1 << 24))
-
-
-class TestMambaPrefixCacheRegression(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        with open(os.path.join(self.tmp.name, "config.json"), "w") as f:
-            json.dump(MODEL_CONFIG, f)
-        with override_platform(is_cuda=True):
-            self.sa = prepare_server_args(["--model-path", self.tmp.name, "--device", "cuda", *FLAGS])
-            self.sa.resolve_once()
-            set_global_server_args_for_scheduler(self.sa)
-            self.model_config = ModelConfig.from_server_args(self.sa)
-            resolved = self.sa.resolved_dict()
-        self.page = resolved["page_size"]
-        self.chunk = resolved["chunked_prefill_size"]
-        self.max_prefill = resolved["max_prefill_tokens"]
-        self.extra = bool(get_exec().mamba.enable_mamba_extra_buffer)
-        self.state_chunk = int(getattr(self.model_config.hf_text_config, "mamba_chunk_size", None) or 64)
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def build(self, lengths):
-        mamba_ids = [i for i in range(LAYERS) if i not in FULL]
-        with envs.SGLANG_MAMBA_SSM_DTYPE.override("float32"):
-            shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=2, head_dim=16, state_size=16, conv_kernel=4)
-            params = Mamba2CacheParams(shape=shape, layers=mamba_ids)
-        page, n = self.page, len(lengths)
-        size = (sum(lengths) + n + 4 * page + 1024) // page * page + page
-        states = sum(x // max(1, self.chunk or x) + 6 for x in lengths) + 16
-        self.req_pool = HybridReqToTokenPool(size=n + 4, mamba_size=states, mamba_spec_state_size=n + 4, max_context_len=max(lengths) + 16,
-                                             device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=mamba_ids,
-                                             enable_mamba_extra_buffer=self.extra, speculative_num_draft_tokens=3)
-        kv = HybridLinearKVPool(size=size, dtype=torch.bfloat16, page_size=page, head_num=1, head_dim=8, full_attention_layer_ids=list(FULL),
-                                device="cpu", enable_memory_saver=False, mamba_pool=self.req_pool.mamba_pool)
-        alloc = TokenToKVPoolAllocator if page == 1 else PagedTokenToKVPoolAllocator
-        kwargs = {} if page == 1 else {"page_size": page}
-        self.allocator = alloc(size=size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False, **kwargs)
-        self.tree = UnifiedRadixCache(params=CacheInitParams(
-            req_to_token_pool=self.req_pool, token_to_kv_pool_allocator=self.allocator, page_size=page, disable=False,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=self.extra,
-            eviction_policy="lru", is_eagle=False, tree_core_backend="python"))
-
-    def slot(self, idx):
-        return int(self.req_pool.translate_mamba_indices(idx.reshape(1))[0])
-
-    def write(self, idx, tokens):
-        t = self.req_pool.mamba_pool.mamba_cache.temporal
-        t[:, self.slot(idx)].zero_()
-        flat = t[0, self.slot(idx)].view(-1)
-        flat[0], flat[1] = fingerprint(tokens)
-
-    def read(self, idx):
-        flat = self.req_pool.mamba_pool.mamba_cache.temporal[0, self.slot(idx)].view(-1)
-        return float(flat[0]), float(flat[1])
-
-    def serve(self, i, tokens):
-        params = SamplingParams(temperature=0, max_new_tokens=1)
-        params.normalize(None)
-        req = Req(rid=f"r{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
-        running = ScheduleBatch.init_new([], self.req_pool, self.allocator, self.tree, self.model_config, False, SpeculativeAlgorithm.NONE)
-        chunked, hit, resumed = None, None, None
-        for _ in range(len(tokens) + 2):
-            if chunked is not None:
-                checkpoint_kv_cache(chunked, self.tree)
-            adder = PrefillAdder(self.page, self.tree, self.allocator, running, 1.0, self.max_prefill, self.chunk)
-            if chunked is not None:
-                chunked.init_next_round_input()
-                chunked = adder.add_chunked_req(chunked)
-            else:
-                req.init_next_round_input(self.tree)
-                hit = req.prefix_len
-                adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
-            if adder.new_chunked_req is not None:
-                chunked = adder.new_chunked_req
-            if chunked is not None:
-                chunked.inflight_middle_chunks += 1
-            batch = ScheduleBatch.init_new(adder.can_run_list, self.req_pool, self.allocator, self.tree, self.model_config, False,
-                                           SpeculativeAlgorithm.NONE, chunked_req=chunked)
-            batch.prepare_for_extend()
-            # the model runner's deferred Mamba clear and copy-on-write
-            if batch.mamba_clear_indices is not None and len(batch.mamba_clear_indices):
-                self.req_pool.mamba_pool.clear_slots(self.req_pool.translate_mamba_indices(batch.mamba_clear_indices))
-            if batch.mamba_cow_src_indices is not None and len(batch.mamba_cow_src_indices):
-                self.req_pool.copy_mamba_state(self.req_pool.translate_mamba_indices(batch.mamba_cow_src_indices),
-                                               self.req_pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
-            if resumed is None:
-                resumed = self.read(req.kv.mamba_pool_idx) if hit else None
-            self.write(req.kv.mamba_pool_idx, tokens[:req.extend_end])
-            if self.extra and batch.mamba_prefill_track_mask_cpu is not None and batch.mamba_prefill_track_mask_cpu[0]:
-                prefix, end = req.prefix_len, req.extend_end
-                plan = build_prefill_track_plan([True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], self.state_chunk, mamba2=False)
-                covered = end if plan.final_rows else prefix + plan.chunk_indices[0] * self.state_chunk
-                self.write(batch.mamba_track_indices[0], tokens[:covered])
-            if req.inflight_middle_chunks > 0:
-                req.inflight_middle_chunks -= 1
-                continue
-            req.output_ids.append(0)
-            req.update_finish_state()
-            release_kv_cache(req, self.tree, checkpoint=True)
-            break
-        return hit, resumed
-
-    def test_regression(self):
-        prompts = [[t for name, n in p for t in stream(name, n)] for p in PROMPTS]
-        self.build([len(p) for p in prompts])
-        hits = []
-        for i, tokens in enumerate(prompts):
-            hit, resumed = self.serve(i, tokens)
-            hits.append(hit)
-            if CHECK == "resumed" and hit:
-                self.assertEqual(resumed, fingerprint(tokens[:hit]), f"request {i} resumed at {hit} from a state over other tokens")
-        if CHECK == "hits":
-            self.assertEqual(hits, EXPECTED_HITS)
-
-
-if __name__ == "__main__":
-    unittest.main()
-''')
+#: The regression test's template (SGLang test code, ``string.Template``): data,
+#: ``fuzz/data/regression_test_sglang.py.tmpl``.
+_TEST_TEMPLATE = Template(report_data("regression_test_sglang.py.tmpl"))
 
 
 def regression_test(finding: dict) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,8 +86,8 @@ class Family:
       deployment, info, name) -> Case``), None: vLLM's (``fuzz.generate``);
     * ``twin``: a second engine a campaign holds it to when none is given
       (``twin(engine)``), else None;
-    * ``classes``: its known-class classifier (``classify(finding, kind,
-      geometry)``), None: the default family's;
+    * ``classes``: a module declaring its known classes (``CLASSES``, and
+      ``classify(finding, kind, geometry)``), None: the default family's;
     * ``canonical_flag``: its flag-name canonicaliser, None: vLLM's;
     * ``resolve_printer``: how ``kvspec resolve`` prints its resolution,
       None: the default's.
@@ -192,7 +193,7 @@ FAMILIES: dict[str, Family] = {
             run_options=("tree_core",),
             generator="fuzz.generate_sglang",
             twin="fuzz.drivers:TreeCoreTwin",
-            classes="fuzz.known_classes:_sglang_class",
+            classes="fuzz.known_classes_sglang",
             canonical_flag="reference.sglang_flags:canonical_flag",
             resolve_printer="kvspec.commands.resolve:_render_sglang",
             predictor="kvspec.commands.predict:predict_sglang",
@@ -300,6 +301,43 @@ class EngineSpec:
             return cls(name, release)
         label, dot, digest = local.rpartition(".")
         return cls(name, release, label, digest) if dot else cls(name, release, local)
+
+    def to_json(self) -> str:
+        """The engine as one serialized value (what a worker receives:
+        ``python -m engine_adapter.inside.worker --engine JSON``); read
+        back by :meth:`from_json`, never by the name grammar."""
+        fields = {"family": self.family, "release": self.release, "label": self.label, "hash": self.hash}
+        return json.dumps({**fields, "patches": list(self.patches)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: object, field: str = "engine") -> EngineSpec:
+        """The engine :meth:`to_json` wrote: a JSON object with exactly its
+        fields, a declared family and one of its releases; anything else is
+        one line naming the field."""
+        keys = ("family", "hash", "label", "patches", "release")
+        try:
+            raw = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict) or tuple(sorted(raw)) != keys:
+            raise InvalidArgument(
+                f"{field}={text!r}: not a serialized engine; allowed: a JSON object of {', '.join(keys)}"
+            )
+        fam = family(raw["family"], f"{field}.family")
+        if raw["release"] not in fam.releases:
+            raise Unsupported(
+                f"{field}.release={raw['release']!r}: not a {fam.title} release kvspec has; {allowed_text()}"
+            )
+        for name in ("label", "hash"):
+            value = raw[name]
+            if value is not None and not (isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9.-]*", value)):
+                raise InvalidArgument(f"{field}.{name}={value!r}: allowed: null or a PEP 440 local label")
+        patches = raw["patches"]
+        if not isinstance(patches, list) or not all(isinstance(x, str) for x in patches):
+            raise InvalidArgument(f"{field}.patches={patches!r}: allowed: a list of file names")
+        if raw["hash"] is not None and raw["label"] is None:
+            raise InvalidArgument(f"{field}.hash={raw['hash']!r}: a hash belongs to a build label; allowed: null")
+        return cls(fam.name, raw["release"], raw["label"], raw["hash"], tuple(patches))
 
     @property
     def family_entry(self) -> Family:

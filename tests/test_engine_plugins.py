@@ -86,13 +86,13 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 
 #: Where an engine is read again below the command line's edge, per
 #: command: a ratchet (a new re-read fails; a listed one that is gone fails
-#: too, strike it). ``run``'s judge hands the version key (``0.33.0``) to
-#: ``reference.knobs.resolve_knobs``, which reads it again: the judge
-#: (fuzz/verdict.py, fuzz/oracles.py) still carries version keys; the
-#: safety oracles (issue 39), which ``run --compare`` asks on every case,
-#: read the knobs of the same key twice more (draft_keys, and the resolved
-#: case's knobs). The next step: the judge takes the typed engine.
-KNOWN_REPARSES = {"run": ["reference/knobs.py"] * 3, "predict": [], "fuzz": []}
+#: too, strike it). The engine (here a test double) receives the typed
+#: engine; the judge (fuzz/verdict.py, fuzz/oracles.py) still carries
+#: version keys: the safety oracles (issue 39), which ``run --compare``
+#: asks on every case, hand the key to ``reference.knobs.resolve_knobs``,
+#: which reads it again (keys, draft_keys: fuzz/oracle_safety.py's
+#: ``_lookahead``). The next step: the judge takes the typed engine.
+KNOWN_REPARSES = {"run": ["reference/knobs.py"] * 2, "predict": [], "fuzz": []}
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_kvspec_run_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys
     handed = []
     monkeypatch.setattr(
         "engine_adapter.host.engine.open_engine",
-        lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble("0.33.0", "replay")),
+        lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble(spec, "replay")),
     )
     assert main(["run", str(path), "--engine", "vllm==0.33.0", "--compare"]) == 0, capsys.readouterr()
     _once_at_the_edge(parses, "run", ["vllm==0.33.0"], "kvspec/engine_options.py")
@@ -287,3 +287,31 @@ def test_without_its_registry_line_the_toy_is_no_family(tmp_path):
 
     with pytest.raises(KvspecError, match="allowed: vllm==0.29.0"):
         EngineSpec.parse("toy==1.0.0")
+
+
+def test_the_worker_receives_the_engine_as_one_serialized_value(parses, monkeypatch):
+    """A worker is started with ``--engine JSON`` (``EngineSpec.to_json``):
+    the typed engine, read back whole, with no name or version key on its
+    command line and no parse on the way."""
+    import subprocess
+    import sys
+
+    from engine_adapter.host import engine as host
+
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        started.append(cmd)
+        raise Started
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    spec = registry.EngineSpec("sglang", "0.5.23", "fix", "1a2b3c", ("fixes/a.diff",))
+    with pytest.raises(Started):
+        host.WorkerProcess(spec, python=sys.executable).start()
+    (cmd,) = started
+    assert EngineSpec.from_json(cmd[cmd.index("--engine") + 1]) == spec
+    assert "--family" not in cmd and not [c for c in cmd if c.startswith(("sglang==", "0.5.23"))], cmd
+    assert parses == []

@@ -43,11 +43,11 @@ from typing import Any
 
 from engine_adapter.host import environments, warm
 from engine_adapter.host.builds import inprocess_build_version
-from engine_adapter.host.versions import EngineSpec, engine_name, family_of, parse_engine, release_number
+from engine_adapter.host.versions import EngineSpec, engine_name, family_of, spec_of
 from engine_adapter.interface import Observation, get_driver, observation_problem
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
 from ground import errors as kvspec_errors
-from ground.engines import DEFAULT_FAMILY, FAMILIES
+from ground.engines import DEFAULT_FAMILY
 from ground.errors import EngineError, InvalidArgument
 from reference.case import Case, case_to_dict, parse_case
 
@@ -83,9 +83,11 @@ class Engine:
 
     mode: str = "?"
 
-    def __init__(self, version: str) -> None:
-        self.version = version
-        self.engine = engine_name(version)
+    def __init__(self, version: str | EngineSpec) -> None:
+        #: The typed engine (``ground.engines.EngineSpec``): what a worker receives, serialized.
+        self.spec = spec_of(version)
+        self.version = self.spec.version
+        self.engine = self.spec.name
 
     def run(self, case: Case | dict, options: dict | None = None) -> dict:
         raise NotImplementedError
@@ -110,16 +112,16 @@ class Engine:
 class InProcessEngine(Engine):
     mode = "inprocess"
 
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str | EngineSpec) -> None:
         super().__init__(version)
-        family = FAMILIES[family_of(version)]
+        family = self.spec.family_entry
         try:
             self.driver = get_driver(family.name)  # imports the engine here
         except ImportError as e:
             raise EngineError(
                 f"engine={self.engine!r}: in-process mode needs {family.title} importable here ({e})"
             ) from None
-        if self.driver.version != release_number(version):
+        if self.driver.version != self.spec.release:
             raise EngineError(f"engine={self.engine!r}: this interpreter imports {family.title} {self.driver.version}")
 
     def run(self, case: Case | dict, options: dict | None = None) -> Observation:
@@ -139,17 +141,18 @@ class WorkerProcess:
 
     def __init__(
         self,
-        version: str,
+        version: str | EngineSpec,
         platform: str = "cuda",
         *,
         python: str | None = None,
         start_timeout: float = START_TIMEOUT_S,
         run_timeout: float = RUN_TIMEOUT_S,
     ) -> None:
-        self.version = version
-        self.engine = engine_name(version)
+        self.spec = spec_of(version)  # the worker receives it serialized (--engine JSON)
+        self.version = self.spec.version
+        self.engine = self.spec.name
         self.platform = platform
-        self.python = python or str(environments.env_python(version))
+        self.python = python or str(environments.env_python(self.version))
         self.start_timeout = start_timeout
         self.run_timeout = run_timeout
         self.proc: subprocess.Popen | None = None
@@ -170,7 +173,7 @@ class WorkerProcess:
             )
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
-            [self.python, "-m", "engine_adapter.inside.worker", "--family", family_of(self.version)],
+            [self.python, "-m", "engine_adapter.inside.worker", "--engine", self.spec.to_json()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -193,7 +196,7 @@ class WorkerProcess:
             raise EngineError(
                 f"engine={self.engine!r}: worker speaks protocol={msg.get('protocol')!r}, expected {PROTOCOL_VERSION}"
             )
-        if msg.get("vllm_version") != release_number(self.version):
+        if msg.get("vllm_version") != self.spec.release:
             self._kill()
             raise EngineError(
                 f"engine={self.engine!r}: worker environment has {msg.get('engine') or msg.get('vllm_version')}"
@@ -376,7 +379,7 @@ class WorkerEngine(Engine):
 
     def __init__(
         self,
-        version: str,
+        version: str | EngineSpec,
         *,
         python: str | None = None,
         start_timeout: float = START_TIMEOUT_S,
@@ -385,13 +388,13 @@ class WorkerEngine(Engine):
         super().__init__(version)
         self._options = {"python": python, "start_timeout": start_timeout, "run_timeout": run_timeout}
         self.processes: dict[str, WorkerProcess] = {}
-        self.python = python or str(environments.env_python(version))
+        self.python = python or str(environments.env_python(self.version))
         self.run_timeout = run_timeout
 
     def process(self, platform: str = "cuda") -> WorkerProcess:
         proc = self.processes.get(platform)
         if proc is None:
-            proc = self.processes[platform] = WorkerProcess(self.version, platform, **self._options)
+            proc = self.processes[platform] = WorkerProcess(self.spec, platform, **self._options)
         return proc
 
     @property
@@ -433,7 +436,7 @@ class WarmEngine(Engine):
 
     def __init__(
         self,
-        version: str,
+        version: str | EngineSpec,
         *,
         idle_timeout: float | None = None,
         start_timeout: float = START_TIMEOUT_S,
@@ -449,7 +452,7 @@ class WarmEngine(Engine):
     def client(self, platform: str = "cuda"):
         c = self.clients.get(platform)
         if c is None:
-            c = self.clients[platform] = self._warm.WarmClient(self.version, platform, **self._options)
+            c = self.clients[platform] = self._warm.WarmClient(self.spec, platform, **self._options)
         return c
 
     @property
@@ -512,7 +515,8 @@ def open_engine(
     ``engine_adapter.host.warm.enabled()``), else in a worker of its own.
     ``mode="warm"`` asks for the warm engine, ``mode="worker"`` for a
     worker of its own."""
-    version = spec.version if isinstance(spec, EngineSpec) else parse_engine(spec)
+    spec = spec_of(spec)
+    version = spec.version
     if mode not in MODES:
         raise InvalidArgument(f"mode={mode!r}: allowed: {', '.join(MODES)}")
     here = inprocess_vllm_version()
@@ -521,7 +525,7 @@ def open_engine(
             raise EngineError(
                 f"engine={engine_name(version)!r}: in-process mode needs vLLM {version} importable here (found {here or 'none'})"
             )
-        return InProcessEngine(version)
+        return InProcessEngine(spec)
     if not environments.is_ready(version):
         if install:
             environments.install(version, progress=progress or (lambda line: print(line, file=sys.stderr, flush=True)))
@@ -531,5 +535,5 @@ def open_engine(
                 f"engine={engine_name(version)!r}: environment {state} at {environments.env_dir(version)}; run: kvspec engines install {engine_name(version)}"
             )
     if mode == "warm" or (mode == "auto" and warm):
-        return WarmEngine(version)
-    return WorkerEngine(version)
+        return WarmEngine(spec)
+    return WorkerEngine(spec)

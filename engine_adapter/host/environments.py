@@ -57,8 +57,8 @@ from engine_adapter.host.versions import (
     family_of,
     is_build,
     parse_engine,
-    release_number,
     release_of,
+    spec_of,
 )
 from ground.errors import EngineError, KvspecError
 from ground.files import write_text_atomic
@@ -409,11 +409,9 @@ def _selftest(version: str, *, import_only: bool = False) -> dict:
         str(env_python(version)),
         "-m",
         "engine_adapter.inside.worker",
-        "--family",
-        family_of(version),
+        "--engine",
+        spec_of(version).to_json(),
         "--selftest",
-        "--expect-version",
-        release_number(version),
         *(["--import-only"] if import_only else []),
     ]
     try:

@@ -45,6 +45,13 @@ def parse_engine(text: object, field: str = "engine") -> str:
     return EngineSpec.parse(text, field).version
 
 
+def spec_of(version: str | EngineSpec, field: str = "engine") -> EngineSpec:
+    """The typed engine: an :class:`EngineSpec` as it is (parsed at a
+    command's edge, never read again); a version key or name (``0.33.0``,
+    ``sglang==0.5.23``: a test's or a host helper's text) read once here."""
+    return version if isinstance(version, EngineSpec) else EngineSpec.parse(engine_name(version), field)
+
+
 def release_of(version: str) -> str:
     """The release a version key names: ``0.33.0+fix.1a2b3c`` -> ``0.33.0``
     (``sglang==0.5.23`` is its own)."""

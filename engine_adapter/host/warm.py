@@ -91,7 +91,7 @@ import time
 from pathlib import Path
 
 from engine_adapter.host import environments
-from engine_adapter.host.versions import engine_name, family_of
+from engine_adapter.host.versions import EngineSpec, engine_name, spec_of
 from engine_adapter.host.warm_state import (
     IDLE_TIMEOUT_S,
     STOP_WAIT_S,
@@ -130,7 +130,7 @@ class WarmClient:
 
     def __init__(
         self,
-        version: str,
+        version: str | EngineSpec,
         platform: str = "cuda",
         *,
         idle_timeout: float | None = None,
@@ -140,8 +140,10 @@ class WarmClient:
         queue_wait: float = QUEUE_WAIT_S,
         say=None,
     ) -> None:
-        self.version, self.platform = version, platform
-        self.engine = engine_name(version)
+        self.spec = spec_of(version)  # the server it starts receives it serialized (--engine JSON)
+        version = self.version = self.spec.version
+        self.platform = platform
+        self.engine = self.spec.name
         self.python = python or str(environments.env_python(version))
         self.env = environments.worker_env(version, platform)  # what a server it starts runs with
         self.env_id = env_id(self.env)
@@ -356,8 +358,8 @@ class WarmClient:
             self.python,
             "-m",
             "engine_adapter.inside.worker",
-            "--family",
-            family_of(self.version),
+            "--engine",
+            self.spec.to_json(),
             "--socket",
             str(paths.sock),
             "--state",

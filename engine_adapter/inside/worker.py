@@ -1,4 +1,9 @@
-"""``python -m engine_adapter.inside.worker``: serve cases to the engine of this interpreter (``--family``: vLLM by default, or SGLang).
+"""``python -m engine_adapter.inside.worker``: serve cases to the engine of this interpreter.
+
+``--engine JSON``: the engine it serves, one serialized
+``ground.engines.EngineSpec`` (``EngineSpec.to_json``: family, release,
+build, patches), never a name or version key to parse again; without it,
+the default family's driver with no release expected.
 
 Runs inside an engine environment (``$KVSPEC_HOME/engines/vllm-X``) and
 speaks :mod:`engine_adapter.protocol` on stdin/stdout. Before anything else
@@ -20,8 +25,10 @@ import sys
 import time
 
 from engine_adapter.inside.handler import error, handle, response_line, settle
-from engine_adapter.interface import FAMILIES, family_module, get_driver
+from engine_adapter.interface import family_module, get_driver
 from engine_adapter.protocol import PROTOCOL_VERSION, decode, encode
+from ground.engines import DEFAULT_FAMILY, EngineSpec
+from ground.errors import KvspecError
 
 
 def _claim_stdout():
@@ -74,19 +81,27 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False, fami
     return family_module(family).selftest(expect_version, out, import_only=import_only)  # imports the engine
 
 
+def _engine(text: str) -> EngineSpec:
+    """``--engine``'s value, read back (argparse: a bad one exits 2 with its line)."""
+    try:
+        return EngineSpec.from_json(text, "--engine")
+    except KvspecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine_adapter.inside.worker")
     parser.add_argument(
-        "--family",
-        choices=sorted(FAMILIES),
-        default="vllm",
-        help="the engine family whose driver serves (default vllm)",
+        "--engine",
+        type=_engine,
+        default=None,
+        metavar="JSON",
+        help="the engine served: a serialized EngineSpec (EngineSpec.to_json); default: the default family, any release",
     )
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument(
         "--import-only", action="store_true", help="with --selftest: import vLLM and the driver, run no case"
     )
-    parser.add_argument("--expect-version")
     parser.add_argument("--socket", help="serve as a warm engine on this Unix socket (engine_adapter.host.warm)")
     parser.add_argument("--state", help="with --socket: the state file to write")
     parser.add_argument(
@@ -96,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-timeout", type=float, default=600.0, help="with --socket: exit after this many idle seconds"
     )
     args = parser.parse_args(argv)
+    spec: EngineSpec | None = args.engine
+    family = spec.family if spec is not None else DEFAULT_FAMILY
     if args.socket:
         from engine_adapter.inside.warm_server import serve_socket
 
-        return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout, family=args.family)
+        return serve_socket(args.socket, args.state, args.fingerprint or "", args.idle_timeout, family=family)
     out = _claim_stdout()
     if args.selftest:
-        return selftest(args.expect_version, out, import_only=args.import_only, family=args.family)
-    return serve(out, sys.stdin, family=args.family)
+        expect = spec.release if spec is not None else None
+        return selftest(expect, out, import_only=args.import_only, family=family)
+    return serve(out, sys.stdin, family=family)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ placeholder; the model's real outputs differ).
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import sys
 import time
@@ -34,12 +33,19 @@ import traceback
 
 import xllamacpp
 
-from engine_adapter.interface import Observation, RequestObservation
+from engine_adapter.interface import (
+    Observation,
+    ReleaseOfPackage,
+    RequestObservation,
+    as_case,
+    check_requests,
+    family_deployment,
+)
 from engine_adapter.llamacpp_engine import gguf_models, serverlog
 from engine_adapter.llamacpp_engine.resolve import common_params, read_back
 from ground.errors import InvalidArgument, KvspecError, Unsupported
 from ground.printable import one_line
-from reference.case import Case, is_concurrent, parse_case, prompt_tokens, quotes_output
+from reference.case import Case, prompt_tokens, quotes_output
 
 MAX_LLAMACPP_REQUESTS = 64
 MAX_PROMPT_TOKENS = 16384
@@ -58,24 +64,13 @@ _PROCESS = {"offsets_n_ubatch": None}
 OPTIONS = ("cold", "n_probs", "seed", "test_double")
 
 
-def _as_case(case) -> Case:
-    return case if isinstance(case, Case) else parse_case(case)
-
-
-def _deployment(case: Case):
-    if case.deployment is None or case.deployment.engine != "llamacpp":
-        raise Unsupported(
-            'case.deployment: llama.cpp runs deployment cases with "engine": "llamacpp"; allowed: a deployment block with engine llamacpp and llamacpp_args'
-        )
-    return case.deployment
+_as_case = as_case
+_deployment = functools.partial(family_deployment, family="llamacpp")
 
 
 def check_case(case: Case) -> None:
     """What this driver does not drive is refused, never guessed."""
-    if len(case.trace) > MAX_LLAMACPP_REQUESTS:
-        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on llama.cpp: at most {MAX_LLAMACPP_REQUESTS}")
-    if is_concurrent(case):
-        raise Unsupported("trace: a concurrent trace (arrival); allowed on llama.cpp: serial requests")
+    check_requests(case, "llamacpp", MAX_LLAMACPP_REQUESTS)
     for i, r in enumerate(case.trace):
         if quotes_output(r):
             raise Unsupported(
@@ -148,14 +143,10 @@ class _Served:
         return response, self.log.wait_for(start, "stop processing")
 
 
-class LlamacppDriver:
+class LlamacppDriver(ReleaseOfPackage):
     """The llama.cpp family's driver (``engine_adapter.interface.FamilyDriver``)."""
 
     family = "llamacpp"
-
-    def __init__(self) -> None:
-        self.version = importlib.metadata.version("xllamacpp")
-        self.name = f"llamacpp=={self.version}"
 
     def resolve(self, case) -> dict:
         case = _as_case(case)

@@ -70,11 +70,18 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
-from engine_adapter.interface import Observation, RequestObservation  # noqa: E402
+from engine_adapter.interface import (  # noqa: E402
+    Observation,
+    ReleaseOfPackage,
+    RequestObservation,
+    as_case,
+    check_requests,
+    family_deployment,
+)
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
 from ground.printable import one_line  # noqa: E402
-from reference.case import Case, is_concurrent, parse_case, prompt_tokens  # noqa: E402
+from reference.case import Case, prompt_tokens  # noqa: E402
 
 #: The tree cores ``UnifiedRadixCache`` can run (``tree_core_registry.py``).
 TREE_CORES = ("python", "rust")
@@ -194,14 +201,10 @@ class _Cache:
         return int(flat[0].item()), int(flat[1].item())
 
 
-class SglangDriver:
+class SglangDriver(ReleaseOfPackage):
     """The SGLang family's driver (``engine_adapter.interface.FamilyDriver``)."""
 
     family = "sglang"
-
-    def __init__(self) -> None:
-        self.version = importlib.metadata.version("sglang")
-        self.name = f"sglang=={self.version}"
 
     def resolve(self, case) -> dict:
         case = _as_case(case)
@@ -391,26 +394,13 @@ def _failure_kind(e: BaseException) -> str:
 _SGLANG_DIR = str(Path(importlib.import_module("sglang").__file__).parent)
 
 
-def _as_case(case) -> Case:
-    return case if isinstance(case, Case) else parse_case(case)
-
-
-def _deployment(case: Case):
-    if case.deployment is None or case.deployment.engine != "sglang":
-        raise Unsupported(
-            'case.deployment: SGLang runs deployment cases with "engine": "sglang"; allowed: a deployment block with engine sglang and sglang_args'
-        )
-    return case.deployment
+_as_case = as_case
+_deployment = functools.partial(family_deployment, family="sglang")
 
 
 def _check_case(case: Case) -> None:
     """What this driver does not drive yet is refused, never guessed."""
-    if len(case.trace) > MAX_SGLANG_REQUESTS:
-        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on SGLang: at most {MAX_SGLANG_REQUESTS}")
-    if is_concurrent(case):
-        raise Unsupported(
-            "trace: a concurrent trace (arrival); allowed on SGLang: serial requests (concurrent batching is not driven yet)"
-        )
+    check_requests(case, "sglang", MAX_SGLANG_REQUESTS, " (concurrent batching is not driven yet)")
     for i, r in enumerate(case.trace):
         if r.max_tokens != 1:
             raise Unsupported(

@@ -32,6 +32,21 @@ def configure(parser) -> None:
     parser.add_argument("--rule", choices=RULES, default="promise", help="retention rule (default: %(default)s)")
 
 
+def resolution(case: Case, spec: EngineSpec) -> dict:
+    """Engine ``spec``'s own resolution of a deployment case, raw (the
+    geometry, or a family's settings: ``kvspec resolve``'s code path)."""
+    from engine_adapter import open_engine
+
+    with open_engine(spec) as engine:
+        return engine.resolve(case)
+
+
+def _own_deployment(case: Case, spec: EngineSpec, said: str) -> None:
+    """A family's predictor takes a deployment of its own family only."""
+    if case.deployment is None or case.deployment.engine != spec.family:
+        raise invalid("--as", spec.name, f"{said}; allowed: an engine of the case's family")
+
+
 def resolved_as(case: Case, spec: EngineSpec) -> Case:
     """``case`` with the geometry engine ``spec`` resolves: a hand case as
     it is; a deployment resolved by that engine's release as it is; any
@@ -39,11 +54,9 @@ def resolved_as(case: Case, spec: EngineSpec) -> Case:
     name = spec.release_spec.name
     if case.deployment is None or case.resolved_by == name:
         return case
-    from engine_adapter import open_engine
     from reference.case import with_resolution
 
-    with open_engine(spec.release_spec) as engine:
-        r = engine.resolve(case)
+    r = resolution(case, spec.release_spec)
     if r.get("geometry") is None:  # the family resolved a cache the promise is not stated for
         raise Unsupported(
             f"--as={name}: {spec.family_entry.title} resolved {case.deployment.describe()} to a cache kvspec does not predict; allowed: a deployment it resolves to a stated geometry"
@@ -55,18 +68,13 @@ def predict_llamacpp(case: Case, spec: EngineSpec, rule: str) -> dict:
     """A llama.cpp case: the settings its server resolves (through its
     engine), then llama.cpp's rule (``reference.llamacpp``; the rule
     llama.cpp implements whatever ``rule`` names: its own table judges it)."""
-    from engine_adapter import open_engine
     from reference.llamacpp import Settings
     from reference.llamacpp import predict as predict_llamacpp_rule
 
-    if case.deployment is None or case.deployment.engine != spec.family:
-        raise invalid(
-            "--as",
-            spec.name,
-            f'a {spec.family_entry.title} engine predicts a deployment case with "engine": "{spec.family}"; allowed: an engine of the case\'s family',
-        )
-    with open_engine(spec) as engine:
-        r = engine.resolve(case)
+    _own_deployment(
+        case, spec, f'a {spec.family_entry.title} engine predicts a deployment case with "engine": "{spec.family}"'
+    )
+    r = resolution(case, spec)
     out = predict_llamacpp_rule(case, Settings.of(r["server"], r["params"]))
     out["resolved_by"] = spec.name
     return out
@@ -77,22 +85,15 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
     SGLang X's engine, then predicted by SGLang's implemented rule
     (``replay``: :mod:`reference.sglang_prefill`) or the promise (on the
     geometry SGLang resolved; not stated under ``no_buffer``)."""
-    from engine_adapter import open_engine
     from reference.case import with_resolution
     from reference.sglang_prefill import SglangSetting
     from reference.sglang_prefill import predict as sglang_predict
 
     name = spec.name
-    if case.deployment is None or case.deployment.engine != spec.family:
-        raise invalid(
-            "--as",
-            name,
-            f'predicts a deployment case with "engine": "{spec.family}"; allowed: an engine of the case\'s family',
-        )
+    _own_deployment(case, spec, f'predicts a deployment case with "engine": "{spec.family}"')
     if rule not in ("promise", "replay"):
         raise invalid("--rule", rule, f"with --as {name}: promise or replay (SGLang's implemented rule)")
-    with open_engine(spec) as engine:
-        r = engine.resolve(case)
+    r = resolution(case, spec)
     if rule == "replay":
         out = sglang_predict(case, SglangSetting.from_resolution(r), name)
     else:

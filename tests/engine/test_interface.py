@@ -75,10 +75,19 @@ def test_the_families_are_named_and_an_unknown_one_is_refused_in_one_line():
         family_module("tgi")
 
 
-def test_the_worker_takes_only_a_known_family(capsys):
-    from engine_adapter.inside.worker import main
+def test_the_worker_takes_only_a_serialized_engine_of_a_known_family(capsys):
+    """The worker receives one serialized EngineSpec (``--engine JSON``),
+    never a name or version key; another family, or a name, is refused."""
+    import json
 
-    with pytest.raises(SystemExit) as e:
-        main(["--family", "nope", "--selftest"])
-    assert e.value.code == 2
-    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    from engine_adapter.inside.worker import main
+    from ground.engines import EngineSpec
+
+    nope = json.dumps({"family": "nope", "release": "1.0.0", "label": None, "hash": None, "patches": []})
+    for value, said in ((nope, "--engine.family='nope'"), ("vllm==0.33.0", "not a serialized engine")):
+        with pytest.raises(SystemExit) as e:
+            main(["--engine", value, "--selftest"])
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
+    build = EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",))
+    assert EngineSpec.from_json(build.to_json()) == build

@@ -19,8 +19,13 @@ from reference.predict import predict_with_knobs
 class ReferenceDouble:
     """The reference model under ``rule`` pretending to be vLLM ``version``."""
 
-    def __init__(self, version: str, rule: str):
-        self.version, self.rule, self.calls = version, rule, 0
+    def __init__(self, version, rule: str):
+        """``version``: a version key, or the typed engine a command handed
+        down (``ground.engines.EngineSpec``: its knobs are resolved without
+        reading a name again)."""
+        self.engine = version
+        self.version = getattr(version, "version", version)
+        self.rule, self.calls = rule, 0
 
     def _predict(self, case: Case) -> dict:
         """The model's answer; a concurrent trace is served as an engine
@@ -28,7 +33,7 @@ class ReferenceDouble:
         model predicts a serial trace only)."""
         if any(r.arrival is not None for r in case.trace):
             case = replace(case, trace=tuple(replace(r, arrival=None) for r in case.trace))
-        return predict_with_knobs(case, resolve_knobs(case, self.version), self.rule)
+        return predict_with_knobs(case, resolve_knobs(case, self.engine), self.rule)
 
     def run(self, case: Case) -> dict:
         self.calls += 1

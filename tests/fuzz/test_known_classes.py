@@ -208,3 +208,29 @@ def test_findings_lists_the_known_class_of_a_class(tmp_path):
     described, malformed = read_findings(tmp_path)
     lines = render(triage(described), malformed, str(tmp_path))
     assert "     known class: longer-sibling" in lines, lines
+
+
+def test_one_registry_each_family_declares_its_classes_and_the_report_reads_it():
+    """One known-class registry: SGLang's classes come from its family's
+    module (``ground.engines``' ``classes``), and ``kvspec report``'s prose
+    (fuzz/data/report_vllm_classes.json) names classes of the registry and
+    is chosen by its classifier: a report tells the class ``findings`` and
+    triage tell."""
+    import json
+    from pathlib import Path
+
+    from fuzz import report
+    from fuzz.known_classes_sglang import CLASSES
+
+    assert [c[0] for c in CLASSES] == [k.id for k in KNOWN_CLASSES if k.release.startswith("sglang==")]
+    prose = [i for c in report.KNOWN_CLASSES for i in c["classes"]]
+    assert prose and set(prose) <= set(BY_ID)
+    data = Path(__file__).resolve().parents[2] / "tests" / "engine" / "data"
+    stale = json.loads((data / "finding-stale-state-falcon-h1.json").read_text())  # a hit above the reference
+    assert classify(stale) == "stale-state" and report.classify(stale)["id"] == "stale-state-after-partial-hit"
+    sibling = json.loads((data / "finding-longer-sibling-qwen3-next.json").read_text())
+    assert (
+        classify(sibling) == "longer-sibling" and report.classify(sibling)["id"] == "longer-sibling-of-aligned-prompt"
+    )
+    sibling["first_divergence"] = None
+    assert classify(sibling) is None and report.classify(sibling) is None
