@@ -225,6 +225,45 @@ def test_a_continuing_chunk_off_the_page_resumes_a_state_keyed_below_its_tokens(
     assert obs["explain"][2]["resumed_state"]["same_tokens"] is True
 
 
+def test_decode_tracks_every_interval_and_a_turn_quoting_the_output_resumes_inside_it(sglang):
+    """Decode through SGLang's own ``prepare_for_decode`` and result
+    processor (``engine_adapter/sglang_engine/decode.py``): a 1,000-token
+    prompt decoding 600 tokens tracks 960 in its prefill and 1,024, 1,280,
+    1,536 in decode (track grid 256); the turn quoting its output resumes
+    at 1,536 over its own tokens, a sibling of the prompt at 960; the
+    replay rule states the same (``tests/reference/test_sglang_prefill.py``)."""
+    from reference.sglang_prefill import SglangSetting, simulate
+
+    a = [{"segment": "A", "length": 1000}]
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "decode",
+            "deployment": {
+                "model": "qwen3_next",
+                "engine": "sglang",
+                "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"],
+            },
+            "trace": [
+                {"prompt": a, "max_tokens": 600},
+                {"prompt": a + [{"output": 0}, {"segment": "B", "length": 50}], "max_tokens": 3},
+                {"prompt": a + [{"segment": "C", "length": 10}]},
+            ],
+        }
+    )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    assert obs["hits"] == [0, 1536, 960]
+    first = obs["explain"][0]
+    assert first["tracked"] == [960, 1024, 1280, 1536] and len(first["decode_steps"]) == 599
+    assert first["computed_tokens"] == 1599
+    assert all(e["resumed_state"]["same_tokens"] for e in obs["explain"][1:])
+    steps = simulate(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert [r.hit for r in steps] == obs["hits"] and [r.tracked for r in steps] == [
+        e["tracked"] for e in obs["explain"]
+    ]
+
+
 def test_predict_as_sglang_answers_with_either_rule():
     for rule, hits in (("replay", [0, 2048, 3136, 0, 3264, 3264]), ("promise", [0, 3136, 3136, 0, 3264, 3264])):
         proc = subprocess.run(
