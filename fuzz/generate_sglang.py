@@ -21,9 +21,11 @@ drawn. The trace is drawn on what SGLang resolved (the resolver: the
 checkpoint grid as the block, the page as the hash unit): SGLang's rule of
 where a state can be kept, never a known bug's lengths.
 
-Requests generate one token each and run one after another: what the
-SGLang driver drives (decode tracking, speculative decoding and concurrent
-batching are refused there, so they are not drawn).
+Requests generate one token each and run one after another. The SGLang
+driver also drives decode (``max_tokens`` > 1, its decode-time tracking),
+but a campaign does not draw it yet (``tests/conformance/
+sglang_replay_table.py`` does, against the replay rule); speculative
+decoding and concurrent batching are refused there, so they are not drawn.
 """
 
 from __future__ import annotations
