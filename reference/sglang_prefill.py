@@ -380,9 +380,9 @@ def predict(case: Case, s: SglangSetting, version: str = "sglang==0.5.23") -> di
 
 def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedRequest]) -> dict[int, str]:
     """Requests whose observed hit is above the promise's by a state
-    SGLang's prefill legitimately wrote (``run --compare --rule promise``
-    on SGLang): the replay rule resumes there too, from a state kept at a
-    chunk end or a tracked point and computed over exactly the tokens it is
+    SGLang legitimately wrote (``run --compare --rule promise`` on SGLang):
+    the replay rule resumes there too, from a state kept at a chunk end or
+    a point a prefill or decode step tracked, computed over exactly the tokens it is
     keyed by, and the engine's resumed state says the same
     (``explain[i].resumed_state.same_tokens``). {request: why}."""
     out = {}
@@ -393,6 +393,6 @@ def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedR
         r, resumed = steps[i], (explain[i] or {}).get("resumed_state") or {}
         if r.hit == o and r.resumed_same_tokens and resumed.get("same_tokens") is True:
             out[i] = (
-                f"hits {o} above the promise's {p}: a state SGLang's prefill wrote at {o} (a chunk end or a tracked point, computed over its own tokens), not a divergence"
+                f"hits {o} above the promise's {p}: a state SGLang wrote at {o} (a chunk end, or a point a prefill or decode step tracked, computed over its own tokens), not a divergence"
             )
     return out
