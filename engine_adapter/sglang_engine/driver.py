@@ -225,6 +225,7 @@ class SglangDriver:
         dep = _deployment(case)  # a case of another family is refused first (it has no sglang_args)
         _check_case(case)
         res = resolve(dep)
+        _check_resolution(res)
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) + r.max_tokens for p, r in zip(prompts, case.trace)], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
@@ -423,9 +424,17 @@ def _check_case(case: Case) -> None:
         raise Unsupported(
             "trace: a concurrent trace (arrival); allowed on SGLang: serial requests (concurrent batching is not driven yet)"
         )
-    if any(f in case.deployment.sglang_args for f in ("--speculative-algorithm",)):
+
+
+def _check_resolution(res: SglangResolution) -> None:
+    """Speculative decoding, however it came to be on (a flag, or SGLang's
+    own resolution), is refused with what SGLang resolved for it: its
+    verify steps run ``spec_prepare_for_decode`` (``schedule_batch.py:3754-3762``)
+    and the spec worker, which this driver does not build."""
+    if res.speculative:
         raise Unsupported(
-            "deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags"
+            f"deployment: speculative decoding ({res.speculative}, {res.draft_tokens} draft tokens, "
+            f"{res.strategy} as SGLang resolved it) is not driven on SGLang yet; allowed: no speculative flags"
         )
 
 

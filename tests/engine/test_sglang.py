@@ -264,6 +264,32 @@ def test_decode_tracks_every_interval_and_a_turn_quoting_the_output_resumes_insi
     ]
 
 
+def test_speculative_decoding_is_refused_with_what_sglang_resolved(sglang):
+    """Not driven yet: refused in one line naming SGLang's own resolution
+    (the algorithm, its draft tokens, the strategy), never guessed."""
+    case = _case(
+        [
+            "--mamba-radix-cache-strategy",
+            "extra_buffer",
+            "--page-size",
+            "64",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ],
+        [[("A", 300)]],
+    )
+    with pytest.raises(Exception) as e:
+        sglang.run(case)
+    text = str(e.value)
+    assert "speculative decoding (" in text and "as SGLang resolved it" in text and "\n" not in text, text
+
+
 def test_predict_as_sglang_answers_with_either_rule():
     for rule, hits in (("replay", [0, 2048, 3136, 0, 3264, 3264]), ("promise", [0, 3136, 3136, 0, 3264, 3264])):
         proc = subprocess.run(
