@@ -264,6 +264,54 @@ def test_decode_tracks_every_interval_and_a_turn_quoting_the_output_resumes_insi
     ]
 
 
+def test_the_wheels_own_multiturn_decode_assert_holds_on_decode_hits(sglang):
+    """SGLang 0.5.23's own server-test assertion for Mamba decode hits,
+    restated (its wheel: ``sglang/test/kl_multiturn_utils.py:92-119
+    make_mamba_decode_assert``: a turn that quotes the previous turn's
+    output has ``cached_tokens >= floor((history + output - 1) /
+    track_interval) * track_interval``), on the shape of
+    ``sglang/test/kits/unified_radix_cache_kit.py:105-131
+    test_multiturn_decode_cache_hit_branching`` (a 512-token base shared by
+    the branches, 512 new tokens per turn, suffixes of 512 then 256), two
+    branches, served one after another. Qwen3-Next, ``extra_buffer``, page
+    64, SGLang's track interval (256 here); the replay rule states the same hits."""
+    from reference.sglang_prefill import SglangSetting, simulate
+
+    out = 512
+    base = [{"segment": "G", "length": 512}]
+    trace, prompts = [], []
+    for turn, suffix in enumerate((0, 512, 256)):
+        for b in range(2):
+            if turn == 0:
+                prompt = list(base)
+            else:
+                j = (turn - 1) * 2 + b
+                prompt = prompts[j] + [{"output": j}, {"segment": f"S{turn}{b}", "length": suffix}]
+            prompts.append(prompt)
+            trace.append({"prompt": prompt, "max_tokens": out})
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "kit-multiturn-decode",
+            "deployment": {
+                "model": "qwen3_next",
+                "engine": "sglang",
+                "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"],
+            },
+            "trace": trace,
+        }
+    )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    interval = obs["resolution"]["track_grid"]
+    history = [sum(s.length for s in r.prompt) for r in case.trace]
+    for i in range(2, len(trace)):
+        expected = (history[i - 2] + out - 1) // interval * interval
+        assert obs["hits"][i] >= expected, (i, obs["hits"], expected)
+    steps = simulate(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert [r.hit for r in steps] == obs["hits"]
+
+
 def test_speculative_decoding_is_refused_with_what_sglang_resolved(sglang):
     """Not driven yet: refused in one line naming SGLang's own resolution
     (the algorithm, its draft tokens, the strategy), never guessed."""
