@@ -9,7 +9,10 @@ Mamba radix cache (four of them) x ``--mamba-radix-cache-strategy`` {auto, extra
 no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
 ``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
 ``--mamba-track-interval`` {default, 256, 512, 1024} x
-``--mamba-max-states-per-path`` {default, 1, 2, 4}, with
+``--mamba-max-states-per-path`` {default, 1, 2, 4}; then, in one draw of
+:data:`OFF_GRID_ODDS` each, the budget and the track interval moved off
+the grids as users set them (:func:`off_grid_chunk`,
+:func:`off_grid_interval`), with
 ``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
 ``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
 (``no_buffer`` with a page above 1, a track interval that is not a multiple
@@ -18,9 +21,11 @@ drawn. The trace is drawn on what SGLang resolved (the resolver: the
 checkpoint grid as the block, the page as the hash unit): SGLang's rule of
 where a state can be kept, never a known bug's lengths.
 
-Requests generate one token each and run one after another: what the
-SGLang driver drives (decode tracking, speculative decoding and concurrent
-batching are refused there, so they are not drawn).
+Requests generate one token each and run one after another. The SGLang
+driver also drives decode (``max_tokens`` > 1, its decode-time tracking),
+but a campaign does not draw it yet (``tests/conformance/
+sglang_replay_table.py`` does, against the replay rule); speculative
+decoding and concurrent batching are refused there, so they are not drawn.
 """
 
 from __future__ import annotations
@@ -40,6 +45,44 @@ PAGE_SIZES = (None, 1, 16, 64, 256)
 CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
 TRACK_INTERVALS = (None, 256, 512, 1024)
 MAX_STATES = (None, 1, 2, 4)
+#: One draw in this many moves the chunk budget off the page and grid, and
+#: (apart) one in this many the track interval off the power-of-two grid.
+#: Drawn from the chooser's side stream, so the on-grid draws (and the
+#: traces after them) are the ones a seed drew before: a budget off the
+#: checkpoint grid has no promise geometry (``resolve.SglangResolution.
+#: geometry``: only the safety oracles judge it), so off-grid draws are
+#: kept to a share that leaves the grid classes their runs.
+OFF_GRID_ODDS = 4
+#: The model's Mamba chunk when the page is SGLang's default (the grid is
+#: ``lcm(max(chunk, page), page)``, ``runtime_context.py:1966``).
+MODEL_CHUNK = 64
+
+
+def grid_of(page: int | None) -> int:
+    """The checkpoint grid a drawn page gives (power-of-two pages, a 64-token model chunk)."""
+    return max(MODEL_CHUNK, page or 1)
+
+
+def off_grid_chunk(c: Chooser, page: int | None, chunk: int | None) -> int:
+    """A ``--chunked-prefill-size`` near ``chunk`` (SGLang's default: 2048
+    here) that is not a multiple of the grid: ``k x grid + r`` with r one
+    token, half a page, half a grid or a grid less one (the first chunk is
+    floored to the page, a continuing one is not, ``schedule_policy.py:1140``;
+    so its start lands off the page and off the grid), or the round decimal
+    size a user types (500, 1000, 2000, 8000)."""
+    grid = grid_of(page)
+    size = chunk or 2048
+    if c.integer(0, 2) == 0:
+        return max(100, size * 1000 // 1024 // 100 * 100)
+    rest = sorted({r for r in (1, (page or 1) // 2, grid // 2, grid - 1) if 0 < r < grid})
+    return max(1, size // grid) * grid + c.choice(rest)
+
+
+def off_grid_interval(c: Chooser, page: int | None) -> int:
+    """A ``--mamba-track-interval`` that SGLang takes (a multiple of the
+    page, ``arg_groups/mamba_hook.py:135``) and is not a power-of-two
+    multiple of the grid: 3, 5, 6 or 12 grids."""
+    return c.choice((3, 5, 6, 12)) * grid_of(page)
 
 
 #: When every drawn deployment is refused: one SGLang always builds.
@@ -59,13 +102,22 @@ def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> d
         strategy = c.choice(STRATEGIES)
     if strategy is not None:
         args += ["--mamba-radix-cache-strategy", strategy]
-    for flag, options in (
-        ("--page-size", PAGE_SIZES),
-        ("--chunked-prefill-size", CHUNKED_PREFILL),
-        ("--mamba-track-interval", TRACK_INTERVALS),
-        ("--mamba-max-states-per-path", MAX_STATES),
-    ):
-        value = c.choice(options)
+    drawn = {
+        flag: c.choice(options)
+        for flag, options in (
+            ("--page-size", PAGE_SIZES),
+            ("--chunked-prefill-size", CHUNKED_PREFILL),
+            ("--mamba-track-interval", TRACK_INTERVALS),
+            ("--mamba-max-states-per-path", MAX_STATES),
+        )
+    }
+    side = c.side() if hasattr(c, "side") else c
+    page = drawn["--page-size"]
+    if side.integer(0, OFF_GRID_ODDS - 1) == 0:
+        drawn["--chunked-prefill-size"] = off_grid_chunk(side, page, drawn["--chunked-prefill-size"])
+    if side.integer(0, OFF_GRID_ODDS - 1) == 0:
+        drawn["--mamba-track-interval"] = off_grid_interval(side, page)
+    for flag, value in drawn.items():
         if value is not None:
             args += [flag, str(value)]
     if strategy == "no_buffer":

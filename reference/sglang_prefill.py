@@ -1,10 +1,11 @@
 """The rule SGLang 0.5.23 implements (``--rule replay`` for ``sglang==X``):
 what each request of a serial trace matches, where its prefill cuts chunks,
-which Mamba state every extend tracks, and what the radix tree keeps.
+which Mamba state every extend and decode step tracks, and what the radix
+tree keeps.
 
 Pure arithmetic over token lists; no engine import. Each rule cites the
 0.5.23 wheel (``sglang/srt/...``). Requests run one after another, each
-generating one token, and nothing is evicted (kvspec's SGLang driver sizes
+generating its ``max_tokens``, and nothing is evicted (kvspec's SGLang driver sizes
 the pools so). What it reads of SGLang's resolution is
 :class:`SglangSetting` (``engine_adapter.sglang_engine.resolve``'s summary).
 
@@ -58,9 +59,21 @@ continuing chunk starts off the page, its tracked point is off the page
 too, and the key floors it. :func:`simulate` reports both
 (``resumed_state``: the tokens the resumed state was computed over).
 
+5. **Decode** (a request asking for m > 1 tokens; overlap off, no
+   speculation). Its prefill's result checkpoints it up to its prompt
+   (``batch_result_processor.py:392 checkpoint_kv_cache``); each decode
+   step reaching ``seq`` tokens (n+1 .. n+m-1) tracks, with the extra
+   buffer, where ``seq % track_grid == 0`` (``schedule_batch.py:3815``),
+   keyed at ``seq`` (``batch_result_processor.py:1406``); the finished
+   request donates the last tracked state within its n+m-1 computed tokens,
+   else the one before (``components/mamba.py:582
+   _select_finished_checkpoint``), keyed and kept as in 4; under
+   ``no_buffer`` the working state at n+m-1. Its outputs are kvspec's
+   output tokens, so a later turn quoting them matches them.
+
 Not in this model (refused, :class:`ground.errors.Unsupported`):
 ``--mamba-max-states-per-path`` (its eviction walks the tree's shape,
-``components/mamba.py:265``), ``extra_buffer_lazy``, decode, speculative
+``components/mamba.py:265``), ``extra_buffer_lazy``, speculative
 decoding, concurrent traces.
 """
 
@@ -70,6 +83,7 @@ from dataclasses import asdict, dataclass, field
 
 from ground.errors import Unsupported, invalid
 from reference.case import Case, is_concurrent, prompt_tokens
+from reference.tokens import output_tokens
 
 #: The SGLang releases this rule is stated for.
 SGLANG_RULE_VERSIONS = ("0.5.23",)
@@ -90,6 +104,9 @@ class SglangSetting:
     checkpoint_grid: int
     state_chunk: int
     max_states_per_path: int = -1
+    #: The decode track grid (``runtime_context.mamba_track_grid``: the
+    #: ``--mamba-track-interval`` on the checkpoint grid); 0: not stated.
+    track_grid: int = 0
 
     @classmethod
     def from_resolution(cls, r: dict) -> SglangSetting:
@@ -105,6 +122,7 @@ class SglangSetting:
                 checkpoint_grid=int(r["checkpoint_grid"]),
                 state_chunk=int(r.get("mamba_state_chunk_size") or 64),
                 max_states_per_path=int(r.get("mamba_max_states_per_path", -1)),
+                track_grid=int(r.get("track_grid") or 0),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise invalid(
@@ -246,17 +264,49 @@ def _insert(
     return key
 
 
+def _checkpoint(kept: _Kept, seqs: list[list[int]], i: int, upto: int, last: Track | None, s: SglangSetting):
+    """``tree_cache.checkpoint(req, up_to=upto)``: with the extra buffer the
+    last tracked state, under ``no_buffer`` the working state at ``upto``."""
+    if s.extra_buffer:
+        return _insert(kept, seqs, i, upto, last.seqlen if last else None, last.content if last else None, s)
+    return _insert(kept, seqs, i, upto, upto, upto, s)
+
+
+def decode_tracks(n: int, m: int, s: SglangSetting) -> list[Track]:
+    """The states a request's decode steps track (extra buffer): a step
+    whose sequence reaches ``seq`` tokens (``n + 1`` .. ``n + m - 1``: the
+    prompt, then each output but the last) tracks where ``seq %
+    track_grid == 0`` (``schedule_batch.py:3815``), the state after that
+    step's token, keyed at ``kv_committed_len`` (``batch_result_processor.py:1406``)."""
+    if not s.extra_buffer:
+        return []
+    g = s.track_grid
+    first = (n + 1 + g - 1) // g * g
+    return [Track(q, q) for q in range(first, n + m, g)]
+
+
+def finished_checkpoint(last: Track | None, previous: Track | None, tokens: int) -> Track | None:
+    """The state a finished request donates (``components/mamba.py:582
+    _select_finished_checkpoint``): the last tracked one when its length is
+    within the key's ``tokens``, else the one before it when that is, else
+    none."""
+    if last is None or last.seqlen <= tokens:
+        return last
+    return previous if previous is not None and previous.seqlen <= tokens else None
+
+
 def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
     """Every request of a serial trace through SGLang 0.5.23's rule."""
     s.check()
     if is_concurrent(case):
         raise Unsupported("trace: a concurrent trace; allowed in SGLang's replay rule: serial requests")
-    for i, r in enumerate(case.trace):
-        if r.max_tokens != 1:
-            raise Unsupported(
-                f"trace[{i}].max_tokens={r.max_tokens}: SGLang's replay rule states prefill only; allowed: 1"
-            )
+    decoding = any(r.max_tokens > 1 for r in case.trace)
+    if decoding and s.extra_buffer and s.track_grid < 1:
+        raise invalid(
+            "track_grid", s.track_grid, "a positive integer (SGLang's decode track grid) for a trace that decodes"
+        )
     prompts = [prompt_tokens(r) for r in case.trace]
+    seqs = [p + output_tokens(r.max_tokens) for p, r in zip(prompts, case.trace)]
     kept = _Kept()
     out: list[ReplayedRequest] = []
     for i, tokens in enumerate(prompts):
@@ -264,10 +314,10 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
         limit = page_floor(max(n - 1, 0), s.page_size)
         full_hit = 0
         for j, k in kept.keys:
-            full_hit = max(full_hit, page_floor(min(k, limit, _shared(prompts[j], tokens)), s.page_size))
+            full_hit = max(full_hit, page_floor(min(k, limit, _shared(seqs[j], tokens)), s.page_size))
         hit, src = 0, None
         for j, k, content in kept.states:
-            if k <= full_hit and k > hit and _shared(prompts[j], tokens) >= k:
+            if k <= full_hit and k > hit and _shared(seqs[j], tokens) >= k:
                 hit, src = k, (j, content)
         aligned = page_floor(full_hit, s.checkpoint_grid)
         branching = aligned if aligned > hit else None
@@ -285,34 +335,22 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
                     last_track = t
                     tracked.append(t.seqlen)
             if end < n:  # checkpoint_kv_cache between chunks
-                if s.extra_buffer:
-                    k = _insert(
-                        kept,
-                        prompts,
-                        i,
-                        end,
-                        last_track.seqlen if last_track else None,
-                        last_track.content if last_track else None,
-                        s,
-                    )
-                else:
-                    k = _insert(kept, prompts, i, end, end, end, s)
+                k = _checkpoint(kept, seqs, i, end, last_track, s)
                 if k is not None:
                     kept_at.append(k)
                 prefix = end
                 continue
-            if s.extra_buffer:
-                k = _insert(
-                    kept,
-                    prompts,
-                    i,
-                    n,
-                    last_track.seqlen if last_track else None,
-                    last_track.content if last_track else None,
-                    s,
-                )
-            else:
-                k = _insert(kept, prompts, i, n, n, n, s)
+            m = case.trace[i].max_tokens
+            if m > 1:  # unfinished after its prefill: checkpointed up to n, then decoded
+                k = _checkpoint(kept, seqs, i, n, last_track, s)
+                if k is not None:
+                    kept_at.append(k)
+                previous = None
+                for t in decode_tracks(n, m, s):
+                    previous, last_track = last_track, t
+                    tracked.append(t.seqlen)
+                last_track = finished_checkpoint(last_track, previous, n + m - 1)
+            k = _checkpoint(kept, seqs, i, n + m - 1, last_track, s)
             if k is not None:
                 kept_at.append(k)
             break
@@ -320,7 +358,7 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
         if hit and src is not None:
             j, content = src
             resumed = content
-            same = content == hit and _shared(prompts[j], tokens) >= content
+            same = content == hit and _shared(seqs[j], tokens) >= content
         out.append(ReplayedRequest(i, n, hit, full_hit, branching, chunk_ends, tracked, kept_at, resumed, same))
     return out
 
@@ -342,9 +380,9 @@ def predict(case: Case, s: SglangSetting, version: str = "sglang==0.5.23") -> di
 
 def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedRequest]) -> dict[int, str]:
     """Requests whose observed hit is above the promise's by a state
-    SGLang's prefill legitimately wrote (``run --compare --rule promise``
-    on SGLang): the replay rule resumes there too, from a state kept at a
-    chunk end or a tracked point and computed over exactly the tokens it is
+    SGLang legitimately wrote (``run --compare --rule promise`` on SGLang):
+    the replay rule resumes there too, from a state kept at a chunk end or
+    a point a prefill or decode step tracked, computed over exactly the tokens it is
     keyed by, and the engine's resumed state says the same
     (``explain[i].resumed_state.same_tokens``). {request: why}."""
     out = {}
@@ -355,6 +393,6 @@ def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedR
         r, resumed = steps[i], (explain[i] or {}).get("resumed_state") or {}
         if r.hit == o and r.resumed_same_tokens and resumed.get("same_tokens") is True:
             out[i] = (
-                f"hits {o} above the promise's {p}: a state SGLang's prefill wrote at {o} (a chunk end or a tracked point, computed over its own tokens), not a divergence"
+                f"hits {o} above the promise's {p}: a state SGLang wrote at {o} (a chunk end, or a point a prefill or decode step tracked, computed over its own tokens), not a divergence"
             )
     return out

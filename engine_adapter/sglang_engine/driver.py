@@ -33,9 +33,15 @@ copied into its slot says which tokens it was computed over: the
 observation's ``resumed_state`` (the engine-neutral stale rule, read off
 the state itself).
 
-Not driven (refused as ``Unsupported``, never guessed): decode steps
-(``max_tokens`` > 1: the decode-time tracking every
-``--mamba-track-interval``), speculative decoding, concurrent traces.
+Then, for a request that asks for more than one token, its decode steps
+through SGLang's own ``prepare_for_decode`` and result processor
+(:mod:`engine_adapter.sglang_engine.decode`: the decode-time tracking every
+``--mamba-track-interval``, outputs cached as SGLang caches them).
+
+Not driven (refused as ``Unsupported``, never guessed): speculative
+decoding (``--speculative-algorithm``: its verify steps run SGLang's spec
+worker, which this driver does not build), concurrent traces (requests
+sharing scheduler steps: mixed chunks in one batch).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from sglang.srt.managers.schedule_policy import PrefillAdder  # noqa: E402
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
+from sglang.srt.mem_cache.common import checkpoint_kv_cache  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
@@ -78,6 +84,7 @@ from engine_adapter.interface import (  # noqa: E402
     check_requests,
     family_deployment,
 )
+from engine_adapter.sglang_engine.decode import finish_prefill, run_decode  # noqa: E402
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
 from ground.printable import one_line  # noqa: E402
@@ -221,8 +228,9 @@ class SglangDriver(ReleaseOfPackage):
         dep = _deployment(case)  # a case of another family is refused first (it has no sglang_args)
         _check_case(case)
         res = resolve(dep)
+        _check_resolution(res)
         prompts = [prompt_tokens(r) for r in case.trace]
-        cache = _Cache(res, [len(p) for p in prompts], tree_core)
+        cache = _Cache(res, [len(p) + r.max_tokens for p, r in zip(prompts, case.trace)], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
         self._state_chunk = res.state_chunk
         t1 = time.perf_counter()
@@ -230,7 +238,7 @@ class SglangDriver(ReleaseOfPackage):
         error = None
         for i, tokens in enumerate(prompts):
             try:
-                explain.append(self._serve(cache, res, i, tokens))
+                explain.append(self._serve(cache, res, i, tokens, case.trace[i].max_tokens))
             except KvspecError:
                 raise
             except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
@@ -257,9 +265,12 @@ class SglangDriver(ReleaseOfPackage):
             out["error"] = error
         return out
 
-    def _serve(self, cache: _Cache, res: SglangResolution, i: int, tokens: list[int]) -> RequestObservation:
-        """One request through the scheduler's prefill path, alone."""
-        params = SamplingParams(temperature=0, max_new_tokens=1)
+    def _serve(
+        self, cache: _Cache, res: SglangResolution, i: int, tokens: list[int], max_tokens: int = 1
+    ) -> RequestObservation:
+        """One request through the scheduler's prefill path, then its decode
+        steps (:mod:`engine_adapter.sglang_engine.decode`), alone."""
+        params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
         params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
         req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
         running = ScheduleBatch.init_new(
@@ -269,6 +280,7 @@ class SglangDriver(ReleaseOfPackage):
         hit = branching = None
         resumed = None
         chunk_ends: list[int] = []
+        decode_steps: list[list[int]] = []
         written: list[int] = []
         tracked: list[int] = []
         for _round in range(len(tokens) + 2):
@@ -332,9 +344,9 @@ class SglangDriver(ReleaseOfPackage):
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 continue
-            req.output_ids.append(0)
-            req.update_finish_state()
-            release_kv_cache(req, cache.tree, checkpoint=True)
+            finish_prefill(req, cache.tree)
+            decode_steps, decode_tracked = run_decode(cache, batch, req, max_tokens)
+            tracked.extend(decode_tracked)
             break
         else:
             raise RuntimeError(f"request {i}: prefill did not finish within {len(tokens) + 2} rounds")
@@ -351,7 +363,8 @@ class SglangDriver(ReleaseOfPackage):
             "written": sorted(written),
             "tracked": tracked,
             "resumed_state": {"tokens": resumed[0], "same_tokens": resumed == want} if hit else None,
-            "decode_steps": [],
+            "decode_steps": decode_steps,
+            "computed_tokens": len(tokens) + max_tokens - 1,
             "lookups": 1,
             "steps": len(chunk_ends),
         }
@@ -401,14 +414,17 @@ _deployment = functools.partial(family_deployment, family="sglang")
 def _check_case(case: Case) -> None:
     """What this driver does not drive yet is refused, never guessed."""
     check_requests(case, "sglang", MAX_SGLANG_REQUESTS, " (concurrent batching is not driven yet)")
-    for i, r in enumerate(case.trace):
-        if r.max_tokens != 1:
-            raise Unsupported(
-                f"trace[{i}].max_tokens={r.max_tokens}: allowed on SGLang: 1 (decode-time Mamba tracking is not driven yet)"
-            )
-    if any(f in case.deployment.sglang_args for f in ("--speculative-algorithm",)):
+
+
+def _check_resolution(res: SglangResolution) -> None:
+    """Speculative decoding, however it came to be on (a flag, or SGLang's
+    own resolution), is refused with what SGLang resolved for it: its
+    verify steps run ``spec_prepare_for_decode`` (``schedule_batch.py:3754-3762``)
+    and the spec worker, which this driver does not build."""
+    if res.speculative:
         raise Unsupported(
-            "deployment.sglang_args --speculative-algorithm: speculative decoding is not driven on SGLang yet; allowed: no speculative flags"
+            f"deployment: speculative decoding ({res.speculative}, {res.draft_tokens} draft tokens, "
+            f"{res.strategy} as SGLang resolved it) is not driven on SGLang yet; allowed: no speculative flags"
         )
 
 

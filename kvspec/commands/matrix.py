@@ -1,4 +1,10 @@
-"""kvspec matrix CASES... --engine vllm==X --engine vllm==Y [--engine sglang==Z] [--markdown|--html] [--chart PNG]
+"""kvspec matrix CASES... --engine E1 --engine E2 ... [--markdown|--html] [--chart PNG]
+
+Each ``--engine`` is a release or a build of any family (``vllm==X``,
+``sglang==X``, ``sglang==X --patch FIX.diff``, a build made earlier): the
+releases of one family side by side (SGLang: 0.5.23 and its fixed builds),
+or families side by side (a deployment case of the other family runs with
+that engine's default flags).
 
 Exit status (``fuzz.matrix.exit_code``): 0 every cell agrees with the
 promise (a finding: not reproduced); 1 a cell departs from it (a bare case
@@ -10,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-HELP = "hit patterns per case x vLLM version, as a table and a chart"
+HELP = "hit patterns per case x engine (releases and builds of any family), as a table and a chart"
 
 
 EPILOG = """\
@@ -33,8 +39,8 @@ def configure(parser) -> None:
     add_engine_arguments(
         parser,
         required=True,
-        metavar="vllm==X",
-        help="vllm==X (repeat); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl; or sglang==0.5.23 (a deployment case of the other family runs there with that engine's default flags)",
+        metavar="ENGINE",
+        help="an engine, repeated: a release (vllm==X, sglang==X) or a build (ENGINE --patch FILE.diff, NAME==X+LABEL.HASH, path:DIR, wheel:FILE.whl); a deployment case of another family runs there with that engine's default flags",
     )
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table")

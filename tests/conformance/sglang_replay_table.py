@@ -5,6 +5,12 @@ from the resolution the engine reported; one table row per case.
 
     python -m tests.conformance.sglang_replay_table [--cases 30] [--seed 1] [--json]
 
+The ``decode-*`` groups draw the same deployments with outputs: each
+request asks for 1 token, up to one track grid, or one to two grids (so
+its decode crosses the grid SGLang resolved, ``track_grid``), and half of
+those that decode are followed by a turn quoting their output (the chat
+shape).
+
 Exit 0 when every modelled case agrees (hits, and whether each resumed
 state was computed over its own tokens), 1 otherwise. A case the rule
 does not model (``--mamba-max-states-per-path``) is drawn again.
@@ -20,12 +26,15 @@ from pathlib import Path
 
 from fuzz.choosers import RandomChooser
 from fuzz.generate_sglang import draw_sglang_deployment, sglang_case_on
+from fuzz.traces import _trace
 from reference.case import load_case, parse_case
 from reference.sglang_prefill import SglangSetting, simulate
 
 VERSION = "sglang==0.5.23"
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGY_NAMES = ("extra_buffer", "no_buffer")
+#: The most tokens a drawn prompt has here (decode cases stay short to run).
+DECODE_PROMPT_CAP = 6000
 #: Draws per wanted case before giving up (SGLang refuses some deployments).
 MAX_DRAWS = 40
 
@@ -34,7 +43,25 @@ def example_cases() -> list:
     return [load_case(p) for p in sorted((ROOT / "examples").glob("sglang-*.json"))]
 
 
-def drawn_cases(engine, strategy: str, n: int, seed: int) -> list:
+def with_outputs(c, trace: list[dict], track_grid: int) -> list[dict]:
+    """``trace`` with each request's ``max_tokens`` drawn relative to the
+    decode track grid, then a follow-up turn (prompt, output, new text)
+    after half of the requests that decode."""
+    out = [dict(r) for r in trace]
+    for r in out:
+        r["max_tokens"] = c.choice((1, c.integer(2, track_grid), track_grid + c.integer(1, track_grid)))
+    follow = []
+    for j, r in enumerate(out):
+        if r["max_tokens"] > 1 and c.integer(0, 1):
+            prompt = [dict(x) for x in r["prompt"]] + [
+                {"output": j},
+                {"segment": f"Q{j}", "length": c.integer(1, 2 * track_grid)},
+            ]
+            follow.append({"prompt": prompt, "max_tokens": c.choice((1, c.integer(2, track_grid)))})
+    return out + follow
+
+
+def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False) -> list:
     """``n`` cases drawn by the campaign's generator with the strategy
     pinned and no per-path cap, on deployments SGLang resolves."""
     c = RandomChooser(random.Random(f"{seed}-{strategy}"))
@@ -56,7 +83,12 @@ def drawn_cases(engine, strategy: str, n: int, seed: int) -> list:
             "hash": facts.get("hash", 64),
             "max_model_len": facts.get("max_model_len"),
         }
-        out.append(sglang_case_on(c, dep, info, f"drawn-{strategy}-{k}"))
+        if not decode:
+            out.append(sglang_case_on(c, dep, info, f"drawn-{strategy}-{k}"))
+            continue
+        serial = _trace(c, int(info["block"]), True, None, DECODE_PROMPT_CAP)
+        trace = with_outputs(c, serial, int(r["track_grid"]))
+        out.append(parse_case({"schema": 1, "name": f"decode-{strategy}-{k}", "deployment": dep, "trace": trace}))
     return out
 
 
@@ -78,6 +110,7 @@ def compare(engine, case) -> dict:
     setting = SglangSetting.from_resolution(obs["resolution"])
     steps = simulate(case, setting)
     row["model_hits"] = [s.hit for s in steps]
+    row["max_tokens"] = [r.max_tokens for r in case.trace]
     eng_same = [None if e.get("resumed_state") is None else e["resumed_state"]["same_tokens"] for e in obs["explain"]]
     mod_same = [s.resumed_same_tokens for s in steps]
     row["stale"] = [i for i, x in enumerate(eng_same) if x is False]
@@ -99,9 +132,11 @@ def main(argv=None) -> int:
     engine.start()
     rows = []
     try:
-        groups = [("example", example_cases())] + [
-            (s, drawn_cases(engine, s, args.cases, args.seed)) for s in STRATEGY_NAMES
-        ]
+        groups = (
+            [("example", example_cases())]
+            + [(s, drawn_cases(engine, s, args.cases, args.seed)) for s in STRATEGY_NAMES]
+            + [(f"decode-{s}", drawn_cases(engine, s, args.cases, args.seed, decode=True)) for s in STRATEGY_NAMES]
+        )
         for group, cases in groups:
             for case in cases:
                 rows.append({"group": group, **compare(engine, case)})
@@ -116,7 +151,7 @@ def main(argv=None) -> int:
             print(
                 f"| {r['group']} | {r['case']} | {r['args']} | {r['engine']} | {r.get('model_hits')} | {r.get('stale') or ''} | {'yes' if r['agrees'] else 'NO ' + r.get('note', '')} |"
             )
-        for group in ("example",) + STRATEGY_NAMES:
+        for group in ("example",) + STRATEGY_NAMES + tuple(f"decode-{s}" for s in STRATEGY_NAMES):
             g = [r for r in rows if r["group"] == group]
             print(
                 f"{group}: {sum(r['agrees'] for r in g)}/{len(g)} agree; {sum(bool(r.get('stale')) for r in g)} with a stale resume"

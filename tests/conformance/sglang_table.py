@@ -20,6 +20,29 @@ MANIFEST = HERE / "manifest.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "conformance-sglang.md"
 OK, BAD = "✓", "✗"
+#: Appended after the table: the wheel's own multi-turn decode assertion,
+#: checked by tests/engine/test_sglang.py (not a manifest entry).
+DECODE_ADDENDUM = """
+## SGLang 0.5.23's own multi-turn decode assertion (issue 42, decode)
+
+Beyond the unit tests above, SGLang 0.5.23's wheel ships the assertions its
+Mamba server tests apply to decode hits: `sglang/test/kl_multiturn_utils.py:92-119`
+`make_mamba_decode_assert(track_interval)` (a turn quoting the previous
+turn's output has `cached_tokens >= floor((history + output - 1) /
+track_interval) * track_interval`), used by
+`sglang/test/kits/unified_radix_cache_kit.py:105-131`
+`test_multiturn_decode_cache_hit_branching` (a 512-token base shared by the
+branches, 512 new tokens per turn, suffixes of 512 then 256). Now that
+kvspec drives SGLang's decode steps, it is expressed:
+`tests/engine/test_sglang.py::test_the_wheels_own_multiturn_decode_assert_holds_on_decode_hits`
+(Qwen3-Next, `extra_buffer`, page 64, track interval 256; two branches,
+three turns, served one after another). SGLang 0.5.23 meets the assertion
+on all four follow-up turns, and the replay rule (`reference/sglang_prefill.py`)
+states the same hits: both rules agree. Not expressed: the KL and GSM8K
+halves of those tests (outputs of a real model), and the interleaving of
+branches in one batch (concurrent traces are not driven on SGLang).
+`test_unified_radix_cache_unittest.py` itself is still not inventoried.
+"""
 
 
 def manifest() -> dict:
@@ -161,7 +184,7 @@ def render(runs: dict) -> str:
     ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
-    return "\n".join(out)
+    return "\n".join(out) + DECODE_ADDENDUM
 
 
 def run_all(engine) -> dict:

@@ -225,6 +225,119 @@ def test_a_continuing_chunk_off_the_page_resumes_a_state_keyed_below_its_tokens(
     assert obs["explain"][2]["resumed_state"]["same_tokens"] is True
 
 
+def test_decode_tracks_every_interval_and_a_turn_quoting_the_output_resumes_inside_it(sglang):
+    """Decode through SGLang's own ``prepare_for_decode`` and result
+    processor (``engine_adapter/sglang_engine/decode.py``): a 1,000-token
+    prompt decoding 600 tokens tracks 960 in its prefill and 1,024, 1,280,
+    1,536 in decode (track grid 256); the turn quoting its output resumes
+    at 1,536 over its own tokens, a sibling of the prompt at 960; the
+    replay rule states the same (``tests/reference/test_sglang_prefill.py``)."""
+    from reference.sglang_prefill import SglangSetting, simulate
+
+    a = [{"segment": "A", "length": 1000}]
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "decode",
+            "deployment": {
+                "model": "qwen3_next",
+                "engine": "sglang",
+                "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"],
+            },
+            "trace": [
+                {"prompt": a, "max_tokens": 600},
+                {"prompt": a + [{"output": 0}, {"segment": "B", "length": 50}], "max_tokens": 3},
+                {"prompt": a + [{"segment": "C", "length": 10}]},
+            ],
+        }
+    )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    assert obs["hits"] == [0, 1536, 960]
+    first = obs["explain"][0]
+    assert first["tracked"] == [960, 1024, 1280, 1536] and len(first["decode_steps"]) == 599
+    assert first["computed_tokens"] == 1599
+    assert all(e["resumed_state"]["same_tokens"] for e in obs["explain"][1:])
+    steps = simulate(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert [r.hit for r in steps] == obs["hits"] and [r.tracked for r in steps] == [
+        e["tracked"] for e in obs["explain"]
+    ]
+
+
+def test_the_wheels_own_multiturn_decode_assert_holds_on_decode_hits(sglang):
+    """SGLang 0.5.23's own server-test assertion for Mamba decode hits,
+    restated (its wheel: ``sglang/test/kl_multiturn_utils.py:92-119
+    make_mamba_decode_assert``: a turn that quotes the previous turn's
+    output has ``cached_tokens >= floor((history + output - 1) /
+    track_interval) * track_interval``), on the shape of
+    ``sglang/test/kits/unified_radix_cache_kit.py:105-131
+    test_multiturn_decode_cache_hit_branching`` (a 512-token base shared by
+    the branches, 512 new tokens per turn, suffixes of 512 then 256), two
+    branches, served one after another. Qwen3-Next, ``extra_buffer``, page
+    64, SGLang's track interval (256 here); the replay rule states the same hits."""
+    from reference.sglang_prefill import SglangSetting, simulate
+
+    out = 512
+    base = [{"segment": "G", "length": 512}]
+    trace, prompts = [], []
+    for turn, suffix in enumerate((0, 512, 256)):
+        for b in range(2):
+            if turn == 0:
+                prompt = list(base)
+            else:
+                j = (turn - 1) * 2 + b
+                prompt = prompts[j] + [{"output": j}, {"segment": f"S{turn}{b}", "length": suffix}]
+            prompts.append(prompt)
+            trace.append({"prompt": prompt, "max_tokens": out})
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "kit-multiturn-decode",
+            "deployment": {
+                "model": "qwen3_next",
+                "engine": "sglang",
+                "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64"],
+            },
+            "trace": trace,
+        }
+    )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    interval = obs["resolution"]["track_grid"]
+    history = [sum(s.length for s in r.prompt) for r in case.trace]
+    for i in range(2, len(trace)):
+        expected = (history[i - 2] + out - 1) // interval * interval
+        assert obs["hits"][i] >= expected, (i, obs["hits"], expected)
+    steps = simulate(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert [r.hit for r in steps] == obs["hits"]
+
+
+def test_speculative_decoding_is_refused_with_what_sglang_resolved(sglang):
+    """Not driven yet: refused in one line naming SGLang's own resolution
+    (the algorithm, its draft tokens, the strategy), never guessed."""
+    case = _case(
+        [
+            "--mamba-radix-cache-strategy",
+            "extra_buffer",
+            "--page-size",
+            "64",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ],
+        [[("A", 300)]],
+    )
+    with pytest.raises(Exception) as e:
+        sglang.run(case)
+    text = str(e.value)
+    assert "speculative decoding (" in text and "as SGLang resolved it" in text and "\n" not in text, text
+
+
 def test_predict_as_sglang_answers_with_either_rule():
     for rule, hits in (("replay", [0, 2048, 3136, 0, 3264, 3264]), ("promise", [0, 3136, 3136, 0, 3264, 3264])):
         proc = subprocess.run(

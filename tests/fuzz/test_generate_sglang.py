@@ -226,3 +226,28 @@ def test_boundary_cases_sit_on_the_resolved_grid_and_its_neighbours():
     assert len(cases) == len(BOUNDARY_DEPLOYMENTS) * len(traces) and all(c.deployment.engine == "sglang" for c in cases)
     refused = sglang_boundary_cases(fake_resolver(refuse=lambda dep: "no_buffer" in dep["sglang_args"]))
     assert len(refused) == (len(BOUNDARY_DEPLOYMENTS) - 1) * len(traces)  # a deployment SGLang refuses is left out
+
+
+def test_some_budgets_and_intervals_are_drawn_off_the_grids_and_most_on_them():
+    """Off-grid draws as users set them (issue 42 item 5): budgets that are
+    not a multiple of the grid their page gives, track intervals that are
+    not a power-of-two multiple of it but a multiple of the page (SGLang's
+    own check, ``mamba_hook.py:135``); about one draw in OFF_GRID_ODDS each,
+    so the grid classes keep most runs."""
+    from fuzz.generate_sglang import OFF_GRID_ODDS, grid_of
+
+    c = RandomChooser(random.Random(5))
+    n, off_chunk, off_interval = 800, 0, 0
+    for _ in range(n):
+        args = draw_sglang_deployment(c)["sglang_args"]
+        value = {args[k]: args[k + 1] for k in range(len(args) - 1) if args[k].startswith("--")}
+        page = int(value["--page-size"]) if "--page-size" in value else None
+        grid = grid_of(page)
+        if "--chunked-prefill-size" in value and int(value["--chunked-prefill-size"]) % grid:
+            off_chunk += 1
+        if "--mamba-track-interval" in value:
+            t = int(value["--mamba-track-interval"])
+            assert t % (page or 1) == 0
+            off_interval += (t // grid) & (t // grid - 1) != 0
+    share = n / OFF_GRID_ODDS
+    assert 0.6 * share < off_chunk < 1.4 * share and 0.6 * share < off_interval < 1.4 * share, (off_chunk, off_interval)

@@ -5,19 +5,18 @@ docs/sglang.md)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from ground.errors import Unsupported
+from ground.errors import InvalidArgument, Unsupported
 from reference.case import load_case, parse_case
 from reference.sglang_prefill import SglangSetting, first_chunk, legitimately_above, next_chunk, simulate, track
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def setting(page=64, chunk=2048, extra=True, grid=64, state_chunk=64, states=-1) -> SglangSetting:
+def setting(page=64, chunk=2048, extra=True, grid=64, state_chunk=64, states=-1, track_grid=256) -> SglangSetting:
     return SglangSetting(
         page_size=page,
         chunked_prefill_size=chunk,
@@ -27,6 +26,7 @@ def setting(page=64, chunk=2048, extra=True, grid=64, state_chunk=64, states=-1)
         checkpoint_grid=grid,
         state_chunk=state_chunk,
         max_states_per_path=states,
+        track_grid=track_grid,
     )
 
 
@@ -101,15 +101,56 @@ def test_a_hit_above_the_promise_by_a_chunk_end_state_is_legitimate():
 def test_what_the_rule_does_not_model_is_refused():
     with pytest.raises(Unsupported):
         simulate(case([[("A", 100)]]), setting(states=2))
-    c = json.loads(
-        json.dumps(
-            {
-                "schema": 1,
-                "name": "t",
-                "deployment": {"model": "qwen3_next", "engine": "sglang"},
-                "trace": [{"prompt": [{"segment": "A", "length": 100}], "max_tokens": 4}],
-            }
-        )
-    )
+    concurrent = {
+        "schema": 1,
+        "name": "t",
+        "deployment": {"model": "qwen3_next", "engine": "sglang"},
+        "trace": [
+            {"prompt": [{"segment": "A", "length": 100}]},
+            {"prompt": [{"segment": "A", "length": 100}], "arrival": 0},
+        ],
+    }
     with pytest.raises(Unsupported):
-        simulate(parse_case(c), setting())
+        simulate(parse_case(concurrent), setting())
+
+
+def decode_case(trace: list[dict]):
+    return parse_case(
+        {"schema": 1, "name": "t", "deployment": {"model": "qwen3_next", "engine": "sglang"}, "trace": trace}
+    )
+
+
+def test_decode_tracks_every_interval_and_a_follow_up_resumes_inside_the_output():
+    """A 1,000-token prompt decoding 600 tokens (page 64, grid 64, track grid
+    256): its prefill tracks 960, its decode steps 1,024, 1,280 and 1,536
+    (``seq % 256 == 0``, ``schedule_batch.py:3815``); the turn that quotes
+    its output resumes at 1,536, over its own tokens; a resend of the
+    prompt alone resumes at 960. Observed the same on SGLang 0.5.23
+    (``python -m tests.conformance.sglang_replay_table``)."""
+    a = [{"segment": "A", "length": 1000}]
+    steps = simulate(
+        decode_case(
+            [
+                {"prompt": a, "max_tokens": 600},
+                {"prompt": a + [{"output": 0}, {"segment": "B", "length": 50}]},
+                {"prompt": a + [{"segment": "C", "length": 10}]},
+            ]
+        ),
+        setting(),
+    )
+    assert steps[0].tracked == [960, 1024, 1280, 1536] and steps[0].kept == [960, 1536]
+    assert [r.hit for r in steps] == [0, 1536, 960]
+    assert steps[1].resumed_same_tokens is True and steps[2].resumed_same_tokens is True
+
+
+def test_a_decode_needs_the_track_grid_and_no_buffer_keeps_the_working_state():
+    trace = [{"prompt": [{"segment": "A", "length": 100}], "max_tokens": 40}]
+    with pytest.raises(InvalidArgument):
+        simulate(decode_case(trace), setting(track_grid=0))
+    steps = simulate(
+        decode_case(
+            trace + [{"prompt": [{"segment": "A", "length": 100}, {"output": 0}, {"segment": "B", "length": 3}]}]
+        ),
+        setting(page=1, chunk=None, extra=False, grid=64),
+    )
+    assert steps[0].kept == [100, 139] and steps[1].hit == 139
