@@ -35,7 +35,7 @@ import traceback
 import xllamacpp
 
 from engine_adapter.interface import Observation, RequestObservation
-from engine_adapter.llamacpp_engine import gguf_models, serverlog
+from engine_adapter.llamacpp_engine import gguf_models, isolate, serverlog
 from engine_adapter.llamacpp_engine.resolve import common_params, read_back
 from ground.errors import InvalidArgument, KvspecError, Unsupported
 from ground.printable import one_line
@@ -105,7 +105,7 @@ def _options(options: dict | None) -> dict:
         raise InvalidArgument(
             f"options.test_double={double!r}: allowed: stale_restore (a test double of the restore step, unit tests only)"
         )
-    return {"cold": bool(options.get("cold", False)), "n_probs": n_probs, "seed": seed, "test_double": double}
+    return {"cold": bool(options.get("cold", True)), "n_probs": n_probs, "seed": seed, "test_double": double}
 
 
 def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
@@ -158,7 +158,25 @@ class LlamacppDriver:
         self.name = f"llamacpp=={self.version}"
 
     def resolve(self, case) -> dict:
+        """What llama.cpp resolves the case's deployment to, in a child
+        process of its own (:mod:`.isolate`)."""
         case = _as_case(case)
+        return isolate.in_child(lambda: self._resolve_here(case))
+
+    def run(self, case, options: dict | None = None) -> Observation:
+        """The case on a server of its own, in a child process of its own
+        (:mod:`.isolate`: llama.cpp keeps process-wide state across servers,
+        finding L1)."""
+        case = _as_case(case)
+        _options(options)
+        check_case(case)
+        _deployment(case)
+        obs = isolate.in_child(lambda: self._run_here(case, options))
+        if "engine" not in obs:
+            obs["engine"] = self.name
+        return obs
+
+    def _resolve_here(self, case: Case) -> dict:
         dep = _deployment(case)
         params, info = common_params(dep)
         with serverlog.Capture() as log:
@@ -173,9 +191,8 @@ class LlamacppDriver:
             "server": settings,
         }
 
-    def run(self, case, options: dict | None = None) -> Observation:
+    def _run_here(self, case: Case, options: dict | None) -> Observation:
         t0 = time.perf_counter()
-        case = _as_case(case)
         opts = _options(options)
         check_case(case)
         dep = _deployment(case)
