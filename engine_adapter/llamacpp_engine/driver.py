@@ -189,6 +189,13 @@ class LlamacppDriver:
             **info,
             "params": read_back(params),
             "server": settings,
+            # what a campaign draws traces on: llama.cpp matches token by token
+            "facts": {
+                "block": 1,
+                "hash": 1,
+                "max_model_len": settings.get("n_ctx_slot"),
+                "max_num_seqs": settings.get("n_slots") or 1,
+            },
         }
 
     def _run_here(self, case: Case, options: dict | None) -> Observation:
