@@ -92,7 +92,7 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
         return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks, junction or held states do not
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
-    mamba = case.geometry.mamba_block_sizes
+    mamba = case.geometry.mamba_block_sizes if case.geometry is not None else None  # llama.cpp: no geometry
     if model and mamba and engine_explain:
         kept = _mamba_blocks(engine_explain, i)
         need = div.expected[i] // mamba[0] - 1

@@ -72,7 +72,7 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
         "first_divergence": judged.verdict.first,
         "divergences": [{"oracle": d.oracle, "requests": d.requests, "detail": d.detail} for d in judged.divergences],
         "resolved": None
-        if resolution is None
+        if resolution is None or resolution.get("geometry") is None  # llama.cpp: no geometry, token by token
         else {
             "scheduler_block_size": resolution["geometry"]["scheduler_block_size"],
             "hash_block_size": resolution["geometry"]["hash_block_size"],

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.host.engine import WorkerEngine
+from fuzz.campaign import Campaign
 from fuzz.oracle_outputs import check_outputs
+from fuzz.verdict import divergences, judge
 from reference.case import parse_case
 from reference.llamacpp import Settings, predict
 from tests.engine.conftest import ensure_env
@@ -45,6 +47,50 @@ def test_rule_equals_engine_and_outputs_equal_a_cold_server(llamacpp, path):
     assert [e["checkpoint_restored"] for e in obs["explain"]] == [e["checkpoint_restored"] for e in ref["explain"]]
     assert all(len(e["output_ids"]) == 4 and len(e["top_logprobs"][0]) == 5 for e in obs["explain"])
     assert check_outputs(parse_case(case), VERSION, obs) == []
+    divs = divergences(parse_case(case), VERSION, obs)  # the one judge's oracles for this family
+    assert divs == [] and judge(None, obs, divs).verdict == "agrees"
+
+
+class StaleRestoreEngine:
+    """TEST DOUBLE: the real engine with the stale-restore double of its
+    restore step (engine_adapter/llamacpp_engine/doubles.py)."""
+
+    version = VERSION
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def run(self, case):
+        return self.engine.run(case, {"cold": True, "test_double": "stale_restore"})
+
+    def resolve(self, case):
+        return self.engine.resolve(case)
+
+
+def test_campaign_writes_findings_the_one_judge_replays(llamacpp, tmp_path):
+    """The common campaign (fuzz.campaign) on llama.cpp: the planted fault
+    becomes findings of the outputs, promise and reference oracles; each
+    replays from its JSON alone on the real engine, whose restore path is
+    right: not reproduced."""
+    from fuzz.findings import load_finding
+    from fuzz.replay import replay_case
+
+    case = parse_case(
+        {
+            "schema": 1,
+            "deployment": {"model": "granitemoehybrid", "engine": "llamacpp", "llamacpp_args": ["--ubatch-size", "64"]},
+            "trace": [{"prompt": [{"segment": "A", "length": 300}], "max_tokens": 2}] * 2,
+        }
+    )
+    campaign = Campaign(StaleRestoreEngine(llamacpp), tmp_path, shrink_calls=0)
+    written = campaign.check(case)
+    assert campaign.stats.harness_errors == 0
+    oracles = {json.loads(p.read_text())["oracle"] for p in written}
+    assert "outputs" in oracles and "promise" in oracles
+    case_of, finding = load_finding(next(p for p in written if "outputs" in p.name))
+    assert finding["first_divergence"] == 1 and finding["observed"]["hits"][1] < 296
+    result = replay_case(case_of, finding, llamacpp)
+    assert result["verdict"] == "not reproduced" and "outputs does not fire" in result["reasons"]
 
 
 def test_planted_stale_restore_is_reported_as_different_outputs(llamacpp):
