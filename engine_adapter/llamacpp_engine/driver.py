@@ -135,6 +135,7 @@ class _Served:
     def __init__(self, params, log: serverlog.Capture) -> None:
         start = log.size()
         self.server = xllamacpp.Server(params)
+        isolate.keep(self.server)  # a child never destroys a server (isolate: the destructor's join can hang)
         self.load_log = log.read(start)
         self.log = log
 
