@@ -231,6 +231,7 @@ FAMILIES: dict[str, Family] = {
             predictor="kvspec.commands.predict:predict_llamacpp",
             comparer="kvspec.llamacpp_compare:compare",
             own_checks="fuzz.oracle_llamacpp:CHECKS",
+            reporter="fuzz.report_llamacpp",
         ),
     )
 }

@@ -55,7 +55,7 @@ DEFAULT_N_PROBS = 5
 #: ``n_ubatch`` (else a harness error: run it in a fresh worker).
 _PROCESS = {"offsets_n_ubatch": None}
 #: The options a run takes.
-OPTIONS = ("cold", "n_probs", "seed", "test_double")
+OPTIONS = ("cold", "n_probs", "seed", "test_double", "first_server_n_ubatch")
 
 
 def _as_case(case) -> Case:
@@ -105,7 +105,27 @@ def _options(options: dict | None) -> dict:
         raise InvalidArgument(
             f"options.test_double={double!r}: allowed: stale_restore (a test double of the restore step, unit tests only)"
         )
-    return {"cold": bool(options.get("cold", True)), "n_probs": n_probs, "seed": seed, "test_double": double}
+    first = options.get("first_server_n_ubatch")
+    if first is not None and (not isinstance(first, int) or isinstance(first, bool) or not 1 <= first <= 4096):
+        raise InvalidArgument(f"options.first_server_n_ubatch={first!r}: allowed: an integer in [1, 4096], or absent")
+    return {
+        "cold": bool(options.get("cold", True)),
+        "n_probs": n_probs,
+        "seed": seed,
+        "test_double": double,
+        "first_server_n_ubatch": first,
+    }
+
+
+def first_server(dep, seed: int, n_ubatch: int, log: serverlog.Capture) -> None:
+    """Finding L1, reproduced as an embedder meets it: before the case, in
+    the same process, a server of the same deployment with ``n_ubatch``
+    (and ``n_batch`` at least that) prefills one prompt of ``2 n_ubatch +
+    8`` tokens, which makes a checkpoint and so sets ``update_slots``'
+    function-static ``checkpoint_offsets`` to {4 + n_ubatch, 4}."""
+    params, _ = common_params(dep, seed, {"n_ubatch": n_ubatch, "n_batch": max(n_ubatch, 2048), "n_parallel": 1})
+    served = _Served(params, log)
+    served.complete(request_body(list(range(2 * n_ubatch + 8)), 1, 0))
 
 
 def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
@@ -214,8 +234,16 @@ class LlamacppDriver:
             except Exception as e:  # noqa: BLE001 - the server refused the deployment: llama.cpp's answer
                 return self._failed(case, "config", None, e, info, t0)
             settings = serverlog.resolved_settings(served.load_log)
+            if opts["first_server_n_ubatch"] is not None:  # L1 asked for: the static set by another server
+                first_server(dep, opts["seed"], opts["first_server_n_ubatch"], log)
+                _PROCESS["offsets_n_ubatch"] = opts["first_server_n_ubatch"]
             stale = _PROCESS["offsets_n_ubatch"]
-            if settings["n_ctx_checkpoints"] and stale is not None and stale != settings["n_ubatch"]:
+            if (
+                settings["n_ctx_checkpoints"]
+                and stale is not None
+                and stale != settings["n_ubatch"]
+                and opts["first_server_n_ubatch"] is None
+            ):
                 del served
                 return {
                     "engine": self.name,
@@ -288,6 +316,13 @@ class LlamacppDriver:
                 "n_probs": opts["n_probs"],
                 "seed": opts["seed"],
                 "test_double": opts["test_double"],
+                "first_server_n_ubatch": opts["first_server_n_ubatch"],
+                # what a finding replays with (never the test double: its findings are not llama.cpp's)
+                **(
+                    {"options": {"first_server_n_ubatch": opts["first_server_n_ubatch"]}}
+                    if opts["first_server_n_ubatch"] is not None
+                    else {}
+                ),
                 "model_recipe": gguf_models.recipe(info["arch"], opts["seed"]).key(),
             },
         }

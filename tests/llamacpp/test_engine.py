@@ -122,3 +122,22 @@ def test_each_case_places_checkpoints_with_its_own_n_ubatch_in_one_worker(llamac
     again = llamacpp.run(case(256), {"cold": False})
     assert "error" not in again, again.get("error")
     assert again["explain"][0]["checkpoints_created"] == [140, 396]  # 400 - 4 - 256: its own n_ubatch
+
+
+def test_l1_reproduced_in_one_process_and_its_finding_replays(llamacpp, tmp_path):
+    """Finding L1: a first server of n_ubatch 128 in the case's process
+    (run option ``first_server_n_ubatch``) makes the case's server place its
+    checkpoints 4 + 128 tokens before the end, not 4 + 512: the rule oracle
+    fires and the diverging sibling recomputes its whole prompt. The finding
+    carries the option, so it replays from its JSON alone."""
+    from fuzz.findings import load_finding
+    from fuzz.replay import replay_case
+    from fuzz.report_llamacpp import reproduce_l1
+
+    path = reproduce_l1(llamacpp, tmp_path)
+    assert path is not None
+    case_of, finding = load_finding(path)
+    assert finding["oracle"] == "reference" and finding["harness"]["options"] == {"first_server_n_ubatch": 128}
+    assert finding["explain"]["engine"][0]["checkpoints_held"] == [1068, 1196]  # 1200 - 4 - 128, not 1200 - 4 - 512
+    assert finding["observed"]["hits"] == [0, 0] and finding["expected"]["hits"] == [0, 684]
+    assert replay_case(case_of, finding, llamacpp)["verdict"] == "reproduced"
