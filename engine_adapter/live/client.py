@@ -71,6 +71,10 @@ class Completion:
     finish_reason: str | None
     chunks: int
     attempts: int
+    #: With ``logprobs``: the generated token ids and, per token, its top
+    #: ``[id, logprob]`` pairs (``return_tokens_as_token_ids``), else None.
+    output_ids: list[int] | None = None
+    top_logprobs: list[list[list]] | None = None
 
 
 def _describe(exc: BaseException) -> str:
@@ -366,10 +370,21 @@ class LiveClient:
             return None
         return v if isinstance(v, str) else None
 
-    def complete(self, model: str, prompt: list[int], max_tokens: int) -> Completion:
+    def complete(
+        self,
+        model: str,
+        prompt: list[int],
+        max_tokens: int,
+        *,
+        logprobs: int | None = None,
+        cache_salt: str | None = None,
+    ) -> Completion:
         """One streamed ``/v1/completions`` request with a token-id prompt,
         read to its end within timeout_s of wall-clock time (retries
-        included). TTFT = time to the first data chunk."""
+        included). TTFT = time to the first data chunk. ``logprobs``: also
+        the generated ids and their top log-probabilities (the output
+        oracle); ``cache_salt``: vLLM's per-request salt of the prefix-cache
+        keys, so the request shares no cached block (a cold run)."""
         body = {
             "model": model,
             "prompt": prompt,
@@ -378,6 +393,10 @@ class LiveClient:
             "stream": True,
             "ignore_eos": True,
         }
+        if logprobs is not None:
+            body |= {"logprobs": int(logprobs), "return_tokens_as_token_ids": True}
+        if cache_salt is not None:
+            body["cache_salt"] = str(cache_salt)
         last = ""
         deadline = time.monotonic() + self.timeout_s
         late = f"timeout_s={self.timeout_s}: POST /v1/completions did not finish in time; allowed: a finished stream in time"
@@ -386,6 +405,8 @@ class LiveClient:
             ttft = None
             chunks = 0
             finish = None
+            ids: list[int] = []
+            tops: list[list[list]] = []
             try:
                 with self._bounded("POST", "/v1/completions", deadline, body) as r:
                     if r.status_code != 200:
@@ -418,7 +439,17 @@ class LiveClient:
                                 f"stream: server sent an error ({self._redact(str(event['error']))[:120]}); allowed: completion chunks"
                             )
                         finish = _finish_reason(event) or finish
-                return Completion(ttft, time.monotonic() - t0, finish, chunks, attempt + 1)
+                        if logprobs is not None:
+                            _logprobs_into(event, ids, tops)
+                return Completion(
+                    ttft,
+                    time.monotonic() - t0,
+                    finish,
+                    chunks,
+                    attempt + 1,
+                    ids if logprobs is not None else None,
+                    tops if logprobs is not None else None,
+                )
             except (_Expired, httpx.TimeoutException):
                 raise LiveTimeout(late) from None
             except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
@@ -438,6 +469,33 @@ class LiveClient:
                     f"POST /v1/completions: {self._redact(_describe(e))}; allowed: a finished stream"
                 ) from None
         raise LiveError(f"POST /v1/completions: {last} after {attempt + 1} attempt(s); allowed: HTTP 200")
+
+
+#: The most generated tokens one completion's log-probabilities are read for.
+MAX_LOGPROB_TOKENS = 4096
+
+
+def _token_id(text: object) -> int:
+    """``token_id:123`` (``return_tokens_as_token_ids``) -> 123."""
+    if not isinstance(text, str) or not text.startswith("token_id:") or not text[9:].isdigit() or len(text) > 30:
+        raise LiveError(f"stream: token {str(text)[:40]!r}; allowed: token_id:N (return_tokens_as_token_ids)")
+    return int(text[9:])
+
+
+def _logprobs_into(event: object, ids: list[int], tops: list[list[list]]) -> None:
+    """Append a chunk's generated ids and top log-probabilities (OpenAI
+    completions ``logprobs``: ``tokens``, ``top_logprobs``), bounded."""
+    choices = event.get("choices") if isinstance(event, dict) else None
+    lp = choices[0].get("logprobs") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if not isinstance(lp, dict):
+        return
+    tokens, top = lp.get("tokens") or [], lp.get("top_logprobs") or []
+    if not isinstance(tokens, list) or not isinstance(top, list) or len(ids) + len(tokens) > MAX_LOGPROB_TOKENS:
+        raise LiveError("stream: logprobs malformed or too long; allowed: OpenAI completion logprobs")
+    for k, tok in enumerate(tokens):
+        ids.append(_token_id(tok))
+        entry = top[k] if k < len(top) and isinstance(top[k], dict) else {}
+        tops.append([[_token_id(t), float(v)] for t, v in list(entry.items())[:20] if isinstance(v, (int, float))])
 
 
 def _until(chunks: Iterable[bytes], deadline: float) -> Iterator[bytes]:
