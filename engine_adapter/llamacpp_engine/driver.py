@@ -40,6 +40,7 @@ from engine_adapter.llamacpp_engine.resolve import common_params, read_back
 from ground.errors import InvalidArgument, KvspecError, Unsupported
 from ground.printable import one_line
 from reference.case import Case, is_concurrent, parse_case, prompt_tokens, quotes_output
+from reference.tokens import TOKEN_VOCAB
 
 MAX_LLAMACPP_REQUESTS = 64
 MAX_PROMPT_TOKENS = 16384
@@ -128,8 +129,20 @@ def first_server(dep, seed: int, n_ubatch: int, log: serverlog.Capture) -> None:
     served.complete(request_body(list(range(2 * n_ubatch + 8)), 1, 0))
 
 
+#: Token ids a request may not generate (``logit_bias`` false): every
+#: prompt token [0, TOKEN_VOCAB) and BOS/EOS, so a generated token is never a
+#: token a later prompt holds. kvspec's prompts never quote outputs; had the
+#: real model generated a later prompt's next token, the slot's common
+#: prefix would run one token past the shared prompt (seen: seed 2, qwen3_next,
+#: hit 283 over a 282-token shared prefix, reuse over the same tokens), which
+#: the rule and every token-level oracle read against kvspec's placeholder
+#: output. Generation draws from the output token and the spare ids.
+BANNED = [[i, False] for i in range(TOKEN_VOCAB)] + [[gguf_models.BOS_ID, False], [gguf_models.EOS_ID, False]]
+
+
 def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
-    """The body ``handle_completions`` receives: token ids, greedy."""
+    """The body ``handle_completions`` receives: token ids, greedy, no
+    generated token in the prompt alphabet (:data:`BANNED`)."""
     return {
         "prompt": list(tokens),
         "n_predict": max_tokens,
@@ -138,6 +151,7 @@ def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
         "n_probs": n_probs,
         "ignore_eos": True,
         "stream": False,
+        "logit_bias": BANNED,
     }
 
 
