@@ -35,7 +35,8 @@ prove: venv
 
 # The main job: the proofs, then a short differential campaign against the
 # pre-fix release and the newest one, then one against SGLang 0.5.23 (its
-# two tree cores held to the same hits), and a summary of what was found.
+# two tree cores held to the same hits), then one against llama.cpp (real
+# tokens: its rule, its promise, outputs against a cold server), and a summary of what was found.
 # `kvspec fuzz` exits 1 when it writes findings (expected here: 0.29.0 has
 # #53504) and 3 when the harness failed; only the latter stops `make check`.
 check: venv engines
@@ -43,7 +44,7 @@ check: venv engines
 	$(KVSPEC) fuzz --engine vllm==0.29.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.29.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine vllm==0.33.0 --max-time 90 --seed 1 --out .kvspec/check-findings/vllm-0.33.0 || [ $$? -eq 1 ]
 	$(KVSPEC) fuzz --engine sglang==0.5.23 --max-time 60 --seed 1 --out .kvspec/check-findings/sglang-0.5.23 || [ $$? -eq 1 ]
-	$(PY) -m fuzz.generate_llamacpp --engine llamacpp==2026.10.11549 --cases 12 --budget 90 --seed 1 --out .kvspec/check-findings/llamacpp-2026.10.11549 || [ $$? -eq 1 ]
+	$(KVSPEC) fuzz --engine llamacpp==2026.10.11549 --max-time 90 --seed 1 --out .kvspec/check-findings/llamacpp-2026.10.11549 || [ $$? -eq 1 ]
 
 # The default tier runs on two pytest-xdist workers (one per core: a test
 # mostly waits on one engine process, so one worker left a core idle; 48 min

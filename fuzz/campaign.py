@@ -344,6 +344,8 @@ class Campaign:
             except HarnessFailure as e:  # keep the confirmed original
                 self._harness_error(small, str(e))
                 small_judged, small_obs, small_divs = judged, obs, []
+            except KvspecError:  # not run again (past the deadline the shrink used up): keep the confirmed original
+                small_judged, small_obs, small_divs = judged, obs, []
             final = next(
                 (
                     d

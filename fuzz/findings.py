@@ -92,7 +92,7 @@ def summary(case: Case, div: Divergence, engine_explain: list | None = None) -> 
         return f"request {i} ({kinds[i]}): {div.detail}"  # the hits agree; the chunks, blocks, junction or held states do not
     text = f"request {i} ({kinds[i]}) hit {div.observed[i]}, {'spec says' if div.oracle in ('promise', 'reference') else 'expected'} {div.expected[i]}"
     model = div.context.get("model_explain")
-    mamba = case.geometry.mamba_block_sizes
+    mamba = case.geometry.mamba_block_sizes if case.geometry is not None else None  # llama.cpp: no geometry
     if model and mamba and engine_explain:
         kept = _mamba_blocks(engine_explain, i)
         need = div.expected[i] // mamba[0] - 1
@@ -238,7 +238,12 @@ def make_finding(
         "engine": {**_engine_record(div.version, observation), "knobs": knobs},
         "other_engine": _engine_record(other_version, other_observation) if other_version else None,
         "kvspec": kvspec_version(),
-        "harness": {"mode": harness.get("mode"), "platform": run_platform},
+        "harness": {
+            "mode": harness.get("mode"),
+            "platform": run_platform,
+            # the run options it was observed with, which a replay passes again (llama.cpp's L1)
+            **({"options": harness["options"]} if harness.get("options") else {}),
+        },
         "first_divergence": div.first,
         "diverging_requests": div.requests,
         "expected": {
@@ -327,7 +332,7 @@ SIGNATURE = re.compile(r"^[0-9a-f]{6,64}$")
 #: An engine version a finding names: a release or a build (X+LABEL.HASH),
 #: of vLLM (bare) or of a family that names itself (``sglang==X``).
 ENGINE_VERSION = re.compile(
-    rf"^(?:(?:{'|'.join(map(re.escape, FAMILIES))})==)?" + r"\d{1,4}\.\d{1,4}\.\d{1,4}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$"
+    rf"^(?:(?:{'|'.join(map(re.escape, FAMILIES))})==)?" + r"\d{1,4}\.\d{1,4}\.\d{1,6}(?:\+[a-z0-9][a-z0-9.-]{0,99})?$"
 )
 
 

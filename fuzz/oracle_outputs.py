@@ -81,14 +81,15 @@ def check_outputs(case: Case, version: str, obs: Observation) -> list[Divergence
             details.append(f"request {e['request']} (hit {e.get('hit')}): {why}")
     if not bad:
         return []
+    hits = list(obs.get("hits") or [])
     return [
         Divergence(
             "outputs",
             version,
             bad,
-            expected,
-            observed,
+            hits,  # the hits are not what it judges: unchanged (``same_hits``)
+            hits,
             "; ".join(details)[:2000],
-            {"tolerance": LOGPROB_TOLERANCE, "hits": obs.get("hits")},
+            {"tolerance": LOGPROB_TOLERANCE, "cold_output_ids": expected, "output_ids": observed},
         )
     ]

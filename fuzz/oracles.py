@@ -54,7 +54,7 @@ from fuzz.oracle_states import (  # noqa: F401 - re-exported
     writes_before,
     written_before,
 )
-from ground.engines import FAMILIES, Capability, family_of
+from ground.engines import FAMILIES, Capability, family_of, load
 from reference.case import Case, is_concurrent, serial_prefix
 
 
@@ -75,13 +75,26 @@ def oracles_for(version: str, oracles: tuple[str, ...] = ORACLES) -> tuple[str, 
     """The oracles that judge engine ``version``: all of ``oracles`` for a
     vLLM release, :data:`BUILD_ORACLES` among them for a build
     (``X+LABEL.HASH``), :data:`NEUTRAL_ORACLES` among them for another
-    family (``sglang==X``: the promise's own rules, not vLLM's)."""
+    family (``sglang==X``: the promise's own rules, not vLLM's), with the
+    oracles whose rule the family states itself (``Family.own_checks``);
+    a family with real weights (``Capability.OUTPUTS``) is judged by
+    ``outputs`` too."""
     family = FAMILIES.get(family_of(version))
     if family is not None and not family.supports(Capability.RULE_MODEL):
-        return tuple(o for o in oracles if o in NEUTRAL_ORACLES)
+        own = own_checks(version)
+        chosen = tuple(o for o in oracles if o in NEUTRAL_ORACLES or o in own)
+        if family.supports(Capability.OUTPUTS) and "outputs" not in chosen and "promise" in oracles:
+            chosen += ("outputs",)  # with a campaign's set (its promise in it), not a finding's one oracle
+        return chosen
     if "+" not in version:
         return oracles
     return tuple(o for o in oracles if o in BUILD_ORACLES)
+
+
+def own_checks(version: str) -> dict:
+    """The family's own checks by oracle name (``Family.own_checks``), or {}."""
+    family = FAMILIES.get(family_of(version))
+    return {} if family is None or family.own_checks is None else load(family.own_checks)
 
 
 #: The oracles that read one observation and nothing else, in the order
@@ -140,9 +153,10 @@ def check_all(
 
 def _check(case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
     out: list[Divergence] = []
+    own = own_checks(version)
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:
-            out += check(case, version, obs)
+            out += own.get(name, check)(case, version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:

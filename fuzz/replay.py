@@ -25,6 +25,23 @@ from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 
 
+class _WithOptions:
+    """An engine whose every run takes the finding's run options
+    (``finding.harness.options``: llama.cpp's ``first_server_n_ubatch``,
+    finding L1); the engine's driver refuses any it does not take."""
+
+    def __init__(self, engine, options: dict) -> None:
+        if not isinstance(options, dict):
+            raise Unsupported(f"finding.harness.options={options!r}: allowed: an object of the engine's run options")
+        self.engine, self.options, self.version = engine, dict(options), engine.version
+
+    def run(self, case, options: dict | None = None, **kw):
+        return self.engine.run(case, {**self.options, **(options or {})}, **kw)
+
+    def resolve(self, case, **kw):
+        return self.engine.resolve(case, **kw)
+
+
 def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
     """Run ``case`` on ``engine`` (and ``other`` for a ``versions``
     finding) and judge it (:func:`fuzz.verdict.observe_and_judge`)."""
@@ -32,6 +49,9 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
     claim = Claim.of(finding) if finding else None
     if claim is not None and claim.oracle == "versions" and claim.other_version == version:
         claim = claim.swapped()  # replayed from the other engine's side
+    options = ((finding or {}).get("harness") or {}).get("options")
+    if options:  # the run options the finding was observed with (its driver checks them)
+        engine = _WithOptions(engine, options)
     judged = observe_and_judge(case, claim, engine, other)
     obs = judged.observation
     rule = implemented_rule(version)
@@ -72,7 +92,7 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
         "first_divergence": judged.verdict.first,
         "divergences": [{"oracle": d.oracle, "requests": d.requests, "detail": d.detail} for d in judged.divergences],
         "resolved": None
-        if resolution is None
+        if resolution is None or resolution.get("geometry") is None  # llama.cpp: no geometry, token by token
         else {
             "scheduler_block_size": resolution["geometry"]["scheduler_block_size"],
             "hash_block_size": resolution["geometry"]["hash_block_size"],

@@ -82,10 +82,11 @@ def hint(finding: dict, case: Case) -> str:
     if (
         isinstance(first, int)
         and 0 <= first < len(case.trace)
+        and case.geometry is not None  # llama.cpp: token by token, no block
         and case.trace[first].num_prompt_tokens % case.geometry.scheduler_block_size == 0
     ):
         parts.append("block-aligned prompt")
-    if geometry_class(case, knobs) != "uniform":
+    if geometry_class(case, knobs) not in ("uniform", "unresolved"):
         parts.append("mixed attention/Mamba blocks")
     if oracle == "versions" and detail:
         parts.append(detail.replace("expected = ", "vs "))

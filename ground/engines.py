@@ -70,6 +70,10 @@ class Capability(enum.Enum):
     #: Every cache it resolves is one the promise is stated for (else a
     #: resolution may name a cache kvspec does not predict).
     EVERY_CACHE_STATED = "every_cache_stated"
+    #: Real weights: every run carries the same requests on a cold engine
+    #: beside it (run option ``cold``, on by default), so the ``outputs``
+    #: oracle judges it wherever it is judged.
+    OUTPUTS = "outputs"
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ class Family:
     comparer: str | None = None
     #: The version key is the bare release (vLLM's historical form).
     bare_key: bool = False
+    #: Its own checks of oracles whose rule it states itself (``module:NAME``,
+    #: a dict oracle name -> ``(case, version, observation) -> [Divergence]``):
+    #: those oracles judge it too, by these checks (llama.cpp: ``reference``,
+    #: its rule; ``promise``, the promise stated for one live state per slot).
+    own_checks: str | None = None
 
     def supports(self, capability: Capability) -> bool:
         return capability in self.capabilities
@@ -215,12 +224,15 @@ FAMILIES: dict[str, Family] = {
             "engine_adapter.llamacpp_engine.driver",
             "reference.llamacpp_flags:parse_llamacpp_args",
             "reference.knobs:unstated_knobs",
-            frozenset({Capability.DECODE}),
+            frozenset({Capability.DECODE, Capability.OUTPUTS}),
             platforms=("cpu",),
             run_options=("cold",),
+            generator="fuzz.generate_llamacpp",
             imports=("gguf",),
             predictor="kvspec.commands.predict:predict_llamacpp",
             comparer="kvspec.llamacpp_compare:compare",
+            own_checks="fuzz.oracle_llamacpp:CHECKS",
+            reporter="fuzz.report_llamacpp",
         ),
     )
 }

@@ -15,7 +15,8 @@ from reference.case import Case
 
 def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
     from fuzz.oracle_outputs import check_outputs
-    from fuzz.verdict import Target, differences, judge
+    from fuzz.verdict import differences, divergences, judge
+    from ground.engines import version_key
     from reference.llamacpp import Settings, predict
 
     res = observed.get("resolution") or {}
@@ -26,14 +27,10 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
     )
     outputs = check_outputs(case, name, observed)
     mismatches = differences(reference, observed)
-    held = _held_mismatches(reference, observed)
-    verdict = judge(Target(reference["hits"], "llamacpp", reference["queries"], None), observed, outputs)
-    if held and verdict.verdict == "agrees":  # the rule's checkpoints, not only its hits
-        from fuzz.verdict import Verdict
-
-        verdict = Verdict(
-            "diverges", [f"request {i}: checkpoints held {o} by llama.cpp, {r} by the model" for i, r, o in held]
-        )
+    # the one judge, on the oracles that judge this family (its rule and
+    # promise: fuzz.oracle_llamacpp; outputs; the safety oracles)
+    divs = divergences(case, version_key(name), observed)
+    verdict = judge(None, observed, divs)
     if as_json:
         print(
             json.dumps(
@@ -46,6 +43,7 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
                     "observed": observed,
                     "mismatches": mismatches,
                     "outputs": [d.detail for d in outputs],
+                    "divergences": [{"oracle": d.oracle, "first": d.first, "detail": d.detail} for d in divs],
                 },
                 indent=2,
             )
@@ -54,14 +52,6 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
         _render(reference, observed, name, verdict, outputs)
     sys.stdout.flush()
     return verdict.exit_code
-
-
-def _held_mismatches(reference: dict, observed: dict) -> list[tuple[int, list, list]]:
-    out = []
-    for r, o in zip(reference.get("explain") or [], observed.get("explain") or []):
-        if r.get("checkpoints_held") != o.get("checkpoints_held"):
-            out.append((o["request"], r.get("checkpoints_held"), o.get("checkpoints_held")))
-    return out
 
 
 def _ids(ids) -> str:
@@ -120,7 +110,10 @@ def _render(reference: dict, observed: dict, name: str, verdict, outputs) -> Non
         console.print(Text(f"outputs fires at request {d.first}: {d.detail}", style="red"))
     if verdict.verdict == "agrees":
         console.print(
-            Text("reference and llama.cpp agree (hits, checkpoints held; outputs equal a cold server's)", style="green")
+            Text(
+                "agrees: no oracle fires (the rule's hits and checkpoints held, the promise for one live state per slot, outputs equal a cold server's, the safety oracles)",
+                style="green",
+            )
         )
     else:
         console.print(Text(f"{verdict.verdict}", style="red"))

@@ -39,6 +39,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from engine_adapter.live.logprobs import logprobs_into
 from engine_adapter.live.metrics import Snapshot, parse_metrics
 from ground.errors import EngineError, invalid
 
@@ -71,6 +72,10 @@ class Completion:
     finish_reason: str | None
     chunks: int
     attempts: int
+    #: With ``logprobs``: the generated token ids and, per token, its top
+    #: ``[id, logprob]`` pairs (``return_tokens_as_token_ids``), else None.
+    output_ids: list[int] | None = None
+    top_logprobs: list[list[list]] | None = None
 
 
 def _describe(exc: BaseException) -> str:
@@ -366,10 +371,21 @@ class LiveClient:
             return None
         return v if isinstance(v, str) else None
 
-    def complete(self, model: str, prompt: list[int], max_tokens: int) -> Completion:
+    def complete(
+        self,
+        model: str,
+        prompt: list[int],
+        max_tokens: int,
+        *,
+        logprobs: int | None = None,
+        cache_salt: str | None = None,
+    ) -> Completion:
         """One streamed ``/v1/completions`` request with a token-id prompt,
         read to its end within timeout_s of wall-clock time (retries
-        included). TTFT = time to the first data chunk."""
+        included). TTFT = time to the first data chunk. ``logprobs``: also
+        the generated ids and their top log-probabilities (the output
+        oracle); ``cache_salt``: vLLM's per-request salt of the prefix-cache
+        keys, so the request shares no cached block (a cold run)."""
         body = {
             "model": model,
             "prompt": prompt,
@@ -378,6 +394,10 @@ class LiveClient:
             "stream": True,
             "ignore_eos": True,
         }
+        if logprobs is not None:
+            body |= {"logprobs": int(logprobs), "return_tokens_as_token_ids": True}
+        if cache_salt is not None:
+            body["cache_salt"] = str(cache_salt)
         last = ""
         deadline = time.monotonic() + self.timeout_s
         late = f"timeout_s={self.timeout_s}: POST /v1/completions did not finish in time; allowed: a finished stream in time"
@@ -386,6 +406,8 @@ class LiveClient:
             ttft = None
             chunks = 0
             finish = None
+            ids: list[int] = []
+            tops: list[list[list]] = []
             try:
                 with self._bounded("POST", "/v1/completions", deadline, body) as r:
                     if r.status_code != 200:
@@ -418,7 +440,17 @@ class LiveClient:
                                 f"stream: server sent an error ({self._redact(str(event['error']))[:120]}); allowed: completion chunks"
                             )
                         finish = _finish_reason(event) or finish
-                return Completion(ttft, time.monotonic() - t0, finish, chunks, attempt + 1)
+                        if logprobs is not None:
+                            logprobs_into(event, ids, tops)
+                return Completion(
+                    ttft,
+                    time.monotonic() - t0,
+                    finish,
+                    chunks,
+                    attempt + 1,
+                    ids if logprobs is not None else None,
+                    tops if logprobs is not None else None,
+                )
             except (_Expired, httpx.TimeoutException):
                 raise LiveTimeout(late) from None
             except (httpx.ConnectError, httpx.RemoteProtocolError) as e:

@@ -51,6 +51,13 @@ class LiveRow:
     #: A request the model does not predict (it shared the server): the
     #: most it can hit whatever the batching (``reference.predict.resume_bounds``).
     bound: int | None = None
+    #: With the output oracle (``Sender(outputs=True)``): the generated ids
+    #: and top log-probabilities of the request and of its cold twin (the
+    #: same request with a fresh ``cache_salt``: no cached block shared).
+    output_ids: list[int] | None = None
+    top_logprobs: list | None = None
+    cold_output_ids: list[int] | None = None
+    cold_top_logprobs: list | None = None
 
 
 def number_text(x: float | None) -> str:
@@ -129,6 +136,10 @@ def counter_issue(before: Snapshot, after: Snapshot, when: str) -> str | None:
     return None
 
 
+#: Top log-probabilities the output oracle asks for (as llama.cpp's driver).
+OUTPUT_LOGPROBS = 5
+
+
 class Sender:
     """Sends the trace's waves and measures each around it. ``one`` sends a
     request alone (the rules of the module docstring); ``wave`` sends the
@@ -142,9 +153,19 @@ class Sender:
     one entry per concurrent wave: its requests and their summed hits and
     queries."""
 
-    def __init__(self, client: LiveClient, model: str, first: Snapshot, settle_s: float, notes: list[str]):
+    def __init__(
+        self,
+        client: LiveClient,
+        model: str,
+        first: Snapshot,
+        settle_s: float,
+        notes: list[str],
+        outputs_salt: str | None = None,
+    ):
         self.client, self.model, self.first, self.settle_s, self.notes = client, model, first, settle_s, notes
         self.prev = first
+        #: The output oracle: each request again with ``cache_salt`` = this + its index (None: off).
+        self.outputs_salt = outputs_salt
         self.waves: list[dict] = []
         self.stopped = False
 
@@ -228,17 +249,40 @@ class Sender:
         if pre is None:
             return False
         tokens = prompt_tokens(req)
+        logprobs = OUTPUT_LOGPROBS if self.outputs_salt is not None else None
         try:
             row.sent = True
-            done = self.client.complete(self.model, tokens, req.max_tokens)
+            done = self.client.complete(self.model, tokens, req.max_tokens, logprobs=logprobs)
         except EngineError as e:
             row.issues.append(str(e))
             return False
         self._completed(row, done)
+        row.output_ids, row.top_logprobs = done.output_ids, done.top_logprobs
         measured = self._after(row, pre, len(tokens), 1)
         if measured is not None:
             row.queries, row.hits = measured
+        if self.outputs_salt is not None and not self.stopped:
+            return self._cold(req, row, tokens)
         return not self.stopped
+
+    def _cold(self, req, row: LiveRow, tokens: list[int]) -> bool:
+        """The request's cold twin (a fresh ``cache_salt``): its outputs,
+        and the counters settled past it (it is our traffic, not foreign)."""
+        try:
+            cold = self.client.complete(
+                self.model,
+                tokens,
+                req.max_tokens,
+                logprobs=OUTPUT_LOGPROBS,
+                cache_salt=f"{self.outputs_salt}-{row.index}",
+            )
+            post, _settled = settle(self.client, self.model, self.prev, len(tokens), self.settle_s, 1)
+        except EngineError as e:
+            row.issues.append(f"the cold twin (cache_salt) failed: {e}")
+            return False
+        row.cold_output_ids, row.cold_top_logprobs = cold.output_ids, cold.top_logprobs
+        self.prev = post
+        return True
 
     def wave(self, reqs: list, rows: list[LiveRow], step_s: float) -> bool:
         from concurrent.futures import ThreadPoolExecutor

@@ -41,11 +41,12 @@ from engine_adapter.interface import (
     check_requests,
     family_deployment,
 )
-from engine_adapter.llamacpp_engine import gguf_models, serverlog
+from engine_adapter.llamacpp_engine import gguf_models, isolate, serverlog
 from engine_adapter.llamacpp_engine.resolve import common_params, read_back
 from ground.errors import InvalidArgument, KvspecError, Unsupported
 from ground.printable import one_line
 from reference.case import Case, prompt_tokens, quotes_output
+from reference.tokens import TOKEN_VOCAB
 
 MAX_LLAMACPP_REQUESTS = 64
 MAX_PROMPT_TOKENS = 16384
@@ -61,7 +62,7 @@ DEFAULT_N_PROBS = 5
 #: ``n_ubatch`` (else a harness error: run it in a fresh worker).
 _PROCESS = {"offsets_n_ubatch": None}
 #: The options a run takes.
-OPTIONS = ("cold", "n_probs", "seed", "test_double")
+OPTIONS = ("cold", "n_probs", "seed", "test_double", "first_server_n_ubatch")
 
 
 _as_case = as_case
@@ -100,11 +101,43 @@ def _options(options: dict | None) -> dict:
         raise InvalidArgument(
             f"options.test_double={double!r}: allowed: stale_restore (a test double of the restore step, unit tests only)"
         )
-    return {"cold": bool(options.get("cold", False)), "n_probs": n_probs, "seed": seed, "test_double": double}
+    first = options.get("first_server_n_ubatch")
+    if first is not None and (not isinstance(first, int) or isinstance(first, bool) or not 1 <= first <= 4096):
+        raise InvalidArgument(f"options.first_server_n_ubatch={first!r}: allowed: an integer in [1, 4096], or absent")
+    return {
+        "cold": bool(options.get("cold", True)),
+        "n_probs": n_probs,
+        "seed": seed,
+        "test_double": double,
+        "first_server_n_ubatch": first,
+    }
+
+
+def first_server(dep, seed: int, n_ubatch: int, log: serverlog.Capture) -> None:
+    """Finding L1, reproduced as an embedder meets it: before the case, in
+    the same process, a server of the same deployment with ``n_ubatch``
+    (and ``n_batch`` at least that) prefills one prompt of ``2 n_ubatch +
+    8`` tokens, which makes a checkpoint and so sets ``update_slots``'
+    function-static ``checkpoint_offsets`` to {4 + n_ubatch, 4}."""
+    params, _ = common_params(dep, seed, {"n_ubatch": n_ubatch, "n_batch": max(n_ubatch, 2048), "n_parallel": 1})
+    served = _Served(params, log)
+    served.complete(request_body(list(range(2 * n_ubatch + 8)), 1, 0))
+
+
+#: Token ids a request may not generate (``logit_bias`` false): every
+#: prompt token [0, TOKEN_VOCAB) and BOS/EOS, so a generated token is never a
+#: token a later prompt holds. kvspec's prompts never quote outputs; had the
+#: real model generated a later prompt's next token, the slot's common
+#: prefix would run one token past the shared prompt (seen: seed 2, qwen3_next,
+#: hit 283 over a 282-token shared prefix, reuse over the same tokens), which
+#: the rule and every token-level oracle read against kvspec's placeholder
+#: output. Generation draws from the output token and the spare ids.
+BANNED = [[i, False] for i in range(TOKEN_VOCAB)] + [[gguf_models.BOS_ID, False], [gguf_models.EOS_ID, False]]
 
 
 def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
-    """The body ``handle_completions`` receives: token ids, greedy."""
+    """The body ``handle_completions`` receives: token ids, greedy, no
+    generated token in the prompt alphabet (:data:`BANNED`)."""
     return {
         "prompt": list(tokens),
         "n_predict": max_tokens,
@@ -113,6 +146,7 @@ def request_body(tokens: list[int], max_tokens: int, n_probs: int) -> dict:
         "n_probs": n_probs,
         "ignore_eos": True,
         "stream": False,
+        "logit_bias": BANNED,
     }
 
 
@@ -130,6 +164,7 @@ class _Served:
     def __init__(self, params, log: serverlog.Capture) -> None:
         start = log.size()
         self.server = xllamacpp.Server(params)
+        isolate.keep(self.server)  # a child never destroys a server (isolate: the destructor's join can hang)
         self.load_log = log.read(start)
         self.log = log
 
@@ -149,7 +184,25 @@ class LlamacppDriver(ReleaseOfPackage):
     family = "llamacpp"
 
     def resolve(self, case) -> dict:
+        """What llama.cpp resolves the case's deployment to, in a child
+        process of its own (:mod:`.isolate`)."""
         case = _as_case(case)
+        return isolate.in_child(lambda: self._resolve_here(case))
+
+    def run(self, case, options: dict | None = None) -> Observation:
+        """The case on a server of its own, in a child process of its own
+        (:mod:`.isolate`: llama.cpp keeps process-wide state across servers,
+        finding L1)."""
+        case = _as_case(case)
+        _options(options)
+        check_case(case)
+        _deployment(case)
+        obs = isolate.in_child(lambda: self._run_here(case, options))
+        if "engine" not in obs:
+            obs["engine"] = self.name
+        return obs
+
+    def _resolve_here(self, case: Case) -> dict:
         dep = _deployment(case)
         params, info = common_params(dep)
         with serverlog.Capture() as log:
@@ -162,11 +215,17 @@ class LlamacppDriver(ReleaseOfPackage):
             **info,
             "params": read_back(params),
             "server": settings,
+            # what a campaign draws traces on: llama.cpp matches token by token
+            "facts": {
+                "block": 1,
+                "hash": 1,
+                "max_model_len": settings.get("n_ctx_slot"),
+                "max_num_seqs": settings.get("n_slots") or 1,
+            },
         }
 
-    def run(self, case, options: dict | None = None) -> Observation:
+    def _run_here(self, case: Case, options: dict | None) -> Observation:
         t0 = time.perf_counter()
-        case = _as_case(case)
         opts = _options(options)
         check_case(case)
         dep = _deployment(case)
@@ -180,8 +239,16 @@ class LlamacppDriver(ReleaseOfPackage):
             except Exception as e:  # noqa: BLE001 - the server refused the deployment: llama.cpp's answer
                 return self._failed(case, "config", None, e, info, t0)
             settings = serverlog.resolved_settings(served.load_log)
+            if opts["first_server_n_ubatch"] is not None:  # L1 asked for: the static set by another server
+                first_server(dep, opts["seed"], opts["first_server_n_ubatch"], log)
+                _PROCESS["offsets_n_ubatch"] = opts["first_server_n_ubatch"]
             stale = _PROCESS["offsets_n_ubatch"]
-            if settings["n_ctx_checkpoints"] and stale is not None and stale != settings["n_ubatch"]:
+            if (
+                settings["n_ctx_checkpoints"]
+                and stale is not None
+                and stale != settings["n_ubatch"]
+                and opts["first_server_n_ubatch"] is None
+            ):
                 del served
                 return {
                     "engine": self.name,
@@ -254,6 +321,13 @@ class LlamacppDriver(ReleaseOfPackage):
                 "n_probs": opts["n_probs"],
                 "seed": opts["seed"],
                 "test_double": opts["test_double"],
+                "first_server_n_ubatch": opts["first_server_n_ubatch"],
+                # what a finding replays with (never the test double: its findings are not llama.cpp's)
+                **(
+                    {"options": {"first_server_n_ubatch": opts["first_server_n_ubatch"]}}
+                    if opts["first_server_n_ubatch"] is not None
+                    else {}
+                ),
                 "model_recipe": gguf_models.recipe(info["arch"], opts["seed"]).key(),
             },
         }

@@ -91,6 +91,11 @@ def configure(parser) -> None:
         default="promise",
         help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)",
     )
+    parser.add_argument(
+        "--outputs",
+        action="store_true",
+        help="with --server: the output oracle, each request's greedy ids and top-5 logprobs against its cold twin (the same request with a fresh cache_salt); serial traces",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (no secrets in it)")
 
 
@@ -155,6 +160,7 @@ def main(args) -> int:
             ("--gap", None if args.gap == 1.0 else args.gap),
             ("--step-s", None if args.step_s == 0.05 else args.step_s),
             ("--rule", None if args.rule == "promise" else args.rule),
+            ("--outputs", args.outputs or None),
         ):
             if value is not None:
                 raise invalid(flag, value, "applies to --server only")
@@ -186,6 +192,7 @@ def main(args) -> int:
         rescale=args.rescale,
         rule=args.rule,
         step_s=args.step_s,
+        outputs=args.outputs,
     )
     if args.json:  # first: what was sent is on record whatever printing does
         try:

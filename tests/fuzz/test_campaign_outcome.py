@@ -408,3 +408,30 @@ def test_a_deployment_kvspec_fails_to_resolve_is_a_harness_error_not_a_refusal(t
     (stored,) = (tmp_path / "harness-errors").glob("*.json")
     assert "failed to be inspected" in stored.read_text()
     assert campaign.resolver({**dep, "model": "jamba"}) is None and campaign.stats.harness_errors == 1
+
+
+class _StopsAfter(ReferenceDouble):
+    """TEST DOUBLE: vLLM 0.29.0's legacy rule whose runs stop after
+    ``limit`` (EngineError, as a worker past the campaign's deadline)."""
+
+    def __init__(self, limit: int):
+        super().__init__("0.29.0", "legacy")
+        self.limit = limit
+
+    def run(self, case):
+        from ground.errors import EngineError
+
+        if self.calls >= self.limit:
+            raise EngineError("engine='0.29.0': not run: past the campaign's deadline")
+        return super().run(case)
+
+
+def test_a_confirmed_divergence_is_written_when_the_deadline_cuts_its_shrink(tmp_path):
+    """The run, its confirmation, then nothing more: the shrink and the final
+    judgement cannot run, and the confirmed original is the finding (it was
+    lost before: the final judgement's error ended the case as cut)."""
+    case = make_case(hybrid(16, 16), [[("A", 64)], [("A", 64)]])
+    campaign = Campaign(_StopsAfter(2), tmp_path, oracles=("promise",), shrink_calls=30)
+    written = campaign.check(case)
+    assert len(written) == 1 and campaign.stats.harness_errors == 0
+    assert json.loads(written[0].read_text())["oracle"] == "promise"

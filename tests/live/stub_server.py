@@ -76,8 +76,13 @@ class StubVllm:
         version: str | None = "0.32.0",
         api_key: str | None = None,
         faults: Faults | None = None,
+        outputs_fn: Callable[[list[int], bool], list[int]] | None = None,
     ):
         self.hits_fn = hits_fn or (lambda i, prompt: 0)
+        #: (prompt, cold) -> the generated ids a request with ``logprobs``
+        #: reports (cold: it carries a ``cache_salt``, as vLLM's cold twin)
+        self.outputs_fn = outputs_fn or (lambda prompt, cold: [7] * 64)
+        self.salted: list[list[int]] = []  # prompts sent with a cache_salt (hit 0, counted as queries)
         self.cache_config = cache_config or cache_config_labels()
         self.spec_positions = spec_positions
         self.max_model_len = max_model_len
@@ -297,9 +302,14 @@ class StubVllm:
                     return
                 if i in f.reset_during:
                     stub.reset()
+                salted = body.get("cache_salt") is not None
                 with stub.lock:
-                    hit = stub.hits_fn(len(stub.admitted), prompt)
-                    stub.admitted.append(prompt)
+                    if salted:  # vLLM salts its block keys: no cached block is shared
+                        hit = 0
+                        stub.salted.append(prompt)
+                    else:
+                        hit = stub.hits_fn(len(stub.admitted), prompt)
+                        stub.admitted.append(prompt)
                     extra = f.extra_queries_during.get(i, 0)
                     stub._pending.append((time.monotonic() + f.metrics_lag_s, float(len(prompt) + extra), float(hit)))
                     stub.running = 1
@@ -307,6 +317,7 @@ class StubVllm:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                ids = stub.outputs_fn(prompt, salted) if body.get("logprobs") else None
                 try:
                     time.sleep(f.delay_s.get(i, 0.0))
                     for k in range(int(body.get("max_tokens", 1))):
@@ -321,6 +332,13 @@ class StubVllm:
                                 }
                             ]
                         }
+                        if ids is not None:
+                            tok = f"token_id:{ids[k]}"
+                            chunk["choices"][0]["logprobs"] = {
+                                "tokens": [tok],
+                                "token_logprobs": [-0.5],
+                                "top_logprobs": [{tok: -0.5, f"token_id:{ids[k] + 1}": -1.5}],
+                            }
                         self._chunk(f"data: {json.dumps(chunk)}\n\n")
                     with stub.lock:
                         stub.running = 0
