@@ -16,15 +16,19 @@ never from a known bug:
 * ``half``: the longest and half of what the others need;
 * ``room``: what every request needs together (nothing evicted).
 
-A request of T tokens (prompt and output) holds, per KV cache group of
-block size b, ``ceil((T + K) / b)`` blocks (:func:`request_blocks`; K
-:data:`SLACK_TOKENS`, the speculative slots a step may add), and a Mamba
-group in align mode ``K + 2`` more (the running state, the one it resumes
-from, the speculative ones: vLLM 0.33.0 ``MambaManager``,
-single_type_kv_cache_manager.py). Every group draws from one pool (vLLM's
-hybrid coordinator: kv_cache_coordinator.py:120, one ``BlockPool``), so
-the pool a request needs is the sum over the groups, each counted
-``count`` times.
+A running request of T tokens (prompt and output) holds, per KV cache
+group of block size b, what vLLM itself budgets for one request
+(``KVCacheSpec.max_memory_usage_bytes``, 0.33.0 kv_cache_interface.py):
+full attention ``ceil((T + K) / b)`` blocks (K :data:`SLACK_TOKENS`, the
+speculative slots a step may add), a Mamba group in align mode
+``2 + num_speculative_blocks + num_prefill_checkpoint_blocks``
+(kv_cache_interface.py:1135-1141), at most :data:`MAMBA_RUNNING_BLOCKS`
+(:func:`running_blocks`). Once it has finished, what it leaves cached is
+at most its full-attention blocks and one Mamba state per block boundary
+(dense retention: :func:`kept_blocks`). Every group draws from one pool
+(vLLM's hybrid coordinator: kv_cache_coordinator.py:120, one
+``BlockPool``), so a request's need is the sum over the groups, each
+counted ``count`` times.
 
 vLLM refuses a pool that cannot hold one request of ``max_model_len``
 tokens (kv_cache_planning.py:50-85 and 1554, "larger than the available KV
@@ -45,34 +49,52 @@ PRESSURE_MODES = ("drawn", "always", "none")
 PRESSURE_ONE_IN = 6
 #: Token slots a step may add past a request's tokens (drafts, lookahead).
 SLACK_TOKENS = 4
+#: Blocks a Mamba group holds for one running request in align mode, at
+#: most: vLLM's 2 + speculative blocks + prefill checkpoint blocks
+#: (kv_cache_interface.py:1135-1141; 5 is what vLLM 0.33.0 budgets for the
+#: drawn MTP deployments: its refusals of a smaller pool say so).
+MAMBA_RUNNING_BLOCKS = 5
+#: The block vLLM's pool holds back (the null block: kv_cache_planning.py
+#: "Reserve the null block BlockPool permanently holds back", 1532-1543).
+NULL_BLOCKS = 1
 POOL_FLAG = "--num-gpu-blocks-override"
 
 
-def request_blocks(tokens: int, groups: list[dict]) -> int:
-    """Blocks of the one pool a request of ``tokens`` tokens holds at most
-    (module docstring): per group ``ceil((tokens + K) / block)``, plus
-    ``K + 2`` for a Mamba group, times the group's count."""
+def running_blocks(tokens: int, groups: list[dict]) -> int:
+    """Blocks of the one pool a running request of ``tokens`` tokens holds
+    at most (module docstring)."""
     total = 0
     for g in groups:
-        per = math.ceil((tokens + SLACK_TOKENS) / int(g["block_size"]))
         if g["kind"] == "mamba":
-            per += SLACK_TOKENS + 2
+            per = MAMBA_RUNNING_BLOCKS
+        else:
+            per = math.ceil((tokens + SLACK_TOKENS) / int(g["block_size"]))
         total += per * int(g.get("count", 1))
     return total
 
 
+def kept_blocks(tokens: int, groups: list[dict]) -> int:
+    """Blocks a finished request of ``tokens`` tokens may leave cached at
+    most: every full block of every group (dense retention keeps a Mamba
+    state per block boundary)."""
+    return sum(tokens // int(g["block_size"]) * int(g.get("count", 1)) for g in groups)
+
+
 def pool_for(level: str, lengths: list[int], groups: list[dict]) -> int:
-    """The pool (blocks) of ``level`` for requests of ``lengths`` tokens."""
+    """The pool (blocks) of ``level`` for requests of ``lengths`` tokens:
+    ``one``, ``two`` and ``half`` count running requests
+    (:func:`running_blocks`), ``room`` adds what each leaves cached
+    (:func:`kept_blocks`); each with vLLM's null block."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
-    needs = sorted((request_blocks(n, groups) for n in lengths), reverse=True)
+    needs = sorted((running_blocks(n, groups) for n in lengths), reverse=True)
     if level == "one":
-        return needs[0]
+        return NULL_BLOCKS + needs[0]
     if level == "two":
-        return sum(needs[:2])
+        return NULL_BLOCKS + sum(needs[:2])
     if level == "half":
-        return needs[0] + math.ceil(sum(needs[1:]) / 2)
-    return sum(needs)
+        return NULL_BLOCKS + needs[0] + math.ceil(sum(needs[1:]) / 2)
+    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in lengths)
 
 
 def pressure_flags(level: str, lengths: list[int], groups: list[dict], block: int) -> list[str]:

@@ -24,24 +24,25 @@ def _resolver(dep: dict) -> dict:
     return {"block": 544, "hash": 544, "max_model_len": 32768, "max_num_seqs": 256, "groups": QWEN3_NEXT}
 
 
-def test_request_blocks_counts_every_group_of_the_one_pool():
-    # 3000 tokens + 4 slack: 6 blocks of 544 in each group; a Mamba group 4 + 2 more, three of them
-    assert P.request_blocks(3000, QWEN3_NEXT) == 6 + 3 * (6 + 6)
+def test_a_request_counts_every_group_of_the_one_pool():
+    # 3000 tokens + 4 slack: 6 attention blocks of 544; three Mamba groups of 5 running blocks
+    assert P.running_blocks(3000, QWEN3_NEXT) == 6 + 3 * 5
+    assert P.kept_blocks(3000, QWEN3_NEXT) == 4 * 5
 
 
 def test_levels_run_from_one_request_to_room_for_all():
     lengths = [3000, 1000, 5000, 2000]
     pools = [P.pool_for(level, lengths, QWEN3_NEXT) for level in P.LEVELS]
     assert pools == sorted(pools) and pools[0] < pools[-1]
-    assert pools[0] == P.request_blocks(5000, QWEN3_NEXT)
-    assert pools[-1] == sum(P.request_blocks(n, QWEN3_NEXT) for n in lengths)
+    assert pools[0] == 1 + P.running_blocks(5000, QWEN3_NEXT)
+    assert pools[-1] == 1 + sum(P.running_blocks(n, QWEN3_NEXT) + P.kept_blocks(n, QWEN3_NEXT) for n in lengths)
     with pytest.raises(ValueError, match="level='tiny'"):
         P.pool_for("tiny", lengths, QWEN3_NEXT)
 
 
 def test_flags_carry_the_max_model_len_vllm_needs_and_strip_back():
     flags = P.pressure_flags("one", [3000, 100], QWEN3_NEXT, 544)
-    assert flags == [P.POOL_FLAG, str(P.request_blocks(3000, QWEN3_NEXT)), "--max-model-len", str(6 * 544)]
+    assert flags == [P.POOL_FLAG, str(1 + P.running_blocks(3000, QWEN3_NEXT)), "--max-model-len", str(6 * 544)]
     base = ["--enable-prefix-caching", "--scheduling-policy", "fcfs"]
     assert P.strip_pool(base + flags) == base
     assert P.strip_pool(base) == base
