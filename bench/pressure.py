@@ -14,7 +14,7 @@
 Printed: a table and one JSON line. Nothing is asserted.
 
     python bench/pressure.py [--engine vllm==0.33.0] [--cases 40] [--seed 3]
-                             [--budget 60] [--rounds 1] [--no-reach] [--no-rate]
+                             [--budget 60] [--rounds 1] [--no-reach] [--no-rate] [--no-z3-seeds]
 """
 
 from __future__ import annotations
@@ -94,18 +94,21 @@ def _level_of(case, campaign) -> str:
     return "other"
 
 
-def rate(engine_name: str, seed: int, budget: float, rounds: int) -> dict:
+def rate(engine_name: str, seed: int, budget: float, rounds: int, extra: tuple[str, ...] = ()) -> dict:
     out: dict[str, list[float]] = {"none": [], "drawn": []}
     for _ in range(rounds):
         for mode in ("none", "drawn"):
             with tempfile.TemporaryDirectory() as d:
                 cmd = [sys.executable, "-m", "kvspec.cli", "fuzz", "--engine", engine_name, "--seed", str(seed)]
-                cmd += ["--max-time", str(budget), "--pressure", mode, "--out", d, "--json"]
+                cmd += ["--max-time", str(budget), "--pressure", mode, "--out", d, "--json", *extra]
                 p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=budget + 600)
                 summary = json.loads(p.stdout)
+                if not summary.get("cases"):
+                    print(f"{mode}: no case ran: {p.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
                 out[mode].append(float(summary["cases_per_s"]))
     none, drawn = sum(out["none"]) / rounds, sum(out["drawn"]) / rounds
-    return {"none_cases_per_s": out["none"], "drawn_cases_per_s": out["drawn"], "ratio": round(drawn / none, 3)}
+    ratio = round(drawn / none, 3) if none else None
+    return {"none_cases_per_s": out["none"], "drawn_cases_per_s": out["drawn"], "ratio": ratio}
 
 
 def main() -> None:
@@ -117,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-reach", action="store_true")
     ap.add_argument("--no-rate", action="store_true")
+    ap.add_argument("--no-z3-seeds", action="store_true", help="time the random driver's cases only")
     a = ap.parse_args()
     result: dict = {"engine": a.engine, "seed": a.seed}
     if not a.no_reach:
@@ -128,7 +132,7 @@ def main() -> None:
             )
         result["reach"] = rows
     if not a.no_rate:
-        result["rate"] = rate(a.engine, a.seed, a.budget, a.rounds)
+        result["rate"] = rate(a.engine, a.seed, a.budget, a.rounds, ("--no-z3-seeds",) if a.no_z3_seeds else ())
         print(f"cases/s none {result['rate']['none_cases_per_s']} drawn {result['rate']['drawn_cases_per_s']}")
         print(f"ratio drawn/none: {result['rate']['ratio']}")
     print(json.dumps(result))
