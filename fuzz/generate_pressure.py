@@ -46,7 +46,7 @@ LEVELS = ("one", "two", "half", "room")
 #: ``--pressure`` values: ``drawn`` (one case in :data:`PRESSURE_ONE_IN`),
 #: ``always`` (every case a level), ``none``.
 PRESSURE_MODES = ("drawn", "always", "none")
-PRESSURE_ONE_IN = 6
+PRESSURE_ONE_IN = 10
 #: Token slots a step may add past a request's tokens (drafts, lookahead).
 SLACK_TOKENS = 4
 #: Blocks a Mamba group holds for one running request in align mode, at
