@@ -45,7 +45,12 @@ What is observed, per request (``explain``):
   (``observe.BlockTable``; align mode); ``[]`` where none;
 * ``leaked_blocks``: the block references (any KV cache group) left once
   the request has finished and the scheduler holds no request, deferred
-  frees not counted (``observe.BlockTable.leaked``); 0 where none.
+  frees not counted (``observe.BlockTable.leaked``); 0 where none;
+* ``evicted``, ``preempted_steps`` / ``resumed_steps`` (only where it
+  happened: a pool the deployment pins, ``--num-gpu-blocks-override``):
+  what this request's allocations evicted from the prefix cache, and the
+  steps that preempted it and scheduled it again
+  (``engine_adapter.vllm_engine.pressure``).
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
