@@ -220,6 +220,8 @@ class Campaign:
                 "hash": hashed,
                 "max_model_len": facts.get("max_model_len"),
                 "max_num_seqs": facts.get("max_num_seqs", 256),
+                # the KV cache groups (kind, block, count): a pinned pool is sized on them (fuzz.generate_pressure)
+                "groups": (r.get("geometry") or {}).get("groups"),
             }
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}

@@ -5,7 +5,8 @@ It runs, on the one engine, in this order until the time is spent:
 
 1. the examples that name a deployment or a vLLM bug class
    (``examples/*deployment*.json``, ``r1-*``, ``r2-*``, ``dense-*``,
-   ``stale-*``);
+   ``stale-*``) and a cache under pressure (``pressure-*``: a pinned pool
+   that evicts and preempts);
 2. the proofs' boundary cases (``spec.seeds.boundary_cases``: z3's
    counterexamples and witnesses per geometry class), mapped onto real
    deployments (``fuzz.seeds.on_deployments``), interleaved by speculative
@@ -164,13 +165,17 @@ def promise_of(finding: dict) -> str:
 
 
 #: The examples check-build runs first, per engine family (``examples/README.md``).
-EXAMPLE_PATTERNS = {"vllm": ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*"), "sglang": ("sglang-*",)}
+EXAMPLE_PATTERNS = {
+    "vllm": ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*", "pressure-*"),
+    "sglang": ("sglang-*",),
+}
 
 
 def example_cases(root: Path = ROOT, family: str = "vllm") -> list[tuple[str, Case]]:
     """The examples check-build runs first: for vLLM every deployment
     example and every example of a vLLM bug class (``r1-``, ``r2-``,
-    ``dense-``, ``stale-``); for SGLang its own (``sglang-*``)."""
+    ``dense-``, ``stale-``) or of a pinned pool (``pressure-``); for SGLang
+    its own (``sglang-*``)."""
     from fuzz.findings import load_finding
 
     paths = sorted({p for pattern in EXAMPLE_PATTERNS[family] for p in root.glob(f"examples/{pattern}.json")})

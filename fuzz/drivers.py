@@ -188,7 +188,7 @@ def random_cases(seed: int, family: str = DEFAULT_FAMILY, **pinned) -> Iterable[
         for _ in range(TRACES_PER_DEPLOYMENT - 1):
             if case.deployment is None:
                 break
-            more = another_trace(chooser, case, pinned["resolver"])
+            more = another_trace(chooser, case, pinned["resolver"], pinned.get("pressure", "drawn"))
             if more is None:
                 break
             yield more

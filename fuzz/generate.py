@@ -344,6 +344,7 @@ def build_deployment_case(
     boundary_bias: bool = True,
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
+    pressure: str = "drawn",
 ) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
@@ -390,7 +391,17 @@ def build_deployment_case(
     extra = _connector_flags(c, connector)
     if extra and resolver({**dep, "vllm_args": args + extra}):
         args += extra
-    return _case_on(c, {**dep, "vllm_args": args}, info, unit, name, boundary_bias, policy=True)
+    return _case_on(
+        c,
+        {**dep, "vllm_args": args},
+        info,
+        unit,
+        name,
+        boundary_bias,
+        policy=True,
+        resolver=resolver,
+        pressure=pressure,
+    )
 
 
 def _case_on(
@@ -401,6 +412,8 @@ def _case_on(
     name: str | None,
     boundary_bias: bool,
     policy: bool = False,
+    resolver: Resolver | None = None,
+    pressure: str = "none",
 ) -> Case:
     """A trace drawn on a resolved deployment (``info``: its block and
     max_model_len; ``unit``: its hash unit, or None); with ``policy``, a
@@ -408,7 +421,9 @@ def _case_on(
     everything else, from a stream of its own where the chooser has a side
     stream (the side stream's side: the wave reads the side stream at this
     point), so the deployment and trace a seed draws stay as they were. It
-    leaves the block alone, so the resolution ``info`` still holds."""
+    leaves the block alone, so the resolution ``info`` still holds. Last,
+    with a ``resolver``, the pool (``pressure``, ``fuzz.generate_pressure``),
+    from a stream of its own too, kept where the engine accepts it."""
     block = int(info["block"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _with_conversation(c, _outputs(c, _trace(c, block, boundary_bias, unit, cap)), block, cap, cap)
@@ -416,19 +431,45 @@ def _case_on(
         chosen = (c.side().side() if hasattr(c, "side") else c).choice(SCHEDULING_POLICIES)
         if chosen is not None:
             deployment = {**deployment, "vllm_args": [*deployment["vllm_args"], "--scheduling-policy", chosen]}
-    return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+    case = parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+    if resolver is not None and pressure != "none" and info.get("groups"):
+        case = _under_pressure(c, case, deployment, trace, info, resolver, pressure)
+    return case
 
 
-def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
+def _under_pressure(c: Chooser, case: Case, deployment: dict, trace: list, info: dict, resolver, mode: str) -> Case:
+    """``case`` with a pinned pool at a drawn level (``fuzz.generate_pressure``),
+    drawn from a stream of its own (the side stream's third), so the
+    deployment and trace stay those of a stream without it; the case as it
+    was where the engine refuses the pool."""
+    from fuzz import generate_pressure as P
+
+    level = P.draw_level(c.side().side().side() if hasattr(c, "side") else c, mode)
+    if level is None or P.POOL_FLAG in deployment["vllm_args"]:
+        return case
+    lengths = [r.num_prompt_tokens + r.max_tokens for r in case.trace]
+    args = [a for a in deployment["vllm_args"]]
+    if "--max-model-len" in args:
+        at = args.index("--max-model-len")
+        del args[at : at + 2]
+    pinned = {**deployment, "vllm_args": args + P.pressure_flags(level, lengths, info["groups"], int(info["block"]))}
+    if not resolver(pinned):
+        return case
+    return parse_case({"schema": 1, "name": case.name, "deployment": pinned, "trace": trace})
+
+
+def another_trace(c: Chooser, case: Case, resolver: Resolver, pressure: str = "drawn") -> Case | None:
     """Another trace on ``case``'s deployment (resolved again through
     ``resolver``, which a campaign keeps per deployment): a campaign draws a
     few traces per drawn deployment, so vLLM's resolution of it is paid
     once; None when the resolver no longer resolves it."""
     dep = case.deployment
     assert dep is not None
+    from fuzz.generate_pressure import strip_pool
+
     raw = {
         "model": dep.model,
-        "vllm_args": list(dep.vllm_args),
+        "vllm_args": strip_pool(list(dep.vllm_args)),
         "platform": dep.platform,
         "device": dep.device,
         **({"model_overrides": dict(dep.model_overrides)} if dep.model_overrides else {}),
@@ -438,7 +479,7 @@ def another_trace(c: Chooser, case: Case, resolver: Resolver) -> Case | None:
         return None
     args = raw["vllm_args"]
     unit = int(args[args.index("--prefix-match-unit") + 1]) if "--prefix-match-unit" in args else None
-    return _case_on(c, raw, info, unit, case.name, True)
+    return _case_on(c, raw, info, unit, case.name, True, resolver=resolver, pressure=pressure)
 
 
 def build_case(
@@ -451,14 +492,18 @@ def build_case(
     resolver: Resolver | None = None,
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
+    pressure: str = "drawn",
 ) -> Case:
     """Draw one case. Every draw is valid by construction. With a
     ``resolver`` a deployment case (of class ``cls`` when given); without,
     a hand (synthetic) geometry, where ``geometry`` and ``speculative`` pin
     those parts instead of drawing them (``connector``: a deployment's KV
-    connector, :data:`CONNECTOR_MODES`)."""
+    connector, :data:`CONNECTOR_MODES`; ``pressure``: its pool,
+    ``fuzz.generate_pressure.PRESSURE_MODES``)."""
     if resolver is not None:
-        return build_deployment_case(c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector)
+        return build_deployment_case(
+            c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector, pressure=pressure
+        )
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative
     block = max(g["block_size"] for g in geometry["groups"])

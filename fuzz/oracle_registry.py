@@ -82,6 +82,12 @@ class OracleRule:
     #: and never by the promise's number alone (``kvspec run --compare``,
     #: ``fuzz.verdict``).
     safety: bool = False
+    #: Its rule holds under pressure (a request evicted cached blocks, or
+    #: was preempted and resumed: ``explain[i].evicted`` /
+    #: ``preempted_steps``), so it judges every request of such a trace;
+    #: the others judge the requests before the first wave under pressure
+    #: (docs/judge.md, "Under pressure"). Every safety oracle holds there.
+    pressure: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
@@ -167,6 +173,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         concurrent=True,
         counters=False,
         severity="wrong output possible",
+        pressure=True,
     ),
     OracleRule(
         "resolution",
@@ -174,6 +181,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         concurrent=True,
         counters=False,
         severity="lost reuse",
+        pressure=True,
     ),
     OracleRule(
         "reference",
@@ -189,6 +197,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         concurrent=True,
         counters=False,
         severity="lost reuse",
+        pressure=True,
     ),
     OracleRule(
         "sparse_dense",
@@ -231,6 +240,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         counters=False,
         severity="crash",
         neutral=True,
+        pressure=True,
     ),
     OracleRule(
         "outputs",
@@ -291,6 +301,8 @@ VARIANT_ORACLES = names(lambda o: o.variant)
 NEUTRAL_ORACLES = names(lambda o: o.neutral)
 #: The safety oracles: what judges a hit above the promise.
 SAFETY_ORACLES = names(lambda o: o.safety)
+#: The oracles whose rules hold under pressure (every safety oracle among them).
+PRESSURE_ORACLES = names(lambda o: o.safety or o.pressure)
 
 
 def listed(items) -> str:

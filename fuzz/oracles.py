@@ -38,6 +38,7 @@ from fuzz.oracle_registry import (  # noqa: F401 - re-exported
     KNOWN_ORACLES,
     NEUTRAL_ORACLES,
     ORACLES,
+    PRESSURE_ORACLES,
     SAFETY_ORACLES,
     SAME_HITS_ORACLES,
 )
@@ -55,7 +56,7 @@ from fuzz.oracle_states import (  # noqa: F401 - re-exported
     written_before,
 )
 from ground.engines import FAMILIES, Capability, family_of, load
-from reference.case import Case, is_concurrent, serial_prefix
+from reference.case import Case, is_concurrent, serial_prefix, waves
 
 
 def _memo(run: Run) -> Run:
@@ -132,15 +133,52 @@ def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None
     return replace(case, trace=case.trace[:k]), part
 
 
+def before_pressure(case: Case, obs: Observation) -> int | None:
+    """Where a trace comes under pressure: the first request of the first
+    wave (``reference.case.waves``) holding a request whose observation says
+    its allocations evicted cached blocks or it was preempted
+    (``explain[i].evicted`` / ``preempted_steps``); None where none did."""
+    explain = obs.get("explain") or []
+    hit = [i for i, e in enumerate(explain) if isinstance(e, dict) and (e.get("evicted") or e.get("preempted_steps"))]
+    if not hit:
+        return None
+    return next(w[0] for w in waves(case) if hit[0] in w)
+
+
+def prefix_part(case: Case, obs: Observation, k: int) -> tuple[Case, Observation]:
+    """The first ``k`` requests as a case of their own, with their observation."""
+    part = dict(obs)
+    for key in ("hits", "queries", "explain"):
+        if isinstance(obs.get(key), list):
+            part[key] = obs[key][:k]
+    return replace(case, trace=case.trace[:k]), part
+
+
 def check_all(
     case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES
 ) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix
-    (:func:`serial_part`), where their rules were stated."""
+    (:func:`serial_part`), where their rules were stated. Under pressure
+    (:func:`before_pressure`), the oracles of :data:`PRESSURE_ORACLES` judge
+    as they would; the others only the requests before it."""
     if "error" in obs:
         return check_engine_error(case, version, obs) if "engine_error" in oracles else []
+    k = before_pressure(case, obs)
+    if k is None:
+        return _check_trace(case, version, obs, run, oracles)
+    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES))
+    rest = tuple(o for o in oracles if o not in PRESSURE_ORACLES)
+    if k > 0 and rest:
+        part, part_obs = prefix_part(case, obs, k)
+        out += _check_trace(part, version, part_obs, run, rest)
+    return out
+
+
+def _check_trace(
+    case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]
+) -> list[Divergence]:
     if not is_concurrent(case):
         return _check(case, version, obs, run, oracles)
     out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES))

@@ -164,6 +164,7 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
         seed=task["seed"],
         synthetic=bool(task.get("synthetic")),
         connector=task.get("connector") or "drawn",
+        pressure=task.get("pressure") or "drawn",
     )
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
@@ -220,6 +221,7 @@ def run_on_ray(
             "case_names": list(args.case),
             "synthetic": bool(args.synthetic_geometry),
             "connector": getattr(args, "kv_connector", "drawn"),
+            "pressure": getattr(args, "pressure", "drawn"),
             "libfuzzer": list(args.libfuzzer or []),
             "kvspec_home": str(kvspec_home()),
         }

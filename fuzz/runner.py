@@ -35,6 +35,8 @@ class RunConfig:
     seed: int
     synthetic: bool = False
     connector: str = "drawn"
+    #: the random driver's block pool (``fuzz.generate_pressure.PRESSURE_MODES``)
+    pressure: str = "drawn"
 
 
 def run_in_process(
@@ -104,7 +106,7 @@ def run_in_process(
                     config.seed,
                     max_time=left,
                     synthetic=synthetic,
-                    **({} if synthetic else {"connector": config.connector}),
+                    **({} if synthetic else {"connector": config.connector, "pressure": config.pressure}),
                 )
     finally:
         for e in opened:

@@ -71,6 +71,9 @@ FLAGS: dict[str, str] = {
     "--disable-mamba-shared-prefix-checkpoint": "switch",
     "--disable-hybrid-kv-cache-manager": "switch",
     "--gpu-memory-utilization": "value",
+    # the block pool's size (vLLM 0.33.0 kv_cache_planning.py:1515-1530: the
+    # planned memory becomes this many blocks' worth): a cache under pressure
+    "--num-gpu-blocks-override": "value",
     "--dtype": "value",
     "--gdn-prefill-backend": "value",
     # scheduling
@@ -117,6 +120,10 @@ FIXED_WHY = {
 }
 MAX_PARALLEL = 1024
 MAX_SEQS = 1 << 16
+#: The largest ``--num-gpu-blocks-override`` a case may set (the block
+#: pool's construction is linear in its blocks; kvspec's own pools stop at
+#: ``engine_adapter.vllm_engine.resolve.MAX_BLOCKS`` too).
+MAX_POOL_BLOCKS = 200_000
 #: Flags that take a decimal number (ASCII digits, an optional fraction)
 #: above 0 and at most this: CPU memory for the offloading connector, GiB.
 DECIMAL_BOUNDS = {"--kv-offloading-size": 1024}
@@ -139,6 +146,7 @@ def int_bounds() -> dict[str, int]:
         "--long-prefill-token-threshold": MAX_BATCHED_TOKENS,
         "--max-model-len": 16 * MAX_PROMPT_TOKENS,
         "--max-num-seqs": MAX_SEQS,
+        "--num-gpu-blocks-override": MAX_POOL_BLOCKS,
         "--tensor-parallel-size": MAX_PARALLEL,
         "--pipeline-parallel-size": MAX_PARALLEL,
         "--data-parallel-size": MAX_PARALLEL,

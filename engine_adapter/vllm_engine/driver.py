@@ -45,7 +45,12 @@ What is observed, per request (``explain``):
   (``observe.BlockTable``; align mode); ``[]`` where none;
 * ``leaked_blocks``: the block references (any KV cache group) left once
   the request has finished and the scheduler holds no request, deferred
-  frees not counted (``observe.BlockTable.leaked``); 0 where none.
+  frees not counted (``observe.BlockTable.leaked``); 0 where none;
+* ``evicted``, ``preempted_steps`` / ``resumed_steps`` (only where it
+  happened: a pool the deployment pins, ``--num-gpu-blocks-override``):
+  what this request's allocations evicted from the prefix cache, and the
+  steps that preempted it and scheduled it again
+  (``engine_adapter.vllm_engine.pressure``).
 
 A deployment case runs on what vLLM built for it; its result carries the
 ``resolution`` (geometry, facts, assumptions). A hand-geometry case runs on
@@ -82,6 +87,7 @@ from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
 from engine_adapter.vllm_engine.forward import StateSlots  # noqa: E402
 from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
+from engine_adapter.vllm_engine.pressure import Evictions  # noqa: E402
 from engine_adapter.vllm_engine.setup import build_deployment, build_hand, detect_capabilities  # noqa: E402
 from engine_adapter.vllm_engine.steploop import Arrival, serve, serve_wave  # noqa: E402
 from engine_adapter.vllm_engine.writes import checkpoint_writer, written  # noqa: E402
@@ -211,6 +217,7 @@ class VllmDriver:
                 scan = RetainedScan(s, built)
             slots = StateSlots(s, built) if options.get("states", True) else None
             slots = slots if slots is not None and slots.active else None
+            evictions = Evictions(s, int(built["hash_block_size"]))
         except Exception as e:  # kvspec's observers reading vLLM's managers
             if vllm_outcome(e, "run") is None:
                 raise
@@ -224,7 +231,18 @@ class VllmDriver:
                 creq = case.trace[i]
                 served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table, slots=slots)
                 self._explain(
-                    case, i, served, rec, scan, table, writer, result, clock if concurrent else None, None, slots
+                    case,
+                    i,
+                    served,
+                    rec,
+                    scan,
+                    table,
+                    writer,
+                    result,
+                    clock if concurrent else None,
+                    None,
+                    slots,
+                    evictions,
                 )
                 clock += served.steps
                 continue
@@ -254,6 +272,7 @@ class VllmDriver:
                     clock,
                     {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1},
                     slots,
+                    evictions,
                 )
             clock += totals["steps"]
 
@@ -270,6 +289,7 @@ class VllmDriver:
         clock: int | None,
         wave: dict | None,
         slots=None,
+        evictions=None,
     ) -> None:
         """Append request ``i``'s observation to ``result``. ``clock``: the
         scheduler steps run before its wave (a concurrent trace; None for a
@@ -320,6 +340,13 @@ class VllmDriver:
         if wave is not None:
             explain["wave"] = wave["wave"]
             explain["wave_stats"] = wave["totals"]
+        # a cache under pressure (engine_adapter.vllm_engine.pressure): said only where it happened
+        evicted = evictions.of(rid) if evictions is not None else []
+        if evicted:
+            explain["evicted"] = evicted
+        if served.preempted:
+            explain["preempted_steps"] = [clock + k if clock is not None else k for k in served.preempted]
+            explain["resumed_steps"] = [clock + k if clock is not None else k for k in served.resumed]
         if served.external_hits:  # of ``hit``, what a KV connector loaded
             explain["external_hit"] = served.external_hits
         if served.preempted_hits or served.preempted_queries:

@@ -470,6 +470,11 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
             "cache_dtype": cc.cache_dtype,
             "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
             "num_blocks": int(kcfg.num_blocks),
+            **(
+                {"num_gpu_blocks_override": int(cc.num_gpu_blocks_override)}
+                if getattr(cc, "num_gpu_blocks_override", None) is not None
+                else {}
+            ),
             "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
             # --scheduling-policy as vLLM parsed it: the Scheduler kvspec builds
             # from this config picks its waiting queue by it (create_request_queue)
@@ -507,6 +512,15 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
     )
     check_limits(res)
     return res
+
+
+def pool_override(res: Resolution) -> int | None:
+    """The pool size the deployment sets (``--num-gpu-blocks-override``, as
+    vLLM parsed it: 0.33.0 ``CacheConfig.num_gpu_blocks_override``,
+    config/cache.py:251), or None where vLLM sizes the pool from memory
+    (kvspec's pool, sized so that nothing is evicted)."""
+    value = getattr(res.vllm_config.cache_config, "num_gpu_blocks_override", None)
+    return None if value is None else int(value)
 
 
 def needed_blocks(trace_tokens: list[int], block: int, k: int = 0) -> int:

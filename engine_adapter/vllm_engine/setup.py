@@ -139,9 +139,13 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
         min(g.kv_cache_spec.block_size for g in first.kv_cache_config.kv_cache_groups),
         k_max,
     )
+    # A deployment that sets the pool (--num-gpu-blocks-override) runs on the
+    # pool vLLM sized from it (0.33.0 kv_cache_planning.py:1515-1530, 246-247):
+    # a cache under pressure, evictions and preemptions its own
+    pinned = R.pool_override(first) is not None
     res = (
         first
-        if first.kv_cache_config.num_blocks >= need
+        if pinned or first.kv_cache_config.num_blocks >= need
         else R.resolve(dep, num_blocks=1 << max(0, need - 1).bit_length())
     )
     vc = res.vllm_config
@@ -150,7 +154,7 @@ def build_deployment(caps: Capabilities, case: Case, options: dict) -> dict:
         raise Unsupported(
             f"trace: a request of {longest} tokens is above this deployment's max_model_len={max_model_len}; allowed: shorter prompts, or --max-model-len in deployment.vllm_args"
         )
-    if res.kv_cache_config.num_blocks < need:
+    if res.kv_cache_config.num_blocks < need and not pinned:
         raise Unsupported(
             f"trace: needs {need} blocks per group without eviction; the deployment's pool has {res.kv_cache_config.num_blocks}; allowed: a shorter trace"
         )

@@ -74,6 +74,11 @@ class Served:
     #: each state the prefill wrote was computed.
     first_step: int | None = None
     prefill_at: list[int] = field(default_factory=list)
+    #: the steps (counted as ``first_step``) whose scheduling preempted the
+    #: request (the ``SchedulerOutput``'s ``preempted_req_ids``), and those
+    #: that scheduled it again after each (``engine_adapter.vllm_engine.pressure``)
+    preempted: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
 
 
 def _add_request(scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher) -> VllmRequest:
@@ -111,6 +116,8 @@ def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int,
     end (the last one may carry draft-token slots past the prompt, MTP with
     lookahead hashes, so it counts as N) with the step's lengths."""
     req = out.request
+    if len(out.resumed) < len(out.preempted):
+        out.resumed.append(step)
     if decoding is not None:
         out.decode_steps.append((*decoding, num))
     if out.first_step is None:
@@ -126,6 +133,16 @@ def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int,
             out.chunk_ends.append(computed)
         out.prefill_steps.append((int(req.num_computed_tokens), num))
         out.prefill_at.append(step)
+
+
+def _preemptions(so, served: dict, step: int) -> None:
+    """Record the step on each request the step's scheduling preempted
+    (vLLM 0.33.0 sched/output.py:274-276 ``preempted_req_ids``; set by
+    ``Scheduler._preempt_request``, scheduler.py:1799-1844)."""
+    for rid in getattr(so, "preempted_req_ids", None) or ():
+        out = served.get(rid)
+        if out is not None:
+            out.preempted.append(step)
 
 
 def _sum_stats(outputs, totals: list[int]) -> None:
@@ -205,6 +222,7 @@ def serve(
             decoding = _decoding(req, n)
             so = schedule()
             scheduled = so.num_scheduled_tokens
+            _preemptions(so, {rid: out}, steps)
             if rid in scheduled:
                 _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
             todo = slots.scheduled(so) if slots is not None else None
@@ -295,6 +313,7 @@ def serve_wave(
             decoding = {rid: _decoding(out.request, len(out.request.prompt_token_ids)) for rid, out in running}
             so = schedule()
             scheduled = so.num_scheduled_tokens
+            _preemptions(so, served, steps)
             for rid, num in scheduled.items():
                 out = served.get(rid)
                 if out is None:

@@ -159,6 +159,12 @@ def configure(parser) -> None:
         metavar="drawn|offloading|none",
         help="KV connector of the random driver's deployments: 'drawn' (vLLM's CPU offloading connector, --kv-offloading-size, on one deployment in four), 'offloading' (on every one: a campaign over connector deployments), 'none' (default: %(default)s)",
     )
+    parser.add_argument(
+        "--pressure",
+        default="drawn",
+        metavar="drawn|always|none",
+        help="the block pool of the random driver's deployments: 'drawn' (one case in ten pins it, --num-gpu-blocks-override, from room for the longest request alone to room for every request), 'always', 'none' (kvspec's pool: nothing evicted) (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --, with --driver atheris: flags passed to libFuzzer")
 
@@ -261,6 +267,15 @@ def _validate(args, engines: list[EngineOption]) -> None:
             "--kv-connector",
             args.kv_connector,
             f"pins the random driver's vLLM deployments; {why}; allowed here: drawn",
+        )
+    from fuzz.generate_pressure import PRESSURE_MODES
+
+    if args.pressure not in PRESSURE_MODES:
+        raise invalid("--pressure", args.pressure, f"allowed: {', '.join(PRESSURE_MODES)}")
+    no_pressure = next((e for e in engines if not e.family.supports(Capability.PRESSURE)), None)
+    if args.pressure != "drawn" and (args.driver != "random" or args.synthetic_geometry or no_pressure is not None):
+        raise invalid(
+            "--pressure", args.pressure, "pins the random driver's pool on deployments of vLLM; allowed here: drawn"
         )
     if args.case and args.driver == "atheris":
         raise invalid(
@@ -367,7 +382,11 @@ def main(args) -> int:
             from fuzz.runner import RunConfig, run_in_process
 
             config = RunConfig(
-                driver=args.driver, seed=args.seed, synthetic=args.synthetic_geometry, connector=args.kv_connector
+                driver=args.driver,
+                seed=args.seed,
+                synthetic=args.synthetic_geometry,
+                connector=args.kv_connector,
+                pressure=args.pressure,
             )
             summary = run_in_process(
                 config,

@@ -272,7 +272,7 @@ def main(args) -> int:
         if judged.geometry is None:  # the engine raised before it resolved the deployment
             reference = {"rule": rule, "hits": [], "queries": [], "knobs": {}, "explain": []}
         else:
-            reference = predict(judged, spec, rule)
+            reference = _past_pressure(judged, observed, predict(judged, spec, rule))
     mismatches = differences(reference, observed)
     rk = reference.get("knobs") or {}
     # What the model does not predict (a concurrent trace past its serial
@@ -333,3 +333,26 @@ def main(args) -> int:
         )
     sys.stdout.flush()
     return verdict.exit_code
+
+
+def _past_pressure(case, observed: dict, reference: dict) -> dict:
+    """Under pressure (a request evicted or was preempted:
+    ``fuzz.oracles.before_pressure``) the model predicts the requests before
+    it and none after (docs/judge.md, "Under pressure"): there, as past a
+    concurrent trace's serial prefix, the oracles that hold judge them,
+    and no request resumes past what was sent before it
+    (``reference.predict.resume_bounds``)."""
+    from fuzz.oracles import before_pressure
+    from reference.predict import resume_bounds
+
+    k = before_pressure(case, observed)
+    if k is None or not reference.get("hits"):
+        return reference
+    n = len(reference["hits"])
+    old = reference.get("bounds") or [None] * n
+    upper = resume_bounds(case)
+    return {
+        **reference,
+        "hits": [h if i < k else None for i, h in enumerate(reference["hits"])],
+        "bounds": [old[i] if i < k else upper[i] for i in range(n)],
+    }

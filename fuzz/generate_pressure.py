@@ -1,0 +1,129 @@
+"""A cache under pressure: the block pool a drawn vLLM deployment case gets.
+
+A case with no pool flag runs on kvspec's pool, sized so that nothing in
+its trace is evicted (``engine_adapter.vllm_engine.setup.build_deployment``).
+One drawn case in :data:`PRESSURE_ONE_IN` (``--pressure drawn``) pins the
+pool instead, with ``--num-gpu-blocks-override P`` (vLLM 0.33.0
+arg_utils.py:1399; ``get_kv_cache_configs`` plans P blocks' worth of
+memory, kv_cache_planning.py:1515-1530, and the pool has P blocks,
+``may_override_num_blocks``, 243-248), at one of :data:`LEVELS`, each
+derived from the case's token counts and the resolved KV cache groups,
+never from a known bug:
+
+* ``one``: room for the longest request alone (a second prompt evicts the
+  first; a wave queues or is preempted);
+* ``two``: room for the two longest together (a resend with room for both);
+* ``half``: the longest and half of what the others need;
+* ``room``: what every request needs together (nothing evicted).
+
+A running request of T tokens (prompt and output) holds, per KV cache
+group of block size b, what vLLM itself budgets for one request
+(``KVCacheSpec.max_memory_usage_bytes``, 0.33.0 kv_cache_interface.py):
+full attention ``ceil((T + K) / b)`` blocks (K :data:`SLACK_TOKENS`, the
+speculative slots a step may add), a Mamba group in align mode
+``2 + num_speculative_blocks + num_prefill_checkpoint_blocks``
+(kv_cache_interface.py:1135-1141), at most :data:`MAMBA_RUNNING_BLOCKS`
+(:func:`running_blocks`). Once it has finished, what it leaves cached is
+at most its full-attention blocks and one Mamba state per block boundary
+(dense retention: :func:`kept_blocks`). Every group draws from one pool
+(vLLM's hybrid coordinator: kv_cache_coordinator.py:120, one
+``BlockPool``), so a request's need is the sum over the groups, each
+counted ``count`` times.
+
+vLLM refuses a pool that cannot hold one request of ``max_model_len``
+tokens (kv_cache_planning.py:50-85 and 1554, "larger than the available KV
+cache memory"): a pinned pool comes with ``--max-model-len``, the longest
+request rounded up to the scheduler block (and :data:`SLACK_TOKENS`), and
+where vLLM still refuses the pair, the case keeps kvspec's pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Pool levels, tightest first (module docstring).
+LEVELS = ("one", "two", "half", "room")
+#: ``--pressure`` values: ``drawn`` (one case in :data:`PRESSURE_ONE_IN`),
+#: ``always`` (every case a level), ``none``.
+PRESSURE_MODES = ("drawn", "always", "none")
+PRESSURE_ONE_IN = 10
+#: Token slots a step may add past a request's tokens (drafts, lookahead).
+SLACK_TOKENS = 4
+#: Blocks a Mamba group holds for one running request in align mode, at
+#: most: vLLM's 2 + speculative blocks + prefill checkpoint blocks
+#: (kv_cache_interface.py:1135-1141; 5 is what vLLM 0.33.0 budgets for the
+#: drawn MTP deployments: its refusals of a smaller pool say so).
+MAMBA_RUNNING_BLOCKS = 5
+#: The block vLLM's pool holds back (the null block: kv_cache_planning.py
+#: "Reserve the null block BlockPool permanently holds back", 1532-1543).
+NULL_BLOCKS = 1
+POOL_FLAG = "--num-gpu-blocks-override"
+
+
+def running_blocks(tokens: int, groups: list[dict]) -> int:
+    """Blocks of the one pool a running request of ``tokens`` tokens holds
+    at most (module docstring)."""
+    total = 0
+    for g in groups:
+        if g["kind"] == "mamba":
+            per = MAMBA_RUNNING_BLOCKS
+        else:
+            per = math.ceil((tokens + SLACK_TOKENS) / int(g["block_size"]))
+        total += per * int(g.get("count", 1))
+    return total
+
+
+def kept_blocks(tokens: int, groups: list[dict]) -> int:
+    """Blocks a finished request of ``tokens`` tokens may leave cached at
+    most: every full block of every group (dense retention keeps a Mamba
+    state per block boundary)."""
+    return sum(tokens // int(g["block_size"]) * int(g.get("count", 1)) for g in groups)
+
+
+def pool_for(level: str, lengths: list[int], groups: list[dict]) -> int:
+    """The pool (blocks) of ``level`` for requests of ``lengths`` tokens:
+    ``one``, ``two`` and ``half`` count running requests
+    (:func:`running_blocks`), ``room`` adds what each leaves cached
+    (:func:`kept_blocks`); each with vLLM's null block."""
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
+    needs = sorted((running_blocks(n, groups) for n in lengths), reverse=True)
+    if level == "one":
+        return NULL_BLOCKS + needs[0]
+    if level == "two":
+        return NULL_BLOCKS + sum(needs[:2])
+    if level == "half":
+        return NULL_BLOCKS + needs[0] + math.ceil(sum(needs[1:]) / 2)
+    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in lengths)
+
+
+def pressure_flags(level: str, lengths: list[int], groups: list[dict], block: int) -> list[str]:
+    """The flags that pin the pool at ``level``: ``--num-gpu-blocks-override``
+    and the ``--max-model-len`` vLLM needs to accept it (the longest request
+    and :data:`SLACK_TOKENS`, rounded up to the scheduler ``block``)."""
+    longest = max(lengths) + SLACK_TOKENS
+    max_len = math.ceil(longest / block) * block
+    return [POOL_FLAG, str(pool_for(level, lengths, groups)), "--max-model-len", str(max_len)]
+
+
+def draw_level(c, mode: str) -> str | None:
+    """The level a case gets under ``--pressure mode`` (None: kvspec's pool)."""
+    if mode not in PRESSURE_MODES:
+        raise ValueError(f"pressure={mode!r}: allowed: {', '.join(PRESSURE_MODES)}")
+    drawn, level = c.integer(0, PRESSURE_ONE_IN - 1) == 0, c.choice(LEVELS)  # both always drawn
+    if mode == "always" or (mode == "drawn" and drawn):
+        return level
+    return None
+
+
+def strip_pool(args: list[str]) -> list[str]:
+    """``args`` without a pinned pool (the pool flag and the
+    ``--max-model-len`` drawn with it), for another trace on the deployment."""
+    if POOL_FLAG not in args:
+        return args
+    out = list(args)
+    for flag in (POOL_FLAG, "--max-model-len"):
+        if flag in out:
+            at = out.index(flag)
+            del out[at : at + 2]
+    return out
