@@ -10,7 +10,8 @@ It runs, on the one engine, in this order until the time is spent:
 2. the proofs' boundary cases (``spec.seeds.boundary_cases``: z3's
    counterexamples and witnesses per geometry class), mapped onto real
    deployments (``fuzz.seeds.on_deployments``), interleaved by speculative
-   mode so every mode is reached early;
+   mode so every mode is reached early, then each again with a KV
+   connector (``fuzz.seeds.with_connector``: a load is part of the hit);
 3. a short random campaign over deployments (``fuzz.drivers.run_random``).
 
 Every case is judged by the oracles that judge a build
@@ -269,7 +270,7 @@ def check_build(
     from fuzz.campaign import Campaign
     from fuzz.drivers import BoundedEngine, run_random
     from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
-    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir, with_connector
     from ground.errors import EngineError
     from ground.home import kvspec_home
 
@@ -351,6 +352,7 @@ def check_build(
         else:
             seeds = [c for c in load_seed_cases(seed_dir(kvspec_home())) if c.deployment is None]
             mapped = interleave(on_deployments(seeds, campaign.resolver))
+            mapped += with_connector(mapped)  # the same boundaries with a KV connector's load in the hit
         n = check_each(mapped, min(deadline, started + cases_time))
         report.phases.append(
             {"phase": "boundary cases", "cases": n, "of": len(mapped), "seconds": round(time.monotonic() - t, 1)}

@@ -161,7 +161,9 @@ def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Dive
     runner's data path writes each state); a state of other tokens, or a
     slot no step wrote, is a wrong answer served from the cache. Not judged
     where the driver says the state is not observable (``observable``
-    false: a connector load, whose bytes no stand-in moves). Expected hits: 0
+    false: a state loaded by a KV connector from a chunk no store the
+    driver saw filled; a load of a chunk it saw stored carries the stored
+    fingerprint and is judged). Expected hits: 0
     (nothing that can be trusted to resume from)."""
     explain = obs.get("explain") or []
     hits = list(obs.get("hits") or [])

@@ -167,3 +167,30 @@ def on_deployments(cases: list[Case], resolver, stop=None) -> list[Case]:
         if mapped is not None:
             out.append(mapped)
     return out
+
+
+#: The KV connector a boundary case is also run with (vLLM's CPU
+#: offloading, ``fuzz.generate.CONNECTOR_MODES``): the caps and keys a hit
+#: must keep hold for the sum of the local hit and a connector's load
+#: (vLLM 0.33.0 ``Scheduler.schedule``, ``sched/scheduler.py:1138``; the
+#: connector's own lookup caps at N - 1, ``offloading/scheduler.py:872-881``),
+#: so every boundary length (q*B + 0, +-1, +-2) is a boundary of the load too.
+CONNECTOR_ARGS = ("--kv-offloading-size", "4")
+
+
+def with_connector(cases: list[Case]) -> list[Case]:
+    """Each mapped boundary case whose deployment carries no KV connector,
+    again with :data:`CONNECTOR_ARGS` (the name says so)."""
+    out = []
+    for case in cases:
+        dep = case.deployment
+        if dep is None or any(a.startswith("--kv-offloading") or a.startswith("--kv-transfer") for a in dep.vllm_args):
+            continue
+        raw = {
+            "schema": 1,
+            "name": (case.name or "seed") + "+offloading",
+            "deployment": {**dep.as_dict(), "vllm_args": [*dep.vllm_args, *CONNECTOR_ARGS]},
+            "trace": [request_to_dict(r) for r in case.trace],
+        }
+        out.append(parse_case(json.loads(json.dumps(raw))))
+    return out

@@ -39,11 +39,24 @@ at the same lines; 0.29.0 where noted):
   partial hit's shared tail into a private block; a producer's sub-block
   state into the durable block the cache entry moved to,
   ``single_type_kv_cache_manager.py:1883-1893``).
-* **a KV connector's load** (``OffloadingConnector``): the stood-in worker
-  (``engine_adapter.vllm_engine.connector``) moves no bytes, so a block a
-  load filled holds no fingerprint kvspec wrote: a request that resumes
-  from one reports ``resumed_state`` ``{"observable": false}`` (the rule is
-  then not judged for it; docs/judge.md).
+* **a KV connector's stores and loads** (``OffloadingConnector``; 0.33.0):
+  a store copies the GPU blocks of its job after the forward pass of the
+  step that issued it (``OffloadingConnector.wait_for_save`` queues it,
+  ``offloading_connector.py:134-138``; the next step's
+  ``start_kv_transfers`` submits it behind the compute stream,
+  ``offloading/worker.py:246-251``, ``kv_offload/cpu/gpu_worker.py:694``),
+  and a load copies CPU chunks into GPU blocks before the forward pass
+  (``start_load_kv``, ``offloading_connector.py:117-120``). The stood-in
+  worker (``engine_adapter.vllm_engine.connector``) moves no bytes, so the
+  stand-in moves the fingerprints instead, cell by cell as the worker's
+  ``transfer_async`` pairs them (``gpu_worker.py:629-660``: per group, the
+  group's GPU blocks, logical index ``block_indices[g] + k``, go to CPU chunk
+  ``cpu[off + (b % P + k) // P]`` at sub-block ``(b + k) % P``, P the
+  ``blocks_per_chunk``): a load carries the fingerprint its chunk's store
+  carried (the state the saving request held there), so a load of a state
+  over other tokens is judged by ``resumed_state`` as a local hit is. A
+  chunk no store kvspec saw filled holds no fingerprint: a request resuming
+  from it reports ``resumed_state`` ``{"observable": false}``.
 
 Not observable (documented in docs/judge.md): a Mamba group not in align
 mode (``all`` mode keeps a state per block computed by the kernel itself),
@@ -66,6 +79,36 @@ def fingerprint(tokens: list[int], count: int) -> tuple[int, int]:
     return count, hash(tuple(tokens[:count]))
 
 
+def transfer_cells(job, group: int, blocks_per_chunk: int, gpu_to_cpu: bool) -> list[tuple[int, tuple[int, int]]]:
+    """``(GPU block id, (CPU chunk, sub-block))`` for each block of KV cache
+    group position ``group`` that one connector transfer job moves, paired
+    as vLLM 0.33.0's ``CpuGpuOffloadingHandler.transfer_async`` pairs them
+    (``kv_offload/cpu/gpu_worker.py:629-660``): the job's GPU spec lists each
+    group's blocks in turn (``group_sizes``), the first at logical index
+    ``block_indices[g]``; the CPU spec lists each group's chunks in turn, a
+    chunk holding ``blocks_per_chunk`` logical blocks."""
+    gpu = job.src_spec if gpu_to_cpu else job.dst_spec
+    cpu = job.dst_spec if gpu_to_cpu else job.src_spec
+    sizes, starts = list(getattr(gpu, "group_sizes", None) or [len(gpu.block_ids)]), None
+    starts = list(getattr(gpu, "block_indices", None) or [0] * len(sizes))
+    P = max(int(blocks_per_chunk), 1)
+    gpu_ids, cpu_ids = [int(b) for b in gpu.block_ids], [int(b) for b in cpu.block_ids]
+    g_off = c_off = 0
+    cells: list[tuple[int, tuple[int, int]]] = []
+    for g, (n, b) in enumerate(zip(sizes, starts)):
+        n, b = int(n), int(b)
+        if n == 0:
+            continue
+        if g == group:
+            for k in range(n):
+                c = c_off + (b % P + k) // P
+                if g_off + k < len(gpu_ids) and c < len(cpu_ids):
+                    cells.append((gpu_ids[g_off + k], (cpu_ids[c], (b + k) % P)))
+        g_off += n
+        c_off += -(-(n + b % P) // P)
+    return cells
+
+
 class StateSlots:
     """The fingerprints held in the first align-mode Mamba group's blocks,
     by block id, and per request what it resumed from."""
@@ -81,12 +124,30 @@ class StateSlots:
         self.cell: Callable[[int, int], tuple[int, int] | None] | None = (
             checkpoint_cells(built, spec) if spec is not None else None
         )
-        self.held: dict[int, tuple[int, int] | None] = {}  # block id -> fingerprint (None: filled by a connector load)
+        self.held: dict[
+            int, tuple | None
+        ] = {}  # block id -> fingerprint (None: loaded from a chunk kvspec saw no store fill)
         self.column: dict[str, int] = {}  # request -> the column holding its running state
         self.after: dict[str, int] = {}  # request -> tokens computed after its last step
         self.resumed: dict[str, dict[str, Any]] = {}
         self.drafting = int(getattr(scheduler, "num_spec_tokens", 0) or 0) > 0
         self.scheduler = scheduler
+        self.stored: dict[tuple[int, int], tuple | None] = {}  # (CPU chunk, sub-block) -> what a store copied there
+        self.storing: list = []  # this step's store jobs, copied after its forward pass
+        self.connector_group, self.blocks_per_chunk = self._connector_layout(scheduler, gids[0] if gids else None)
+
+    @staticmethod
+    def _connector_layout(scheduler, gid: int | None) -> tuple[int | None, int]:
+        """(the first align group's position in the offloading connector's
+        transfer specs, its ``blocks_per_chunk``); (None, 1) without one."""
+        connector = getattr(scheduler, "connector", None)
+        side = getattr(connector, "connector_scheduler", None) or connector
+        config = getattr(side, "config", None)
+        groups = getattr(config, "kv_group_configs", None)
+        if gid is None or not groups:
+            return None, 1
+        order = [int(getattr(g, "group_idx", i)) for i, g in enumerate(groups)]
+        return (order.index(gid) if gid in order else None), int(getattr(config, "blocks_per_chunk", 1) or 1)
 
     @property
     def active(self) -> bool:
@@ -146,7 +207,11 @@ class StateSlots:
             return {"observable": False, "at": c0, "why": f"no block at column {col}"}
         held = self.held.get(blocks[col])
         if held is None and blocks[col] in self.held:
-            return {"observable": False, "at": c0, "why": "filled by a KV connector load (no fingerprint moved)"}
+            return {
+                "observable": False,
+                "at": c0,
+                "why": "loaded by a KV connector from a chunk no store kvspec saw filled",
+            }
         tokens = list(req.all_token_ids)
         want = fingerprint(tokens, c0)
         if held is None or held == ("unwritten",):
@@ -172,13 +237,31 @@ class StateSlots:
             if req.is_finished():
                 self.column.pop(rid, None)
                 self.after.pop(rid, None)
+        self.stored_after_forward()
 
     def loaded(self, metadata) -> None:
-        """Blocks this step's KV connector loads fill (its metadata's load
-        jobs' GPU blocks): no fingerprint kvspec wrote."""
+        """Before the forward pass: each load job of this step's connector
+        metadata fills its GPU blocks with what its CPU chunks hold (the
+        fingerprint a store copied there; None where no store kvspec saw
+        did). Its store jobs are kept for :meth:`stored_after_forward`."""
+        self.storing = list((getattr(metadata, "store_jobs", None) or {}).values())
         for job in (getattr(metadata, "load_jobs", None) or {}).values():
-            for b in getattr(job.dst_spec, "block_ids", ()):
-                self.held[int(b)] = None
+            if self.connector_group is None:
+                for b in getattr(job.dst_spec, "block_ids", ()):
+                    self.held[int(b)] = None
+                continue
+            for gpu, cell in transfer_cells(job, self.connector_group, self.blocks_per_chunk, gpu_to_cpu=False):
+                self.held[gpu] = self.stored.get(cell)
+
+    def stored_after_forward(self) -> None:
+        """After the forward pass of the step that issued them: each store
+        job copies its GPU blocks' fingerprints into its CPU chunks."""
+        jobs, self.storing = self.storing, []
+        if self.connector_group is None:
+            return
+        for job in jobs:
+            for gpu, cell in transfer_cells(job, self.connector_group, self.blocks_per_chunk, gpu_to_cpu=True):
+                self.stored[cell] = self.held.get(gpu, ("unwritten",))
 
     def resumed_state(self, rid: str) -> dict[str, Any] | None:
         return self.resumed.get(rid)

@@ -231,7 +231,7 @@ def serve(
                 sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
             ]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
-            if todo:
+            if todo is not None:
                 slots.updated(todo)
             if drafting and rid in scheduled and not req.is_finished():
                 propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
@@ -331,7 +331,7 @@ def serve_wave(
                 sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
             ]
             outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
-            if todo:
+            if todo is not None:
                 slots.updated(todo)
             if num_drafts:
                 drafting = [

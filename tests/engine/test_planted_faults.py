@@ -12,11 +12,21 @@ data under tests/engine/data/faults/:
   it out of the key (``kv_cache_utils.py:1012-1018``): a block is hit by a
   request whose next token differs, so the drafter's KV there was computed
   for another token (``draft_keys``);
-(A third, a kernel-side desync seen only by ``resumed_state``, is not here:
-the one written, the internal prefill checkpoint copied one block column
-below, ``checkpoint.py:62``, was caught on its case only before the
-stand-in mirrored the worker's copy-on-write copies; with them, the case's
-hit lands on a chunk end, not on the checkpoint: issue 39's report.)
+* ``state``: a running request's partial-tail hit stays keyed on the block
+  the forward pass overwrites (``single_type_kv_cache_manager.py:1892``:
+  the cache entry is not moved to the copy-on-write block that keeps the
+  boundary state): the cache keys the state at the boundary (272) while the
+  kernel writes the running state (288) there; the sibling's hit equals the
+  promise, only ``resumed_state`` sees it (the stand-in writes where the
+  kernel writes, ``engine_adapter.vllm_engine.forward``);
+* ``connector``: the offloading connector's lookup loses its N - 1 cap
+  (``offloading/scheduler.py:876``): an identical resend loads the whole
+  prompt, resumes one token short from a state over all of it (``cap``;
+  the load carries the stored fingerprint, so ``resumed_state`` too).
+(The kernel-side checkpoint fault, the internal prefill checkpoint copied
+one block column below, ``checkpoint.py:62``, is kept as data but has no
+case: the deployments kvspec draws end their chunks at the boundary, so no
+hit lands on an internal checkpoint.)
 
 Each case is small; the same case on the fixed base raises no safety
 oracle (no false alarm), and on the faulted build the oracle of its
@@ -40,11 +50,18 @@ pytestmark = [pytest.mark.engine]
 
 FAULTS_DIR = REPO_ROOT / "tests" / "engine" / "data" / "faults"
 FIXES = sorted(str(p) for p in (REPO_ROOT / "fixes").glob("vllm-0.33.0-*.diff"))
-#: fault -> (its diff, the case that shows it, the oracle it must raise)
+#: fault -> (its diff, the case that shows it, the oracles it must raise)
 FAULTS = {
-    "cap": ("vllm-0.33.0-cap-full-prompt-hit.diff", "cap-case.json", "cap"),
-    "keys": ("vllm-0.33.0-keys-lookahead-left-out.diff", "keys-case.json", "draft_keys"),
+    "cap": ("vllm-0.33.0-cap-full-prompt-hit.diff", "cap-case.json", ("cap",)),
+    "keys": ("vllm-0.33.0-keys-lookahead-left-out.diff", "keys-case.json", ("draft_keys",)),
+    "state": ("vllm-0.33.0-state-partial-tail-key-left-on-running-block.diff", "state-case.json", ("resumed_state",)),
+    "connector": ("vllm-0.33.0-connector-load-whole-prompt.diff", "connector-cap-case.json", ("cap", "resumed_state")),
 }
+#: Faults whose own build runs in the slow tier only (each is a patched build
+#: and an engine start, minutes on a fresh clone; their fixed-base check stays
+#: in the default tier, and ``kvspec check-build`` on each is the acceptance
+#: figure, docs/judge.md).
+SLOW_BUILDS = ("connector", "state")
 
 
 def _case(name: str):
@@ -69,12 +86,14 @@ def test_the_fixed_base_raises_no_safety_oracle_on_the_faults_case(fixed, name):
     ]
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_BUILDS else n for n in sorted(FAULTS)]
+)
 def test_each_planted_fault_is_caught_by_the_oracle_of_its_category(engines, name):
-    diff, _case_file, oracle = FAULTS[name]
+    diff, _case_file, oracles = FAULTS[name]
     engine = engines(_version([*FIXES, str(FAULTS_DIR / diff)]))
     judged = observe_and_judge(_case(name), None, engine)
     assert "error" not in judged.observation, judged.observation.get("error")
     fired = [d.oracle for d in judged.divergences]
-    assert oracle in fired, [(d.oracle, d.detail) for d in judged.divergences]
+    assert set(oracles) <= set(fired), [(d.oracle, d.detail) for d in judged.divergences]
     assert judged.verdict.verdict == "diverges"
