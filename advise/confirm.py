@@ -12,7 +12,7 @@ with the model's prediction under the rule the version implements:
   (the engine reads them from its block pool; the model's are the states
   kept so far on that prompt's path), and so the distinct states at the end.
 
-Any difference is a ``reference`` finding (``fuzz.findings``), written under
+Any difference is a ``reference`` finding (``fuzz.results.findings``), written under
 ``OUT/findings/`` and printed: a gap in kvspec's model or a vLLM bug, never
 averaged away. An engine that did not finish a run (a dead or hung worker)
 makes that setting *inconclusive*, never a finding. The promise column is
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from advise.model import RuleOutcome, held_on_path, kept_positions, retention_label
 from engine_adapter.host.versions import parse_engine
-from fuzz.findings import make_finding, write_finding
-from fuzz.oracles import Divergence, check_engine_error, resolved
-from fuzz.verdict import harness_error_of
+from fuzz.judge.oracles import Divergence, check_engine_error, resolved
+from fuzz.judge.verdict import harness_error_of
+from fuzz.results.findings import make_finding, write_finding
 from ground.errors import invalid
 from reference.case import MAX_CASE_TOKENS, MAX_REQUESTS, MAX_SEGMENTS, Case
 

@@ -149,9 +149,11 @@ def render(doc: dict, console=None) -> None:
         highlight=False,
     )
     if doc.get("cost"):
-        from fuzz.impact import short
+        from fuzz.results.impact import short
 
-        console.print(f"[bold]Cost[/bold] (fuzz/cost.py, docs/cost.md): {escape(short(doc['cost']))}", highlight=False)
+        console.print(
+            f"[bold]Cost[/bold] (fuzz/results/cost.py, docs/cost.md): {escape(short(doc['cost']))}", highlight=False
+        )
 
     ft = Table(
         title=f"Failure classes on this deployment ({doc['rule']} rule, {doc['current_retention']['setting']}) vs the promise",

@@ -60,7 +60,7 @@ def _reexec_in_engine_env() -> None:
         return
     if not environments.is_ready(VERSION):
         sys.exit(f"bench/fuzz.py: run `kvspec engines install vllm=={VERSION}` first")
-    from fuzz.seeds import seed_dir
+    from fuzz.draw.seeds import seed_dir
     from ground.home import kvspec_home
 
     seed_dir(kvspec_home())  # computed here, where z3 is installed
@@ -88,8 +88,8 @@ MAX_ROUNDS = 10_000
 
 
 def time_to_first(engine, driver: str, seed: int, budget: float, seeds) -> float | None:
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import run_hypothesis, run_random
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import run_hypothesis, run_random
 
     with tempfile.TemporaryDirectory() as out:
         found = []
@@ -144,8 +144,8 @@ def _fuzz(argv: list[str], env: dict, timeout: float) -> dict:
 def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: float) -> dict:
     """The coverage the random driver's first ``cases`` cases reach, counted
     by libFuzzer under atheris's instrumentation (see part 0)."""
-    from fuzz.atheris_runner import run_atheris
-    from fuzz.seeds import seed_dir
+    from fuzz.draw.seeds import seed_dir
+    from fuzz.driving.atheris_runner import run_atheris
     from ground.home import kvspec_home
 
     return run_atheris(
@@ -250,8 +250,8 @@ def vs_bare(n: int, seed: int) -> None:
     """Part 4 (inside the engine environment)."""
     from engine_adapter.host.engine import open_engine
     from engine_adapter.vllm_engine.baseline import bare_run
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import random_cases
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import random_cases
 
     engine = open_engine(f"vllm=={VERSION}", mode="inprocess")
     with tempfile.TemporaryDirectory() as out:
@@ -363,8 +363,8 @@ def main() -> None:
     _reexec_in_engine_env()
 
     from engine_adapter.host.engine import open_engine
-    from fuzz.drivers import random_cases
-    from fuzz.seeds import load_seed_cases, seed_dir
+    from fuzz.draw.seeds import load_seed_cases, seed_dir
+    from fuzz.driving.drivers import random_cases
     from ground.home import kvspec_home
 
     engine = open_engine(f"vllm=={VERSION}", mode="inprocess")
@@ -393,8 +393,8 @@ def main() -> None:
         work = len(cases) / (time.monotonic() - start)
     print(f"# cases/s: in-process {inproc:.1f}, worker {work:.1f}, ratio {inproc / work:.2f}")
 
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import run_random
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import run_random
 
     with tempfile.TemporaryDirectory() as out:
         campaign = Campaign(engine, out, seed=1)

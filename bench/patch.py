@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host.builds import prepare
-    from fuzz.campaign import Campaign, harness_error_of
-    from fuzz.drivers import random_cases
-    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from fuzz.draw.seeds import load_seed_cases, on_deployments, seed_dir
+    from fuzz.driving.campaign import Campaign, harness_error_of
+    from fuzz.driving.drivers import random_cases
     from ground.home import kvspec_home
 
     release = args.engine

@@ -2,7 +2,7 @@
 
 1. **Reach.** The first ``--cases`` drawn cases of ``random_cases(seed)``
    with ``--pressure always`` (every case pins its pool,
-   ``fuzz.generate_pressure``), run on the engine: per level, how many cases
+   ``fuzz.draw.generate_pressure``), run on the engine: per level, how many cases
    the engine accepted, how many evicted a cached block, how many preempted
    a request (and resumed it), and how many a resend of a prompt hit less
    than the same case on kvspec's pool (an eviction that changes a hit).
@@ -33,9 +33,9 @@ sys.path[0] = str(ROOT)  # bench/ must not shadow the packages
 
 def reach(engine_name: str, seed: int, cases: int) -> dict:
     from engine_adapter.host.engine import open_engine
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import random_cases
-    from fuzz.generate_pressure import POOL_FLAG, strip_pool
+    from fuzz.draw.generate_pressure import POOL_FLAG, strip_pool
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import random_cases
     from reference.case import parse_case
 
     engine = open_engine(engine_name)
@@ -82,7 +82,7 @@ def _raw(case) -> dict:
 
 def _level_of(case, campaign) -> str:
     """Which level the pinned pool is (recomputed from the case, as drawn)."""
-    from fuzz.generate_pressure import LEVELS, POOL_FLAG, pool_for, strip_pool
+    from fuzz.draw.generate_pressure import LEVELS, POOL_FLAG, pool_for, strip_pool
 
     args = list(case.deployment.vllm_args)
     pool = int(args[args.index(POOL_FLAG) + 1])

@@ -1,7 +1,7 @@
 """Rediscovery: does a default campaign find every known class by itself?
 
 Time to bug, as FuzzBench and Magma measure it. For each release that has
-a known class (``fuzz.known_classes``: 0.29.0's #53504 resend; 0.33.0's
+a known class (``fuzz.results.known_classes``: 0.29.0's #53504 resend; 0.33.0's
 longer sibling, hashed longer sibling on Falcon-H1, stale state, resend
 beside an internal checkpoint, dense below sparse; SGLang 0.5.23's grid
 resend and sibling branch, ``--releases sglang==0.5.23``), each driver (the random
@@ -14,7 +14,7 @@ campaign runs exactly as a user runs it::
 from an empty corpus and an empty findings folder: no ``examples/`` file
 is a seed (the z3 boundary cases, derived from the proofs, are, as in
 every default campaign). A finding is sorted into its class by
-``fuzz.known_classes.classify`` (oracle, request kind, direction,
+``fuzz.results.known_classes.classify`` (oracle, request kind, direction,
 retention, hash unit, speculative mode: the rule it breaks); its time is
 its file's modification time minus the moment the engine was ready (the
 summary's ``ready_at``). A class counts as found in a seed when its first
@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # bench/ must not shadow the packages
 
-from fuzz.known_classes import KNOWN_CLASSES, classify  # noqa: E402
+from fuzz.results.known_classes import KNOWN_CLASSES, classify  # noqa: E402
 
 
 def run_campaign(release: str, driver: str, seed: int, budget: float, startup: float, work: Path) -> dict:

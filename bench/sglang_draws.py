@@ -1,6 +1,6 @@
 """SGLang's off-grid draws and the power they leave (issue 42 item 5):
 runs to the first finding of each known SGLang class, per seed, with the
-off-grid draws (``fuzz.generate_sglang.OFF_GRID_ODDS``, one in four) and
+off-grid draws (``fuzz.draw.generate_sglang.OFF_GRID_ODDS``, one in four) and
 without them (on the grid only, as in stop 37), on one warm worker.
 
 Each campaign is the test's (``tests/engine/test_sglang.py::
@@ -34,11 +34,11 @@ NEVER = 10**12
 
 def campaign(engine, seed: int, odds: int, max_execs: int) -> dict:
     """One campaign; per class, the engine run and second of its first finding."""
-    import fuzz.generate_sglang as gs
+    import fuzz.draw.generate_sglang as gs
     from engine_adapter.host.versions import family_of
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import BoundedEngine, TreeCoreTwin, random_cases
-    from fuzz.known_classes import classify
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import BoundedEngine, TreeCoreTwin, random_cases
+    from fuzz.results.known_classes import classify
 
     gs.OFF_GRID_ODDS = odds or NEVER
     bounded = BoundedEngine(engine, time.monotonic() + 3600)

@@ -17,7 +17,7 @@ and lookups the engine's own metrics count, the knobs read from the objects
 it built, and per request what was observed (:class:`RequestObservation`).
 If the engine raised, ``error`` says where (:class:`EngineFailure`); only
 ``kind: "vllm"`` is the engine's own failure, any other kind is kvspec's
-(``fuzz.verdict.harness_error_of``). The wire carries it as JSON
+(``fuzz.judge.verdict.harness_error_of``). The wire carries it as JSON
 (:mod:`engine_adapter.protocol`); the types here are ``TypedDict`` so the
 same dicts are read on both sides, and :func:`observation_problem` checks
 the shape where an observation enters kvspec's interpreter: a worker that
@@ -126,7 +126,7 @@ class RequestObservation(TypedDict, total=False):
     wave_stats: dict[str, int]
     preempted_hits: int
     preempted_queries: int
-    # the safety oracles (fuzz.oracle_safety, fuzz.oracle_states)
+    # the safety oracles (fuzz.judge.oracle_safety, fuzz.judge.oracle_states)
     #: the highest position the engine may resume this request at, where the
     #: family reports its own; absent: N - 1, the bound of every engine that
     #: samples from the last prompt token's logits

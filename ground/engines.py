@@ -56,15 +56,15 @@ class Capability(enum.Enum):
     BUILDS = "builds"
     #: Driven in kvspec's own process too (atheris' instrumented harness, Ray workers).
     IN_PROCESS = "in_process"
-    #: The z3 boundary cases map onto its deployments (``fuzz.seeds``).
+    #: The z3 boundary cases map onto its deployments (``fuzz.draw.seeds``).
     BOUNDARY_SEEDS = "boundary_seeds"
     #: ``reference/`` states each release's own rule: every oracle judges
     #: it (else only the promise's engine-neutral oracles).
     RULE_MODEL = "rule_model"
     #: Its documented resolution rule (the prefix-match unit divides every
-    #: block: ``fuzz.oracle_resolution``) holds it.
+    #: block: ``fuzz.judge.oracle_resolution``) holds it.
     RESOLUTION_RULE = "resolution_rule"
-    #: ``fuzz.reach``'s deployment classes (speculative mode, hash unit,
+    #: ``fuzz.driving.reach``'s deployment classes (speculative mode, hash unit,
     #: retention) are its features.
     DEPLOYMENT_CLASSES = "deployment_classes"
     #: Every cache it resolves is one the promise is stated for (else a
@@ -87,7 +87,7 @@ class Family:
     * ``knobs``: its knobs resolver (``knobs(case, version) -> Knobs``);
     * ``generator``: a module drawing its deployments' cases
       (``build_case(chooser, resolver) -> Case`` and ``case_on(chooser,
-      deployment, info, name) -> Case``), None: vLLM's (``fuzz.generate``);
+      deployment, info, name) -> Case``), None: vLLM's (``fuzz.draw.generate``);
     * ``twin``: a second engine a campaign holds it to when none is given
       (``twin(engine)``), else None;
     * ``classes``: a module declaring its known classes (``CLASSES``, and
@@ -113,7 +113,7 @@ class Family:
     capabilities: frozenset[Capability] = field(default_factory=frozenset)
     #: The platforms its deployments may name.
     platforms: tuple[str, ...] = ("cuda", "cpu")
-    #: The flag that sets its tensor-parallel size (``fuzz.impact``).
+    #: The flag that sets its tensor-parallel size (``fuzz.results.impact``).
     tp_flag: str = "--tensor-parallel-size"
     #: The run options its driver takes (``kvspec run``'s flags of that name).
     run_options: tuple[str, ...] = ()
@@ -137,7 +137,7 @@ class Family:
     #: None: the z3 boundary cases mapped onto its deployments.
     boundary_cases: str | None = None
     #: Its own ``kvspec report`` bundle (a module with ``bundle(finding,
-    #: matrix=, finding_path=)``), None: vLLM's (``fuzz.report``).
+    #: matrix=, finding_path=)``), None: vLLM's (``fuzz.results.report``).
     reporter: str | None = None
     #: Its own ``kvspec advise`` (``(args) -> exit code``), None: vLLM's.
     adviser: str | None = None
@@ -200,16 +200,16 @@ FAMILIES: dict[str, Family] = {
             platforms=("cuda",),
             tp_flag="--tp-size",
             run_options=("tree_core",),
-            generator="fuzz.generate_sglang",
-            twin="fuzz.drivers:TreeCoreTwin",
-            classes="fuzz.known_classes_sglang",
+            generator="fuzz.draw.generate_sglang",
+            twin="fuzz.driving.drivers:TreeCoreTwin",
+            classes="fuzz.results.known_classes_sglang",
             canonical_flag="reference.sglang_flags:canonical_flag",
             resolve_printer="kvspec.commands.resolve:_render_sglang",
             predictor="kvspec.commands.predict:predict_sglang",
             own_rule="reference.sglang_prefill:IMPLEMENTED",
             own_reference="kvspec.commands.run:_sglang_reference",
-            boundary_cases="fuzz.generate_sglang:sglang_boundary_cases",
-            reporter="fuzz.report_sglang",
+            boundary_cases="fuzz.draw.generate_sglang:sglang_boundary_cases",
+            reporter="fuzz.results.report_sglang",
             adviser="kvspec.commands.advise:_advise_sglang",
             state_class="sglang-off-page-key",
         ),
@@ -227,12 +227,12 @@ FAMILIES: dict[str, Family] = {
             frozenset({Capability.DECODE, Capability.OUTPUTS}),
             platforms=("cpu",),
             run_options=("cold",),
-            generator="fuzz.generate_llamacpp",
+            generator="fuzz.draw.generate_llamacpp",
             imports=("gguf",),
             predictor="kvspec.commands.predict:predict_llamacpp",
             comparer="kvspec.llamacpp_compare:compare",
-            own_checks="fuzz.oracle_llamacpp:CHECKS",
-            reporter="fuzz.report_llamacpp",
+            own_checks="fuzz.judge.oracle_llamacpp:CHECKS",
+            reporter="fuzz.results.report_llamacpp",
         ),
     )
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from fuzz.oracle_registry import BY_NAME, ORACLES, listed
+from fuzz.judge.oracle_registry import BY_NAME, ORACLES, listed
 from ground.engines import DEFAULT_FAMILY, FAMILIES, EngineSpec, Family
 
 PATCH_HELP = "a unified diff against the release's vllm/ tree, applied to the --engine before it (repeatable; in order)"

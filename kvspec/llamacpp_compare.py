@@ -2,8 +2,8 @@
 beside the reference model's llama.cpp rule (``reference.llamacpp``) on the
 settings the server resolved, request by request: hits, the checkpoint
 restored, the checkpoints the slot holds after, the generated tokens (and
-the cold server's, judged by the output oracle ``fuzz.oracle_outputs``).
-The verdict is the one judge's (``fuzz.verdict.judge``)."""
+the cold server's, judged by the output oracle ``fuzz.judge.oracle_outputs``).
+The verdict is the one judge's (``fuzz.judge.verdict.judge``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from reference.case import Case
 
 
 def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
-    from fuzz.oracle_outputs import check_outputs
-    from fuzz.verdict import differences, divergences, judge
+    from fuzz.judge.oracle_outputs import check_outputs
+    from fuzz.judge.verdict import differences, divergences, judge
     from ground.engines import version_key
     from reference.llamacpp import Settings, predict
 
@@ -28,7 +28,7 @@ def compare(case: Case, observed: dict, name: str, as_json: bool) -> int:
     outputs = check_outputs(case, name, observed)
     mismatches = differences(reference, observed)
     # the one judge, on the oracles that judge this family (its rule and
-    # promise: fuzz.oracle_llamacpp; outputs; the safety oracles)
+    # promise: fuzz.judge.oracle_llamacpp; outputs; the safety oracles)
     divs = divergences(case, version_key(name), observed)
     verdict = judge(None, observed, divs)
     if as_json:

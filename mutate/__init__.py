@@ -10,11 +10,11 @@ One job per module:
 * :mod:`mutate.vllm_tests`: vLLM's own ``tests/v1/core`` from the sdist,
   run with pytest inside an engine environment;
 * :mod:`mutate.kill`: one mutant, one task (``run_mutant``): its build,
-  kvspec's kill (``fuzz.checkbuild``), vLLM's tests' kill;
+  kvspec's kill (``fuzz.replaying.checkbuild``), vLLM's tests' kill;
 * :mod:`mutate.equivalent`: the reviewed list of equivalent mutants and the
   check that a survivor changes no observation;
 * :mod:`mutate.run`: the loop over mutants (here, or on Ray via
-  ``fuzz.distribute``);
+  ``fuzz.driving.distribute``);
 * :mod:`mutate.report`: the table (markdown, JSON) and the PNG;
 * :mod:`mutate.coverage`: branch coverage of the target functions under a
   campaign and under vLLM's tests.

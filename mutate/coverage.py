@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fuzz.oracle_registry import KNOWN_ORACLES
+from fuzz.judge.oracle_registry import KNOWN_ORACLES
 from ground.files import write_json_atomic
 from mutate.targets import Span, spans
 
@@ -33,8 +33,8 @@ from mutate.targets import Span, spans
 def campaign_cases(release: str, *, seconds: float, seed: int, out: Path, progress=None) -> Path:
     """Run a campaign of ``seconds`` on the release and record its cases."""
     from engine_adapter import open_engine
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import BoundedEngine, run_random
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import BoundedEngine, run_random
     from mutate.kill import fixed_cases
     from reference.case import case_to_dict, parse_case
 

@@ -83,8 +83,8 @@ def check(
     release with the base patches); the first case whose behaviour
     differs, or none."""
     from engine_adapter import open_engine
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import random_cases
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import random_cases
     from reference.case import case_to_dict, parse_case
 
     cases = [parse_case(raw) for raw in json.loads(Path(cases_path).read_text())] if cases_path else []

@@ -13,13 +13,13 @@ atomically. The verdicts:
   (kvspec itself failed: the build could not be made, the engine could not
   start, harness errors above the limit; counted apart, never a kill);
 * ``kvspec.killed``: the oracles that judge a build
-  (``fuzz.oracle_registry.BUILD_ORACLES``, ``junction`` included; never the
+  (``fuzz.judge.oracle_registry.BUILD_ORACLES``, ``junction`` included; never the
   release's own rule), given ``budget`` seconds from the engine's
   start (the examples and the proofs' boundary cases on deployments,
   :func:`fixed_cases`, then seeded random cases over deployments), found a
   finding, vLLM raising included (``engine_error``); ``seconds_to_kill``
   from the engine being ready to the first finding, with its promise
-  (``fuzz.checkbuild.promise_of``), oracle and case;
+  (``fuzz.replaying.checkbuild.promise_of``), oracle and case;
 * ``vllm_tests.killed``: :func:`mutate.vllm_tests.run_for_mutant`.
 
 The build (``vllm==X+mutant-<id>.HASH``) is removed afterwards unless
@@ -33,7 +33,7 @@ import shutil
 import time
 from pathlib import Path
 
-from fuzz.oracle_registry import KNOWN_ORACLES
+from fuzz.judge.oracle_registry import KNOWN_ORACLES
 from ground.errors import EngineError, KvspecError
 from ground.files import write_json_atomic, write_text_atomic
 
@@ -84,9 +84,9 @@ def fixed_cases(release: str, out: Path, *, progress=None) -> Path:
     release), interleaved by speculative mode."""
     from engine_adapter import open_engine
     from engine_adapter.models.shipped import deployment_cases
-    from fuzz.campaign import Campaign
-    from fuzz.checkbuild import example_cases, interleave
-    from fuzz.seeds import load_seed_cases, on_deployments, seed_dir
+    from fuzz.draw.seeds import load_seed_cases, on_deployments, seed_dir
+    from fuzz.driving.campaign import Campaign
+    from fuzz.replaying.checkbuild import example_cases, interleave
     from ground.home import kvspec_home
     from reference.case import case_to_dict
 
@@ -118,10 +118,10 @@ def _kvspec_kill(engine_name: str, budget: float, out: Path, seed: int, cases_pa
     """The fixed cases, then seeded random cases over deployments, until the
     first finding or ``budget`` seconds after the engine started."""
     from engine_adapter import open_engine
-    from fuzz.campaign import Campaign
-    from fuzz.checkbuild import promise_of
-    from fuzz.drivers import BoundedEngine, run_random
-    from fuzz.outcome import HARNESS_ERROR_LIMIT, outcome
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import BoundedEngine, run_random
+    from fuzz.driving.outcome import HARNESS_ERROR_LIMIT, outcome
+    from fuzz.replaying.checkbuild import promise_of
     from reference.case import parse_case
 
     t0 = time.monotonic()

@@ -10,7 +10,7 @@ any task (the base build, the selection ``OUT/mutants.json``, the fixed
 cases ``OUT/cases.json``, vLLM's tests' baseline); each mutant is then ``mutate.kill.run_mutant`` with the
 same budget and options, so the order and the place it runs change nothing.
 Without ``ray`` the tasks run here one after another; with ``ray``
-(``auto``, ``local`` or ``HOST:PORT``) they go to ``fuzz.distribute.run_tasks``
+(``auto``, ``local`` or ``HOST:PORT``) they go to ``fuzz.driving.distribute.run_tasks``
 (a worker that dies has its mutant retried; a result is keyed by the
 mutant's id, so it is counted once). A mutant already judged in ``OUT`` is
 not run again.
@@ -187,7 +187,7 @@ def run(
         options["baseline"] = str(kvspec_home() / "mutate" / f"vllm-tests-{release}" / "baseline.json")
     started = time.monotonic()
     if ray:
-        from fuzz.distribute import run_tasks
+        from fuzz.driving.distribute import run_tasks
 
         tasks = [{"id": m["id"], "kwargs": {"mutant": m, "budget": budget, "options": options}} for m in mutants]
         envelopes = run_tasks(

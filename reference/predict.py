@@ -11,7 +11,7 @@ requests that ran alone before any two shared the scheduler), and
 ``predicted`` says how many; the hits of the rest are ``null``. Where a
 request resumes then depends on how the engine batches steps, which the
 model does not simulate: the rules that still hold are stated as oracles
-(``fuzz.oracles.CONCURRENT_ORACLES``: no request resumes from a state whose
+(``fuzz.judge.oracles.CONCURRENT_ORACLES``: no request resumes from a state whose
 step has not run, no block table holds a freed block, every block given
 back).
 
@@ -19,7 +19,7 @@ For those requests ``bounds[i]`` (:func:`resume_bounds`) is the most a
 request can hit whatever the batching: a request cannot resume past the
 tokens some request sent before it computed. A live server's counters
 give a wave's summed hits only; the judge holds them against these bounds
-(``fuzz.verdict``).
+(``fuzz.judge.verdict``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ fuzzer's literal cases do not hold):
 
 Every case is valid (``parse_case``); with the default speculative settings
 (the fuzzer's own: MTP K=2 with and without the block drop, none) the hybrid
-ones lie in the fuzzer's literal domain (``fuzz.codec.encode``).
+ones lie in the fuzzer's literal domain (``fuzz.draw.codec.encode``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_rules_differ() -> None:
 
 @pytest.mark.slow
 def test_boundary_cases_all_encodable_for_the_fuzzer() -> None:
-    from fuzz.codec import encode
+    from fuzz.draw.codec import encode
 
     cases = list(boundary_cases())
     hybrid = [c for c in cases if len(c.geometry.groups) == 2]

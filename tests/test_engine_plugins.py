@@ -87,10 +87,10 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 #: Where an engine is read again below the command line's edge, per
 #: command: a ratchet (a new re-read fails; a listed one that is gone fails
 #: too, strike it). The engine (here a test double) receives the typed
-#: engine; the judge (fuzz/verdict.py, fuzz/oracles.py) still carries
+#: engine; the judge (fuzz/judge/verdict.py, fuzz/judge/oracles.py) still carries
 #: version keys: the safety oracles (issue 39), which ``run --compare``
 #: asks on every case, hand the key to ``reference.knobs.resolve_knobs``,
-#: which reads it again (keys, draft_keys: fuzz/oracle_safety.py's
+#: which reads it again (keys, draft_keys: fuzz/judge/oracle_safety.py's
 #: ``_lookahead``). The next step: the judge takes the typed engine.
 KNOWN_REPARSES = {"run": ["reference/knobs.py"] * 2, "predict": [], "fuzz": []}
 
@@ -253,8 +253,8 @@ def test_a_toy_family_plugs_in_by_one_package_and_one_registry_line(toy, tmp_pat
     import argparse
 
     from engine_adapter.host.engine import InProcessEngine
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import run_random
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import run_random
     from ground.errors import InvalidArgument
     from kvspec.cli import main
     from kvspec.commands import fuzz as command

@@ -230,7 +230,7 @@ def test_only_the_engine_family_imports_an_engine_and_nothing_inside_imports_the
 
 #: Host-side modules that may import the vLLM family, and why.
 FAMILY_IMPORTS_ALLOWED = {
-    "fuzz.fuzz_engine": "the atheris harness runs inside the engine's environment, with vLLM in-process",
+    "fuzz.driving.fuzz_engine": "the atheris harness runs inside the engine's environment, with vLLM in-process",
     "advise.source": "a resolution cache key names the family's resolver version (RESOLVER_VERSION, no vLLM import)",
 }
 

@@ -244,7 +244,7 @@ def _classes_by_name() -> dict[str, list[str]]:
 
 
 def test_no_two_modules_define_a_class_of_one_name():
-    """One ``HarnessFailure`` (fuzz.verdict), one ``Target`` (the judge's;
+    """One ``HarnessFailure`` (fuzz.judge.verdict), one ``Target`` (the judge's;
     live replay's is ``LiveTarget``): a new twin fails, and so does a listed
     one that is gone (strike it from the list)."""
     twins = {name: paths for name, paths in _classes_by_name().items() if len(paths) > 1}
@@ -252,10 +252,10 @@ def test_no_two_modules_define_a_class_of_one_name():
 
 
 def test_the_campaign_and_the_judge_raise_one_harness_failure():
-    import fuzz.campaign
-    import fuzz.verdict
+    import fuzz.driving.campaign
+    import fuzz.judge.verdict
 
-    assert fuzz.campaign.HarnessFailure is fuzz.verdict.HarnessFailure
+    assert fuzz.driving.campaign.HarnessFailure is fuzz.judge.verdict.HarnessFailure
 
 
 def test_kvspec_refuses_to_run_when_another_package_takes_one_of_its_names(tmp_path):

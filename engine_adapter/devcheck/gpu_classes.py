@@ -19,7 +19,7 @@ Per class (:data:`CLASSES`, each an ``examples/`` deployment):
    the example's (:attr:`GpuClass.block`): another block is ``geometry
    differs`` and nothing else is judged;
 3. the example's trace is replayed by kvspec's own live path (``kvspec
-   replay CASE --server URL --rule replay --json``, ``fuzz.live_replay``:
+   replay CASE --server URL --rule replay --json``, ``fuzz.replaying.live_replay``:
    the prefix-cache counters of ``/metrics`` around each request) and the
    hits compared with the release's hits on CPU (:attr:`GpuClass.release`)
    and the promise's (:attr:`GpuClass.promise`);

@@ -50,7 +50,7 @@ patch that does not apply, like every refused input, is one line naming the
 patch, the file and the hunk or line (InvalidArgument, exit 2). The reference model judges a build by its
 release's rule (``reference.knobs.parse_version`` reads ``X+LABEL`` as X),
 so the ``reference`` and ``knobs`` oracles describe the release, not the
-build (:func:`fuzz.oracles.oracles_for`).
+build (:func:`fuzz.judge.oracles.oracles_for`).
 
 This module never imports vLLM.
 """

@@ -1,7 +1,7 @@
 """The generated ids and top log-probabilities of a streamed OpenAI
 ``/v1/completions`` response (``logprobs`` N, ``return_tokens_as_token_ids``:
 every token is ``token_id:ID``), for the output oracle live
-(``fuzz.live_replay``, ``kvspec replay --server URL --outputs``). Read
+(``fuzz.replaying.live_replay``, ``kvspec replay --server URL --outputs``). Read
 bounded: a stranger's stream."""
 
 from __future__ import annotations

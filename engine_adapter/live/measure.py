@@ -1,5 +1,5 @@
 """The live replay's transport: what a case's requests do on a running vLLM
-server, measured, never judged (the verdict is :mod:`fuzz.live_replay`'s).
+server, measured, never judged (the verdict is :mod:`fuzz.replaying.live_replay`'s).
 
 Each request is a streamed token-id ``/v1/completions`` read to its end;
 around it (around a concurrent wave, the wave as a whole) ``/metrics`` is

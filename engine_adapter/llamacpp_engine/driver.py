@@ -16,7 +16,7 @@ after, the generated token ids and their top log-probabilities. With the
 option ``cold`` each request is also run on a second, cold server (no
 prompt cache, no checkpoints, ``cache_prompt`` off: every token computed),
 whose tokens and log-probabilities the output oracle compares
-(``fuzz.oracle_outputs``).
+(``fuzz.judge.oracle_outputs``).
 
 Not driven (refused as ``Unsupported``): concurrent traces (arrivals), a
 prompt that quotes a request's output (kvspec's output token is a

@@ -129,7 +129,7 @@ class SglangResolution:
             "engine_family": "sglang",
             "geometry": self.geometry(),
             "speculative": None,
-            # the units a trace is drawn on (fuzz.campaign.Campaign.resolver), whatever the strategy
+            # the units a trace is drawn on (fuzz.driving.campaign.Campaign.resolver), whatever the strategy
             "facts": {
                 "block": self.checkpoint_grid,
                 "hash": self.page_size,

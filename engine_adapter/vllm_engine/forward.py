@@ -7,7 +7,7 @@ stand-in writes each fingerprint into the state slot (a block of the first
 Mamba group in align mode) where vLLM's worker-side code writes that state,
 never where the scheduler *records* it: a cache that keys a state at one
 position while the kernel writes it at another then resumes a request from
-a slot holding other tokens, which ``resumed_state`` (``fuzz.oracle_states``)
+a slot holding other tokens, which ``resumed_state`` (``fuzz.judge.oracle_states``)
 sees. Each write mirrors one step of the model runner (vLLM 0.33.0; 0.32.0
 at the same lines; 0.29.0 where noted):
 

@@ -274,7 +274,7 @@ def main(args) -> int:
         )  # before any connection
     case = None
     if args.case is not None:
-        from fuzz.findings import load_finding
+        from fuzz.results.findings import load_finding
 
         case, _ = load_finding(args.case)
     elif args.model is not None:
@@ -317,7 +317,7 @@ def main(args) -> int:
         _check_lengths(workload, src.facts.get("max_model_len"))
         resolved = src.case(workload.requests, workload.name)
         advice = model.advise(resolved, version, src.facts)
-        from fuzz.impact import workload_cost
+        from fuzz.results.impact import workload_cost
 
         dep = resolved.deployment.as_dict() if resolved.deployment is not None else None
         advice["cost"] = workload_cost(
@@ -396,7 +396,7 @@ def _advise_sglang(args) -> int:
 
     spec = EngineSpec.parse(args.engine, "--engine")
     if args.case is not None:
-        from fuzz.findings import load_finding
+        from fuzz.results.findings import load_finding
 
         case, _ = load_finding(args.case)
         if case.deployment is None or case.deployment.engine != spec.family:

@@ -1,8 +1,8 @@
 """kvspec check-build --engine ENGINE [--patch FILE.diff ...] [--max-time S] [--out DIR] [--json]
 
-The custom-build guard (``fuzz.checkbuild``): runs the examples, the proofs'
+The custom-build guard (``fuzz.replaying.checkbuild``): runs the examples, the proofs'
 boundary cases (mapped onto real deployments) and a short random campaign on
-one build of vLLM, and prints pass/fail per promise (``fuzz.checkbuild.PROMISES``:
+one build of vLLM, and prints pass/fail per promise (``fuzz.replaying.checkbuild.PROMISES``:
 R1 identical resend, R2 longer sibling, junction, no stale states,
 retention, chunk ends, checkpoints, hit blocks, no engine errors) with the
 first counterexample of each failure. The one command a fork's CI runs.
@@ -16,7 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from fuzz.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
+from fuzz.judge.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
 from ground.console import say as _say
 
 NAME = "check-build"
@@ -95,7 +95,7 @@ def configure(parser) -> None:
 def main(args) -> int:
     from engine_adapter.host.builds import prepare
     from engine_adapter.host.versions import DEFAULT_ENGINE
-    from fuzz.checkbuild import EXIT_HARNESS, check_build, render
+    from fuzz.replaying.checkbuild import EXIT_HARNESS, check_build, render
     from ground.errors import EngineError, invalid
     from ground.home import kvspec_home
     from kvspec.engine_options import engine_names

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fuzz.impact import short
+from fuzz.results.impact import short
 from ground.errors import invalid
 from ground.printable import printable
 
@@ -17,7 +17,7 @@ representative is its smallest case (fewest requests, then fewest tokens).
 Classes are listed worst first: by severity (wrong output possible, crash,
 draft acceptance, lost reuse, memory only), then by prefill tokens
 recomputed; the last
-column is the cost of the class's costliest finding (fuzz/cost.py: tokens,
+column is the cost of the class's costliest finding (fuzz/results/cost.py: tokens,
 and prefill time on the deployment's GPU at 40% of its dense BF16 peak;
 docs/cost.md).
 Files that are not findings are listed apart, one line each.
@@ -60,7 +60,7 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
 
 
 def main(args) -> int:
-    from fuzz.triage import read_findings, triage
+    from fuzz.results.triage import read_findings, triage
 
     folder = Path(args.dir)
     if not folder.is_dir():

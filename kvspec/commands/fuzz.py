@@ -9,7 +9,7 @@ Accounting that never gives a false all-clear:
   ``--max-time`` a finite duration; a bad one is one line, exit 2;
 * ``--max-time`` bounds every driver, start-up included: the engine's worker
   is started once within it and not again if it cannot start; nothing is
-  started past it (``fuzz.drivers.BoundedEngine``);
+  started past it (``fuzz.driving.drivers.BoundedEngine``);
 * every ``--case`` file is run first and accounted for (given, run, cut at
   the deadline, a harness error, not started); one not run to completion
   makes the exit 3, naming it, unless a finding was written (exit 1).
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fuzz.oracle_registry import build_sentence, help_text
+from fuzz.judge.oracle_registry import build_sentence, help_text
 from ground.console import say as _say
 from ground.engines import Capability
 from ground.errors import invalid
@@ -86,7 +86,7 @@ findings in OUT are grouped into classes (see kvspec findings).
 
 
 def configure(parser) -> None:
-    from fuzz.outcome import HARNESS_ERROR_LIMIT
+    from fuzz.driving.outcome import HARNESS_ERROR_LIMIT
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -248,7 +248,7 @@ def _validate(args, engines: list[EngineOption]) -> None:
                 [e.text for e in engines],
                 f"with {sglang} the second engine is {title}'s own twin (its second tree core), always; allowed: one --engine",
             )
-    from fuzz.generate import CONNECTOR_MODES
+    from fuzz.draw.generate import CONNECTOR_MODES
 
     if args.kv_connector not in CONNECTOR_MODES:
         raise invalid("--kv-connector", args.kv_connector, f"allowed: {', '.join(CONNECTOR_MODES)}")
@@ -268,7 +268,7 @@ def _validate(args, engines: list[EngineOption]) -> None:
             args.kv_connector,
             f"pins the random driver's vLLM deployments; {why}; allowed here: drawn",
         )
-    from fuzz.generate_pressure import PRESSURE_MODES
+    from fuzz.draw.generate_pressure import PRESSURE_MODES
 
     if args.pressure not in PRESSURE_MODES:
         raise invalid("--pressure", args.pressure, f"allowed: {', '.join(PRESSURE_MODES)}")
@@ -283,7 +283,7 @@ def _validate(args, engines: list[EngineOption]) -> None:
         )
     if args.driver == "cases" and not args.case and args.no_z3_seeds:
         raise invalid("--driver", "cases", "needs --case files or the z3 seeds (drop --no-z3-seeds)")
-    from fuzz.atheris_runner import process_flag
+    from fuzz.driving.atheris_runner import process_flag
 
     flag = process_flag(args.libfuzzer or [])
     if flag:
@@ -311,9 +311,9 @@ def unusable_engine(engines: list[EngineSpec]) -> str | None:
 def main(args) -> int:
     from engine_adapter.host.versions import DEFAULT_ENGINE
     from engine_adapter.models.served import check_case_model
-    from fuzz.findings import load_finding
-    from fuzz.outcome import EXIT_HARNESS
-    from fuzz.progress import resume_line
+    from fuzz.driving.outcome import EXIT_HARNESS
+    from fuzz.driving.progress import resume_line
+    from fuzz.results.findings import load_finding
     from ground.errors import EngineError
     from ground.home import kvspec_home
     from kvspec.engine_options import engine_specs, parse_engine_options
@@ -346,13 +346,13 @@ def main(args) -> int:
     line = resume_line(out, corpus)
     if line:
         _say(line)
-    from fuzz.seeds import load_seed_cases
-    from fuzz.seeds import seed_dir as z3_seed_dir
+    from fuzz.draw.seeds import load_seed_cases
+    from fuzz.draw.seeds import seed_dir as z3_seed_dir
 
     seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
     try:
         if getattr(args, "ray", None) is not None:
-            from fuzz.ray_runner import run_on_ray
+            from fuzz.driving.ray_runner import run_on_ray
 
             summary = run_on_ray(
                 args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say
@@ -360,7 +360,7 @@ def main(args) -> int:
         elif args.driver == "atheris":
             from rich.console import Console
 
-            from fuzz.atheris_runner import run_atheris
+            from fuzz.driving.atheris_runner import run_atheris
 
             tty = sys.stderr.isatty()
             summary = run_atheris(
@@ -379,7 +379,7 @@ def main(args) -> int:
                 synthetic=args.synthetic_geometry,
             )
         else:
-            from fuzz.runner import RunConfig, run_in_process
+            from fuzz.driving.runner import RunConfig, run_in_process
 
             config = RunConfig(
                 driver=args.driver,
@@ -420,7 +420,7 @@ def _written_so_far(out: Path, error: OSError) -> str:
     import errno
     import os
 
-    from fuzz.triage import read_findings
+    from fuzz.results.triage import read_findings
 
     what = errno.errorcode.get(error.errno or 0, "error")
     where = f" writing {error.filename}" if error.filename else ""
@@ -436,7 +436,7 @@ def _written_so_far(out: Path, error: OSError) -> str:
 
 def _classes(out: Path, summary: dict) -> tuple[list[dict], list[dict]]:
     """Every finding in ``out`` grouped into classes, this run's marked new."""
-    from fuzz.triage import read_findings, triage
+    from fuzz.results.triage import read_findings, triage
 
     if not out.is_dir():
         return [], []

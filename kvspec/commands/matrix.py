@@ -6,7 +6,7 @@ releases of one family side by side (SGLang: 0.5.23 and its fixed builds),
 or families side by side (a deployment case of the other family runs with
 that engine's default flags).
 
-Exit status (``fuzz.matrix.exit_code``): 0 every cell agrees with the
+Exit status (``fuzz.replaying.matrix.exit_code``): 0 every cell agrees with the
 promise (a finding: not reproduced); 1 a cell departs from it (a bare case
 diverges, a finding reproduces); 3 a cell could not be judged (an error,
 inconclusive) and none departs; 2 bad input, before any engine starts.
@@ -60,7 +60,7 @@ def main(args) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from fuzz.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
+    from fuzz.replaying.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
     from kvspec.engine_options import engine_specs
 
     specs = engine_specs(args)  # each name parsed once, there

@@ -102,7 +102,7 @@ def configure(parser) -> None:
         "--ray",
         default=None,
         metavar="auto|local|ADDRESS",
-        help="run the mutants as tasks on a Ray cluster (fuzz.distribute)",
+        help="run the mutants as tasks on a Ray cluster (fuzz.driving.distribute)",
     )
 
 

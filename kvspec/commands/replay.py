@@ -3,7 +3,7 @@
 Replays a case (or the case inside a finding) against a running vLLM
 OpenAI-compatible server, request by request, and judges the
 ``vllm:prefix_cache_hits_total`` deltas with kvspec's one judge
-(:mod:`fuzz.verdict`): a finding is reproduced / not reproduced, a bare case
+(:mod:`fuzz.judge.verdict`): a finding is reproduced / not reproduced, a bare case
 agrees / diverges with the reference prediction.
 
 Exit status: 0 reproduced (a finding) or agrees (a bare case), 1 not
@@ -20,8 +20,8 @@ before any connection otherwise); it is never printed or written: the key, and a
 even when the server echoes it.
 
 ``--engine vllm==X`` (in-process replay) is delegated to
-``fuzz.replay.replay_on_engine(path, engine) -> dict`` and
-``fuzz.replay.render_replay(result, console)`` when that module provides
+``fuzz.replaying.replay.replay_on_engine(path, engine) -> dict`` and
+``fuzz.replaying.replay.render_replay(result, console)`` when that module provides
 them (the same judge and verdicts). A ``versions`` finding runs on
 ``--engine`` and on the other engine the finding names.
 """
@@ -32,7 +32,7 @@ import importlib
 import os
 import re
 
-from fuzz.verdict import EXIT as VERDICT_EXIT
+from fuzz.judge.verdict import EXIT as VERDICT_EXIT
 from ground.errors import InvalidArgument, Unsupported, invalid
 
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
@@ -54,7 +54,7 @@ def configure(parser) -> None:
         parser,
         group=where,
         metavar="vllm==X",
-        help="replay in-process on an installed engine instead (see fuzz.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
+        help="replay in-process on an installed engine instead (see fuzz.replaying.replay); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
     )
     parser.add_argument(
         "--api-key-env", metavar="NAME", help="name of the environment variable holding the server's API key"
@@ -115,16 +115,16 @@ def _api_key(name: str | None) -> str | None:
 
 def _engine_replay(args) -> int:
     try:
-        module = importlib.import_module("fuzz.replay")
+        module = importlib.import_module("fuzz.replaying.replay")
     except ModuleNotFoundError as e:
-        if e.name not in ("fuzz.replay", "fuzz"):
+        if e.name not in ("fuzz.replaying.replay", "fuzz"):
             raise
         module = None
     fn = getattr(module, "replay_on_engine", None) if module else None
     show = getattr(module, "render_replay", None) if module else None
     if fn is None or show is None:
         raise Unsupported(
-            f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replay.replay_on_engine); allowed: --server URL"
+            f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replaying.replay.replay_on_engine); allowed: --server URL"
         )
     from ground.console import table_console
     from kvspec.engine_options import engine_names
@@ -174,7 +174,7 @@ def main(args) -> int:
             )
 
     from engine_adapter.live.client import check_base_url, check_key_transport
-    from fuzz.live_replay import load_target, render, replay
+    from fuzz.replaying.live_replay import load_target, render, replay
     from ground.files import write_json_atomic
 
     key = _api_key(args.api_key_env)

@@ -1,6 +1,6 @@
 """kvspec report FINDING [--out DIR] [--matrix vllm==X ...] [--live REPORT.json]
 
-An upstream-ready bundle from a finding (``fuzz.report``): ``ISSUE.md`` in
+An upstream-ready bundle from a finding (``fuzz.results.report``): ``ISSUE.md`` in
 vLLM's issue style, ``test_<name>.py`` (a self-contained regression test
 driving vLLM's Scheduler as ``tests/v1/core`` does; it fails on the buggy
 release and passes on a fixed build), ``fix.diff`` when kvspec has a fix for
@@ -9,8 +9,8 @@ hits for the case; ``--live`` a live replay report (``kvspec replay --server
 URL --json REPORT.json``).
 
 A finding is a stranger's file: its fields are checked before anything runs
-(``fuzz.findings.check_fields``; one line naming the field, exit 2), and
-what the report holds of it is escaped (``fuzz.report``). The folder is
+(``fuzz.results.findings.check_fields``; one line naming the field, exit 2), and
+what the report holds of it is escaped (``fuzz.results.report``). The folder is
 written whole or not at all (``ground.files.write_folder_atomic``): a
 full or read-only disk is one line, exit 2, and leaves no half-written
 folder. An existing ``--out`` is replaced only when it is empty or holds a
@@ -68,8 +68,8 @@ def replaceable(out: Path) -> None:
 
 
 def main(args) -> int:
-    from fuzz.findings import check_fields, load_finding
-    from fuzz.report import bundle
+    from fuzz.results.findings import check_fields, load_finding
+    from fuzz.results.report import bundle
     from ground.files import load_json, write_folder_atomic
     from kvspec.options import output_dir
 
@@ -92,7 +92,7 @@ def main(args) -> int:
             matrix.append({"engine": engine, "hits": obs.get("hits"), "error": (obs.get("error") or {}).get("message")})
     live = None
     if args.live:
-        from fuzz.report import live_summary
+        from fuzz.results.report import live_summary
 
         live = live_summary(load_json(args.live, "--live"), args.live, len(case.trace))
     from ground.engines import FAMILIES, family_of, load

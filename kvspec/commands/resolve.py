@@ -102,7 +102,7 @@ def main(args) -> int:
     if args.case is not None and args.flags:
         raise invalid("flags", args.flags, "vllm serve flags go with --model only")
     if args.case is not None:
-        from fuzz.findings import load_finding
+        from fuzz.results.findings import load_finding
 
         case, _ = load_finding(args.case)
     else:

@@ -13,7 +13,7 @@ plus ``"error": {...}`` when vLLM raised on the case (a finding: exit 1).
 states what that version implements: ``legacy`` for 0.29.x, ``replay`` for
 0.30.0 and later) and prints both side by side per request. A deployment
 case is predicted on the geometry this engine resolved for it (the run's
-``resolution``). The verdict is kvspec's one judge's (:mod:`fuzz.verdict`)
+``resolution``). The verdict is kvspec's one judge's (:mod:`fuzz.judge.verdict`)
 for a bare case against a target: it *agrees* when every request's hits and
 queries equal the prediction and every shared knob does, else it
 *diverges*. ``--json`` prints the comparison as JSON instead of a table.
@@ -30,7 +30,7 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
-from fuzz.oracle_resolution import COMPARED_KNOBS
+from fuzz.judge.oracle_resolution import COMPARED_KNOBS
 from ground.engines import FAMILIES, Capability, load
 from kvspec.options import seconds
 from reference.case import is_concurrent, load_case
@@ -89,7 +89,7 @@ def _render(
     """The reference-vs-observed table; a request the model does not
     predict (``concurrent``: it shared scheduler steps) shows the
     observation alone, and ``oracle_notes`` what the oracles that judge it
-    said. The last line is the judge's ``verdict`` (:func:`fuzz.verdict.judge`)."""
+    said. The last line is the judge's ``verdict`` (:func:`fuzz.judge.verdict.judge`)."""
     from rich.table import Table
 
     from ground.console import table_console
@@ -234,7 +234,7 @@ def main(args) -> int:
             observed = engine.run(case, options, timeout=args.timeout)
         else:
             observed = engine.run(case, options)
-    from fuzz.verdict import harness_error_of
+    from fuzz.judge.verdict import harness_error_of
 
     harness = harness_error_of(observed)
     if harness is not None:
@@ -250,8 +250,8 @@ def main(args) -> int:
         return 1 if observed.get("error") else 0
     if family.comparer:  # a family with its own rule and table (llama.cpp: kvspec/llamacpp_compare.py)
         return load(family.comparer)(case, observed, name, args.json)
-    from fuzz.oracles import resolved
-    from fuzz.verdict import Target, differences, judge
+    from fuzz.judge.oracles import resolved
+    from fuzz.judge.verdict import Target, differences, judge
 
     judged = resolved(case, observed, version)
     rule_notes: list[str] = []
@@ -278,10 +278,10 @@ def main(args) -> int:
     # What the model does not predict (a concurrent trace past its serial
     # prefix) the oracles that state the rules of concurrent steps judge.
     # A hit above the target is judged by the safety oracles, as fuzz and
-    # check-build judge it (fuzz.verdict: one verdict).
+    # check-build judge it (fuzz.judge.verdict: one verdict).
     concurrent = []
     if judged.geometry is not None:
-        from fuzz.oracles import CONCURRENT_ORACLES, SAFETY_ORACLES, check_all, oracles_for
+        from fuzz.judge.oracles import CONCURRENT_ORACLES, SAFETY_ORACLES, check_all, oracles_for
 
         asked = (
             tuple(o for o in CONCURRENT_ORACLES if o not in ("knobs", "versions", "resolution"))
@@ -292,7 +292,7 @@ def main(args) -> int:
             judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES)))
         )
     elif not observed.get("error"):  # no geometry the promise is stated for: safety still, a resumed state's content
-        from fuzz.oracles import check_resumed_state
+        from fuzz.judge.oracles import check_resumed_state
 
         concurrent = check_resumed_state(judged, version, observed)
     verdict = judge(
@@ -337,12 +337,12 @@ def main(args) -> int:
 
 def _past_pressure(case, observed: dict, reference: dict) -> dict:
     """Under pressure (a request evicted or was preempted:
-    ``fuzz.oracles.before_pressure``) the model predicts the requests before
+    ``fuzz.judge.oracles.before_pressure``) the model predicts the requests before
     it and none after (docs/judge.md, "Under pressure"): there, as past a
     concurrent trace's serial prefix, the oracles that hold judge them,
     and no request resumes past what was sent before it
     (``reference.predict.resume_bounds``)."""
-    from fuzz.oracles import before_pressure
+    from fuzz.judge.oracles import before_pressure
     from reference.predict import resume_bounds
 
     k = before_pressure(case, observed)

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from advise import confirm, model, source, workloads
-from fuzz.findings import load_finding
+from fuzz.results.findings import load_finding
 from reference.case import load_case, parse_case
 
 pytestmark = pytest.mark.engine

@@ -49,16 +49,16 @@ def test_rich_output_names_the_recommendation(capsys, tmp_path):
     assert "Recommended: --prefix-cache-retention-interval 3200" in out
     assert "Lost reuse: 9,600 tokens" in out
     assert (
-        "Cost (fuzz/cost.py, docs/cost.md): lost reuse: 9,600 token(s) recomputed (no model: tokens only); memory: per retention setting"
+        "Cost (fuzz/results/cost.py, docs/cost.md): lost reuse: 9,600 token(s) recomputed (no model: tokens only); memory: per retention setting"
         in " ".join(out.split())
     )
 
 
 def test_the_workload_cost_is_a_finding_s_cost(capsys, tmp_path):
     """tokens recomputed, seconds on a named GPU and severity per workload,
-    by fuzz/cost.py's arithmetic (the #53504 trace on a hand geometry:
+    by fuzz/results/cost.py's arithmetic (the #53504 trace on a hand geometry:
     tokens only; a deployment: the hand-checked 1,360 tokens of docs/cost.md)."""
-    from fuzz.impact import workload_cost
+    from fuzz.results.impact import workload_cost
 
     code, out, err = _run(capsys, SEED, "--engine", "vllm==0.29.0", "--no-confirm", "--out", str(tmp_path), "--json")
     cost = json.loads(out)["cost"]

@@ -11,7 +11,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from fuzz.oracles import held_states as oracle_held_states
+from fuzz.judge.oracles import held_states as oracle_held_states
 from ground.files import load_json
 from reference.case import Case, load_case
 from reference.knobs import implemented_rule
@@ -69,7 +69,7 @@ def reference(case_path: str) -> dict:
 def held_states(explain: dict) -> set[int]:
     """Mamba states (token counts) held on a request's prompt, from either
     the reference's or the engine's explain record (union over groups;
-    :func:`fuzz.oracles.held_states`, empty where none were recorded)."""
+    :func:`fuzz.judge.oracles.held_states`, empty where none were recorded)."""
     return oracle_held_states(explain) or set()
 
 

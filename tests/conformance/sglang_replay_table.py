@@ -24,9 +24,9 @@ import random
 import sys
 from pathlib import Path
 
-from fuzz.choosers import RandomChooser
-from fuzz.generate_sglang import draw_sglang_deployment, sglang_case_on
-from fuzz.traces import _trace
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on
+from fuzz.draw.traces import _trace
 from reference.case import load_case, parse_case
 from reference.sglang_prefill import SglangSetting, simulate
 

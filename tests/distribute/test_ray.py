@@ -1,4 +1,4 @@
-"""fuzz/distribute.py on a local Ray cluster of 2 CPUs (one for the whole
+"""fuzz/driving/distribute.py on a local Ray cluster of 2 CPUs (one for the whole
 module: Ray takes seconds to start), and ``kvspec fuzz --jobs 2 --ray`` on
 the real vLLM 0.29.0 engine.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.distribute import run_tasks
-from fuzz.ray_cluster import MAX_TEMP_DIR, RaySession, check_temp_dir, resolve_address
+from fuzz.driving.distribute import run_tasks
+from fuzz.driving.ray_cluster import MAX_TEMP_DIR, RaySession, check_temp_dir, resolve_address
 from ground.errors import InvalidArgument
 from tests.distribute import tasks as T
 
@@ -31,7 +31,7 @@ ray = pytest.importorskip("ray")
 def cluster():
     """A local Ray cluster of 2 CPUs on 127.0.0.1, started by this process
     and stopped after the module; yields its GCS address."""
-    from fuzz.ray_cluster import ray_temp_dir
+    from fuzz.driving.ray_cluster import ray_temp_dir
 
     # 'local' starts a cluster of its own even where `ray start` left an
     # address behind (here a dead one)

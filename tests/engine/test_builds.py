@@ -102,7 +102,7 @@ def test_build_names_are_local_versions_of_a_release():
     from reference.knobs import implemented_rule, parse_version
 
     assert parse_version("vllm==0.33.0+fix.abcdef") == "0.33.0" and implemented_rule("0.29.0+x.1") == "legacy"
-    from fuzz.oracles import oracles_for
+    from fuzz.judge.oracles import oracles_for
 
     assert "reference" not in oracles_for("0.33.0+fix.abcdef") and "knobs" not in oracles_for("0.33.0+fix.abcdef")
     assert "reference" in oracles_for("0.33.0")

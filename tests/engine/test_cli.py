@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fuzz.verdict import differences as compare
+from fuzz.judge.verdict import differences as compare
 from ground.home import REPO_ROOT
 from reference.case import load_case
 from reference.knobs import implemented_rule

@@ -17,7 +17,7 @@ import json
 import subprocess
 
 from engine_adapter.host import environments
-from fuzz.oracles import ORACLES, check_all, resolved
+from fuzz.judge.oracles import ORACLES, check_all, resolved
 from reference.case import case_to_dict, load_case
 from tests.engine.conftest import ensure_env
 

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.findings import make_finding
-from fuzz.known_classes import classify
-from fuzz.verdict import observe_and_judge
+from fuzz.judge.verdict import observe_and_judge
+from fuzz.results.findings import make_finding
+from fuzz.results.known_classes import classify
 from reference.case import parse_case
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.oracles import ORACLES, check_all, resolved
+from fuzz.judge.oracles import ORACLES, check_all, resolved
 from reference.case import case_to_dict, parse_case
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs

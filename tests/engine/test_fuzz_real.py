@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.campaign import Campaign
-from fuzz.drivers import run_cases
-from fuzz.findings import load_finding
-from fuzz.replay import replay_case
+from fuzz.driving.campaign import Campaign
+from fuzz.driving.drivers import run_cases
+from fuzz.replaying.replay import replay_case
+from fuzz.results.findings import load_finding
 from spec.seeds import boundary_cases
 from tests.engine.conftest import ensure_env
 from tests.fuzz.test_worker_lifecycle import fuzz_workers
@@ -165,12 +165,12 @@ except (KvspecError, ValueError) as e:  # the harness's error or vLLM's refusal:
 
 def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
     """The atheris target runs in the engine environment with what every
-    engine worker gets (``fuzz.atheris_runner.target_env``). Without the
+    engine worker gets (``fuzz.driving.atheris_runner.target_env``). Without the
     torchvision stub vLLM cannot import Qwen3.5's model class: every Qwen3.5
     deployment failed to resolve, which kvspec had taken for vLLM's refusal,
     so the in-process campaigns never ran one."""
     from engine_adapter.host import environments
-    from fuzz.atheris_runner import target_env
+    from fuzz.driving.atheris_runner import target_env
     from ground.home import contained_env
 
     ensure_env("0.33.0")

@@ -10,7 +10,7 @@ import pytest
 from engine_adapter.host.engine import _run_result
 from engine_adapter.host.versions import RELEASES
 from engine_adapter.interface import FAMILIES, family_module, observation_problem
-from fuzz.verdict import harness_error_of
+from fuzz.judge.verdict import harness_error_of
 from ground.errors import InvalidArgument
 
 

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from engine_adapter.host import environments
-from fuzz.oracles import check_block_table
+from fuzz.judge.oracles import check_block_table
 from reference.case import parse_case
 from tests.engine.conftest import ensure_env
 
@@ -26,8 +26,8 @@ SCRIPT = r"""
 import json, random, sys
 from engine_adapter.vllm_engine import observe
 from engine_adapter.vllm_engine.driver import get_driver
-from fuzz.choosers import RandomChooser
-from fuzz.generate import build_case
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate import build_case
 from reference.case import load_case, parse_case
 sys.path.insert(0, "bench")
 from engine import mixed_case, seed_case

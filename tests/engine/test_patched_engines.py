@@ -42,7 +42,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """{finding file: (folder, test file name)}: each finding's report bundle."""
-    from fuzz.report import bundle
+    from fuzz.results.report import bundle
     from tests.engine.conftest import ensure_env
 
     ensure_env("0.33.0")

@@ -41,8 +41,8 @@ import json
 import pytest
 
 from engine_adapter.host import builds
-from fuzz.oracle_registry import SAFETY_ORACLES
-from fuzz.verdict import observe_and_judge
+from fuzz.judge.oracle_registry import SAFETY_ORACLES
+from fuzz.judge.verdict import observe_and_judge
 from ground.home import REPO_ROOT
 from reference.case import parse_case
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.oracle_resolution import resolved
+from fuzz.judge.oracle_resolution import resolved
 from reference.case import parse_case
 from reference.predict import predict
 

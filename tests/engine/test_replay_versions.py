@@ -1,7 +1,7 @@
 """A ``versions`` finding between the REAL vLLM 0.29.0 and 0.33.0 schedulers:
 written in finding schema 2 (both engines, the digest of their vLLM files,
 the harness) and replayed with ``kvspec replay FINDING --engine`` on both
-engines, judged by the one judge (fuzz/verdict.py)."""
+engines, judged by the one judge (fuzz/judge/verdict.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from fuzz import findings as F
-from fuzz.oracles import check_versions
+from fuzz.judge.oracles import check_versions
+from fuzz.results import findings as F
 from kvspec.cli import main as cli_main
 from reference.case import load_case
 from tests.engine.test_cli import SEED

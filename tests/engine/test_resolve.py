@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from engine_adapter.host import environments
-from fuzz.oracles import check_engine_error
+from fuzz.judge.oracles import check_engine_error
 from ground.errors import DeploymentRejected, InvalidArgument, Unsupported
 from reference.case import case_to_dict, load_case, parse_case
 from tests.engine.conftest import ensure_env

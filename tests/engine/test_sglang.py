@@ -369,9 +369,9 @@ def test_a_campaign_finds_both_sglang_classes_by_itself(sglang, tmp_path):
     two tree cores agree on every case, and nothing is a harness error."""
     import time
 
-    from fuzz.campaign import Campaign
-    from fuzz.drivers import BoundedEngine, TreeCoreTwin, run_random
-    from fuzz.known_classes import classify
+    from fuzz.driving.campaign import Campaign
+    from fuzz.driving.drivers import BoundedEngine, TreeCoreTwin, run_random
+    from fuzz.results.known_classes import classify
 
     bounded = BoundedEngine(sglang, time.monotonic() + 600)
     campaign = Campaign(bounded, tmp_path, other=TreeCoreTwin(bounded), seed=2)

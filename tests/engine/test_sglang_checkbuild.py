@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FIXES = sorted(str(p) for p in (ROOT / "fixes").glob("sglang-0.5.23-*.diff"))
 FAULTS = ROOT / "tests" / "engine" / "data" / "sglang-faults"
-#: fault -> the promise it breaks (fuzz.checkbuild.PROMISES)
+#: fault -> the promise it breaks (fuzz.replaying.checkbuild.PROMISES)
 EXPECTED = {
     "tracking-keyed-a-grid-short": "no-stale",
     "chunking-first-cut-off-the-page": "no-stale",

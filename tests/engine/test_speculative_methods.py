@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.oracle_resolution import resolved
+from fuzz.judge.oracle_resolution import resolved
 from ground.errors import DeploymentRejected, InvalidArgument, Unsupported
 from reference.case import parse_case
 from reference.knobs import resolve_knobs

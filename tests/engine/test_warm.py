@@ -18,9 +18,9 @@ import pytest
 
 from engine_adapter.host import warm
 from engine_adapter.host.engine import WarmEngine
-from fuzz.campaign import Campaign
-from fuzz.choosers import RandomChooser
-from fuzz.generate import build_case
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate import build_case
+from fuzz.driving.campaign import Campaign
 from ground.errors import DeploymentRejected
 from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from fuzz.oracles import check_stale, resolved
+from fuzz.judge.oracles import check_stale, resolved
 from ground.home import REPO_ROOT
 from reference.case import case_to_dict, load_case, parse_case
 
@@ -55,7 +55,7 @@ def test_steps_after_the_prefill_carry_the_drafts_the_step_loop_proposes(engine_
     all drafts rejected the request advances one token a step). On 0.33.0
     with ``start > prefill_end`` in ``_mamba_block_aligned_split`` the first
     one gets 1 (cut at 576). The repeat decodes nothing."""
-    from fuzz.oracles import check_split
+    from fuzz.judge.oracles import check_split
 
     mtp = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
     case = parse_case(
@@ -89,7 +89,7 @@ def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_reten
     every 544 tokens the release keeps 1088, a segment end, and the oracle
     allows it (with the scan past the prompt planted to answer nothing,
     this fails)."""
-    from fuzz.oracles import check_retention
+    from fuzz.judge.oracles import check_retention
 
     case = parse_case(
         {

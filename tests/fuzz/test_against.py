@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from fuzz.campaign import Campaign, against_signature
-from fuzz.checkbuild import BuildReport, render
-from fuzz.drivers import run_cases
-from fuzz.oracles import check_all
+from fuzz.driving.campaign import Campaign, against_signature
+from fuzz.driving.drivers import run_cases
+from fuzz.judge.oracles import check_all
+from fuzz.replaying.checkbuild import BuildReport, render
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.fuzz.doubles import HalfFixDouble, ReferenceDouble
 

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from fuzz import findings as F
-from fuzz.atheris_runner import WorkerState, _parse, argv_with_deadline
-from fuzz.campaign import Campaign, harness_error_of
-from fuzz.drivers import random_cases, run_cases
-from fuzz.oracles import Divergence
-from fuzz.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
-from fuzz.progress import Heartbeat, progress_line, resume_line
-from fuzz.triage import read_findings, triage
+from fuzz.driving.atheris_runner import WorkerState, _parse, argv_with_deadline
+from fuzz.driving.campaign import Campaign, harness_error_of
+from fuzz.driving.drivers import random_cases, run_cases
+from fuzz.driving.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
+from fuzz.driving.progress import Heartbeat, progress_line, resume_line
+from fuzz.judge.oracles import Divergence
+from fuzz.results import findings as F
+from fuzz.results.triage import read_findings, triage
 from kvspec.cli import main as kvspec
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.fuzz.doubles import BrokenHarnessDouble, ReferenceDouble, UnreachableDouble
@@ -383,9 +383,9 @@ def test_a_deployment_vllm_crashes_on_is_drawn_and_one_it_refuses_is_not(tmp_pat
     ``engine_error`` finding."""
     import random
 
-    from fuzz.campaign import CRASH_TRACE_BLOCK
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import build_deployment_case
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import build_deployment_case
+    from fuzz.driving.campaign import CRASH_TRACE_BLOCK
 
     campaign = Campaign(_ResolveDouble(), tmp_path, oracles=("engine_error",))
     dep = {"model": "mamba2", "vllm_args": ["--enable-prefix-caching"], "platform": "cuda", "device": "h100"}

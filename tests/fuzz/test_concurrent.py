@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from fuzz.choosers import RandomChooser
-from fuzz.generate import build_case
-from fuzz.oracles import CONCURRENT_ORACLES, ORACLES, check_all, check_stale, serial_part
-from fuzz.reach import trace_shape
-from fuzz.shrink import shrink
-from fuzz.verdict import AGREES, DIVERGES, Target, judge
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate import build_case
+from fuzz.driving.reach import trace_shape
+from fuzz.judge.oracles import CONCURRENT_ORACLES, ORACLES, check_all, check_stale, serial_part
+from fuzz.judge.verdict import AGREES, DIVERGES, Target, judge
+from fuzz.results.shrink import shrink
 from ground.errors import InvalidArgument
 from reference.case import case_to_dict, is_concurrent, parse_case, serial_prefix, waves
 from reference.predict import predict
@@ -164,8 +164,8 @@ def test_the_generator_draws_concurrent_cases_sometimes_and_valid_ones_always():
 
 
 def test_a_same_step_read_is_its_own_class_and_a_stale_key_is_not():
-    from fuzz.findings import make_finding, signature
-    from fuzz.known_classes import classify
+    from fuzz.results.findings import make_finding, signature
+    from fuzz.results.known_classes import classify
 
     serial = case_of((100, None), (100, None))
     concurrent = case_of((100, None), (100, 0))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-from fuzz.choosers import RandomChooser
-from fuzz.conversation import CONVERSATION_RATE, MAX_DECODE
-from fuzz.generate import MAX_DRAWN_PROMPT, build_case, describe
-from fuzz.oracle_states import check_stale, decode_writes
-from fuzz.shrink import shrink
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.conversation import CONVERSATION_RATE, MAX_DECODE
+from fuzz.draw.generate import MAX_DRAWN_PROMPT, build_case, describe
+from fuzz.judge.oracle_states import check_stale, decode_writes
+from fuzz.results.shrink import shrink
 from reference.case import case_to_dict, parse_case, prompt_tokens, quotes_output
 from tests.conftest import hybrid
 

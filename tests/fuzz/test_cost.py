@@ -1,4 +1,4 @@
-"""What a finding costs (fuzz/cost.py, fuzz/impact.py): the arithmetic on
+"""What a finding costs (fuzz/results/cost.py, fuzz/results/impact.py): the arithmetic on
 hand-computed numbers, a severity for every oracle, tokens only without a
 model, and old finding files (no ``cost``) still listed by ``kvspec
 findings`` with their cost."""
@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from fuzz import findings as F
-from fuzz.cost import GPUS, UTILISATION, model_dims, recompute_flops, recomputed, seconds
-from fuzz.impact import cost_of, impact_lines, short
-from fuzz.oracle_registry import BY_NAME, REGISTRY, SEVERITIES
-from fuzz.oracles import Divergence
-from fuzz.report import issue_markdown
-from fuzz.triage import read_findings, triage
+from fuzz.judge.oracle_registry import BY_NAME, REGISTRY, SEVERITIES
+from fuzz.judge.oracles import Divergence
+from fuzz.results import findings as F
+from fuzz.results.cost import GPUS, UTILISATION, model_dims, recompute_flops, recomputed, seconds
+from fuzz.results.impact import cost_of, impact_lines, short
+from fuzz.results.report import issue_markdown
+from fuzz.results.triage import read_findings, triage
 from kvspec.cli import main as kvspec
 from tests.conftest import hybrid, make_case
 
@@ -237,7 +237,7 @@ def test_a_stranger_s_model_path_is_read_only_as_a_run_reads_it(tmp_path):
 
 
 def test_tensor_parallelism_is_read_as_vllm_s_parser_reads_the_flag():
-    from fuzz.impact import _tensor_parallel
+    from fuzz.results.impact import _tensor_parallel
 
     assert _tensor_parallel({"vllm_args": ["-tp", "4"]}, {}) == 4
     assert _tensor_parallel({"vllm_args": ["--tensor_parallel_size=8"]}, {}) == 8
@@ -327,7 +327,7 @@ def test_memory_of_a_stale_finding_counts_the_states_no_prefill_wrote():
 
 
 def test_sglang_findings_are_costed_from_their_own_flags_and_tracked_states():
-    from fuzz.impact import _tensor_parallel
+    from fuzz.results.impact import _tensor_parallel
 
     assert _tensor_parallel({"engine": "sglang", "sglang_args": ["--tp-size", "4"]}, {}) == 4
     assert _tensor_parallel({"engine": "sglang", "sglang_args": ["--tp_size=2"]}, {}) == 2
@@ -363,7 +363,7 @@ def test_the_sglang_report_s_impact_section_is_what_the_cost_functions_give():
 
 def test_the_example_sizes_in_the_sglang_report_are_the_cost_functions():
     from engine_adapter.models.served import model_config_dict
-    from fuzz.cost import recompute_flops
+    from fuzz.results.cost import recompute_flops
     from reference.deployment import parse_deployment
 
     dims = model_dims(

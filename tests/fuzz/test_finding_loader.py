@@ -1,4 +1,4 @@
-"""One finding loader (fuzz.findings.load_finding): kvspec fuzz --case,
+"""One finding loader (fuzz.results.findings.load_finding): kvspec fuzz --case,
 replay, report, matrix, ``kvspec findings`` (triage) and live replay decide
 "is this a finding?" by one rule and refuse a bad file in one line."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from fuzz.findings import is_finding, load_finding
-from fuzz.live_replay import load_target
-from fuzz.triage import read_findings
+from fuzz.replaying.live_replay import load_target
+from fuzz.results.findings import is_finding, load_finding
+from fuzz.results.triage import read_findings
 from ground.errors import InvalidArgument, KvspecError
 from reference.case import case_to_dict
 from tests.conftest import hybrid, make_case

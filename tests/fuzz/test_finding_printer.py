@@ -1,8 +1,8 @@
 """One finding printer (issue 41, item 5) for every family and segment kind:
 a prompt quoting an earlier output (``{"output": j}``) and an SGLang
-deployment (``sglang_args``) print, in ``fuzz.findings.render`` (``kvspec
-findings``, ``check-build``'s counterexamples), ``fuzz.generate.describe``
-and ``fuzz.report``'s ISSUE.md. Before, check-build crashed printing such a
+deployment (``sglang_args``) print, in ``fuzz.results.findings.render`` (``kvspec
+findings``, ``check-build``'s counterexamples), ``fuzz.draw.generate.describe``
+and ``fuzz.results.report``'s ISSUE.md. Before, check-build crashed printing such a
 counterexample (``KeyError: 'segment'``, ``KeyError: 'vllm_args'``)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from fuzz.checkbuild import EXIT_FAIL, BuildReport
-from fuzz.checkbuild import render as render_build
-from fuzz.finding_text import deployment_text, prompt_text
-from fuzz.findings import render
+from fuzz.replaying.checkbuild import EXIT_FAIL, BuildReport
+from fuzz.replaying.checkbuild import render as render_build
+from fuzz.results.finding_text import deployment_text, prompt_text
+from fuzz.results.findings import render
 from reference.case import case_to_dict, parse_case
 
 CHAT_TRACE = [
@@ -98,7 +98,7 @@ def test_kvspec_check_build_prints_the_chat_counterexample_and_exits_1(tmp_path,
     by a test double (``check_build_double``, returning a report whose R2
     failed on a chat case) prints the counterexample and exits 1, not
     through a traceback."""
-    import fuzz.checkbuild
+    import fuzz.replaying.checkbuild
     from kvspec.cli import main
 
     path = tmp_path / "promise-0123456789abcdef.json"
@@ -113,7 +113,7 @@ def test_kvspec_check_build_prints_the_chat_counterexample_and_exits_1(tmp_path,
             reason="promise(s) broken: R2",
         )
 
-    monkeypatch.setattr(fuzz.checkbuild, "check_build", check_build_double)
+    monkeypatch.setattr(fuzz.replaying.checkbuild, "check_build", check_build_double)
     code = main(["check-build", "--engine", "vllm==0.33.0", "--out", str(tmp_path / "out"), "--max-time", "1"])
     out = capsys.readouterr().out
     assert code == EXIT_FAIL, out

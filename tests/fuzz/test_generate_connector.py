@@ -1,4 +1,4 @@
-"""The KV connector draw (``fuzz.generate.CONNECTOR_MODES``) and its
+"""The KV connector draw (``fuzz.draw.generate.CONNECTOR_MODES``) and its
 ``kvspec fuzz --kv-connector`` pin: seeded, kept only where the engine
 accepts it, never on the paths that cannot carry it."""
 
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from fuzz.choosers import RandomChooser
-from fuzz.drivers import random_cases
-from fuzz.generate import build_case
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate import build_case
+from fuzz.driving.drivers import random_cases
 from ground.errors import InvalidArgument
 
 FLAG = "--kv-offloading-size"

@@ -1,5 +1,5 @@
-"""SGLang deployments and cases for a campaign (fuzz/generate_sglang.py),
-the SGLang known classes (fuzz/known_classes.py), and the flags that name
+"""SGLang deployments and cases for a campaign (fuzz/draw/generate_sglang.py),
+the SGLang known classes (fuzz/results/known_classes.py), and the flags that name
 SGLang (reference/sglang_flags.py, reference/deployment.py,
 reference/knobs.py). Engine-free: the resolver here is a named test double
 (a function answering what a resolution would), never the engine."""
@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from fuzz.choosers import RandomChooser
-from fuzz.generate_sglang import FALLBACK, build_sglang_case, draw_sglang_deployment, sglang_case_on
-from fuzz.known_classes import BY_ID, classify
+from fuzz.draw.choosers import RandomChooser
+from fuzz.draw.generate_sglang import FALLBACK, build_sglang_case, draw_sglang_deployment, sglang_case_on
+from fuzz.results.known_classes import BY_ID, classify
 from ground.errors import InvalidArgument, Unsupported
 from reference.case import parse_case, with_resolution
 from reference.deployment import parse_deployment
@@ -69,7 +69,7 @@ def test_the_random_driver_resolves_each_sglang_deployment_once():
     import itertools
     import json
 
-    from fuzz.drivers import TRACES_PER_DEPLOYMENT, random_cases
+    from fuzz.driving.drivers import TRACES_PER_DEPLOYMENT, random_cases
 
     keys, cache = [], {}
 
@@ -217,7 +217,7 @@ def test_a_pinned_strategy_is_drawn_as_pinned():
 
 
 def test_boundary_cases_sit_on_the_resolved_grid_and_its_neighbours():
-    from fuzz.generate_sglang import BOUNDARY_DEPLOYMENTS, boundary_traces, sglang_boundary_cases
+    from fuzz.draw.generate_sglang import BOUNDARY_DEPLOYMENTS, boundary_traces, sglang_boundary_cases
 
     traces = boundary_traces(64, 1000)
     lengths = {p[0][1] for t in traces for p in t if len(p) == 1}
@@ -234,7 +234,7 @@ def test_some_budgets_and_intervals_are_drawn_off_the_grids_and_most_on_them():
     not a power-of-two multiple of it but a multiple of the page (SGLang's
     own check, ``mamba_hook.py:135``); about one draw in OFF_GRID_ODDS each,
     so the grid classes keep most runs."""
-    from fuzz.generate_sglang import OFF_GRID_ODDS, grid_of
+    from fuzz.draw.generate_sglang import OFF_GRID_ODDS, grid_of
 
     c = RandomChooser(random.Random(5))
     n, off_chunk, off_interval = 800, 0, 0

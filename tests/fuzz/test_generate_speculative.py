@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from fuzz import generate as g
-from fuzz.choosers import RandomChooser
-from fuzz.reach import deployment_class_of
+from fuzz.draw import generate as g
+from fuzz.draw.choosers import RandomChooser
+from fuzz.driving.reach import deployment_class_of
 from reference.vllm_flags import check_vllm_args
 
 

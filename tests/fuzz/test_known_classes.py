@@ -1,4 +1,4 @@
-"""fuzz.known_classes: a finding is sorted into the known class whose rule it
+"""fuzz.results.known_classes: a finding is sorted into the known class whose rule it
 breaks, from its own fields; one that breaks no known rule is None. The
 findings are built here from each class's example (examples/README.md:
 the trace, the resolved geometry, the hits it reports)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.known_classes import BY_ID, KNOWN_CLASSES, classify
+from fuzz.results.known_classes import BY_ID, KNOWN_CLASSES, classify
 from reference.case import case_to_dict
 from tests.conftest import MTP_DROP, hybrid, make_case
 
@@ -201,7 +201,7 @@ def test_the_longer_sibling_under_periodic_retention_without_a_hash_unit_is_the_
 def test_findings_lists_the_known_class_of_a_class(tmp_path):
     import json
 
-    from fuzz.triage import read_findings, triage
+    from fuzz.results.triage import read_findings, triage
     from kvspec.commands.findings import render
 
     (tmp_path / "promise-a.json").write_text(json.dumps(CASES["longer-sibling"]))
@@ -219,8 +219,8 @@ def test_one_registry_each_family_declares_its_classes_and_the_report_reads_it()
     import json
     from pathlib import Path
 
-    from fuzz import report
-    from fuzz.known_classes_sglang import CLASSES
+    from fuzz.results import report
+    from fuzz.results.known_classes_sglang import CLASSES
 
     assert [c[0] for c in CLASSES] == [k.id for k in KNOWN_CLASSES if k.release.startswith("sglang==")]
     prose = [i for c in report.KNOWN_CLASSES for i in c["classes"]]

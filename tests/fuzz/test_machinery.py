@@ -9,11 +9,11 @@ import os
 import random
 from pathlib import Path
 
-from fuzz.campaign import Campaign
-from fuzz.codec import decode, encode
-from fuzz.drivers import random_cases, run_cases, run_hypothesis, run_random
-from fuzz.findings import load_finding, render
-from fuzz.oracles import check_all, request_kinds
+from fuzz.draw.codec import decode, encode
+from fuzz.driving.campaign import Campaign
+from fuzz.driving.drivers import random_cases, run_cases, run_hypothesis, run_random
+from fuzz.judge.oracles import check_all, request_kinds
+from fuzz.results.findings import load_finding, render
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.fuzz.doubles import RaisingDouble, ReferenceDouble
 
@@ -128,7 +128,7 @@ def test_spec_on_off_skips_a_variant_vllm_refuses():
     """The spec_on_off oracle drops --speculative-config; where vLLM refuses
     that variant (DeploymentRejected) there is nothing to compare: no
     divergence, no engine_error. (The run function is a test double.)"""
-    from fuzz.oracles import check_spec_on_off
+    from fuzz.judge.oracles import check_spec_on_off
     from ground.errors import DeploymentRejected
 
     case = make_case(hybrid(1600, 1600), [[("A", 11910)]] * 3, MTP_DROP)
@@ -152,7 +152,7 @@ def test_sparse_dense_fires_only_where_sparse_hits_less():
     the dense run.)"""
     from dataclasses import replace
 
-    from fuzz.oracles import check_sparse_dense
+    from fuzz.judge.oracles import check_sparse_dense
 
     base = make_case(hybrid(16, 16), [[("A", 64)], [("A", 64), ("B", 1)]])
     case = replace(base, geometry=replace(base.geometry, retention_interval=0))
@@ -180,7 +180,7 @@ def test_a_hit_above_the_promise_is_stale_only_where_no_prefill_wrote_that_state
     request 1 prefilled A:727 in chunks ending at 576, 704, 727; request 2,
     A:576 + B:1, resumed at 576, above the promise's 32: a state a prefill
     wrote, kept beyond what the promise requires, not stale.)"""
-    from fuzz.oracles import check_promise
+    from fuzz.judge.oracles import check_promise
 
     case = make_case(
         hybrid(576, 576, prefix_match_unit=32, retention_interval=1728, prefill_checkpoint_grid=64),
@@ -200,8 +200,8 @@ def test_the_stale_oracle_flags_a_hit_where_no_earlier_prefill_wrote_a_state():
     worker's internal checkpoints). The shape of 0.33.0's stale state after
     a partial hit (tests/engine/data/finding-stale-state-falcon-h1.json):
     the third request resumes at 144 where the prefills wrote only 16 and 17."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.oracles import check_stale
+    from fuzz.judge.oracles import check_stale
+    from fuzz.replaying.checkbuild import promise_of
 
     case = make_case(hybrid(16, 16), [[("A", 17)], [("A", 150)], [("A", 150), ("B", 3)]])
     wrote = [{"written": [16, 17]}, {"written": [144, 150]}, {"written": [153]}]
@@ -246,8 +246,8 @@ def test_the_retention_oracle_flags_states_kept_nowhere_reachable_and_dropped_se
     0.33.0's ``reachable_block_mask``: sparse retention caching every block
     (``segment_tokens = None if interval > 0``), and periodic boundaries
     moved two blocks up (``// per_segment * per_segment + 1``)."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.oracles import check_retention
+    from fuzz.judge.oracles import check_retention
+    from fuzz.replaying.checkbuild import promise_of
 
     sparse = make_case(hybrid(64, 64, retention_interval=0), [[("A", 300)], [("A", 300), ("B", 40)]])
     ok = [{"retained_mamba_blocks": {"64": [3]}, "junction": 0}, {"retained_mamba_blocks": {"64": [3]}, "junction": 0}]
@@ -296,7 +296,7 @@ def test_the_retention_oracle_allows_a_sub_block_junctions_floor():
     against a fourth request"). The observation kept in the finding file
     kvspec once wrote for it: held [48, 1152, 2304, 3440] after a junction
     at 2288, block 1152. Without the junction, 1152 is still flagged."""
-    from fuzz.oracles import check_retention
+    from fuzz.judge.oracles import check_retention
     from reference.boundaries import junction_states
 
     assert junction_states(2288, 16, 1152, eagle=True) == {2288, 1152}
@@ -320,8 +320,8 @@ def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
     instead of {N - 1, N} without EAGLE (observed on Qwen3-Next, block
     544): A:1087 decoding 4 tokens leaves the state at 1088 held, the
     release none."""
-    from fuzz.findings import signature
-    from fuzz.oracles import check_retention
+    from fuzz.judge.oracles import check_retention
+    from fuzz.results.findings import signature
 
     sparse = make_case(hybrid(544, 544, retention_interval=0), [[("A", 1087)]])
     release = [{"retained_mamba_blocks": {"544": [0]}, "retained_output_states": [], "junction": 0}]
@@ -358,14 +358,14 @@ def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():
 
 
 def test_every_generated_request_may_decode():
-    """fuzz.generate draws each request's max_tokens from 1, 2 and 4, with
+    """fuzz.draw.generate draws each request's max_tokens from 1, 2 and 4, with
     or without speculative decoding, after the prompts; a conversation's
     turns (a turn quotes the one before it) generate tens to hundreds."""
     import random
 
-    from fuzz.choosers import RandomChooser
-    from fuzz.conversation import MAX_DECODE
-    from fuzz.generate import build_case
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.conversation import MAX_DECODE
+    from fuzz.draw.generate import build_case
 
     drawn = [build_case(RandomChooser(random.Random(seed)), speculative=None) for seed in range(40)]
     turns = [{s.output for r in case.trace for s in r.prompt if s.output is not None} for case in drawn]
@@ -384,8 +384,8 @@ def test_the_split_oracle_flags_a_prefill_chunk_ending_where_no_state_is_needed(
     end. The shape of a mutant of ``get_mamba_prefill_checkpoint_position``
     returning ``max(position, 1)``: a 10-token prompt (block and hash 16)
     prefilled as 1 + 9 tokens."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.oracles import check_split
+    from fuzz.judge.oracles import check_split
+    from fuzz.replaying.checkbuild import promise_of
 
     case = make_case(hybrid(16, 16, max_num_batched_tokens=40), [[("A", 10)], [("A", 100)]])
     knobs = {"max_num_scheduled_tokens": 40, "num_prefill_lookahead_tokens": 2}
@@ -416,7 +416,7 @@ def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_tha
     asks for 3 tokens and gets 1, cut at the block boundary 576 (what
     0.33.0 with that mutant does). A cut the budget or max_model_len
     explains is not judged."""
-    from fuzz.oracles import check_split
+    from fuzz.judge.oracles import check_split
 
     case = make_case(hybrid(576, 576, max_num_batched_tokens=8192), [[("A", 575)], [("A", 575)]])
     knobs = {"max_num_scheduled_tokens": 8192, "max_model_len": 32768}
@@ -440,7 +440,7 @@ def test_the_split_oracle_flags_a_step_after_the_prefill_that_schedules_less_tha
     )
     assert check_split(case, "0.33.0", {"hits": [0, 0], "knobs": {**knobs, "max_model_len": 579}, "explain": cut}) != []
     # a cut step and a stray prefill end of the same request are two classes
-    from fuzz.findings import signature
+    from fuzz.results.findings import signature
 
     (chunk,) = check_split(
         case, "0.33.0", {"hits": [0, 0], "knobs": knobs, "explain": [{**whole[0], "chunk_ends": [512, 575]}, whole[1]]}
@@ -455,8 +455,8 @@ def test_the_checkpoint_oracle_flags_a_last_chunk_split_where_the_kernel_could_e
     column -1), so it runs to 200 in one step. The shape of a mutant of that
     function reading the initial state's column as (start + 1) // block:
     the scheduler splits at 144 instead."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.oracles import check_checkpoint
+    from fuzz.judge.oracles import check_checkpoint
+    from fuzz.replaying.checkbuild import promise_of
 
     case = make_case(
         hybrid(144, 144, prefill_checkpoint_grid=1, max_num_batched_tokens=2048), [[("A", 200)], [("A", 100)]]
@@ -489,9 +489,9 @@ def test_the_hit_blocks_oracle_flags_attention_blocks_beyond_or_missing_below_th
     attention group's matched block still in its hit); one never records
     the groups' blocks (``for group_id, blocks in []``), so a request
     resumes at its hit with no block at all."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.findings import signature
-    from fuzz.oracles import check_hit_blocks
+    from fuzz.judge.oracles import check_hit_blocks
+    from fuzz.replaying.checkbuild import promise_of
+    from fuzz.results.findings import signature
 
     case = make_case(hybrid(144, 144), [[("A", 300)], [("A", 150), ("B", 10)]])
     fine = [
@@ -532,9 +532,9 @@ def test_the_shared_prefix_oracle_flags_a_junction_full_attention_never_cached()
     Qwen3-Next, block 544): A:1152 then A:1152+B:1728 resumes at 1088 and
     reports the junction 3264 (the release: none); a sibling sharing 2152
     tokens reports 3808 (the release: 1632)."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.findings import signature
-    from fuzz.oracles import check_shared_prefix
+    from fuzz.judge.oracles import check_shared_prefix
+    from fuzz.replaying.checkbuild import promise_of
+    from fuzz.results.findings import signature
 
     case = make_case(
         hybrid(544, 544), [[("A", 1152)], [("A", 1152), ("B", 1728)], [("A", 1152), ("B", 1000), ("C", 700)]]
@@ -591,9 +591,9 @@ def test_the_block_table_oracle_flags_mamba_blocks_freed_or_no_longer_needed():
     no skipped block lets A:5000's chunk-end states pile up, one more per
     chunk; one that frees the running state's block leaves it in the table
     with reference count 0. The release: neither."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.findings import signature
-    from fuzz.oracles import check_block_table
+    from fuzz.judge.oracles import check_block_table
+    from fuzz.replaying.checkbuild import promise_of
+    from fuzz.results.findings import signature
 
     case = make_case(hybrid(544, 544), [[("A", 5000)], [("A", 5000)]])
     release = [{"scheduler_hit": 0, "block_table": []}, {"scheduler_hit": 4896, "block_table": []}]
@@ -646,10 +646,10 @@ def test_the_resolution_oracle_makes_a_dropped_prefix_match_unit_a_finding(tmp_p
     format refuses the geometry). A campaign now writes a finding on the
     unresolved case (one request, no request diverging), which the judge
     replays; a build that keeps the unit gives none."""
-    from fuzz.checkbuild import promise_of
-    from fuzz.oracles import check_resolution
-    from fuzz.triage import read_findings, triage
-    from fuzz.verdict import observe_and_judge
+    from fuzz.judge.oracles import check_resolution
+    from fuzz.judge.verdict import observe_and_judge
+    from fuzz.replaying.checkbuild import promise_of
+    from fuzz.results.triage import read_findings, triage
     from reference.case import parse_case
     from tests.fuzz.doubles import ResolvingDouble
 
@@ -731,8 +731,8 @@ def test_a_drawn_unit_that_does_not_divide_the_block_is_kept_only_where_the_engi
     without the flag, one that accepts it (a build that lost vLLM's check)
     gets it. TEST DOUBLES: the resolvers answer every deployment with
     block 544."""
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import build_case
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import build_case
 
     def release(dep):
         args = dep["vllm_args"]
@@ -761,8 +761,8 @@ def test_a_class_that_asks_for_a_hash_unit_keeps_one_the_release_accepts():
     release refuses the drawn unit that does not divide the block, a case of
     a unit class gets a dividing unit instead of none (a resolver test
     double: block 544, units that do not divide it rejected)."""
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import DeploymentClass, build_case
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import DeploymentClass, build_case
 
     def release(dep):
         args = dep["vllm_args"]
@@ -784,7 +784,7 @@ def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness
     judge: the finding's signature, text and class do without one (the
     signature read the geometry and raised, which the campaign filed as 45
     harness errors on blocks-eab54c26)."""
-    from fuzz.triage import read_findings, triage
+    from fuzz.results.triage import read_findings, triage
     from reference.case import parse_case
     from tests.fuzz.doubles import SetupErrorDouble
 
@@ -812,12 +812,12 @@ def test_vllm_raising_before_it_resolves_a_deployment_is_a_finding_not_a_harness
 
 def test_every_text_that_lists_a_builds_oracles_names_each_of_them():
     """The help of --patch, check-build's epilog and docs/check-build.md's
-    sentence name every oracle that judges a build (fuzz.oracles.BUILD_ORACLES), and check-build has a
+    sentence name every oracle that judges a build (fuzz.judge.oracles.BUILD_ORACLES), and check-build has a
     promise row for each finding an oracle can make."""
     from pathlib import Path
 
-    from fuzz.checkbuild import PROMISES, promise_of
-    from fuzz.oracles import BUILD_ORACLES
+    from fuzz.judge.oracles import BUILD_ORACLES
+    from fuzz.replaying.checkbuild import PROMISES, promise_of
     from kvspec.commands import check_build
     from kvspec.engine_options import NOTE
 
@@ -857,7 +857,7 @@ def test_the_stale_oracle_flags_a_state_held_where_the_request_wrote_none():
     yet leaves a state held at 1008, which it never computed (A:1008 wrote
     one there, but did not keep it). A:1009 then resumes at 1008: a position
     an earlier prefill wrote, so the hit rule alone lets it pass."""
-    from fuzz.oracles import check_stale
+    from fuzz.judge.oracles import check_stale
 
     case = make_case(
         hybrid(144, 144, prefix_match_unit=16, prefill_checkpoint_grid=1), [[("A", 1008)], [("A", 1153)], [("A", 1009)]]
@@ -884,8 +884,8 @@ def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_acce
     resolver refuses it. (The resolver is a test double: the block a
     deployment sets, 544 for a hybrid; it refuses any unit on an
     attention-free model and the shared-prefix flag everywhere.)"""
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import ATTENTION_FREE_MODELS, MTP_MODELS, build_deployment_case
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import ATTENTION_FREE_MODELS, MTP_MODELS, build_deployment_case
 
     asked = []
 
@@ -928,8 +928,8 @@ def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_acce
 def test_lengths_include_a_short_remainder_past_a_block_multiple():
     """Biased lengths are kB-1, kB, kB+1 and kB+r with 2 <= r <= k, where
     N % B and N // B meet in replay_boundaries' arithmetic."""
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import _length
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import _length
 
     rng = random.Random(5)
     block = 144
@@ -956,8 +956,8 @@ def test_variant_runs_are_made_only_where_their_oracle_can_fire():
 def test_a_hash_unit_finer_than_the_block_is_another_signature():
     """The longer sibling of a block-aligned prompt misses one block without
     a hash unit and one hash unit with one: two classes, both written."""
-    from fuzz.findings import signature
-    from fuzz.oracles import Divergence
+    from fuzz.judge.oracles import Divergence
+    from fuzz.results.findings import signature
 
     plain = make_case(hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1100)]])
     hashed = make_case(hybrid(544, 544, prefix_match_unit=32, retention_interval=0), [[("A", 1088)], [("A", 1100)]])
@@ -971,8 +971,8 @@ def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
     from the chooser's side stream (never an empty kind); a chooser without
     a side stream (atheris bytes, Hypothesis) uses every feature, so its
     inputs mean what they meant."""
-    from fuzz.choosers import BytesChooser, RandomChooser
-    from fuzz.generate import EVERY_FEATURE, Swarm, _length, _trace, draw_swarm
+    from fuzz.draw.choosers import BytesChooser, RandomChooser
+    from fuzz.draw.generate import EVERY_FEATURE, Swarm, _length, _trace, draw_swarm
 
     rng = random.Random(11)
     swarms = [draw_swarm(RandomChooser(random.Random(rng.random()))) for _ in range(300)]
@@ -990,7 +990,7 @@ def test_swarm_leaves_features_out_per_case_and_atheris_inputs_keep_every_one():
     for _ in range(50):
         r = RandomChooser(random.Random(rng.random()))
         r_swarm = lambda c: only_extend  # noqa: E731
-        import fuzz.traces as G  # where _trace looks draw_swarm up
+        import fuzz.draw.traces as G  # where _trace looks draw_swarm up
 
         saved, G.draw_swarm = G.draw_swarm, r_swarm
         try:
@@ -1006,9 +1006,9 @@ def test_a_case_drawn_for_a_deployment_class_is_of_that_class():
     test double that accepts every deployment at block 544). The "off"
     classes of the MTP models used to draw MTP: 12 of 66 classes were
     never run, and their share went to the MTP classes."""
-    from fuzz.choosers import RandomChooser
-    from fuzz.generate import build_case, deployment_classes
-    from fuzz.reach import deployment_class_of
+    from fuzz.draw.choosers import RandomChooser
+    from fuzz.draw.generate import build_case, deployment_classes
+    from fuzz.driving.reach import deployment_class_of
 
     def lenient(dep):
         return {"block": 544, "hash": 544, "max_model_len": 32768}

@@ -3,7 +3,7 @@ fed here by test doubles standing in for two versions."""
 
 from __future__ import annotations
 
-from fuzz.matrix import chart, pattern, run_matrix, to_html, to_markdown
+from fuzz.replaying.matrix import chart, pattern, run_matrix, to_html, to_markdown
 from tests.fuzz.doubles import ReferenceDouble
 
 
@@ -29,7 +29,7 @@ def test_the_chart_draws_one_bar_per_engine_per_request_and_the_promise(tmp_path
     import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
 
-    from fuzz.matrix import figure
+    from fuzz.replaying.matrix import figure
 
     engines = [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")]
     rows = run_matrix(["examples/seed-53504.json", "examples/synthetic/mixed-a32-m16-resend.json"], engines)

@@ -1,10 +1,10 @@
 """The oracles that state the promise judge any engine family
-(``neutral`` in fuzz/oracle_registry.py); the others are vLLM's. The
+(``neutral`` in fuzz/judge/oracle_registry.py); the others are vLLM's. The
 observations here are hand-written test doubles of what a driver reports."""
 
 from __future__ import annotations
 
-from fuzz.oracles import NEUTRAL_ORACLES, ORACLES, check_promise, check_resumed_state, check_versions, oracles_for
+from fuzz.judge.oracles import NEUTRAL_ORACLES, ORACLES, check_promise, check_resumed_state, check_versions, oracles_for
 from reference.case import parse_case, with_resolution
 
 GRID = {

@@ -1,4 +1,4 @@
-"""The one oracle registry (fuzz/oracle_registry.py): every oracle an
+"""The one oracle registry (fuzz/judge/oracle_registry.py): every oracle an
 oracle module can produce is in it, every list of oracles is derived from
 it, and the help and the docs' table say what it says."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import oracle_registry as registry
-from fuzz.oracle_registry import (
+from fuzz.judge import oracle_registry as registry
+from fuzz.judge.oracle_registry import (
     BUILD_ORACLES,
     CONCURRENT_ORACLES,
     EXTRA_ORACLES,
@@ -25,7 +25,7 @@ from fuzz.oracle_registry import (
     SINGLE_ENGINE_ORACLES,
     VARIANT_ORACLES,
 )
-from fuzz.oracles import SINGLE_RUN_CHECKS
+from fuzz.judge.oracles import SINGLE_RUN_CHECKS
 from kvspec.commands import check_build
 from kvspec.commands import fuzz as fuzz_command
 from kvspec.engine_options import NOTE
@@ -140,7 +140,7 @@ def test_each_oracle_is_named_once_and_its_flags_agree():
 
 def test_every_oracle_a_module_can_produce_is_registered_and_every_registered_one_is_produced():
     found: dict[str, list[str]] = {}
-    for path in sorted((ROOT / "fuzz").glob("oracle*.py")):
+    for path in sorted((ROOT / "fuzz").rglob("oracle*.py")):
         for name in produced(path.read_text()):
             found.setdefault(name, []).append(path.name)
     assert set(found) == set(KNOWN_ORACLES), found
@@ -186,7 +186,7 @@ def test_the_docs_table_is_in_sync_with_the_registry():
     text = registry.DOCS.read_text()
     assert registry.BEGIN in text and registry.END in text
     assert registry.with_table(text) == text, (
-        "docs/judge.md's oracle table is stale: python -m fuzz.oracle_registry --write-docs"
+        "docs/judge.md's oracle table is stale: python -m fuzz.judge.oracle_registry --write-docs"
     )
     for name in KNOWN_ORACLES:
         assert f"| `{name}` |" in text, name

@@ -1,14 +1,14 @@
-"""fuzz.reach: the deployment class and trace shape of a case, and a
+"""fuzz.driving.reach: the deployment class and trace shape of a case, and a
 campaign's table of them."""
 
 from __future__ import annotations
 
 import json
 
-from fuzz.campaign import Campaign
-from fuzz.drivers import run_cases
-from fuzz.generate import deployment_classes
-from fuzz.reach import Reach, deployment_class_of, trace_shape
+from fuzz.draw.generate import deployment_classes
+from fuzz.driving.campaign import Campaign
+from fuzz.driving.drivers import run_cases
+from fuzz.driving.reach import Reach, deployment_class_of, trace_shape
 from reference.case import parse_case
 from tests.conftest import hybrid, make_case
 from tests.fuzz.doubles import ReferenceDouble

@@ -1,4 +1,4 @@
-"""fuzz.report_sglang: an SGLang finding's bundle (ISSUE.md in SGLang's
+"""fuzz.results.report_sglang: an SGLang finding's bundle (ISSUE.md in SGLang's
 template, a mem_cache-style regression test, the fix): prior art cited for
 the grid-resend class, every finding value a literal in the test, text
 escaped in ISSUE.md."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.report_sglang import bundle, is_sglang, regression_test
+from fuzz.results.report_sglang import bundle, is_sglang, regression_test
 from reference.case import case_to_dict
 from tests.conftest import hybrid, make_case
 

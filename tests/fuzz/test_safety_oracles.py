@@ -1,13 +1,13 @@
-"""The safety oracles (fuzz/oracle_safety.py): a hit is never higher than
+"""The safety oracles (fuzz/judge/oracle_safety.py): a hit is never higher than
 an engine may safely resume. The observations are hand-written test
 doubles of what a driver reports (hits and explain); the rules are computed
 by kvspec from the case's tokens."""
 
 from __future__ import annotations
 
-from fuzz.oracle_registry import BY_NAME, SAFETY_ORACLES
-from fuzz.oracles import check_all, check_cap, check_draft_keys, check_keys
-from fuzz.verdict import Target, judge
+from fuzz.judge.oracle_registry import BY_NAME, SAFETY_ORACLES
+from fuzz.judge.oracles import check_all, check_cap, check_draft_keys, check_keys
+from fuzz.judge.verdict import Target, judge
 from tests.conftest import hybrid, make_case
 
 MTP = {"method": "mtp", "num_speculative_tokens": 1}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from fuzz.campaign import Campaign
-from fuzz.drivers import run_cases, run_random
+from fuzz.driving.campaign import Campaign
+from fuzz.driving.drivers import run_cases, run_random
 from spec.seeds import boundary_cases
 from tests.conftest import MTP_DROP, hybrid, make_case
 from tests.fuzz.doubles import HalfFixDouble
@@ -51,9 +51,9 @@ def test_plain_random_search_misses_the_half_fix(tmp_path):
 
 
 def test_the_seed_folder_is_named_by_the_spec_and_reference_code(tmp_path, monkeypatch):
-    """The z3 seeds' folder (``fuzz.seeds.fingerprint``) changes with a file
+    """The z3 seeds' folder (``fuzz.draw.seeds.fingerprint``) changes with a file
     of spec/ or reference/, and not with code elsewhere."""
-    import fuzz.seeds as seeds
+    import fuzz.draw.seeds as seeds
 
     for rel in ("spec/a.py", "reference/b.py", "fuzz/c.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

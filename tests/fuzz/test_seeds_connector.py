@@ -1,5 +1,5 @@
 """check-build's boundary cases again with a KV connector
-(``fuzz.seeds.with_connector``): the same trace and deployment plus vLLM's
+(``fuzz.draw.seeds.with_connector``): the same trace and deployment plus vLLM's
 CPU offloading flags, once; a case that has a connector or no deployment
 is not doubled. Pure: no engine."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from fuzz.seeds import CONNECTOR_ARGS, with_connector
+from fuzz.draw.seeds import CONNECTOR_ARGS, with_connector
 from ground.home import REPO_ROOT
 from reference.case import case_to_dict, parse_case
 

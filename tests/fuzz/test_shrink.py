@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fuzz.shrink import find_integer, shrink
+from fuzz.results.shrink import find_integer, shrink
 from reference.case import parse_case
 from tests.conftest import hybrid, make_case
 

@@ -1,4 +1,4 @@
-"""The one campaign summary (fuzz.summary): each runner's JSON written as it
+"""The one campaign summary (fuzz.driving.summary): each runner's JSON written as it
 was, read back, added up across workers, and turned into the exit code."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from fuzz.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK
-from fuzz.summary import ATHERIS_KEYS, EMPTY_KEYS, IN_PROCESS_KEYS, RAY_KEYS, CampaignSummary
+from fuzz.driving.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK
+from fuzz.driving.summary import ATHERIS_KEYS, EMPTY_KEYS, IN_PROCESS_KEYS, RAY_KEYS, CampaignSummary
 
 
 def _in_process(**kw) -> dict:
@@ -106,7 +106,7 @@ def test_the_exit_code_reads_the_summary():
 
 
 def test_ray_adds_up_its_workers_in_ray_keys(tmp_path):
-    from fuzz.ray_runner import _empty, _merge
+    from fuzz.driving.ray_runner import _empty, _merge
 
     now = time.time()
     empty = _empty({"engine": "vllm==0.33.0", "driver": "random"}).to_dict()

@@ -1,4 +1,4 @@
-"""The one judge (fuzz/verdict.py) on constructed finding/observation pairs,
+"""The one judge (fuzz/judge/verdict.py) on constructed finding/observation pairs,
 finding schema 2 (and schema 1 files still loading), and the commands that
 take their verdict from it (replay --engine, run --compare, matrix, predict
 of a deployment).
@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import findings as F
-from fuzz.matrix import run_matrix, to_markdown
-from fuzz.oracles import Divergence, check_all, check_versions, resolved
-from fuzz.replay import replay_case
-from fuzz.verdict import (
+from fuzz.judge.oracles import Divergence, check_all, check_versions, resolved
+from fuzz.judge.verdict import (
     AGREES,
     DIVERGES,
     INCONCLUSIVE,
@@ -29,6 +26,9 @@ from fuzz.verdict import (
     judge,
     observe_and_judge,
 )
+from fuzz.replaying.matrix import run_matrix, to_markdown
+from fuzz.replaying.replay import replay_case
+from fuzz.results import findings as F
 from ground.errors import InvalidArgument
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, parse_case, with_resolution

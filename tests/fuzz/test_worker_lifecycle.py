@@ -145,7 +145,7 @@ def _alive(pid: int) -> bool:
 PARENT = """
 import os, subprocess, sys, time
 env = {**os.environ, "KVSPEC_FUZZ_PARENT": str(os.getpid())}
-child = subprocess.Popen([sys.executable, "-c", "import fuzz.fuzz_engine, time; print('ready', flush=True); time.sleep(120)"], env=env, stdout=subprocess.PIPE, text=True)
+child = subprocess.Popen([sys.executable, "-c", "import fuzz.driving.fuzz_engine, time; print('ready', flush=True); time.sleep(120)"], env=env, stdout=subprocess.PIPE, text=True)
 print(child.pid, flush=True)
 print(child.stdout.readline().strip(), flush=True)
 time.sleep(120)

@@ -32,7 +32,7 @@ import pytest
 
 from engine_adapter.live.metrics import parse_metrics
 from engine_adapter.live.server import ServerConfig, server_deployment
-from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
+from fuzz.replaying.live_replay import INCONCLUSIVE, LiveTarget, replay
 from reference.case import case_to_dict, parse_case, with_resolution
 
 pytestmark = [pytest.mark.live, pytest.mark.engine, pytest.mark.timeout(2400)]

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.live_replay import AGREES, LiveTarget, replay
-from fuzz.oracles import CONCURRENT_ORACLES, check_all, resolved
-from fuzz.verdict import Target as Prediction
-from fuzz.verdict import judge
+from fuzz.judge.oracles import CONCURRENT_ORACLES, check_all, resolved
+from fuzz.judge.verdict import Target as Prediction
+from fuzz.judge.verdict import judge
+from fuzz.replaying.live_replay import AGREES, LiveTarget, replay
 from reference.case import case_to_dict, parse_case, waves
 from reference.predict import predict
 

@@ -12,7 +12,7 @@ in blocks on both.
 
 Speculative decoding is off on this server (MTP + align mode needs Triton
 kernels the CPU build lacks); MTP replay is covered in-process by
-``kvspec replay --engine`` (fuzz.replay) and, for the HTTP path, by the stub
+``kvspec replay --engine`` (fuzz.replaying.replay) and, for the HTTP path, by the stub
 in test_replay_unit.py. See docs/live.md.
 """
 
@@ -28,7 +28,16 @@ import httpx
 import pytest
 
 from engine_adapter.live.server import ServerConfig, server_deployment
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LiveTarget, load_target, replay
+from fuzz.replaying.live_replay import (
+    AGREES,
+    DIVERGES,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    LiveTarget,
+    load_target,
+    replay,
+)
 from ground.errors import Unsupported
 from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
@@ -365,8 +374,8 @@ def test_a_finding_of_the_in_process_engine_reproduces_live(live_server, live_ca
     run of the longer-sibling case (observed 8192, promised 8192+B) is
     reproduced by the server: the same hits at every request, differing
     from the promise at the same request."""
-    from fuzz.findings import make_finding
-    from fuzz.oracles import check_promise, resolved
+    from fuzz.judge.oracles import check_promise, resolved
+    from fuzz.results.findings import make_finding
 
     B = block
     e = seg("E")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fuzz.live_replay import AGREES, DIVERGES, INCONCLUSIVE, LiveTarget, render, replay
+from fuzz.replaying.live_replay import AGREES, DIVERGES, INCONCLUSIVE, LiveTarget, render, replay
 from ground.errors import Unsupported
 from reference.case import parse_case, prompt_tokens
 from tests.conftest import hybrid

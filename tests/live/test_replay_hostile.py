@@ -15,7 +15,7 @@ import time
 import pytest
 
 from engine_adapter.live.client import LiveClient, LiveError, LiveTimeout, check_base_url, redact, split_lines
-from fuzz.live_replay import INCONCLUSIVE, LiveTarget, replay
+from fuzz.replaying.live_replay import INCONCLUSIVE, LiveTarget, replay
 from ground.errors import InvalidArgument, KvspecError
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict

@@ -7,7 +7,7 @@ one judge; the twin's counters are ours, not foreign traffic."""
 
 from __future__ import annotations
 
-from fuzz.live_replay import AGREES, DIVERGES, LiveTarget, replay
+from fuzz.replaying.live_replay import AGREES, DIVERGES, LiveTarget, replay
 from reference.case import prompt_tokens
 from reference.predict import predict
 from tests.conftest import hybrid, make_case

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from engine_adapter.live.geometry import rescale_case
-from fuzz.live_replay import (
+from fuzz.replaying.live_replay import (
     AGREES,
     DIVERGES,
     INCONCLUSIVE,
@@ -673,17 +673,17 @@ def test_render_marks_issues(capsys):
 
 def test_engine_flag_delegates_to_fuzz_replay(tmp_path, monkeypatch, capsys):
     calls = []
-    fake = types.ModuleType("fuzz.replay")
+    fake = types.ModuleType("fuzz.replaying.replay")
     fake.replay_on_engine = lambda path, engine: calls.append((path, engine)) or {"verdict": "agrees", "rows": []}
     fake.render_replay = lambda result, console: console.print("rendered " + result["verdict"])
-    monkeypatch.setitem(sys.modules, "fuzz.replay", fake)
+    monkeypatch.setitem(sys.modules, "fuzz.replaying.replay", fake)
     path = write_case(tmp_path, repeat_case())
     assert cli_main(["replay", path, "--engine", "vllm==0.33.0"]) == 0
     assert calls == [(path, "vllm==0.33.0")]
     assert "rendered agrees" in capsys.readouterr().out
     assert cli_main(["replay", path, "--engine", "vllm==0.33.0", "--model", "x"]) == 2
-    fake2 = types.ModuleType("fuzz.replay")
-    monkeypatch.setitem(sys.modules, "fuzz.replay", fake2)
+    fake2 = types.ModuleType("fuzz.replaying.replay")
+    monkeypatch.setitem(sys.modules, "fuzz.replaying.replay", fake2)
     assert cli_main(["replay", path, "--engine", "vllm==0.33.0"]) == 2
     assert "in-process replay is not available" in capsys.readouterr().err
 
@@ -749,11 +749,11 @@ def test_rule_of_the_target_and_the_implemented_rule_beside_it():
 
 def test_report_quotes_a_live_replay_report(tmp_path):
     """ISSUE.md's live section reads what ``kvspec replay --server --json``
-    writes (``fuzz.report.live_summary``, used by ``kvspec report --live``):
+    writes (``fuzz.results.report.live_summary``, used by ``kvspec report --live``):
     the verdict, the server's version and knobs, the hits per request, the
     assumptions; a document of another shape is one line."""
-    from fuzz.findings import load_finding
-    from fuzz.report import bundle, live_summary
+    from fuzz.results.findings import load_finding
+    from fuzz.results.report import bundle, live_summary
 
     case = repeat_case()
     fpath = tmp_path / "f.json"

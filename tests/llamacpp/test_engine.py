@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.host.engine import WorkerEngine
-from fuzz.campaign import Campaign
-from fuzz.oracle_outputs import check_outputs
-from fuzz.verdict import divergences, judge
+from fuzz.driving.campaign import Campaign
+from fuzz.judge.oracle_outputs import check_outputs
+from fuzz.judge.verdict import divergences, judge
 from reference.case import parse_case
 from reference.llamacpp import Settings, predict
 from tests.engine.conftest import ensure_env
@@ -68,12 +68,12 @@ class StaleRestoreEngine:
 
 
 def test_campaign_writes_findings_the_one_judge_replays(llamacpp, tmp_path):
-    """The common campaign (fuzz.campaign) on llama.cpp: the planted fault
+    """The common campaign (fuzz.driving.campaign) on llama.cpp: the planted fault
     becomes findings of the outputs, promise and reference oracles; each
     replays from its JSON alone on the real engine, whose restore path is
     right: not reproduced."""
-    from fuzz.findings import load_finding
-    from fuzz.replay import replay_case
+    from fuzz.replaying.replay import replay_case
+    from fuzz.results.findings import load_finding
 
     case = parse_case(
         {
@@ -130,9 +130,9 @@ def test_l1_reproduced_in_one_process_and_its_finding_replays(llamacpp, tmp_path
     checkpoints 4 + 128 tokens before the end, not 4 + 512: the rule oracle
     fires and the diverging sibling recomputes its whole prompt. The finding
     carries the option, so it replays from its JSON alone."""
-    from fuzz.findings import load_finding
-    from fuzz.replay import replay_case
-    from fuzz.report_llamacpp import reproduce_l1
+    from fuzz.replaying.replay import replay_case
+    from fuzz.results.findings import load_finding
+    from fuzz.results.report_llamacpp import reproduce_l1
 
     path = reproduce_l1(llamacpp, tmp_path)
     assert path is not None

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import random
 
-from fuzz import generate_llamacpp as G
-from fuzz.choosers import RandomChooser
-from fuzz.oracle_llamacpp import check_rule, check_slot_promise, slot_promise
-from fuzz.oracles import oracles_for
-from fuzz.verdict import divergences, judge
+from fuzz.draw import generate_llamacpp as G
+from fuzz.draw.choosers import RandomChooser
+from fuzz.judge.oracle_llamacpp import check_rule, check_slot_promise, slot_promise
+from fuzz.judge.oracles import oracles_for
+from fuzz.judge.verdict import divergences, judge
 from reference.case import case_to_dict, parse_case
 from reference.llamacpp import Settings, predict
 

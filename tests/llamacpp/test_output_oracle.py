@@ -1,15 +1,15 @@
-"""The output oracle (fuzz/oracle_outputs.py), pure: tolerance, near-ties at
+"""The output oracle (fuzz/judge/oracle_outputs.py), pure: tolerance, near-ties at
 the list's edge, token differences; and absent cold runs judge nothing."""
 
 from __future__ import annotations
 
-from fuzz.oracle_outputs import (
+from fuzz.judge.oracle_outputs import (
     LOGPROB_TOLERANCE,
     check_outputs,
     compare_tops,
     request_difference,
 )
-from fuzz.oracle_registry import BY_NAME
+from fuzz.judge.oracle_registry import BY_NAME
 
 
 def _e(i, ids, tops, cold_ids, cold_tops, hit=10):

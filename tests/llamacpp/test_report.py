@@ -1,5 +1,5 @@
 """``kvspec report`` on a llama.cpp finding (the family's reporter,
-fuzz/report_llamacpp.py), from the shipped L1 finding: llama.cpp's bug
+fuzz/results/report_llamacpp.py), from the shipped L1 finding: llama.cpp's bug
 template, a regression test in the style of its tools/server/tests/unit
 (parses; the rule's cache_n per request; the server's own n_ubatch), the
 fix diff (stated, not built), text from the finding escaped."""
@@ -10,7 +10,7 @@ import ast
 import json
 from pathlib import Path
 
-from fuzz.report_llamacpp import bundle, classify, segment_runs
+from fuzz.results.report_llamacpp import bundle, classify, segment_runs
 from reference.case import parse_case
 
 FINDING = Path(__file__).resolve().parents[2] / "examples" / "llamacpp" / "findings" / "L1-checkpoint-offsets.json"

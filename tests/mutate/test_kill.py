@@ -69,7 +69,7 @@ ALIGNED_EAGLE_RESEND = {
 
 @pytest.fixture()
 def options(tmp_path, base):
-    from fuzz.checkbuild import example_cases
+    from fuzz.replaying.checkbuild import example_cases
 
     cases = tmp_path / "cases.json"  # no proof seeds to map in a test: one aligned EAGLE resend, then the examples
     write_json_atomic(cases, [ALIGNED_EAGLE_RESEND, *(case_to_dict(c) for _n, c in example_cases())])

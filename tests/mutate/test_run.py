@@ -1,4 +1,4 @@
-"""The loop: with --ray the mutants go to fuzz.distribute.run_tasks as one
+"""The loop: with --ray the mutants go to fuzz.driving.distribute.run_tasks as one
 task each (keyword tasks of run_mutant, keyed by the mutant's id); a task
 that ends without a result is counted as a harness failure, never a kill.
 Ray itself is stood in for here (tests/distribute runs the real cluster)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import fuzz.distribute
+import fuzz.driving.distribute
 import mutate.kill
 from mutate import report
 from mutate import run as runmod
@@ -45,7 +45,7 @@ def test_ray_gets_one_keyword_task_per_mutant_and_a_lost_task_is_no_kill(tmp_pat
             envs.append({"id": t["id"], "status": "ok", "result": res})
         return envs
 
-    monkeypatch.setattr(fuzz.distribute, "run_tasks", fake_run_tasks)
+    monkeypatch.setattr(fuzz.driving.distribute, "run_tasks", fake_run_tasks)
     monkeypatch.setattr(mutate.kill, "fixed_cases", lambda release, out, progress=None: out / "cases.json")
     monkeypatch.setattr(
         runmod, "base_engine", lambda release, patches: "vllm==0.33.0"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.campaign import Campaign
-from fuzz.drivers import BoundedEngine, run_given
-from fuzz.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
+from fuzz.driving.campaign import Campaign
+from fuzz.driving.drivers import BoundedEngine, run_given
+from fuzz.driving.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK, outcome
 from ground.errors import EngineError, InvalidArgument
 from kvspec.cli import main as kvspec
 from kvspec.options import cores, output_dir, output_file
@@ -272,14 +272,14 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
     """The CLI end to end with a test double engine in place of the worker:
     two case files, the second cut by --max-time; never exit 0."""
     import engine_adapter
-    import fuzz.runner
+    import fuzz.driving.runner
     import kvspec.commands.fuzz as fuzz_cmd
 
     double = SlowCaseDouble(delay=1.6)
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(engine_adapter, "open_engine", lambda name, **k: double)
     monkeypatch.setattr(
-        fuzz.runner, "open_engine", lambda name, **k: double
+        fuzz.driving.runner, "open_engine", lambda name, **k: double
     )  # bound there when an earlier test imported it
     monkeypatch.setattr(fuzz_cmd, "unusable_engine", lambda engines: None)
     files = []
@@ -331,7 +331,7 @@ def test_kvspec_fuzz_cases_exits_3_naming_the_case_cut_at_the_deadline(tmp_path,
 
 
 def test_ray_workers_case_files_merge_run_when_any_worker_ran_it():
-    from fuzz.ray_runner import _case_files
+    from fuzz.driving.ray_runner import _case_files
 
     names = ["a.json", "b.json", "c.json"]
     first = {
@@ -387,7 +387,7 @@ class NeverStartsDouble:
 
 
 def test_a_worker_that_cannot_start_is_started_once_and_nothing_starts_past_the_deadline(tmp_path):
-    from fuzz.seeds import on_deployments
+    from fuzz.draw.seeds import on_deployments
 
     double = NeverStartsDouble()
     bounded = BoundedEngine(double, time.monotonic() + 5)
@@ -411,8 +411,8 @@ def test_a_driver_draws_nothing_once_the_engine_is_down_or_the_deadline_passed(t
     could not start, or past the deadline."""
     import hypothesis  # noqa: F401 - imported before the clock (seconds on a loaded machine)
 
-    from fuzz.drivers import run_hypothesis, run_random
-    from fuzz.generate import hypothesis_cases  # noqa: F401
+    from fuzz.draw.generate import hypothesis_cases  # noqa: F401
+    from fuzz.driving.drivers import run_hypothesis, run_random
 
     run = run_random if driver == "random" else run_hypothesis
     down = BoundedEngine(NeverStartsDouble(), time.monotonic() + 5)
@@ -510,10 +510,10 @@ def test_a_disk_that_fills_up_mid_campaign_is_exit_3_in_one_line(tmp_path, monke
     import errno
 
     import engine_adapter
-    import fuzz.findings
-    import fuzz.runner
+    import fuzz.driving.runner
+    import fuzz.results.findings
     import kvspec.commands.fuzz as fuzz_cmd
-    from fuzz.findings import load_finding
+    from fuzz.results.findings import load_finding
     from tests.fuzz.doubles import ReferenceDouble
 
     class Double(ReferenceDouble):
@@ -523,9 +523,9 @@ def test_a_disk_that_fills_up_mid_campaign_is_exit_3_in_one_line(tmp_path, monke
     double = Double("0.29.0", "legacy")
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(engine_adapter, "open_engine", lambda name, **k: double)
-    monkeypatch.setattr(fuzz.runner, "open_engine", lambda name, **k: double)
+    monkeypatch.setattr(fuzz.driving.runner, "open_engine", lambda name, **k: double)
     monkeypatch.setattr(fuzz_cmd, "unusable_engine", lambda engines: None)
-    real = fuzz.findings.write_finding
+    real = fuzz.results.findings.write_finding
     written = []
 
     def fill_up(finding, out_dir):
@@ -537,8 +537,8 @@ def test_a_disk_that_fills_up_mid_campaign_is_exit_3_in_one_line(tmp_path, monke
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fuzz.findings, "write_finding", fill_up)
-    monkeypatch.setattr(fuzz.findings, "write_harness_error", full)  # the disk is full for it too
+    monkeypatch.setattr(fuzz.results.findings, "write_finding", fill_up)
+    monkeypatch.setattr(fuzz.results.findings, "write_harness_error", full)  # the disk is full for it too
     seed = json.loads((Path(__file__).resolve().parents[2] / "examples/seed-53504.json").read_text())
     argv = [
         "fuzz",

@@ -399,7 +399,7 @@ def test_a_config_json_or_override_of_an_unknown_architecture_is_refused_before_
 
 
 def test_every_shipped_example_and_conformance_case_still_parses():
-    from fuzz.findings import load_finding
+    from fuzz.results.findings import load_finding
 
     paths = sorted(
         glob.glob(str(REPO_ROOT / "examples" / "**" / "*.json"), recursive=True)
@@ -444,8 +444,8 @@ def test_a_cache_setting_in_any_spelling_is_accepted(args):
 
 def test_the_generators_draws_and_the_live_servers_flags_still_pass():
     from engine_adapter.live.server import ServerConfig, server_deployment
-    from fuzz import generate as g
-    from fuzz.choosers import RandomChooser
+    from fuzz.draw import generate as g
+    from fuzz.draw.choosers import RandomChooser
 
     for seed in range(300):
         rng = random.Random(seed)

@@ -145,7 +145,7 @@ def test_matrix_prints_a_hostile_case_name_as_text(tmp_path, monkeypatch, capsys
 def test_the_matrix_table_plants_no_hyperlink_on_a_terminal(probe):
     from rich.console import Console
 
-    from fuzz.matrix import to_rich
+    from fuzz.replaying.matrix import to_rich
 
     rows = [
         {
@@ -246,7 +246,7 @@ def test_matrix_of_nothing_but_errors_exits_3(monkeypatch, capsys):
 
 
 def test_matrix_exit_rule():
-    from fuzz.matrix import exit_code
+    from fuzz.replaying.matrix import exit_code
 
     def rows(*verdicts):
         return [{"cells": {str(i): ({"verdict": v} if v else {"error": "x"}) for i, v in enumerate(verdicts)}}]
@@ -266,7 +266,7 @@ def test_the_chart_writes_nothing_under_home(tmp_path):
     home, kv = tmp_path / "home", tmp_path / "kvhome"
     home.mkdir()
     script = (
-        "from fuzz.matrix import chart\n"
+        "from fuzz.replaying.matrix import chart\n"
         "rows=[{'name':'$x[/]', 'requests':2, 'promise':[0,5], 'cells':{'0.33.0':{'hits':[0,5]}}}]\n"
         f"chart(rows, ['0.33.0'], {str(tmp_path / 'c.png')!r})\n"
     )

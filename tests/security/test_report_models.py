@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import fuzz.impact
+import fuzz.results.impact
 from kvspec.cli import main as kvspec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ BASE = json.loads((ROOT / "tests/engine/data/finding-longer-sibling-qwen3-next.j
 @pytest.fixture
 def reads(monkeypatch):
     seen = []
-    real = fuzz.impact.model_config_dict
+    real = fuzz.results.impact.model_config_dict
 
     def reader(dep):
         seen.append(dep.model)
@@ -30,7 +30,7 @@ def reads(monkeypatch):
             raise AssertionError(f"the report read {dep.model}")
         return real(dep)
 
-    monkeypatch.setattr(fuzz.impact, "model_config_dict", reader)
+    monkeypatch.setattr(fuzz.results.impact, "model_config_dict", reader)
     return seen
 
 

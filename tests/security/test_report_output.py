@@ -15,7 +15,7 @@ finding that kvspec reads. For each one ``kvspec report``:
   payload (the text cannot add a line, a heading or close a fence); and
   nothing is written outside ``--out``.
 
-``kvspec findings`` and ``fuzz.findings.render`` print the same findings
+``kvspec findings`` and ``fuzz.results.findings.render`` print the same findings
 without a control character. A finding with ``observed``/``expected``
 missing, null or ``[]``, or an engine without a version is one line, exit
 2. A full or read-only disk (a test double for the atomic writer raising
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 import ground.files
-from fuzz.findings import render
+from fuzz.results.findings import render
 from kvspec.cli import main as kvspec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def _report(tmp_path: Path, finding: dict, capsys, name: str = "finding.json"):
 
 @pytest.fixture(scope="module")
 def benign_structure(tmp_path_factory):
-    from fuzz.report import bundle
+    from fuzz.results.report import bundle
 
     return {cls: _structure(bundle(_hostile("summary", "benign", classified=cls))["ISSUE.md"]) for cls in (True, False)}
 
@@ -412,7 +412,7 @@ def test_a_hostile_finding_s_regression_test_runs_on_vllm_without_the_payload(tm
     class) closes the docstring and writes a marker: pytest in vLLM 0.33.0's
     environment collects and runs it (it fails on its assertion: the
     release's bug), and the marker is never written."""
-    from fuzz.report import bundle
+    from fuzz.results.report import bundle
     from tests.engine.conftest import ensure_env
     from tests.engine.test_patched_engines import _pytest
 
@@ -438,7 +438,7 @@ def test_say_prints_a_message_without_control_characters(capsys):
 
 
 def test_a_connector_deployment_s_report_says_why_the_drop_is_in_force_and_names_only_a_plain_connector():
-    from fuzz.report import issue_markdown
+    from fuzz.results.report import issue_markdown
     from tests.fuzz.test_cost import _finding
 
     finding = _finding()

@@ -1,0 +1,1 @@
+"""fuzz.draw: see docs/architecture.md."""

@@ -1,0 +1,228 @@
+"""SGLang deployments for a campaign (``kvspec fuzz --engine sglang==X``):
+SGLang's own knobs, drawn here; the traces are the engine-neutral ones of
+:mod:`fuzz.draw.generate` (resends, longer siblings, siblings diverging
+anywhere, junction chains, lengths biased to kB-1, kB, kB+1 and kB+r)
+drawn on the unit SGLang resolved, exactly as for vLLM.
+
+A deployment: a shipped hybrid model SGLang routes through its hybrid
+Mamba radix cache (four of them) x ``--mamba-radix-cache-strategy`` {auto, extra_buffer,
+no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
+``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
+``--mamba-track-interval`` {default, 256, 512, 1024} x
+``--mamba-max-states-per-path`` {default, 1, 2, 4}; then, in one draw of
+:data:`OFF_GRID_ODDS` each, the budget and the track interval moved off
+the grids as users set them (:func:`off_grid_chunk`,
+:func:`off_grid_interval`), with
+``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
+``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
+(``no_buffer`` with a page above 1, a track interval that is not a multiple
+of the page) it refuses through the resolver, and another deployment is
+drawn. The trace is drawn on what SGLang resolved (the resolver: the
+checkpoint grid as the block, the page as the hash unit): SGLang's rule of
+where a state can be kept, never a known bug's lengths.
+
+Requests generate one token each and run one after another. The SGLang
+driver also drives decode (``max_tokens`` > 1, its decode-time tracking),
+but a campaign does not draw it yet (``tests/conformance/
+sglang_replay_table.py`` does, against the replay rule); speculative
+decoding and concurrent batching are refused there, so they are not drawn.
+"""
+
+from __future__ import annotations
+
+from fuzz.draw.choosers import Chooser
+from fuzz.draw.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
+from reference.case import Case, parse_case
+from reference.deployment import parse_deployment
+
+#: Shipped models SGLang 0.5.23 serves through its hybrid Mamba radix cache.
+#: (The shipped nemotron_h config is refused by SGLang's own config class:
+#: its ``layers_block_type`` spells the kinds as transformers 5.20 does,
+#: ``full_attention``/``linear_attention``; SGLang's wants ``attention``/``mamba``.)
+SGLANG_MODELS = ("qwen3_next", "qwen3_5", "falcon_h1", "granitemoehybrid")
+STRATEGIES = (None, "extra_buffer", "no_buffer")
+PAGE_SIZES = (None, 1, 16, 64, 256)
+CHUNKED_PREFILL = (None, 512, 1024, 2048, 8192)
+TRACK_INTERVALS = (None, 256, 512, 1024)
+MAX_STATES = (None, 1, 2, 4)
+#: One draw in this many moves the chunk budget off the page and grid, and
+#: (apart) one in this many the track interval off the power-of-two grid.
+#: Drawn from the chooser's side stream, so the on-grid draws (and the
+#: traces after them) are the ones a seed drew before: a budget off the
+#: checkpoint grid has no promise geometry (``resolve.SglangResolution.
+#: geometry``: only the safety oracles judge it), so off-grid draws are
+#: kept to a share that leaves the grid classes their runs.
+OFF_GRID_ODDS = 4
+#: The model's Mamba chunk when the page is SGLang's default (the grid is
+#: ``lcm(max(chunk, page), page)``, ``runtime_context.py:1966``).
+MODEL_CHUNK = 64
+
+
+def grid_of(page: int | None) -> int:
+    """The checkpoint grid a drawn page gives (power-of-two pages, a 64-token model chunk)."""
+    return max(MODEL_CHUNK, page or 1)
+
+
+def off_grid_chunk(c: Chooser, page: int | None, chunk: int | None) -> int:
+    """A ``--chunked-prefill-size`` near ``chunk`` (SGLang's default: 2048
+    here) that is not a multiple of the grid: ``k x grid + r`` with r one
+    token, half a page, half a grid or a grid less one (the first chunk is
+    floored to the page, a continuing one is not, ``schedule_policy.py:1140``;
+    so its start lands off the page and off the grid), or the round decimal
+    size a user types (500, 1000, 2000, 8000)."""
+    grid = grid_of(page)
+    size = chunk or 2048
+    if c.integer(0, 2) == 0:
+        return max(100, size * 1000 // 1024 // 100 * 100)
+    rest = sorted({r for r in (1, (page or 1) // 2, grid // 2, grid - 1) if 0 < r < grid})
+    return max(1, size // grid) * grid + c.choice(rest)
+
+
+def off_grid_interval(c: Chooser, page: int | None) -> int:
+    """A ``--mamba-track-interval`` that SGLang takes (a multiple of the
+    page, ``arg_groups/mamba_hook.py:135``) and is not a power-of-two
+    multiple of the grid: 3, 5, 6 or 12 grids."""
+    return c.choice((3, 5, 6, 12)) * grid_of(page)
+
+
+#: When every drawn deployment is refused: one SGLang always builds.
+FALLBACK = parse_deployment(
+    {"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}
+).as_dict()
+
+
+def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> dict:
+    """One SGLang deployment (a ``deployment`` block in its canonical form,
+    ``Deployment.as_dict``: the key the campaign's resolver keeps it under,
+    so a case's own deployment finds it again), its flags drawn apart.
+    ``strategy``: pin ``--mamba-radix-cache-strategy`` (None: SGLang's
+    default) instead of drawing it."""
+    args: list[str] = []
+    if strategy is False:
+        strategy = c.choice(STRATEGIES)
+    if strategy is not None:
+        args += ["--mamba-radix-cache-strategy", strategy]
+    drawn = {
+        flag: c.choice(options)
+        for flag, options in (
+            ("--page-size", PAGE_SIZES),
+            ("--chunked-prefill-size", CHUNKED_PREFILL),
+            ("--mamba-track-interval", TRACK_INTERVALS),
+            ("--mamba-max-states-per-path", MAX_STATES),
+        )
+    }
+    side = c.side() if hasattr(c, "side") else c
+    page = drawn["--page-size"]
+    if side.integer(0, OFF_GRID_ODDS - 1) == 0:
+        drawn["--chunked-prefill-size"] = off_grid_chunk(side, page, drawn["--chunked-prefill-size"])
+    if side.integer(0, OFF_GRID_ODDS - 1) == 0:
+        drawn["--mamba-track-interval"] = off_grid_interval(side, page)
+    for flag, value in drawn.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if strategy == "no_buffer":
+        args.append("--disable-overlap-schedule")
+    return parse_deployment({"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}).as_dict()
+
+
+def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary_bias: bool = True) -> Case:
+    """A deployment SGLang builds (up to four draws, then :data:`FALLBACK`)
+    and a serial trace on the unit it resolved."""
+    dep, info = first_resolved(
+        lambda: draw_sglang_deployment(c), resolver, FALLBACK, {"block": 64, "hash": 64, "max_model_len": 32768}
+    )
+    return sglang_case_on(c, dep, info, name, boundary_bias)
+
+
+def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, boundary_bias: bool = True) -> Case:
+    """A trace on a resolved SGLang deployment (``info``: its block and hash unit)."""
+    block, unit = int(info["block"]), int(info["hash"])
+    cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
+    trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
+    return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: The deployments SGLang's boundary cases run on (``check-build``): the
+#: extra buffer with a budget on the checkpoint grid and one off the page
+#: (a continuing chunk starts off it, ``schedule_policy.py:1140``), pages
+#: 1, 16, 64 and 256 (the grid is lcm(max(model chunk, page), page):
+#: ``runtime_context.py:1966``), and ``no_buffer`` (page 1).
+BOUNDARY_DEPLOYMENTS = (
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "2048"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "256", "--chunked-prefill-size", "1536"],
+    ),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "1", "--chunked-prefill-size", "1000"],
+    ),
+    ("falcon_h1", ["--mamba-radix-cache-strategy", "extra_buffer", "--chunked-prefill-size", "1500"]),
+    (
+        "qwen3_next",
+        ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--chunked-prefill-size", "1000"],
+    ),
+)
+
+
+def boundary_traces(grid: int, chunk: int) -> list[list[list[tuple[str, int]]]]:
+    """Traces on SGLang's own boundaries, from its grid rule: a prompt of
+    k x grid + {-1, 0, 1} tokens (a tracked point at its end, or not) sent
+    twice and three times; one that spans a chunk budget by one token and
+    by a grid; an extension by less than and by a grid; a sibling that
+    diverges on the grid and one that diverges off it, resent and
+    extended. ``grid``: the checkpoint grid SGLang resolved; ``chunk``:
+    its chunk budget."""
+    out = []
+    for length in sorted({3 * grid - 1, 3 * grid, 3 * grid + 1, chunk + 1, chunk + grid, 2 * chunk + grid // 2 + 1}):
+        if length > 1:
+            out.append([[("A", length)]] * 3)
+    base = 2 * grid + chunk
+    out.append([[("A", base)], [("A", base), ("B", grid // 2 + 1)], [("A", base), ("B", grid + 3)]])
+    for branch in (grid * max(1, chunk // grid // 2), grid * max(1, chunk // grid // 2) + grid // 2 + 1):
+        sib = [("A", branch), ("B", grid + 7)]
+        out.append([[("A", base)], sib, sib, sib + [("C", grid // 2)]])
+    return out
+
+
+def sglang_boundary_cases(resolver) -> list[Case]:
+    """SGLang's boundary cases for ``check-build`` (no vLLM example runs on
+    SGLang): :func:`boundary_traces` on each of :data:`BOUNDARY_DEPLOYMENTS`
+    SGLang resolves, on the grid and budget it resolved."""
+    out = []
+    for j, (model, args) in enumerate(BOUNDARY_DEPLOYMENTS):
+        dep = parse_deployment({"model": model, "engine": "sglang", "sglang_args": args}).as_dict()
+        info = resolver(dep)
+        if not info:
+            continue
+        grid = int(info["block"])
+        chunk = int(args[args.index("--chunked-prefill-size") + 1])
+        for k, trace in enumerate(boundary_traces(grid, chunk)):
+            out.append(
+                parse_case(
+                    {
+                        "schema": 1,
+                        "name": f"sglang-boundary-d{j}-{model}-t{k}",
+                        "deployment": dep,
+                        "trace": [{"prompt": [{"segment": s, "length": n} for s, n in p]} for p in trace],
+                    }
+                )
+            )
+    return out
+
+
+#: The family generator's protocol (``ground.engines.Family.generator``):
+#: a case on a drawn deployment, and another trace on a resolved one.
+build_case = build_sglang_case
+case_on = sglang_case_on

@@ -1,0 +1,1 @@
+"""fuzz.driving: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""fuzz.judge: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""fuzz.replaying: see docs/architecture.md."""

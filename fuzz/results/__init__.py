@@ -1,0 +1,1 @@
+"""fuzz.results: see docs/architecture.md."""

@@ -1,0 +1,204 @@
+"""The known vLLM bug classes, and how a finding is recognised as one.
+
+A class is named by the rule it breaks, not by a trace: a finding belongs
+to it when its oracle, the kind of its first diverging request, the
+direction of the error and the deployment's retention, hash unit and
+speculative mode say so (:func:`classify`). Nothing here tells a campaign
+where to look: ``bench/rediscovery.py`` counts how soon a campaign from an
+empty corpus finds each class by itself (time to bug, as FuzzBench and
+Magma measure it), and ``examples/README.md`` holds each class's
+deployment, cause and fix.
+
+===========================  ========  =========================================
+class                        release   recognised by
+===========================  ========  =========================================
+``resend-53504``             0.29.0    an identical resend hits below the promise
+                                       under the EAGLE drop (vLLM #53504)
+``longer-sibling``           0.33.0    R2: an extension hits below the promise,
+                                       sparse (or periodic) retention, hash
+                                       block = block
+``hashed-longer-sibling``    0.33.0    R2 with a hash unit below the block,
+                                       sparse retention (first seen on Falcon-H1:
+                                       A:288 then A:300, block 144, unit 16, hits
+                                       272 where the promise gives 288)
+``stale-state``              0.33.0    the ``stale`` oracle: a hit resumes from
+                                       a state no prefill wrote
+``resend-beside-checkpoint`` 0.33.0    R1: a resend hits below the promise under
+                                       the drop, a hash unit below the block,
+                                       periodic or dense retention
+``dense-below-sparse``       0.33.0    an extension hits below the promise under
+                                       dense or periodic retention (which keep
+                                       more than sparse) with a hash unit below
+                                       the block (where sparse retention holds)
+``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
+                             0.5.23    of k x grid tokens hits below the promise
+                                       (its tracked state is at k x grid, one
+                                       grid past the N-1 cap)
+``sglang-sibling-branch``    sglang    SGLang: a resend or extension of a sibling
+                             0.5.23    hits below the promise (the sibling's
+                                       prefill tracked its branching point, not
+                                       its own last grid point)
+``sglang-off-page-key``      sglang    SGLang: a request resumes a Mamba state
+                             0.5.23    computed over more tokens than its key (a
+                                       continuing chunk started off the page; the
+                                       tree keys its tracked point at the page
+                                       floor: the resumed_state oracle)
+===========================  ========  =========================================
+
+The promise-breaking oracles that speak of one request's hit (``promise``,
+``sparse_dense``, ``spec_on_off``) are taken alike: a campaign writes
+whichever fires first, and each names the same broken hit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuzz.judge.oracle_registry import HIT_ORACLES
+from fuzz.judge.oracles import SAME_STEP_READ, request_kinds
+from ground.engines import FAMILIES, family_of, load
+from ground.errors import KvspecError
+from reference.case import parse_case
+
+
+@dataclass(frozen=True)
+class KnownClass:
+    id: str
+    release: str  # the newest release kvspec has that shows it
+    promise: str  # the promise it breaks (fuzz.replaying.checkbuild.PROMISES)
+    rule: str  # what a finding of it says, in one line
+
+
+#: The default family's (vLLM's) classes; another family declares its own
+#: (its registry entry's ``classes`` module: ``CLASSES`` and ``classify``).
+VLLM_CLASSES = (
+    KnownClass(
+        "resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"
+    ),
+    KnownClass(
+        "longer-sibling",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under sparse retention, hash block = block",
+    ),
+    KnownClass(
+        "hashed-longer-sibling",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under sparse retention with a hash unit below the block (seen on Falcon-H1)",
+    ),
+    KnownClass(
+        "stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"
+    ),
+    KnownClass(
+        "resend-beside-checkpoint",
+        "0.33.0",
+        "R1",
+        "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention",
+    ),
+    KnownClass(
+        "dense-below-sparse",
+        "0.33.0",
+        "R2",
+        "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block",
+    ),
+)
+
+
+def _declared() -> tuple[KnownClass, ...]:
+    """Every family's classes: the default family's, then each family's own
+    (``ground.engines.FAMILIES``' ``classes``), in registry order."""
+    own = tuple(KnownClass(*k) for f in FAMILIES.values() if f.classes is not None for k in load(f.classes).CLASSES)
+    return VLLM_CLASSES + own
+
+
+#: The one known-class registry: ``kvspec findings``, ``triage``,
+#: ``report`` and ``bench/rediscovery.py`` all read it.
+KNOWN_CLASSES = _declared()
+BY_ID = {k.id: k for k in KNOWN_CLASSES}
+
+
+def _low_hit(finding: dict) -> tuple[str, dict] | None:
+    """(the first diverging request's kind, the case's geometry) when the
+    finding says that request hit less than it must; None otherwise."""
+    if finding.get("oracle") not in HIT_ORACLES:
+        return None
+    i = finding.get("first_divergence")
+    exp = (finding.get("expected") or {}).get("hits") or []
+    obs = (finding.get("observed") or {}).get("hits") or []
+    if not isinstance(i, int) or i >= len(exp) or i >= len(obs) or obs[i] >= exp[i]:
+        return None
+    raw = finding.get("case")
+    if not isinstance(raw, dict) or not isinstance(raw.get("geometry"), dict):
+        return None
+    try:
+        return request_kinds(parse_case(raw))[i], raw["geometry"]
+    except (KvspecError, IndexError):
+        return None
+
+
+def _high_past_checkpoint(finding: dict) -> bool:
+    """The first diverging request hit more than the reference gives, on a
+    deployment with internal prefill checkpoints and a hash unit (partial
+    hits): a copied state cached as a later boundary's (the stale-state
+    class as ``kvspec report`` has told it since stop 20:
+    ``fixes/vllm-0.33.0-stale-state-after-partial-hit.diff``)."""
+    i = finding.get("first_divergence")
+    exp = (finding.get("expected") or {}).get("hits") or []
+    obs = (finding.get("observed") or {}).get("hits") or []
+    g = (finding.get("case") or {}).get("geometry") if isinstance(finding.get("case"), dict) else None
+    if not isinstance(i, int) or not isinstance(g, dict) or i >= len(exp) or i >= len(obs):
+        return False
+    if not all(isinstance(x, int) for x in (exp[i], obs[i])):
+        return False
+    return obs[i] > exp[i] and g.get("prefill_checkpoint_grid") is not None and g.get("prefix_match_unit") is not None
+
+
+def classify(finding: dict) -> str | None:
+    """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
+    or None. Reads only the finding's own fields; a case it cannot read is
+    None, never an exception."""
+    if finding.get("oracle") == "stale":
+        # the known class is serial: a hit that read a state in the step
+        # computing it (a concurrent trace; fuzz.judge.oracles.check_stale) is another
+        if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
+            return None
+        return "stale-state"
+    if (
+        finding.get("oracle") == "resumed_state"
+    ):  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
+        family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
+        if family is not None and family.state_class:
+            return family.state_class
+    version = str((finding.get("engine") or {}).get("version") or "")
+    family = FAMILIES.get(family_of(version))
+    if family is not None and family.classes is None and _high_past_checkpoint(finding):
+        return "stale-state"
+    low = _low_hit(finding)
+    if low is None:
+        return None
+    kind, g = low
+    if family is not None and family.classes is not None:  # the family's own classes
+        return load(family.classes).classify(finding, kind, g)
+    knobs = (finding.get("engine") or {}).get("knobs") or {}
+    drop = bool(knobs.get("eagle_drop"))
+    hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]
+    retention = {None: "dense", 0: "sparse"}.get(g.get("retention_interval"), "periodic")
+    if kind == "resend":
+        if hashed and drop and retention != "sparse":
+            return "resend-beside-checkpoint"
+        if drop and version.startswith("0.29."):
+            return "resend-53504"
+        return None
+    if kind == "extension":
+        if retention != "sparse" and hashed:
+            return "dense-below-sparse"
+        if hashed and retention == "sparse":
+            return "hashed-longer-sibling"
+        if retention != "dense" and not hashed:
+            # periodic retention keeps the sparse states too: below its
+            # interval it is sparse retention (a Granite 4.0-H deployment
+            # with interval 3B: B then B+1 hits 0 where the promise gives B;
+            # the longer-sibling fix gives B)
+            return "longer-sibling"
+    return None
