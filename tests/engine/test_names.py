@@ -190,7 +190,7 @@ def test_fuzz_patch_parses_each_engine_name_once_at_the_edge(tmp_path, monkeypat
     makes; the build, the usability check and ``open_engine`` are handed the
     parsed engine (before EngineSpec: five parses)."""
     from engine_adapter.host import builds, engine, environments
-    from fuzz import runner
+    from fuzz.driving import runner
     from ground.errors import EngineError
     from kvspec.cli import main as kvspec
 
@@ -239,5 +239,5 @@ def test_fuzz_patch_parses_each_engine_name_once_at_the_edge(tmp_path, monkeypat
     assert "stopped here by the test (harness failed, exit 3)" in capsys.readouterr().err
     build = builds.Overlay("0.33.0", "patch", "fix", {}).version
     assert given == [EngineSpec("vllm", "0.33.0")]  # the build is handed the parsed release
-    assert opened == [("worker", build)]
+    assert [(kind, spec.version) for kind, spec in opened] == [("worker", build)]  # the worker takes the build's spec
     assert parsed == ["vllm==0.33.0", f"vllm=={build}"]  # the user's name, and the name of the build made of it
