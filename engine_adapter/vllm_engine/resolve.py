@@ -475,6 +475,9 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
                 if getattr(cc, "num_gpu_blocks_override", None) is not None
                 else {}
             ),
+            # the family-neutral fact the judge reads (fuzz.judge.oracles.before_pressure):
+            # the deployment sized the pool, not kvspec (sized so nothing it needs is evicted)
+            "pool_set_by_deployment": getattr(cc, "num_gpu_blocks_override", None) is not None,
             "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
             # --scheduling-policy as vLLM parsed it: the Scheduler kvspec builds
             # from this config picks its waiting queue by it (create_request_queue)

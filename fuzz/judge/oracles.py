@@ -142,10 +142,20 @@ def serial_part(case: Case, obs: Observation) -> tuple[Case, Observation] | None
 def before_pressure(case: Case, obs: Observation) -> int | None:
     """Where a trace comes under pressure: the first request of the first
     wave (``reference.case.waves``) holding a request whose observation says
-    its allocations evicted cached blocks or it was preempted
-    (``explain[i].evicted`` / ``preempted_steps``); None where none did."""
+    it was preempted (``explain[i].preempted_steps``), or, on a pool the
+    deployment sized (the resolution's fact ``pool_set_by_deployment``), whose
+    allocations evicted cached blocks (``explain[i].evicted``); None where
+    none did. On kvspec's own pool (sized from the trace) an eviction is
+    the engine's reuse of a block it freed, as on a deployment's large pool,
+    and every oracle judges every request, as before pressure was drawn."""
     explain = obs.get("explain") or []
-    hit = [i for i, e in enumerate(explain) if isinstance(e, dict) and (e.get("evicted") or e.get("preempted_steps"))]
+    facts = (obs.get("resolution") or {}).get("facts") or {}
+    pinned = facts.get("pool_set_by_deployment") is True
+    hit = [
+        i
+        for i, e in enumerate(explain)
+        if isinstance(e, dict) and (e.get("preempted_steps") or (pinned and e.get("evicted")))
+    ]
     if not hit:
         return None
     return next(w[0] for w in waves(case) if hit[0] in w)

@@ -1,5 +1,5 @@
-"""The pinned pool a drawn case gets (fuzz.generate_pressure) and where the
-judge sees pressure (fuzz.oracles.before_pressure): pure, no engine."""
+"""The pinned pool a drawn case gets (fuzz.draw.generate_pressure) and where the
+judge sees pressure (fuzz.judge.oracles.before_pressure): pure, no engine."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from fuzz import generate_pressure as P
-from fuzz.drivers import random_cases
-from fuzz.oracle_registry import PRESSURE_ORACLES, SAFETY_ORACLES
-from fuzz.oracles import before_pressure, prefix_part
+from fuzz.draw import generate_pressure as P
+from fuzz.driving.drivers import random_cases
+from fuzz.judge.oracle_registry import PRESSURE_ORACLES, SAFETY_ORACLES
+from fuzz.judge.oracles import before_pressure, prefix_part
 from reference.case import parse_case
 
 QWEN3_NEXT = [
@@ -74,6 +74,10 @@ def test_the_judge_cuts_liveness_at_the_first_wave_under_pressure():
     assert before_pressure(case, quiet) is None
     pressed = {**quiet, "explain": [{"request": 0}, {"request": 1}, {"request": 2, "preempted_steps": [3]}, {}]}
     assert before_pressure(case, pressed) == 1  # the wave of request 2 starts at request 1
+    evicted = {**quiet, "explain": [{"request": 0}, {"request": 1, "evicted": [[1, 0, 16, 16, 1]]}, {}, {}]}
+    assert before_pressure(case, evicted) is None  # kvspec's own pool: a freed block reused, judged as before
+    pinned = {**evicted, "resolution": {"facts": {"pool_set_by_deployment": True}}}
+    assert before_pressure(case, pinned) == 1  # the deployment's pool: pressure from request 1 on
     part, obs = prefix_part(case, pressed, 1)
     assert len(part.trace) == 1 and obs["hits"] == [0] and len(obs["explain"]) == 1
     assert set(SAFETY_ORACLES) <= set(PRESSURE_ORACLES) and "promise" not in PRESSURE_ORACLES
