@@ -74,6 +74,16 @@ def _case_of(finding: dict):
     return parse_case(finding["case"])
 
 
+def _issue_facts(finding: dict, cls: dict | None) -> tuple[str, list, list, str]:
+    """What another family's issue opens with: the engine's version (printable),
+    the expected and observed hits, and the title (its known class's, else the
+    finding's summary, printable)."""
+    version = printable(str(finding["engine"]["version"]))
+    exp, obs = (finding.get("expected") or {}).get("hits") or [], (finding.get("observed") or {}).get("hits") or []
+    title = cls["title"] if cls else printable(finding.get("summary") or "a kvspec finding")
+    return version, exp, obs, title
+
+
 def classify(finding: dict) -> dict | None:
     """The report prose of a finding's known class (the one registry,
     ``fuzz.results.known_classes.classify``), or None: a class with no prose here

@@ -32,7 +32,7 @@ from pathlib import Path
 from string import Template
 
 from fuzz.results.findings import check_fields
-from fuzz.results.report import _case_of, _code, _fence, _literal, _text
+from fuzz.results.report import _case_of, _code, _fence, _issue_facts, _literal, _text
 from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +100,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, finding_p
     case = _case_of(finding)
     cls_id = classify(finding)
     cls = LLAMACPP_CLASSES.get(cls_id or "")
-    version = printable(str(finding["engine"]["version"]))
-    exp, obs = (finding.get("expected") or {}).get("hits") or [], (finding.get("observed") or {}).get("hits") or []
-    title = cls["title"] if cls else printable(finding.get("summary") or "a kvspec finding")
+    version, exp, obs, title = _issue_facts(finding, cls)
     args = list(case.deployment.args) if case.deployment else []
     options = (finding.get("harness") or {}).get("options") or {}
     lines = [

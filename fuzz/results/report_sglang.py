@@ -27,9 +27,8 @@ from string import Template
 
 from fuzz.results.findings import check_fields
 from fuzz.results.known_classes import classify as known_class
-from fuzz.results.report import _case_of, _cell, _code, _fence, _literal, _text, report_data
+from fuzz.results.report import _case_of, _cell, _code, _fence, _issue_facts, _literal, _text, report_data
 from ground.engines import family_of
-from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,9 +55,7 @@ def issue_markdown(finding: dict, *, matrix: list[dict] | None = None, finding_p
     case = _case_of(finding)
     cls_id = known_class(finding)
     cls = SGLANG_CLASSES.get(cls_id or "")
-    version = printable(str(finding["engine"]["version"]))
-    exp, obs = (finding.get("expected") or {}).get("hits") or [], (finding.get("observed") or {}).get("hits") or []
-    title = cls["title"] if cls else printable(finding.get("summary") or "a kvspec finding")
+    version, exp, obs, title = _issue_facts(finding, cls)
     flags = " ".join(case.deployment.sglang_args) if case.deployment else ""
     lines = [
         f"# [Bug] Mamba radix cache: {_text(title)} ({_text(version)})",
