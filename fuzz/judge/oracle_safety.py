@@ -167,8 +167,7 @@ def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Diverge
     """Under lookahead block hashes a hit on the hash grid needs an earlier
     sequence that agrees on the L tokens after it too (see the module
     note). Expected hits: one hash unit lower."""
-    bad, _e, draft, dexp, H, L = _safety_of_keys(case, version, obs)
-    draft = [i for i in draft if i not in bad]
+    _b, _e, draft, dexp, H, L = _safety_of_keys(case, version, obs)  # draft and bad are disjoint (elif)
     if not draft:
         return []
     hits = list(obs.get("hits") or [])
