@@ -58,6 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reference.case import Case, prompt_tokens
+from reference.serial import common_prefix
 
 #: llama.cpp's defaults (``common/common.h``), what a deployment's flags override.
 DEFAULTS = {
@@ -134,14 +135,6 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     checkpoints: list[Checkpoint] = field(default_factory=list)
     t_last: int = -1
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def batch_ends(start: int, n: int, n_batch: int, n_ubatch: int) -> list[int]:

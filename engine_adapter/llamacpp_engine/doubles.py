@@ -18,6 +18,8 @@ or log-probabilities against the cold server.
 
 from __future__ import annotations
 
+from reference.serial import common_prefix
+
 
 class StaleRestore:
     """Wraps a served llama.cpp server; named as a test double."""
@@ -30,19 +32,10 @@ class StaleRestore:
 
     def complete(self, body: dict):
         tokens = list(body["prompt"])
-        shared = max((_common(p, tokens) for p in self.seen), default=0)
+        shared = max((common_prefix(p, tokens) for p in self.seen), default=0)
         self.seen.append(tokens)
         if shared >= 24:
             end = shared - 4
             tokens[end - 16 : end] = [(t % 1000) + 1 if (t % 1000) + 1 != t else t + 1 for t in tokens[end - 16 : end]]
             body = {**body, "prompt": tokens}
         return self.served.complete(body)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from fuzz.draw.generate import ANY_RETENTION, DeploymentClass, deployment_classes
 from fuzz.judge.oracles import request_kinds
 from reference.case import Case, is_concurrent, prompt_tokens
+from reference.serial import common_prefix
 
 
 def deployment_class_of(case: Case) -> DeploymentClass | None:
@@ -61,22 +62,13 @@ def trace_shape(case: Case) -> str:
     for i, kind in enumerate(kinds):
         if kind != "sibling":
             continue
-        common = max((_common(tokens[i], tokens[j]) for j in range(i)), default=0)
+        common = max((common_prefix(tokens[i], tokens[j]) for j in range(i)), default=0)
         points.append(common)
     if len(points) != len(set(points)):
         shape.append("junction-chain")
     if is_concurrent(case):
         shape.append("concurrent")
     return "+".join(shape)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass
