@@ -30,6 +30,20 @@ def pytest_addoption(parser) -> None:
         )
     except ValueError:  # another conftest or plugin already defines --slow
         pass
+    parser.addoption(
+        "--shard",
+        default="0/1",
+        metavar="K/N",
+        help="spec/'s slow fidelity tests: run every N-th task of each from the K-th (0 <= K < N <= 64); default 0/1, all",
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` with 0 <= K < N <= 64; UsageError naming the option otherwise."""
+    k, sep, n = text.partition("/")
+    if sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n) <= 64:
+        return int(k), int(n)
+    raise pytest.UsageError(f"--shard={text!r}: K/N with 0 <= K < N <= 64 (0/1: every task)")
 
 
 def pytest_configure(config) -> None:
@@ -39,9 +53,10 @@ def pytest_configure(config) -> None:
     of every session it imports Hypothesis, about a second with assertion
     rewriting when bytecode is not cached (PYTHONDONTWRITEBYTECODE), a tenth
     of the default tier."""
-    if not slow_tier(config):
-        from spec import parallel
+    from spec import parallel
 
+    parallel.SHARD = parse_shard(config.getoption("--shard", default="0/1"))
+    if not slow_tier(config):
         parallel.DEFAULT_JOBS = 1  # a few seconds of work: no process pool
     paths = [Path(str(a).split("::")[0]).resolve() for a in config.args]
     if paths and all(p == HERE or HERE in p.parents for p in paths):

@@ -45,6 +45,19 @@ def _context():
 DEFAULT_JOBS: int | None = None
 
 
+#: The share of each slow task list a session runs: every N-th task from
+#: the K-th (``pytest spec/ --shard K/N``, set by ``spec/conftest.py``);
+#: (0, 1), the default: every task. ``make test`` runs one quarter, chosen
+#: by the commit; ``make test-slow`` all.
+SHARD: tuple[int, int] = (0, 1)
+
+
+def sharded(tasks: Iterable[T]) -> list[T]:
+    """This session's share of ``tasks`` (:data:`SHARD`)."""
+    k, n = SHARD
+    return list(tasks)[k::n]
+
+
 def pmap(fn: Callable[[T], R_], items: Iterable[T], jobs: int | None = None, chunksize: int = 2) -> list[R_]:
     """``[fn(x) for x in items]``, in ``jobs`` processes (default:
     ``$KVSPEC_JOBS``, else ``DEFAULT_JOBS``, else the CPUs, at most 8);

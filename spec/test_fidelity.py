@@ -33,7 +33,7 @@ from reference.reachability import geometry_reachability
 from spec.fidelity import compare_batch, compare_junction, term_disagreements
 from spec.geometry import MODE, MODES, NAMED, NAMED_BY, Concrete
 from spec.oracle import Oracle, knobs_match, resolved
-from spec.parallel import pmap
+from spec.parallel import pmap, sharded
 
 RULES = ("promise", "replay", "legacy")
 
@@ -155,8 +155,11 @@ def _batch(args):
     return geo.label(), mode_name, levels, [str(d) for d in compare_batch(geo, mode, levels, n_max, chunk=chunk)]
 
 
-def _run(geometries, levels, n_max, chunk=None, modes=MODES, extra=()):
+def _run(geometries, levels, n_max, chunk=None, modes=MODES, extra=(), shard=False):
+    """The disagreements of R1/R2 over these tasks (``shard``: this
+    session's share of them, ``spec.parallel.sharded``; the slow tier's)."""
     tasks = [(g, m.name, levels, n_max, chunk) for g in geometries for m in modes] + list(extra)
+    tasks = sharded(tasks) if shard else tasks
     return [r for r in pmap(_batch, tasks, chunksize=1) if r[3]]
 
 
@@ -184,7 +187,7 @@ def test_properties_match_reference() -> None:
 
 @pytest.mark.slow
 def test_properties_match_reference_every_mode() -> None:
-    assert _run(FAST_GEOMETRIES, ("mask", "oneshot"), 400) == []
+    assert _run(FAST_GEOMETRIES, ("mask", "oneshot"), 400, shard=True) == []
 
 
 @pytest.mark.slow
@@ -200,6 +203,7 @@ def test_properties_match_reference_small_domain() -> None:
             ("mask", "oneshot"),
             1000,
             extra=[(g, m.name, ("mask", "oneshot"), 300, None) for g in tiny for m in MODES],
+            shard=True,
         )
         == []
     )
@@ -210,7 +214,13 @@ def test_properties_match_reference_small_domain() -> None:
 def test_chunked_properties_match_reference_small_domain(chunk: int) -> None:
     """Chunk budgets of 1-3 scheduler blocks, every mode, S <= 32."""
     assert (
-        _run([g for g in SLOW_GEOMETRIES if g.S <= 32 and g.cls != "hashed"] + [HASHED], ("chunked",), 400, chunk=chunk)
+        _run(
+            [g for g in SLOW_GEOMETRIES if g.S <= 32 and g.cls != "hashed"] + [HASHED],
+            ("chunked",),
+            400,
+            chunk=chunk,
+            shard=True,
+        )
         == []
     )
 
@@ -256,7 +266,9 @@ def test_terms_match_reference_tiny_blocks() -> None:
     and on the fast geometries, with every junction below N for the chunk
     ends (on the tiny blocks for N below 36)."""
     assert [
-        b for bad in pmap(_terms_every_junction, [*TINY_GEOMETRIES, *FAST_GEOMETRIES], chunksize=1) for b in bad
+        b
+        for bad in pmap(_terms_every_junction, sharded([*TINY_GEOMETRIES, *FAST_GEOMETRIES]), chunksize=1)
+        for b in bad
     ] == []
 
 
@@ -301,7 +313,7 @@ def test_junction_matches_reference_small_domain() -> None:
     ]
     settings = ((1, 2), (3, 1))
     tasks = [(g, m.name, 128 if g.u >= 8 else 48, *settings[i % 2]) for g in hybrid for i, m in enumerate(MODES)]
-    assert _run_junction(tasks) == []
+    assert _run_junction(sharded(tasks)) == []
 
 
 # ---------------------------------------------- internal prefill checkpoints
@@ -359,9 +371,14 @@ def test_internal_checkpoints_change_no_verdict_on_h100() -> None:
 
 @pytest.mark.slow
 def test_internal_checkpoints_change_no_verdict_on_h100_every_mode() -> None:
-    tasks = [
-        (NAMED_BY[name], m.name, grid, 5 * 576, 2 * 576) for name, grid in H100 for m in MODES if m.version == "0.33.0"
-    ]
+    tasks = sharded(
+        [
+            (NAMED_BY[name], m.name, grid, 5 * 576, 2 * 576)
+            for name, grid in H100
+            for m in MODES
+            if m.version == "0.33.0"
+        ]
+    )
     out = pmap(_grid_insensitive, tasks, chunksize=1)
     assert [b for bad, _ in out for b in bad] == []
     assert all(moved for (bad, moved), (g, *_) in zip(out, tasks) if g.cls == "hashed")
