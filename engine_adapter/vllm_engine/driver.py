@@ -84,6 +84,7 @@ import torch  # noqa: E402
 import vllm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
+from engine_adapter.vllm_engine import modelinfo  # noqa: E402
 from engine_adapter.vllm_engine.failure import VllmFailure, vllm_outcome  # noqa: E402
 from engine_adapter.vllm_engine.forward import StateSlots  # noqa: E402
 from engine_adapter.vllm_engine.observe import SAMPLED_TOKEN, BlockTable, Recorder, RetainedScan, read_knobs  # noqa: E402
@@ -427,6 +428,7 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
     if not (hits[0] == 0 and hits[2] > 0):
         print(f"selftest: implausible hits {hits} (the second resend must hit)", file=sys.stderr)
         return 1
+    model_info = modelinfo.warm()  # vLLM's model-info cache, before anything resolves a deployment
     out.write(
         json.dumps(
             {
@@ -435,6 +437,7 @@ def selftest(expect_version: str | None, out, *, import_only: bool = False) -> i
                 "hits": hits,
                 "import_s": round(import_s, 2),
                 "run_s": result["timing"]["total_s"],
+                "model_info": model_info,
             }
         )
         + "\n"
