@@ -68,6 +68,37 @@ def pytest_collection_modifyitems(config, items):
                 _with_group_suffix(item, group)
 
 
+def pytest_configure(config) -> None:
+    """The zygotes (engine_adapter.host.zygote) of this test run: one folder
+    under kvspec's home for the whole run, set by the controlling process
+    before pytest-xdist starts its workers (they inherit it), so both
+    workers fork from the same zygote of an environment; stopped when the
+    run ends (:func:`pytest_unconfigure`)."""
+    import os
+
+    from ground.home import kvspec_home
+
+    if not hasattr(config, "workerinput") and "KVSPEC_ZYGOTE_DIR" not in os.environ:
+        folder = kvspec_home() / f"zygotes-tests-{os.getpid()}"
+        os.environ["KVSPEC_ZYGOTE_DIR"] = str(folder)
+        config._kvspec_zygote_dir = folder
+
+
+def pytest_unconfigure(config) -> None:
+    folder = getattr(config, "_kvspec_zygote_dir", None)
+    if folder is None:
+        return
+    import os
+    import shutil
+
+    from engine_adapter.host import zygote
+
+    if folder.is_dir():
+        zygote.stop_all(zygote.zygote_dir())
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop("KVSPEC_ZYGOTE_DIR", None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _warm_engines_of_this_session():
     """Warm engines (engine_adapter.host.warm) that the tests' commands start live

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any
 
-from engine_adapter.host import environments, warm
+from engine_adapter.host import environments, warm, zygote
 from engine_adapter.host.builds import inprocess_build_version
 from engine_adapter.host.versions import EngineSpec, engine_name, family_of, spec_of
 from engine_adapter.interface import Observation, get_driver, observation_problem
@@ -172,15 +172,18 @@ class WorkerProcess:
                 f"engine={self.engine!r}: not installed (no {self.python}); run: kvspec engines install {self.engine}"
             )
         self._lines = queue.Queue()
-        self.proc = subprocess.Popen(
-            [self.python, "-m", "engine_adapter.inside.worker", "--engine", self.spec.to_json()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        argv = ["--engine", self.spec.to_json()]
+        env = environments.worker_env(self.version, self.platform)
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        self.proc = zygote.spawn(
+            self.spec, self.python, argv, env=env, start_timeout=self.start_timeout, **pipes
+        ) or subprocess.Popen(
+            [self.python, "-m", "engine_adapter.inside.worker", *argv],
+            **pipes,
             text=True,
             encoding="utf-8",
             bufsize=1,
-            env=environments.worker_env(self.version, self.platform),
+            env=env,
             cwd=str(environments.REPO_ROOT),
         )
         threading.Thread(target=self._pump, args=(self.proc.stdout, self._lines), daemon=True).start()

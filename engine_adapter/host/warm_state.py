@@ -52,8 +52,17 @@ IDENTITY_PREFIXES = (
     "LD_",
 )
 IDENTITY_NAMES = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "TZ")
-#: ... but for the warm engines' own settings, read by the client only.
-NOT_IDENTITY = ("KVSPEC_WARM", "KVSPEC_WARM_DIR", "KVSPEC_WARM_IDLE_S")
+#: ... but for the warm engines' and the zygotes' own settings, read by
+#: the client only (engine_adapter.host.zygote).
+NOT_IDENTITY = (
+    "KVSPEC_WARM",
+    "KVSPEC_WARM_DIR",
+    "KVSPEC_WARM_IDLE_S",
+    "KVSPEC_ZYGOTE",
+    "KVSPEC_ZYGOTE_DIR",
+    "KVSPEC_ZYGOTE_IDLE_S",
+    "KVSPEC_ZYGOTE_MAX",
+)
 #: Sources a warm engine runs: a change to any of them makes it stale.
 FINGERPRINT_SOURCES = (
     "engine_adapter/**/*.py",

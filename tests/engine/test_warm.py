@@ -1,5 +1,6 @@
-"""Warm engines on the REAL vLLM 0.33.0 scheduler: a warm engine observes
-what a worker of one's own observes, case for case (hand geometries and
+"""Warm engines on the REAL vLLM 0.33.0 scheduler: a warm engine (a plain
+process) observes what a worker of one's own (forked by its environment's
+zygote, engine_adapter.host.zygote) observes, case for case (hand geometries and
 deployments, in another order, so that nothing of one case leaks into the
 next), concurrent clients each get their own answers, and the commands
 reuse one warm engine (``KVSPEC_WARM=0``: a worker of their own).
@@ -13,10 +14,11 @@ import random
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from engine_adapter.host import warm
+from engine_adapter.host import warm, warm_state, zygote
 from engine_adapter.host.engine import WarmEngine
 from fuzz.draw.choosers import RandomChooser
 from fuzz.draw.generate import build_case
@@ -73,8 +75,13 @@ def warm_033():
     return engine
 
 
-def test_warm_and_cold_observe_the_same(warm_033, cases, cold):
+def test_warm_and_cold_observe_the_same(engine_033, warm_033, cases, cold):
+    """Also the zygote's rule: the cold worker was forked from a process
+    that had imported vLLM, the warm server started the plain way."""
     assert any(c.deployment is not None for c in cases) and any(c.deployment is None for c in cases)
+    assert isinstance(engine_033.process().proc, zygote.ForkedProcess)
+    server = warm_state.read_state(warm_033.client().paths)["pid"]
+    assert "engine_adapter.inside.worker" in Path(f"/proc/{server}/cmdline").read_bytes().decode()
     order = list(reversed(range(len(cases))))  # another order than the cold run's
     warm_results = {i: observe(warm_033, cases[i]) for i in order}
     for i, case in enumerate(cases):
