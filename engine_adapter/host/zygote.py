@@ -73,11 +73,12 @@ def max_zygotes() -> int:
     return int(_number("KVSPEC_ZYGOTE_MAX", 4, 1, 64))
 
 
-def zygote_dir() -> Path:
-    """``KVSPEC_ZYGOTE_DIR``, else ``$KVSPEC_HOME/zygotes`` (its private folder, made 0700)."""
+def zygote_dir(create: bool = True) -> Path:
+    """``KVSPEC_ZYGOTE_DIR``, else ``$KVSPEC_HOME/zygotes`` (its private
+    folder, made 0700 when ``create``; the warm folder's rule)."""
     env = os.environ.get("KVSPEC_ZYGOTE_DIR")
     folder = Path(env).expanduser().resolve() if env else kvspec_home() / "zygotes"
-    return warm_state.private_dir(folder, create=True)
+    return warm_state.private_dir(folder, create=create)
 
 
 def paths_of(spec: EngineSpec, python: str, env: dict[str, str]) -> warm_state.Paths:
@@ -215,8 +216,8 @@ def stop(sock: Path) -> bool:
 
 def stop_all(directory: Path | None = None) -> int:
     """Stop every zygote of ``directory`` (default: :func:`zygote_dir`); how many answered."""
-    folder = directory or zygote_dir()
-    return sum(stop(sock) for sock in sorted(folder.glob("*.sock")))
+    folder = directory or zygote_dir(create=False)
+    return sum(stop(sock) for sock in sorted(folder.glob("*.sock"))) if folder.is_dir() else 0
 
 
 def _make_room(keep: warm_state.Paths) -> None:

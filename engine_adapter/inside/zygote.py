@@ -163,6 +163,7 @@ class Zygote:
         remove_if(sock_path)  # a stale one (the host holds the start lock: no other zygote of it starts)
         with address(sock_path) as addr:
             self.listener.bind(addr)
+        os.chmod(sock_path, 0o600)  # in a 0700 folder already: this user's alone
         self.listener.listen(16)
         self.inode = os.stat(sock_path).st_ino
         self.selector = selectors.DefaultSelector()

@@ -54,7 +54,9 @@ def configure(parser) -> None:
         metavar="S",
         help="exit after S idle seconds (default: KVSPEC_WARM_IDLE_S or 600)",
     )
-    p = sub.add_parser("stop", help="stop warm engines (all, or those of each vllm==X)")
+    p = sub.add_parser(
+        "stop", help="stop warm engines (all, or those of each vllm==X); with no engine named, the zygotes too"
+    )
     p.add_argument("versions", nargs="*", metavar="vllm==X")
 
 
@@ -89,6 +91,12 @@ def main(args) -> int:
             print(f"{r['engine']} ({r['platform']}): warm engine pid {r['pid']} stopped ({r['how']})")
         if not stopped:
             print("no warm engine running")
+        if not versions:  # every zygote too (each ends once the workers it forked have)
+            from engine_adapter.host import zygote
+
+            n = zygote.stop_all()
+            if n:
+                print(f"{n} zygote{'s' if n != 1 else ''} stopping (each once its workers have ended)")
         return 0
     from engine_adapter.host import warm
 

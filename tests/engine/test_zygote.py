@@ -117,6 +117,7 @@ def test_stop_ends_the_zygote_once_its_children_are_gone(served):
 
 def test_a_zygote_whose_socket_is_removed_exits_when_idle(served):
     sock, server = served
+    assert sock.stat().st_mode & 0o777 == 0o600
     sock.unlink()
     assert server.wait(timeout=20) == 0
 
@@ -130,3 +131,8 @@ def test_settings_outside_their_range_are_one_line(monkeypatch):
         zygote.idle_timeout()
     monkeypatch.setenv("KVSPEC_ZYGOTE", "0")
     assert not zygote.enabled()
+
+
+def test_stop_all_of_a_folder_that_was_never_made_makes_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSPEC_ZYGOTE_DIR", str(tmp_path / "never"))
+    assert zygote.stop_all() == 0 and not (tmp_path / "never").exists()
