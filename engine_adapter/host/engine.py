@@ -174,12 +174,13 @@ class WorkerProcess:
         self._lines = queue.Queue()
         argv = ["--engine", self.spec.to_json()]
         env = environments.worker_env(self.version, self.platform)
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         self.proc = zygote.spawn(
-            self.spec, self.python, argv, env=env, start_timeout=self.start_timeout, **pipes
+            self.spec, self.python, argv, env=env, streams=zygote.PIPES, start_timeout=self.start_timeout
         ) or subprocess.Popen(
             [self.python, "-m", "engine_adapter.inside.worker", *argv],
-            **pipes,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             encoding="utf-8",
             bufsize=1,

@@ -115,6 +115,7 @@ from engine_adapter.sockets import Lines, connect, event_of, read_line, remove_i
 from ground.console import say as console_say
 from ground.errors import EngineError, invalid
 from ground.home import REPO_ROOT
+from ground.processes import start_detached
 
 #: Seconds a client waits for the warm engine to begin its request (busy
 #: with another command's) before it starts a fresh engine of its own.
@@ -370,15 +371,7 @@ class WarmClient:
             repr(float(self.idle_timeout)),
         ]
         with open(paths.log, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=str(REPO_ROOT),
-                start_new_session=True,
-            )
+            proc = start_detached(cmd, log, env=self.env, cwd=str(REPO_ROOT))
         end = min(deadline, time.monotonic() + self.start_timeout)
         while True:
             rc = proc.poll()

@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter.host import warm_state
@@ -36,6 +37,7 @@ from engine_adapter.sockets import connect, remove_if
 from ground.engines import EngineSpec
 from ground.errors import EngineError, invalid
 from ground.home import REPO_ROOT, kvspec_home
+from ground.processes import start_detached
 
 #: Seconds a zygote may take to answer a spawn with the child's pid.
 SPAWN_ANSWER_TIMEOUT_S = 30.0
@@ -87,6 +89,22 @@ def paths_of(spec: EngineSpec, python: str, env: dict[str, str]) -> warm_state.P
     fp = warm_state.fingerprint(spec.version, platform, python)[:12]
     safe = "".join(c if c.isalnum() or c in ".-_" else "-" for c in spec.version)
     return warm_state.Paths.named(zygote_dir() / f"{spec.family}-{safe}-{platform}-{warm_state.env_id(env)}-{fp}")
+
+
+@dataclass(frozen=True)
+class Streams:
+    """A forked child's standard streams, as ``Popen``'s arguments say them
+    (``subprocess.PIPE``, ``DEVNULL`` or None, ``STDOUT`` for stderr, or an
+    open file), and whether it gets a session of its own."""
+
+    stdin: object = None
+    stdout: object = None
+    stderr: object = None
+    new_session: bool = False
+
+
+#: A pipe worker's: three pipes (engine_adapter.host.engine.WorkerProcess).
+PIPES = Streams(subprocess.PIPE, subprocess.PIPE, subprocess.PIPE)
 
 
 class ForkedProcess:
@@ -241,15 +259,7 @@ def _start(paths: warm_state.Paths, python: str, spec: EngineSpec, env: dict[str
     cmd = [python, "-m", "engine_adapter.inside.zygote", "--socket", str(paths.sock), "--engine", spec.to_json()]
     cmd += ["--idle-timeout", repr(idle_timeout())]
     with open(paths.log, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(REPO_ROOT),
-            start_new_session=True,
-        )
+        proc = start_detached(cmd, log, env=env, cwd=str(REPO_ROOT))
     for _ in range(10**6):
         if proc.poll() is not None:
             return False
@@ -314,27 +324,17 @@ def ensure(spec: EngineSpec, python: str, env: dict[str, str], deadline: float) 
 
 
 def fork_from(
-    sock: Path,
-    module: str,
-    argv: list[str],
-    *,
-    env: dict[str, str],
-    stdin=None,
-    stdout=None,
-    stderr=None,
-    new_session: bool = False,
-    label: str = "engine",
+    sock: Path, module: str, argv: list[str], *, env: dict[str, str], streams: Streams, label: str = "engine"
 ) -> ForkedProcess:
-    """``python -m MODULE ARGV`` forked by the zygote at ``sock``, its
-    streams as ``Popen``'s arguments say (``PIPE``, ``DEVNULL``/None,
-    ``STDOUT`` for stderr, or a file); EngineError when it did not fork."""
+    """``python -m MODULE ARGV`` forked by the zygote at ``sock`` with
+    ``streams``; EngineError when it did not fork."""
     conn = _connect(sock)
     if conn is None:
         raise EngineError(f"{label}: its zygote does not listen at {sock.name}")
-    sent, streams, close = _child_fds(stdin, stdout, stderr)
+    sent, ends, close = _child_fds(streams.stdin, streams.stdout, streams.stderr)
     request = {"op": "spawn", "module": module, "argv": argv, "env": env, "cwd": str(REPO_ROOT)}
     try:
-        answer = _ask(conn, {**request, "new_session": new_session}, sent, SPAWN_ANSWER_TIMEOUT_S)
+        answer = _ask(conn, {**request, "new_session": streams.new_session}, sent, SPAWN_ANSWER_TIMEOUT_S)
     except (OSError, ValueError) as e:
         answer = {"error": str(e)}
     finally:
@@ -342,11 +342,11 @@ def fork_from(
             os.close(fd)
     if not isinstance(answer.get("pid"), int):
         conn.close()
-        for stream in streams:
-            if stream is not None:
-                stream.close()
+        for end in ends:
+            if end is not None:
+                end.close()
         raise EngineError(f"{label}: its zygote did not fork a worker: {answer.get('error', 'no answer')}")
-    proc = ForkedProcess(["-m", module, *argv], answer["pid"], conn, streams)
+    proc = ForkedProcess(["-m", module, *argv], answer["pid"], conn, ends)
     proc._take(answer.get("_rest", b""))
     return proc
 
@@ -357,10 +357,7 @@ def spawn(
     argv: list[str],
     *,
     env: dict[str, str],
-    stdin=None,
-    stdout=None,
-    stderr=None,
-    new_session: bool = False,
+    streams: Streams,
     start_timeout: float = 600.0,
 ) -> ForkedProcess | None:
     """``python -m engine_adapter.inside.worker ARGV`` forked by the zygote
@@ -372,10 +369,7 @@ def spawn(
     sock = ensure(spec, python, env, time.monotonic() + start_timeout)
     if sock is None:
         return None
-    streams = {"stdin": stdin, "stdout": stdout, "stderr": stderr}
     try:
-        return fork_from(
-            sock, WORKER_MODULE, argv, env=env, new_session=new_session, label=f"engine={spec.name!r}", **streams
-        )
+        return fork_from(sock, WORKER_MODULE, argv, env=env, streams=streams, label=f"engine={spec.name!r}")
     except EngineError:
         return None  # a zygote that stops or did not answer: the plain start decides

@@ -28,6 +28,7 @@ from engine_adapter.live.env import STUBS_DIR, ensure_server_env
 from engine_adapter.live.model import MODEL_NAME, tiny_model_dir
 from engine_adapter.live.paths import contained_env, logs_dir
 from ground.errors import EngineError, invalid
+from ground.processes import start_detached
 from reference.deployment import RESERVED_FLAGS
 
 HOST = "127.0.0.1"
@@ -256,15 +257,7 @@ def start_server(
     with open(log_path, "w") as log:
         log.write(f"# kvspec: {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(model_dir.parent),
-            start_new_session=True,  # own process group == our PID
-        )
+        proc = start_detached(cmd, log, env=env, cwd=str(model_dir.parent))  # own process group == our PID
     server = Server(proc, port, log_path, config.served_model_name)
     try:
         server.started_s = wait_healthy(server, startup_timeout_s)

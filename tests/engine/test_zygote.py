@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -37,10 +38,9 @@ def served(tmp_path):
     proc.wait(timeout=10)
 
 
-def _fork(sock, mode, **streams):
+def _fork(sock, mode, streams=zygote.PIPES):
     env = {**os.environ, "KVSPEC_DOUBLE": "asked-for"}
-    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams}
-    return zygote.fork_from(sock, DOUBLE, [mode], env=env, **pipes)
+    return zygote.fork_from(sock, DOUBLE, [mode], env=env, streams=streams)
 
 
 def test_a_forked_child_runs_with_the_requests_streams_environment_and_exit_code(served):
@@ -64,7 +64,7 @@ def test_a_forked_child_runs_with_the_requests_streams_environment_and_exit_code
 
 def test_a_new_session_and_stderr_into_stdout_as_popen_gives_them(served):
     sock, _ = served
-    child = _fork(sock, "echo", stderr=subprocess.STDOUT, new_session=True)
+    child = _fork(sock, "echo", replace(zygote.PIPES, stderr=subprocess.STDOUT, new_session=True))
     child.stdin.write("x\n")
     lines = [child.stdout.readline(), child.stdout.readline()]
     assert lines[0].strip() == "double on stderr"
@@ -86,7 +86,7 @@ def test_a_killed_child_reports_minus_the_signal_and_wait_is_bounded(served):
 def test_a_module_outside_the_allow_list_is_refused_in_one_line(served):
     sock, _ = served
     with pytest.raises(EngineError, match=r"module='os': one of engine_adapter\.inside\.worker, tests\.engine"):
-        zygote.fork_from(sock, "os", [], env=dict(os.environ), stdin=None, stdout=None, stderr=None)
+        zygote.fork_from(sock, "os", [], env=dict(os.environ), streams=zygote.Streams())
 
 
 def test_a_request_without_three_descriptors_or_not_json_is_answered_and_the_zygote_goes_on(served):
