@@ -21,7 +21,7 @@ COLUMNS = (
     "exec/s",
     "coverage",
     "unsupported",
-    "rejected by vLLM",
+    "rejected by the engine",
     "harness errors",
     "new findings",
     "first finding (s)",

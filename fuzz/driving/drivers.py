@@ -131,7 +131,7 @@ def run_cases(
 def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline: float) -> dict:
     """Run the user's ``--case`` files (``(name, case)`` pairs), in order,
     each to completion or not, and account for every one: ``run`` (judged:
-    a verdict, a finding, unsupported or rejected by vLLM), ``cut_at_deadline``
+    a verdict, a finding, unsupported or rejected by the engine), ``cut_at_deadline``
     (its run was cut off by the deadline), ``harness_error`` (the harness
     failed on it: not judged) or ``not_started`` (the deadline came first).
     ``unfinished`` names each file not run, with why: a campaign that did

@@ -462,7 +462,7 @@ def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
         "exec/s",
         "coverage",
         "unsupported",
-        "rejected by vLLM",
+        "rejected by the engine",
         "harness errors",
         "new findings",
         "first finding (s)",
