@@ -38,9 +38,14 @@ through SGLang's own ``prepare_for_decode`` and result processor
 (:mod:`engine_adapter.sglang_engine.decode`: the decode-time tracking every
 ``--mamba-track-interval``, outputs cached as SGLang caches them).
 
-Not driven (refused as ``Unsupported``, never guessed): speculative
-decoding (``--speculative-algorithm``: its verify steps run SGLang's spec
-worker, which this driver does not build), concurrent traces (requests
+With an EAGLE chain resolved (``--speculative-algorithm EAGLE|NEXTN``, topk
+1), the tree keys bigrams as the scheduler builds it (``is_eagle``,
+``kv_cache_builder.py:401``) and a request decodes by verify steps through
+SGLang's own spec scheduling and result code, the verify stood in
+(``decode.run_spec_decode``).
+
+Not driven (refused as ``Unsupported``, never guessed): other speculative
+algorithms and draft trees (topk > 1), concurrent traces (requests
 sharing scheduler steps: mixed chunks in one batch).
 """
 
@@ -65,6 +70,7 @@ from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  
 from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.managers.schedule_policy import PrefillAdder  # noqa: E402
+from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len  # noqa: E402
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
@@ -73,7 +79,6 @@ from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToToke
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.interface import (  # noqa: E402
@@ -135,7 +140,9 @@ class _Cache:
             size=requests + 4,
             mamba_size=states,
             mamba_spec_state_size=requests + 4,
-            max_context_len=max(lengths, default=1) + 16,
+            # the row's headroom past the context, as SGLang sizes it for the
+            # decode (and a verify's) over-allocation (kv_cache_configurator.py:1572)
+            max_context_len=max(lengths, default=1) + 16 + get_req_to_token_extra_context_len(),
             device="cpu",
             enable_memory_saver=False,
             cache_params=params,
@@ -171,7 +178,7 @@ class _Cache:
                 tree_components=(ComponentType.FULL, ComponentType.MAMBA),
                 enable_mamba_extra_buffer=res.extra_buffer,
                 eviction_policy="lru",
-                is_eagle=False,
+                is_eagle=res.spec_algorithm().is_eagle(),  # bigram keys (kv_cache_builder.py:401)
                 tree_core_backend=tree_core,
             )
         )
@@ -273,8 +280,9 @@ class SglangDriver(ReleaseOfPackage):
         params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
         params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
         req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+        spec = res.spec_algorithm()
         running = ScheduleBatch.init_new(
-            [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE
+            [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, spec
         )
         chunked = None
         hit = branching = None
@@ -317,7 +325,7 @@ class SglangDriver(ReleaseOfPackage):
                 cache.tree,
                 self._model_config,
                 False,
-                SpeculativeAlgorithm.NONE,
+                spec,
                 chunked_req=chunked,
             )
             batch.prepare_for_extend()
@@ -345,7 +353,9 @@ class SglangDriver(ReleaseOfPackage):
                 req.inflight_middle_chunks -= 1
                 continue
             finish_prefill(req, cache.tree)
-            decode_steps, decode_tracked = run_decode(cache, batch, req, max_tokens)
+            decode_steps, decode_tracked = run_decode(
+                cache, batch, req, max_tokens, res.draft_tokens if res.speculative else None
+            )
             tracked.extend(decode_tracked)
             break
         else:
@@ -417,14 +427,19 @@ def _check_case(case: Case) -> None:
 
 
 def _check_resolution(res: SglangResolution) -> None:
-    """Speculative decoding, however it came to be on (a flag, or SGLang's
-    own resolution), is refused with what SGLang resolved for it: its
-    verify steps run ``spec_prepare_for_decode`` (``schedule_batch.py:3754-3762``)
-    and the spec worker, which this driver does not build."""
-    if res.speculative:
+    """Speculative decoding is driven where SGLang resolves it to an EAGLE
+    chain (``SpeculativeAlgorithm.is_eagle``: EAGLE, EAGLE3, NEXTN/MTP
+    aliases; ``--speculative-eagle-topk 1``) over a Mamba buffer: the verify
+    steps of :func:`engine_adapter.sglang_engine.decode.run_spec_decode`.
+    Any other algorithm (its own worker and draft input) or a draft tree
+    (topk > 1) is refused in one line with what SGLang resolved."""
+    if not res.speculative:
+        return
+    topk = res.fields.get("speculative_eagle_topk") or 1
+    if not res.spec_algorithm().is_eagle() or topk != 1:
         raise Unsupported(
-            f"deployment: speculative decoding ({res.speculative}, {res.draft_tokens} draft tokens, "
-            f"{res.strategy} as SGLang resolved it) is not driven on SGLang yet; allowed: no speculative flags"
+            f"deployment: speculative decoding ({res.speculative}, topk {topk}, {res.draft_tokens} draft tokens, "
+            f"{res.strategy} as SGLang resolved it) is not driven on SGLang; allowed: an EAGLE chain (topk 1)"
         )
 
 

@@ -60,6 +60,8 @@ READ_FIELDS = (
     "disable_overlap_schedule",
     "speculative_algorithm",
     "speculative_num_draft_tokens",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
     "attention_backend",
     "uses_mamba_radix_cache",
 )
@@ -123,6 +125,13 @@ class SglangResolution:
             "retention_interval": 0,
             "max_num_batched_tokens": self.chunked_prefill_size,
         }
+
+    def spec_algorithm(self):
+        """SGLang's own ``SpeculativeAlgorithm`` of the resolved name
+        (``spec_info.py:50 from_string``; NONE without speculation)."""
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.from_string(self.speculative)
 
     def summary(self) -> dict:
         return {

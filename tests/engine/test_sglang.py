@@ -306,28 +306,70 @@ def test_the_wheels_own_multiturn_decode_assert_holds_on_decode_hits(sglang):
     assert [r.hit for r in steps] == obs["hits"]
 
 
-def test_speculative_decoding_is_refused_with_what_sglang_resolved(sglang):
-    """Not driven yet: refused in one line naming SGLang's own resolution
-    (the algorithm, its draft tokens, the strategy), never guessed."""
-    case = _case(
-        [
-            "--mamba-radix-cache-strategy",
-            "extra_buffer",
-            "--page-size",
-            "64",
-            "--speculative-algorithm",
-            "NEXTN",
-            "--speculative-num-steps",
-            "3",
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            "4",
-        ],
-        [[("A", 300)]],
+def _spec_args(steps: int = 3, topk: int = 1, page: str = "64") -> list[str]:
+    return [
+        "--mamba-radix-cache-strategy",
+        "extra_buffer",
+        "--page-size",
+        page,
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    ]
+
+
+def test_eagle_verify_steps_track_where_they_cross_the_grid_and_the_rule_says_the_same(sglang):
+    """Speculative decoding through SGLang's own spec scheduling and result
+    code (``decode.run_spec_decode``; NEXTN resolves to EAGLE, 4 tokens a
+    verify): a 1,000-token prompt decoding 24 tokens verifies 1,000 -> 1,004
+    ... -> 1,024 (25 outputs, capped at 24) and tracks 1,024 where a step
+    crosses the track grid (256); unlike a plain decode (1,023 computed
+    tokens), its 24 outputs are all computed, so the finished request
+    donates the state at 1,024 (``_select_finished_checkpoint``) and a turn
+    quoting outputs resumes there. Every resumed state is its tokens, and
+    rule 6 of the replay rule states the same hits and tracked points."""
+    from reference.sglang_prefill import SglangSetting, simulate
+
+    a = [{"segment": "A", "length": 1000}]
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "spec",
+            "deployment": {"model": "qwen3_next", "engine": "sglang", "sglang_args": _spec_args()},
+            "trace": [
+                {"prompt": [{"segment": "Z", "length": 5}], "max_tokens": 30},
+                {"prompt": a, "max_tokens": 24},
+                {"prompt": a + [{"output": 0}, {"segment": "C", "length": 10}]},
+                {"prompt": a + [{"output": 1}, {"segment": "C", "length": 10}], "max_tokens": 600},
+            ],
+        }
     )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    assert (
+        obs["resolution"]["speculative_algorithm"] == "EAGLE" and obs["resolution"]["speculative_num_draft_tokens"] == 4
+    )
+    second = obs["explain"][1]
+    assert second["tracked"] == [960, 1024] and second["decode_steps"][0] == [1000, 4, 4]
+    assert len(second["decode_steps"]) == 6  # 1 + 6 * 4 = 25 outputs >= 24
+    assert obs["hits"] == [0, 0, 1024, 1024]
+    assert obs["explain"][3]["tracked"] == [1280, 1536]
+    assert all(e["resumed_state"]["same_tokens"] for e in obs["explain"] if e["resumed_state"])
+    steps = simulate(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert [r.hit for r in steps] == obs["hits"]
+    assert [r.tracked for r in steps] == [e["tracked"] for e in obs["explain"]]
+
+
+def test_a_draft_tree_is_refused_with_what_sglang_resolved(sglang):
+    """A draft tree (topk > 1) is not driven: refused in one line naming
+    SGLang's own resolution, never guessed."""
     with pytest.raises(Exception) as e:
-        sglang.run(case)
+        sglang.run(_case(_spec_args(steps=3, topk=2), [[("A", 300)]]))
     text = str(e.value)
     assert "speculative decoding (" in text and "as SGLang resolved it" in text and "\n" not in text, text
 
