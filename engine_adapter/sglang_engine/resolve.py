@@ -144,6 +144,7 @@ class SglangResolution:
                 "hash": self.page_size,
                 "max_model_len": self.context_length,
                 "max_num_seqs": 256,
+                "track": self.track_grid,
             },
             "page_size": self.page_size,
             "chunked_prefill_size": self.chunked_prefill_size,
