@@ -96,15 +96,18 @@ too, and the key floors it. :func:`simulate` reports both
 
 Not in this model (refused, :class:`ground.errors.Unsupported`):
 ``--mamba-max-states-per-path`` (its eviction walks the tree's shape,
-``components/mamba.py:265``), ``extra_buffer_lazy``, concurrent traces.
+``components/mamba.py:265``), ``extra_buffer_lazy``, concurrent traces
+(:func:`predict` states their serial prefix, :func:`serial_steps`; a wave's
+hits depend on how SGLang batches it, judged by the engine-neutral
+concurrent oracles).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ground.errors import Unsupported, invalid
-from reference.case import Case, is_concurrent, prompt_tokens
+from reference.case import Case, is_concurrent, prompt_tokens, serial_prefix
 from reference.tokens import output_tokens
 
 #: The SGLang releases this rule is stated for.
@@ -408,19 +411,37 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
     return out
 
 
+def serial_steps(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
+    """:func:`simulate` on the trace's serial prefix (all of a serial trace)."""
+    k = serial_prefix(case)
+    return simulate(replace(case, trace=case.trace[:k]), s) if k else []
+
+
 def predict(case: Case, s: SglangSetting, version: str = "sglang==0.5.23") -> dict:
-    """``kvspec predict --as sglang==X --rule replay``'s answer (the shape of :func:`reference.predict.predict_with_knobs`)."""
-    steps = simulate(case, s)
-    return {
+    """``kvspec predict --as sglang==X --rule replay``'s answer (the shape of
+    :func:`reference.predict.predict_with_knobs`). A concurrent trace, as
+    for vLLM: the rule is stated for its serial prefix
+    (:func:`reference.case.serial_prefix`); the rest are ``null``, with the
+    engine-neutral ``bounds`` (the most each can resume whatever SGLang
+    batches), and the concurrent oracles judge them."""
+    from reference.predict import unpredicted_bounds
+
+    steps = serial_steps(case, s)
+    k = len(steps)
+    rest = len(case.trace) - k
+    out = {
         "rule": IMPLEMENTED,
         "engine": version,
-        "hits": [r.hit for r in steps],
-        "queries": [r.prompt_tokens for r in steps],
+        "hits": [r.hit for r in steps] + [None] * rest,
+        "queries": [r.prompt_tokens for r in steps] + [r.num_prompt_tokens for r in case.trace[k:]],
         "knobs": {},
         "setting": asdict(s),
-        "explain": [r.as_dict() for r in steps],
-        "predicted": len(steps),
+        "explain": [r.as_dict() for r in steps] + [None] * rest,
+        "predicted": k,
     }
+    if rest:
+        out["bounds"] = unpredicted_bounds(case)
+    return out
 
 
 def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedRequest]) -> dict[int, str]:

@@ -44,9 +44,12 @@ With an EAGLE chain resolved (``--speculative-algorithm EAGLE|NEXTN``, topk
 SGLang's own spec scheduling and result code, the verify stood in
 (``decode.run_spec_decode``).
 
+A concurrent trace's wave (requests sharing scheduler steps: several
+requests per extend, one request's middle chunk beside others' prompts)
+runs through the scheduler loop of :mod:`engine_adapter.sglang_engine.batching`.
+
 Not driven (refused as ``Unsupported``, never guessed): other speculative
-algorithms and draft trees (topk > 1), concurrent traces (requests
-sharing scheduler steps: mixed chunks in one batch).
+algorithms and draft trees (topk > 1), and speculation in a concurrent trace.
 """
 
 from __future__ import annotations
@@ -86,14 +89,14 @@ from engine_adapter.interface import (  # noqa: E402
     ReleaseOfPackage,
     RequestObservation,
     as_case,
-    check_requests,
     family_deployment,
 )
+from engine_adapter.sglang_engine.batching import WaveRequest, serve_wave  # noqa: E402
 from engine_adapter.sglang_engine.decode import finish_prefill, run_decode  # noqa: E402
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
 from ground.printable import one_line  # noqa: E402
-from reference.case import Case, prompt_tokens  # noqa: E402
+from reference.case import Case, is_concurrent, prompt_tokens, waves  # noqa: E402
 
 #: The tree cores ``UnifiedRadixCache`` can run (``tree_core_registry.py``).
 TREE_CORES = ("python", "rust")
@@ -236,6 +239,11 @@ class SglangDriver(ReleaseOfPackage):
         _check_case(case)
         res = resolve(dep)
         _check_resolution(res)
+        if res.speculative and is_concurrent(case):
+            raise Unsupported(
+                "trace: a concurrent trace (arrival) with speculative decoding; allowed on SGLang: serial requests "
+                "under speculation, or a concurrent trace without it"
+            )
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) + r.max_tokens for p, r in zip(prompts, case.trace)], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
@@ -243,16 +251,20 @@ class SglangDriver(ReleaseOfPackage):
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
         error = None
-        for i, tokens in enumerate(prompts):
+        for wave in waves(case):
             try:
-                explain.append(self._serve(cache, res, i, tokens, case.trace[i].max_tokens))
+                if len(wave) == 1:
+                    i = wave[0]
+                    explain.append(self._serve(cache, res, i, prompts[i], case.trace[i].max_tokens))
+                else:
+                    explain.extend(self._serve_wave(cache, res, case, wave, prompts))
             except KvspecError:
                 raise
             except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
                 error = {
                     "kind": _failure_kind(e),
                     "phase": "step",
-                    "request": i,
+                    "request": wave[0] if len(wave) == 1 else wave[len(explain) - wave[0]],
                     "type": type(e).__name__,
                     "message": one_line(e, 500) or type(e).__name__,
                     "traceback": traceback.format_exc()[-4000:],
@@ -272,14 +284,54 @@ class SglangDriver(ReleaseOfPackage):
             out["error"] = error
         return out
 
+    def _serve_wave(self, cache: _Cache, res: SglangResolution, case: Case, wave: list[int], prompts) -> list:
+        """A wave of requests sharing the scheduler
+        (:mod:`engine_adapter.sglang_engine.batching`), each observed as
+        :meth:`_serve` observes one."""
+        arrivals = [WaveRequest(i, prompts[i], case.trace[i].max_tokens, case.trace[i].arrival or 0) for i in wave]
+        seen, steps = serve_wave(
+            cache,
+            res,
+            self._model_config,
+            arrivals,
+            lambda a: _new_req(a.index, a.tokens, a.max_tokens),
+            lambda batch, req, row: _tracked_content(batch, req, self._state_chunk, row),
+        )
+        out = []
+        for a, s in zip(arrivals, seen):
+            hit = int(s.hit or 0)
+            want = _fingerprint(a.tokens[:hit]) if hit else (0, 0)
+            out.append(
+                {
+                    "request": a.index,
+                    "prompt_tokens": len(a.tokens),
+                    "hit": hit,
+                    "query": len(a.tokens),
+                    "scheduler_hit": hit,
+                    "junction": None,
+                    "branching": s.branching,
+                    "chunk_ends": s.chunk_ends,
+                    "written": sorted(s.written),
+                    "tracked": s.tracked,
+                    "resumed_state": {"tokens": s.resumed[0], "same_tokens": s.resumed == want} if hit else None,
+                    "decode_steps": s.decode_steps,
+                    "computed_tokens": len(a.tokens) + a.max_tokens - 1,
+                    "lookups": 1,
+                    # the scheduler steps from the first that ran it to the one it finished in
+                    "steps": s.last_step - s.first_step + 1,
+                    "first_step": s.first_step,
+                    "written_steps": [list(w) for w in s.written_steps],
+                    "wave_steps": steps,
+                }
+            )
+        return out
+
     def _serve(
         self, cache: _Cache, res: SglangResolution, i: int, tokens: list[int], max_tokens: int = 1
     ) -> RequestObservation:
         """One request through the scheduler's prefill path, then its decode
         steps (:mod:`engine_adapter.sglang_engine.decode`), alone."""
-        params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
-        params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
-        req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+        req = _new_req(i, tokens, max_tokens)
         spec = res.spec_algorithm()
         running = ScheduleBatch.init_new(
             [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, spec
@@ -357,6 +409,8 @@ class SglangDriver(ReleaseOfPackage):
                 cache, batch, req, max_tokens, res.draft_tokens if res.speculative else None
             )
             tracked.extend(decode_tracked)
+            if res.speculative:  # a verify's tracked snapshot lies inside its step: a state written there too
+                written.extend(t for t in decode_tracked if t not in written)
             break
         else:
             raise RuntimeError(f"request {i}: prefill did not finish within {len(tokens) + 2} rounds")
@@ -374,13 +428,27 @@ class SglangDriver(ReleaseOfPackage):
             "tracked": tracked,
             "resumed_state": {"tokens": resumed[0], "same_tokens": resumed == want} if hit else None,
             "decode_steps": decode_steps,
-            "computed_tokens": len(tokens) + max_tokens - 1,
+            # a plain decode computes all but its last output; a verify step
+            # computes every token it commits, so the last one ends past them
+            "computed_tokens": (
+                decode_steps[-1][0] + decode_steps[-1][2]
+                if res.speculative and decode_steps
+                else len(tokens) + max_tokens - 1
+            ),
             "lookups": 1,
             "steps": len(chunk_ends),
         }
 
 
-def _tracked_content(batch, req, state_chunk: int) -> int:
+def _new_req(i: int, tokens: list[int], max_tokens: int) -> Req:
+    """Request ``i`` as the tokenizer manager hands it to the scheduler
+    (greedy, ``max_tokens`` new tokens; no stop strings: no tokenizer)."""
+    params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
+    params.normalize(None)
+    return Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+
+
+def _tracked_content(batch, req, state_chunk: int, row: int = 0) -> int:
     """The tokens the state the kernel copies into the track slot was
     computed over, by SGLang's own plan of that copy (0.5.23
     ``layers/attention/mamba/prefill_track_metadata.py:23
@@ -397,7 +465,7 @@ def _tracked_content(batch, req, state_chunk: int) -> int:
 
     prefix, end = req.prefix_len, req.extend_end
     plan = build_prefill_track_plan(
-        [True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], state_chunk, mamba2=False
+        [True], [int(batch.mamba_track_seqlens_cpu[row])], [end - prefix], [prefix], state_chunk, mamba2=False
     )
     return end if plan.final_rows else prefix + plan.chunk_indices[0] * state_chunk
 
@@ -422,8 +490,10 @@ _deployment = functools.partial(family_deployment, family="sglang")
 
 
 def _check_case(case: Case) -> None:
-    """What this driver does not drive yet is refused, never guessed."""
-    check_requests(case, "sglang", MAX_SGLANG_REQUESTS, " (concurrent batching is not driven yet)")
+    """What this driver does not drive yet is refused, never guessed: more
+    than :data:`MAX_SGLANG_REQUESTS` requests."""
+    if len(case.trace) > MAX_SGLANG_REQUESTS:
+        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on SGLang: at most {MAX_SGLANG_REQUESTS}")
 
 
 def _check_resolution(res: SglangResolution) -> None:

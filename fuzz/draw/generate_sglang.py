@@ -30,13 +30,19 @@ request's donation changes (``components/mamba.py:582
 _select_finished_checkpoint``), and a later turn quotes its output. One
 deployment in :data:`SPEC_ODDS` runs an EAGLE chain (``--speculative-algorithm``
 EAGLE or NEXTN, 1-5 steps, topk 1), which SGLang takes with the extra
-buffer. Concurrent batching is refused by the driver, so it is not drawn.
+buffer. One case in five without speculation or decode gets a concurrent wave after
+its serial trace (``fuzz.draw.traces._concurrent_wave``, as for vLLM: a head
+extending an earlier prompt, then requests sent 0-3 steps after one another
+that share its prefix), which the driver runs through SGLang's scheduler
+loop (``engine_adapter/sglang_engine/batching.py``); speculation in a wave
+is refused by the driver, so it is not drawn.
 """
 
 from __future__ import annotations
 
 from fuzz.draw.choosers import Chooser
 from fuzz.draw.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
+from fuzz.draw.traces import _concurrent_wave
 from reference.case import Case, parse_case
 from reference.deployment import parse_deployment
 
@@ -186,8 +192,11 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
     side = c.side() if hasattr(c, "side") else None
     track = int(info.get("track") or 0)
-    if side is not None and track > 0 and side.integer(0, DECODE_ODDS - 1) == 0:
+    decode = side is not None and side.integer(0, DECODE_ODDS - 1) == 0  # drawn whether or not a grid is known
+    if decode and track > 0:
         trace = with_decode(side, trace, track)
+    elif side is not None and "--speculative-algorithm" not in deployment.get("sglang_args", ()):
+        trace = _concurrent_wave(side, trace, block, cap)  # one case in five, after the serial trace
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 

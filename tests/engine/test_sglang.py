@@ -374,6 +374,69 @@ def test_a_draft_tree_is_refused_with_what_sglang_resolved(sglang):
     assert "speculative decoding (" in text and "as SGLang resolved it" in text and "\n" not in text, text
 
 
+def test_a_concurrent_wave_shares_extends_and_resumes_only_written_states(sglang):
+    """Several requests per batch through SGLang's own scheduler loop
+    (``engine_adapter/sglang_engine/batching.py``; chunks of 1,024, page
+    64): A:1,500 and A:1,500+B:200 sent into the same step. The first
+    takes the whole budget (chunk end 1,024); the next step extends its
+    last 476 tokens beside the second's first chunk (a mixed chunk), which
+    resumes at 1,024, the state the first stashed between its chunks. A
+    third, sent two steps later, resumes at 1,472, where the first's
+    finished extend tracked. Every resumed state is its tokens; the replay
+    rule states the serial prefix only (``predicted``), as for vLLM, and
+    the judge's concurrent oracles (``stale``) find nothing."""
+    from fuzz.judge.oracle_states import check_stale
+    from reference.sglang_prefill import SglangSetting
+    from reference.sglang_prefill import predict as sglang_predict
+
+    a = [{"segment": "A", "length": 1500}]
+    case = parse_case(
+        {
+            "schema": 1,
+            "name": "wave",
+            "deployment": {
+                "model": "qwen3_next",
+                "engine": "sglang",
+                "sglang_args": [
+                    "--mamba-radix-cache-strategy",
+                    "extra_buffer",
+                    "--page-size",
+                    "64",
+                    "--chunked-prefill-size",
+                    "1024",
+                ],
+            },
+            "trace": [
+                {"prompt": [{"segment": "Z", "length": 70}]},
+                {"prompt": a},
+                {"prompt": a + [{"segment": "B", "length": 200}], "arrival": 0, "max_tokens": 40},
+                {"prompt": a + [{"segment": "D", "length": 10}], "arrival": 2},
+            ],
+        }
+    )
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    assert obs["hits"] == [0, 0, 1024, 1472]
+    first, second, third = obs["explain"][1:]
+    assert first["chunk_ends"] == [1024, 1500] and second["chunk_ends"][0] == 1536
+    assert second["first_step"] == first["first_step"] + 1  # its first chunk beside the first's last one
+    assert all(e["resumed_state"]["same_tokens"] for e in obs["explain"] if e["resumed_state"])
+    assert len(second["decode_steps"]) == 39
+    assert check_stale(case, VERSION, obs) == []
+    p = sglang_predict(case, SglangSetting.from_resolution(obs["resolution"]))
+    assert p["predicted"] == 1 and p["hits"] == [0, None, None, None]
+    assert all(h <= b for h, b in zip(obs["hits"][1:], p["bounds"][1:])), p["bounds"]
+
+
+def test_speculation_in_a_concurrent_trace_is_refused_in_one_line(sglang):
+    case = _case(_spec_args(), [[("A", 300)], [("A", 300)]])
+    case["trace"][1]["arrival"] = 0
+    with pytest.raises(Exception) as e:
+        sglang.run(case)
+    text = str(e.value)
+    assert "concurrent trace (arrival) with speculative decoding" in text and "\n" not in text, text
+
+
 def test_predict_as_sglang_answers_with_either_rule():
     for rule, hits in (("replay", [0, 2048, 3136, 0, 3264, 3264]), ("promise", [0, 3136, 3136, 0, 3264, 3264])):
         proc = subprocess.run(

@@ -183,3 +183,20 @@ def test_eagle_verify_steps_track_where_they_cross_and_key_every_computed_output
         assert steps[2].resumed_same_tokens is True
     plain = simulate(decode_case([{"prompt": a, "max_tokens": 24}]), setting())
     assert plain[0].tracked == [960]  # a plain decode computes 1,023 tokens: no step reaches 1,024
+
+
+def test_a_concurrent_trace_is_predicted_for_its_serial_prefix_with_bounds_for_the_rest():
+    """As for vLLM (``reference.predict``): the rule states the requests that
+    ran alone; the wave's are ``null``, each with the most it can resume
+    whatever SGLang batches (``bounds``), for the concurrent oracles."""
+    from reference.sglang_prefill import predict as sglang_predict
+
+    trace = [
+        {"prompt": [{"segment": "A", "length": 1000}]},
+        {"prompt": [{"segment": "A", "length": 1000}]},
+        {"prompt": [{"segment": "A", "length": 1000}, {"segment": "B", "length": 10}], "arrival": 0},
+    ]
+    p = sglang_predict(decode_case(trace), setting())
+    assert p["predicted"] == 1 and p["hits"] == [0, None, None]
+    assert p["bounds"][0] is None and p["bounds"][2] >= p["bounds"][1] > 0
+    assert sglang_predict(decode_case(trace[:2]), setting())["hits"] == [0, 960]  # serial: stated in full
