@@ -251,13 +251,17 @@ class SglangDriver(ReleaseOfPackage):
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
         error = None
+        concurrent, clock = is_concurrent(case), 0
         for wave in waves(case):
             try:
                 if len(wave) == 1:
                     i = wave[0]
-                    explain.append(self._serve(cache, res, i, prompts[i], case.trace[i].max_tokens))
+                    served = [self._serve(cache, res, i, prompts[i], case.trace[i].max_tokens)]
                 else:
-                    explain.extend(self._serve_wave(cache, res, case, wave, prompts))
+                    served = self._serve_wave(cache, res, case, wave, prompts)
+                if concurrent:  # one scheduler clock over the trace, for the oracles that judge by steps
+                    clock = _on_clock(served, clock)
+                explain.extend(served)
             except KvspecError:
                 raise
             except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
@@ -438,6 +442,25 @@ class SglangDriver(ReleaseOfPackage):
             "lookups": 1,
             "steps": len(chunk_ends),
         }
+
+
+def _on_clock(served: list[dict], clock: int) -> int:
+    """Put a wave's (or a request's alone) observations on the trace's
+    scheduler clock starting at ``clock``; returns the clock after it. A
+    request served alone ran its chunks, then its decode steps, one step
+    each; its writes are read as done by its first step (every later
+    request starts after it finished)."""
+    span = 0
+    for e in served:
+        if "first_step" not in e:
+            e["steps"] = len(e["chunk_ends"]) + len(e["decode_steps"])
+            e["first_step"] = 0
+            e["written_steps"] = [[p, 0] for p in e["written"]]
+            e["wave_steps"] = e["steps"]
+        e["first_step"] += clock
+        e["written_steps"] = [[p, s + clock] for p, s in e["written_steps"]]
+        span = max(span, int(e["wave_steps"]))
+    return clock + span
 
 
 def _new_req(i: int, tokens: list[int], max_tokens: int) -> Req:
