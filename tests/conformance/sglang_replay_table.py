@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from fuzz.draw.choosers import RandomChooser
-from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on
+from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on, spec_flags
 from fuzz.draw.traces import _trace
 from reference.case import load_case, parse_case
 from reference.sglang_prefill import SglangSetting, serial_steps
@@ -71,26 +71,11 @@ def with_outputs(c, trace: list[dict], track_grid: int) -> list[dict]:
     return out + follow
 
 
-def spec_flags(c) -> list[str]:
-    """An EAGLE chain as a user sets it: the algorithm, its steps, topk 1,
-    one draft token more than the steps."""
-    steps = c.integer(1, 5)
-    return [
-        "--speculative-algorithm",
-        c.choice(("EAGLE", "NEXTN")),
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    ]
-
-
 def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False, spec: bool = False) -> list:
     """``n`` cases drawn by the campaign's generator with the strategy
     pinned and no per-path cap, on deployments SGLang resolves; with
-    ``spec``, decode cases under an EAGLE chain (:func:`spec_flags`)."""
+    ``spec``, decode cases under an EAGLE chain
+    (:func:`fuzz.draw.generate_sglang.spec_flags`)."""
     c = RandomChooser(random.Random(f"{seed}-{strategy}" + ("-spec" if spec else "")))
     out = []
     for k in range(n * MAX_DRAWS):
@@ -99,7 +84,7 @@ def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False, 
         dep = draw_sglang_deployment(c, strategy)
         if "--mamba-max-states-per-path" in dep["sglang_args"]:
             continue
-        if spec:
+        if spec and "--speculative-algorithm" not in dep["sglang_args"]:  # the generator draws one in SPEC_ODDS itself
             dep = {**dep, "sglang_args": [*dep["sglang_args"], *spec_flags(c)]}
         probe = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
         try:
