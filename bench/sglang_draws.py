@@ -10,9 +10,12 @@ bounded by engine runs, not time, so a loaded machine changes the seconds
 and not the runs. Printed: one JSON line per campaign (the run and the
 second of each class's first finding), nothing asserted.
 
-    python bench/sglang_draws.py [--seeds 1,2,3] [--max-execs 450] [--odds 4,0]
+    python bench/sglang_draws.py [--seeds 1,2,3] [--max-execs 450] [--odds 4,0] [--decode-odds 8,0]
 
 ``--odds 0``: no off-grid draw (the side stream never moves a value).
+``--decode-odds 0``: no decode case and no speculative deployment
+(``DECODE_ODDS`` and ``SPEC_ODDS``, stop 47); each value is run with
+each ``--odds``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ VERSION = "sglang==0.5.23"
 NEVER = 10**12
 
 
-def campaign(engine, seed: int, odds: int, max_execs: int) -> dict:
+def campaign(engine, seed: int, odds: int, max_execs: int, decode_odds: int = 8) -> dict:
     """One campaign; per class, the engine run and second of its first finding."""
     import fuzz.draw.generate_sglang as gs
     from engine_adapter.host.versions import family_of
@@ -41,6 +44,7 @@ def campaign(engine, seed: int, odds: int, max_execs: int) -> dict:
     from fuzz.results.known_classes import classify
 
     gs.OFF_GRID_ODDS = odds or NEVER
+    gs.DECODE_ODDS = gs.SPEC_ODDS = decode_odds or NEVER
     bounded = BoundedEngine(engine, time.monotonic() + 3600)
     c = Campaign(
         bounded, Path(tempfile.mkdtemp(prefix=f"sglang-draws-{odds}-{seed}-")), other=TreeCoreTwin(bounded), seed=seed
@@ -56,6 +60,7 @@ def campaign(engine, seed: int, odds: int, max_execs: int) -> dict:
     return {
         "seed": seed,
         "off_grid_odds": odds,
+        "decode_odds": decode_odds,
         "runs": c.stats.execs,
         "harness_errors": c.stats.harness_errors,
         "s": round(time.monotonic() - t0, 1),
@@ -68,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--max-execs", type=int, default=450)
     ap.add_argument("--odds", default="4,0", help="OFF_GRID_ODDS values to compare (0: on the grid only)")
+    ap.add_argument("--decode-odds", default="8", help="DECODE_ODDS and SPEC_ODDS values to compare (0: none)")
     args = ap.parse_args(argv)
     from engine_adapter.host.engine import WorkerEngine
 
@@ -76,9 +82,10 @@ def main(argv=None) -> int:
     engine.start()
     print(json.dumps({"engine_start_s": round(time.monotonic() - t, 1)}), flush=True)
     try:
-        for odds in (int(x) for x in args.odds.split(",")):
-            for seed in (int(x) for x in args.seeds.split(",")):
-                print(json.dumps(campaign(engine, seed, odds, args.max_execs)), flush=True)
+        for decode in (int(x) for x in args.decode_odds.split(",")):
+            for odds in (int(x) for x in args.odds.split(",")):
+                for seed in (int(x) for x in args.seeds.split(",")):
+                    print(json.dumps(campaign(engine, seed, odds, args.max_execs, decode)), flush=True)
     finally:
         engine.close()
     return 0

@@ -196,7 +196,7 @@ FAMILIES: dict[str, Family] = {
             "engine_adapter.sglang_engine.driver",
             "reference.sglang_flags:check_sglang_args",
             "reference.knobs:sglang_knobs",
-            frozenset({Capability.BUILDS, Capability.DECODE}),
+            frozenset({Capability.BUILDS, Capability.DECODE, Capability.SPECULATION, Capability.CONCURRENCY}),
             platforms=("cuda",),
             tp_flag="--tp-size",
             run_options=("tree_core",),

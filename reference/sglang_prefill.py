@@ -71,18 +71,43 @@ too, and the key floors it. :func:`simulate` reports both
    ``no_buffer`` the working state at n+m-1. Its outputs are kvspec's
    output tokens, so a later turn quoting them matches them.
 
+6. **Speculative decoding** (an EAGLE chain, topk 1, with the extra
+   buffer; SGLang refuses it under ``no_buffer``, ``mamba_hook`` /
+   ``model_hook.py``). The tree keys bigrams (``is_eagle``,
+   ``mem_cache/kv_cache_builder.py:401``; ``radix_cache.py:60 RadixKey``:
+   N+1 raw tokens for N bigrams, a slice sharing its boundary token), which
+   keys and matches the same lengths as rules 1 and 4 (the driver's probes
+   in ``tests/engine/test_sglang.py``). A decode is a run of verify steps,
+   each committing ``a`` tokens (kvspec's stood-in drafter proposes the
+   token the target samples, so every draft is accepted: ``a`` is the
+   resolved ``speculative_num_draft_tokens``): from ``pre`` (``n`` after
+   the prefill) to ``post = pre + a`` while fewer than ``m`` outputs
+   exist (the prefill gave one, each step ``a`` more; the last step may run
+   past ``m``, ``schedule_batch.py:2038`` caps only the outputs). A step
+   tracks where it crosses a multiple of ``track_grid``, at ``post //
+   track_grid * track_grid`` (``speculative/spec_utils.py:983-1002
+   _verify_commit_step_indices``; keyed there,
+   ``batch_result_processor.py:1652-1666 _mamba_check_track_boundary``),
+   and the finished request donates as in 5 within ``min(n + m, pre)``
+   tokens: its outputs capped at ``m`` (``finished_len``), and every one
+   of them computed by a verify unless the last step stopped short
+   (``_select_finished_checkpoint``: a state tracked past them, by a step
+   that ran past ``m``, is not keyed).
+
 Not in this model (refused, :class:`ground.errors.Unsupported`):
 ``--mamba-max-states-per-path`` (its eviction walks the tree's shape,
-``components/mamba.py:265``), ``extra_buffer_lazy``, speculative
-decoding, concurrent traces.
+``components/mamba.py:265``), ``extra_buffer_lazy``, concurrent traces
+(:func:`predict` states their serial prefix, :func:`serial_steps`; a wave's
+hits depend on how SGLang batches it, judged by the engine-neutral
+concurrent oracles).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ground.errors import Unsupported, invalid
-from reference.case import Case, is_concurrent, prompt_tokens
+from reference.case import Case, is_concurrent, prompt_tokens, serial_prefix
 from reference.tokens import output_tokens
 
 #: The SGLang releases this rule is stated for.
@@ -107,6 +132,9 @@ class SglangSetting:
     #: The decode track grid (``runtime_context.mamba_track_grid``: the
     #: ``--mamba-track-interval`` on the checkpoint grid); 0: not stated.
     track_grid: int = 0
+    #: Tokens a verify step commits under speculative decoding (the
+    #: resolved ``speculative_num_draft_tokens``: rule 6); 0: no speculation.
+    draft_tokens: int = 0
 
     @classmethod
     def from_resolution(cls, r: dict) -> SglangSetting:
@@ -123,6 +151,7 @@ class SglangSetting:
                 state_chunk=int(r.get("mamba_state_chunk_size") or 64),
                 max_states_per_path=int(r.get("mamba_max_states_per_path", -1)),
                 track_grid=int(r.get("track_grid") or 0),
+                draft_tokens=int(r.get("speculative_num_draft_tokens") or 0) if r.get("speculative_algorithm") else 0,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise invalid(
@@ -285,6 +314,22 @@ def decode_tracks(n: int, m: int, s: SglangSetting) -> list[Track]:
     return [Track(q, q) for q in range(first, n + m, g)]
 
 
+def spec_decode_tracks(n: int, m: int, s: SglangSetting) -> tuple[list[Track], int]:
+    """The states a request's verify steps track (rule 6), and the tokens
+    its finished key covers: each step from ``pre`` to ``post = pre + a``
+    tracks at ``post // track_grid * track_grid`` when it crosses a
+    multiple of the grid (``spec_utils.py:983-1002``), while fewer than
+    ``m`` outputs exist; the key covers ``min(n + m, pre)``."""
+    g, a = s.track_grid, s.draft_tokens
+    out, pre, outputs = [], n, 1
+    while outputs < m:
+        post = pre + a
+        if s.extra_buffer and pre // g != post // g:
+            out.append(Track(post // g * g, post // g * g))
+        pre, outputs = post, outputs + a
+    return out, min(n + m, pre)
+
+
 def finished_checkpoint(last: Track | None, previous: Track | None, tokens: int) -> Track | None:
     """The state a finished request donates (``components/mamba.py:582
     _select_finished_checkpoint``): the last tracked one when its length is
@@ -346,11 +391,14 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
                 if k is not None:
                     kept_at.append(k)
                 previous = None
-                for t in decode_tracks(n, m, s):
+                decoded, keyed = spec_decode_tracks(n, m, s) if s.draft_tokens else (decode_tracks(n, m, s), n + m - 1)
+                for t in decoded:
                     previous, last_track = last_track, t
                     tracked.append(t.seqlen)
-                last_track = finished_checkpoint(last_track, previous, n + m - 1)
-            k = _checkpoint(kept, seqs, i, n + m - 1, last_track, s)
+                last_track = finished_checkpoint(last_track, previous, keyed)
+            else:
+                keyed = n + m - 1
+            k = _checkpoint(kept, seqs, i, keyed, last_track, s)
             if k is not None:
                 kept_at.append(k)
             break
@@ -363,19 +411,37 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
     return out
 
 
+def serial_steps(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
+    """:func:`simulate` on the trace's serial prefix (all of a serial trace)."""
+    k = serial_prefix(case)
+    return simulate(replace(case, trace=case.trace[:k]), s) if k else []
+
+
 def predict(case: Case, s: SglangSetting, version: str = "sglang==0.5.23") -> dict:
-    """``kvspec predict --as sglang==X --rule replay``'s answer (the shape of :func:`reference.predict.predict_with_knobs`)."""
-    steps = simulate(case, s)
-    return {
+    """``kvspec predict --as sglang==X --rule replay``'s answer (the shape of
+    :func:`reference.predict.predict_with_knobs`). A concurrent trace, as
+    for vLLM: the rule is stated for its serial prefix
+    (:func:`reference.case.serial_prefix`); the rest are ``null``, with the
+    engine-neutral ``bounds`` (the most each can resume whatever SGLang
+    batches), and the concurrent oracles judge them."""
+    from reference.predict import unpredicted_bounds
+
+    steps = serial_steps(case, s)
+    k = len(steps)
+    rest = len(case.trace) - k
+    out = {
         "rule": IMPLEMENTED,
         "engine": version,
-        "hits": [r.hit for r in steps],
-        "queries": [r.prompt_tokens for r in steps],
+        "hits": [r.hit for r in steps] + [None] * rest,
+        "queries": [r.prompt_tokens for r in steps] + [r.num_prompt_tokens for r in case.trace[k:]],
         "knobs": {},
         "setting": asdict(s),
-        "explain": [r.as_dict() for r in steps],
-        "predicted": len(steps),
+        "explain": [r.as_dict() for r in steps] + [None] * rest,
+        "predicted": k,
     }
+    if rest:
+        out["bounds"] = unpredicted_bounds(case)
+    return out
 
 
 def legitimately_above(promise_hits: list, observed: dict, steps: list[ReplayedRequest]) -> dict[int, str]:

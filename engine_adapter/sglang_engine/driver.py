@@ -38,10 +38,18 @@ through SGLang's own ``prepare_for_decode`` and result processor
 (:mod:`engine_adapter.sglang_engine.decode`: the decode-time tracking every
 ``--mamba-track-interval``, outputs cached as SGLang caches them).
 
-Not driven (refused as ``Unsupported``, never guessed): speculative
-decoding (``--speculative-algorithm``: its verify steps run SGLang's spec
-worker, which this driver does not build), concurrent traces (requests
-sharing scheduler steps: mixed chunks in one batch).
+With an EAGLE chain resolved (``--speculative-algorithm EAGLE|NEXTN``, topk
+1), the tree keys bigrams as the scheduler builds it (``is_eagle``,
+``kv_cache_builder.py:401``) and a request decodes by verify steps through
+SGLang's own spec scheduling and result code, the verify stood in
+(``decode.run_spec_decode``).
+
+A concurrent trace's wave (requests sharing scheduler steps: several
+requests per extend, one request's middle chunk beside others' prompts)
+runs through the scheduler loop of :mod:`engine_adapter.sglang_engine.batching`.
+
+Not driven (refused as ``Unsupported``, never guessed): other speculative
+algorithms and draft trees (topk > 1), and speculation in a concurrent trace.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  
 from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.managers.schedule_policy import PrefillAdder  # noqa: E402
+from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len  # noqa: E402
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
@@ -73,7 +82,6 @@ from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToToke
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from engine_adapter.inside import selftest as inside_selftest  # noqa: E402
 from engine_adapter.interface import (  # noqa: E402
@@ -81,14 +89,14 @@ from engine_adapter.interface import (  # noqa: E402
     ReleaseOfPackage,
     RequestObservation,
     as_case,
-    check_requests,
     family_deployment,
 )
+from engine_adapter.sglang_engine.batching import WaveRequest, serve_wave  # noqa: E402
 from engine_adapter.sglang_engine.decode import finish_prefill, run_decode  # noqa: E402
 from engine_adapter.sglang_engine.resolve import SglangResolution, resolve  # noqa: E402
 from ground.errors import InvalidArgument, KvspecError, Unsupported  # noqa: E402
 from ground.printable import one_line  # noqa: E402
-from reference.case import Case, prompt_tokens  # noqa: E402
+from reference.case import Case, is_concurrent, prompt_tokens, waves  # noqa: E402
 
 #: The tree cores ``UnifiedRadixCache`` can run (``tree_core_registry.py``).
 TREE_CORES = ("python", "rust")
@@ -135,7 +143,9 @@ class _Cache:
             size=requests + 4,
             mamba_size=states,
             mamba_spec_state_size=requests + 4,
-            max_context_len=max(lengths, default=1) + 16,
+            # the row's headroom past the context, as SGLang sizes it for the
+            # decode (and a verify's) over-allocation (kv_cache_configurator.py:1572)
+            max_context_len=max(lengths, default=1) + 16 + get_req_to_token_extra_context_len(),
             device="cpu",
             enable_memory_saver=False,
             cache_params=params,
@@ -171,7 +181,7 @@ class _Cache:
                 tree_components=(ComponentType.FULL, ComponentType.MAMBA),
                 enable_mamba_extra_buffer=res.extra_buffer,
                 eviction_policy="lru",
-                is_eagle=False,
+                is_eagle=res.spec_algorithm().is_eagle(),  # bigram keys (kv_cache_builder.py:401)
                 tree_core_backend=tree_core,
             )
         )
@@ -229,6 +239,11 @@ class SglangDriver(ReleaseOfPackage):
         _check_case(case)
         res = resolve(dep)
         _check_resolution(res)
+        if res.speculative and is_concurrent(case):
+            raise Unsupported(
+                "trace: a concurrent trace (arrival) with speculative decoding; allowed on SGLang: serial requests "
+                "under speculation, or a concurrent trace without it"
+            )
         prompts = [prompt_tokens(r) for r in case.trace]
         cache = _Cache(res, [len(p) + r.max_tokens for p, r in zip(prompts, case.trace)], tree_core)
         self._model_config = res.model_config  # SGLang's own, from the deployment's config.json
@@ -236,16 +251,24 @@ class SglangDriver(ReleaseOfPackage):
         t1 = time.perf_counter()
         explain: list[RequestObservation] = []
         error = None
-        for i, tokens in enumerate(prompts):
+        concurrent, clock = is_concurrent(case), 0
+        for wave in waves(case):
             try:
-                explain.append(self._serve(cache, res, i, tokens, case.trace[i].max_tokens))
+                if len(wave) == 1:
+                    i = wave[0]
+                    served = [self._serve(cache, res, i, prompts[i], case.trace[i].max_tokens)]
+                else:
+                    served = self._serve_wave(cache, res, case, wave, prompts)
+                if concurrent:  # one scheduler clock over the trace, for the oracles that judge by steps
+                    clock = _on_clock(served, clock)
+                explain.extend(served)
             except KvspecError:
                 raise
             except Exception as e:  # SGLang's own failure when it raised in SGLang's code; else kvspec's
                 error = {
                     "kind": _failure_kind(e),
                     "phase": "step",
-                    "request": i,
+                    "request": wave[0] if len(wave) == 1 else wave[len(explain) - wave[0]],
                     "type": type(e).__name__,
                     "message": one_line(e, 500) or type(e).__name__,
                     "traceback": traceback.format_exc()[-4000:],
@@ -265,16 +288,57 @@ class SglangDriver(ReleaseOfPackage):
             out["error"] = error
         return out
 
+    def _serve_wave(self, cache: _Cache, res: SglangResolution, case: Case, wave: list[int], prompts) -> list:
+        """A wave of requests sharing the scheduler
+        (:mod:`engine_adapter.sglang_engine.batching`), each observed as
+        :meth:`_serve` observes one."""
+        arrivals = [WaveRequest(i, prompts[i], case.trace[i].max_tokens, case.trace[i].arrival or 0) for i in wave]
+        seen, steps = serve_wave(
+            cache,
+            res,
+            self._model_config,
+            arrivals,
+            lambda a: _new_req(a.index, a.tokens, a.max_tokens),
+            lambda batch, req, row: _tracked_content(batch, req, self._state_chunk, row),
+        )
+        out = []
+        for a, s in zip(arrivals, seen):
+            hit = int(s.hit or 0)
+            want = _fingerprint(a.tokens[:hit]) if hit else (0, 0)
+            out.append(
+                {
+                    "request": a.index,
+                    "prompt_tokens": len(a.tokens),
+                    "hit": hit,
+                    "query": len(a.tokens),
+                    "scheduler_hit": hit,
+                    "junction": None,
+                    "branching": s.branching,
+                    "chunk_ends": s.chunk_ends,
+                    "written": sorted(s.written),
+                    "tracked": s.tracked,
+                    "resumed_state": {"tokens": s.resumed[0], "same_tokens": s.resumed == want} if hit else None,
+                    "decode_steps": s.decode_steps,
+                    "computed_tokens": len(a.tokens) + a.max_tokens - 1,
+                    "lookups": 1,
+                    # the scheduler steps from the first that ran it to the one it finished in
+                    "steps": s.last_step - s.first_step + 1,
+                    "first_step": s.first_step,
+                    "written_steps": [list(w) for w in s.written_steps],
+                    "wave_steps": steps,
+                }
+            )
+        return out
+
     def _serve(
         self, cache: _Cache, res: SglangResolution, i: int, tokens: list[int], max_tokens: int = 1
     ) -> RequestObservation:
         """One request through the scheduler's prefill path, then its decode
         steps (:mod:`engine_adapter.sglang_engine.decode`), alone."""
-        params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
-        params.normalize(None)  # as the tokenizer manager does (no stop strings: no tokenizer)
-        req = Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+        req = _new_req(i, tokens, max_tokens)
+        spec = res.spec_algorithm()
         running = ScheduleBatch.init_new(
-            [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, SpeculativeAlgorithm.NONE
+            [], cache.req_pool, cache.allocator, cache.tree, self._model_config, False, spec
         )
         chunked = None
         hit = branching = None
@@ -317,7 +381,7 @@ class SglangDriver(ReleaseOfPackage):
                 cache.tree,
                 self._model_config,
                 False,
-                SpeculativeAlgorithm.NONE,
+                spec,
                 chunked_req=chunked,
             )
             batch.prepare_for_extend()
@@ -345,8 +409,12 @@ class SglangDriver(ReleaseOfPackage):
                 req.inflight_middle_chunks -= 1
                 continue
             finish_prefill(req, cache.tree)
-            decode_steps, decode_tracked = run_decode(cache, batch, req, max_tokens)
+            decode_steps, decode_tracked = run_decode(
+                cache, batch, req, max_tokens, res.draft_tokens if res.speculative else None
+            )
             tracked.extend(decode_tracked)
+            if res.speculative:  # a verify's tracked snapshot lies inside its step: a state written there too
+                written.extend(t for t in decode_tracked if t not in written)
             break
         else:
             raise RuntimeError(f"request {i}: prefill did not finish within {len(tokens) + 2} rounds")
@@ -364,13 +432,46 @@ class SglangDriver(ReleaseOfPackage):
             "tracked": tracked,
             "resumed_state": {"tokens": resumed[0], "same_tokens": resumed == want} if hit else None,
             "decode_steps": decode_steps,
-            "computed_tokens": len(tokens) + max_tokens - 1,
+            # a plain decode computes all but its last output; a verify step
+            # computes every token it commits, so the last one ends past them
+            "computed_tokens": (
+                decode_steps[-1][0] + decode_steps[-1][2]
+                if res.speculative and decode_steps
+                else len(tokens) + max_tokens - 1
+            ),
             "lookups": 1,
             "steps": len(chunk_ends),
         }
 
 
-def _tracked_content(batch, req, state_chunk: int) -> int:
+def _on_clock(served: list[dict], clock: int) -> int:
+    """Put a wave's (or a request's alone) observations on the trace's
+    scheduler clock starting at ``clock``; returns the clock after it. A
+    request served alone ran its chunks, then its decode steps, one step
+    each; its writes are read as done by its first step (every later
+    request starts after it finished)."""
+    span = 0
+    for e in served:
+        if "first_step" not in e:
+            e["steps"] = len(e["chunk_ends"]) + len(e["decode_steps"])
+            e["first_step"] = 0
+            e["written_steps"] = [[p, 0] for p in e["written"]]
+            e["wave_steps"] = e["steps"]
+        e["first_step"] += clock
+        e["written_steps"] = [[p, s + clock] for p, s in e["written_steps"]]
+        span = max(span, int(e["wave_steps"]))
+    return clock + span
+
+
+def _new_req(i: int, tokens: list[int], max_tokens: int) -> Req:
+    """Request ``i`` as the tokenizer manager hands it to the scheduler
+    (greedy, ``max_tokens`` new tokens; no stop strings: no tokenizer)."""
+    params = SamplingParams(temperature=0, max_new_tokens=max_tokens)
+    params.normalize(None)
+    return Req(rid=f"kvspec-{i}", origin_input_text="", origin_input_ids=array("q", tokens), sampling_params=params)
+
+
+def _tracked_content(batch, req, state_chunk: int, row: int = 0) -> int:
     """The tokens the state the kernel copies into the track slot was
     computed over, by SGLang's own plan of that copy (0.5.23
     ``layers/attention/mamba/prefill_track_metadata.py:23
@@ -387,7 +488,7 @@ def _tracked_content(batch, req, state_chunk: int) -> int:
 
     prefix, end = req.prefix_len, req.extend_end
     plan = build_prefill_track_plan(
-        [True], [int(batch.mamba_track_seqlens_cpu[0])], [end - prefix], [prefix], state_chunk, mamba2=False
+        [True], [int(batch.mamba_track_seqlens_cpu[row])], [end - prefix], [prefix], state_chunk, mamba2=False
     )
     return end if plan.final_rows else prefix + plan.chunk_indices[0] * state_chunk
 
@@ -412,19 +513,26 @@ _deployment = functools.partial(family_deployment, family="sglang")
 
 
 def _check_case(case: Case) -> None:
-    """What this driver does not drive yet is refused, never guessed."""
-    check_requests(case, "sglang", MAX_SGLANG_REQUESTS, " (concurrent batching is not driven yet)")
+    """What this driver does not drive yet is refused, never guessed: more
+    than :data:`MAX_SGLANG_REQUESTS` requests."""
+    if len(case.trace) > MAX_SGLANG_REQUESTS:
+        raise Unsupported(f"trace: {len(case.trace)} requests; allowed on SGLang: at most {MAX_SGLANG_REQUESTS}")
 
 
 def _check_resolution(res: SglangResolution) -> None:
-    """Speculative decoding, however it came to be on (a flag, or SGLang's
-    own resolution), is refused with what SGLang resolved for it: its
-    verify steps run ``spec_prepare_for_decode`` (``schedule_batch.py:3754-3762``)
-    and the spec worker, which this driver does not build."""
-    if res.speculative:
+    """Speculative decoding is driven where SGLang resolves it to an EAGLE
+    chain (``SpeculativeAlgorithm.is_eagle``: EAGLE, EAGLE3, NEXTN/MTP
+    aliases; ``--speculative-eagle-topk 1``) over a Mamba buffer: the verify
+    steps of :func:`engine_adapter.sglang_engine.decode.run_spec_decode`.
+    Any other algorithm (its own worker and draft input) or a draft tree
+    (topk > 1) is refused in one line with what SGLang resolved."""
+    if not res.speculative:
+        return
+    topk = res.fields.get("speculative_eagle_topk") or 1
+    if not res.spec_algorithm().is_eagle() or topk != 1:
         raise Unsupported(
-            f"deployment: speculative decoding ({res.speculative}, {res.draft_tokens} draft tokens, "
-            f"{res.strategy} as SGLang resolved it) is not driven on SGLang yet; allowed: no speculative flags"
+            f"deployment: speculative decoding ({res.speculative}, topk {topk}, {res.draft_tokens} draft tokens, "
+            f"{res.strategy} as SGLang resolved it) is not driven on SGLang; allowed: an EAGLE chain (topk 1)"
         )
 
 

@@ -60,6 +60,8 @@ READ_FIELDS = (
     "disable_overlap_schedule",
     "speculative_algorithm",
     "speculative_num_draft_tokens",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
     "attention_backend",
     "uses_mamba_radix_cache",
 )
@@ -124,6 +126,13 @@ class SglangResolution:
             "max_num_batched_tokens": self.chunked_prefill_size,
         }
 
+    def spec_algorithm(self):
+        """SGLang's own ``SpeculativeAlgorithm`` of the resolved name
+        (``spec_info.py:50 from_string``; NONE without speculation)."""
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.from_string(self.speculative)
+
     def summary(self) -> dict:
         return {
             "engine_family": "sglang",
@@ -135,6 +144,7 @@ class SglangResolution:
                 "hash": self.page_size,
                 "max_model_len": self.context_length,
                 "max_num_seqs": 256,
+                "track": self.track_grid,
             },
             "page_size": self.page_size,
             "chunked_prefill_size": self.chunked_prefill_size,

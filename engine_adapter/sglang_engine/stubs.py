@@ -17,6 +17,13 @@ stub raises :class:`TorchvisionStubCalled`, naming what was called, so a real us
 fails in one line instead of computing something wrong. vLLM's environment
 uses another stub (``engine_adapter/live/stubs``), which makes torchvision
 absent; this one is SGLang's only.
+
+The same finder answers ``einops`` (absent from SGLang's CPU environment
+here): the speculative path's ``speculative/spec_utils.py:40`` imports
+``managers/utils.py``, whose expert-parallel metrics
+(``eplb/expert_distribution.py:37``) do ``import einops`` at module level
+and use it only when experts are redistributed, which the radix cache never
+does.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import sys
 import types
 
 ROOT = "torchvision"
+#: Every package the finder answers with stubs.
+ROOTS = (ROOT, "einops")
 
 
 class TorchvisionStubCalled(RuntimeError):
@@ -46,7 +55,8 @@ class StubModule(types.ModuleType):
 
     def __call__(self, *args, **kwargs):
         raise TorchvisionStubCalled(
-            f"kvspec's torchvision stub: {self.__name__}(...) was called; SGLang's radix-cache driver runs no image code"
+            f"kvspec's {self.__name__.split('.')[0]} stub: {self.__name__}(...) was called; "
+            "SGLang's radix-cache driver runs no image or expert-distribution code"
         )
 
     def __mro_entries__(self, bases):
@@ -66,10 +76,10 @@ def _module(name: str) -> StubModule:
 
 
 class _Finder:
-    """Answers ``torchvision`` and its submodules with stubs."""
+    """Answers ``torchvision`` and ``einops`` and their submodules with stubs."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == ROOT or fullname.startswith(ROOT + "."):
+        if any(fullname == r or fullname.startswith(r + ".") for r in ROOTS):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 

@@ -21,17 +21,28 @@ drawn. The trace is drawn on what SGLang resolved (the resolver: the
 checkpoint grid as the block, the page as the hash unit): SGLang's rule of
 where a state can be kept, never a known bug's lengths.
 
-Requests generate one token each and run one after another. The SGLang
-driver also drives decode (``max_tokens`` > 1, its decode-time tracking),
-but a campaign does not draw it yet (``tests/conformance/
-sglang_replay_table.py`` does, against the replay rule); speculative
-decoding and concurrent batching are refused there, so they are not drawn.
+Requests run one after another. One case in :data:`DECODE_ODDS` decodes
+(from the chooser's side stream, so a seed's other draws stay): one request
+asks for as many tokens as bring its computed end to the next decode track
+point (``track``: SGLang's ``mamba_track_grid``, a fact of its resolution)
+or one token either side, where a decode step tracks and where the finished
+request's donation changes (``components/mamba.py:582
+_select_finished_checkpoint``), and a later turn quotes its output. One
+deployment in :data:`SPEC_ODDS` runs an EAGLE chain (``--speculative-algorithm``
+EAGLE or NEXTN, 1-5 steps, topk 1), which SGLang takes with the extra
+buffer. One case in five without speculation or decode gets a concurrent wave after
+its serial trace (``fuzz.draw.traces._concurrent_wave``, as for vLLM: a head
+extending an earlier prompt, then requests sent 0-3 steps after one another
+that share its prefix), which the driver runs through SGLang's scheduler
+loop (``engine_adapter/sglang_engine/batching.py``); speculation in a wave
+is refused by the driver, so it is not drawn.
 """
 
 from __future__ import annotations
 
 from fuzz.draw.choosers import Chooser
 from fuzz.draw.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
+from fuzz.draw.traces import _concurrent_wave
 from reference.case import Case, parse_case
 from reference.deployment import parse_deployment
 
@@ -53,6 +64,14 @@ MAX_STATES = (None, 1, 2, 4)
 #: geometry``: only the safety oracles judge it), so off-grid draws are
 #: kept to a share that leaves the grid classes their runs.
 OFF_GRID_ODDS = 4
+#: One case in this many decodes (:func:`with_decode`), one deployment in
+#: this many speculates (:func:`spec_flags`); both from the side stream.
+#: A decode step costs about a prefill (a few ms here), so the share is
+#: kept where the prefill classes keep most of the runs.
+DECODE_ODDS = 8
+SPEC_ODDS = 8
+#: The most speculative steps drawn (SGLang's own default for NEXTN is 3).
+MAX_SPEC_STEPS = 5
 #: The model's Mamba chunk when the page is SGLang's default (the grid is
 #: ``lcm(max(chunk, page), page)``, ``runtime_context.py:1966``).
 MODEL_CHUNK = 64
@@ -83,6 +102,36 @@ def off_grid_interval(c: Chooser, page: int | None) -> int:
     page, ``arg_groups/mamba_hook.py:135``) and is not a power-of-two
     multiple of the grid: 3, 5, 6 or 12 grids."""
     return c.choice((3, 5, 6, 12)) * grid_of(page)
+
+
+def spec_flags(c: Chooser) -> list[str]:
+    """An EAGLE chain as a user sets it: the algorithm, its steps, topk 1,
+    one draft token more than the steps."""
+    steps = c.integer(1, MAX_SPEC_STEPS)
+    return [
+        "--speculative-algorithm",
+        c.choice(("EAGLE", "NEXTN")),
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    ]
+
+
+def with_decode(c: Chooser, trace: list[dict], track: int) -> list[dict]:
+    """``trace`` with one request decoding to the next track point past its
+    prompt, or one token either side (its ``n + m - 1`` computed tokens on
+    ``k x track + {-1, 0, 1}``), then a turn quoting its output and a new
+    segment of up to one track grid."""
+    out = [dict(r) for r in trace]
+    j = c.integer(0, len(out) - 1)
+    n = sum(int(s.get("length", 0)) for s in out[j]["prompt"])
+    target = (n // track + 1) * track + c.choice((-1, 0, 1))
+    out[j]["max_tokens"] = max(2, target - n + 1)
+    follow = [dict(x) for x in out[j]["prompt"]] + [{"output": j}, {"segment": "Q", "length": c.integer(1, track)}]
+    return out + [{"prompt": follow}]
 
 
 #: When every drawn deployment is refused: one SGLang always builds.
@@ -122,6 +171,8 @@ def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> d
             args += [flag, str(value)]
     if strategy == "no_buffer":
         args.append("--disable-overlap-schedule")
+    elif side.integer(0, SPEC_ODDS - 1) == 0:
+        args += spec_flags(side)
     return parse_deployment({"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}).as_dict()
 
 
@@ -139,6 +190,13 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
     block, unit = int(info["block"]), int(info["hash"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
+    side = c.side() if hasattr(c, "side") else None
+    track = int(info.get("track") or 0)
+    decode = side is not None and side.integer(0, DECODE_ODDS - 1) == 0  # drawn whether or not a grid is known
+    if decode and track > 0:
+        trace = with_decode(side, trace, track)
+    elif side is not None and "--speculative-algorithm" not in deployment.get("sglang_args", ()):
+        trace = _concurrent_wave(side, trace, block, cap)  # one case in five, after the serial trace
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
 
 

@@ -220,6 +220,8 @@ class Campaign:
                 "hash": hashed,
                 "max_model_len": facts.get("max_model_len"),
                 "max_num_seqs": facts.get("max_num_seqs", 256),
+                # the decode track grid, where the family states one (SGLang's: fuzz.draw.generate_sglang)
+                "track": facts.get("track"),
                 # the KV cache groups (kind, block, count): a pinned pool is sized on them (fuzz.draw.generate_pressure)
                 "groups": (r.get("geometry") or {}).get("groups"),
             }

@@ -175,7 +175,7 @@ def _sglang_reference(case, observed: dict, name: str, rule: str, judged) -> tup
     prefill legitimately wrote is the target (not a divergence;
     :func:`reference.sglang_prefill.legitimately_above`)."""
     from reference.predict import predict
-    from reference.sglang_prefill import SglangSetting, legitimately_above, simulate
+    from reference.sglang_prefill import SglangSetting, legitimately_above, serial_steps
     from reference.sglang_prefill import predict as sglang_predict
 
     setting = SglangSetting.from_resolution(observed["resolution"])
@@ -184,7 +184,7 @@ def _sglang_reference(case, observed: dict, name: str, rule: str, judged) -> tup
     if rule != "promise" or judged.geometry is None:
         return None, []  # the caller's one-line refusal (no promise under no_buffer), or a rule SGLang has not
     reference = predict(judged, name, rule)
-    above = legitimately_above(reference["hits"], observed, simulate(case, setting))
+    above = legitimately_above(reference["hits"], observed, serial_steps(case, setting))
     hits = list(reference["hits"])
     for i, note in above.items():
         hits[i] = observed["hits"][i]

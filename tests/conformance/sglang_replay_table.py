@@ -11,8 +11,16 @@ its decode crosses the grid SGLang resolved, ``track_grid``), and half of
 those that decode are followed by a turn quoting their output (the chat
 shape).
 
+The ``spec-extra_buffer`` group draws the same decode cases with an EAGLE
+chain SGLang resolves (``--speculative-algorithm`` EAGLE or NEXTN,
+``--speculative-num-steps`` 1..5, topk 1, one draft token more than the
+steps): every verify commits that many tokens (rule 6 of the replay rule).
+
 Exit 0 when every modelled case agrees (hits, and whether each resumed
-state was computed over its own tokens), 1 otherwise. A case the rule
+state was computed over its own tokens), 1 otherwise. A drawn case's
+concurrent wave (``fuzz.draw.generate_sglang``: one case in five) is stated
+by the rule for its serial prefix only; the wave's requests must resume no
+stale state. A case the rule
 does not model (``--mamba-max-states-per-path``) is drawn again.
 """
 
@@ -25,14 +33,16 @@ import sys
 from pathlib import Path
 
 from fuzz.draw.choosers import RandomChooser
-from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on
+from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on, spec_flags
 from fuzz.draw.traces import _trace
 from reference.case import load_case, parse_case
-from reference.sglang_prefill import SglangSetting, simulate
+from reference.sglang_prefill import SglangSetting, serial_steps
 
 VERSION = "sglang==0.5.23"
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGY_NAMES = ("extra_buffer", "no_buffer")
+#: The strategies speculative decoding is drawn on (SGLang refuses it under ``no_buffer``).
+SPEC_STRATEGIES = ("extra_buffer",)
 #: The most tokens a drawn prompt has here (decode cases stay short to run).
 DECODE_PROMPT_CAP = 6000
 #: Draws per wanted case before giving up (SGLang refuses some deployments).
@@ -61,10 +71,12 @@ def with_outputs(c, trace: list[dict], track_grid: int) -> list[dict]:
     return out + follow
 
 
-def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False) -> list:
+def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False, spec: bool = False) -> list:
     """``n`` cases drawn by the campaign's generator with the strategy
-    pinned and no per-path cap, on deployments SGLang resolves."""
-    c = RandomChooser(random.Random(f"{seed}-{strategy}"))
+    pinned and no per-path cap, on deployments SGLang resolves; with
+    ``spec``, decode cases under an EAGLE chain
+    (:func:`fuzz.draw.generate_sglang.spec_flags`)."""
+    c = RandomChooser(random.Random(f"{seed}-{strategy}" + ("-spec" if spec else "")))
     out = []
     for k in range(n * MAX_DRAWS):
         if len(out) == n:
@@ -72,6 +84,8 @@ def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False) 
         dep = draw_sglang_deployment(c, strategy)
         if "--mamba-max-states-per-path" in dep["sglang_args"]:
             continue
+        if spec and "--speculative-algorithm" not in dep["sglang_args"]:  # the generator draws one in SPEC_ODDS itself
+            dep = {**dep, "sglang_args": [*dep["sglang_args"], *spec_flags(c)]}
         probe = parse_case({"schema": 1, "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]})
         try:
             r = engine.resolve(probe)
@@ -88,7 +102,8 @@ def drawn_cases(engine, strategy: str, n: int, seed: int, decode: bool = False) 
             continue
         serial = _trace(c, int(info["block"]), True, None, DECODE_PROMPT_CAP)
         trace = with_outputs(c, serial, int(r["track_grid"]))
-        out.append(parse_case({"schema": 1, "name": f"decode-{strategy}-{k}", "deployment": dep, "trace": trace}))
+        name = f"{'spec' if spec else 'decode'}-{strategy}-{k}"
+        out.append(parse_case({"schema": 1, "name": name, "deployment": dep, "trace": trace}))
     return out
 
 
@@ -108,15 +123,24 @@ def compare(engine, case) -> dict:
         )
         return row
     setting = SglangSetting.from_resolution(obs["resolution"])
-    steps = simulate(case, setting)
-    row["model_hits"] = [s.hit for s in steps]
+    steps = serial_steps(case, setting)  # a concurrent wave's requests: not stated by the rule
+    k = len(steps)
+    row["model_hits"] = [s.hit for s in steps] + [None] * (len(case.trace) - k)
     row["max_tokens"] = [r.max_tokens for r in case.trace]
     eng_same = [None if e.get("resumed_state") is None else e["resumed_state"]["same_tokens"] for e in obs["explain"]]
     mod_same = [s.resumed_same_tokens for s in steps]
     row["stale"] = [i for i, x in enumerate(eng_same) if x is False]
-    row["agrees"] = row["model_hits"] == row["engine"] and eng_same == mod_same
+    eng_tracked, mod_tracked = [e.get("tracked") for e in obs["explain"]][:k], [s.tracked for s in steps]
+    # the serial prefix as the rule states it; a wave's requests resume no stale state
+    row["agrees"] = (
+        row["model_hits"][:k] == row["engine"][:k] and eng_same[:k] == mod_same and False not in eng_same[k:]
+    )
+    if setting.draft_tokens:  # the verify steps' tracking too (rule 6)
+        row["agrees"] = row["agrees"] and eng_tracked == mod_tracked
     if not row["agrees"]:
-        row["note"] = f"resumed same_tokens engine {eng_same} model {mod_same}"
+        row["note"] = (
+            f"resumed same_tokens engine {eng_same} model {mod_same}; tracked engine {eng_tracked} model {mod_tracked}"
+        )
     return row
 
 
@@ -136,6 +160,7 @@ def main(argv=None) -> int:
             [("example", example_cases())]
             + [(s, drawn_cases(engine, s, args.cases, args.seed)) for s in STRATEGY_NAMES]
             + [(f"decode-{s}", drawn_cases(engine, s, args.cases, args.seed, decode=True)) for s in STRATEGY_NAMES]
+            + [(f"spec-{s}", drawn_cases(engine, s, args.cases, args.seed, True, True)) for s in SPEC_STRATEGIES]
         )
         for group, cases in groups:
             for case in cases:
@@ -151,7 +176,8 @@ def main(argv=None) -> int:
             print(
                 f"| {r['group']} | {r['case']} | {r['args']} | {r['engine']} | {r.get('model_hits')} | {r.get('stale') or ''} | {'yes' if r['agrees'] else 'NO ' + r.get('note', '')} |"
             )
-        for group in ("example",) + STRATEGY_NAMES + tuple(f"decode-{s}" for s in STRATEGY_NAMES):
+        groups = ("example",) + STRATEGY_NAMES + tuple(f"decode-{s}" for s in STRATEGY_NAMES)
+        for group in groups + tuple(f"spec-{s}" for s in SPEC_STRATEGIES):
             g = [r for r in rows if r["group"] == group]
             print(
                 f"{group}: {sum(r['agrees'] for r in g)}/{len(g)} agree; {sum(bool(r.get('stale')) for r in g)} with a stale resume"

@@ -40,9 +40,28 @@ three turns, served one after another). SGLang 0.5.23 meets the assertion
 on all four follow-up turns, and the replay rule (`reference/sglang_prefill.py`)
 states the same hits: both rules agree. Not expressed: the KL and GSM8K
 halves of those tests (outputs of a real model), and the interleaving of
-branches in one batch (concurrent traces are not driven on SGLang).
-`test_unified_radix_cache_unittest.py` itself is still not inventoried.
+branches in one batch (concurrent waves are driven since stop 47, this
+interleaving is not written as a case yet).
+`test_unified_radix_cache_unittest.py`: sampled, above ("Not inventoried").
 """
+#: What was read of the unified radix cache's own unit suite (stop 47).
+UNIFIED_UNITTEST_NOTE = (
+    "- `test_unified_radix_cache_unittest.py` (488,024 characters in the index, at `0014205ebcfb`): sampled, not",
+    "  inventoried in full (stop 47; characters 0-48,000 and 240,000-256,000 read). It is one fixture suite",
+    "  (`build_fixture(CacheConfig)`: page, components FULL/SWA/MAMBA, extra buffer, `is_eagle`) driving the tree's",
+    "  own API (`insert`, `match_prefix`, `evict`, `init_hicache`, KV events) directly; the parts read assert load-back",
+    "  ownership, allocation-time eviction of auxiliary (SWA, Mamba) values, HiCache write-back and demotion, L3",
+    "  storage keys and KV events: eviction, host tiers and events, which the SGLang driver does not drive (no entry",
+    "  expressible). One contract bears on the speculative rule: `TestUnifiedRadixCacheEagleHiCacheStorageKey`",
+    "  (`test_l3_prefetch_uses_bigram_radix_key`, `test_buffer_anchor_rematch_preserves_bigram_boundary`) inserts",
+    "  N+1 raw tokens with N values into an EAGLE tree and matches N (`len(match.device_indices) == len(tokens) - 1`):",
+    "  a bigram key spans one raw token more than the KV it holds (0.5.23: `radix_cache.py:60`,",
+    "  `unified_cache/components/swa.py:1021`). At request level the bigram tree keys and matches the lengths rules 1",
+    "  and 4 of the replay rule state: rule 6 and SGLang 0.5.23 agree on 9 hand probes (resends at and past a page, a",
+    "  sibling at the last token, pages 1 and 64) and on the 30 drawn cases of the `spec-extra_buffer` group of",
+    "  `python -m tests.conformance.sglang_replay_table`. Not a manifest entry: its asserts are on the tree's API,",
+    "  and the index gives no line numbers for this file.",
+)
 
 
 def manifest() -> dict:
@@ -171,7 +190,7 @@ def render(runs: dict) -> str:
     out += [
         "### Not inventoried",
         "",
-        "- `test_unified_radix_cache_unittest.py` (488,024 characters in the index): too large for this pass.",
+        *UNIFIED_UNITTEST_NOTE,
         "- `test_mamba_unittest.py` (at `024f9a6860ce`): pool and `MambaRadixCache` tests whose match asserts all follow",
         "  a hand `evict` (eviction), plus KV-event, LRU-order and allocator accounting (internal); no entry expressible.",
         "- Two more `MambaRadixCache` test files were seen only by content search (no path to cite): a `--mamba-checkpoint-interval`",

@@ -49,12 +49,16 @@ def test_drawn_deployments_parse_and_keep_to_the_allow_list():
             assert "--disable-overlap-schedule" in args
 
 
-def test_cases_are_serial_one_token_requests_drawn_on_the_resolved_unit():
+def test_cases_are_one_token_serial_requests_then_a_wave_drawn_on_the_resolved_unit():
     resolver = fake_resolver(block=256, hash_=16)
     cases = [build_sglang_case(RandomChooser(random.Random(s)), resolver) for s in range(40)]
     for case in cases:
         assert case.deployment.engine == "sglang"
-        assert all(r.max_tokens == 1 and r.arrival is None for r in case.trace)
+        arrived = [i for i, r in enumerate(case.trace) if r.arrival is not None]
+        serial = case.trace[: arrived[0] - 1] if arrived else case.trace  # before the wave's head
+        assert all(r.max_tokens == 1 and r.arrival is None for r in serial)
+        assert not arrived or arrived == list(range(arrived[0], len(case.trace)))  # one wave, at the end
+    assert 0 < sum(any(r.arrival is not None for r in c.trace) for c in cases) < 20  # about one in five
     lengths = [r.num_prompt_tokens for case in cases for r in case.trace]
     assert any(n % 256 == 0 for n in lengths) and any(
         n % 256 not in (0, 1, 255) for n in lengths
@@ -251,3 +255,47 @@ def test_some_budgets_and_intervals_are_drawn_off_the_grids_and_most_on_them():
             off_interval += (t // grid) & (t // grid - 1) != 0
     share = n / OFF_GRID_ODDS
     assert 0.6 * share < off_chunk < 1.4 * share and 0.6 * share < off_interval < 1.4 * share, (off_chunk, off_interval)
+
+
+def test_some_cases_decode_to_a_track_point_and_some_deployments_speculate():
+    """Decode and speculation drawn from the rules (issue 42 item 3): about
+    one case in DECODE_ODDS has one request whose computed end lands on
+    the next decode track point or one token either side, then a turn
+    quoting its output; about one deployment in SPEC_ODDS (never under
+    ``no_buffer``, which SGLang refuses with speculation) runs an EAGLE
+    chain, its draft tokens one more than its steps. Side streams: without
+    a track grid the cases are the ones a seed drew before."""
+    from fuzz.draw.generate_sglang import DECODE_ODDS, SPEC_ODDS
+
+    def with_track(dep):
+        return {"block": 64, "hash": 64, "max_model_len": 32768, "max_num_seqs": 256, "track": 256}
+
+    n, decoding = 400, 0
+    for s in range(n):
+        case = build_sglang_case(RandomChooser(random.Random(s)), with_track)
+        plain = build_sglang_case(RandomChooser(random.Random(s)), fake_resolver(hash_=64))
+        t = case.trace
+        wave = {
+            i for i in range(len(t)) if t[i].arrival is not None or (i + 1 < len(t) and t[i + 1].arrival is not None)
+        }
+        long = [(i, r) for i, r in enumerate(t) if r.max_tokens > 1 and i not in wave]
+        if not long:
+            assert case == plain  # no decode drawn: the same case
+            continue
+        decoding += 1
+        (i, r), last = long[0], case.trace[-1]
+        assert len(long) == 1 and (r.num_prompt_tokens + r.max_tokens - 1) % 256 in (255, 0, 1)
+        assert any(getattr(seg, "output", None) == i for seg in last.prompt)  # the follow-up quotes it
+        assert [x.prompt for x in case.trace[:-1]] == [x.prompt for x in plain.trace[: len(case.trace) - 1]]
+    assert 0.6 * n / DECODE_ODDS < decoding < 1.4 * n / DECODE_ODDS, decoding
+    c = RandomChooser(random.Random(7))
+    deps = [draw_sglang_deployment(c)["sglang_args"] for _ in range(800)]
+    spec = [a for a in deps if "--speculative-algorithm" in a]
+    eligible = [a for a in deps if "no_buffer" not in a]
+    assert 0.6 * len(eligible) / SPEC_ODDS < len(spec) < 1.4 * len(eligible) / SPEC_ODDS, len(spec)
+    for a in spec:
+        check_sglang_args(a)
+        assert "no_buffer" not in a and a[a.index("--speculative-eagle-topk") + 1] == "1"
+        assert (
+            int(a[a.index("--speculative-num-draft-tokens") + 1]) == int(a[a.index("--speculative-num-steps") + 1]) + 1
+        )

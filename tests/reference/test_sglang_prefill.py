@@ -154,3 +154,49 @@ def test_a_decode_needs_the_track_grid_and_no_buffer_keeps_the_working_state():
         setting(page=1, chunk=None, extra=False, grid=64),
     )
     assert steps[0].kept == [100, 139] and steps[1].hit == 139
+
+
+def test_eagle_verify_steps_track_where_they_cross_and_key_every_computed_output():
+    """Rule 6 (EAGLE chain, 4 tokens a verify, track grid 256): a 1,000-token
+    prompt decoding 24 tokens verifies up to 1,024 and tracks 1,024; its 24
+    outputs are all computed, so the state at 1,024 is kept and a turn
+    quoting 30 outputs resumes there. With 22 outputs the step to 1,024 runs
+    past them: 960 is kept instead (``_select_finished_checkpoint``).
+    Observed the same on SGLang 0.5.23 (``tests/engine/test_sglang.py``,
+    the ``spec-extra_buffer`` group of ``tests.conformance.sglang_replay_table``)."""
+    from dataclasses import replace
+
+    a = [{"segment": "A", "length": 1000}]
+    for m, hit in ((24, 1024), (22, 960)):
+        steps = simulate(
+            decode_case(
+                [
+                    {"prompt": [{"segment": "Z", "length": 5}], "max_tokens": 30},
+                    {"prompt": a, "max_tokens": m},
+                    {"prompt": a + [{"output": 0}, {"segment": "C", "length": 10}]},
+                ]
+            ),
+            replace(setting(), draft_tokens=4),
+        )
+        assert steps[1].tracked == [960, 1024], m
+        assert [r.hit for r in steps] == [0, 0, hit], m
+        assert steps[2].resumed_same_tokens is True
+    plain = simulate(decode_case([{"prompt": a, "max_tokens": 24}]), setting())
+    assert plain[0].tracked == [960]  # a plain decode computes 1,023 tokens: no step reaches 1,024
+
+
+def test_a_concurrent_trace_is_predicted_for_its_serial_prefix_with_bounds_for_the_rest():
+    """As for vLLM (``reference.predict``): the rule states the requests that
+    ran alone; the wave's are ``null``, each with the most it can resume
+    whatever SGLang batches (``bounds``), for the concurrent oracles."""
+    from reference.sglang_prefill import predict as sglang_predict
+
+    trace = [
+        {"prompt": [{"segment": "A", "length": 1000}]},
+        {"prompt": [{"segment": "A", "length": 1000}]},
+        {"prompt": [{"segment": "A", "length": 1000}, {"segment": "B", "length": 10}], "arrival": 0},
+    ]
+    p = sglang_predict(decode_case(trace), setting())
+    assert p["predicted"] == 1 and p["hits"] == [0, None, None]
+    assert p["bounds"][0] is None and p["bounds"][2] >= p["bounds"][1] > 0
+    assert sglang_predict(decode_case(trace[:2]), setting())["hits"] == [0, 960]  # serial: stated in full
