@@ -53,8 +53,14 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from fuzz.judge.oracle_base import Divergence
+from ground.engines import EngineSpec
 from ground.errors import KvspecError
 from reference.case import Case, prompt_tokens, sequence_tokens
+
+
+def _key(engine: EngineSpec | str) -> str:
+    """The version key a divergence records, of the typed engine or a key."""
+    return engine.version if isinstance(engine, EngineSpec) else engine
 
 
 def resume_cap(case: Case, obs: Observation, i: int) -> int:
@@ -66,7 +72,7 @@ def resume_cap(case: Case, obs: Observation, i: int) -> int:
     return min(int(cap), n - 1) if isinstance(cap, int) and not isinstance(cap, bool) else n - 1
 
 
-def check_cap(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_cap(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """No hit at or past the last position the engine must compute (see the
     module note). Expected hits: the cap."""
     hits = list(obs.get("hits") or [])
@@ -82,17 +88,20 @@ def check_cap(case: Case, version: str, obs: Observation) -> list[Divergence]:
         "the last position whose logits it must compute"
     )
     expected = [min(h, max(caps[k], 0)) if k < len(caps) else h for k, h in enumerate(hits)]
-    return [Divergence("cap", version, bad, expected, hits, detail)]
+    return [Divergence("cap", _key(version), bad, expected, hits, detail)]
 
 
-def _lookahead(case: Case, version: str) -> tuple[int, int]:
-    """(hash unit H, lookahead tokens L) kvspec states for the case on
-    ``version``'s release; (1, 0) where the reference cannot resolve it (a
-    case outside the model: no lookahead rule is claimed)."""
+def _lookahead(case: Case, version: EngineSpec | str) -> tuple[int, int]:
+    """(hash unit H, lookahead tokens L) kvspec states for the case on the
+    engine's release (the typed engine's ``release_spec``: never parsed
+    again; a version key is read by ``reference.knobs``); (1, 0) where the
+    reference cannot resolve it (a case outside the model: no lookahead
+    rule is claimed)."""
     from reference.knobs import resolve_knobs
 
+    release = version.release_spec if isinstance(version, EngineSpec) else version.split("+", 1)[0]
     try:
-        k = resolve_knobs(case, version.split("+", 1)[0])
+        k = resolve_knobs(case, release)
     except (KvspecError, ValueError):
         return 1, 0
     return max(int(k.hash_block_size), 1), int(k.hash_lookahead_tokens)
@@ -120,7 +129,7 @@ def keyed_prefix(tokens: list[int], earlier: list[list[int]], upto: int) -> int:
 
 
 def _safety_of_keys(
-    case: Case, version: str, obs: Observation
+    case: Case, version: EngineSpec | str, obs: Observation
 ) -> tuple[list[int], list[int], list[int], list[int], int, int]:
     """(requests whose hit no earlier key covers, their safe hits; requests
     whose hit only the lookahead key fails, their safe hits; H; L)."""
@@ -143,7 +152,7 @@ def _safety_of_keys(
     return bad, exp, draft, dexp, H, L
 
 
-def check_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """A hit covers only tokens an earlier request keyed over the same
     prefix (see the module note). Expected hits: the longest such prefix,
     floored to the hash unit."""
@@ -160,10 +169,10 @@ def check_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
         f"(the longest keyed prefix is {keyed_prefix(prompt_tokens(case.trace[i]), [sequence_tokens(r) for r in case.trace[:i]], hits[i])}): "
         "it reused KV or a state computed over other tokens"
     )
-    return [Divergence("keys", version, bad, expected, hits, detail)]
+    return [Divergence("keys", _key(version), bad, expected, hits, detail)]
 
 
-def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_draft_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Under lookahead block hashes a hit on the hash grid needs an earlier
     sequence that agrees on the L tokens after it too (see the module
     note). Expected hits: one hash unit lower."""
@@ -181,4 +190,4 @@ def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Diverge
         f"request {i} resumed at {h} over a block whose key covers the {L} lookahead token(s) {nxt} after it, "
         "which no earlier request had there: the drafter's KV at that position was computed for another next token"
     )
-    return [Divergence("draft_keys", version, draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})]
+    return [Divergence("draft_keys", _key(version), draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})]

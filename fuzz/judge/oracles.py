@@ -61,7 +61,7 @@ from fuzz.judge.oracle_states import (  # noqa: F401 - re-exported
     writes_before,
     written_before,
 )
-from ground.engines import FAMILIES, Capability, family_of, load
+from ground.engines import FAMILIES, Capability, EngineSpec, family_of, load
 from reference.case import Case, is_concurrent, serial_prefix, waves
 
 
@@ -171,46 +171,74 @@ def prefix_part(case: Case, obs: Observation, k: int) -> tuple[Case, Observation
 
 
 def check_all(
-    case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES
+    case: Case,
+    version: str | EngineSpec,
+    obs: Observation,
+    run: Run | None = None,
+    oracles: tuple[str, ...] = ORACLES,
 ) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix
     (:func:`serial_part`), where their rules were stated. Under pressure
     (:func:`before_pressure`), the oracles of :data:`PRESSURE_ORACLES` judge
-    as they would; the others only the requests before it."""
+    as they would; the others only the requests before it. ``version``: the
+    typed engine (its checks of :data:`TYPED_ENGINE_CHECKS` take it as it
+    is), or its version key."""
+    engine = version if isinstance(version, EngineSpec) else None
+    version = engine.version if engine is not None else version
     if "error" in obs:
         return check_engine_error(case, version, obs) if "engine_error" in oracles else []
     k = before_pressure(case, obs)
     if k is None:
-        return _check_trace(case, version, obs, run, oracles)
-    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES))
+        return _check_trace(case, version, obs, run, oracles, engine)
+    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES), engine)
     rest = tuple(o for o in oracles if o not in PRESSURE_ORACLES)
     if k > 0 and rest:
         part, part_obs = prefix_part(case, obs, k)
-        out += _check_trace(part, version, part_obs, run, rest)
+        out += _check_trace(part, version, part_obs, run, rest, engine)
     return out
 
 
 def _check_trace(
-    case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]
+    case: Case,
+    version: str,
+    obs: Observation,
+    run: Run | None,
+    oracles: tuple[str, ...],
+    engine: EngineSpec | None = None,
 ) -> list[Divergence]:
     if not is_concurrent(case):
-        return _check(case, version, obs, run, oracles)
-    out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES))
+        return _check(case, version, obs, run, oracles, engine)
+    out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES), engine)
     serial = serial_part(case, obs)
     rest = tuple(o for o in oracles if o not in CONCURRENT_ORACLES)
     if serial is not None and rest:
-        out += _check(serial[0], version, serial[1], run, rest)
+        out += _check(serial[0], version, serial[1], run, rest, engine)
     return out
 
 
-def _check(case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
+#: The checks that take the typed engine (``ground.engines.EngineSpec``)
+#: where the judge was handed one (issue 41: the judge takes the typed
+#: engine, never a key to parse again); the others still take its version
+#: key. A family's own check of the same name takes the key.
+TYPED_ENGINE_CHECKS = frozenset({"cap", "keys", "draft_keys"})
+
+
+def _check(
+    case: Case,
+    version: str,
+    obs: Observation,
+    run: Run | None,
+    oracles: tuple[str, ...],
+    engine: EngineSpec | None = None,
+) -> list[Divergence]:
     out: list[Divergence] = []
     own = own_checks(version)
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:
-            out += own.get(name, check)(case, version, obs)
+            typed = engine is not None and name in TYPED_ENGINE_CHECKS and name not in own
+            out += own.get(name, check)(case, engine if typed else version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:
