@@ -52,15 +52,10 @@ the longest prefix some earlier request keyed, floored to the hash unit).
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence
+from fuzz.judge.oracle_base import Divergence, engine_key
 from ground.engines import EngineSpec
 from ground.errors import KvspecError
 from reference.case import Case, prompt_tokens, sequence_tokens
-
-
-def _key(engine: EngineSpec | str) -> str:
-    """The version key a divergence records, of the typed engine or a key."""
-    return engine.version if isinstance(engine, EngineSpec) else engine
 
 
 def resume_cap(case: Case, obs: Observation, i: int) -> int:
@@ -88,7 +83,7 @@ def check_cap(case: Case, version: EngineSpec | str, obs: Observation) -> list[D
         "the last position whose logits it must compute"
     )
     expected = [min(h, max(caps[k], 0)) if k < len(caps) else h for k, h in enumerate(hits)]
-    return [Divergence("cap", _key(version), bad, expected, hits, detail)]
+    return [Divergence("cap", engine_key(version), bad, expected, hits, detail)]
 
 
 def _lookahead(case: Case, version: EngineSpec | str) -> tuple[int, int]:
@@ -152,6 +147,16 @@ def _safety_of_keys(
     return bad, exp, draft, dexp, H, L
 
 
+def _lowered(obs: Observation, requests: list[int], safe: list[int]) -> tuple[list[int], list[int]]:
+    """(the observed hits, the expected ones: each of ``requests`` lowered
+    to its safe hit, the others as observed)."""
+    hits = list(obs.get("hits") or [])
+    expected = list(hits)
+    for i, e in zip(requests, safe):
+        expected[i] = e
+    return hits, expected
+
+
 def check_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """A hit covers only tokens an earlier request keyed over the same
     prefix (see the module note). Expected hits: the longest such prefix,
@@ -159,17 +164,14 @@ def check_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[
     bad, exp, _d, _de, H, _L = _safety_of_keys(case, version, obs)
     if not bad:
         return []
-    hits = list(obs.get("hits") or [])
-    expected = list(hits)
-    for i, e in zip(bad, exp):
-        expected[i] = e
+    hits, expected = _lowered(obs, bad, exp)
     i = bad[0]
     detail = (
         f"request {i} resumed at {hits[i]}, but no earlier request's tokens match its first {hits[i]} "
         f"(the longest keyed prefix is {keyed_prefix(prompt_tokens(case.trace[i]), [sequence_tokens(r) for r in case.trace[:i]], hits[i])}): "
         "it reused KV or a state computed over other tokens"
     )
-    return [Divergence("keys", _key(version), bad, expected, hits, detail)]
+    return [Divergence("keys", engine_key(version), bad, expected, hits, detail)]
 
 
 def check_draft_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
@@ -179,10 +181,7 @@ def check_draft_keys(case: Case, version: EngineSpec | str, obs: Observation) ->
     _b, _e, draft, dexp, H, L = _safety_of_keys(case, version, obs)  # draft and bad are disjoint (elif)
     if not draft:
         return []
-    hits = list(obs.get("hits") or [])
-    expected = list(hits)
-    for i, e in zip(draft, dexp):
-        expected[i] = e
+    hits, expected = _lowered(obs, draft, dexp)
     i = draft[0]
     h = hits[i]
     nxt = prompt_tokens(case.trace[i])[h : h + L]
@@ -190,4 +189,6 @@ def check_draft_keys(case: Case, version: EngineSpec | str, obs: Observation) ->
         f"request {i} resumed at {h} over a block whose key covers the {L} lookahead token(s) {nxt} after it, "
         "which no earlier request had there: the drafter's KV at that position was computed for another next token"
     )
-    return [Divergence("draft_keys", _key(version), draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})]
+    return [
+        Divergence("draft_keys", engine_key(version), draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})
+    ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, promised, request_kinds  # noqa: F401 - re-exported
+from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, engine_key, promised, request_kinds  # noqa: F401 - re-exported
 from fuzz.judge.oracle_hits import (  # noqa: F401 - re-exported
     check_junction,
     check_promise,
@@ -185,36 +185,29 @@ def check_all(
     as they would; the others only the requests before it. ``version``: the
     typed engine (its checks of :data:`TYPED_ENGINE_CHECKS` take it as it
     is), or its version key."""
-    engine = version if isinstance(version, EngineSpec) else None
-    version = engine.version if engine is not None else version
     if "error" in obs:
-        return check_engine_error(case, version, obs) if "engine_error" in oracles else []
+        return check_engine_error(case, engine_key(version), obs) if "engine_error" in oracles else []
     k = before_pressure(case, obs)
     if k is None:
-        return _check_trace(case, version, obs, run, oracles, engine)
-    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES), engine)
+        return _check_trace(case, version, obs, run, oracles)
+    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES))
     rest = tuple(o for o in oracles if o not in PRESSURE_ORACLES)
     if k > 0 and rest:
         part, part_obs = prefix_part(case, obs, k)
-        out += _check_trace(part, version, part_obs, run, rest, engine)
+        out += _check_trace(part, version, part_obs, run, rest)
     return out
 
 
 def _check_trace(
-    case: Case,
-    version: str,
-    obs: Observation,
-    run: Run | None,
-    oracles: tuple[str, ...],
-    engine: EngineSpec | None = None,
+    case: Case, version: str | EngineSpec, obs: Observation, run: Run | None, oracles: tuple[str, ...]
 ) -> list[Divergence]:
     if not is_concurrent(case):
-        return _check(case, version, obs, run, oracles, engine)
-    out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES), engine)
+        return _check(case, version, obs, run, oracles)
+    out = _check(case, version, obs, None, tuple(o for o in oracles if o in CONCURRENT_ORACLES))
     serial = serial_part(case, obs)
     rest = tuple(o for o in oracles if o not in CONCURRENT_ORACLES)
     if serial is not None and rest:
-        out += _check(serial[0], version, serial[1], run, rest, engine)
+        out += _check(serial[0], version, serial[1], run, rest)
     return out
 
 
@@ -226,19 +219,15 @@ TYPED_ENGINE_CHECKS = frozenset({"cap", "keys", "draft_keys"})
 
 
 def _check(
-    case: Case,
-    version: str,
-    obs: Observation,
-    run: Run | None,
-    oracles: tuple[str, ...],
-    engine: EngineSpec | None = None,
+    case: Case, typed: str | EngineSpec, obs: Observation, run: Run | None, oracles: tuple[str, ...]
 ) -> list[Divergence]:
+    version = engine_key(typed)
     out: list[Divergence] = []
     own = own_checks(version)
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:
-            typed = engine is not None and name in TYPED_ENGINE_CHECKS and name not in own
-            out += own.get(name, check)(case, engine if typed else version, obs)
+            takes_typed = name in TYPED_ENGINE_CHECKS and name not in own
+            out += own.get(name, check)(case, typed if takes_typed else version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:
