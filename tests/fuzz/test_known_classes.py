@@ -252,6 +252,9 @@ def test_a_partial_hits_copied_state_seen_by_resumed_state_is_the_stale_state_cl
     data = Path(__file__).resolve().parents[2] / "tests" / "engine" / "data"
     real = json.loads((data / "finding-stale-state-resumed-falcon-h1.json").read_text())
     assert real["oracle"] == "resumed_state" and classify(real) == "stale-state"
+    from fuzz.results import report
+
+    assert report.classify(real)["fix"] == "fixes/vllm-0.33.0-stale-state-after-partial-hit.diff"  # the fix it names
 
     def held(tokens, at=272):
         f = copy.deepcopy(real)
