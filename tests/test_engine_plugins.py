@@ -87,12 +87,10 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 #: Where an engine is read again below the command line's edge, per
 #: command: a ratchet (a new re-read fails; a listed one that is gone fails
 #: too, strike it). The engine (here a test double) receives the typed
-#: engine; the judge (fuzz/judge/verdict.py, fuzz/judge/oracles.py) still carries
-#: version keys: the safety oracles (issue 39), which ``run --compare``
-#: asks on every case, hand the key to ``reference.knobs.resolve_knobs``,
-#: which reads it again (keys, draft_keys: fuzz/judge/oracle_safety.py's
-#: ``_lookahead``). The next step: the judge takes the typed engine.
-KNOWN_REPARSES = {"run": ["reference/knobs.py"] * 2, "predict": [], "fuzz": []}
+#: engine, and so does the judge: ``run --compare`` hands its safety
+#: oracles (cap, keys, draft_keys: ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``)
+#: the ``EngineSpec`` it parsed, so ``reference.knobs`` reads no key again.
+KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": []}
 
 
 @pytest.fixture

@@ -84,6 +84,41 @@ def _length(
     return c.integer(1, top)
 
 
+def beside_checkpoint(tokens: int, block: int, unit: int | None = None) -> bool:
+    """Whether a prompt of ``tokens`` sits beside a state a prefill of it
+    leaves: on the cache's key grid (``unit`` where a finer hash unit is
+    set, else the block), or one past it. The grid is where the rules put
+    states and hits (vLLM 0.33.0: ``get_mamba_prefill_checkpoint_position``,
+    ``v1/kv_cache_interface.py:1169-1186``, keeps the prompt's state at the
+    last grid point below ``N - 1``, and ``KVCacheManager.get_computed_blocks``
+    caps a hit at ``N - 1``, ``v1/core/kv_cache_manager.py:295-302``; SGLang
+    0.5.23 tracks its state on its grid too): a prompt on the grid leaves its
+    state one grid step below its end, one a token past it can be resumed
+    exactly at a grid point. A resend or extension of such a prompt is what
+    exercises those rules; one of a prompt off the grid recomputes a
+    remainder any length would."""
+    step = unit if unit is not None and 0 < unit < block else block
+    return step > 0 and tokens >= step and tokens % step in (0, 1)
+
+
+def _beside_checkpoint(
+    c: Chooser, prompts: list[list[dict]], base: list[dict], op: str, block: int, unit: int | None
+) -> list[dict]:
+    """The earlier prompt a resend or extension repeats: ``base`` (drawn from
+    the main stream, as before), or, one time in two, a prompt of the trace
+    beside a checkpoint (:func:`beside_checkpoint`) where there is one,
+    chosen from the chooser's ``side()`` stream (so the main stream draws
+    what it drew; a chooser without one, atheris's bytes or Hypothesis,
+    keeps ``base``)."""
+    if op not in ("resend", "extend") or not hasattr(c, "side"):
+        return base
+    beside = [p for p in prompts if beside_checkpoint(sum(x["length"] for x in p), block, unit)]
+    s = c.side()
+    if not beside or not s.integer(0, 1):
+        return base
+    return s.choice(beside)
+
+
 def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, cap: int | None = None) -> list[dict]:
     prompts: list[list[dict]] = []
     junctions: list[list[dict]] = []  # the shared prefixes siblings diverged at
@@ -106,7 +141,7 @@ def _trace(c: Chooser, block: int, bias: bool = True, unit: int | None = None, c
             name = next(fresh, None) or c.choice(SEGMENT_NAMES)
             prompt = [{"segment": name, "length": _length(c, block, bias, unit, cap, swarm)}]
         else:
-            base = c.choice(prompts)
+            base = _beside_checkpoint(c, prompts, c.choice(prompts), op, block, unit)
             if op == "resend":
                 prompt = [dict(s) for s in base]
             elif op == "extend":

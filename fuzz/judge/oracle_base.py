@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_adapter.interface import Observation
+from ground.engines import EngineSpec
 from reference.case import Case, prompt_tokens
+
+
+def engine_key(engine: EngineSpec | str) -> str:
+    """The version key a divergence records: the typed engine's
+    (``EngineSpec.version``), or a key already."""
+    return engine.version if isinstance(engine, EngineSpec) else engine
+
 
 Run = Callable[[Case], Observation]
 
@@ -36,6 +44,14 @@ class Divergence:
     @property
     def first(self) -> int | None:
         return self.requests[0] if self.requests else None
+
+
+def reference_divergence(
+    version: str, bad: list[int], expected: list, observed: list, detail: str, model_explain: list
+) -> list[Divergence]:
+    """A ``reference`` divergence: the hits of ``bad`` differ from the rule
+    the engine implements (``detail`` names it), with the model's explain."""
+    return [Divergence("reference", version, bad, expected, observed, detail, {"model_explain": model_explain})]
 
 
 def request_kinds(case: Case) -> list[str]:

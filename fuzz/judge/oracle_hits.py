@@ -33,7 +33,15 @@ from __future__ import annotations
 
 from engine_adapter.host.versions import engine_name
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, differing, promised, request_kinds
+from fuzz.judge.oracle_base import (
+    Divergence,
+    Run,
+    check_engine_error,
+    differing,
+    promised,
+    reference_divergence,
+    request_kinds,
+)
 from fuzz.judge.oracle_resolution import comparable_resolutions, resolved
 from fuzz.judge.oracle_states import written_before
 from ground.errors import DeploymentRejected
@@ -74,17 +82,7 @@ def check_reference(case: Case, version: str, obs: Observation) -> list[Divergen
     bad = differing(expected["hits"], obs["hits"])
     if not bad:
         return []
-    return [
-        Divergence(
-            "reference",
-            version,
-            bad,
-            expected["hits"],
-            obs["hits"],
-            f"rule={rule}",
-            {"model_explain": expected["explain"]},
-        )
-    ]
+    return reference_divergence(version, bad, expected["hits"], obs["hits"], f"rule={rule}", expected["explain"])
 
 
 def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:

@@ -33,7 +33,7 @@ judges any engine (the safety oracles, ``outputs``, ``engine_error``).
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence
+from fuzz.judge.oracle_base import Divergence, reference_divergence
 from reference.case import Case, prompt_tokens
 from reference.llamacpp import Settings, predict
 
@@ -68,17 +68,9 @@ def check_rule(case: Case, version: str, obs: Observation) -> list[Divergence]:
             )
     if not bad:
         return []
-    return [
-        Divergence(
-            "reference",
-            version,
-            bad,
-            ref["hits"][: len(hits)],
-            hits,
-            "rule=llamacpp; " + "; ".join(details)[:2000],
-            {"model_explain": ref["explain"]},
-        )
-    ]
+    return reference_divergence(
+        version, bad, ref["hits"][: len(hits)], hits, "rule=llamacpp; " + "; ".join(details)[:2000], ref["explain"]
+    )
 
 
 def slot_promise(case: Case, st: Settings) -> list[int | None]:

@@ -61,41 +61,33 @@ def check_resolution(case: Case, version: str, obs: Observation) -> list[Diverge
     hits = list(obs.get("hits") or [])
     quote = "vLLM's CacheConfig.prefix_match_unit: "
     if unit is not None and int(unit) != int(hashed):
-        return [
-            Divergence(
-                "resolution",
-                version,
-                [],
-                hits,
-                list(hits),
-                f"the deployment sets --prefix-match-unit {unit} and vLLM resolved hash_block_size={hashed} ({quote}"
-                f'"This equals to the hash_block_size used throughout the KV cache code"): hits land on {hashed}-token boundaries, not {unit}',
-                {
-                    "rule": "prefix_match_unit",
-                    "resolution": {"prefix_match_unit": int(unit), "hash_block_size": int(hashed)},
-                },
-            )
-        ]
+        return _misresolved(
+            version,
+            hits,
+            f"the deployment sets --prefix-match-unit {unit} and vLLM resolved hash_block_size={hashed} ({quote}"
+            f'"This equals to the hash_block_size used throughout the KV cache code"): hits land on {hashed}-token boundaries, not {unit}',
+            "prefix_match_unit",
+            {"prefix_match_unit": int(unit), "hash_block_size": int(hashed)},
+        )
     blocks = sorted(
         {int(x["block_size"]) for x in g.get("groups") or [] if int(x.get("block_size") or 0) % int(hashed)}
     )
     if blocks:
-        return [
-            Divergence(
-                "resolution",
-                version,
-                [],
-                hits,
-                list(hits),
-                f"vLLM resolved hash_block_size={hashed}, which does not divide the block size(s) {blocks} of its KV cache groups ({quote}"
-                f'"as long as every KV cache group\'s block_size is divisible by it"; vLLM rejects such a unit): a hash key then spans a block boundary',
-                {
-                    "rule": "hash_divides_blocks",
-                    "resolution": {"prefix_match_unit": unit, "hash_block_size": int(hashed), "blocks": blocks},
-                },
-            )
-        ]
+        return _misresolved(
+            version,
+            hits,
+            f"vLLM resolved hash_block_size={hashed}, which does not divide the block size(s) {blocks} of its KV cache groups ({quote}"
+            f'"as long as every KV cache group\'s block_size is divisible by it"; vLLM rejects such a unit): a hash key then spans a block boundary',
+            "hash_divides_blocks",
+            {"prefix_match_unit": unit, "hash_block_size": int(hashed), "blocks": blocks},
+        )
     return []
+
+
+def _misresolved(version: str, hits: list, detail: str, rule: str, resolution: dict) -> list[Divergence]:
+    """A ``resolution`` divergence (the hits as observed: the geometry, not
+    a hit, breaks ``rule``) with what vLLM resolved."""
+    return [Divergence("resolution", version, [], hits, list(hits), detail, {"rule": rule, "resolution": resolution})]
 
 
 def check_knobs(case: Case, version: str, obs: Observation) -> list[Divergence]:

@@ -52,7 +52,8 @@ the longest prefix some earlier request keyed, floored to the hash unit).
 from __future__ import annotations
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence
+from fuzz.judge.oracle_base import Divergence, engine_key
+from ground.engines import EngineSpec
 from ground.errors import KvspecError
 from reference.case import Case, prompt_tokens, sequence_tokens
 
@@ -66,7 +67,7 @@ def resume_cap(case: Case, obs: Observation, i: int) -> int:
     return min(int(cap), n - 1) if isinstance(cap, int) and not isinstance(cap, bool) else n - 1
 
 
-def check_cap(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_cap(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """No hit at or past the last position the engine must compute (see the
     module note). Expected hits: the cap."""
     hits = list(obs.get("hits") or [])
@@ -82,17 +83,20 @@ def check_cap(case: Case, version: str, obs: Observation) -> list[Divergence]:
         "the last position whose logits it must compute"
     )
     expected = [min(h, max(caps[k], 0)) if k < len(caps) else h for k, h in enumerate(hits)]
-    return [Divergence("cap", version, bad, expected, hits, detail)]
+    return [Divergence("cap", engine_key(version), bad, expected, hits, detail)]
 
 
-def _lookahead(case: Case, version: str) -> tuple[int, int]:
-    """(hash unit H, lookahead tokens L) kvspec states for the case on
-    ``version``'s release; (1, 0) where the reference cannot resolve it (a
-    case outside the model: no lookahead rule is claimed)."""
+def _lookahead(case: Case, version: EngineSpec | str) -> tuple[int, int]:
+    """(hash unit H, lookahead tokens L) kvspec states for the case on the
+    engine's release (the typed engine's ``release_spec``: never parsed
+    again; a version key is read by ``reference.knobs``); (1, 0) where the
+    reference cannot resolve it (a case outside the model: no lookahead
+    rule is claimed)."""
     from reference.knobs import resolve_knobs
 
+    release = version.release_spec if isinstance(version, EngineSpec) else version.split("+", 1)[0]
     try:
-        k = resolve_knobs(case, version.split("+", 1)[0])
+        k = resolve_knobs(case, release)
     except (KvspecError, ValueError):
         return 1, 0
     return max(int(k.hash_block_size), 1), int(k.hash_lookahead_tokens)
@@ -120,7 +124,7 @@ def keyed_prefix(tokens: list[int], earlier: list[list[int]], upto: int) -> int:
 
 
 def _safety_of_keys(
-    case: Case, version: str, obs: Observation
+    case: Case, version: EngineSpec | str, obs: Observation
 ) -> tuple[list[int], list[int], list[int], list[int], int, int]:
     """(requests whose hit no earlier key covers, their safe hits; requests
     whose hit only the lookahead key fails, their safe hits; H; L)."""
@@ -143,37 +147,41 @@ def _safety_of_keys(
     return bad, exp, draft, dexp, H, L
 
 
-def check_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def _lowered(obs: Observation, requests: list[int], safe: list[int]) -> tuple[list[int], list[int]]:
+    """(the observed hits, the expected ones: each of ``requests`` lowered
+    to its safe hit, the others as observed)."""
+    hits = list(obs.get("hits") or [])
+    expected = list(hits)
+    for i, e in zip(requests, safe):
+        expected[i] = e
+    return hits, expected
+
+
+def check_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """A hit covers only tokens an earlier request keyed over the same
     prefix (see the module note). Expected hits: the longest such prefix,
     floored to the hash unit."""
     bad, exp, _d, _de, H, _L = _safety_of_keys(case, version, obs)
     if not bad:
         return []
-    hits = list(obs.get("hits") or [])
-    expected = list(hits)
-    for i, e in zip(bad, exp):
-        expected[i] = e
+    hits, expected = _lowered(obs, bad, exp)
     i = bad[0]
     detail = (
         f"request {i} resumed at {hits[i]}, but no earlier request's tokens match its first {hits[i]} "
         f"(the longest keyed prefix is {keyed_prefix(prompt_tokens(case.trace[i]), [sequence_tokens(r) for r in case.trace[:i]], hits[i])}): "
         "it reused KV or a state computed over other tokens"
     )
-    return [Divergence("keys", version, bad, expected, hits, detail)]
+    return [Divergence("keys", engine_key(version), bad, expected, hits, detail)]
 
 
-def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_draft_keys(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Under lookahead block hashes a hit on the hash grid needs an earlier
     sequence that agrees on the L tokens after it too (see the module
     note). Expected hits: one hash unit lower."""
     _b, _e, draft, dexp, H, L = _safety_of_keys(case, version, obs)  # draft and bad are disjoint (elif)
     if not draft:
         return []
-    hits = list(obs.get("hits") or [])
-    expected = list(hits)
-    for i, e in zip(draft, dexp):
-        expected[i] = e
+    hits, expected = _lowered(obs, draft, dexp)
     i = draft[0]
     h = hits[i]
     nxt = prompt_tokens(case.trace[i])[h : h + L]
@@ -181,4 +189,6 @@ def check_draft_keys(case: Case, version: str, obs: Observation) -> list[Diverge
         f"request {i} resumed at {h} over a block whose key covers the {L} lookahead token(s) {nxt} after it, "
         "which no earlier request had there: the drafter's KV at that position was computed for another next token"
     )
-    return [Divergence("draft_keys", version, draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})]
+    return [
+        Divergence("draft_keys", engine_key(version), draft, expected, hits, detail, {"hash_unit": H, "lookahead": L})
+    ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, promised, request_kinds  # noqa: F401 - re-exported
+from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, engine_key, promised, request_kinds  # noqa: F401 - re-exported
 from fuzz.judge.oracle_hits import (  # noqa: F401 - re-exported
     check_junction,
     check_promise,
@@ -61,7 +61,7 @@ from fuzz.judge.oracle_states import (  # noqa: F401 - re-exported
     writes_before,
     written_before,
 )
-from ground.engines import FAMILIES, Capability, family_of, load
+from ground.engines import FAMILIES, Capability, EngineSpec, family_of, load
 from reference.case import Case, is_concurrent, serial_prefix, waves
 
 
@@ -171,16 +171,22 @@ def prefix_part(case: Case, obs: Observation, k: int) -> tuple[Case, Observation
 
 
 def check_all(
-    case: Case, version: str, obs: Observation, run: Run | None = None, oracles: tuple[str, ...] = ORACLES
+    case: Case,
+    version: str | EngineSpec,
+    obs: Observation,
+    run: Run | None = None,
+    oracles: tuple[str, ...] = ORACLES,
 ) -> list[Divergence]:
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix
     (:func:`serial_part`), where their rules were stated. Under pressure
     (:func:`before_pressure`), the oracles of :data:`PRESSURE_ORACLES` judge
-    as they would; the others only the requests before it."""
+    as they would; the others only the requests before it. ``version``: the
+    typed engine (its checks of :data:`TYPED_ENGINE_CHECKS` take it as it
+    is), or its version key."""
     if "error" in obs:
-        return check_engine_error(case, version, obs) if "engine_error" in oracles else []
+        return check_engine_error(case, engine_key(version), obs) if "engine_error" in oracles else []
     k = before_pressure(case, obs)
     if k is None:
         return _check_trace(case, version, obs, run, oracles)
@@ -193,7 +199,7 @@ def check_all(
 
 
 def _check_trace(
-    case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]
+    case: Case, version: str | EngineSpec, obs: Observation, run: Run | None, oracles: tuple[str, ...]
 ) -> list[Divergence]:
     if not is_concurrent(case):
         return _check(case, version, obs, run, oracles)
@@ -205,12 +211,23 @@ def _check_trace(
     return out
 
 
-def _check(case: Case, version: str, obs: Observation, run: Run | None, oracles: tuple[str, ...]) -> list[Divergence]:
+#: The checks that take the typed engine (``ground.engines.EngineSpec``)
+#: where the judge was handed one (issue 41: the judge takes the typed
+#: engine, never a key to parse again); the others still take its version
+#: key. A family's own check of the same name takes the key.
+TYPED_ENGINE_CHECKS = frozenset({"cap", "keys", "draft_keys"})
+
+
+def _check(
+    case: Case, typed: str | EngineSpec, obs: Observation, run: Run | None, oracles: tuple[str, ...]
+) -> list[Divergence]:
+    version = engine_key(typed)
     out: list[Divergence] = []
     own = own_checks(version)
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:
-            out += own.get(name, check)(case, version, obs)
+            takes_typed = name in TYPED_ENGINE_CHECKS and name not in own
+            out += own.get(name, check)(case, typed if takes_typed else version, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:

@@ -73,7 +73,7 @@ from fuzz.judge.oracles import (
     oracles_for,
     resolved,
 )
-from ground.engines import FAMILIES, version_key
+from ground.engines import FAMILIES, EngineSpec, version_key
 from ground.errors import Unsupported, invalid
 from reference.case import Case
 
@@ -441,7 +441,7 @@ class HarnessFailure(Exception):
 
 def divergences(
     case: Case,
-    version: str,
+    version: str | EngineSpec,
     observation: dict,
     oracle: str | None = None,
     *,
@@ -456,7 +456,10 @@ def divergences(
     the same engine (``sparse_dense``, ``spec_on_off``); a variant that
     comes back with a harness error raises :class:`HarnessFailure` (never
     judged as vLLM's). An observation carrying a harness error is never
-    judged (empty)."""
+    judged (empty). ``version``: the typed engine (handed to the oracles
+    that take it, ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``) or its key."""
+    engine = version if isinstance(version, EngineSpec) else None
+    version = engine.version if engine is not None else version
     if _harness_error(observation) is not None:
         return []
     if oracle == "versions":
@@ -472,7 +475,7 @@ def divergences(
             raise HarnessFailure(f"a variant of the case did not run (kvspec's own failure, not vLLM's): {text}")
         return obs
 
-    return check_all(case, version, observation, checked if run is not None else None, oracles)
+    return check_all(case, engine or version, observation, checked if run is not None else None, oracles)
 
 
 @dataclass
@@ -486,6 +489,13 @@ class Judged:
     divergences: list[Divergence]
     verdict: Verdict
     other_observation: dict | None = None
+
+
+def _typed(engine) -> str | EngineSpec:
+    """The engine object's typed engine (every engine object holds
+    ``.spec``), else its version key (a test double may hold only that)."""
+    spec = getattr(engine, "spec", None)
+    return spec if isinstance(spec, EngineSpec) and spec.version == engine.version else engine.version
 
 
 def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None) -> Judged:
@@ -521,7 +531,7 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     try:
         divs = divergences(
             judged,
-            engine.version,
+            _typed(engine),
             obs,
             claim.oracle if claim else None,
             run=engine.run,

@@ -22,7 +22,13 @@ class                        release   recognised by
                                        A:288 then A:300, block 144, unit 16, hits
                                        272 where the promise gives 288)
 ``stale-state``              0.33.0    the ``stale`` oracle: a hit resumes from
-                                       a state no prefill wrote
+                                       a state no prefill wrote; or, through the
+                                       ``resumed_state`` oracle, a hit at a Mamba
+                                       block boundary resumes from a state over
+                                       fewer tokens inside that block (a partial
+                                       hit's copied state, cached as the block's
+                                       end when another prefill wrote a state
+                                       there, so ``stale`` stays quiet)
 ``resend-beside-checkpoint`` 0.33.0    R1: a resend hits below the promise under
                                        the drop, a hash unit below the block,
                                        periodic or dense retention
@@ -88,7 +94,11 @@ VLLM_CLASSES = (
         "a longer sibling hits below the promise under sparse retention with a hash unit below the block (seen on Falcon-H1)",
     ),
     KnownClass(
-        "stale-state", "0.33.0", "no-stale", "a hit resumes from a Mamba state no prefill wrote (the stale oracle)"
+        "stale-state",
+        "0.33.0",
+        "no-stale",
+        "a hit resumes from a Mamba state no prefill wrote (the stale oracle), or from a partial hit's copied state"
+        " cached as its block's end (the resumed_state oracle)",
     ),
     KnownClass(
         "resend-beside-checkpoint",
@@ -154,6 +164,45 @@ def _high_past_checkpoint(finding: dict) -> bool:
     return obs[i] > exp[i] and g.get("prefill_checkpoint_grid") is not None and g.get("prefix_match_unit") is not None
 
 
+def _first_resumed(finding: dict) -> tuple[dict, dict] | None:
+    """(the first diverging request's ``resumed_state`` record, the case's
+    geometry); None when the finding holds neither."""
+    i = finding.get("first_divergence")
+    engine = (finding.get("explain") or {}).get("engine") if isinstance(finding.get("explain"), dict) else None
+    raw = finding.get("case")
+    if not isinstance(i, int) or not isinstance(engine, list) or i >= len(engine) or not isinstance(raw, dict):
+        return None
+    rec, g = (engine[i] or {}).get("resumed_state") if isinstance(engine[i], dict) else None, raw.get("geometry")
+    return (rec, g) if isinstance(rec, dict) and isinstance(g, dict) else None
+
+
+def _copied_partial_state(finding: dict) -> bool:
+    """A ``resumed_state`` finding of the stale-state class: the request
+    resumed at a Mamba block boundary ``b`` from a state over ``t`` tokens
+    with ``b - M < t < b`` on the hash unit (a partial hit's position inside
+    the block ending at ``b``). vLLM 0.33.0: a prefill resuming at a partial
+    hit ``t`` copies that state into the block's column (the resume read,
+    ``v1/worker/mamba_utils.py:1493-1495``, kept by the copy at ``:1517``),
+    its chunk runs past ``b`` when the prompt's internal checkpoint is
+    valid (``v1/core/sched/scheduler.py:644-648``: the next-boundary stop is
+    dropped under ``use_internal_checkpoint``, ``:593-604``), and
+    ``MambaManager.cache_blocks`` (``v1/core/single_type_kv_cache_manager.py:1978-1993``)
+    caches that block as the state after ``b``. When another prefill did
+    write a state at ``b``, the position-only ``stale`` oracle is satisfied
+    and only ``resumed_state`` sees it; ``fixes/vllm-0.33.0-stale-state-after-partial-hit.diff``
+    stops the chunk at ``b``."""
+    got = _first_resumed(finding)
+    if got is None:
+        return False
+    rec, g = got
+    at, t = rec.get("at"), rec.get("tokens")
+    mamba = [x.get("block_size") for x in g.get("groups") or () if isinstance(x, dict) and x.get("kind") == "mamba"]
+    M, unit = (mamba[0] if mamba else g.get("scheduler_block_size")), g.get("hash_block_size")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, t, M, unit)) or M <= 0 or unit <= 0:
+        return False
+    return at > 0 and at % M == 0 and unit < M and at - M < t < at and t % unit == 0
+
+
 def classify(finding: dict) -> str | None:
     """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
     or None. Reads only the finding's own fields; a case it cannot read is
@@ -170,6 +219,8 @@ def classify(finding: dict) -> str | None:
         family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:
             return family.state_class
+        if family is not None and family.classes is None:  # vLLM's: by what the resumed state held
+            return "stale-state" if _copied_partial_state(finding) else None
     version = str((finding.get("engine") or {}).get("version") or "")
     family = FAMILIES.get(family_of(version))
     if family is not None and family.classes is None and _high_past_checkpoint(finding):

@@ -492,9 +492,14 @@ def bundle(
     except ValueError:  # no resolved geometry of one block size: no test
         pass
     cls = classify(finding)
-    if cls:
-        fix = ROOT / cls["fix"]
-        if fix.is_file():
-            files["fix.diff"] = fix.read_text()
+    return with_fix_and_finding(files, [cls["fix"]] if cls else [], finding)
+
+
+def with_fix_and_finding(files: dict[str, str], fixes: list[str], finding: dict) -> dict[str, str]:
+    """A report's files closed by the class's fix (those of ``fixes``, paths
+    under the repository, that exist, as one ``fix.diff``) and the finding."""
+    found = [ROOT / f for f in fixes if (ROOT / f).is_file()]
+    if found:
+        files["fix.diff"] = "".join(p.read_text() for p in found)
     files["finding.json"] = json.dumps(finding, indent=2) + "\n"
     return files

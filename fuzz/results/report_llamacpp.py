@@ -27,12 +27,11 @@ literal (:func:`fuzz.results.report._literal`); ISSUE.md shows its text escaped.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from string import Template
 
 from fuzz.results.findings import check_fields
-from fuzz.results.report import _case_of, _code, _fence, _issue_facts, _literal, _text
+from fuzz.results.report import _case_of, _code, _fence, _issue_facts, _literal, _text, with_fix_and_finding
 from ground.printable import printable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,12 +275,7 @@ def bundle(finding: dict, *, matrix: list[dict] | None = None, finding_path: str
         f"test_{regression_test_name(finding)}.py": regression_test(finding),
     }
     cls = LLAMACPP_CLASSES.get(classify(finding) or "")
-    if cls:
-        fixes = [ROOT / f for f in cls["fix"] if (ROOT / f).is_file()]
-        if fixes:
-            files["fix.diff"] = "".join(p.read_text() for p in fixes)
-    files["finding.json"] = json.dumps(finding, indent=2) + "\n"
-    return files
+    return with_fix_and_finding(files, list(cls["fix"]) if cls else [], finding)
 
 
 #: Finding L1's case: a 1,200-token prompt, then a sibling diverging at 800

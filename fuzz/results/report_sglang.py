@@ -27,7 +27,17 @@ from string import Template
 
 from fuzz.results.findings import check_fields
 from fuzz.results.known_classes import classify as known_class
-from fuzz.results.report import _case_of, _cell, _code, _fence, _issue_facts, _literal, _text, report_data
+from fuzz.results.report import (
+    _case_of,
+    _cell,
+    _code,
+    _fence,
+    _issue_facts,
+    _literal,
+    _text,
+    report_data,
+    with_fix_and_finding,
+)
 from ground.engines import family_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,9 +169,4 @@ def bundle(finding: dict, *, matrix: list[dict] | None = None, finding_path: str
     except ValueError:
         pass
     cls = SGLANG_CLASSES.get(known_class(finding) or "")
-    if cls:
-        fixes = [ROOT / f for f in cls["fix"] if (ROOT / f).is_file()]
-        if fixes:
-            files["fix.diff"] = "".join(p.read_text() for p in fixes)
-    files["finding.json"] = json.dumps(finding, indent=2) + "\n"
-    return files
+    return with_fix_and_finding(files, list(cls["fix"]) if cls else [], finding)

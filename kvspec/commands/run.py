@@ -288,8 +288,8 @@ def main(args) -> int:
             if is_concurrent(case)
             else ()
         )
-        concurrent = check_all(
-            judged, version, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES)))
+        concurrent = check_all(  # the typed engine, never its key to parse again
+            judged, spec, observed, None, oracles_for(version, tuple(dict.fromkeys(asked + SAFETY_ORACLES)))
         )
     elif not observed.get("error"):  # no geometry the promise is stated for: safety still, a resumed state's content
         from fuzz.judge.oracles import check_resumed_state

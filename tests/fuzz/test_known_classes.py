@@ -234,3 +234,35 @@ def test_one_registry_each_family_declares_its_classes_and_the_report_reads_it()
     )
     sibling["first_divergence"] = None
     assert classify(sibling) is None and report.classify(sibling) is None
+
+
+def test_a_partial_hits_copied_state_seen_by_resumed_state_is_the_stale_state_class():
+    """A real 0.33.0 campaign finding (Falcon-H1, block 272, hash unit 16,
+    the offloading connector): A:272, then A:272+B:273 resumes at the
+    partial hit 256 and runs past 272 (its internal checkpoint is valid), so
+    the block holding the copied state over 256 tokens is cached as the
+    state after 272; A:272+F:1 resumes there. Request 0 wrote a state at
+    272, so only ``resumed_state`` sees it: the stale-state class, by what
+    the state held (the fixed base resumes correctly). A state over more
+    tokens than the hit, or one outside the block, is another fault."""
+    import copy
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "tests" / "engine" / "data"
+    real = json.loads((data / "finding-stale-state-resumed-falcon-h1.json").read_text())
+    assert real["oracle"] == "resumed_state" and classify(real) == "stale-state"
+    from fuzz.results import report
+
+    assert report.classify(real)["fix"] == "fixes/vllm-0.33.0-stale-state-after-partial-hit.diff"  # the fix it names
+
+    def held(tokens, at=272):
+        f = copy.deepcopy(real)
+        f["explain"]["engine"][2]["resumed_state"].update(tokens=tokens, at=at)
+        return f
+
+    assert classify(held(288)) is None  # a state ahead of its key (cap or key faults)
+    assert classify(held(0)) is None  # a state from the block before
+    assert classify(held(260)) is None  # off the hash unit: no partial hit lands there
+    assert classify(held(256, at=271)) is None  # not a block boundary: not the cached block's end
+    assert classify(held(None)) is None  # a slot no step wrote (not this mechanism)

@@ -68,6 +68,26 @@ def test_under_lookahead_hashes_the_token_after_the_hit_is_part_of_the_key():
     assert check_draft_keys(same, "0.33.0", _obs([0, 32])) == []
 
 
+def test_the_safety_oracles_take_the_typed_engine_and_judge_as_with_its_key(monkeypatch):
+    """Issue 41: handed the typed engine (a build of 0.33.0), ``check_all``
+    gives its safety checks the ``EngineSpec`` itself: the same divergences
+    as with the version key, recorded under the key, and no name parsed
+    again (the parser is never called)."""
+    from ground.engines import EngineSpec
+
+    case = make_case(hybrid(16, 16), [[("A", 48)], [("A", 32), ("B", 16)]], speculative=MTP)
+    build = EngineSpec("vllm", "0.33.0", "nolookahead", "0123ab")
+    by_key = check_all(case, build.version, _obs([0, 32]), None, SAFETY_ORACLES)
+
+    def refuse(cls, text, field="engine"):
+        raise AssertionError(f"parsed again: {text}")
+
+    monkeypatch.setattr(EngineSpec, "parse", classmethod(refuse))
+    typed = check_all(case, build, _obs([0, 32]), None, SAFETY_ORACLES)
+    assert [d.oracle for d in typed] == ["draft_keys"] and typed == by_key
+    assert typed[0].version == "0.33.0+nolookahead.0123ab"
+
+
 def test_the_safety_oracles_are_neutral_judge_builds_and_rank_above_lost_reuse():
     assert set(SAFETY_ORACLES) == {"stale", "cap", "keys", "draft_keys", "resumed_state"}
     assert all(BY_NAME[o].neutral and BY_NAME[o].build for o in SAFETY_ORACLES)
