@@ -137,17 +137,14 @@ class StateSlots:
         self.connector_group, self.blocks_per_chunk = self._connector_layout(scheduler, gids[0] if gids else None)
         # Under async scheduling a step is scheduled while the previous one is
         # in flight (``EngineCore.step_with_batch_queue``, vLLM 0.33.0
-        # core.py:708-824): the steps' pre-forward writes (zeroed, copied,
-        # loaded blocks) are ordered by when they are scheduled, the kernels'
-        # writes come after their own step's and before the next one's, so a
-        # step's writes skip a block a later step already zeroed, copied or
-        # loaded (``touched``: block -> the step that did); the step's store
-        # jobs wait for its own output (``storing``: one list per step).
+        # core.py:708-824), but the device runs the steps in order: a step's
+        # pre-forward writes and reads come after the previous step's kernel.
+        # So what a step reads from the scheduler is taken when it is
+        # scheduled, and it runs (:meth:`_run`) once the step before it has
+        # written (``waiting``: scheduled steps not yet run).
         vc = getattr(scheduler, "vllm_config", None)
         self.overlapped = int(getattr(vc, "max_concurrent_batches", 1) or 1) > 1 if vc is not None else False
-        self.seq = 0
-        self.touched: dict[int, int] = {}
-        self.queued: list[list] = []
+        self.waiting: list[dict] = []
 
     @staticmethod
     def _connector_layout(scheduler, gid: int | None) -> tuple[int | None, int]:
@@ -164,18 +161,45 @@ class StateSlots:
 
     @property
     def active(self) -> bool:
-        return self.manager is not None
+        """Whether the states are stood in: an align-mode Mamba group, and not
+        async scheduling with drafts. There the scheduler counts a step's
+        drafts as computed until the step's output rolls them back
+        (``update_from_output``, vLLM 0.33.0 scheduler.py:2356-2365), while
+        the next step is already scheduled from the optimistic count; the
+        worker corrects its positions on the device, which this stand-in does
+        not model, so what the kernel wrote is left unobserved rather than
+        guessed (no ``resumed_state`` read)."""
+        return self.manager is not None and not (self.overlapped and self.drafting)
 
     def _blocks(self, rid: str) -> list[int]:
         return [b.block_id for b in self.manager.req_to_blocks.get(rid, ())]
 
-    def scheduled(self, so) -> list[tuple]:
-        """After ``schedule()``: the resume reads and the running-state
-        columns of every scheduled request; returns what
-        :meth:`updated` needs once the step's output is processed."""
-        M = self.block_size
-        todo = []
-        self.seq += 1
+    def scheduled(self, so) -> dict:
+        """After ``schedule()``: what the step reads from the scheduler (each
+        scheduled request's tokens computed before it, its blocks, whether
+        it is prefilling), run at once where no step is in flight, else once
+        the one before it has written; returns what :meth:`updated` needs
+        once the step's output is processed."""
+        requests = self.scheduler.requests
+        rows = []
+        for rid, num in so.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            if req is None:
+                continue
+            num = int(num)
+            c0 = int(req.num_computed_tokens) - num
+            prefill = req.num_output_tokens == 0 and c0 < req.num_prompt_tokens
+            rows.append((rid, req, num, c0, self._blocks(rid), prefill))
+        step = {"so": so, "rows": rows, "todo": None}
+        self.waiting.append(step)
+        if len(self.waiting) == 1:
+            self._run(step)
+        return step
+
+    def _run(self, step: dict) -> None:
+        """The step on the device, before its kernel: the resume reads and
+        the running-state columns of every scheduled request."""
+        so, M, todo = step["so"], self.block_size, []
         for rid in getattr(so, "preempted_req_ids", None) or ():  # resumed from scratch (scheduler.py:1799-1844)
             self.column.pop(rid, None)
             self.after.pop(rid, None)
@@ -186,27 +210,17 @@ class StateSlots:
         # the same), then a connector's loads.
         for b in getattr(so, "new_block_ids_to_zero", None) or ():
             self.held[int(b)] = ("unwritten",)
-            self.touched[int(b)] = self.seq
         for copy in getattr(so, "kv_cache_block_copies", None) or ():
             src, dst = int(copy[0]), int(copy[1])
             self.held[dst] = self.held.get(src, ("unwritten",))
-            self.touched[dst] = self.seq
         self.storing = []
         if getattr(so, "kv_connector_metadata", None) is not None:
             self.loaded(so.kv_connector_metadata)
-        self.queued.append(self.storing)
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        requests = self.scheduler.requests
-        for rid, num in so.num_scheduled_tokens.items():
-            req = requests.get(rid)
-            if req is None:
-                continue
-            num = int(num)
-            c0 = int(req.num_computed_tokens) - num
-            blocks = self._blocks(rid)
+        for rid, req, num, c0, blocks, prefill in step["rows"]:
             prev = self.column.get(rid)
-            if prev is None or (
-                not self.overlapped and self.after.get(rid) != c0
+            if (
+                prev is None or self.after.get(rid) != c0
             ):  # new, or resumed after a preemption (cleanup_mamba_state_idx)
                 prev = (c0 - 1) // M  # mamba_utils.py:1493-1495
                 if c0 > 0 and rid not in self.resumed:
@@ -215,13 +229,13 @@ class StateSlots:
             if 0 <= prev < len(blocks) and prev != curr and curr < len(blocks):
                 self.held[blocks[curr]] = self.held.get(blocks[prev], ("unwritten",))  # the copy (:1517)
             cell = None
-            if self.cell is not None and req.num_output_tokens == 0 and c0 < req.num_prompt_tokens:
+            if self.cell is not None and prefill:
                 cell = self.cell(
                     c0 + num, num
                 )  # the model runner's seq_len and query_len, as writes.written reads them
             self.column[rid] = curr
-            todo.append((rid, req, blocks, curr, c0 + num - len(spec.get(rid) or ()), cell, self.seq))
-        return todo
+            todo.append((rid, req, blocks, curr, c0 + num - len(spec.get(rid) or ()), cell))
+        step["todo"], step["storing"] = todo, self.storing
 
     def _read(self, req, blocks: list[int], col: int, c0: int) -> dict[str, Any]:
         if col >= len(blocks):
@@ -239,34 +253,35 @@ class StateSlots:
             return {"observable": True, "at": c0, "tokens": None, "same_tokens": False, "column": col}
         return {"observable": True, "at": c0, "tokens": held[0], "same_tokens": held == want, "column": col}
 
-    def updated(self, todo: list[tuple]) -> None:
+    def updated(self, step: dict) -> None:
         """After ``update_from_output()``: the kernel's writes of each
         scheduled request (its running state; a checkpoint; with drafts, the
-        state at a crossed block boundary)."""
+        state at a crossed block boundary); then the next scheduled step
+        runs, where one waits."""
         M = self.block_size
-        self.storing = self.queued.pop(0) if self.queued else []
-        for rid, req, blocks, curr, running, cell, seq in todo:
+        if step["todo"] is None:
+            self._run(step)
+        self.waiting.remove(step)
+        self.storing = step["storing"]
+        for rid, req, blocks, curr, running, cell in step["todo"]:
             tokens = list(req.all_token_ids)
-            # in flight, the scheduler has already advanced the request for a
+            # in flight, the scheduler may have advanced the request for a
             # later step (or reset it, preempted): the kernel wrote ``running``
             computed = running if self.overlapped else int(req.num_computed_tokens)
-            self._write(blocks, curr, fingerprint(tokens, min(computed, running)), seq)
-            if cell is not None:
-                self._write(blocks, cell[1], fingerprint(tokens, cell[0]), seq)
+            if 0 <= curr < len(blocks):
+                self.held[blocks[curr]] = fingerprint(tokens, min(computed, running))
+            if cell is not None and 0 <= cell[1] < len(blocks):
+                self.held[blocks[cell[1]]] = fingerprint(tokens, cell[0])
             aligned = computed // M * M  # postprocess_mamba_fused_kernel, mamba_utils.py:444-470
-            if self.drafting and aligned >= running:
-                self._write(blocks, aligned // M - 1, fingerprint(tokens, aligned), seq)
+            if self.drafting and aligned >= running and 0 <= aligned // M - 1 < len(blocks):
+                self.held[blocks[aligned // M - 1]] = fingerprint(tokens, aligned)
             self.after[rid] = computed
             if req.is_finished():
                 self.column.pop(rid, None)
                 self.after.pop(rid, None)
         self.stored_after_forward()
-
-    def _write(self, blocks: list[int], at: int, fp: tuple, seq: int) -> None:
-        """The kernel of step ``seq`` writes ``fp`` to column ``at``, unless a
-        later step's pre-forward write came first (``touched``)."""
-        if 0 <= at < len(blocks) and self.touched.get(blocks[at], 0) <= seq:
-            self.held[blocks[at]] = fp
+        if self.waiting:
+            self._run(self.waiting[0])
 
     def loaded(self, metadata) -> None:
         """Before the forward pass: each load job of this step's connector
@@ -278,11 +293,9 @@ class StateSlots:
             if self.connector_group is None:
                 for b in getattr(job.dst_spec, "block_ids", ()):
                     self.held[int(b)] = None
-                    self.touched[int(b)] = self.seq
                 continue
             for gpu, cell in transfer_cells(job, self.connector_group, self.blocks_per_chunk, gpu_to_cpu=False):
                 self.held[gpu] = self.stored.get(cell)
-                self.touched[gpu] = self.seq
 
     def stored_after_forward(self) -> None:
         """After the forward pass of the step that issued them: each store
