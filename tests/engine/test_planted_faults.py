@@ -30,7 +30,7 @@ data under tests/engine/data/faults/:
   whose last computed token completes a block never caches it (the token
   is a placeholder when its step is scheduled, and no step follows), so
   the chat turn that quotes the output hits one block short (1088 for
-  1632, ``reference``); sync scheduling caches it at schedule time.
+  1632, ``promise``); sync scheduling caches it at schedule time.
 * ``preempt``: a preempted request keeps its computed tokens
   (``scheduler.py:1822``: ``num_computed_tokens = 0`` dropped) while its
   blocks are freed, so it resumes at 1088 from a state slot no step wrote
@@ -70,7 +70,7 @@ FAULTS = {
     "state": ("vllm-0.33.0-state-partial-tail-key-left-on-running-block.diff", "state-case.json", ("resumed_state",)),
     "connector": ("vllm-0.33.0-connector-load-whole-prompt.diff", "connector-cap-case.json", ("cap", "resumed_state")),
     "preempt": ("vllm-0.33.0-preempt-keeps-computed-tokens.diff", "preempt-case.json", ("resumed_state",)),
-    "async_decode": ("vllm-0.33.0-async-decode-cache-left-to-schedule.diff", "async-decode-case.json", ("reference",)),
+    "async_decode": ("vllm-0.33.0-async-decode-cache-left-to-schedule.diff", "async-decode-case.json", ("promise",)),
 }
 #: Faults whose own build runs in the slow tier only (each is a patched build
 #: and an engine start, minutes on a fresh clone; their fixed-base check stays
