@@ -135,6 +135,16 @@ class StateSlots:
         self.stored: dict[tuple[int, int], tuple | None] = {}  # (CPU chunk, sub-block) -> what a store copied there
         self.storing: list = []  # this step's store jobs, copied after its forward pass
         self.connector_group, self.blocks_per_chunk = self._connector_layout(scheduler, gids[0] if gids else None)
+        # Under async scheduling a step is scheduled while the previous one is
+        # in flight (``EngineCore.step_with_batch_queue``, vLLM 0.33.0
+        # core.py:708-824), but the device runs the steps in order: a step's
+        # pre-forward writes and reads come after the previous step's kernel.
+        # So what a step reads from the scheduler is taken when it is
+        # scheduled, and it runs (:meth:`_run`) once the step before it has
+        # written (``waiting``: scheduled steps not yet run).
+        vc = getattr(scheduler, "vllm_config", None)
+        self.overlapped = int(getattr(vc, "max_concurrent_batches", 1) or 1) > 1 if vc is not None else False
+        self.waiting: list[dict] = []
 
     @staticmethod
     def _connector_layout(scheduler, gid: int | None) -> tuple[int | None, int]:
@@ -151,17 +161,48 @@ class StateSlots:
 
     @property
     def active(self) -> bool:
-        return self.manager is not None
+        """Whether the states are stood in: an align-mode Mamba group, and not
+        async scheduling with drafts. There the scheduler counts a step's
+        drafts as computed until the step's output rolls them back
+        (``update_from_output``, vLLM 0.33.0 scheduler.py:2356-2365), while
+        the next step is already scheduled from the optimistic count; the
+        worker corrects its positions on the device, which this stand-in does
+        not model, so what the kernel wrote is left unobserved rather than
+        guessed (no ``resumed_state`` read)."""
+        return self.manager is not None and not (self.overlapped and self.drafting)
 
     def _blocks(self, rid: str) -> list[int]:
         return [b.block_id for b in self.manager.req_to_blocks.get(rid, ())]
 
-    def scheduled(self, so) -> list[tuple]:
-        """After ``schedule()``: the resume reads and the running-state
-        columns of every scheduled request; returns what
-        :meth:`updated` needs once the step's output is processed."""
-        M = self.block_size
-        todo = []
+    def scheduled(self, so) -> dict:
+        """After ``schedule()``: what the step reads from the scheduler (each
+        scheduled request's tokens computed before it, its blocks, whether
+        it is prefilling), run at once where no step is in flight, else once
+        the one before it has written; returns what :meth:`updated` needs
+        once the step's output is processed."""
+        requests = self.scheduler.requests
+        rows = []
+        for rid, num in so.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            if req is None:
+                continue
+            num = int(num)
+            c0 = int(req.num_computed_tokens) - num
+            prefill = req.num_output_tokens == 0 and c0 < req.num_prompt_tokens
+            rows.append((rid, req, num, c0, self._blocks(rid), prefill))
+        step = {"so": so, "rows": rows, "todo": None}
+        self.waiting.append(step)
+        if len(self.waiting) == 1:
+            self._run(step)
+        return step
+
+    def _run(self, step: dict) -> None:
+        """The step on the device, before its kernel: the resume reads and
+        the running-state columns of every scheduled request."""
+        so, M, todo = step["so"], self.block_size, []
+        for rid in getattr(so, "preempted_req_ids", None) or ():  # resumed from scratch (scheduler.py:1799-1844)
+            self.column.pop(rid, None)
+            self.after.pop(rid, None)
         # Before the forward pass the worker zeroes freshly allocated blocks
         # and applies the scheduler's copy-on-write copies (a partial hit's
         # tail, a producer's sub-block state moved to a durable block:
@@ -172,17 +213,11 @@ class StateSlots:
         for copy in getattr(so, "kv_cache_block_copies", None) or ():
             src, dst = int(copy[0]), int(copy[1])
             self.held[dst] = self.held.get(src, ("unwritten",))
+        self.storing = []
         if getattr(so, "kv_connector_metadata", None) is not None:
             self.loaded(so.kv_connector_metadata)
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        requests = self.scheduler.requests
-        for rid, num in so.num_scheduled_tokens.items():
-            req = requests.get(rid)
-            if req is None:
-                continue
-            num = int(num)
-            c0 = int(req.num_computed_tokens) - num
-            blocks = self._blocks(rid)
+        for rid, req, num, c0, blocks, prefill in step["rows"]:
             prev = self.column.get(rid)
             if (
                 prev is None or self.after.get(rid) != c0
@@ -194,13 +229,13 @@ class StateSlots:
             if 0 <= prev < len(blocks) and prev != curr and curr < len(blocks):
                 self.held[blocks[curr]] = self.held.get(blocks[prev], ("unwritten",))  # the copy (:1517)
             cell = None
-            if self.cell is not None and req.num_output_tokens == 0:
+            if self.cell is not None and prefill:
                 cell = self.cell(
                     c0 + num, num
                 )  # the model runner's seq_len and query_len, as writes.written reads them
             self.column[rid] = curr
             todo.append((rid, req, blocks, curr, c0 + num - len(spec.get(rid) or ()), cell))
-        return todo
+        step["todo"], step["storing"] = todo, self.storing
 
     def _read(self, req, blocks: list[int], col: int, c0: int) -> dict[str, Any]:
         if col >= len(blocks):
@@ -218,14 +253,21 @@ class StateSlots:
             return {"observable": True, "at": c0, "tokens": None, "same_tokens": False, "column": col}
         return {"observable": True, "at": c0, "tokens": held[0], "same_tokens": held == want, "column": col}
 
-    def updated(self, todo: list[tuple]) -> None:
+    def updated(self, step: dict) -> None:
         """After ``update_from_output()``: the kernel's writes of each
         scheduled request (its running state; a checkpoint; with drafts, the
-        state at a crossed block boundary)."""
+        state at a crossed block boundary); then the next scheduled step
+        runs, where one waits."""
         M = self.block_size
-        for rid, req, blocks, curr, running, cell in todo:
+        if step["todo"] is None:
+            self._run(step)
+        self.waiting.remove(step)
+        self.storing = step["storing"]
+        for rid, req, blocks, curr, running, cell in step["todo"]:
             tokens = list(req.all_token_ids)
-            computed = int(req.num_computed_tokens)
+            # in flight, the scheduler may have advanced the request for a
+            # later step (or reset it, preempted): the kernel wrote ``running``
+            computed = running if self.overlapped else int(req.num_computed_tokens)
             if 0 <= curr < len(blocks):
                 self.held[blocks[curr]] = fingerprint(tokens, min(computed, running))
             if cell is not None and 0 <= cell[1] < len(blocks):
@@ -238,6 +280,8 @@ class StateSlots:
                 self.column.pop(rid, None)
                 self.after.pop(rid, None)
         self.stored_after_forward()
+        if self.waiting:
+            self._run(self.waiting[0])
 
     def loaded(self, metadata) -> None:
         """Before the forward pass: each load job of this step's connector

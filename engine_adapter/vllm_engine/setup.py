@@ -40,7 +40,6 @@ from vllm.config import (
 )
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -94,11 +93,15 @@ def detect_capabilities() -> Capabilities:
 def start_scheduler(caps: Capabilities, vllm_config, kv_cache_config, scheduler_block_size: int, hash_block_size: int):
     """``EngineCore.__init__``: the scheduler and the request block hasher.
 
-    kvspec drives ``Scheduler`` itself. With async scheduling (vLLM 0.33.0's
-    default on CUDA) ``EngineCore`` runs ``AsyncScheduler``, a subclass that
-    changes only output placeholders (``async_scheduler.py``), not the
-    prefix cache."""
-    scheduler = Scheduler(
+    The class is the one ``EngineCore`` builds (vLLM 0.33.0 core.py:167,
+    ``SchedulerConfig.get_scheduler_cls``, config/scheduler.py:231-238):
+    ``AsyncScheduler`` where the deployment resolves ``async_scheduling``
+    (0.33.0's default on CUDA, config/vllm.py:1685-1719; off with
+    ``--no-async-scheduling``), else ``Scheduler``; the step loop then
+    overlaps steps as ``EngineCore.step_with_batch_queue`` does
+    (``engine_adapter.vllm_engine.steploop``)."""
+    cls = vllm_config.scheduler_config.get_scheduler_cls()
+    scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),

@@ -23,6 +23,21 @@ With a KV connector each step's output carries its stood-in workers' report
 (``engine_adapter.vllm_engine.connector``), the loop steps on while the
 scheduler ``has_requests()`` (as ``EngineCore``), and a request's hits add
 what the connector loaded.
+
+Async scheduling (``AsyncScheduler``, where the deployment resolves it):
+``EngineCore`` steps with a batch queue of ``max_concurrent_batches`` (2;
+vLLM 0.33.0 core.py:208-214, config/vllm.py:588-598) and
+``step_with_batch_queue`` (core.py:708-824): it schedules a step while the
+previous one is in flight and processes a step's output
+(``update_from_output``) only once the queue is full or nothing more can be
+scheduled, so each ``schedule()`` sees the previous step's tokens as output
+placeholders (``async_scheduler.py:24-49``) and blocks are cached for
+decoded tokens in ``update_from_output`` (scheduler.py:2403-2415). The loop
+keeps that order (:class:`_Batches`); the stood-in model runner's output
+is made when the step is scheduled (which requests sample: those past
+their prefill chunk) and handed over when it is processed. Draft tokens
+are then the scheduler's own placeholders: ``EngineCore.post_step`` does
+not propose under async scheduling (core.py:699-706).
 """
 
 from __future__ import annotations
@@ -103,10 +118,25 @@ def _add_request(scheduler: Scheduler, index: int, tokens: list[int], max_tokens
 def _decoding(req: VllmRequest, n: int) -> tuple[int, int] | None:
     """Before a step: (tokens computed, tokens it asks for: the sampled
     token and the drafts) of a request past its prefill (vLLM's own prefill
-    end: ``max(prompt, num_tokens - 1)``), else None."""
-    if req.num_output_tokens > 0 and req.num_computed_tokens >= max(n, req.num_tokens - 1):
-        return int(req.num_computed_tokens), int(req.num_tokens_with_spec - req.num_computed_tokens)
+    end: ``max(prompt, num_tokens - 1)``), else None. Under async
+    scheduling a token still in flight counts as an output placeholder
+    (vLLM 0.33.0 scheduler.py:838-842: a running request asks for
+    ``num_tokens_with_spec + num_output_placeholders - num_computed_tokens``)."""
+    held = int(getattr(req, "num_output_placeholders", 0) or 0)
+    if req.num_output_tokens + held > 0 and req.num_computed_tokens >= max(n, req.num_tokens + held - 1):
+        return int(req.num_computed_tokens), int(req.num_tokens_with_spec + held - req.num_computed_tokens)
     return None
+
+
+def _samples(req: VllmRequest) -> bool:
+    """Whether the stood-in model runner samples a token for ``req`` in the
+    step just scheduled: its scheduled tokens reach the end of what it
+    holds (its tokens and, under async scheduling, the placeholders:
+    ``request.is_prefill_chunk``, vLLM 0.33.0 scheduler.py:1861-1863, which
+    ``AsyncScheduler`` reads before adding this step's placeholders)."""
+    if int(getattr(req, "num_output_placeholders", 0) or 0) > 0:
+        return not req.is_prefill_chunk
+    return req.num_computed_tokens >= req.num_tokens
 
 
 def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int, int] | None, watch) -> None:
@@ -123,11 +153,15 @@ def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int,
     if out.first_step is None:
         out.first_step = step
     if watch is not None:
-        start = int(req.num_computed_tokens) - num
+        # the tokens processed before the step: vLLM frees skipped blocks on
+        # that basis, leaving out steps still in flight (0.33.0
+        # kv_cache_manager.py:561-567; without async scheduling only this one)
+        start = int(req.num_computed_tokens) - int(getattr(req, "num_in_flight_tokens", num) or num)
         unretired, freed = watch(req.request_id, start)
         if unretired or freed:
             out.block_table.append((start, unretired, freed))
-    if req.num_output_tokens == 0:
+    if req.num_output_tokens == 0 and int(req.num_computed_tokens) - num < n:  # (under async scheduling the
+        # first decode step is scheduled before the prefill's sampled token is appended)
         computed = min(int(req.num_computed_tokens), n)
         if not out.chunk_ends or out.chunk_ends[-1] < computed:
             out.chunk_ends.append(computed)
@@ -188,6 +222,32 @@ def _runner_output(scheduler: Scheduler, so, req_ids: list[str], sampled: list[l
     return out
 
 
+class _Batches:
+    """``EngineCore``'s batch queue (vLLM 0.33.0 core.py:208-214, 708-824):
+    scheduled steps whose output is not yet processed, oldest last; its
+    depth is ``max_concurrent_batches`` (1 without async scheduling: each
+    step's output is processed at once, ``EngineCore.step``)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        vc = getattr(scheduler, "vllm_config", None)
+        self.depth = max(1, int(getattr(vc, "max_concurrent_batches", 1) or 1)) if vc is not None else 1
+        #: whether the engine core proposes drafts after a step (not under
+        #: async scheduling: ``post_step``, core.py:699-706)
+        self.proposes = not bool(getattr(getattr(vc, "scheduler_config", None), "async_scheduling", False))
+        self.queue: list[tuple] = []
+
+    def add(self, so, *rest) -> bool:
+        """Queue a scheduled step; True when one is to be processed now (the
+        queue is full, or nothing was scheduled and nothing more can be:
+        ``step_with_batch_queue``'s ``len(batch_queue) < batch_queue_size and
+        (model_executed or has_requests())``)."""
+        self.queue.insert(0, (so, *rest))
+        return not (len(self.queue) < self.depth and (so.total_num_scheduled_tokens > 0 or rest[-1]))
+
+    def oldest(self) -> tuple:
+        return self.queue.pop()
+
+
 def serve(
     scheduler: Scheduler, index: int, tokens: list[int], max_tokens: int, hasher, watch=None, slots=None
 ) -> Served:
@@ -215,26 +275,31 @@ def serve(
     totals = [0, 0, 0, 0, 0]
     steps = idle = 0
     max_steps = n + max_tokens + 64
+    batches = _Batches(scheduler)
+    drafting = drafting and batches.proposes
     while True:
         try:
-            if not unfinished():
+            scheduled, outputs, due = {}, None, True
+            if unfinished():
+                decoding = _decoding(req, n)
+                so = schedule()
+                scheduled = so.num_scheduled_tokens
+                _preemptions(so, {rid: out}, steps)
+                if rid in scheduled:
+                    _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
+                todo = slots.scheduled(so) if slots is not None else None
+                req_ids = list(scheduled)
+                sampled = [sampled_one if _samples(requests[sid]) else [] for sid in req_ids]
+                due = batches.add(so, _runner_output(scheduler, so, req_ids, sampled), todo, unfinished())
+            elif not batches.queue:
                 break
-            decoding = _decoding(req, n)
-            so = schedule()
-            scheduled = so.num_scheduled_tokens
-            _preemptions(so, {rid: out}, steps)
-            if rid in scheduled:
-                _observe_step(out, n, int(scheduled[rid]), steps, decoding, watch)
-            todo = slots.scheduled(so) if slots is not None else None
-            req_ids = list(scheduled)
-            sampled = [
-                sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
-            ]
-            outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
-            if todo is not None:
-                slots.updated(todo)
-            if drafting and rid in scheduled and not req.is_finished():
-                propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
+            if due:
+                done, output, todo, _ = batches.oldest()
+                outputs = update(done, output)
+                if todo is not None:
+                    slots.updated(todo)
+                if drafting and rid in done.num_scheduled_tokens and not req.is_finished():
+                    propose(DraftTokenIds([rid], [[SAMPLED_TOKEN] * num_drafts]))  # a fresh list: vLLM keeps it
         except Exception as e:  # kvspec's own (``watch``, the stand-in outputs) goes to the harness
             if vllm_outcome(e, "run") is None:
                 raise
@@ -297,6 +362,7 @@ def serve_wave(
     steps = idle = due = 0
     max_steps = sum(len(a.tokens) + a.max_tokens for a in wave) + sum(a.after for a in wave) + 64 * len(wave)
     current = wave[0].index
+    batches = _Batches(scheduler)
     while True:
         try:
             while pending and (steps >= due or not unfinished()):
@@ -307,33 +373,36 @@ def serve_wave(
                 added[req.request_id] = steps
                 if pending:
                     due = steps + pending[0].after
-            if not pending and not unfinished():
-                break
             running = [(rid, out) for rid, out in served.items() if not out.request.is_finished()]
-            decoding = {rid: _decoding(out.request, len(out.request.prompt_token_ids)) for rid, out in running}
-            so = schedule()
-            scheduled = so.num_scheduled_tokens
-            _preemptions(so, served, steps)
-            for rid, num in scheduled.items():
-                out = served.get(rid)
-                if out is None:
-                    continue
-                current = index_of[rid]
-                first = out.first_step is None
-                _observe_step(out, len(out.request.prompt_token_ids), int(num), steps, decoding.get(rid), watch)
-                if first:  # where it resumed: the tokens computed before the first step that ran it
-                    out.hits = int(out.request.num_computed_tokens) - int(num)
-                    if admitted is not None:
-                        admitted(rid)
-            todo = slots.scheduled(so) if slots is not None else None
-            req_ids = list(scheduled)
-            sampled = [
-                sampled_one if requests[sid].num_computed_tokens >= requests[sid].num_tokens else [] for sid in req_ids
-            ]
-            outputs = update(so, _runner_output(scheduler, so, req_ids, sampled))
-            if todo is not None:
-                slots.updated(todo)
-            if num_drafts:
+            scheduled, outputs, process = {}, None, True
+            if unfinished():
+                decoding = {rid: _decoding(out.request, len(out.request.prompt_token_ids)) for rid, out in running}
+                so = schedule()
+                scheduled = so.num_scheduled_tokens
+                _preemptions(so, served, steps)
+                for rid, num in scheduled.items():
+                    out = served.get(rid)
+                    if out is None:
+                        continue
+                    current = index_of[rid]
+                    first = out.first_step is None
+                    _observe_step(out, len(out.request.prompt_token_ids), int(num), steps, decoding.get(rid), watch)
+                    if first:  # where it resumed: the tokens computed before the first step that ran it
+                        out.hits = int(out.request.num_computed_tokens) - int(num)
+                        if admitted is not None:
+                            admitted(rid)
+                todo = slots.scheduled(so) if slots is not None else None
+                req_ids = list(scheduled)
+                sampled = [sampled_one if _samples(requests[sid]) else [] for sid in req_ids]
+                process = batches.add(so, _runner_output(scheduler, so, req_ids, sampled), todo, req_ids, unfinished())
+            elif not batches.queue:  # (nothing pending either: the arrivals above come while nothing is unfinished)
+                break
+            if process:
+                done, output, todo, req_ids, _ = batches.oldest()
+                outputs = update(done, output)
+                if todo is not None:
+                    slots.updated(todo)
+            if process and num_drafts and batches.proposes:
                 drafting = [
                     rid
                     for rid in req_ids

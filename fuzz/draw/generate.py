@@ -431,6 +431,12 @@ def _case_on(
         chosen = (c.side().side() if hasattr(c, "side") else c).choice(SCHEDULING_POLICIES)
         if chosen is not None:
             deployment = {**deployment, "vllm_args": [*deployment["vllm_args"], "--scheduling-policy", chosen]}
+    if policy and info.get("async_scheduling") and "--no-async-scheduling" not in deployment["vllm_args"]:
+        from fuzz.draw.generate_pressure import draw_scheduling  # async or sync, from a stream of its own
+
+        chosen = draw_scheduling(c.side().side().side().side() if hasattr(c, "side") else c, True)
+        deployment = {**deployment, "vllm_args": [*deployment["vllm_args"], *chosen]}
+        info = {**info, "async_scheduling": not chosen}
     case = parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
     if resolver is not None and pressure != "none" and info.get("groups"):
         case = _under_pressure(c, case, deployment, trace, info, resolver, pressure)
@@ -452,7 +458,8 @@ def _under_pressure(c: Chooser, case: Case, deployment: dict, trace: list, info:
     if "--max-model-len" in args:
         at = args.index("--max-model-len")
         del args[at : at + 2]
-    pinned = {**deployment, "vllm_args": args + P.pressure_flags(level, lengths, info["groups"], int(info["block"]))}
+    flags = P.pressure_flags(level, lengths, info["groups"], int(info["block"]), bool(info.get("async_scheduling")))
+    pinned = {**deployment, "vllm_args": args + flags}
     if not resolver(pinned):
         return case
     return parse_case({"schema": 1, "name": case.name, "deployment": pinned, "trace": trace})

@@ -60,13 +60,17 @@ NULL_BLOCKS = 1
 POOL_FLAG = "--num-gpu-blocks-override"
 
 
-def running_blocks(tokens: int, groups: list[dict]) -> int:
+def running_blocks(tokens: int, groups: list[dict], in_flight: bool = False) -> int:
     """Blocks of the one pool a running request of ``tokens`` tokens holds
-    at most (module docstring)."""
+    at most (module docstring). ``in_flight``: the deployment overlaps steps
+    (async scheduling): vLLM frees skipped blocks on the processed-token
+    basis, leaving out the step in flight (0.33.0 kv_cache_manager.py:561-567),
+    so a Mamba group in align mode holds one block more while the next step
+    is scheduled."""
     total = 0
     for g in groups:
         if g["kind"] == "mamba":
-            per = MAMBA_RUNNING_BLOCKS
+            per = MAMBA_RUNNING_BLOCKS + (1 if in_flight else 0)
         else:
             per = math.ceil((tokens + SLACK_TOKENS) / int(g["block_size"]))
         total += per * int(g.get("count", 1))
@@ -80,14 +84,14 @@ def kept_blocks(tokens: int, groups: list[dict]) -> int:
     return sum(tokens // int(g["block_size"]) * int(g.get("count", 1)) for g in groups)
 
 
-def pool_for(level: str, lengths: list[int], groups: list[dict]) -> int:
+def pool_for(level: str, lengths: list[int], groups: list[dict], in_flight: bool = False) -> int:
     """The pool (blocks) of ``level`` for requests of ``lengths`` tokens:
     ``one``, ``two`` and ``half`` count running requests
     (:func:`running_blocks`), ``room`` adds what each leaves cached
     (:func:`kept_blocks`); each with vLLM's null block."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
-    needs = sorted((running_blocks(n, groups) for n in lengths), reverse=True)
+    needs = sorted((running_blocks(n, groups, in_flight) for n in lengths), reverse=True)
     if level == "one":
         return NULL_BLOCKS + needs[0]
     if level == "two":
@@ -97,13 +101,32 @@ def pool_for(level: str, lengths: list[int], groups: list[dict]) -> int:
     return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in lengths)
 
 
-def pressure_flags(level: str, lengths: list[int], groups: list[dict], block: int) -> list[str]:
+def pressure_flags(
+    level: str, lengths: list[int], groups: list[dict], block: int, in_flight: bool = False
+) -> list[str]:
     """The flags that pin the pool at ``level``: ``--num-gpu-blocks-override``
     and the ``--max-model-len`` vLLM needs to accept it (the longest request
     and :data:`SLACK_TOKENS`, rounded up to the scheduler ``block``)."""
     longest = max(lengths) + SLACK_TOKENS
     max_len = math.ceil(longest / block) * block
-    return [POOL_FLAG, str(pool_for(level, lengths, groups)), "--max-model-len", str(max_len)]
+    return [POOL_FLAG, str(pool_for(level, lengths, groups, in_flight)), "--max-model-len", str(max_len)]
+
+
+#: One drawn case in :data:`SYNC_ONE_IN` on a deployment that resolves
+#: async scheduling (vLLM 0.33.0's default on CUDA, config/vllm.py:1685-1719)
+#: runs with ``--no-async-scheduling`` instead: the plain ``Scheduler``
+#: (config/scheduler.py:231-238), each step's output processed before the
+#: next is scheduled (core.py:667-697).
+SYNC_ONE_IN = 4
+SYNC_FLAG = "--no-async-scheduling"
+
+
+def draw_scheduling(c, resolved_async: bool) -> list[str]:
+    """The scheduling flag a case gets: ``--no-async-scheduling`` one time in
+    :data:`SYNC_ONE_IN` where the deployment resolves async scheduling
+    (drawn always, so the stream stays put either way), else none."""
+    off = c.integer(0, SYNC_ONE_IN - 1) == 0
+    return [SYNC_FLAG] if resolved_async and off else []
 
 
 def draw_level(c, mode: str) -> str | None:

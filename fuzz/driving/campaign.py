@@ -224,6 +224,8 @@ class Campaign:
                 "track": facts.get("track"),
                 # the KV cache groups (kind, block, count): a pinned pool is sized on them (fuzz.draw.generate_pressure)
                 "groups": (r.get("geometry") or {}).get("groups"),
+                # the scheduler it serves with (fuzz.draw.generate_pressure.draw_scheduling)
+                "async_scheduling": bool(facts.get("async_scheduling")),
             }
         except DeploymentCrashes:  # drawn all the same: its run is the engine_error finding (any trace shows it)
             info = {"block": CRASH_TRACE_BLOCK, "hash": CRASH_TRACE_BLOCK, "max_model_len": None, "max_num_seqs": 256}
@@ -313,6 +315,7 @@ class Campaign:
             self.stats.unsupported += 1
             return []
         judged, obs, divs = self._judge(case)
+        self.stats.reach.observed(obs)
         written = []
         for div in divs:
             self.stats.divergences += 1

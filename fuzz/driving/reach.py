@@ -71,15 +71,42 @@ def trace_shape(case: Case) -> str:
     return "+".join(shape)
 
 
+def pressure_of(obs: dict) -> list[str]:
+    """What the engine's observation of a case shows of a cache under
+    pressure and of its scheduler: ``pinned`` (the deployment sized the
+    pool, resolution fact ``pool_set_by_deployment``), ``evicted`` (a
+    request's allocations evicted cached blocks: ``explain[i].evicted``),
+    ``preempted`` (a request was preempted: ``preempted_steps``), and
+    ``async`` or ``sync`` where the resolution says which scheduler served
+    it (``async_scheduling``)."""
+    facts = (obs.get("resolution") or {}).get("facts") or {}
+    explain = [e for e in (obs.get("explain") or []) if isinstance(e, dict)]
+    seen = []
+    if facts.get("pool_set_by_deployment"):
+        seen.append("pinned")
+    if any(e.get("evicted") for e in explain):
+        seen.append("evicted")
+    if any(e.get("preempted_steps") for e in explain):
+        seen.append("preempted")
+    if "async_scheduling" in facts:
+        seen.append("async" if facts["async_scheduling"] else "sync")
+    return seen
+
+
 @dataclass
 class Reach:
-    """Cases run per (deployment class label, trace shape)."""
+    """Cases run per (deployment class label, trace shape), and cases whose
+    observation showed pressure or a scheduler (:func:`pressure_of`)."""
 
     counts: Counter = field(default_factory=Counter)
+    pressure: Counter = field(default_factory=Counter)
 
     def add(self, case: Case) -> None:
         cls = deployment_class_of(case)
         self.counts[(cls.label() if cls else "hand", trace_shape(case))] += 1
+
+    def observed(self, obs: dict) -> None:
+        self.pressure.update(pressure_of(obs))
 
     def as_dict(self) -> dict:
         labels = {cls.label() for cls in deployment_classes()}
@@ -89,5 +116,6 @@ class Reach:
             "of": len(labels),
             "never_reached": sorted(labels - seen),
             "shapes": dict(Counter(shape for _label, shape in self.counts.elements())),
+            "pressure": {k: self.pressure.get(k, 0) for k in ("pinned", "evicted", "preempted", "async", "sync")},
             "cases": {f"{label} | {shape}": n for (label, shape), n in sorted(self.counts.items())},
         }

@@ -167,7 +167,7 @@ def promise_of(finding: dict) -> str:
 
 #: The examples check-build runs first, per engine family (``examples/README.md``).
 EXAMPLE_PATTERNS = {
-    "vllm": ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*", "pressure-*"),
+    "vllm": ("*deployment*", "r1-*", "r2-*", "dense-*", "stale-*", "pressure-*", "*-chat-decode-*"),
     "sglang": ("sglang-*",),
 }
 
@@ -175,7 +175,8 @@ EXAMPLE_PATTERNS = {
 def example_cases(root: Path = ROOT, family: str = "vllm") -> list[tuple[str, Case]]:
     """The examples check-build runs first: for vLLM every deployment
     example and every example of a vLLM bug class (``r1-``, ``r2-``,
-    ``dense-``, ``stale-``) or of a pinned pool (``pressure-``); for SGLang
+    ``dense-``, ``stale-``), of a pinned pool (``pressure-``) or of a
+    scheduler (``async-``/``sync-chat-decode-``); for SGLang
     its own (``sglang-*``)."""
     from fuzz.results.findings import load_finding
 

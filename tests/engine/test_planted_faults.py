@@ -23,6 +23,19 @@ data under tests/engine/data/faults/:
   (``offloading/scheduler.py:876``): an identical resend loads the whole
   prompt, resumes one token short from a state over all of it (``cap``;
   the load carries the stored fingerprint, so ``resumed_state`` too).
+* ``async_decode``: under async scheduling the blocks a step's decoded
+  tokens complete are no longer cached when its output is processed
+  (``scheduler.py:2407-2411``: the ``has_output_placeholders`` branch
+  dropped, left to ``allocate_slots`` at the next schedule): a request
+  whose last computed token completes a block never caches it (the token
+  is a placeholder when its step is scheduled, and no step follows), so
+  the chat turn that quotes the output hits one block short (1088 for
+  1632, ``promise``); sync scheduling caches it at schedule time.
+* ``preempt``: a preempted request keeps its computed tokens
+  (``scheduler.py:1822``: ``num_computed_tokens = 0`` dropped) while its
+  blocks are freed, so it resumes at 1088 from a state slot no step wrote
+  for it (``resumed_state``; the pinned pool of
+  ``examples/pressure-preempted-and-resumed-qwen3_next.json``).
 (The kernel-side checkpoint fault, the internal prefill checkpoint copied
 one block column below, ``checkpoint.py:62``, is kept as data but has no
 case: the deployments kvspec draws end their chunks at the boundary, so no
@@ -56,12 +69,14 @@ FAULTS = {
     "keys": ("vllm-0.33.0-keys-lookahead-left-out.diff", "keys-case.json", ("draft_keys",)),
     "state": ("vllm-0.33.0-state-partial-tail-key-left-on-running-block.diff", "state-case.json", ("resumed_state",)),
     "connector": ("vllm-0.33.0-connector-load-whole-prompt.diff", "connector-cap-case.json", ("cap", "resumed_state")),
+    "preempt": ("vllm-0.33.0-preempt-keeps-computed-tokens.diff", "preempt-case.json", ("resumed_state",)),
+    "async_decode": ("vllm-0.33.0-async-decode-cache-left-to-schedule.diff", "async-decode-case.json", ("promise",)),
 }
 #: Faults whose own build runs in the slow tier only (each is a patched build
 #: and an engine start, minutes on a fresh clone; their fixed-base check stays
 #: in the default tier, and ``kvspec check-build`` on each is the acceptance
 #: figure, docs/judge.md).
-SLOW_BUILDS = ("connector", "state")
+SLOW_BUILDS = ("async_decode", "connector", "preempt", "state")
 
 
 def _case(name: str):

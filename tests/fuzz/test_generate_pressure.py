@@ -81,3 +81,26 @@ def test_the_judge_cuts_liveness_at_the_first_wave_under_pressure():
     part, obs = prefix_part(case, pressed, 1)
     assert len(part.trace) == 1 and obs["hits"] == [0] and len(obs["explain"]) == 1
     assert set(SAFETY_ORACLES) <= set(PRESSURE_ORACLES) and "promise" not in PRESSURE_ORACLES
+
+
+def test_an_async_deployment_s_running_request_holds_one_mamba_block_more_per_group():
+    # the step in flight keeps its skipped block (processed-token basis, vLLM 0.33.0 kv_cache_manager.py:561-567)
+    assert P.running_blocks(3000, QWEN3_NEXT, in_flight=True) == P.running_blocks(3000, QWEN3_NEXT) + 3
+    assert P.pool_for("one", [3000], QWEN3_NEXT, True) == P.pool_for("one", [3000], QWEN3_NEXT) + 3
+
+
+def _async_resolver(dep: dict) -> dict:
+    """A stand-in resolver (a test double) whose deployments resolve async
+    scheduling unless the case turns it off."""
+    return {**_resolver(dep), "async_scheduling": "--no-async-scheduling" not in dep["vllm_args"]}
+
+
+def test_the_scheduler_is_drawn_aside_async_by_default_and_sync_sometimes():
+    plain = list(itertools.islice(random_cases(5, resolver=_resolver, pressure="none"), 48))
+    drawn = list(itertools.islice(random_cases(5, resolver=_async_resolver, pressure="none"), 48))
+    assert [c.trace for c in plain] == [c.trace for c in drawn]
+    sync = [P.SYNC_FLAG in c.deployment.vllm_args for c in drawn]
+    assert 0 < sum(sync) < len(sync) / 2
+    assert not any(P.SYNC_FLAG in c.deployment.vllm_args for c in plain)
+    again = list(itertools.islice(random_cases(5, resolver=_async_resolver, pressure="none"), 48))
+    assert [list(c.deployment.vllm_args) for c in again] == [list(c.deployment.vllm_args) for c in drawn]

@@ -79,3 +79,19 @@ def test_a_campaign_counts_what_it_ran(tmp_path):
     assert (
         "qwen3_next/off/block/sparse" not in table["never_reached"] and len(table["never_reached"]) == table["of"] - 1
     )
+
+
+def test_the_pressure_reach_reads_evictions_preemptions_and_the_scheduler():
+    from fuzz.driving.reach import pressure_of
+
+    obs = {
+        "resolution": {"facts": {"pool_set_by_deployment": True, "async_scheduling": True}},
+        "explain": [{"evicted": [[0, 3]]}, {"preempted_steps": [28], "resumed_steps": [101]}],
+    }
+    assert pressure_of(obs) == ["pinned", "evicted", "preempted", "async"]
+    assert pressure_of({"resolution": {"facts": {"async_scheduling": False}}, "explain": [{}]}) == ["sync"]
+    assert pressure_of({}) == []
+    reach = Reach()
+    reach.observed(obs)
+    reach.observed({"resolution": {"facts": {"async_scheduling": False}}})
+    assert reach.as_dict()["pressure"] == {"pinned": 1, "evicted": 1, "preempted": 1, "async": 1, "sync": 1}
