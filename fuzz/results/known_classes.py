@@ -212,6 +212,9 @@ def classify(finding: dict) -> str | None:
         # computing it (a concurrent trace; fuzz.judge.oracles.check_stale) is another
         if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
+        family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
+        if family is not None and family.state_class:  # the family's own state class (SGLang: the off-page key)
+            return family.state_class
         return "stale-state"
     if (
         finding.get("oracle") == "resumed_state"

@@ -266,3 +266,14 @@ def test_a_partial_hits_copied_state_seen_by_resumed_state_is_the_stale_state_cl
     assert classify(held(260)) is None  # off the hash unit: no partial hit lands there
     assert classify(held(256, at=271)) is None  # not a block boundary: not the cached block's end
     assert classify(held(None)) is None  # a slot no step wrote (not this mechanism)
+
+
+def test_a_stale_finding_on_sglang_is_its_state_class_not_vllms():
+    """SGLang's off-page key seen by ``stale`` (a campaign at stop 47:
+    request 2 resumed at 1280 where the highest state its prefills wrote is
+    1152, the same request ``resumed_state`` saw resume from a state over
+    1408 tokens): the family's state class, never vLLM's stale-state; a
+    vLLM stale finding stays stale-state."""
+    on_sglang = dict(CASES["sglang-off-page-key"], oracle="stale")
+    assert classify(on_sglang) == "sglang-off-page-key"
+    assert classify(CASES["stale-state"]) == "stale-state"
