@@ -492,7 +492,7 @@ def _print(summary: dict, args, specs: list[EngineSpec], out: Path) -> None:
             )
         else:  # the deployment classes are vLLM's features (speculative mode, hash unit, retention)
             print(f"  reach: trace shapes: {shapes}")
-        if reach.get("pressure"):
+        if reach.get("pressure") and specs[0].family_entry.supports(Capability.PRESSURE):
             print("  reach under pressure (cases): " + ", ".join(f"{k} {v}" for k, v in reach["pressure"].items()))
     files = summary.get("case_files")
     if files and files.get("given"):
