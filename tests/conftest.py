@@ -98,8 +98,7 @@ def pytest_unconfigure(config) -> None:
 
     from engine_adapter.host import zygote
 
-    if folder.is_dir():
-        zygote.stop_all(zygote.zygote_dir())
+    zygote.stop_all()  # this run's folder (KVSPEC_ZYGOTE_DIR), none if it was never made
     shutil.rmtree(folder, ignore_errors=True)
     os.environ.pop("KVSPEC_ZYGOTE_DIR", None)
 

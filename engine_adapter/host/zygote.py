@@ -186,12 +186,8 @@ class ForkedProcess:
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+    """Whether ``pid`` is a process that has not ended (a zombie has): warm_state's reading of ``/proc/PID/stat``."""
+    return warm_state._proc_state(pid) not in (None, "Z", "X")
 
 
 def _connect(sock: Path) -> socket.socket | None:
