@@ -28,7 +28,7 @@ venv: $(VENV)/.ready
 # llamacpp==2026.10.11549: the third (llama.cpp's server in-process, real
 # forward passes of tiny GGUF models kvspec writes; docs/llamacpp.md).
 # One target per environment (engine/NAME-VERSION), so that `make -jN
-# engines` installs them side by side (.ci/run: -j3 with server-env; the
+# engines` installs them side by side (.ci/run: -j6 with server-env; the
 # downloads overlap the self-tests); kvspec's install lock keeps one
 # install per environment.
 ENGINES := vllm-0.29.0 vllm-0.32.0 vllm-0.33.0 sglang-0.5.23 llamacpp-2026.10.11549
