@@ -335,27 +335,28 @@ def cacheable_tokens(end: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
     return aligned
 
 
-def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: Knobs) -> set[int]:
+def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: Knobs) -> dict[int, int]:
     """Under dense or periodic retention the Mamba manager also has the
     kernel export a checkpoint from inside every other chunk that can
     (vLLM 0.32.0+ ``MambaManager.get_num_blocks_to_allocate``: the prefill
     end is ignored unless retention is sparse), at the chunk's own
-    checkpoint position, into a slot no chunk end filled."""
+    checkpoint position, into a slot no chunk end filled. Returns
+    ``{chunk end: checkpoint position}``."""
     grid = knobs.prefill_checkpoint_grid
     if grid is None or geometry.retention_interval == 0:
-        return set()
+        return {}
     bs = geometry.split_block
     H = geometry.hash_block_size
     unit = H if knobs.partial_hash_hits else bs
     ends = {c.end for c in parts}
-    out = set()
+    out = {}
     for c in parts:
         if c.internal:
             continue
         p = mamba_checkpoint_position(c.end, unit, knobs.eagle_drop, knobs.hash_lookahead_tokens)
         slot_end = (-(-c.end // bs) - 1) * bs  # the state slot cdiv(end, bs) - 2 holds
         if p and internal_checkpoint_valid(c.start, c.end, p, H, bs, grid) and slot_end not in ends:
-            out.add(p)
+            out[c.end] = p
     return out
 
 
@@ -442,7 +443,7 @@ def retained_states(
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
     parts = chunks(N, hit, junction, geometry, knobs, block_stop_always=rule == "promise")
     ends = [c.end for c in parts]
-    interim = _interim_checkpoints(parts, N, geometry, knobs) if rule != "promise" else set()
+    interim = _interim_checkpoints(parts, N, geometry, knobs) if rule != "promise" else {}
     kept: dict[int, set[int]] = {}
     tails: set[int] = set()
     for M in dict.fromkeys(geometry.mamba_block_sizes):
@@ -464,10 +465,16 @@ def retained_states(
                 # ... and only where a prefill chunk ended: align mode writes a
                 # state nowhere else (a split block below the KV block, vLLM's
                 # CPU engine core up to 0.32.0, ends chunks off the block grid).
+                # Not where that chunk also exported an interim checkpoint: the
+                # cache call then re-keys or evicts the checkpoint's slot and
+                # returns before keying the chunk end (0.32.0+
+                # ``MambaManager._cache_partial_tail_block``, 0.33.0
+                # single_type_kv_cache_manager.py:2036-2085; 0.32.0 :2019-2066).
                 if (
                     tail > 0
                     and tail in covered
                     and tail in ends
+                    and tail not in interim
                     and tail <= hashed
                     and (tail % M or knobs.tail_checkpoint == "checkpoint")
                 ):
@@ -477,7 +484,7 @@ def retained_states(
                 if c.internal and c.internal <= hashed:
                     written.add(c.internal)
                     tails.add(c.internal)
-            for p in interim:
+            for p in interim.values():
                 if p <= hashed and (p % M == 0 or p == junction):
                     written.add(p)
             if knobs.shared_prefix_checkpoint and hit < junction <= N and junction in ends and junction <= hashed:

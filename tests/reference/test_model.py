@@ -193,3 +193,37 @@ def test_implemented_rule_per_version():
     assert implemented_rule("0.29.0") == "legacy"
     assert [implemented_rule(v) for v in ("0.30.0", "0.32.0", "0.33.0")] == ["replay"] * 3
     assert implemented_rule("dev-build") == "replay"  # a server's unparsable version counts as newer
+
+
+def _resend_beside_checkpoint(retention_interval):
+    """Qwen3.5 as vLLM 0.33.0 resolves it on an H100 at TP 2 (block 320,
+    ``--prefix-match-unit 16``, GDN checkpoints on 64), MTP 2 with the
+    drop: A:480 sent twice (a campaign's ``reference`` finding, seed 3)."""
+    geometry = hybrid(
+        320,
+        320,
+        hash_block_size=16,
+        prefix_match_unit=16,
+        scheduler_block_size=320,
+        retention_interval=retention_interval,
+        max_num_batched_tokens=16384,
+        prefill_checkpoint_grid=64,
+    )
+    return make_case(geometry, [[("A", 480)]] * 2, MTP_DROP)
+
+
+def test_the_release_keys_no_tail_beside_an_interim_checkpoint():
+    """vLLM 0.32.0+ under dense or periodic retention: the chunk [0, 464)
+    ends at the prompt's checkpoint 464 (480 under the drop, less a unit)
+    and also exports an interim checkpoint at 448 (on the 64 grid); the
+    cache call re-keys or evicts that slot and returns before keying 464
+    (``MambaManager._cache_partial_tail_block``, 0.33.0
+    single_type_kv_cache_manager.py:2036-2085), so the resend finds no
+    state: the release's rule gives 0 where the promise gives 464 (the
+    resend-beside-checkpoint class). Sparse retention exports no interim
+    checkpoint there, and keys 464."""
+    for interval in (None, 320):
+        case = _resend_beside_checkpoint(interval)
+        assert hits(case, rule="replay") == [0, 0], interval
+        assert hits(case, rule="promise") == [0, 464], interval
+    assert hits(_resend_beside_checkpoint(0), rule="replay") == [0, 464]

@@ -1,0 +1,103 @@
+"""Stalls on pinned pools are vLLM 0.33.0's, not kvspec's pool stand-in
+(issue 43; ``examples/README.md``, "Stalls on pinned pools").
+
+A pinned pool is the one vLLM builds from ``--num-gpu-blocks-override``
+(kvspec calls vLLM's own ``get_kv_cache_configs`` and start-up check,
+``kv_cache_planning.py:1510-1559``). Two causes, each held here from a run:
+
+* **the copy-on-write block**: the start-up check plans a request of
+  ``max_model_len`` with no prefix hit; the admission gate
+  (``full_sequence_must_fit``, ``kv_cache_manager.py:531-548``) counts one
+  more block per group for a hit that ends inside a block
+  (``single_type_kv_cache_manager.py:262-265``, Mamba ``:1748-1795``). The
+  sync example stalls on pool 19 and runs on pool 20: the gate asks 19 of 18
+  free blocks. If kvspec's pool were one block short of vLLM's, the stall
+  would move to pool 20, and this test fails.
+* **the self-preemption under async scheduling** (slow tier: 3,181 steps):
+  the async example preempts its only request forever on pool 23; the same
+  pool under ``--no-async-scheduling`` runs.
+
+The fixes (``fixes/vllm-0.33.0-admission-cow-block.diff``,
+``fixes/vllm-0.33.0-async-self-preemption.diff``) are patched builds: their
+tests are in the slow tier.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.host import builds
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+POOL = "--num-gpu-blocks-override"
+
+
+def _load(name: str, pool: int | None = None, *extra: str) -> dict:
+    case = json.loads((EXAMPLES / f"{name}.json").read_text())
+    case = copy.deepcopy(case)
+    args = case["deployment"]["vllm_args"]
+    if pool is not None:
+        args[args.index(POOL) + 1] = str(pool)
+    args.extend(extra)
+    return case
+
+
+def _stalled_at(obs: dict) -> int | None:
+    err = obs.get("error")
+    if err is None:
+        return None
+    assert err["type"] == "EngineStall" and err["phase"] == "step", err
+    return err["request"]
+
+
+def test_a_hit_ending_inside_a_block_stalls_one_pool_below_the_smallest_that_runs(engine_033):
+    name = "stall-partial-hit-cow-sync-qwen3_5"
+    stalled = engine_033.run(_load(name))  # pool 19: vLLM's start-up check accepts it
+    assert stalled["resolution"]["facts"]["num_blocks"] == 19
+    assert _stalled_at(stalled) == 1, stalled.get("error")
+    assert "0/577 prompt tokens computed" in stalled["error"]["message"]
+    runs = engine_033.run(_load(name, 20))
+    assert _stalled_at(runs) is None
+    assert runs["hits"] == [0, 16]  # the hit that ends inside a 288-token block
+
+
+@pytest.mark.slow
+def test_an_async_chunk_in_flight_preempts_its_only_request_forever(engine_033):
+    name = "stall-async-self-preemption-qwen3_5"
+    looped = engine_033.run(_load(name))  # pool 23, async
+    assert _stalled_at(looped) == 2, looped.get("error")
+    # not idle (a request never admitted stalls after 9 idle steps): scheduled,
+    # preempted and resumed until the step bound, never past its first chunks
+    steps = int(looped["error"]["message"].split(" after ")[1].split()[0])
+    assert steps > 3000 and "(0/3115 prompt tokens computed)" in looped["error"]["message"], looped["error"]
+    sync = engine_033.run(_load(name, None, "--no-async-scheduling"))
+    assert _stalled_at(sync) is None
+    assert sync["hits"] == [0, 0, 576, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fix, name, outcome",
+    [
+        ("vllm-0.33.0-admission-cow-block.diff", "stall-partial-hit-cow-sync-qwen3_5", "refused"),
+        ("vllm-0.33.0-async-self-preemption.diff", "stall-async-self-preemption-qwen3_5", "runs"),
+    ],
+)
+def test_each_fix_ends_its_stall(engines, fix, name, outcome):
+    engine = engines(builds.prepare("vllm==0.33.0", [str(ROOT / "fixes" / fix)]).removeprefix("vllm=="))
+    if outcome == "refused":  # the start-up check now plans the copy-on-write block
+        with pytest.raises(Exception, match="KV cache|max seq len|available"):
+            obs = engine.run(_load(name))
+            raise AssertionError(obs.get("error") or obs["hits"])
+        assert _stalled_at(engine.run(_load(name, 20))) is None  # the smallest pool that runs is accepted
+    else:
+        obs = engine.run(_load(name))
+        assert _stalled_at(obs) is None
+        assert obs["hits"][2] > 0
