@@ -199,7 +199,7 @@ def test_predict_replay_equals_sglang_on_its_examples_and_drawn_cases(sglang):
     from tests.conformance.sglang_replay_table import STRATEGY_NAMES, compare, drawn_cases, example_cases
 
     cases = example_cases() + [c for s in STRATEGY_NAMES for c in drawn_cases(sglang, s, 5, 7)]
-    assert len(cases) == len(example_cases()) + 10 == 16
+    assert len(cases) == len(example_cases()) + 10 == 17
     rows = [compare(sglang, c) for c in cases]
     assert [r["case"] for r in rows if not r["agrees"]] == [], rows
 
