@@ -39,7 +39,11 @@ its serial trace (``fuzz.draw.traces._concurrent_wave``, as for vLLM: a head
 extending an earlier prompt, then requests sent 0-3 steps after one another
 that share its prefix), which the driver runs through SGLang's scheduler
 loop (``engine_adapter/sglang_engine/batching.py``); speculation in a wave
-is refused by the driver, so it is not drawn.
+is refused by the driver, so it is not drawn. One serial, one-token case
+in :data:`PRESSURE_ODDS` pins SGLang's token pool (``--max-total-tokens``)
+at room for its longest request alone or its two longest together
+(:func:`with_pinned_pool`), so SGLang's own allocation evicts from the
+radix cache (issue 43).
 """
 
 from __future__ import annotations
@@ -255,7 +259,10 @@ def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary
 
 
 def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, boundary_bias: bool = True) -> Case:
-    """A trace on a resolved SGLang deployment (``info``: its block and hash unit)."""
+    """A trace on a resolved SGLang deployment (``info``: its block and hash
+    unit). A pool pinned for an earlier trace on it is dropped first (it
+    was sized for that trace's lengths: :func:`with_pinned_pool`)."""
+    deployment = without_pinned_pool(deployment)
     block, unit = int(info["block"]), int(info["hash"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
@@ -270,7 +277,63 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
         trace = with_decode(side, trace, track)
     elif side is not None and "--speculative-algorithm" not in deployment.get("sglang_args", ()):
         trace = _concurrent_wave(side, trace, block, cap)  # one case in five, after the serial trace
+    if side is not None:  # the side stream's last draws (the wave's ``side.side()`` stream would correlate)
+        deployment = with_pinned_pool(side, deployment, trace, block)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: One serial case in this many pins SGLang's token pool (:func:`with_pinned_pool`).
+PRESSURE_ODDS = 8
+#: Pool levels drawn (``fuzz.draw.generate_pressure.LEVELS``' tightest two):
+#: room for the longest request alone, and for the two longest together.
+PRESSURE_LEVELS = ("one", "two")
+#: Units of headroom past the requests' own tokens: SGLang's admission and
+#: allocation keep a page back in several places (``schedule_policy.py:930,
+#: 1013, 1404``); counted in checkpoint grids (at least a page each).
+POOL_HEADROOM = 4
+POOL_FLAG = "--max-total-tokens"
+
+
+def pool_level(lengths: list[int], level: str, unit: int) -> int:
+    """The token pool of ``level`` for requests of ``lengths`` tokens (prompt
+    and output): each rounded up to ``unit`` (the checkpoint grid, a
+    multiple of the page: SGLang allocates whole pages,
+    ``PagedTokenToKVPoolAllocator``), the longest (``one``) or the two
+    longest (``two``), plus :data:`POOL_HEADROOM` units."""
+    need = sorted((-(-n // unit) * unit for n in lengths), reverse=True)
+    return sum(need[: 1 if level == "one" else 2]) + POOL_HEADROOM * unit
+
+
+def without_pinned_pool(deployment: dict) -> dict:
+    """``deployment`` without a ``--max-total-tokens`` pin (its value too)."""
+    args = list(deployment.get("sglang_args", ()))
+    if POOL_FLAG not in args:
+        return deployment
+    k = args.index(POOL_FLAG)
+    return {**deployment, "sglang_args": args[:k] + args[k + 2 :]}
+
+
+def with_pinned_pool(c: Chooser, deployment: dict, trace: list[dict], unit: int) -> dict:
+    """One serial, one-token case in :data:`PRESSURE_ODDS`: ``deployment``
+    with ``--max-total-tokens`` at a level of :data:`PRESSURE_LEVELS`,
+    derived from the trace's token counts (never a known bug's): a later
+    prompt's allocation makes SGLang's radix cache evict an earlier one
+    (``engine_adapter.sglang_engine.resolve.pinned_pools``: the pool as
+    SGLang sizes it). The Mamba pool stays kvspec's (on a GPU, SGLang sizes
+    it from memory, ``kv_cache_configurator.py:3348-3386``, far above a
+    case's states). A wave or a decoding request is left alone: SGLang
+    retracts decoding requests when a decode step finds no room
+    (``retract_decode``), which the driver does not run."""
+    if c.integer(0, PRESSURE_ODDS - 1):
+        return deployment
+    level = c.choice(PRESSURE_LEVELS)
+    if any(r.get("arrival") is not None or r.get("max_tokens", 1) > 1 for r in trace):
+        return deployment
+    if any("length" not in x for r in trace for x in r["prompt"]) or POOL_FLAG in deployment.get("sglang_args", ()):
+        return deployment
+    lengths = [sum(int(x["length"]) for x in r["prompt"]) + 1 for r in trace]
+    args = [*deployment.get("sglang_args", ()), POOL_FLAG, str(pool_level(lengths, level, unit))]
+    return {**deployment, "sglang_args": args}
 
 
 #: The deployments SGLang's boundary cases run on (``check-build``): the

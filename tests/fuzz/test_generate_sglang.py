@@ -85,14 +85,23 @@ def test_the_random_driver_resolves_each_sglang_deployment_once():
         return cache[key]
 
     cases = list(itertools.islice(random_cases(5, "sglang", resolver=campaign_like), 4 * TRACES_PER_DEPLOYMENT))
+    from fuzz.draw.generate_sglang import without_pinned_pool
+
+    def unpinned(key: str) -> str:  # a trace may pin a pool on its deployment (resolved once more, as drawn)
+        return json.dumps(without_pinned_pool(json.loads(key)), sort_keys=True)
+
     drawn = {json.dumps(c.deployment.as_dict(), sort_keys=True) for c in cases}
-    assert set(keys) == drawn and len(keys) == 4  # one resolution per drawn deployment, none again per trace
+    assert {unpinned(k) for k in keys} == {unpinned(d) for d in drawn}
+    assert len({unpinned(k) for k in keys}) == 4 and len(keys) <= 8  # one per drawn deployment (and its first pin)
 
 
 def test_a_refused_draw_is_drawn_again_then_the_fallback():
     refuse_all = fake_resolver(refuse=lambda dep: True)
     case = build_sglang_case(RandomChooser(random.Random(1)), refuse_all)
-    assert len(refuse_all.seen) == 5 and case.deployment.as_dict()["sglang_args"] == FALLBACK["sglang_args"]
+    from fuzz.draw.generate_sglang import without_pinned_pool
+
+    fallback = without_pinned_pool(case.deployment.as_dict())  # the trace may pin a pool on it
+    assert len(refuse_all.seen) == 5 and fallback["sglang_args"] == FALLBACK["sglang_args"]
     refuse_no_buffer = fake_resolver(refuse=lambda dep: "no_buffer" in dep["sglang_args"])
     for s in range(20):
         case = build_sglang_case(RandomChooser(random.Random(s)), refuse_no_buffer)
@@ -360,3 +369,41 @@ def test_some_cases_decode_to_a_track_point_and_some_deployments_speculate():
         assert (
             int(a[a.index("--speculative-num-draft-tokens") + 1]) == int(a[a.index("--speculative-num-steps") + 1]) + 1
         )
+
+
+def test_a_serial_case_in_pressure_odds_pins_a_token_pool_sized_from_its_own_lengths():
+    """Issue 43 on SGLang: about one serial one-token case in
+    PRESSURE_ODDS carries ``--max-total-tokens`` at the level of its
+    longest request alone or its two longest together (rounded to the
+    grid, plus headroom), never below its longest request; a wave or a
+    decoding case never does; a later trace on the same deployment starts
+    from the deployment without the pin (sized for another trace)."""
+    from fuzz.draw.generate_sglang import (
+        POOL_FLAG,
+        POOL_HEADROOM,
+        PRESSURE_ODDS,
+        pool_level,
+        sglang_case_on,
+        without_pinned_pool,
+    )
+
+    assert pool_level([100, 300, 65], "one", 64) == 320 + 4 * 64 and pool_level([100, 300, 65], "two", 64) == 448 + 256
+    info = {"block": 64, "hash": 64, "max_model_len": 32768, "track": 256}
+    dep = draw_sglang_deployment(RandomChooser(random.Random(0)), "extra_buffer")
+    pinned, serial = 0, 0
+    for s in range(600):
+        case = sglang_case_on(RandomChooser(random.Random(s)), dep, info, None)
+        args = list(case.deployment.sglang_args)
+        plain = all(r.arrival is None and r.max_tokens == 1 for r in case.trace)
+        serial += plain
+        if POOL_FLAG not in args:
+            continue
+        assert plain, case.trace
+        pinned += 1
+        pool = int(args[args.index(POOL_FLAG) + 1])
+        longest = max(r.num_prompt_tokens + 1 for r in case.trace)
+        assert pool >= -(-longest // 64) * 64 + POOL_HEADROOM * 64
+        again = sglang_case_on(RandomChooser(random.Random(s)), case.deployment.as_dict(), info, None)
+        assert again == case  # the pin dropped, then drawn again from the same stream
+        assert POOL_FLAG not in without_pinned_pool(case.deployment.as_dict())["sglang_args"]
+    assert 0.6 * serial / PRESSURE_ODDS < pinned < 1.4 * serial / PRESSURE_ODDS, (pinned, serial)
