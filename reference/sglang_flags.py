@@ -25,7 +25,9 @@ that shape the prefix cache and the prefill are allowed:
   check for any value ``<= 0``, ``arg_groups/validation_hook.py:241-246``;
   kvspec's driver cuts every prefill into chunks of that size, so it runs
   only a chunk of at least one token); both at most the case limits'
-  ``MAX_BLOCK_SIZE`` / ``MAX_BATCHED_TOKENS`` (2^20).
+  ``MAX_BLOCK_SIZE`` / ``MAX_BATCHED_TOKENS`` (2^20);
+  ``--max-total-tokens`` and ``--max-mamba-cache-size`` (the pools a
+  deployment pins: a cache under pressure, issue 43) at least 1.
 
 Whether SGLang accepts an allowed value is SGLang's answer (its parser and
 its resolution hooks, e.g. ``no_buffer only supports page_size=1``,
@@ -46,6 +48,8 @@ FLAGS: dict[str, str] = {
     "--chunked-prefill-size": "value",
     "--max-prefill-tokens": "value",
     "--max-running-requests": "value",
+    "--max-total-tokens": "value",
+    "--max-mamba-cache-size": "value",
     "--mamba-radix-cache-strategy": "choice",
     "--mamba-track-interval": "value",
     "--mamba-max-states-per-path": "value",
@@ -74,10 +78,14 @@ _INT = re.compile(r"^-?[0-9]{1,9}$")
 RANGES: dict[str, tuple[int, int]] = {
     "--page-size": (1, 1 << 20),
     "--chunked-prefill-size": (1, 1 << 20),
+    "--max-total-tokens": (1, 1 << 20),
+    "--max-mamba-cache-size": (1, 1 << 20),
 }
 _WHY = {
     "--page-size": "SGLang 0.5.23 asserts page_size > 0",
     "--chunked-prefill-size": "kvspec's driver runs chunked prefill only; SGLang's -1 disables it",
+    "--max-total-tokens": "the token pool's size: a positive count (SGLang takes the smaller of it and the profiled pool)",
+    "--max-mamba-cache-size": "the Mamba state pool's slots: a positive count (SGLang refuses one that serves no request)",
 }
 
 

@@ -139,6 +139,13 @@ class _Cache:
         # slot a request holds (its own, the ping-pong pair), so SGLang never
         # evicts: a hit lost to kvspec's pool size would be kvspec's finding.
         states = sum(n // max(1, res.chunked_prefill_size) + 6 for n in lengths) + 16
+        # ... unless the deployment pins a pool (--max-total-tokens,
+        # --max-mamba-cache-size, as SGLang sizes them: resolve.pinned_pools):
+        # then it is that pool, and SGLang's own allocation evicts from the tree.
+        if res.token_pool is not None:
+            size = res.token_pool
+        if res.mamba_pool is not None:
+            states = res.mamba_pool
         self.req_pool = HybridReqToTokenPool(
             size=requests + 4,
             mamba_size=states,
@@ -186,6 +193,30 @@ class _Cache:
             )
         )
         self.tree_core = type(self.tree.tree_core).__name__
+        #: What the radix cache's own eviction reported, call by call
+        #: (``UnifiedRadixCache._evict``'s ``EvictResult``: full-attention
+        #: tokens and Mamba states it freed; ``unified_radix_cache.py:690-760``,
+        #: every ``evict`` / ``evict_for_alloc`` goes through it).
+        self.evictions: list[tuple[int, int]] = []
+        self.tree._evict = self._observed(self.tree._evict)
+
+    def _observed(self, evict):
+        def _evict(*args, **kwargs):
+            result = evict(*args, **kwargs)
+            if result.num_tokens_evicted or result.mamba_num_evicted:
+                self.evictions.append((int(result.num_tokens_evicted), int(result.mamba_num_evicted)))
+            return result
+
+        return _evict
+
+    def evicted_since(self, mark: int) -> list[list]:
+        """``explain[i].evicted`` (engine-neutral: said only where it
+        happened): one row per component the tree evicted from since
+        ``mark`` (an index into :attr:`evictions`), ``[component, count]``:
+        ``["full_attention", tokens]``, ``["mamba", states]``."""
+        rows = self.evictions[mark:]
+        tokens, states = sum(t for t, _ in rows), sum(m for _, m in rows)
+        return [[k, n] for k, n in (("full_attention", tokens), ("mamba", states)) if n]
 
     # ---- the stood-in model runner
     def _slots(self, idx: torch.Tensor) -> torch.Tensor:
@@ -253,6 +284,7 @@ class SglangDriver(ReleaseOfPackage):
         error = None
         concurrent, clock = is_concurrent(case), 0
         for wave in waves(case):
+            mark = len(cache.evictions)
             try:
                 if len(wave) == 1:
                     i = wave[0]
@@ -261,6 +293,9 @@ class SglangDriver(ReleaseOfPackage):
                     served = self._serve_wave(cache, res, case, wave, prompts)
                 if concurrent:  # one scheduler clock over the trace, for the oracles that judge by steps
                     clock = _on_clock(served, clock)
+                evicted = cache.evicted_since(mark)
+                if evicted:  # a wave's evictions are its first request's (the judge reads the wave)
+                    served[0]["evicted"] = evicted
                 explain.extend(served)
             except KvspecError:
                 raise

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 from sglang.srt.runtime_context import (
     get_exec,
     mamba_cache_chunk_size,
@@ -56,6 +57,8 @@ READ_FIELDS = (
     "mamba_radix_cache_strategy",
     "mamba_track_interval",
     "mamba_max_states_per_path",
+    "max_total_tokens",
+    "max_mamba_cache_size",
     "disable_radix_cache",
     "disable_overlap_schedule",
     "speculative_algorithm",
@@ -93,6 +96,25 @@ class SglangResolution:
     state_chunk: int = 64
     #: SGLang's own ``ModelConfig`` of the deployment (``ScheduleBatch`` reads it).
     model_config: Any = None
+    #: The token pool a deployment pins (``--max-total-tokens``), as SGLang
+    #: sizes it: the smaller of the profiled pool and the cap
+    #: (``kv_cache_configurator.py:3090-3106`` ``_apply_token_constraints``),
+    #: floored to the page (``model_executor/pool_configurator.py:649-653``,
+    #: the configurator of a Mamba hybrid without sliding windows,
+    #: ``:1715-1725``). The profiled pool of a GPU is larger than any cap a
+    #: case sets, so the cap is the pool. None: kvspec's pool (room for the
+    #: whole trace).
+    token_pool: int | None = None
+    #: The Mamba state slots a deployment pins (``--max-mamba-cache-size``:
+    #: taken as set, ``kv_cache_configurator.py:3303-3310``). None: kvspec's
+    #: pool (room for every state the trace can leave).
+    mamba_pool: int | None = None
+
+    @property
+    def pool_set_by_deployment(self) -> bool:
+        """Did the deployment size a pool (the case is under pressure
+        where a request's allocation evicts: ``fuzz.judge.oracles.before_pressure``)?"""
+        return self.token_pool is not None or self.mamba_pool is not None
 
     def geometry(self) -> dict | None:
         """The resolution in kvspec's case geometry, for the engine-neutral
@@ -145,7 +167,11 @@ class SglangResolution:
                 "max_model_len": self.context_length,
                 "max_num_seqs": 256,
                 "track": self.track_grid,
+                "chunk": self.chunked_prefill_size,
+                "pool_set_by_deployment": self.pool_set_by_deployment,
             },
+            "token_pool": self.token_pool,
+            "mamba_pool": self.mamba_pool,
             "page_size": self.page_size,
             "chunked_prefill_size": self.chunked_prefill_size,
             "max_prefill_tokens": self.max_prefill_tokens,
@@ -218,6 +244,7 @@ def _resolve_fresh(dep: Deployment) -> SglangResolution:
         )
     fields = {k: resolved.get(k) for k in READ_FIELDS}
     model_config = ModelConfig.from_server_args(sa)
+    token_pool, mamba_pool = pinned_pools(resolved, page, sa)
     return SglangResolution(
         server_args=sa,
         page_size=page,
@@ -236,4 +263,36 @@ def _resolve_fresh(dep: Deployment) -> SglangResolution:
         context_length=resolved.get("context_length"),
         model_config=model_config,
         state_chunk=int(getattr(model_config.hf_text_config, "mamba_chunk_size", None) or 64),
+        token_pool=token_pool,
+        mamba_pool=mamba_pool,
     )
+
+
+def pinned_pools(resolved: dict, page: int, sa) -> tuple[int | None, int | None]:
+    """The token pool and the Mamba slots a deployment pins, as SGLang
+    0.5.23 sizes them (:class:`SglangResolution` ``token_pool`` /
+    ``mamba_pool``), or refused as SGLang refuses them: a token pool under
+    one page holds nothing, and a Mamba pool of fewer slots than one
+    request takes (``KVCacheConfigurator._calculate_mamba_ratio``,
+    ``kv_cache_configurator.py:3062-3088``: 3, plus the extra buffer's
+    tracking slots) serves no request (``resolve_max_num_reqs``,
+    ``:3133-3160``, "state cache is too small to serve any requests")."""
+    cap, slots = resolved.get("max_total_tokens"), resolved.get("max_mamba_cache_size")
+    token_pool = None
+    if cap is not None:
+        token_pool = int(cap) // page * page
+        if token_pool < page:
+            raise DeploymentRejected(
+                f"deployment.sglang_args: --max-total-tokens={cap}: under one page ({page}); allowed: at least the page size"
+            )
+    if slots is None:
+        return token_pool, None
+    with override_platform(is_cuda=True):
+        set_global_server_args_for_scheduler(sa)
+        ratio = KVCacheConfigurator._calculate_mamba_ratio(None)  # reads the globals only
+    if int(slots) // ratio <= 0:
+        raise DeploymentRejected(
+            f"deployment.sglang_args: --max-mamba-cache-size={slots}: SGLang serves no request with it "
+            f"({ratio} state slots per request); allowed: at least {ratio}"
+        )
+    return token_pool, int(slots)

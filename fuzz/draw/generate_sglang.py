@@ -9,9 +9,11 @@ Mamba radix cache (four of them) x ``--mamba-radix-cache-strategy`` {auto, extra
 no_buffer} x ``--page-size`` {default, 1, 16, 64, 256} x
 ``--chunked-prefill-size`` {default, 512, 1024, 2048, 8192} x
 ``--mamba-track-interval`` {default, 256, 512, 1024} x
-``--mamba-max-states-per-path`` {default, 1, 2, 4}; then, in one draw of
-:data:`OFF_GRID_ODDS` each, the budget and the track interval moved off
-the grids as users set them (:func:`off_grid_chunk`,
+``--mamba-max-states-per-path`` {default, 1, 2, 4}, a cap kept in one
+deployment of :data:`CAP_ODDS` (it leaves the promise unstated); then, in
+one draw of :data:`OFF_GRID_ODDS` each, the budget and the track interval
+moved off the grids as users set them (:func:`off_grid_chunk`: still a
+multiple of the page, which SGLang's launch requires;
 :func:`off_grid_interval`), with
 ``--disable-overlap-schedule`` where ``no_buffer`` needs it (SGLang 0.5.23
 ``arg_groups/mamba_hook.py validate_mamba_no_buffer``). What SGLang refuses
@@ -19,7 +21,9 @@ the grids as users set them (:func:`off_grid_chunk`,
 of the page) it refuses through the resolver, and another deployment is
 drawn. The trace is drawn on what SGLang resolved (the resolver: the
 checkpoint grid as the block, the page as the hash unit): SGLang's rule of
-where a state can be kept, never a known bug's lengths.
+where a state can be kept, never a known bug's lengths. On a budget off
+the grid, half the traces are read from a chunk start on
+(:func:`from_chunk_start`): SGLang tracks relative to an extend's start.
 
 Requests run one after another. One case in :data:`DECODE_ODDS` decodes
 (from the chooser's side stream, so a seed's other draws stay): one request
@@ -35,7 +39,11 @@ its serial trace (``fuzz.draw.traces._concurrent_wave``, as for vLLM: a head
 extending an earlier prompt, then requests sent 0-3 steps after one another
 that share its prefix), which the driver runs through SGLang's scheduler
 loop (``engine_adapter/sglang_engine/batching.py``); speculation in a wave
-is refused by the driver, so it is not drawn.
+is refused by the driver, so it is not drawn. One serial, one-token case
+in :data:`PRESSURE_ODDS` pins SGLang's token pool (``--max-total-tokens``)
+at room for its longest request alone or its two longest together
+(:func:`with_pinned_pool`), so SGLang's own allocation evicts from the
+radix cache (issue 43).
 """
 
 from __future__ import annotations
@@ -70,6 +78,19 @@ OFF_GRID_ODDS = 4
 #: kept where the prefill classes keep most of the runs.
 DECODE_ODDS = 8
 SPEC_ODDS = 8
+#: One deployment in this many keeps its drawn ``--mamba-max-states-per-path``
+#: cap (from the side stream); the others run SGLang's default, -1
+#: (unlimited: ``arg_groups/fields/exec_.py:497-503``). A cap makes SGLang
+#: drop a path's shallowest interior states after each insert
+#: (``unified_cache/components/mamba.py:265-312``
+#: ``_evict_excess_path_states``), which neither the promise nor the replay
+#: rule states (``resolve.SglangResolution.geometry``,
+#: ``reference.sglang_prefill.SglangSetting.check``): a capped deployment
+#: is judged by the safety oracles alone, like a budget off the grid, so it
+#: is kept to the same share. (Drawn uniformly with the default, three caps
+#: in four deployments left the promise unstated on about three of four:
+#: seed 1 of stop 47 found no grid-class finding in 450 runs.)
+CAP_ODDS = OFF_GRID_ODDS
 #: The most speculative steps drawn (SGLang's own default for NEXTN is 3).
 MAX_SPEC_STEPS = 5
 #: The model's Mamba chunk when the page is SGLang's default (the grid is
@@ -82,18 +103,28 @@ def grid_of(page: int | None) -> int:
     return max(MODEL_CHUNK, page or 1)
 
 
-def off_grid_chunk(c: Chooser, page: int | None, chunk: int | None) -> int:
-    """A ``--chunked-prefill-size`` near ``chunk`` (SGLang's default: 2048
-    here) that is not a multiple of the grid: ``k x grid + r`` with r one
-    token, half a page, half a grid or a grid less one (the first chunk is
-    floored to the page, a continuing one is not, ``schedule_policy.py:1140``;
-    so its start lands off the page and off the grid), or the round decimal
-    size a user types (500, 1000, 2000, 8000)."""
-    grid = grid_of(page)
-    size = chunk or 2048
+def off_grid_chunk(c: Chooser, page: int | None, chunk: int | None) -> int | None:
+    """A ``--chunked-prefill-size`` near ``chunk`` (SGLang's default: 4096,
+    as it resolves for the CUDA platform) that SGLang launches with and
+    that is not a multiple of the checkpoint grid: ``k x grid + r`` with r
+    one page, half a grid or a grid less one page, or the round decimal
+    size a user types (500, 1000, 2000, 4000, 8000) floored to the page.
+    A launch takes only a budget that is a multiple of the page
+    (``arg_groups/validation_hook.py:243-246``, asserted by
+    ``check_server_args`` in ``Engine._launch_subprocesses``,
+    ``entrypoints/engine.py:1165``, for the HTTP server and the Python
+    engine alike; kvspec's resolver does not run that check, so the draw
+    keeps to it). So where the page is the grid (64 and up: every multiple
+    of the page is on the grid) no budget is both: ``chunk`` as drawn."""
+    p, grid = page or 1, grid_of(page)
+    rest = sorted({r for r in (p, grid // 2, grid - p) if 0 < r < grid and r % p == 0})
+    if not rest:
+        return chunk
+    size = chunk or 4096
     if c.integer(0, 2) == 0:
-        return max(100, size * 1000 // 1024 // 100 * 100)
-    rest = sorted({r for r in (1, (page or 1) // 2, grid // 2, grid - 1) if 0 < r < grid})
+        typed = max(100, size * 1000 // 1024 // 100 * 100) // p * p
+        if typed % grid:
+            return typed
     return max(1, size // grid) * grid + c.choice(rest)
 
 
@@ -134,6 +165,44 @@ def with_decode(c: Chooser, trace: list[dict], track: int) -> list[dict]:
     return out + [{"prompt": follow}]
 
 
+def chunk_starts(chunk: int, page: int) -> tuple[int, int]:
+    """Where a fresh prompt's second and third chunks start: the first
+    admission extends the budget floored to the page
+    (``managers/schedule_policy.py:1664-1670``,
+    ``reference.sglang_prefill.first_chunk``), a continuing chunk the whole
+    budget, unrounded (``schedule_policy.py:1140 add_chunked_req``,
+    ``reference.sglang_prefill.next_chunk``)."""
+    first = chunk // page * page
+    return first, first + chunk
+
+
+def from_chunk_start(c: Chooser, trace: list[dict], chunk: int, page: int, cap: int) -> list[dict]:
+    """``trace`` with its first segment read from a chunk start on: every
+    request's leading segment of that name ``start`` tokens longer (resends
+    stay resends, prefixes stay prefixes), ``start`` one of
+    :func:`chunk_starts`. The extra buffer tracks a state at the last grid
+    point of an extend counted from the extend's own start
+    (``schedule_batch.py _mamba_radix_cache_v2_req_prepare_for_extend``:
+    ``prefix_len + (extend_len // grid) * grid``; ``reference.sglang_prefill.track``),
+    and a continuing chunk's start is the previous chunk's end: so the
+    trace's lengths on the grid (k x grid and one token either side) land
+    on the points that extend tracks. Unchanged where a request would pass ``cap``."""
+    if not trace or not trace[0]["prompt"]:
+        return trace
+    name = trace[0]["prompt"][0]["segment"]
+    start = c.choice(chunk_starts(chunk, page))
+    longest = max(sum(int(x.get("length", 0)) for x in r["prompt"]) for r in trace)
+    if start <= 0 or longest + start > cap:
+        return trace
+    out = []
+    for r in trace:
+        prompt = [dict(x) for x in r["prompt"]]
+        if prompt[0].get("segment") == name and "length" in prompt[0]:
+            prompt[0]["length"] += start
+        out.append({**r, "prompt": prompt})
+    return out
+
+
 #: When every drawn deployment is refused: one SGLang always builds.
 FALLBACK = parse_deployment(
     {"model": "qwen3_next", "engine": "sglang", "sglang_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}
@@ -166,13 +235,17 @@ def draw_sglang_deployment(c: Chooser, strategy: str | None | bool = False) -> d
         drawn["--chunked-prefill-size"] = off_grid_chunk(side, page, drawn["--chunked-prefill-size"])
     if side.integer(0, OFF_GRID_ODDS - 1) == 0:
         drawn["--mamba-track-interval"] = off_grid_interval(side, page)
+    spec = []
+    if strategy == "no_buffer":
+        spec = ["--disable-overlap-schedule"]
+    elif side.integer(0, SPEC_ODDS - 1) == 0:
+        spec = spec_flags(side)
+    if side.integer(0, CAP_ODDS - 1) != 0:  # after the draws above: they stay what the seed drew
+        drawn["--mamba-max-states-per-path"] = None  # SGLang's default, -1: unlimited
     for flag, value in drawn.items():
         if value is not None:
             args += [flag, str(value)]
-    if strategy == "no_buffer":
-        args.append("--disable-overlap-schedule")
-    elif side.integer(0, SPEC_ODDS - 1) == 0:
-        args += spec_flags(side)
+    args += spec
     return parse_deployment({"model": c.choice(SGLANG_MODELS), "engine": "sglang", "sglang_args": args}).as_dict()
 
 
@@ -186,18 +259,81 @@ def build_sglang_case(c: Chooser, resolver, name: str | None = None, *, boundary
 
 
 def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, boundary_bias: bool = True) -> Case:
-    """A trace on a resolved SGLang deployment (``info``: its block and hash unit)."""
+    """A trace on a resolved SGLang deployment (``info``: its block and hash
+    unit). A pool pinned for an earlier trace on it is dropped first (it
+    was sized for that trace's lengths: :func:`with_pinned_pool`)."""
+    deployment = without_pinned_pool(deployment)
     block, unit = int(info["block"]), int(info["hash"])
     cap = max(1, min(MAX_DRAWN_PROMPT, int(info.get("max_model_len") or MAX_DRAWN_PROMPT) - 64))
     trace = _trace(c, block, boundary_bias, unit if unit < block else None, cap)
     side = c.side() if hasattr(c, "side") else None
+    chunk = int(info.get("chunk") or 0)
+    if side is not None and chunk > 0 and chunk % block and side.integer(0, 1) == 0:
+        # a budget off the grid: its continuing chunks start off the grid (half of its cases)
+        trace = from_chunk_start(side.side(), trace, chunk, unit, cap)
     track = int(info.get("track") or 0)
     decode = side is not None and side.integer(0, DECODE_ODDS - 1) == 0  # drawn whether or not a grid is known
     if decode and track > 0:
         trace = with_decode(side, trace, track)
     elif side is not None and "--speculative-algorithm" not in deployment.get("sglang_args", ()):
         trace = _concurrent_wave(side, trace, block, cap)  # one case in five, after the serial trace
+    if side is not None:  # the side stream's last draws (the wave's ``side.side()`` stream would correlate)
+        deployment = with_pinned_pool(side, deployment, trace, block)
     return parse_case({"schema": 1, "name": name, "deployment": deployment, "trace": trace})
+
+
+#: One serial case in this many pins SGLang's token pool (:func:`with_pinned_pool`).
+PRESSURE_ODDS = 8
+#: Pool levels drawn (``fuzz.draw.generate_pressure.LEVELS``' tightest two):
+#: room for the longest request alone, and for the two longest together.
+PRESSURE_LEVELS = ("one", "two")
+#: Units of headroom past the requests' own tokens: SGLang's admission and
+#: allocation keep a page back in several places (``schedule_policy.py:930,
+#: 1013, 1404``); counted in checkpoint grids (at least a page each).
+POOL_HEADROOM = 4
+POOL_FLAG = "--max-total-tokens"
+
+
+def pool_level(lengths: list[int], level: str, unit: int) -> int:
+    """The token pool of ``level`` for requests of ``lengths`` tokens (prompt
+    and output): each rounded up to ``unit`` (the checkpoint grid, a
+    multiple of the page: SGLang allocates whole pages,
+    ``PagedTokenToKVPoolAllocator``), the longest (``one``) or the two
+    longest (``two``), plus :data:`POOL_HEADROOM` units."""
+    need = sorted((-(-n // unit) * unit for n in lengths), reverse=True)
+    return sum(need[: 1 if level == "one" else 2]) + POOL_HEADROOM * unit
+
+
+def without_pinned_pool(deployment: dict) -> dict:
+    """``deployment`` without a ``--max-total-tokens`` pin (its value too)."""
+    args = list(deployment.get("sglang_args", ()))
+    if POOL_FLAG not in args:
+        return deployment
+    k = args.index(POOL_FLAG)
+    return {**deployment, "sglang_args": args[:k] + args[k + 2 :]}
+
+
+def with_pinned_pool(c: Chooser, deployment: dict, trace: list[dict], unit: int) -> dict:
+    """One serial, one-token case in :data:`PRESSURE_ODDS`: ``deployment``
+    with ``--max-total-tokens`` at a level of :data:`PRESSURE_LEVELS`,
+    derived from the trace's token counts (never a known bug's): a later
+    prompt's allocation makes SGLang's radix cache evict an earlier one
+    (``engine_adapter.sglang_engine.resolve.pinned_pools``: the pool as
+    SGLang sizes it). The Mamba pool stays kvspec's (on a GPU, SGLang sizes
+    it from memory, ``kv_cache_configurator.py:3348-3386``, far above a
+    case's states). A wave or a decoding request is left alone: SGLang
+    retracts decoding requests when a decode step finds no room
+    (``retract_decode``), which the driver does not run."""
+    if c.integer(0, PRESSURE_ODDS - 1):
+        return deployment
+    level = c.choice(PRESSURE_LEVELS)
+    if any(r.get("arrival") is not None or r.get("max_tokens", 1) > 1 for r in trace):
+        return deployment
+    if any("length" not in x for r in trace for x in r["prompt"]) or POOL_FLAG in deployment.get("sglang_args", ()):
+        return deployment
+    lengths = [sum(int(x["length"]) for x in r["prompt"]) + 1 for r in trace]
+    args = [*deployment.get("sglang_args", ()), POOL_FLAG, str(pool_level(lengths, level, unit))]
+    return {**deployment, "sglang_args": args}
 
 
 #: The deployments SGLang's boundary cases run on (``check-build``): the

@@ -222,6 +222,8 @@ class Campaign:
                 "max_num_seqs": facts.get("max_num_seqs", 256),
                 # the decode track grid, where the family states one (SGLang's: fuzz.draw.generate_sglang)
                 "track": facts.get("track"),
+                # the prefill chunk budget, where the family states one (SGLang's: chunk starts, fuzz.draw.generate_sglang)
+                "chunk": facts.get("chunk"),
                 # the KV cache groups (kind, block, count): a pinned pool is sized on them (fuzz.draw.generate_pressure)
                 "groups": (r.get("geometry") or {}).get("groups"),
                 # the scheduler it serves with (fuzz.draw.generate_pressure.draw_scheduling)

@@ -257,6 +257,8 @@ def main(args) -> int:
     rule_notes: list[str] = []
     if reference is None and family.own_reference and observed.get("resolution") and not observed.get("error"):
         reference, rule_notes = load(family.own_reference)(case, observed, name, rule, judged)
+        if reference is not None:  # the family's rule, like the promise, predicts only up to pressure
+            reference = _past_pressure(judged, observed, reference)
     if reference is None:
         if (
             judged.geometry is None

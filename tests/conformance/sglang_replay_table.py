@@ -35,6 +35,7 @@ from pathlib import Path
 from fuzz.draw.choosers import RandomChooser
 from fuzz.draw.generate_sglang import draw_sglang_deployment, sglang_case_on, spec_flags
 from fuzz.draw.traces import _trace
+from fuzz.judge.oracles import before_pressure
 from reference.case import load_case, parse_case
 from reference.sglang_prefill import SglangSetting, serial_steps
 
@@ -124,6 +125,9 @@ def compare(engine, case) -> dict:
         return row
     setting = SglangSetting.from_resolution(obs["resolution"])
     steps = serial_steps(case, setting)  # a concurrent wave's requests: not stated by the rule
+    pressure = before_pressure(case, obs)  # a pinned pool evicted: the rule is stated up to there (docs/judge.md)
+    if pressure is not None:
+        steps = steps[:pressure]
     k = len(steps)
     row["model_hits"] = [s.hit for s in steps] + [None] * (len(case.trace) - k)
     row["max_tokens"] = [r.max_tokens for r in case.trace]

@@ -199,7 +199,7 @@ def test_predict_replay_equals_sglang_on_its_examples_and_drawn_cases(sglang):
     from tests.conformance.sglang_replay_table import STRATEGY_NAMES, compare, drawn_cases, example_cases
 
     cases = example_cases() + [c for s in STRATEGY_NAMES for c in drawn_cases(sglang, s, 5, 7)]
-    assert len(cases) == len(example_cases()) + 10 == 16
+    assert len(cases) == len(example_cases()) + 10 == 17
     rows = [compare(sglang, c) for c in cases]
     assert [r["case"] for r in rows if not r["agrees"]] == [], rows
 
@@ -646,3 +646,33 @@ def test_a_deployment_resolved_again_runs_under_its_own_arguments(sglang):
     assert again["hits"] == first["hits"] and [e["tracked"] for e in again["explain"]] == [
         e["tracked"] for e in first["explain"]
     ]
+
+
+def test_a_pinned_pool_evicts_the_first_prompt_and_only_safety_judges_past_it(sglang):
+    """``examples/sglang-pressure-eviction-qwen3_next.json`` (issue 43): a
+    token pool of 4,096 (``--max-total-tokens``, floored to the page as
+    SGLang sizes it) and 8 Mamba slots (``--max-mamba-cache-size``). B's
+    allocation makes the radix cache evict A's prefix (its own
+    ``_evict``: 2,944 tokens and A's two states), the resend of B, the
+    prompt just cached, still hits 2,944, and A again hits 0 and evicts B.
+    The judge: no oracle fires (safety judges every request; the promise
+    only those before the pressure, request 0), while the promise judging
+    every request would have fired at request 3: the line under pressure
+    is what keeps it quiet, not an absent observation."""
+    from fuzz.judge.oracles import before_pressure, check_all, oracles_for, resolved
+
+    case = parse_case(json.loads((ROOT / "examples" / "sglang-pressure-eviction-qwen3_next.json").read_text()))
+    obs = sglang.run(case)
+    assert "error" not in obs, obs.get("error")
+    r = obs["resolution"]
+    assert r["token_pool"] == 4096 and r["mamba_pool"] == 8 and r["facts"]["pool_set_by_deployment"] is True
+    assert obs["hits"] == [0, 0, 2944, 0]
+    evicted = [e.get("evicted") for e in obs["explain"]]
+    assert evicted == [None, [["full_attention", 2944], ["mamba", 2]], None, [["full_attention", 2944], ["mamba", 2]]]
+    assert all(e["resumed_state"]["same_tokens"] for e in obs["explain"] if e["resumed_state"])
+    judged = resolved(case, obs, VERSION)
+    assert before_pressure(judged, obs) == 1
+    assert check_all(judged, VERSION, obs, None, oracles_for(VERSION)) == []
+    unpinned = {**obs, "resolution": {**r, "facts": {**r["facts"], "pool_set_by_deployment": False}}}
+    fired = check_all(judged, VERSION, unpinned, None, oracles_for(VERSION))
+    assert [(d.oracle, d.first) for d in fired] == [("promise", 3)], fired

@@ -85,14 +85,23 @@ def test_the_random_driver_resolves_each_sglang_deployment_once():
         return cache[key]
 
     cases = list(itertools.islice(random_cases(5, "sglang", resolver=campaign_like), 4 * TRACES_PER_DEPLOYMENT))
+    from fuzz.draw.generate_sglang import without_pinned_pool
+
+    def unpinned(key: str) -> str:  # a trace may pin a pool on its deployment (resolved once more, as drawn)
+        return json.dumps(without_pinned_pool(json.loads(key)), sort_keys=True)
+
     drawn = {json.dumps(c.deployment.as_dict(), sort_keys=True) for c in cases}
-    assert set(keys) == drawn and len(keys) == 4  # one resolution per drawn deployment, none again per trace
+    assert {unpinned(k) for k in keys} == {unpinned(d) for d in drawn}
+    assert len({unpinned(k) for k in keys}) == 4 and len(keys) <= 8  # one per drawn deployment (and its first pin)
 
 
 def test_a_refused_draw_is_drawn_again_then_the_fallback():
     refuse_all = fake_resolver(refuse=lambda dep: True)
     case = build_sglang_case(RandomChooser(random.Random(1)), refuse_all)
-    assert len(refuse_all.seen) == 5 and case.deployment.as_dict()["sglang_args"] == FALLBACK["sglang_args"]
+    from fuzz.draw.generate_sglang import without_pinned_pool
+
+    fallback = without_pinned_pool(case.deployment.as_dict())  # the trace may pin a pool on it
+    assert len(refuse_all.seen) == 5 and fallback["sglang_args"] == FALLBACK["sglang_args"]
     refuse_no_buffer = fake_resolver(refuse=lambda dep: "no_buffer" in dep["sglang_args"])
     for s in range(20):
         case = build_sglang_case(RandomChooser(random.Random(s)), refuse_no_buffer)
@@ -254,7 +263,68 @@ def test_some_budgets_and_intervals_are_drawn_off_the_grids_and_most_on_them():
             assert t % (page or 1) == 0
             off_interval += (t // grid) & (t // grid - 1) != 0
     share = n / OFF_GRID_ODDS
-    assert 0.6 * share < off_chunk < 1.4 * share and 0.6 * share < off_interval < 1.4 * share, (off_chunk, off_interval)
+    # a budget moves off the grid only where the page is finer than the grid
+    # (pages default/1/16 of five: SGLang launches only a budget on the page)
+    assert 0.6 * share * 3 / 5 < off_chunk < 1.4 * share * 3 / 5, off_chunk
+    assert 0.6 * share < off_interval < 1.4 * share, off_interval
+
+
+def test_every_drawn_budget_is_one_sglang_launches_with():
+    """SGLang's launch asserts ``chunked_prefill_size % page_size == 0``
+    (``validation_hook.py:243-246``, ``check_server_args`` from
+    ``Engine._launch_subprocesses``): no drawn budget breaks it, and off
+    the grid it still is where the page is finer than the grid."""
+    from fuzz.draw.generate_sglang import grid_of, off_grid_chunk
+
+    c = RandomChooser(random.Random(11))
+    for _ in range(600):
+        args = draw_sglang_deployment(c)["sglang_args"]
+        value = {args[k]: args[k + 1] for k in range(len(args) - 1) if args[k].startswith("--")}
+        page = int(value.get("--page-size", 1))
+        assert int(value.get("--chunked-prefill-size", page)) % page == 0, args
+    for page in (None, 1, 16):
+        for chunk in (None, 512, 2048):
+            got = {off_grid_chunk(c, page, chunk) for _ in range(40)}
+            assert all(g % (page or 1) == 0 and g % grid_of(page) for g in got), (page, chunk, got)
+    assert {off_grid_chunk(c, p, 1024) for p in (64, 256) for _ in range(20)} == {1024}  # the page is the grid
+
+
+def test_a_cap_on_states_per_path_is_kept_in_one_deployment_of_cap_odds():
+    """``--mamba-max-states-per-path`` (SGLang's default -1, unlimited)
+    leaves the promise unstated: a drawn cap is kept one deployment in
+    CAP_ODDS (side stream), so most deployments keep the promise."""
+    from fuzz.draw.generate_sglang import CAP_ODDS, MAX_STATES
+
+    c = RandomChooser(random.Random(3))
+    n = 800
+    caps = sum("--mamba-max-states-per-path" in draw_sglang_deployment(c)["sglang_args"] for _ in range(n))
+    share = n / CAP_ODDS * (len(MAX_STATES) - 1) / len(MAX_STATES)
+    assert 0.6 * share < caps < 1.4 * share, caps
+
+
+def test_a_trace_read_from_a_chunk_start_keeps_its_resends_and_prefixes():
+    """On a budget off the grid, a trace's first segment is lengthened by a
+    chunk start (the page-floored first budget, or that plus the budget):
+    every request carrying it moves by the same amount, so a resend stays a
+    resend and a prefix a prefix."""
+    from fuzz.draw.generate_sglang import chunk_starts, from_chunk_start
+
+    assert chunk_starts(1000, 16) == (992, 1992) and chunk_starts(96, 1) == (96, 192)
+    trace = [
+        {"prompt": [{"segment": "A", "length": 128}]},
+        {"prompt": [{"segment": "A", "length": 128}]},
+        {"prompt": [{"segment": "A", "length": 64}, {"segment": "B", "length": 9}]},
+        {"prompt": [{"segment": "C", "length": 5}]},
+    ]
+    out = from_chunk_start(RandomChooser(random.Random(1)), trace, 1000, 16, 24_000)
+    shift = out[0]["prompt"][0]["length"] - 128
+    assert shift in (992, 1992)
+    assert out[1] == out[0] and out[2]["prompt"] == [
+        {"segment": "A", "length": 64 + shift},
+        {"segment": "B", "length": 9},
+    ]
+    assert out[3] == trace[3] and trace[0]["prompt"][0]["length"] == 128  # the input is left as it was
+    assert from_chunk_start(RandomChooser(random.Random(1)), trace, 1000, 16, 1000) == trace  # past the cap: unchanged
 
 
 def test_some_cases_decode_to_a_track_point_and_some_deployments_speculate():
@@ -299,3 +369,41 @@ def test_some_cases_decode_to_a_track_point_and_some_deployments_speculate():
         assert (
             int(a[a.index("--speculative-num-draft-tokens") + 1]) == int(a[a.index("--speculative-num-steps") + 1]) + 1
         )
+
+
+def test_a_serial_case_in_pressure_odds_pins_a_token_pool_sized_from_its_own_lengths():
+    """Issue 43 on SGLang: about one serial one-token case in
+    PRESSURE_ODDS carries ``--max-total-tokens`` at the level of its
+    longest request alone or its two longest together (rounded to the
+    grid, plus headroom), never below its longest request; a wave or a
+    decoding case never does; a later trace on the same deployment starts
+    from the deployment without the pin (sized for another trace)."""
+    from fuzz.draw.generate_sglang import (
+        POOL_FLAG,
+        POOL_HEADROOM,
+        PRESSURE_ODDS,
+        pool_level,
+        sglang_case_on,
+        without_pinned_pool,
+    )
+
+    assert pool_level([100, 300, 65], "one", 64) == 320 + 4 * 64 and pool_level([100, 300, 65], "two", 64) == 448 + 256
+    info = {"block": 64, "hash": 64, "max_model_len": 32768, "track": 256}
+    dep = draw_sglang_deployment(RandomChooser(random.Random(0)), "extra_buffer")
+    pinned, serial = 0, 0
+    for s in range(600):
+        case = sglang_case_on(RandomChooser(random.Random(s)), dep, info, None)
+        args = list(case.deployment.sglang_args)
+        plain = all(r.arrival is None and r.max_tokens == 1 for r in case.trace)
+        serial += plain
+        if POOL_FLAG not in args:
+            continue
+        assert plain, case.trace
+        pinned += 1
+        pool = int(args[args.index(POOL_FLAG) + 1])
+        longest = max(r.num_prompt_tokens + 1 for r in case.trace)
+        assert pool >= -(-longest // 64) * 64 + POOL_HEADROOM * 64
+        again = sglang_case_on(RandomChooser(random.Random(s)), case.deployment.as_dict(), info, None)
+        assert again == case  # the pin dropped, then drawn again from the same stream
+        assert POOL_FLAG not in without_pinned_pool(case.deployment.as_dict())["sglang_args"]
+    assert 0.6 * serial / PRESSURE_ODDS < pinned < 1.4 * serial / PRESSURE_ODDS, (pinned, serial)

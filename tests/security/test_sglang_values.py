@@ -1,5 +1,6 @@
 """SGLang values the driver cannot run are refused at the allow-list
-(issue 40 item 6): ``--page-size`` and ``--chunked-prefill-size`` outside
+(issue 40 item 6): ``--page-size``, ``--chunked-prefill-size`` and the
+pinned pools (``--max-total-tokens``, ``--max-mamba-cache-size``) outside
 1..2^20 (a negative page, SGLang's ``-1`` "no chunked prefill", zero, a
 size above the case limits) are one line naming the index, the flag and
 the allowed range, exit 2, before any engine is opened (a test double for
@@ -25,6 +26,8 @@ REFUSED = [
     (["--chunked-prefill-size", "-1"], "--chunked-prefill-size=-1"),
     (["--chunked-prefill-size=0"], "--chunked-prefill-size=0"),
     (["--page-size", "1", "--chunked_prefill_size=-000000001"], "--chunked-prefill-size=-000000001"),
+    (["--max-total-tokens", "0"], "--max-total-tokens=0"),
+    (["--max_mamba_cache_size=-1"], "--max-mamba-cache-size=-1"),
 ]
 
 
@@ -64,7 +67,12 @@ def test_run_refuses_it_before_any_engine(tmp_path, capsys, monkeypatch, args, n
 
 @pytest.mark.parametrize(
     "args",
-    [["--page-size", "1"], ["--page-size", "64", "--chunked-prefill-size", "4096"], ["--chunked-prefill-size=1048576"]],
+    [
+        ["--page-size", "1"],
+        ["--page-size", "64", "--chunked-prefill-size", "4096"],
+        ["--chunked-prefill-size=1048576"],
+        ["--max-total-tokens", "4096", "--max-mamba-cache-size", "8"],
+    ],
 )
 def test_values_in_range_still_pass(args):
     assert parse_case(_case(args)).deployment.sglang_args == tuple(args)
