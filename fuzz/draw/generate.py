@@ -12,7 +12,11 @@ method: ``ngram``, ``eagle`` or ``eagle3`` 1-3 with the drop options on and
 off (:data:`OTHER_METHODS`; every model, EAGLE-3 where vLLM serves it)} x GPU {h100, a100}, then the flags that leave the block size
 alone: chunk budget, prefix match unit, retention (sparse / dense /
 periodic), and, with speculative decoding and a unit below the block, the
-shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``); last,
+shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``); a
+class that pins a hash unit prefers a deployment the engine resolves with
+internal checkpoints and, three times in four, a unit finer than their grid
+(``fuzz.draw.straddle``: prefills that end some at a checkpoint, some at a
+hash-unit tail); last,
 from a stream of its own, ``--scheduling-policy`` {default, fcfs, priority}
 (a case carries no request priority: every request has priority 0); and,
 in one deployment in four, a KV connector (vLLM's CPU offloading,
@@ -56,6 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fuzz.draw.choosers import BytesChooser, Chooser, HypothesisChooser
+from fuzz.draw.straddle import may_straddle, settled, straddling_unit
 from fuzz.draw.traces import (  # noqa: F401 (re-exported)
     EVERY_FEATURE,
     MAX_REQUESTS,
@@ -322,16 +327,27 @@ def _connector_flags(c: Chooser, connector: str) -> list[str]:
 
 
 def first_resolved(
-    draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4
+    draw: Callable[[], dict],
+    resolver: Resolver,
+    fallback: dict,
+    unresolved: dict,
+    tries: int = 4,
+    prefer: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, dict]:
     """The first of up to ``tries`` drawn deployments the engine resolves
-    (``resolver``), with what it resolved; else ``fallback`` (one the engine
-    always builds), with ``unresolved``'s units if even that is not resolved."""
+    (``resolver``), with what it resolved; with ``prefer``, the first whose
+    resolution it accepts, else the first resolved; else ``fallback`` (one
+    the engine always builds), with ``unresolved``'s units if even that is
+    not resolved."""
+    first = None
     for _ in range(tries):
         dep = draw()
         info = resolver(dep)
-        if info:
+        if info and (prefer is None or prefer(info)):
             return dep, info
+        first = first or ((dep, info) if info else None)
+    if first is not None:
+        return first
     dep = dict(fallback)
     return dep, resolver(dep) or unresolved
 
@@ -356,11 +372,14 @@ def build_deployment_case(
     ``cls`` pins the deployment class (:class:`DeploymentClass`);
     ``connector`` whether it carries a KV connector (:data:`CONNECTOR_MODES`:
     kept only where the engine accepts it, as the unit is)."""
+    wants_unit = cls is not None and cls.unit
     dep, info = first_resolved(
         lambda: draw_deployment(c, cls),
         resolver,
         FALLBACK_DEPLOYMENT,
         {"block": 544, "hash": 544, "max_model_len": 32768},
+        # a unit class: a deployment whose checkpoint grid a unit can straddle (fuzz.draw.straddle)
+        prefer=settled if wants_unit else None,
     )
     block = int(info["block"])
     args = list(dep["vllm_args"]) + _deployment_flags(
@@ -381,6 +400,15 @@ def build_deployment_case(
                 # a unit class's cases would run without a unit)
                 unit = c.choice(dividing)
                 args[at:at] = ["--prefix-match-unit", str(unit)]
+    straddle = unit is not None and block % unit == 0 and wants_unit and dep["model"] == cls.model
+    if straddle and may_straddle(info) and c.integer(0, 3):
+        # three in four: a unit finer than the checkpoint grid the engine resolves with it (a kept
+        # unit that does not divide the block stays: it probes the engine's own check)
+        at = args.index("--prefix-match-unit") + 1
+        unit = straddling_unit(
+            c, unit, block, lambda u: resolver({**dep, "vllm_args": [*args[:at], str(u), *args[at + 1 :]]})
+        )
+        args[at] = str(unit)
     if unit is not None and unit < block and "--speculative-config" in args and c.integer(0, 2) == 0:
         # vLLM 0.32.0+: a Mamba checkpoint at the shared-prefix junction (it
         # acts only with EAGLE/MTP and a unit below the block); a version
