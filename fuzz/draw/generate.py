@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fuzz.draw.choosers import BytesChooser, Chooser, HypothesisChooser
-from fuzz.draw.straddle import may_straddle, settled, straddling_unit
+from fuzz.draw.straddle import FAVOUR_EVERY, may_straddle, settled, straddling_unit
 from fuzz.draw.traces import (  # noqa: F401 (re-exported)
     EVERY_FEATURE,
     MAX_REQUESTS,
@@ -216,14 +216,28 @@ def deployment_classes() -> tuple[DeploymentClass, ...]:
     )
 
 
-def class_schedule(rng) -> Iterator[DeploymentClass]:
+def class_schedule(rng, favoured: set[str] | None = None) -> Iterator[DeploymentClass]:
     """Every deployment class in turn, in a fresh seeded order each round,
     so a campaign of a minute visits each class many times instead of
-    leaving a conjunction of rare features to chance."""
+    leaving a conjunction of rare features to chance. With ``favoured`` (the
+    models a campaign saw a hash unit straddle the checkpoint grid on,
+    filled as it draws: ``fuzz.draw.straddle``), one deployment in
+    ``FAVOUR_EVERY`` is one of those models' unit classes, in a seeded
+    rotation."""
     classes = list(deployment_classes())
+    extra: list[DeploymentClass] = []
+    n = 0
     while True:
         rng.shuffle(classes)
-        yield from classes
+        for cls in classes:
+            yield cls
+            n += 1
+            if favoured and n % (FAVOUR_EVERY - 1) == 0:
+                if not extra:
+                    extra = [k for k in classes if k.unit and k.model in favoured]
+                    rng.shuffle(extra)
+                if extra:
+                    yield extra.pop()
 
 
 def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
@@ -361,6 +375,7 @@ def build_deployment_case(
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
     pressure: str = "drawn",
+    noted: set[str] | None = None,
 ) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
@@ -371,7 +386,9 @@ def build_deployment_case(
     a build that accepts it gets the case (``resolution`` judges it).
     ``cls`` pins the deployment class (:class:`DeploymentClass`);
     ``connector`` whether it carries a KV connector (:data:`CONNECTOR_MODES`:
-    kept only where the engine accepts it, as the unit is)."""
+    kept only where the engine accepts it, as the unit is); ``noted``
+    collects the model when its unit straddles the checkpoint grid
+    (:func:`class_schedule`'s ``favoured``)."""
     wants_unit = cls is not None and cls.unit
     dep, info = first_resolved(
         lambda: draw_deployment(c, cls),
@@ -405,10 +422,12 @@ def build_deployment_case(
         # three in four: a unit finer than the checkpoint grid the engine resolves with it (a kept
         # unit that does not divide the block stays: it probes the engine's own check)
         at = args.index("--prefix-match-unit") + 1
-        unit = straddling_unit(
+        unit, straddled = straddling_unit(
             c, unit, block, lambda u: resolver({**dep, "vllm_args": [*args[:at], str(u), *args[at + 1 :]]})
         )
         args[at] = str(unit)
+        if straddled and noted is not None:
+            noted.add(dep["model"])
     if unit is not None and unit < block and "--speculative-config" in args and c.integer(0, 2) == 0:
         # vLLM 0.32.0+: a Mamba checkpoint at the shared-prefix junction (it
         # acts only with EAGLE/MTP and a unit below the block); a version
@@ -528,6 +547,7 @@ def build_case(
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
     pressure: str = "drawn",
+    noted: set[str] | None = None,
 ) -> Case:
     """Draw one case. Every draw is valid by construction. With a
     ``resolver`` a deployment case (of class ``cls`` when given); without,
@@ -537,7 +557,7 @@ def build_case(
     ``fuzz.draw.generate_pressure.PRESSURE_MODES``)."""
     if resolver is not None:
         return build_deployment_case(
-            c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector, pressure=pressure
+            c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector, pressure=pressure, noted=noted
         )
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative

@@ -25,7 +25,11 @@ campaign resolver's ``checkpoint_grid``, ``geometry.prefill_checkpoint_grid``),
 never from a model's name or a known trace: a deployment class that pins a
 hash unit prefers a deployment whose resolved grid a unit can straddle, and
 then a unit that does (among the values a user may set: every multiple of
-the kernel block that divides the block, on the grid and off it).
+the kernel block that divides the block, on the grid and off it). A seeded
+campaign (``fuzz.driving.drivers.random_cases``) notes the models whose
+deployments it saw straddle, and its class schedule
+(``fuzz.draw.generate.class_schedule``) visits their unit classes once more
+every :data:`FAVOUR_EVERY` deployments.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from fuzz.draw.choosers import Chooser
 UNIT_STEP = 16
 #: Units tried (each one resolution, cached per deployment) before the drawn one stays.
 TRIES = 3
+#: One deployment in this many is a favoured class (a unit class of a model
+#: seen to straddle), beside the schedule's round of every class.
+FAVOUR_EVERY = 4
 
 
 def user_units(block: int) -> list[int]:
@@ -71,16 +78,16 @@ def straddles(unit: int | None, info: dict | None) -> bool:
     return unit is not None and isinstance(grid, int) and unit < grid
 
 
-def straddling_unit(c: Chooser, unit: int, block: int, resolve: Callable[[int], dict | None]) -> int:
-    """``unit`` when the engine resolves it finer than its checkpoint grid;
-    else the first of up to :data:`TRIES` drawn :func:`user_units` that is
-    (``resolve(u)``: the deployment resolved with unit ``u``, or None where
-    the engine refuses it); else ``unit`` as drawn."""
+def straddling_unit(c: Chooser, unit: int, block: int, resolve: Callable[[int], dict | None]) -> tuple[int, bool]:
+    """``(unit, True)`` when the engine resolves ``unit`` finer than its
+    checkpoint grid; else the first of up to :data:`TRIES` drawn
+    :func:`user_units` that is (``resolve(u)``: the deployment resolved with
+    unit ``u``, or None where the engine refuses it); else ``(unit, False)``."""
     if straddles(unit, resolve(unit)):
-        return unit
+        return unit, True
     candidates = user_units(block)
     for _ in range(TRIES if candidates else 0):
         u = c.choice(candidates)
         if straddles(u, resolve(u)):
-            return u
-    return unit
+            return u, True
+    return unit, False

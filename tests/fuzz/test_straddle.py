@@ -8,7 +8,7 @@ import math
 import random
 
 from fuzz.draw.choosers import RandomChooser
-from fuzz.draw.generate import DeploymentClass, build_case
+from fuzz.draw.generate import DeploymentClass, build_case, class_schedule, deployment_classes
 from fuzz.draw.straddle import may_straddle, settled, straddles, straddling_unit, user_units
 
 
@@ -52,10 +52,10 @@ def test_the_rule_reads_the_resolved_grid():
 def test_straddling_unit_keeps_a_straddling_unit_and_else_finds_one():
     c = RandomChooser(random.Random(1))
     grid = lambda u: {"checkpoint_grid": math.lcm(u, 64)}  # noqa: E731
-    assert straddling_unit(c, 32, 576, grid) == 32
-    found = straddling_unit(c, 64, 576, grid)
-    assert found == 64 or found % 64, found
-    assert straddling_unit(c, 64, 576, lambda u: None) == 64  # nothing resolves: the drawn unit stays
+    assert straddling_unit(c, 32, 576, grid) == (32, True)
+    found, straddled = straddling_unit(c, 64, 576, grid)
+    assert straddled == bool(found % 64), found
+    assert straddling_unit(c, 64, 576, lambda u: None) == (64, False)  # nothing resolves: the drawn unit stays
 
 
 def test_a_unit_class_mostly_draws_a_unit_finer_than_the_resolved_grid():
@@ -64,12 +64,13 @@ def test_a_unit_class_mostly_draws_a_unit_finer_than_the_resolved_grid():
     and a unit off the grid; a class without a unit is left alone."""
     rng = random.Random(2)
     cls = DeploymentClass("qwen3_next", "drop", True, "dense")
-    hits = 0
+    hits, noted = 0, set()
     for _ in range(80):
-        dep = build_case(RandomChooser(rng), resolver=gdn_like, cls=cls).deployment.as_dict()
+        dep = build_case(RandomChooser(rng), resolver=gdn_like, cls=cls, noted=noted).deployment.as_dict()
         info = gdn_like(dep)
         hits += straddles(_unit(dep["vllm_args"]), info)
     assert hits >= 55, hits  # about one in four with a uniform draw of block and unit
+    assert noted == {"qwen3_next"}
     rng = random.Random(2)
     plain = DeploymentClass("qwen3_next", "drop", False, "dense")
     assert all(
@@ -85,3 +86,21 @@ def test_a_fine_grid_keeps_the_units_as_drawn():
     cls = DeploymentClass("nemotron_h", "off", True, "sparse")
     drawn = {_unit(build_case(RandomChooser(rng), resolver=fine_grid, cls=cls).deployment.vllm_args) for _ in range(40)}
     assert drawn <= {16, 32} and len(drawn) == 2, drawn
+
+
+def test_the_schedule_visits_a_noted_models_unit_classes_once_more_every_few_deployments():
+    import itertools
+
+    every = len(deployment_classes())
+    plain = list(itertools.islice(class_schedule(random.Random(4)), 3 * every))
+    assert all(plain.count(k) == 3 for k in deployment_classes())  # every class once a round
+    favoured: set[str] = set()
+    schedule = class_schedule(random.Random(4), favoured)
+    first = list(itertools.islice(schedule, every))
+    assert first == plain[:every]  # nothing noted: the plain schedule
+    favoured.add("qwen3_5")
+    later = list(itertools.islice(schedule, 4 * every))
+    mine = [k for k in later if k.model == "qwen3_5" and k.unit]
+    others = [k for k in later if not (k.model == "qwen3_5" and k.unit)]
+    assert len(mine) >= 4 * len([k for k in deployment_classes() if k.model == "qwen3_5" and k.unit]) + every // 2
+    assert all(others.count(k) >= 2 for k in deployment_classes() if k not in mine)  # every other class still visited
