@@ -24,8 +24,10 @@ Printed: a table (class x driver: seeds that found it, median and each
 seed's time) and one JSON line. Nothing is asserted: targets live here, as
 figures, never in timed tests. A campaign whose engine did not start within
 its budget (no case ran: exit 3) is a failed campaign, not a seed that found
-nothing; on a shared machine a worker's start-up can take 80-150 s (stop 47,
-load 5-8), so give ``--startup`` room there and say the figure is contended.
+nothing; one whose start took longer than ``--startup`` had less than the
+budget to fuzz (``--max-time`` includes the start): its line says ``cut``.
+On a shared machine a worker's start-up can take 80-150 s (stop 47, load
+5-8), so give ``--startup`` room there and say the figure is contended.
 
     python bench/rediscovery.py [--seeds 5] [--budget 60] [--drivers random,atheris]
                                 [--releases 0.29.0,0.33.0] [--startup 40] [--parallel 1]
@@ -121,6 +123,9 @@ def run_campaign(release: str, driver: str, seed: int, budget: float, startup: f
         "cases": summary.get("cases"),
         "cases_per_s": summary.get("cases_per_s"),
         "startup_s": summary.get("startup_s"),
+        # the seconds of fuzzing the campaign had once ready (--max-time includes the start):
+        # below the budget where the start took longer than --startup (a busy machine)
+        "window_s": round(budget + startup - float(summary.get("startup_s") or 0.0), 1),
         "harness_errors": summary.get("harness_errors"),
         "findings": len(list(out.glob("*.json"))),
     }
@@ -153,7 +158,13 @@ def main() -> None:
             result = run_campaign(r, d, s, args.budget, args.startup, work)
             print(
                 f"  {r} {d} seed {s}: {result.get('error') or ', '.join(f'{k} {v}s' for k, v in sorted(result['times'].items())) or 'no known class'}"
-                f" ({result.get('cases')} cases, {result.get('cases_per_s')} cases/s, {result.get('findings')} findings, {result.get('unclassified')} unclassified, harness errors {result.get('harness_errors')})",
+                f" ({result.get('cases')} cases, {result.get('cases_per_s')} cases/s, {result.get('findings')} findings, {result.get('unclassified')} unclassified, harness errors {result.get('harness_errors')}"
+                + (
+                    f"; cut: {result['window_s']} s of fuzzing"
+                    if result.get("window_s", args.budget) < args.budget
+                    else ""
+                )
+                + ")",
                 file=sys.stderr,
                 flush=True,
             )
@@ -191,10 +202,12 @@ def main() -> None:
         d: statistics.median([x["cases_per_s"] for x in results if x["driver"] == d and x.get("cases_per_s")] or [0])
         for d in drivers
     }
+    cut = [x for x in results if x.get("window_s", args.budget) < args.budget]
     print(
         "cases/s (median over campaigns): "
         + ", ".join(f"{d} {v}" for d, v in speed.items())
         + (f"; {len(errors)} campaign(s) failed" if errors else "")
+        + (f"; {len(cut)} campaign(s) had under {args.budget:.0f} s of fuzzing (start past --startup)" if cut else "")
     )
     print(
         json.dumps(
@@ -205,6 +218,7 @@ def main() -> None:
                 "classes": table,
                 "cases_per_s": speed,
                 "failed_campaigns": [x["error"] for x in errors],
+                "cut_campaigns": [{"seed": x["seed"], "window_s": x["window_s"]} for x in cut],
             },
             separators=(",", ":"),
         )

@@ -15,17 +15,15 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 from reference.case import parse_case  # noqa: E402
 from reference.predict import predict  # noqa: E402
 
+#: Both cases' geometry: one attention group and three Mamba groups, block 1600.
+GROUPS = [{"kind": "full_attention", "block_size": 1600}, {"kind": "mamba", "block_size": 1600, "count": 3}]
+
 
 def seed_case():
     return parse_case(
         {
             "schema": 1,
-            "geometry": {
-                "groups": [
-                    {"kind": "full_attention", "block_size": 1600},
-                    {"kind": "mamba", "block_size": 1600, "count": 3},
-                ]
-            },
+            "geometry": {"groups": GROUPS},
             "speculative": {"method": "mtp", "num_speculative_tokens": 2, "disable_lookahead_block_hashes": True},
             "trace": [{"prompt": [{"segment": "A", "length": 11910}]}] * 3,
         }
@@ -46,13 +44,7 @@ def mixed_case(seed: int = 0, requests: int = 50):
     return parse_case(
         {
             "schema": 1,
-            "geometry": {
-                "groups": [
-                    {"kind": "full_attention", "block_size": 1600},
-                    {"kind": "mamba", "block_size": 1600, "count": 3},
-                ],
-                "retention_interval": 0,
-            },
+            "geometry": {"groups": GROUPS, "retention_interval": 0},
             "speculative": {"method": "mtp", "num_speculative_tokens": 2},
             "trace": trace,
         }

@@ -153,6 +153,20 @@ class Observation(TypedDict, total=False):
     harness: dict[str, Any]
 
 
+def served_observation(engine: str, explain: list, **rest: Any) -> Observation:
+    """The observation of a family that reports no knobs (vLLM's alone
+    does): each request's hit and query read from its ``explain`` row, then
+    ``rest`` (resolution, timing, harness, error)."""
+    return {
+        "engine": engine,
+        "hits": [e["hit"] for e in explain],
+        "queries": [e["query"] for e in explain],
+        "knobs": None,
+        "explain": explain,
+        **rest,
+    }
+
+
 class FamilyDriver(Protocol):
     """What a family's ``get_driver()`` returns, inside its environment."""
 

@@ -191,14 +191,20 @@ def _pytest_cmd(
     return cmd + files
 
 
+def _run_in_sdist(cmd: list[str], version: str, root: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` (an engine environment's pytest or coverage) in the vLLM
+    sdist's run root, with that environment's test variables
+    (:func:`pytest_env`), its output captured; ``subprocess.TimeoutExpired``
+    past ``timeout`` seconds, for the caller to read."""
+    return subprocess.run(cmd, cwd=root, env=pytest_env(version, root), capture_output=True, text=True, timeout=timeout)
+
+
 def _coverage_json(version: str, data: Path, out: Path, root: Path) -> dict:
-    proc = subprocess.run(
+    proc = _run_in_sdist(
         [_python(version), "-m", "coverage", "json", f"--data-file={data}", "-o", str(out), "--quiet"],
-        cwd=root,
-        env=pytest_env(version, root),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        version,
+        root,
+        300,
     )
     if proc.returncode != 0 or not out.exists():
         return {}
@@ -242,13 +248,11 @@ def baseline(
         t = time.monotonic()
         say(f"[mutate] vLLM tests baseline: {f}")
         try:
-            proc = subprocess.run(
+            proc = _run_in_sdist(
                 _pytest_cmd(release, [f], junit, stop_first=False, deselect=[], coverage_data=data),
-                cwd=root,
-                env=pytest_env(release, root),
-                capture_output=True,
-                text=True,
-                timeout=FILE_TIMEOUT_S,
+                release,
+                root,
+                FILE_TIMEOUT_S,
             )
             rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
         except subprocess.TimeoutExpired:
@@ -336,13 +340,11 @@ def run_one(engine: str, base: dict, node: str, timeout: float = 300.0) -> bool 
         return None
     root = run_root(Path(base["sdist"]))
     try:
-        proc = subprocess.run(
+        proc = _run_in_sdist(
             [_python(engine), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", SUBDIR, node],
-            cwd=root,
-            env=pytest_env(engine, root),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            engine,
+            root,
+            timeout,
         )
     except subprocess.TimeoutExpired:
         return False
@@ -371,13 +373,11 @@ def run_for_mutant(
     junit = Path(junit).resolve()  # pytest runs in another folder
     junit.unlink(missing_ok=True)
     try:
-        proc = subprocess.run(
+        proc = _run_in_sdist(
             _pytest_cmd(engine, files, junit, stop_first=True, deselect=deselect, coverage_data=None),
-            cwd=root,
-            env=pytest_env(engine, root),
-            capture_output=True,
-            text=True,
-            timeout=bound,
+            engine,
+            root,
+            bound,
         )
     except subprocess.TimeoutExpired:
         return {

@@ -123,6 +123,16 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             leave()
         os._exit(70)
 
+    def status(idle_left_s: float) -> dict:
+        """What a status request answers (``served`` and the idle time as they are now)."""
+        return {
+            "pid": os.getpid(),
+            "fingerprint": fp,
+            "served": served,
+            "idle_left_s": idle_left_s,
+            "version": driver.version,
+        }
+
     while not stopping[0]:
         left = idle_timeout - (time.monotonic() - last)
         if left <= 0 or not ours() or marker_sig() != env_sig:
@@ -137,13 +147,7 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             conn,
             driver,
             fp,
-            lambda: {
-                "pid": os.getpid(),
-                "fingerprint": fp,
-                "served": served,
-                "idle_left_s": round(max(0.0, idle_timeout - (time.monotonic() - last)), 1),
-                "version": driver.version,
-            },
+            lambda: status(round(max(0.0, idle_timeout - (time.monotonic() - last)), 1)),
             overrun,
         )
         if what == "used":
@@ -165,13 +169,7 @@ def serve_socket(sock_path: str, state_path: str | None, fp: str, idle_timeout: 
             conn,
             driver,
             fp,
-            lambda: {
-                "pid": os.getpid(),
-                "fingerprint": fp,
-                "served": served,
-                "idle_left_s": 0.0,
-                "version": driver.version,
-            },
+            lambda: status(0.0),
             overrun,
         )
     listener.close()

@@ -40,6 +40,7 @@ from engine_adapter.interface import (
     as_case,
     check_requests,
     family_deployment,
+    served_observation,
 )
 from engine_adapter.llamacpp_engine import gguf_models, isolate, serverlog
 from engine_adapter.llamacpp_engine.resolve import common_params, read_back
@@ -250,14 +251,11 @@ class LlamacppDriver(ReleaseOfPackage):
                 and opts["first_server_n_ubatch"] is None
             ):
                 del served
-                return {
-                    "engine": self.name,
-                    "hits": [],
-                    "queries": [],
-                    "knobs": None,
-                    "explain": [],
-                    "resolution": {**info, "server": settings},
-                    "error": {
+                return served_observation(
+                    self.name,
+                    [],
+                    resolution={**info, "server": settings},
+                    error={
                         "kind": "worker",
                         "phase": "config",
                         "request": None,
@@ -265,7 +263,7 @@ class LlamacppDriver(ReleaseOfPackage):
                         "message": f"this process's llama.cpp keeps the checkpoint offsets of an earlier server (n_ubatch {stale}); "
                         f"this case's n_ubatch is {settings['n_ubatch']}: run it in a fresh worker",
                     },
-                }
+                )
             if settings["n_ctx_checkpoints"]:
                 _PROCESS["offsets_n_ubatch"] = settings["n_ubatch"]
             cold = None
@@ -308,15 +306,12 @@ class LlamacppDriver(ReleaseOfPackage):
                     explain.pop()
                     break
             del served, cold
-        out: Observation = {
-            "engine": self.name,
-            "hits": [e["hit"] for e in explain],
-            "queries": [e["query"] for e in explain],
-            "knobs": None,
-            "explain": explain,
-            "resolution": {**info, "params": read_back(params), "server": settings},
-            "timing": {"setup_s": round(t1 - t0, 4), "run_s": round(time.perf_counter() - t1, 4)},
-            "harness": {
+        out: Observation = served_observation(
+            self.name,
+            explain,
+            resolution={**info, "params": read_back(params), "server": settings},
+            timing={"setup_s": round(t1 - t0, 4), "run_s": round(time.perf_counter() - t1, 4)},
+            harness={
                 "cold": opts["cold"],
                 "n_probs": opts["n_probs"],
                 "seed": opts["seed"],
@@ -330,28 +325,25 @@ class LlamacppDriver(ReleaseOfPackage):
                 ),
                 "model_recipe": gguf_models.recipe(info["arch"], opts["seed"]).key(),
             },
-        }
+        )
         if error:
             out["error"] = error
         return out
 
     def _failed(self, case: Case, phase: str, request, e: BaseException, info: dict, t0: float) -> Observation:
-        return {
-            "engine": self.name,
-            "hits": [],
-            "queries": [],
-            "knobs": None,
-            "explain": [],
-            "resolution": info,
-            "timing": {"setup_s": round(time.perf_counter() - t0, 4)},
-            "error": {
+        return served_observation(
+            self.name,
+            [],
+            resolution=info,
+            timing={"setup_s": round(time.perf_counter() - t0, 4)},
+            error={
                 "kind": "llamacpp",
                 "phase": phase,
                 "request": request,
                 "type": type(e).__name__,
                 "message": one_line(e, 500) or type(e).__name__,
             },
-        }
+        )
 
     def _serve(
         self, served, cold, i: int, tokens: list[int], max_tokens: int, n_probs: int, held: dict[int, list[int]]

@@ -12,7 +12,11 @@ method: ``ngram``, ``eagle`` or ``eagle3`` 1-3 with the drop options on and
 off (:data:`OTHER_METHODS`; every model, EAGLE-3 where vLLM serves it)} x GPU {h100, a100}, then the flags that leave the block size
 alone: chunk budget, prefix match unit, retention (sparse / dense /
 periodic), and, with speculative decoding and a unit below the block, the
-shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``); last,
+shared-prefix checkpoint (``--enable-mamba-shared-prefix-checkpoint``); a
+class that pins a hash unit prefers a deployment the engine resolves with
+internal checkpoints and, three times in four, a unit finer than their grid
+(``fuzz.draw.straddle``: prefills that end some at a checkpoint, some at a
+hash-unit tail); last,
 from a stream of its own, ``--scheduling-policy`` {default, fcfs, priority}
 (a case carries no request priority: every request has priority 0); and,
 in one deployment in four, a KV connector (vLLM's CPU offloading,
@@ -56,6 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fuzz.draw.choosers import BytesChooser, Chooser, HypothesisChooser
+from fuzz.draw.straddle import FAVOUR_EVERY, may_straddle, settled, straddling_unit
 from fuzz.draw.traces import (  # noqa: F401 (re-exported)
     EVERY_FEATURE,
     MAX_REQUESTS,
@@ -211,14 +216,28 @@ def deployment_classes() -> tuple[DeploymentClass, ...]:
     )
 
 
-def class_schedule(rng) -> Iterator[DeploymentClass]:
+def class_schedule(rng, favoured: set[str] | None = None) -> Iterator[DeploymentClass]:
     """Every deployment class in turn, in a fresh seeded order each round,
     so a campaign of a minute visits each class many times instead of
-    leaving a conjunction of rare features to chance."""
+    leaving a conjunction of rare features to chance. With ``favoured`` (the
+    models a campaign saw a hash unit straddle the checkpoint grid on,
+    filled as it draws: ``fuzz.draw.straddle``), one deployment in
+    ``FAVOUR_EVERY`` is one of those models' unit classes, in a seeded
+    rotation."""
     classes = list(deployment_classes())
+    extra: list[DeploymentClass] = []
+    n = 0
     while True:
         rng.shuffle(classes)
-        yield from classes
+        for cls in classes:
+            yield cls
+            n += 1
+            if favoured and n % (FAVOUR_EVERY - 1) == 0:
+                if not extra:
+                    extra = [k for k in classes if k.unit and k.model in favoured]
+                    rng.shuffle(extra)
+                if extra:
+                    yield extra.pop()
 
 
 def draw_deployment(c: Chooser, cls: DeploymentClass | None = None) -> dict:
@@ -322,16 +341,27 @@ def _connector_flags(c: Chooser, connector: str) -> list[str]:
 
 
 def first_resolved(
-    draw: Callable[[], dict], resolver: Resolver, fallback: dict, unresolved: dict, tries: int = 4
+    draw: Callable[[], dict],
+    resolver: Resolver,
+    fallback: dict,
+    unresolved: dict,
+    tries: int = 4,
+    prefer: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, dict]:
     """The first of up to ``tries`` drawn deployments the engine resolves
-    (``resolver``), with what it resolved; else ``fallback`` (one the engine
-    always builds), with ``unresolved``'s units if even that is not resolved."""
+    (``resolver``), with what it resolved; with ``prefer``, the first whose
+    resolution it accepts, else the first resolved; else ``fallback`` (one
+    the engine always builds), with ``unresolved``'s units if even that is
+    not resolved."""
+    first = None
     for _ in range(tries):
         dep = draw()
         info = resolver(dep)
-        if info:
+        if info and (prefer is None or prefer(info)):
             return dep, info
+        first = first or ((dep, info) if info else None)
+    if first is not None:
+        return first
     dep = dict(fallback)
     return dep, resolver(dep) or unresolved
 
@@ -345,6 +375,7 @@ def build_deployment_case(
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
     pressure: str = "drawn",
+    noted: set[str] | None = None,
 ) -> Case:
     """Draw a deployment case: a deployment vLLM builds (``resolver`` says
     which ones it rejects; up to four draws, then a fallback), then a trace
@@ -355,12 +386,17 @@ def build_deployment_case(
     a build that accepts it gets the case (``resolution`` judges it).
     ``cls`` pins the deployment class (:class:`DeploymentClass`);
     ``connector`` whether it carries a KV connector (:data:`CONNECTOR_MODES`:
-    kept only where the engine accepts it, as the unit is)."""
+    kept only where the engine accepts it, as the unit is); ``noted``
+    collects the model when its unit straddles the checkpoint grid
+    (:func:`class_schedule`'s ``favoured``)."""
+    wants_unit = cls is not None and cls.unit
     dep, info = first_resolved(
         lambda: draw_deployment(c, cls),
         resolver,
         FALLBACK_DEPLOYMENT,
         {"block": 544, "hash": 544, "max_model_len": 32768},
+        # a unit class: a deployment whose checkpoint grid a unit can straddle (fuzz.draw.straddle)
+        prefer=settled if wants_unit else None,
     )
     block = int(info["block"])
     args = list(dep["vllm_args"]) + _deployment_flags(
@@ -381,6 +417,17 @@ def build_deployment_case(
                 # a unit class's cases would run without a unit)
                 unit = c.choice(dividing)
                 args[at:at] = ["--prefix-match-unit", str(unit)]
+    straddle = unit is not None and block % unit == 0 and wants_unit and dep["model"] == cls.model
+    if straddle and may_straddle(info) and c.integer(0, 3):
+        # three in four: a unit finer than the checkpoint grid the engine resolves with it (a kept
+        # unit that does not divide the block stays: it probes the engine's own check)
+        at = args.index("--prefix-match-unit") + 1
+        unit, straddled = straddling_unit(
+            c, unit, block, lambda u: resolver({**dep, "vllm_args": [*args[:at], str(u), *args[at + 1 :]]})
+        )
+        args[at] = str(unit)
+        if straddled and noted is not None:
+            noted.add(dep["model"])
     if unit is not None and unit < block and "--speculative-config" in args and c.integer(0, 2) == 0:
         # vLLM 0.32.0+: a Mamba checkpoint at the shared-prefix junction (it
         # acts only with EAGLE/MTP and a unit below the block); a version
@@ -500,6 +547,7 @@ def build_case(
     cls: DeploymentClass | None = None,
     connector: str = "drawn",
     pressure: str = "drawn",
+    noted: set[str] | None = None,
 ) -> Case:
     """Draw one case. Every draw is valid by construction. With a
     ``resolver`` a deployment case (of class ``cls`` when given); without,
@@ -509,7 +557,7 @@ def build_case(
     ``fuzz.draw.generate_pressure.PRESSURE_MODES``)."""
     if resolver is not None:
         return build_deployment_case(
-            c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector, pressure=pressure
+            c, resolver, name, boundary_bias=boundary_bias, cls=cls, connector=connector, pressure=pressure, noted=noted
         )
     geometry = geometry if geometry is not None else _geometry(c)
     speculative = c.choice(SPECULATIVE) if speculative == "draw" else speculative

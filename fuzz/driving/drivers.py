@@ -160,7 +160,9 @@ def run_given(campaign: Campaign, cases: Sequence[tuple[str, Case]], *, deadline
 def random_cases(seed: int, family: str = DEFAULT_FAMILY, **pinned) -> Iterable[Case]:
     """Endless seeded cases; keyword arguments go to ``build_case``. A
     deployment case (a ``resolver`` given) takes the next deployment class
-    of a seeded schedule (``fuzz.draw.generate.class_schedule``), and
+    of a seeded schedule (``fuzz.draw.generate.class_schedule``; one
+    deployment in four a unit class of a model this campaign saw a hash unit
+    straddle the checkpoint grid on, ``fuzz.draw.straddle``), and
     ``TRACES_PER_DEPLOYMENT`` traces are drawn on each drawn deployment
     (vLLM's resolution of a deployment costs more than a run). A
     ``family`` with a generator of its own (its registry entry's
@@ -180,10 +182,11 @@ def random_cases(seed: int, family: str = DEFAULT_FAMILY, **pinned) -> Iterable[
     if pinned.get("resolver") is None:
         while True:
             yield build_case(RandomChooser(rng), **pinned)
-    classes = class_schedule(random.Random(rng.randrange(2**32)))
+    favoured: set[str] = set()  # models seen to straddle a checkpoint grid (fuzz.draw.straddle)
+    classes = class_schedule(random.Random(rng.randrange(2**32)), favoured)
     chooser = RandomChooser(rng)
     while True:
-        case = build_case(chooser, cls=next(classes), **pinned)
+        case = build_case(chooser, cls=next(classes), noted=favoured, **pinned)
         yield case
         for _ in range(TRACES_PER_DEPLOYMENT - 1):
             if case.deployment is None:

@@ -17,13 +17,9 @@ from dataclasses import dataclass, field, fields, replace
 
 from fuzz.driving.outcome import HARNESS_ERROR_LIMIT, outcome
 
-#: One campaign in this process (``fuzz.driving.runner.run_in_process``).
-IN_PROCESS_KEYS = (
-    "engine",
-    "driver",
-    "elapsed_s",
-    "execs",
-    "exec_per_s",
+#: What a local campaign ran and what the engine refused, in the order both
+#: local runners write it (in process and atheris).
+_PROGRESS_KEYS = (
     "cases",
     "startup_s",
     "ready_at",
@@ -33,6 +29,15 @@ IN_PROCESS_KEYS = (
     "unsupported",
     "rejected",
     "harness_errors",
+)
+#: One campaign in this process (``fuzz.driving.runner.run_in_process``).
+IN_PROCESS_KEYS = (
+    "engine",
+    "driver",
+    "elapsed_s",
+    "execs",
+    "exec_per_s",
+    *_PROGRESS_KEYS,
     "cut_at_deadline",
     "duplicates",
     "workers_died",
@@ -50,15 +55,7 @@ ATHERIS_KEYS = (
     "execs",
     "exec_per_s",
     "engine_runs",
-    "cases",
-    "startup_s",
-    "ready_at",
-    "cases_per_s",
-    "engine_runs_per_s",
-    "coverage",
-    "unsupported",
-    "rejected",
-    "harness_errors",
+    *_PROGRESS_KEYS,
     "findings",
     "first_finding_s",
     "duplicates",

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from ground.console import say as _say
 from ground.errors import InvalidArgument, invalid
+from kvspec.model_options import add_model_arguments, model_case
 
 HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
 
@@ -60,18 +61,11 @@ def configure(parser) -> None:
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "exit status: 0 advice given; 1 the engine disagreed with the model (findings written); 2 bad input; 3 the engine did not run a setting"
-    parser.add_argument(
-        "case", nargs="?", help="a case or finding file: its deployment (and its trace, without --workload/--trace)"
-    )
-    parser.add_argument("--model", help="a shipped model name or a config.json path; vllm serve flags after --")
-    parser.add_argument(
-        "--platform",
-        choices=("cuda", "cpu"),
-        default="cuda",
-        help="with --model: where vLLM would run (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--device", default=None, help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)"
+    add_model_arguments(
+        parser,
+        case_help="a case or finding file: its deployment (and its trace, without --workload/--trace)",
+        model_help="a shipped model name or a config.json path; vllm serve flags after --",
+        device_help="with --model on cuda: the GPU (h100, h200, a100, b200; default h100)",
     )
     parser.add_argument(
         "--engine",
@@ -217,14 +211,7 @@ def build_workload(args, case):
 
 
 def _deployment_case(args):
-    from reference.case import parse_case
-
-    dep = {"model": args.model, "vllm_args": list(args.flags or []), "platform": args.platform}
-    if args.device is not None:
-        dep["device"] = args.device
-    return parse_case(
-        {"schema": 1, "name": "advise", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
-    )
+    return model_case(args, "advise")
 
 
 class LazyEngine:

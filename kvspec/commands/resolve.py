@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError, invalid
+from kvspec.model_options import add_model_arguments, model_case
 
 if TYPE_CHECKING:
     from engine_adapter.host.versions import EngineSpec
@@ -39,9 +40,6 @@ def configure(parser) -> None:
     parser.epilog = (
         "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
     )
-    parser.add_argument(
-        "case", nargs="?", help="a case or finding file (a deployment case, or a hand geometry for its reachability)"
-    )
     from kvspec.engine_options import add_engine_arguments
 
     add_engine_arguments(
@@ -49,15 +47,11 @@ def configure(parser) -> None:
         metavar="vllm==X",
         help="vLLM version(s) to resolve with (default: vllm==0.33.0); also a build: vllm==X --patch FILE.diff, vllm==X+LABEL.HASH, path:DIR, wheel:FILE.whl",
     )
-    parser.add_argument("--model", help="a shipped model name or a config.json path (instead of CASE); flags after --")
-    parser.add_argument(
-        "--platform",
-        choices=("cuda", "cpu"),
-        default="cuda",
-        help="with --model: where vLLM would run (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--device", default=None, help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)"
+    add_model_arguments(
+        parser,
+        case_help="a case or finding file (a deployment case, or a hand geometry for its reachability)",
+        model_help="a shipped model name or a config.json path (instead of CASE); flags after --",
+        device_help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)",
     )
     parser.add_argument("--table", action="store_true", help="the shipped models x TP x KV dtype x MTP table")
     parser.add_argument("--markdown", action="store_true", help="with --table: a markdown table")
@@ -66,21 +60,7 @@ def configure(parser) -> None:
 
 
 def _deployment_case(args, family: str = DEFAULT_FAMILY):
-    from reference.case import parse_case
-
-    dep = {"model": args.model, "vllm_args": list(args.flags), "platform": args.platform}
-    if family != DEFAULT_FAMILY:  # the flags after -- are that engine's (its registry entry's args_field)
-        dep = {
-            "model": args.model,
-            "engine": family,
-            FAMILIES[family].args_field: list(args.flags),
-            "platform": args.platform,
-        }
-    if args.device is not None:
-        dep["device"] = args.device
-    return parse_case(
-        {"schema": 1, "name": "resolve", "deployment": dep, "trace": [{"prompt": [{"segment": "A", "length": 1}]}]}
-    )
+    return model_case(args, "resolve", family)
 
 
 def main(args) -> int:

@@ -91,3 +91,14 @@ def test_the_worker_takes_only_a_serialized_engine_of_a_known_family(capsys):
         assert said in capsys.readouterr().err
     build = EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",))
     assert EngineSpec.from_json(build.to_json()) == build
+
+
+def test_served_observation_reads_hits_and_queries_from_explain_in_the_written_key_order():
+    from engine_adapter.interface import served_observation
+
+    explain = [{"request": 0, "hit": 0, "query": 12}, {"request": 1, "hit": 8, "query": 12}]
+    out = served_observation("llamacpp==x", explain, resolution={"a": 1}, timing={"run_s": 0.1})
+    assert list(out) == ["engine", "hits", "queries", "knobs", "explain", "resolution", "timing"]
+    assert out["hits"] == [0, 8] and out["queries"] == [12, 12] and out["knobs"] is None
+    assert observation_problem(out) is None
+    assert served_observation("e", [], error={"kind": "worker"})["hits"] == []
