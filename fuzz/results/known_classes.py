@@ -36,6 +36,14 @@ class                        release   recognised by
                                        dense or periodic retention (which keep
                                        more than sparse) with a hash unit below
                                        the block (where sparse retention holds)
+``pinned-pool-cow-stall``    0.33.0    a request never admitted on a pool vLLM's
+                                       start-up check accepts: its hit may end
+                                       inside a block, and admission counts a
+                                       copy-on-write block per group that the
+                                       check does not plan
+``async-self-preemption``    0.33.0    a request on a pinned pool under async
+                                       scheduling scheduled and preempted again
+                                       and again, never past its first chunks
 ``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
                              0.5.23    of k x grid tokens hits below the promise
                                        (its tracked state is at k x grid, one
@@ -58,13 +66,14 @@ whichever fires first, and each names the same broken hit.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fuzz.judge.oracle_registry import HIT_ORACLES
 from fuzz.judge.oracles import SAME_STEP_READ, request_kinds
 from ground.engines import FAMILIES, family_of, load
 from ground.errors import KvspecError
-from reference.case import parse_case
+from reference.case import parse_case, prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,18 @@ VLLM_CLASSES = (
         "0.33.0",
         "R2",
         "a longer sibling hits below the promise under dense or periodic retention with a hash unit below the block",
+    ),
+    KnownClass(
+        "pinned-pool-cow-stall",
+        "0.33.0",
+        "errors",
+        "a request whose hit may end inside a block is never admitted on a pinned pool the start-up check accepts",
+    ),
+    KnownClass(
+        "async-self-preemption",
+        "0.33.0",
+        "errors",
+        "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever",
     ),
 )
 
@@ -203,6 +224,77 @@ def _copied_partial_state(finding: dict) -> bool:
     return at > 0 and at % M == 0 and unit < M and at - M < t < at and t % unit == 0
 
 
+#: "request I still unfinished after S steps (C/N prompt tokens computed)":
+#: the serial step loop's EngineStall (engine_adapter/vllm_engine/steploop.py).
+_STALL = re.compile(r"request (\d+) still unfinished after (\d+) steps \((\d+)/(\d+) prompt tokens computed\)")
+#: The step loop stops a request after 8 steps that schedule nothing
+#: (steploop.MAX_IDLE_STEPS): a stall within this many steps never ran.
+_IDLE_STALL_STEPS = 9
+
+
+def _pinned_stall(finding: dict) -> tuple[int, int, int, dict] | None:
+    """(stalled request, steps, prompt tokens computed, the resolution's
+    facts) for an ``EngineStall`` of a serial case on a pool the deployment
+    pins (``--num-gpu-blocks-override``: vLLM's start-up check accepted it,
+    ``v1/core/kv_cache_planning.py:1510-1559`` in 0.33.0); None otherwise."""
+    err = (finding.get("observed") or {}).get("error")
+    facts = (finding.get("resolution") or {}).get("facts") if isinstance(finding.get("resolution"), dict) else None
+    if finding.get("oracle") != "engine_error" or not isinstance(err, dict) or err.get("type") != "EngineStall":
+        return None
+    m = _STALL.search(str(err.get("message") or ""))
+    if m is None or not isinstance(facts, dict) or facts.get("pool_set_by_deployment") is not True:
+        return None
+    i, steps, computed, _ = (int(x) for x in m.groups())
+    return i, steps, computed, facts
+
+
+def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
+    """Whether request ``i`` shares with an earlier request a prefix whose
+    hash-unit floor (capped at its last prompt position) ends inside a
+    scheduler block: a partial local hit, for which 0.33.0's admission gate
+    (``full_sequence_must_fit``, ``v1/core/kv_cache_manager.py:531-548``)
+    counts one copy-on-write block per group
+    (``_has_partial_local_hit``, ``v1/core/single_type_kv_cache_manager.py:164-174, 262-265``)
+    that the start-up check's plan of one ``max_model_len`` request
+    (``_max_memory_usage_bytes_from_groups``, ``kv_cache_planning.py:1253-1285``) leaves out."""
+    try:
+        case = parse_case(finding.get("case"))
+    except KvspecError:
+        return False
+    g = case.geometry
+    if g is None or i >= len(case.trace) or g.hash_block_size is None or g.hash_block_size >= g.scheduler_block_size:
+        return False
+    mine = prompt_tokens(case.trace[i])
+    for earlier in case.trace[:i]:
+        theirs = prompt_tokens(earlier)
+        shared = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        hit = min(shared, len(mine) - 1) // g.hash_block_size * g.hash_block_size
+        if hit > 0 and hit % g.scheduler_block_size:
+            return True
+    return False
+
+
+def _stall_class(finding: dict) -> str | None:
+    """The pinned-pool stall classes (``examples/README.md``, "Stalls on
+    pinned pools"; ``tests/engine/test_stalls.py``): a request never
+    admitted (no prompt token computed within the idle bound) whose hit may
+    end inside a block is the copy-on-write class
+    (``fixes/vllm-0.33.0-admission-cow-block.diff``); one scheduled and
+    preempted past the idle bound with no token kept, under async
+    scheduling, is the self-preemption class
+    (``v1/core/sched/scheduler.py:912-980``;
+    ``fixes/vllm-0.33.0-async-self-preemption.diff``)."""
+    got = _pinned_stall(finding)
+    if got is None:
+        return None
+    i, steps, computed, facts = got
+    if computed != 0:
+        return None
+    if steps <= _IDLE_STALL_STEPS:
+        return "pinned-pool-cow-stall" if _hit_may_end_inside_a_block(finding, i) else None
+    return "async-self-preemption" if facts.get("async_scheduling") is True else None
+
+
 def classify(finding: dict) -> str | None:
     """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
     or None. Reads only the finding's own fields; a case it cannot read is
@@ -226,6 +318,8 @@ def classify(finding: dict) -> str | None:
             return "stale-state" if _copied_partial_state(finding) else None
     version = str((finding.get("engine") or {}).get("version") or "")
     family = FAMILIES.get(family_of(version))
+    if finding.get("oracle") == "engine_error":
+        return _stall_class(finding) if family is not None and family.classes is None else None
     if family is not None and family.classes is None and _high_past_checkpoint(finding):
         return "stale-state"
     low = _low_hit(finding)

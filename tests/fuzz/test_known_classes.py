@@ -90,6 +90,31 @@ CASES = {
 }
 
 
+def _stall_finding(geometry, prompts, request, steps, computed, *, pinned=True, asynchronous=False) -> dict:
+    """An ``engine_error`` finding of the serial step loop's EngineStall
+    (examples/stall-*.json: the trace and the resolved block and unit)."""
+    n = sum(length for _, length in prompts[request])
+    finding = _finding("engine_error", geometry, prompts, [], [], model="qwen3_5")
+    message = (
+        f"no progress: request {request} still unfinished after {steps} steps ({computed}/{n} prompt tokens computed)"
+    )
+    finding.update(
+        first_divergence=request,
+        observed={"hits": [0] * request, "error": {"kind": "vllm", "type": "EngineStall", "message": message}},
+        resolution={"facts": {"pool_set_by_deployment": pinned, "async_scheduling": asynchronous}},
+    )
+    return finding
+
+
+#: stall-partial-hit-cow-sync-qwen3_5.json: block 288, unit 16, request 1 hits 16 of A:32 (pool 19)
+COW = (hybrid(288, 288, prefix_match_unit=16), [[("A", 32)], [("A", 320), ("B", 1), ("D", 256)]])
+#: stall-async-self-preemption-qwen3_5.json: block 576, unit 16, dense retention (pool 23, async)
+SELF_PREEMPTION = (
+    hybrid(576, 576, prefix_match_unit=16, retention_interval=None),
+    [[("A", 3455)], [("A", 1472), ("B", 318)], [("A", 2881), ("C", 234)], [("D", 2303)]],
+)
+
+
 def _sglang_finding(prompts, expected, observed) -> dict:
     """An SGLang finding on the grid-64 resolution (examples/sglang-*.json)."""
     case = case_to_dict(make_case(hybrid(64, 64, retention_interval=0), prompts, None))
@@ -114,6 +139,8 @@ def _sglang_finding(prompts, expected, observed) -> dict:
 
 CASES.update(
     {
+        "pinned-pool-cow-stall": _stall_finding(*COW, 1, 9, 0),
+        "async-self-preemption": _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True),
         # sglang-grid-resend-qwen3_next.json: 0 / 2048 where the promise gives 0 / 3136
         "sglang-grid-resend": _sglang_finding([[("A", 3200)]] * 2, [0, 3136], [0, 2048]),
         # sglang-sibling-branch-qwen3_next.json: the sibling's resend, 640 where the promise gives 1024
@@ -150,6 +177,19 @@ def test_a_finding_that_breaks_no_known_rule_is_none():
         "promise", hybrid(1600, 1600), [[("A", 11910)]] * 2, [0, 11200], [0, 9600], version="0.33.0"
     )
     assert classify(spec_off_resend) is None  # a resend miss without the drop on 0.33.0 is not #53504
+
+
+def test_a_stall_is_a_pinned_pool_class_only_where_its_rule_holds():
+    geometry, prompts = COW
+    assert classify(_stall_finding(geometry, prompts, 1, 9, 0, pinned=False)) is None  # a pool vLLM sized itself
+    assert classify(_stall_finding(geometry, prompts, 1, 9, 5)) is None  # it ran: not never-admitted
+    aligned = [[("A", 288)], [("A", 288), ("B", 289)]]  # the hit ends on the block: no copy-on-write block
+    assert classify(_stall_finding(geometry, aligned, 1, 9, 0)) is None
+    unhashed = hybrid(288, 288)  # no hash unit: no hit inside a block
+    assert classify(_stall_finding(unhashed, prompts, 1, 9, 0)) is None
+    assert classify(_stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=False)) is None  # sync: not this class
+    sglang = dict(CASES["pinned-pool-cow-stall"], engine={"version": "sglang==0.5.23", "knobs": {}})
+    assert classify(sglang) is None  # another family's stall is not vLLM's class
 
 
 def test_the_hash_unit_tail_under_periodic_retention_is_the_dense_below_sparse_class_for_an_extension():
