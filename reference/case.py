@@ -330,6 +330,16 @@ def _parse_groups(raw: Any) -> tuple[Group, ...]:
     return tuple(groups)
 
 
+def _divides_every_block(where: str, value: int, groups: tuple[Group, ...]) -> None:
+    """``value`` (the geometry field ``where``) must divide every group's
+    block size; the first group it does not divide is named."""
+    for i, g in enumerate(groups):
+        if g.block_size % value:
+            raise invalid(
+                where, value, f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}"
+            )
+
+
 def parse_geometry(raw: Any) -> Geometry:
     """Validate and resolve a geometry; every rule names its field."""
     _check_fields(
@@ -359,13 +369,7 @@ def parse_geometry(raw: Any) -> Geometry:
         )
     unit = _int(raw, "prefix_match_unit", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True)
     if unit is not None:
-        for i, g in enumerate(groups):
-            if g.block_size % unit:
-                raise invalid(
-                    "geometry.prefix_match_unit",
-                    unit,
-                    f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}",
-                )
+        _divides_every_block("geometry.prefix_match_unit", unit, groups)
     default_hash = (
         unit if unit is not None else (sizes[0] if len(groups) == 1 and groups[0].count == 1 else math.gcd(*sizes))
     )
@@ -378,13 +382,7 @@ def parse_geometry(raw: Any) -> Geometry:
         raise invalid(
             "geometry.hash_block_size", hash_block, f"must equal geometry.prefix_match_unit={unit} when both are set"
         )
-    for i, g in enumerate(groups):
-        if g.block_size % hash_block:
-            raise invalid(
-                "geometry.hash_block_size",
-                hash_block,
-                f"must divide every group block size; geometry.groups[{i}].block_size={g.block_size}",
-            )
+    _divides_every_block("geometry.hash_block_size", hash_block, groups)
     sched = _int(
         raw, "scheduler_block_size", "geometry", minimum=1, maximum=MAX_BLOCK_SIZE, default=None, nullable=True
     )

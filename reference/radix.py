@@ -112,9 +112,9 @@ class Placed:
     tokens: int
 
 
-def _lcp_bytes(a: bytes, b: bytes) -> int:
-    """The longest common prefix of two byte strings, by halving slice
-    comparisons (each done in C)."""
+def common_prefix(a: bytes | list[int], b: bytes | list[int]) -> int:
+    """The length of the longest common prefix of two sequences (byte
+    strings or token lists), by halving slice comparisons (each done in C)."""
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -159,7 +159,7 @@ class PrefixIndex:
                 node, pos = child, child.depth
                 path.append(child)
                 continue
-            pos += _lcp_bytes(piece, label) // TOKEN_BYTES
+            pos += common_prefix(piece, label) // TOKEN_BYTES
             _collect(child, states, tails, pos, L)
             partial = child
             break

@@ -108,6 +108,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ground.errors import Unsupported, invalid
 from reference.case import Case, is_concurrent, prompt_tokens, serial_prefix
+from reference.radix import common_prefix
 from reference.tokens import output_tokens
 
 #: The SGLang releases this rule is stated for.
@@ -235,21 +236,6 @@ class _Kept:
     states: list[tuple[int, int, int]] = field(default_factory=list)  # (prompt index, key length, content length)
 
 
-def _shared(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix (slices compared in C, halving)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 @dataclass
 class ReplayedRequest:
     """One request's replay: what the model states for it."""
@@ -287,7 +273,7 @@ def _insert(
     kept.keys.append((i, key))
     mine = prompts[i]
     for j, k, _ in kept.states:
-        if k == key and _shared(prompts[j], mine) >= key:
+        if k == key and common_prefix(prompts[j], mine) >= key:
             return key  # mamba_exist: the node keeps its first state
     kept.states.append((i, key, content if content is not None else mamba_len))
     return key
@@ -359,10 +345,10 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
         limit = page_floor(max(n - 1, 0), s.page_size)
         full_hit = 0
         for j, k in kept.keys:
-            full_hit = max(full_hit, page_floor(min(k, limit, _shared(seqs[j], tokens)), s.page_size))
+            full_hit = max(full_hit, page_floor(min(k, limit, common_prefix(seqs[j], tokens)), s.page_size))
         hit, src = 0, None
         for j, k, content in kept.states:
-            if k <= full_hit and k > hit and _shared(seqs[j], tokens) >= k:
+            if k <= full_hit and k > hit and common_prefix(seqs[j], tokens) >= k:
                 hit, src = k, (j, content)
         aligned = page_floor(full_hit, s.checkpoint_grid)
         branching = aligned if aligned > hit else None
@@ -406,7 +392,7 @@ def simulate(case: Case, s: SglangSetting) -> list[ReplayedRequest]:
         if hit and src is not None:
             j, content = src
             resumed = content
-            same = content == hit and _shared(seqs[j], tokens) >= content
+            same = content == hit and common_prefix(seqs[j], tokens) >= content
         out.append(ReplayedRequest(i, n, hit, full_hit, branching, chunk_ends, tracked, kept_at, resumed, same))
     return out
 

@@ -28,6 +28,16 @@ MODE_NAMES = tuple(m.name for m in MODES)
 RULE_NAMES = ("promise", "replay", "legacy")
 
 # --------------------------------------------------------------- R1 and R2
+#: The (property, rule) pairs of an EXPECT entry, in the order written.
+PROPERTY_RULES = tuple((prop, rule) for prop in ("R1", "R2") for rule in RULE_NAMES)
+
+
+def _verdicts(*per_pair: str) -> dict[tuple[str, str], str]:
+    """One class's EXPECT entry: a verdict string per (property, rule), given
+    in ``PROPERTY_RULES`` order (R1 promise/replay/legacy, then R2)."""
+    return dict(zip(PROPERTY_RULES, per_pair, strict=True))
+
+
 # EXPECT[level][class][(property, rule)] = verdicts per mode.
 EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     # Every Mamba state written; the retention rule alone decides.
@@ -35,30 +45,9 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         # legacy under drop/0.33 (a hypothetical pairing: legacy is <= 0.29.0)
         # is rescued by the 0.32.0+ prompt checkpoint, keyed whatever the mask
         # says, on every uniform geometry but not when M < A.
-        "uniform": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "PPPPP",
-            ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRPPP",
-            ("R2", "legacy"): "RRRPP",
-        },
-        "aligned": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "PPPPP",
-            ("R1", "legacy"): "PPRRP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRPPP",
-            ("R2", "legacy"): "RRRRP",
-        },
-        "partial": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "PPRPP",
-            ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRPP",
-            ("R2", "legacy"): "RRRPP",
-        },
+        "uniform": _verdicts("PPPPP", "PPPPP", "PPRPP", "PPPPP", "RRPPP", "RRRPP"),
+        "aligned": _verdicts("PPPPP", "PPPPP", "PPRRP", "PPPPP", "RRPPP", "RRRRP"),
+        "partial": _verdicts("PPPPP", "PPRPP", "PPRPP", "PPPPP", "RRRPP", "RRRPP"),
         # hashed (A = M = S = B, hits on H < B): derived by hand from the
         # reference's closed forms (``.kvspec/notes/partial-hits.md`` §1.4; f_X
         # is floor_to X), r the resend's and e the sibling's dense boundary,
@@ -84,49 +73,14 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         # * lookahead/0.33: r = e = f_H(N-1) = t (a block counts only with
         #   one more token: the full block N is out of reach), kept: proved.
         # The same letters as ``partial``: hits on H, states on the block.
-        "hashed": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "PPRPP",
-            ("R1", "legacy"): "PPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRPP",
-            ("R2", "legacy"): "RRRPP",
-        },
-        "unitary": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "PPRRP",
-            ("R1", "legacy"): "PPPPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRRP",
-            ("R2", "legacy"): "RRRRP",
-        },
+        "hashed": _verdicts("PPPPP", "PPRPP", "PPRPP", "PPPPP", "RRRPP", "RRRPP"),
+        "unitary": _verdicts("PPPPP", "PPRRP", "PPPPP", "PPPPP", "RRRRP", "RRRRP"),
     },
     # One-shot prefill: a Mamba state exists only where a chunk ended.
     "oneshot": {
-        "uniform": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "RPRPP",
-            ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRPPP",
-            ("R2", "legacy"): "RRRPP",
-        },
-        "aligned": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "RRRRR",
-            ("R1", "legacy"): "RRRRR",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRRR",
-            ("R2", "legacy"): "RRRRR",
-        },
-        "partial": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "RPRPP",
-            ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRPP",
-            ("R2", "legacy"): "RRRPP",
-        },
+        "uniform": _verdicts("PPPPP", "RPRPP", "RPRPP", "PPPPP", "RRPPP", "RRRPP"),
+        "aligned": _verdicts("PPPPP", "RRRRR", "RRRRR", "PPPPP", "RRRRR", "RRRRR"),
+        "partial": _verdicts("PPPPP", "RPRPP", "RPRPP", "PPPPP", "RRRPP", "RRRPP"),
         # hashed, one-shot: the chunk ends are P = the last cache position
         # (f_B(N) without the drop before 0.32.0, f_B(N-1) from 0.32.0,
         # f_B(N) - B with the drop), t when P < t < N, the next block
@@ -135,22 +89,8 @@ EXPECT: dict[str, dict[str, dict[tuple[str, str], str]]] = {
         # prefill is one chunk (P = t = N), N is written but not marked, and
         # r = f_B(N-1) = B has no state. From 0.32.0 P = f_B(N-1) is the
         # mark and t an end: kept {P, t}, as vLLM (partial-hits.md §2.2).
-        "hashed": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "RPRPP",
-            ("R1", "legacy"): "RPRPP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRPP",
-            ("R2", "legacy"): "RRRPP",
-        },
-        "unitary": {
-            ("R1", "promise"): "PPPPP",
-            ("R1", "replay"): "RPRRP",
-            ("R1", "legacy"): "RPRRP",
-            ("R2", "promise"): "PPPPP",
-            ("R2", "replay"): "RRRRP",
-            ("R2", "legacy"): "RRRRP",
-        },
+        "hashed": _verdicts("PPPPP", "RPRPP", "RPRPP", "PPPPP", "RRRPP", "RRRPP"),
+        "unitary": _verdicts("PPPPP", "RPRRP", "RPRRP", "PPPPP", "RRRRP", "RRRRP"),
     },
 }
 

@@ -106,14 +106,20 @@ def sibling_claim(g: Geo, mode: Mode, rule: str, N: Count, N2: Count, level: str
     return _holds(g, mode, rule, N, _target(g, e), e, level, chunk)
 
 
+def _chunk_budget(g: Geo, level: str, base: list) -> tuple[z3.ArithRef | None, dict]:
+    """R1/R2's chunk budget: at level "chunked" a symbolic chunk count >= 1
+    (its premise appended to ``base``, reported as ``chunk_blocks``); at
+    any other level none."""
+    if level != "chunked":
+        return None, {}
+    chunk = z3.Int(f"{g.sp.tag}.chunk")
+    base.append(chunk >= 1)
+    return chunk, {"chunk_blocks": chunk}
+
+
 def r1(g: Geo, mode: Mode, rule: str, level: str = "mask") -> Query:
     N, base = _start(g)
-    chunk = None
-    ints = {}
-    if level == "chunked":
-        chunk = z3.Int(f"{g.sp.tag}.chunk")
-        base.append(chunk >= 1)
-        ints["chunk_blocks"] = chunk
+    chunk, ints = _chunk_budget(g, level, base)
     claim = resend_claim(g, mode, rule, N, level, chunk)
     r = R.resend_boundary(g, mode, N)
     return Query(f"R1/{level}", rule, mode, g, claim, base, {"N": N, "resend": r}, ints)
@@ -123,12 +129,7 @@ def r2(g: Geo, mode: Mode, rule: str, level: str = "mask") -> Query:
     N, base = _start(g)
     N2 = g.sp.count(f"{g.sp.tag}.N2")
     base.append(to_z3(N2 > N))
-    chunk = None
-    ints = {}
-    if level == "chunked":
-        chunk = z3.Int(f"{g.sp.tag}.chunk")
-        base.append(chunk >= 1)
-        ints["chunk_blocks"] = chunk
+    chunk, ints = _chunk_budget(g, level, base)
     claim = sibling_claim(g, mode, rule, N, N2, level, chunk)
     e = R.extension_boundary(g, mode, N, N2)
     return Query(f"R2/{level}", rule, mode, g, claim, base, {"N": N, "N2": N2, "sibling": e}, ints)

@@ -133,30 +133,29 @@ def eq(a, b):
     return _bool_expr(z3.Z3_mk_eq(_CTX.ref(), _ast(a), _ast(b)))
 
 
-def AND(*cs):
+def _fold(cs, unit: bool, mk):
+    """A conjunction (``unit`` True, ``mk`` Z3_mk_and) or disjunction
+    (``unit`` False, Z3_mk_or) of ``cs``, folding Python booleans: ``unit``
+    terms are dropped, the other boolean decides at once, no term left gives
+    ``unit`` and one term is itself."""
     out = []
     for c in cs:
-        if c is True:
+        if c is unit:
             continue
-        if c is False:
-            return False
+        if c is (not unit):
+            return not unit
         out.append(c)
     if not out:
-        return True
-    return out[0] if len(out) == 1 else _bool_expr(z3.Z3_mk_and(_CTX.ref(), len(out), _arr(out)))
+        return unit
+    return out[0] if len(out) == 1 else _bool_expr(mk(_CTX.ref(), len(out), _arr(out)))
+
+
+def AND(*cs):
+    return _fold(cs, True, z3.Z3_mk_and)
 
 
 def OR(*cs):
-    out = []
-    for c in cs:
-        if c is False:
-            continue
-        if c is True:
-            return True
-        out.append(c)
-    if not out:
-        return False
-    return out[0] if len(out) == 1 else _bool_expr(z3.Z3_mk_or(_CTX.ref(), len(out), _arr(out)))
+    return _fold(cs, False, z3.Z3_mk_or)
 
 
 def NOT(c):

@@ -125,6 +125,12 @@ QUEUE_WAIT_S = 30.0
 # ------------------------------------------------------------------ the client
 
 
+def _worker_error(rid: int, message: str) -> dict:
+    """The protocol's answer for a request the warm engine did not serve:
+    ``ok`` false with a ``worker`` error saying why."""
+    return {"id": rid, "ok": False, "error": {"kind": "worker", "message": message}}
+
+
 class WarmClient:
     """Requests to the warm engine of one version and platform, starting
     (or replacing) it when needed."""
@@ -213,52 +219,27 @@ class WarmClient:
                 sock.close()  # a queued request whose client hung up is skipped
             if why == "queued":
                 if deadline - time.monotonic() < 1.0:
-                    return {
-                        "id": rid,
-                        "ok": False,
-                        "error": {
-                            "kind": "worker",
-                            "message": f"timed out after {timeout:.0f}s waiting for the warm engine {self.engine}, busy with another command's request (left running)",
-                        },
-                    }
+                    return _worker_error(
+                        rid,
+                        f"timed out after {timeout:.0f}s waiting for the warm engine {self.engine}, busy with another command's request (left running)",
+                    )
                 self.take_over(deadline, behind)
                 continue
             if raw is None and serving is None and _attempt < 3:
                 continue  # the engine left (or was killed) before it began this request: a fresh one will
             if raw is None:
                 self.restarts += 1
-                return {
-                    "id": rid,
-                    "ok": False,
-                    "error": {
-                        "kind": "worker",
-                        "message": f"warm engine {self.engine} ({self.platform}) {why}: {_log_tail(self.paths)}",
-                    },
-                }
+                return _worker_error(rid, f"warm engine {self.engine} ({self.platform}) {why}: {_log_tail(self.paths)}")
             try:
                 resp = json.loads(raw)
             except ValueError:
-                return {
-                    "id": rid,
-                    "ok": False,
-                    "error": {
-                        "kind": "worker",
-                        "message": f"warm engine {self.engine} answered a non-protocol line: {raw[:200]!r}",
-                    },
-                }
+                return _worker_error(rid, f"warm engine {self.engine} answered a non-protocol line: {raw[:200]!r}")
             err = resp.get("error") if isinstance(resp, dict) else None
             if isinstance(err, dict) and err.get("kind") == "stale":
                 self.replace(deadline)
                 continue
             return resp
-        return {
-            "id": rid,
-            "ok": False,
-            "error": {
-                "kind": "worker",
-                "message": f"warm engine {self.engine}: no server of this kvspec's sources answered",
-            },
-        }
+        return _worker_error(rid, f"warm engine {self.engine}: no server of this kvspec's sources answered")
 
     def _timed_out(self, rid: int, timeout: float, pid: int) -> dict:
         """This client's own request ran past its bound on the engine
@@ -273,14 +254,7 @@ class WarmClient:
                 )
         _kill(self.paths, pid)
         self.restarts += 1
-        return {
-            "id": rid,
-            "ok": False,
-            "error": {
-                "kind": "worker",
-                "message": f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {tail}",
-            },
-        }
+        return _worker_error(rid, f"timed out after {timeout:.0f}s (warm engine {self.engine} killed): {tail}")
 
     def take_over(self, deadline: float, behind: object) -> None:
         """The warm engine ``behind`` stayed busy with another command's

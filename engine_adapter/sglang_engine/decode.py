@@ -202,6 +202,22 @@ def run_decode(cache, batch, req, max_tokens: int, draft_tokens: int | None = No
     return run_plain_decode(cache, batch, req, max_tokens)
 
 
+def _decode_rounds(batch, req, max_tokens: int, unit: str):
+    """Yield once per decode round of ``req``: before each, stop when it has
+    finished, else filter ``batch`` and stop when that leaves it empty. After
+    ``max_tokens`` rounds an unfinished request is an error ("did not finish
+    within N ``unit``")."""
+    for _ in range(max_tokens):
+        if req.finished():
+            return
+        batch.filter_batch()
+        if batch.is_empty():
+            return
+        yield
+    if not req.finished():
+        raise RuntimeError(f"request {req.rid}: decode did not finish within {max_tokens} {unit}")
+
+
 def run_plain_decode(cache, batch, req, max_tokens: int) -> tuple[list[list[int]], list[int]]:
     """Decode ``req`` (its prefill finished in ``batch``) until SGLang
     finishes it: ``(decode_steps, tracked)``; each decode step as
@@ -210,12 +226,7 @@ def run_plain_decode(cache, batch, req, max_tokens: int) -> tuple[list[list[int]
     proc = result_processor(cache.tree, cache.allocator, cache.req_pool, batch.model_config)
     steps: list[list[int]] = []
     tracked: list[int] = []
-    for _ in range(max_tokens):
-        if req.finished():
-            break
-        batch.filter_batch()
-        if batch.is_empty():
-            break
+    for _ in _decode_rounds(batch, req, max_tokens, "steps"):
         with host_memory_unpinned():
             batch.prepare_for_decode()
         seq = int(batch.seq_lens_cpu[0])
@@ -229,9 +240,6 @@ def run_plain_decode(cache, batch, req, max_tokens: int) -> tuple[list[list[int]
         req.output_ids.append(OUTPUT_TOKEN)
         req.update_finish_state(1)
         proc._handle_finish_state_updated_req(req, batch, PlainDecodeResult(), 0, None)
-    else:
-        if not req.finished():
-            raise RuntimeError(f"request {req.rid}: decode did not finish within {max_tokens} steps")
     return steps, tracked
 
 
@@ -276,12 +284,7 @@ def run_spec_decode(cache, batch, req, max_tokens: int, draft_tokens: int) -> tu
     interval = mamba_track_grid(cache.tree.page_size)
     steps: list[list[int]] = []
     tracked: list[int] = []
-    for _ in range(max_tokens):
-        if req.finished():
-            break
-        batch.filter_batch()
-        if batch.is_empty():
-            break
+    for _ in _decode_rounds(batch, req, max_tokens, "verify steps"):
         with host_memory_unpinned(), spec_kernels_in_torch():
             batch.prepare_for_decode()
         prepare_mamba_track_for_verify(batch)
@@ -308,7 +311,4 @@ def run_spec_decode(cache, batch, req, max_tokens: int, draft_tokens: int) -> tu
         req.output_ids.extend(tokens)
         req.update_finish_state(len(tokens))
         proc._handle_finish_state_updated_req(req, batch, result, 0, None)
-    else:
-        if not req.finished():
-            raise RuntimeError(f"request {req.rid}: decode did not finish within {max_tokens} verify steps")
     return steps, tracked

@@ -226,25 +226,17 @@ class VllmDriver:
         writer = checkpoint_writer(built)  # kvspec's own code: an error here is the harness's
         concurrent = is_concurrent(case)
         clock = 0  # scheduler steps run so far (a concurrent trace's explain says when)
+
+        def explain(i: int, served, at: int | None, wave_info: dict | None) -> None:
+            """``_explain`` with this run's case and observers."""
+            self._explain(case, i, served, rec, scan, table, writer, result, at, wave_info, slots, evictions)
+
         for wave in waves(case):
             if len(wave) == 1:
                 i = wave[0]
                 creq = case.trace[i]
                 served = serve(s, i, prompt_tokens(creq), creq.max_tokens, built["hasher"], watch=table, slots=slots)
-                self._explain(
-                    case,
-                    i,
-                    served,
-                    rec,
-                    scan,
-                    table,
-                    writer,
-                    result,
-                    clock if concurrent else None,
-                    None,
-                    slots,
-                    evictions,
-                )
+                explain(i, served, clock if concurrent else None, None)
                 clock += served.steps
                 continue
             arrivals = [
@@ -261,19 +253,11 @@ class VllmDriver:
                 slots=slots,
             )
             for i, served in zip(wave, wave_served):
-                self._explain(
-                    case,
+                explain(
                     i,
                     served,
-                    rec,
-                    scan,
-                    table,
-                    writer,
-                    result,
                     clock,
                     {"wave": wave, "totals": totals, "lookup": admitted_lookups.get(f"req-{i}", 1) - 1},
-                    slots,
-                    evictions,
                 )
             clock += totals["steps"]
 

@@ -49,7 +49,9 @@ from pathlib import Path
 
 from ground.console import say as _say
 from ground.errors import InvalidArgument, invalid
+from kvspec.epilog import set_epilog
 from kvspec.model_options import add_model_arguments, model_case
+from kvspec.switches import add_switches
 
 HELP = "what a deployment will hit on a workload: lost reuse, failure classes, the retention to use and its memory (confirmed on the engine)"
 
@@ -59,8 +61,10 @@ def configure(parser) -> None:
 
     from advise.workloads import OPTIONS, WORKLOADS
 
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "exit status: 0 advice given; 1 the engine disagreed with the model (findings written); 2 bad input; 3 the engine did not run a setting"
+    set_epilog(
+        parser,
+        "exit status: 0 advice given; 1 the engine disagreed with the model (findings written); 2 bad input; 3 the engine did not run a setting",
+    )
     add_model_arguments(
         parser,
         case_help="a case or finding file: its deployment (and its trace, without --workload/--trace)",
@@ -114,9 +118,12 @@ def configure(parser) -> None:
         help="where advice.json, advice.png and findings/ go (default: .kvspec/advise)",
     )
     parser.add_argument("--chart", default=None, metavar="FILE", help="the PNG chart (default: OUT/advice.png)")
-    parser.add_argument("--json", action="store_true", help="print the advice as JSON instead of tables")
-    parser.add_argument(
-        "--fresh", action="store_true", help="resolve the deployment again (ignore the resolution cache)"
+    add_switches(
+        parser,
+        {
+            "--json": "print the advice as JSON instead of tables",
+            "--fresh": "resolve the deployment again (ignore the resolution cache)",
+        },
     )
     parser.add_argument(
         "--timeout",

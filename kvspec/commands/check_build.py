@@ -10,7 +10,6 @@ first counterexample of each failure. The one command a fork's CI runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from fuzz.judge.oracle_registry import BY_NAME, KNOWN_ORACLES, listed
 from ground.console import say as _say
+from kvspec.epilog import set_epilog
 
 NAME = "check-build"
 HELP = "does an engine build (a release, vllm==X or sglang==X --patch FILE.diff, path:DIR, wheel:FILE.whl) keep kvspec's promises?"
@@ -55,8 +55,7 @@ cases before it.
 def configure(parser) -> None:
     from kvspec.engine_options import add_engine_arguments
 
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    set_epilog(parser, EPILOG)
     add_engine_arguments(
         parser,
         metavar="ENGINE",

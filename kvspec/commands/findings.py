@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from fuzz.results.impact import short
 from ground.errors import invalid
 from ground.printable import printable
+from kvspec.epilog import set_epilog
 
 HELP = "group the finding files in a folder into classes, one smallest representative each"
 EPILOG = """\
@@ -29,8 +29,7 @@ exit codes:
 
 
 def configure(parser) -> None:
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    set_epilog(parser, EPILOG)
     parser.add_argument("dir", metavar="DIR", help="a findings folder (kvspec fuzz --out)")
     parser.add_argument("--json", action="store_true", help="print the classes as JSON")
 

@@ -17,7 +17,6 @@ Accounting that never gives a false all-clear:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -30,6 +29,8 @@ from fuzz.judge.oracle_registry import build_sentence, help_text
 from ground.console import say as _say
 from ground.engines import Capability
 from ground.errors import invalid
+from kvspec.epilog import set_epilog
+from kvspec.switches import add_switches
 
 if TYPE_CHECKING:
     from ground.engines import EngineSpec
@@ -88,8 +89,7 @@ findings in OUT are grouped into classes (see kvspec findings).
 def configure(parser) -> None:
     from fuzz.driving.outcome import HARNESS_ERROR_LIMIT
 
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    set_epilog(parser, EPILOG)
     from kvspec.engine_options import add_engine_arguments
 
     add_engine_arguments(
@@ -147,11 +147,12 @@ def configure(parser) -> None:
         metavar="FRACTION",
         help="exit 3 when harness errors exceed this fraction of executions (and number at least 3) (default: %(default)s)",
     )
-    parser.add_argument("--no-z3-seeds", action="store_true", help="do not seed the corpus with spec/'s boundary cases")
-    parser.add_argument(
-        "--synthetic-geometry",
-        action="store_true",
-        help="draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic",
+    add_switches(
+        parser,
+        {
+            "--no-z3-seeds": "do not seed the corpus with spec/'s boundary cases",
+            "--synthetic-geometry": "draw hand geometries instead of deployments (model + vllm serve flags resolved by vLLM); their findings are labelled synthetic",
+        },
     )
     parser.add_argument(
         "--kv-connector",

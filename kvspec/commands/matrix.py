@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvspec.epilog import set_epilog
+
 HELP = "hit patterns per case x engine (releases and builds of any family), as a table and a chart"
 
 
@@ -29,10 +31,8 @@ exit codes:
 
 
 def configure(parser) -> None:
-    import argparse
 
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    set_epilog(parser, EPILOG)
     parser.add_argument("cases", nargs="+", help="case or finding files")
     from kvspec.engine_options import add_engine_arguments
 

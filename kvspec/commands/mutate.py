@@ -9,12 +9,13 @@ run in the build's environment); the score of each, side by side
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 from ground.console import say as _say
+from kvspec.epilog import set_epilog
+from kvspec.switches import add_switches
 
 NAME = "mutate"
 HELP = "mutation score of kvspec vs vLLM's own tests on vLLM's boundary code (Cosmic Ray mutants as patched builds)"
@@ -31,8 +32,7 @@ exit codes: 0 done; 2 usage (one line); 3 the harness failed before any mutant r
 
 
 def configure(parser) -> None:
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    set_epilog(parser, EPILOG)
     parser.add_argument(
         "--engine", default="vllm==0.33.0", help="the release whose code is mutated (default: %(default)s)"
     )
@@ -58,11 +58,12 @@ def configure(parser) -> None:
         metavar="DIR",
         help="run folder (default: $KVSPEC_HOME/mutate/runs/<time>); a folder of an earlier run resumes it",
     )
-    parser.add_argument("--no-vllm-tests", action="store_true", help="judge with kvspec only")
-    parser.add_argument(
-        "--vllm-tests-only",
-        action="store_true",
-        help="add vLLM's tests to the mutants a --no-vllm-tests pass in --out judged (runs beside it; touches no other mutant)",
+    add_switches(
+        parser,
+        {
+            "--no-vllm-tests": "judge with kvspec only",
+            "--vllm-tests-only": "add vLLM's tests to the mutants a --no-vllm-tests pass in --out judged (runs beside it; touches no other mutant)",
+        },
     )
     parser.add_argument(
         "--vllm-tests-from",
@@ -70,12 +71,13 @@ def configure(parser) -> None:
         metavar="DIR",
         help="take vLLM's tests' verdicts from an earlier run folder wherever it judged the same build (the same mutant diff in the same base); run them only for the others",
     )
-    parser.add_argument("--keep-builds", action="store_true", help="keep each mutant's build environment")
-    parser.add_argument("--report", action="store_true", help="only write the report of the run in --out")
-    parser.add_argument(
-        "--list",
-        action="store_true",
-        help="print every candidate mutant position (id, function, line, operator) and exit",
+    add_switches(
+        parser,
+        {
+            "--keep-builds": "keep each mutant's build environment",
+            "--report": "only write the report of the run in --out",
+            "--list": "print every candidate mutant position (id, function, line, operator) and exit",
+        },
     )
     parser.add_argument(
         "--coverage",

@@ -8,18 +8,21 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from kvspec.switches import add_switches
+
 HELP = "prove the retention rules against the promise (z3), write counterexamples as case files"
 
 SYMBOL = {"proved": "proved", "refuted": "counterexample", "unknown": "unknown", "error": "error"}
 
 
 def configure(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="print every result as one JSON object instead of tables")
-    parser.add_argument(
-        "--sweep", action="store_true", help="also run the concrete sweep (every S = 16k <= 4096 with every valid A, M)"
-    )
-    parser.add_argument(
-        "--all", action="store_true", help="also the slow rows (chunked prefill per rule, about 0.5 s each)"
+    add_switches(
+        parser,
+        {
+            "--json": "print every result as one JSON object instead of tables",
+            "--sweep": "also run the concrete sweep (every S = 16k <= 4096 with every valid A, M)",
+            "--all": "also the slow rows (chunked prefill per rule, about 0.5 s each)",
+        },
     )
     parser.add_argument(
         "--out",

@@ -34,6 +34,7 @@ import re
 
 from fuzz.judge.verdict import EXIT as VERDICT_EXIT
 from ground.errors import InvalidArgument, Unsupported, invalid
+from reference.serial import RULES
 
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
 
@@ -87,7 +88,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--rule",
-        choices=("promise", "replay", "legacy"),
+        choices=RULES,
         default="promise",
         help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)",
     )

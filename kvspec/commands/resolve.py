@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError, invalid
+from kvspec.epilog import set_epilog
 from kvspec.model_options import add_model_arguments, model_case
+from kvspec.switches import add_switches
 
 if TYPE_CHECKING:
     from engine_adapter.host.versions import EngineSpec
@@ -34,11 +36,10 @@ HELP = "what the engine builds for a deployment (model + vllm serve or sglang se
 
 
 def configure(parser) -> None:
-    import argparse
 
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = (
-        "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment"
+    set_epilog(
+        parser,
+        "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment",
     )
     from kvspec.engine_options import add_engine_arguments
 
@@ -53,9 +54,14 @@ def configure(parser) -> None:
         model_help="a shipped model name or a config.json path (instead of CASE); flags after --",
         device_help="with --model or --table on cuda: the GPU (h100, h200, a100, b200; default h100)",
     )
-    parser.add_argument("--table", action="store_true", help="the shipped models x TP x KV dtype x MTP table")
-    parser.add_argument("--markdown", action="store_true", help="with --table: a markdown table")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_switches(
+        parser,
+        {
+            "--table": "the shipped models x TP x KV dtype x MTP table",
+            "--markdown": "with --table: a markdown table",
+            "--json": "print JSON",
+        },
+    )
     parser.add_argument("flags", nargs="*", help="after --: vllm serve flags (with --model)")
 
 

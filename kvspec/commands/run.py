@@ -33,6 +33,7 @@ from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
 from fuzz.judge.oracle_resolution import COMPARED_KNOBS
 from ground.engines import FAMILIES, Capability, load
 from kvspec.options import seconds
+from kvspec.switches import add_switches
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
 
@@ -58,8 +59,13 @@ def configure(parser) -> None:
         default="auto",
         help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)",
     )
-    parser.add_argument("--json", action="store_true", help="with --compare: print JSON instead of a table")
-    parser.add_argument("--install", action="store_true", help="install the engine environment first if missing")
+    add_switches(
+        parser,
+        {
+            "--json": "with --compare: print JSON instead of a table",
+            "--install": "install the engine environment first if missing",
+        },
+    )
     parser.add_argument(
         "--mode",
         choices=("auto", "inprocess", "worker", "warm"),
