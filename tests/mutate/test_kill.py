@@ -34,6 +34,8 @@ def base():
     ensure_env("0.33.0")
     patches = default_base_patches("0.33.0")
     assert [p.rsplit("/", 1)[1] for p in patches] == [
+        "vllm-0.33.0-admission-cow-block.diff",
+        "vllm-0.33.0-async-self-preemption.diff",
         "vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff",
         "vllm-0.33.0-longer-sibling-of-aligned-prompt.diff",
         "vllm-0.33.0-stale-state-after-partial-hit.diff",
