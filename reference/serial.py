@@ -341,7 +341,9 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
     (vLLM 0.32.0+ ``MambaManager.get_num_blocks_to_allocate``: the prefill
     end is ignored unless retention is sparse), at the chunk's own
     checkpoint position, into a slot no chunk end filled. Returns
-    ``{chunk end: checkpoint position}``."""
+    ``{chunk end: checkpoint position}``: the cache call after such a chunk
+    keys neither the prompt's checkpoint nor the junction at its end
+    (:func:`retained_states`)."""
     grid = knobs.prefill_checkpoint_grid
     if grid is None or geometry.retention_interval == 0:
         return {}
@@ -487,7 +489,16 @@ def retained_states(
             for p in interim.values():
                 if p <= hashed and (p % M == 0 or p == junction):
                     written.add(p)
-            if knobs.shared_prefix_checkpoint and hit < junction <= N and junction in ends and junction <= hashed:
+            # The junction is keyed by the same cache call after that branch,
+            # which returns first: so not where the chunk ending at it also
+            # exported an interim checkpoint (0.33.0 :2097-2103 after :2036-2084).
+            if (
+                knobs.shared_prefix_checkpoint
+                and hit < junction <= N
+                and junction in ends
+                and junction not in interim
+                and junction <= hashed
+            ):
                 written.add(junction)
                 tails.add(junction)
         if interval is None:

@@ -227,3 +227,40 @@ def test_the_release_keys_no_tail_beside_an_interim_checkpoint():
         assert hits(case, rule="replay") == [0, 0], interval
         assert hits(case, rule="promise") == [0, 464], interval
     assert hits(_resend_beside_checkpoint(0), rule="replay") == [0, 464]
+
+
+def _junction_beside_checkpoint(retention_interval):
+    """Qwen3-Next as vLLM 0.33.0 resolves it on an H100 at TP 2, fp8
+    (block 1152, ``--prefix-match-unit 32``, GDN checkpoints on 64), MTP 2
+    with the drop, ``--enable-mamba-shared-prefix-checkpoint``: A:1280 sent
+    twice, then A:1280 and one token more (a campaign's ``reference``
+    finding, seed 3, retention 1152)."""
+    geometry = hybrid(
+        1152,
+        1152,
+        hash_block_size=32,
+        prefix_match_unit=32,
+        scheduler_block_size=1152,
+        retention_interval=retention_interval,
+        max_num_batched_tokens=2048,
+        prefill_checkpoint_grid=64,
+        shared_prefix_checkpoint=True,
+    )
+    return make_case(geometry, [[("A", 1280)], [("A", 1280)], [("A", 1280), ("B", 1)]], MTP_DROP)
+
+
+def test_the_release_keys_no_junction_beside_an_interim_checkpoint():
+    """vLLM 0.32.0+ under dense or periodic retention: the resend (hit 0,
+    the resend-beside-checkpoint class) ends its chunk [0, 1248) at the
+    shared-prefix junction 1248, and that chunk also exports an interim
+    checkpoint at 1216; ``MambaManager._cache_partial_tail_block`` evicts
+    that slot and returns (0.33.0 single_type_kv_cache_manager.py:2036-2084)
+    before the junction branch (:2097-2103) keys 1248, so the extension
+    finds no state either: 0 / 0 / 0 on the engine, where the promise gives
+    0 / 1248 / 1248. Sparse retention exports no interim checkpoint there:
+    the resend hits 1248 (the engine's numbers, all three retentions)."""
+    for interval in (None, 1152):
+        case = _junction_beside_checkpoint(interval)
+        assert hits(case, rule="replay") == [0, 0, 0], interval
+        assert hits(case, rule="promise") == [0, 1248, 1248], interval
+    assert hits(_junction_beside_checkpoint(0), rule="replay") == [0, 1248, 1248]
