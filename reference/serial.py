@@ -362,6 +362,21 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
     return out
 
 
+def _interval_keeps(p: int, M: int, interval: int | None) -> bool:
+    """Does the retention interval alone keep the state at ``p``, a
+    multiple of the Mamba block M? ``MambaManager.reachable_block_mask``
+    with no reachable boundaries (0.33.0 single_type_kv_cache_manager.py:1549-1604):
+    dense (None) keeps every block, an interval under two blocks every
+    block, else the block ending at each multiple of ``interval // M``
+    blocks; sparse (0) none."""
+    if interval is None:
+        return True
+    if interval == 0:
+        return False
+    per_segment = interval // M
+    return per_segment <= 1 or (p // M) % per_segment == 0
+
+
 def output_states(N: int, max_tokens: int, geometry: Geometry, knobs: Knobs) -> dict[int, set[int]]:
     """Step 4: the Mamba states a request's decode leaves keyed at or past
     the end of its prompt, per Mamba block size M (token counts p, N <= p
@@ -486,9 +501,18 @@ def retained_states(
                 if c.internal and c.internal <= hashed:
                     written.add(c.internal)
                     tails.add(c.internal)
+            # An interim checkpoint is re-keyed at its position only when it is
+            # the junction, a block the retention interval alone keeps (the
+            # mask asked without the replay boundaries) or the prompt's
+            # checkpoint (which the scheduler ends a chunk at, so no interim
+            # one lands there: ``c.internal`` above); otherwise its slot is
+            # evicted, with the full block the boundaries' mask cached there
+            # (0.32.0+ ``MambaManager._cache_partial_tail_block``, 0.33.0
+            # single_type_kv_cache_manager.py:2045-2084; 0.32.0 :2028-2066).
             for p in interim.values():
-                if p <= hashed and (p % M == 0 or p == junction):
+                if p <= hashed and (p == junction or (p % M == 0 and _interval_keeps(p, M, interval))):
                     written.add(p)
+                    tails.add(p)
             # The junction is keyed by the same cache call after that branch,
             # which returns first: so not where the chunk ending at it also
             # exported an interim checkpoint (0.33.0 :2097-2103 after :2036-2084).
