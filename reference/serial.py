@@ -341,7 +341,9 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
     (vLLM 0.32.0+ ``MambaManager.get_num_blocks_to_allocate``: the prefill
     end is ignored unless retention is sparse), at the chunk's own
     checkpoint position, into a slot no chunk end filled. Returns
-    ``{chunk end: checkpoint position}``."""
+    ``{chunk end: checkpoint position}``: the cache call after such a chunk
+    keys neither the prompt's checkpoint nor the junction at its end
+    (:func:`retained_states`)."""
     grid = knobs.prefill_checkpoint_grid
     if grid is None or geometry.retention_interval == 0:
         return {}
@@ -358,6 +360,21 @@ def _interim_checkpoints(parts: list[Chunk], N: int, geometry: Geometry, knobs: 
         if p and internal_checkpoint_valid(c.start, c.end, p, H, bs, grid) and slot_end not in ends:
             out[c.end] = p
     return out
+
+
+def _interval_keeps(p: int, M: int, interval: int | None) -> bool:
+    """Does the retention interval alone keep the state at ``p``, a
+    multiple of the Mamba block M? ``MambaManager.reachable_block_mask``
+    with no reachable boundaries (0.33.0 single_type_kv_cache_manager.py:1549-1604):
+    dense (None) keeps every block, an interval under two blocks every
+    block, else the block ending at each multiple of ``interval // M``
+    blocks; sparse (0) none."""
+    if interval is None:
+        return True
+    if interval == 0:
+        return False
+    per_segment = interval // M
+    return per_segment <= 1 or (p // M) % per_segment == 0
 
 
 def output_states(N: int, max_tokens: int, geometry: Geometry, knobs: Knobs) -> dict[int, set[int]]:
@@ -484,10 +501,28 @@ def retained_states(
                 if c.internal and c.internal <= hashed:
                     written.add(c.internal)
                     tails.add(c.internal)
+            # An interim checkpoint is re-keyed at its position only when it is
+            # the junction, a block the retention interval alone keeps (the
+            # mask asked without the replay boundaries) or the prompt's
+            # checkpoint (which the scheduler ends a chunk at, so no interim
+            # one lands there: ``c.internal`` above); otherwise its slot is
+            # evicted, with the full block the boundaries' mask cached there
+            # (0.32.0+ ``MambaManager._cache_partial_tail_block``, 0.33.0
+            # single_type_kv_cache_manager.py:2045-2084; 0.32.0 :2028-2066).
             for p in interim.values():
-                if p <= hashed and (p % M == 0 or p == junction):
+                if p <= hashed and (p == junction or (p % M == 0 and _interval_keeps(p, M, interval))):
                     written.add(p)
-            if knobs.shared_prefix_checkpoint and hit < junction <= N and junction in ends and junction <= hashed:
+                    tails.add(p)
+            # The junction is keyed by the same cache call after that branch,
+            # which returns first: so not where the chunk ending at it also
+            # exported an interim checkpoint (0.33.0 :2097-2103 after :2036-2084).
+            if (
+                knobs.shared_prefix_checkpoint
+                and hit < junction <= N
+                and junction in ends
+                and junction not in interim
+                and junction <= hashed
+            ):
                 written.add(junction)
                 tails.add(junction)
         if interval is None:

@@ -31,7 +31,10 @@ class                        release   recognised by
                                        there, so ``stale`` stays quiet)
 ``resend-beside-checkpoint`` 0.33.0    R1: a resend hits below the promise under
                                        the drop, a hash unit below the block,
-                                       periodic or dense retention
+                                       periodic or dense retention; or a
+                                       sibling does, there and with the
+                                       shared-prefix checkpoint (the earlier
+                                       request's junction, lost the same way)
 ``dense-below-sparse``       0.33.0    an extension hits below the promise under
                                        dense or periodic retention (which keep
                                        more than sparse) with a hash unit below
@@ -113,7 +116,8 @@ VLLM_CLASSES = (
         "resend-beside-checkpoint",
         "0.33.0",
         "R1",
-        "an identical resend hits below the promise under the EAGLE drop, a hash unit below the block, periodic or dense retention",
+        "an identical resend (or, with the shared-prefix checkpoint, a sibling) hits below the promise under the EAGLE drop,"
+        " a hash unit below the block, periodic or dense retention",
     ),
     KnownClass(
         "dense-below-sparse",
@@ -337,6 +341,17 @@ def classify(finding: dict) -> str | None:
             return "resend-beside-checkpoint"
         if drop and version.startswith("0.29."):
             return "resend-53504"
+        return None
+    if kind == "sibling":
+        # The earlier request's chunk ending at its junction also exported an
+        # interim checkpoint: the cache call returns from that branch before
+        # keying the junction (0.33.0 single_type_kv_cache_manager.py:2036-2084,
+        # the junction at :2097-2103), as it does for the resend's tail; the
+        # class's fix (fixes/vllm-0.33.0-hash-unit-tail-beside-checkpoint.diff)
+        # falls through and keys both. Only with the shared-prefix checkpoint
+        # is a junction keyed at all.
+        if hashed and drop and retention != "sparse" and g.get("shared_prefix_checkpoint"):
+            return "resend-beside-checkpoint"
         return None
     if kind == "extension":
         if retention != "sparse" and hashed:

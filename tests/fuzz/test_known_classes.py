@@ -317,3 +317,36 @@ def test_a_stale_finding_on_sglang_is_its_state_class_not_vllms():
     on_sglang = dict(CASES["sglang-off-page-key"], oracle="stale")
     assert classify(on_sglang) == "sglang-off-page-key"
     assert classify(CASES["stale-state"]) == "stale-state"
+
+
+def _sibling_after_junction(**geometry):
+    """A campaign's seed-3 case on Qwen3-Next (block 1152, unit 32, MTP 2
+    with the drop, dense retention, the shared-prefix checkpoint): A:3424,
+    then a sibling A:2304 B:160 (junction 2272, its chunk [0, 2272) also
+    exports an interim checkpoint at 2240), then a sibling A:2541 C:1 that
+    the promise resumes at 2272; vLLM 0.33.0 hits 0 (the class's fix gives
+    2272)."""
+    g = dict(prefix_match_unit=32, retention_interval=None, shared_prefix_checkpoint=True, prefill_checkpoint_grid=64)
+    g.update(geometry)
+    return _finding(
+        "promise",
+        hybrid(1152, 1152, **g),
+        [[("A", 3424)], [("A", 2304), ("B", 160)], [("A", 2541), ("C", 1)]],
+        [0, 0, 2272],
+        [0, 0, 0],
+        spec=MTP_DROP,
+    )
+
+
+def test_a_sibling_missing_an_earlier_junction_beside_a_checkpoint_is_the_resend_beside_checkpoint_class():
+    assert classify(_sibling_after_junction()) == "resend-beside-checkpoint"
+    assert classify(_sibling_after_junction(retention_interval=1152)) == "resend-beside-checkpoint"
+    # sparse retention exports no interim checkpoint; without the shared-prefix
+    # checkpoint no junction is keyed; with the hash unit at the block there is
+    # no partial key: none of these is this class
+    assert classify(_sibling_after_junction(retention_interval=0)) is None
+    assert classify(_sibling_after_junction(shared_prefix_checkpoint=False)) is None
+    assert classify(_sibling_after_junction(prefix_match_unit=None)) is None
+    assert (
+        classify(dict(_sibling_after_junction(), engine={"version": "0.33.0", "knobs": {"eagle_drop": False}})) is None
+    )

@@ -227,3 +227,82 @@ def test_the_release_keys_no_tail_beside_an_interim_checkpoint():
         assert hits(case, rule="replay") == [0, 0], interval
         assert hits(case, rule="promise") == [0, 464], interval
     assert hits(_resend_beside_checkpoint(0), rule="replay") == [0, 464]
+
+
+def _junction_beside_checkpoint(retention_interval):
+    """Qwen3-Next as vLLM 0.33.0 resolves it on an H100 at TP 2, fp8
+    (block 1152, ``--prefix-match-unit 32``, GDN checkpoints on 64), MTP 2
+    with the drop, ``--enable-mamba-shared-prefix-checkpoint``: A:1280 sent
+    twice, then A:1280 and one token more (a campaign's ``reference``
+    finding, seed 3, retention 1152)."""
+    geometry = hybrid(
+        1152,
+        1152,
+        hash_block_size=32,
+        prefix_match_unit=32,
+        scheduler_block_size=1152,
+        retention_interval=retention_interval,
+        max_num_batched_tokens=2048,
+        prefill_checkpoint_grid=64,
+        shared_prefix_checkpoint=True,
+    )
+    return make_case(geometry, [[("A", 1280)], [("A", 1280)], [("A", 1280), ("B", 1)]], MTP_DROP)
+
+
+def test_the_release_keys_no_junction_beside_an_interim_checkpoint():
+    """vLLM 0.32.0+ under dense or periodic retention: the resend (hit 0,
+    the resend-beside-checkpoint class) ends its chunk [0, 1248) at the
+    shared-prefix junction 1248, and that chunk also exports an interim
+    checkpoint at 1216; ``MambaManager._cache_partial_tail_block`` evicts
+    that slot and returns (0.33.0 single_type_kv_cache_manager.py:2036-2084)
+    before the junction branch (:2097-2103) keys 1248, so the extension
+    finds no state either: 0 / 0 / 0 on the engine, where the promise gives
+    0 / 1248 / 1248. Sparse retention exports no interim checkpoint there:
+    the resend hits 1248 (the engine's numbers, all three retentions)."""
+    for interval in (None, 1152):
+        case = _junction_beside_checkpoint(interval)
+        assert hits(case, rule="replay") == [0, 0, 0], interval
+        assert hits(case, rule="promise") == [0, 1248, 1248], interval
+    assert hits(_junction_beside_checkpoint(0), rule="replay") == [0, 1248, 1248]
+
+
+def _checkpoint_off_the_interval(retention_interval):
+    """Qwen3.5 as vLLM 0.33.0 resolves it on an H100 at TP 1 (block 320,
+    ``--prefix-match-unit 16``, GDN checkpoints on 64), MTP 2 with the
+    drop, ``--enable-mamba-shared-prefix-checkpoint``: A:1165 B:467 (1632
+    tokens) sent three times (a campaign's ``reference`` finding, seed 3,
+    retention 640)."""
+    geometry = hybrid(
+        320,
+        320,
+        hash_block_size=16,
+        prefix_match_unit=16,
+        scheduler_block_size=320,
+        retention_interval=retention_interval,
+        max_num_batched_tokens=16384,
+        prefill_checkpoint_grid=64,
+        shared_prefix_checkpoint=True,
+    )
+    return make_case(geometry, [[("A", 1165), ("B", 467)]] * 3, MTP_DROP)
+
+
+def test_the_release_keeps_an_interim_block_checkpoint_only_on_its_interval():
+    """vLLM 0.32.0+: the first resend resumes at 1280 and its chunk
+    [1280, 1616) ends at the junction 1616 and exports an interim checkpoint
+    at 1600, a Mamba block's end. The cache call keys that block at 1600
+    only when the retention interval alone keeps it (the mask asked without
+    the replay boundaries, 0.33.0 single_type_kv_cache_manager.py:2054-2065),
+    else evicts it (:2066-2074), the full block the boundaries' mask (the
+    junction 1616 floors to 1600) had cached there with it, and keys no
+    junction (the test above). Interval 640 keeps only multiples of 640:
+    the second resend still hits 1280 where the promise gives 1616; dense
+    retention or an interval of one block keep 1600 (the first resend hits
+    it, and its chunk [1600, 1616), too short to export one, keys the
+    prompt's checkpoint 1616: 1600 / 1616); sparse retention exports no
+    interim checkpoint (1616 / 1616). The engine's numbers, all four
+    retentions."""
+    assert hits(_checkpoint_off_the_interval(640), rule="replay") == [0, 1280, 1280]
+    assert hits(_checkpoint_off_the_interval(640), rule="promise") == [0, 1616, 1616]
+    for interval in (None, 320):
+        assert hits(_checkpoint_off_the_interval(interval), rule="replay") == [0, 1600, 1616], interval
+    assert hits(_checkpoint_off_the_interval(0), rule="replay") == [0, 1616, 1616]
