@@ -195,20 +195,27 @@ def test_implemented_rule_per_version():
     assert implemented_rule("dev-build") == "replay"  # a server's unparsable version counts as newer
 
 
+def _gdn(block, unit, retention_interval, batched, shared=False):
+    """A GDN hybrid as vLLM 0.33.0 resolves it with ``--prefix-match-unit
+    unit``: hash unit = unit, checkpoints on the kernel's 64 grid."""
+    return hybrid(
+        block,
+        block,
+        hash_block_size=unit,
+        prefix_match_unit=unit,
+        scheduler_block_size=block,
+        retention_interval=retention_interval,
+        max_num_batched_tokens=batched,
+        prefill_checkpoint_grid=64,
+        shared_prefix_checkpoint=shared,
+    )
+
+
 def _resend_beside_checkpoint(retention_interval):
     """Qwen3.5 as vLLM 0.33.0 resolves it on an H100 at TP 2 (block 320,
     ``--prefix-match-unit 16``, GDN checkpoints on 64), MTP 2 with the
     drop: A:480 sent twice (a campaign's ``reference`` finding, seed 3)."""
-    geometry = hybrid(
-        320,
-        320,
-        hash_block_size=16,
-        prefix_match_unit=16,
-        scheduler_block_size=320,
-        retention_interval=retention_interval,
-        max_num_batched_tokens=16384,
-        prefill_checkpoint_grid=64,
-    )
+    geometry = _gdn(320, 16, retention_interval, 16384)
     return make_case(geometry, [[("A", 480)]] * 2, MTP_DROP)
 
 
@@ -235,17 +242,7 @@ def _junction_beside_checkpoint(retention_interval):
     with the drop, ``--enable-mamba-shared-prefix-checkpoint``: A:1280 sent
     twice, then A:1280 and one token more (a campaign's ``reference``
     finding, seed 3, retention 1152)."""
-    geometry = hybrid(
-        1152,
-        1152,
-        hash_block_size=32,
-        prefix_match_unit=32,
-        scheduler_block_size=1152,
-        retention_interval=retention_interval,
-        max_num_batched_tokens=2048,
-        prefill_checkpoint_grid=64,
-        shared_prefix_checkpoint=True,
-    )
+    geometry = _gdn(1152, 32, retention_interval, 2048, shared=True)
     return make_case(geometry, [[("A", 1280)], [("A", 1280)], [("A", 1280), ("B", 1)]], MTP_DROP)
 
 
@@ -272,17 +269,7 @@ def _checkpoint_off_the_interval(retention_interval):
     drop, ``--enable-mamba-shared-prefix-checkpoint``: A:1165 B:467 (1632
     tokens) sent three times (a campaign's ``reference`` finding, seed 3,
     retention 640)."""
-    geometry = hybrid(
-        320,
-        320,
-        hash_block_size=16,
-        prefix_match_unit=16,
-        scheduler_block_size=320,
-        retention_interval=retention_interval,
-        max_num_batched_tokens=16384,
-        prefill_checkpoint_grid=64,
-        shared_prefix_checkpoint=True,
-    )
+    geometry = _gdn(320, 16, retention_interval, 16384, shared=True)
     return make_case(geometry, [[("A", 1165), ("B", 467)]] * 3, MTP_DROP)
 
 
