@@ -59,26 +59,44 @@ def decode_writes(e: dict, sizes: tuple[int, ...] = ()) -> set[int]:
     caches the state blocks among them that lie on the block grid, as it
     does a prompt's (``reference.serial.output_states``).
 
-    Also, per Mamba block size M in ``sizes``, the block boundary a
-    speculative step's accepted tokens cross: a step from s that ends at e
-    (the next step's start, or ``computed_tokens`` for the last) computes
-    the states after s+1 .. e tokens, and ``postprocess_mamba_fused_kernel``
-    (vLLM 0.33.0 v1/worker/mamba_utils.py:444-470) copies the one at
-    ``b = e // M * M`` into column ``b // M - 1`` when
-    ``b >= s + 1`` (its ``num_tokens_running_state``: the step's tokens
-    less its drafts). That state is over exactly the first b tokens, so a
-    later prompt quoting the output may resume at b (a step without
-    drafts ends at s + 1, already a step start, so this adds nothing)."""
+    Also, per Mamba block size M in ``sizes``, every multiple b of M past
+    the prompt, up to ``computed_tokens``: a step from s computes the states
+    after s+1 .. e tokens (e: s plus the tokens it kept; every step keeps at
+    least one, so the steps' ranges cover every position to the end), and
+    where its drafts let it cross b without ending there
+    ``postprocess_mamba_fused_kernel`` (vLLM 0.33.0
+    v1/worker/mamba_utils.py:444-470) copies the state at ``e // M * M``
+    into column ``b // M - 1`` when it is at or past
+    ``num_tokens_running_state`` (s + 1: the step's tokens less its
+    drafts). That state is over exactly the first b tokens, so a later
+    prompt quoting the output may resume at b. This holds where a step's
+    range holds at most one multiple of M (M at least the most tokens a
+    step schedules, ``decode_steps``' third field; the kernel copies only
+    the highest); it needs no step's own end, which under async scheduling
+    ``decode_steps`` does not give (a step is scheduled at the count that
+    takes the step in flight as all accepted; vLLM 0.33.0
+    scheduler.py:2356-2365 rolls it back later). Where M is smaller, only
+    the crossing the recorded starts show (the next start, or
+    ``computed_tokens`` for the last step, taken as the step's end)."""
     n = int(e.get("prompt_tokens") or 0)
-    steps = [int(d[0]) for d in e.get("decode_steps") or ()]
-    out = {s for s in steps if s > n}
+    steps = [(int(d[0]), int(d[2]) if len(d) > 2 else 1) for d in e.get("decode_steps") or ()]
+    out = {s for s, _ in steps if s > n}
     c = e.get("computed_tokens")
     if c is not None and int(c) > n:
         out.add(int(c))
-    ends = steps[1:] + ([int(c)] if c is not None else [])
-    for s, end in zip(steps, ends):
-        for M in sizes:
-            b = end // M * M if M > 0 else 0
+    if not steps:
+        return out
+    widest = max(k for _, k in steps)
+    top = int(c) if c is not None else max(s for s, _ in steps)
+    ends = [s for s, _ in steps[1:]] + ([int(c)] if c is not None else [])
+    for M in sizes:
+        if M <= 0:
+            continue
+        if M >= widest:
+            out.update(range((n // M + 1) * M, top + 1, M))
+            continue
+        for (s, _), end in zip(steps, ends):
+            b = end // M * M
             if b > n and s + 1 <= b <= end:
                 out.add(b)
     return out
