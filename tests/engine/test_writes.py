@@ -15,7 +15,10 @@ vLLM 0.33.0:
   inside the previous turn's output that no recorded step start shows, and
   ``stale`` counts it written (every step keeps a token, so some step ends
   at the boundary or crosses it); the plain scheduler's stand-in reads
-  there a state over exactly the key's tokens.
+  there a state over exactly the key's tokens;
+* a sibling that resumes from a KV connector's load of an earlier
+  request's evicted state holds the loaded block: no state it keyed
+  without computing.
 """
 
 from __future__ import annotations
@@ -165,3 +168,24 @@ def test_an_async_speculative_decode_leaves_a_state_at_every_block_boundary(engi
         "same_tokens": True,
         "column": 1,
     }
+
+
+def test_a_state_a_connector_loaded_from_an_earlier_write_is_no_stale_key(engine_033):
+    """stale-052d07f8 (the same campaign): Qwen3-Next, block 560, MTP 2,
+    async, an offloading connector, pool 25. A:2352+B:449 writes 560..2801
+    and the pool evicts its states at 560 and 1120; A:1695+C:1 resumes at
+    1120 from the connector (``external_hit``) and holds the loaded block
+    at 1120, request 0's write brought back (kv_cache_manager.py:590-600):
+    ``stale`` stays quiet. The plain scheduler's stand-in reads there a
+    state over exactly 1120 tokens."""
+    raw = json.loads((REPO_ROOT / "tests/engine/data/connector-sibling-load-qwen3-next.json").read_text())
+    case = parse_case(raw)
+    obs = engine_033.run(case)
+    first, second = obs["explain"][:2]
+    assert obs["hits"] == [0, 1120] and second.get("external_hit") == 1120 and 1120 not in second["written"]
+    assert 1120 in first["written"] and 1 in second["retained_mamba_blocks"]["560"]
+    assert check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
+    raw["deployment"]["vllm_args"].append("--no-async-scheduling")
+    sync = engine_033.run(parse_case(raw))
+    assert sync["hits"] == [0, 1120]
+    assert (sync["explain"][1]["resumed_state"] or {}).get("same_tokens") is True
