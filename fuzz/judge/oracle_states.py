@@ -5,12 +5,14 @@ retention keeps only what it says.
 * ``stale``: every hit resumes from a Mamba state an earlier prefill or
   decode step wrote at that position over the same tokens (the engine's
   ``written``: its chunk ends and the internal checkpoints vLLM's
-  worker-side code places; inside an output, where a decode step ended:
-  :func:`decode_writes`, which a later prompt quoting that output, the
-  chat shape, resumes at under dense or periodic retention).
+  worker-side code places; inside an output, where a decode step ended
+  and the block boundary a speculative step crossed: :func:`decode_writes`,
+  which a later prompt quoting that output, the chat shape, resumes at
+  under dense or periodic retention).
   Any other hit serves a state that belongs elsewhere. Also: no request
   leaves a state held at a prompt position its prefill did not write and
-  no earlier request held (it keyed a state it never computed). Not judged
+  no earlier request held (it keyed a state it never computed), unless a
+  KV connector loaded it there from an earlier request's write. Not judged
   where the engine could not observe the writes (``written`` null).
 * ``retention``: under sparse or periodic retention a request leaves in the
   cache only states a later request can resume at (a boundary the promise
@@ -49,18 +51,54 @@ def _written(e: dict) -> list[int] | None:
     return None if "written" in e else e.get("chunk_ends")
 
 
-def decode_writes(e: dict) -> set[int]:
+def decode_writes(e: dict, sizes: tuple[int, ...] = ()) -> set[int]:
     """The positions past a request's prompt where its decode steps left its
     Mamba state (over its prompt and its first outputs): where each step
     after the prefill started (``decode_steps``), and where the last one
     ended (``computed_tokens``, when the engine reported it). vLLM 0.33.0
     caches the state blocks among them that lie on the block grid, as it
-    does a prompt's (``reference.serial.output_states``)."""
+    does a prompt's (``reference.serial.output_states``).
+
+    Also, per Mamba block size M in ``sizes``, every multiple b of M past
+    the prompt, up to ``computed_tokens``: a step from s computes the states
+    after s+1 .. e tokens (e: s plus the tokens it kept; every step keeps at
+    least one, so the steps' ranges cover every position to the end), and
+    where its drafts let it cross b without ending there
+    ``postprocess_mamba_fused_kernel`` (vLLM 0.33.0
+    v1/worker/mamba_utils.py:444-470) copies the state at ``e // M * M``
+    into column ``b // M - 1`` when it is at or past
+    ``num_tokens_running_state`` (s + 1: the step's tokens less its
+    drafts). That state is over exactly the first b tokens, so a later
+    prompt quoting the output may resume at b. This holds where a step's
+    range holds at most one multiple of M (M at least the most tokens a
+    step schedules, ``decode_steps``' third field; the kernel copies only
+    the highest); it needs no step's own end, which under async scheduling
+    ``decode_steps`` does not give (a step is scheduled at the count that
+    takes the step in flight as all accepted; vLLM 0.33.0
+    scheduler.py:2356-2365 rolls it back later). Where M is smaller, only
+    the crossing the recorded starts show (the next start, or
+    ``computed_tokens`` for the last step, taken as the step's end)."""
     n = int(e.get("prompt_tokens") or 0)
-    out = {int(d[0]) for d in e.get("decode_steps") or () if int(d[0]) > n}
+    steps = [(int(d[0]), int(d[2]) if len(d) > 2 else 1) for d in e.get("decode_steps") or ()]
+    out = {s for s, _ in steps if s > n}
     c = e.get("computed_tokens")
     if c is not None and int(c) > n:
         out.add(int(c))
+    if not steps:
+        return out
+    widest = max(k for _, k in steps)
+    top = int(c) if c is not None else max(s for s, _ in steps)
+    ends = [s for s, _ in steps[1:]] + ([int(c)] if c is not None else [])
+    for M in sizes:
+        if M <= 0:
+            continue
+        if M >= widest:
+            out.update(range((n // M + 1) * M, top + 1, M))
+            continue
+        for (s, _), end in zip(steps, ends):
+            b = end // M * M
+            if b > n and s + 1 <= b <= end:
+                out.add(b)
     return out
 
 
@@ -73,8 +111,11 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
     a state whose forward pass runs in the same step as the request that
     resumes from it is not there yet when that request reads it."""
     explain = obs.get("explain") or []
+    sizes = tuple(dict.fromkeys(case.geometry.mamba_block_sizes)) if case.geometry is not None else ()
     if i >= len(explain) or "first_step" not in explain[i]:
-        return [(j, set(_written(explain[j]) or ()) | decode_writes(explain[j])) for j in range(min(i, len(explain)))]
+        return [
+            (j, set(_written(explain[j]) or ()) | decode_writes(explain[j], sizes)) for j in range(min(i, len(explain)))
+        ]
     first = explain[i].get("first_step")
     out = []
     for j, e in enumerate(explain):
@@ -84,10 +125,14 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
         finished = j < i and e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first
         if steps is None:  # writes not observed: only a request that finished before i ran
             if finished:
-                out.append((j, set(_written(e) or ()) | decode_writes(e)))
+                out.append((j, set(_written(e) or ()) | decode_writes(e, sizes)))
             continue
         out.append(
-            (j, {int(p) for p, s in steps if s is not None and s < first} | (decode_writes(e) if finished else set()))
+            (
+                j,
+                {int(p) for p, s in steps if s is not None and s < first}
+                | (decode_writes(e, sizes) if finished else set()),
+            )
         )
     return out
 
@@ -109,8 +154,19 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
     not write (``written``) and that no earlier request over the same tokens
     left held: a state ``j`` keyed without computing it. Empty where the
     engine observed neither writes nor holds. (A position an earlier prefill
-    wrote but did not keep is no excuse: its block went back to the pool.)"""
+    wrote but did not keep is no excuse: its block went back to the pool.)
+
+    Except what a KV connector loaded for ``j`` (``external_hit``: the last
+    tokens of its hit): a state there that an earlier request wrote over the
+    same tokens (:func:`written_before`) is that write brought back, not one
+    ``j`` keyed without computing: the offloading connector stores each
+    block a request computes and loads the hit's blocks into ``j``'s fresh
+    blocks (vLLM 0.33.0 ``allocate_new_computed_blocks`` with
+    ``num_external_computed_tokens``, v1/core/kv_cache_manager.py:590-600),
+    which ``j`` then caches as its own. Whether the load carries that state
+    is ``resumed_state``'s question, where the stand-in observes it."""
     explain = obs.get("explain") or []
+    hits = obs.get("hits") or []
     prompts = [prompt_tokens(r) for r in case.trace]
     seqs = [sequence_tokens(r) for r in case.trace]  # an earlier request's output states are over its sequence
     held = [held_states(e) for e in explain]
@@ -129,6 +185,8 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
             out.append([])
             continue
         mine = prompts[j]
+        ext, h = int(e.get("external_hit") or 0), int(hits[j]) if j < len(hits) else 0
+        loaded = {p for p in held[j] if h - ext < p <= h and written_before(case, obs, j, p)} if ext > 0 else set()
         wave = wave_of.get(j, [j])
         mates = [k for k in wave if k != j and k < len(explain)]
         out.append(
@@ -137,6 +195,7 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
                 for p in held[j]
                 if p <= len(mine)
                 and p not in w
+                and p not in loaded
                 and not any(
                     held_all[k] is not None and p in held_all[k] and seqs[k][:p] == mine[:p]
                     for k in range(min(wave[0], j))

@@ -21,8 +21,10 @@ class                        release   recognised by
                                        sparse retention (first seen on Falcon-H1:
                                        A:288 then A:300, block 144, unit 16, hits
                                        272 where the promise gives 288)
-``stale-state``              0.33.0    the ``stale`` oracle: a hit resumes from
-                                       a state no prefill wrote; or, through the
+``stale-state``              0.33.0    the ``stale`` oracle, with a hash unit
+                                       below the block (partial hits): a hit
+                                       resumes from a state no prefill wrote,
+                                       or a state is held that none did; or, through the
                                        ``resumed_state`` oracle, a hit at a Mamba
                                        block boundary resumes from a state over
                                        fewer tokens inside that block (a partial
@@ -189,6 +191,23 @@ def _high_past_checkpoint(finding: dict) -> bool:
     return obs[i] > exp[i] and g.get("prefill_checkpoint_grid") is not None and g.get("prefix_match_unit") is not None
 
 
+def _partial_hits(finding: dict) -> bool:
+    """The case's deployment has partial hits: a hash unit
+    (``prefix_match_unit``) below its scheduler block, so a hit may end
+    inside a Mamba block. The stale-state class needs one: after a partial
+    hit the prefill runs past the next block boundary and the Mamba manager
+    caches the copied state as that boundary's (0.33.0;
+    ``fixes/vllm-0.33.0-stale-state-after-partial-hit.diff``). A ``stale``
+    finding without one is no instance of it (it is new, or kvspec's)."""
+    g = (finding.get("case") or {}).get("geometry") if isinstance(finding.get("case"), dict) else None
+    if not isinstance(g, dict):
+        return False
+    unit, block = g.get("prefix_match_unit"), g.get("scheduler_block_size")
+    if not isinstance(unit, int) or unit <= 0:
+        return False
+    return not isinstance(block, int) or unit < block
+
+
 def _first_resumed(finding: dict) -> tuple[dict, dict] | None:
     """(the first diverging request's ``resumed_state`` record, the case's
     geometry); None when the finding holds neither."""
@@ -311,7 +330,7 @@ def classify(finding: dict) -> str | None:
         family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:  # the family's own state class (SGLang: the off-page key)
             return family.state_class
-        return "stale-state"
+        return "stale-state" if _partial_hits(finding) else None
     if (
         finding.get("oracle") == "resumed_state"
     ):  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)

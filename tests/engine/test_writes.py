@@ -10,7 +10,15 @@ vLLM 0.33.0:
   there: ``stale`` names all three;
 * with MTP the step loop proposes drafts after each sampling step, and
   every step after the prefill schedules the sampled token and both drafts
-  (what ``split`` judges there).
+  (what ``split`` judges there);
+* under async scheduling with MTP a chat turn resumes at a block boundary
+  inside the previous turn's output that no recorded step start shows, and
+  ``stale`` counts it written (every step keeps a token, so some step ends
+  at the boundary or crosses it); the plain scheduler's stand-in reads
+  there a state over exactly the key's tokens;
+* a sibling that resumes from a KV connector's load of an earlier
+  request's evicted state holds the loaded block: no state it keyed
+  without computing.
 """
 
 from __future__ import annotations
@@ -132,3 +140,52 @@ def test_a_decoding_request_leaves_no_state_inside_its_output_under_sparse_reten
     obs = engine_033.run(periodic)
     assert obs["explain"][0]["retained_output_states"] == [1088]
     assert check_retention(resolved(periodic, obs, engine_033.version), engine_033.version, obs) == []
+
+
+def test_an_async_speculative_decode_leaves_a_state_at_every_block_boundary(engine_033):
+    """stale-fd08ce45 (a 10-minute campaign on the fixed base, seed 7):
+    Qwen3-Next, block 576, hash unit 16, MTP 3, async scheduling; request 1
+    (1149 prompt tokens) decodes, request 2 quotes its output and resumes at
+    1152. Under async scheduling the step after 1149 is recorded at 1153
+    (the step in flight counted as all accepted, scheduler.py:2356-2365
+    rolls it back later), yet every step keeps a token, so some step ends at
+    1152 or crosses it (postprocess_mamba_fused_kernel copies it out):
+    ``stale`` stays quiet. The plain scheduler shows the stand-in's read:
+    request 2's resumed state is over exactly its first 1152 tokens."""
+    raw = json.loads((REPO_ROOT / "tests/engine/data/async-mtp-chat-qwen3-next.json").read_text())
+    case = parse_case(raw)
+    obs = engine_033.run(case)
+    steps = [d[0] for d in obs["explain"][1]["decode_steps"][:3]]
+    assert steps[0] == 1149 and steps[1] - steps[0] == 4 and obs["hits"][2] == 1152
+    assert check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
+    raw["deployment"]["vllm_args"].append("--no-async-scheduling")
+    sync = engine_033.run(parse_case(raw))
+    assert sync["hits"][2] == 1152
+    assert sync["explain"][2]["resumed_state"] == {
+        "observable": True,
+        "at": 1152,
+        "tokens": 1152,
+        "same_tokens": True,
+        "column": 1,
+    }
+
+
+def test_a_state_a_connector_loaded_from_an_earlier_write_is_no_stale_key(engine_033):
+    """stale-052d07f8 (the same campaign): Qwen3-Next, block 560, MTP 2,
+    async, an offloading connector, pool 25. A:2352+B:449 writes 560..2801
+    and the pool evicts its states at 560 and 1120; A:1695+C:1 resumes at
+    1120 from the connector (``external_hit``) and holds the loaded block
+    at 1120, request 0's write brought back (kv_cache_manager.py:590-600):
+    ``stale`` stays quiet. The plain scheduler's stand-in reads there a
+    state over exactly 1120 tokens."""
+    raw = json.loads((REPO_ROOT / "tests/engine/data/connector-sibling-load-qwen3-next.json").read_text())
+    case = parse_case(raw)
+    obs = engine_033.run(case)
+    first, second = obs["explain"][:2]
+    assert obs["hits"] == [0, 1120] and second.get("external_hit") == 1120 and 1120 not in second["written"]
+    assert 1120 in first["written"] and 1 in second["retained_mamba_blocks"]["560"]
+    assert check_stale(resolved(case, obs, engine_033.version), engine_033.version, obs) == []
+    raw["deployment"]["vllm_args"].append("--no-async-scheduling")
+    sync = engine_033.run(parse_case(raw))
+    assert sync["hits"] == [0, 1120]
+    assert (sync["explain"][1]["resumed_state"] or {}).get("same_tokens") is True

@@ -134,3 +134,54 @@ def test_stale_fires_on_a_resume_past_what_the_earlier_decode_computed():
     (div,) = check_stale(case, "0.33.0", obs)
     assert div.requests == [2]
     assert div.expected[2] == 69  # the highest written at or below 80 over its tokens
+
+
+def _spec_chat(first_step_end: int):
+    """stale-02ecbc7a's shape (Jamba, block 160, ngram; K=3 here, so a
+    step may keep up to four tokens): A:159 decodes with drafts; the next turn quotes its prompt and output and
+    resumes at 160, the block boundary the first step's two tokens cross."""
+    case = parse_case(
+        {
+            "schema": 1,
+            "geometry": hybrid(160, 160, 1),
+            "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+            "trace": [
+                {"prompt": [{"segment": "A", "length": 159}], "max_tokens": 6},
+                {"prompt": [{"segment": "A", "length": 159}, {"output": 0}, {"segment": "B", "length": 1}]},
+            ],
+        }
+    )
+    steps = [[159, 4, 4], *[[p, 4, 4] for p in range(first_step_end, 164)]]
+    explain = [
+        {"prompt_tokens": 159, "written": [159], "decode_steps": steps, "computed_tokens": 164},
+        {"prompt_tokens": 166, "written": [166], "decode_steps": []},
+    ]
+    return case, {"hits": [0, 160], "explain": explain}
+
+
+def test_stale_accepts_a_resume_at_the_block_boundary_a_speculative_step_crossed():
+    # the step from 159 computes the states after 160 and 161 tokens; vLLM's
+    # postprocess_mamba_fused_kernel copies the one on the block grid (160)
+    steps = {"prompt_tokens": 159, "decode_steps": [[159, 2, 2], [161, 2, 2]], "computed_tokens": 162}
+    assert 160 not in decode_writes(steps) and decode_writes(steps, (160,)) == {160, 161, 162}
+    # under async scheduling the recorded starts run ahead of what a step
+    # kept (stale-fd08ce45: MTP 3, block 576); every block boundary up to the
+    # end is still passed, whichever step reached it
+    fd08 = {"prompt_tokens": 1149, "decode_steps": [[p, 4, 4] for p in (1149, 1153, 1154)], "computed_tokens": 1155}
+    assert decode_writes(fd08, (576,)) == {1152, 1153, 1154, 1155}
+    # a block of 2 below a step's 4 tokens: only the crossings the starts show
+    small = {"prompt_tokens": 10, "decode_steps": [[10, 4, 4], [13, 4, 4]], "computed_tokens": 17}
+    assert decode_writes(small, (2,)) == {12, 13, 16, 17}
+    case, obs = _spec_chat(161)
+    assert check_stale(case, "0.33.0", obs) == []
+
+
+def test_stale_still_fires_inside_a_speculative_step():
+    # the first step from 159 kept one token: 160 is then a step start, a write
+    case, obs = _spec_chat(160)
+    assert check_stale(case, "0.33.0", obs) == []
+    # a step from 159 to 163 leaves 160 (the boundary) but not 161
+    obs["hits"] = [0, 161]
+    obs["explain"][0]["decode_steps"] = [[159, 4, 4], [163, 4, 4]]
+    (div,) = check_stale(case, "0.33.0", obs)
+    assert div.requests == [1] and div.expected[1] == 160

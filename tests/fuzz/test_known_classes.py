@@ -319,6 +319,26 @@ def test_a_stale_finding_on_sglang_is_its_state_class_not_vllms():
     assert classify(CASES["stale-state"]) == "stale-state"
 
 
+def test_a_stale_finding_without_partial_hits_is_no_stale_state():
+    """The stale-state class is a partial hit's copied state cached as the
+    next block boundary's, so it needs a hash unit below the block. The
+    shape of a 10-minute campaign's stale-052d07f8 on the fixed base
+    (Qwen3-Next, block 560, no hash unit: a connector-loaded state the
+    oracle then took for one the request keyed) is not it; the same finding
+    with a 16-token unit is."""
+    g = hybrid(560, 560, retention_interval=None)
+    bare = _finding("stale", g, [[("A", 2352), ("B", 449)], [("A", 1695), ("C", 1)]], [0, 1120], [0, 1120])
+    assert classify(bare) is None
+    unit = _finding(
+        "stale",
+        dict(g, prefix_match_unit=16),
+        [[("A", 2352), ("B", 449)], [("A", 1695), ("C", 1)]],
+        [0, 1120],
+        [0, 1120],
+    )
+    assert classify(unit) == "stale-state"
+
+
 def _sibling_after_junction(**geometry):
     """A campaign's seed-3 case on Qwen3-Next (block 1152, unit 32, MTP 2
     with the drop, dense retention, the shared-prefix checkpoint): A:3424,

@@ -875,6 +875,32 @@ def test_the_stale_oracle_flags_a_state_held_where_the_request_wrote_none():
     assert check_stale(case, "0.33.0", {"hits": [0, 992, 1008], "explain": fixed}) == []
 
 
+def test_the_stale_oracle_lets_a_connector_load_an_earlier_write_back():
+    """stale_keys' exception: stale-052d07f8's shape (Qwen3-Next, block 560,
+    an offloading connector, pool 25): A:2352+B:449 writes 560..2801, the
+    pool evicts its states at 560 and 1120; A:1695+C:1 resumes at 1120 from
+    the connector (``external_hit``) and holds the loaded block at 1120,
+    which it caches as its own (vLLM 0.33.0 kv_cache_manager.py:590-600).
+    That is request 0's write brought back, not a state it never computed;
+    without the load, or over a position nobody wrote, the rule fires."""
+    from fuzz.judge.oracles import check_stale
+
+    case = make_case(hybrid(560, 560), [[("A", 2352), ("B", 449)], [("A", 1695), ("C", 1)]])
+
+    def run(first_written, external):
+        explain = [
+            {"written": first_written, "retained_mamba_blocks": {"560": [2, 3, 4]}},
+            {"written": [1680, 1696], "retained_mamba_blocks": {"560": [1, 2]}, "external_hit": external},
+        ]
+        return check_stale(case, "0.33.0", {"hits": [0, 1120], "explain": explain})
+
+    assert run([560, 1120, 1680, 2240, 2800, 2801], 1120) == []
+    (div,) = run([560, 1120, 1680, 2240, 2800, 2801], 0)  # held at 1120 with no load: keyed, never computed
+    assert div.context["stale_keys"] == [[], [1120]]
+    (div,) = run([560, 1680, 2240, 2800, 2801], 1120)  # loaded where no earlier prefill wrote
+    assert div.requests == [1] and div.context["stale_keys"] == [[], [1120]]
+
+
 def test_attention_free_draws_carry_a_block_size_and_only_a_unit_the_engine_accepts():
     """The generator draws the attention-free models with a --block-size of
     {default, 64, 256, 1024} and keeps a --prefix-match-unit on them only
