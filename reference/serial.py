@@ -19,7 +19,8 @@ nothing is evicted. For each request R of N prompt tokens the model states:
 3. **Retention**. Of the states written, the retention rule keeps those at
    its boundaries (sparse), at its boundaries and every interval (periodic),
    or all (dense). Rules: ``promise`` (kvspec's: the resend and extension
-   boundaries under dense retention, every kept state assumed written),
+   boundaries under dense retention, every kept state assumed written, and
+   an observed junction's Mamba block, :func:`promise_junction_state`),
    ``replay`` (vLLM 0.30.0-0.33.0) and ``legacy`` (vLLM <= 0.29.0).
 
 A block is matched through its hash, which with lookahead hashes also covers
@@ -211,6 +212,27 @@ def rule_boundaries(rule: str, N: int, junction: int, geometry: Geometry, knobs:
         if rule == "replay" and knobs.junction_back_off:
             out.append(junction - min(b.block_size for b in geometry.groups))  # 0.33.0 also keeps J - bs
     return out
+
+
+def promise_junction_state(junction: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
+    """The state the promise keeps for a junction J a request observed (its
+    lookup reached J in attention with no Mamba state there; 0: none): the
+    state a prefill split at J can leave. A state inside a Mamba block has
+    no slot of its own, so without a sub-block checkpoint the split, and the
+    state, is the Mamba block ending at or below J (``floor_to(J, M)``, 0:
+    none); with the shared-prefix checkpoint it is J itself. As vLLM
+    0.33.0 splits: ``Scheduler._mamba_block_aligned_split`` stops at
+    ``start + (junction - start) // block_size * block_size`` ("a sub-block
+    junction's state is not separately cacheable", sched/scheduler.py:632-642)
+    unless ``--enable-mamba-shared-prefix-checkpoint``, whose junction the
+    Mamba manager keys as a partial block (single_type_kv_cache_manager.py:2097-2103).
+    Dense retention keeps no more, so neither does the promise (the
+    ``junction`` oracle's cap). Engine-neutral: J, M and whether a sub-block
+    junction checkpoint exists are the case's geometry."""
+    if junction <= 0:
+        return 0
+    state = kept_state(junction, knobs.alignment)
+    return state if knobs.shared_prefix_checkpoint else floor_to(state, M)
 
 
 @dataclass(frozen=True)
@@ -454,7 +476,9 @@ def retained_states(
     shared-prefix checkpoint the junction. The prompt's checkpoint and the
     junction's are keyed whatever the retention mask says; every other
     written state is kept where the rule's boundaries (sparse), also its
-    interval multiples (periodic), or everything (dense) say."""
+    interval multiples (periodic), or everything (dense) say. The promise
+    writes its own boundaries and the junction's state
+    (:func:`promise_junction_state`, above the hit) by definition."""
     U, L, interval = knobs.alignment, knobs.hash_lookahead_tokens, geometry.retention_interval
     hashed = floor_to(max(N - L, 0), geometry.hash_block_size)
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
@@ -470,8 +494,14 @@ def retained_states(
             # state exists only where a prefill chunk ended, as in vLLM. So a
             # sibling diverging inside an earlier prompt finds a state at the
             # divergence point only once a request has split its prefill
-            # there (the junction has been observed), under every retention.
-            written |= {b for b in bounds if 0 < b <= hashed}
+            # there (the junction has been observed), under every retention:
+            # at the junction's Mamba block, or the junction itself with the
+            # shared-prefix checkpoint (:func:`promise_junction_state`).
+            own = rule_boundaries(rule, N, 0, geometry, knobs)
+            own_junction = promise_junction_state(junction, M, geometry, knobs)
+            if own_junction <= hit:  # its prefill starts past it: no split of this request writes it
+                own_junction = 0
+            written |= {b for b in [*own, own_junction] if 0 < b <= hashed}
         else:
             if knobs.partial_hash_hits or knobs.tail_checkpoint == "checkpoint":
                 # The prompt's checkpoint is keyed as a (partial) block whatever
@@ -530,7 +560,7 @@ def retained_states(
         else:
             marks = {floor_to(kept_state(b, U), M) for b in bounds}
             if rule == "promise":
-                marks = {kept_state(b, U) for b in bounds}
+                marks = {kept_state(b, U) for b in own} | {own_junction}
             if interval:
                 step = M if interval <= M else interval
                 marks |= set(range(step, hashed + 1, step))

@@ -105,12 +105,18 @@ NAMED_EXCEPTIONS: dict[tuple[str, str, str, str, str], str] = {}
 WITHIN_REPLAY: dict[str, dict[str, str]] = {
     "uniform": {"promise": "RRPPP", "replay": "PPPPP", "legacy": "PPRRP"},
     "aligned": {"promise": "RRPPP", "replay": "PPPPP", "legacy": "PPRRP"},
-    "partial": {"promise": "RRRRR", "replay": "PPPPP", "legacy": "PPRRP"},
-    # hashed: the promise keeps a junction J off the block grid (a partial
-    # tail, or a block minus H under the drop) where replay marks f_B(J),
-    # in every mode; legacy keeps f_B(N-1) where replay's drop marks one
-    # block lower (and, 0.29.0, the tail f_H(N) where 0.30.0 keeps f_H(N) - H).
-    "hashed": {"promise": "RRRRR", "replay": "PPPPP", "legacy": "PPRRP"},
+    # partial and hashed: the promise keeps a junction J at its Mamba block
+    # f_M(J), as replay marks it (``rules.retained``: a state inside a block
+    # has no slot of its own), so only its own boundaries differ: without the
+    # drop the extension at N on a block-aligned prompt where replay keeps
+    # N-1's block (plain/0.33, hashed B4/H2 N = 12; partial A1/M3 N = 3), and
+    # partial plain/0.30 (A1/M2 N = 6: 5) and the 0.30.0 drop (hashed B3/H1
+    # N = 6: 2; partial A1/M4 N = 3: 1) a hash-unit boundary replay floors
+    # to the block; hashed plain/0.30 and both 0.33.0 drop modes are proved.
+    # legacy keeps f_B(N-1) where replay's drop marks one block lower (and,
+    # 0.29.0, the tail f_H(N) where 0.30.0 keeps f_H(N) - H).
+    "partial": {"promise": "RRRPP", "replay": "PPPPP", "legacy": "PPRRP"},
+    "hashed": {"promise": "PRRPP", "replay": "PPPPP", "legacy": "PPRRP"},
     "unitary": {"promise": "RRRRP", "replay": "PPPPP", "legacy": "PPRRP"},
 }
 
@@ -126,8 +132,9 @@ CLASSES = ("uniform", "aligned", "partial", "hashed", "unitary")
 #: * uniform and aligned: proved everywhere. J is a multiple of A, hence of
 #:   M: the junction's own chunk end is a Mamba block boundary, written, and
 #:   marked by every rule (the junction is a retention boundary of each).
-#: * partial (A < M): the promise keeps its junction as a partial state (its
-#:   own boundaries are written by definition): proved. replay and legacy
+#: * partial (A < M): the promise keeps its junction's Mamba block T
+#:   (written by definition, ``reference.serial.promise_junction_state``):
+#:   proved. replay and legacy
 #:   keep only Mamba-block states (and the tail checkpoint), and with J off
 #:   the Mamba grid (M does not divide J) the state at T = floor_to(J, M) is
 #:   written only if a chunk happens to end there: refuted at every level and
@@ -135,7 +142,7 @@ CLASSES = ("uniform", "aligned", "partial", "hashed", "unitary")
 #:   against ``reference.serial.retained_states`` over N and J;
 #:   ``spec.test_minimal`` pins one instance on the serial model: A16/M32,
 #:   siblings [A:50,B:30], [A:50,C:30], [A:50,D:30], 0.33.0, dense: replay
-#:   hits 0/0/0 where T = 32, the promise 0/0/48): a finding about vLLM's
+#:   hits 0/0/0 where T = 32, the promise 0/0/32): a finding about vLLM's
 #:   junction retention with partial hash hits, not a broken row. legacy
 #:   gives the same verdicts as replay (its junction mark is the same).
 #:
@@ -147,7 +154,9 @@ CLASSES = ("uniform", "aligned", "partial", "hashed", "unitary")
 #:   The target is T, the Mamba block J lands on (as R1/R2's), so this says
 #:   nothing of the H-granular rest: the next sibling diverging at J hits
 #:   T, not J (vLLM's --enable-mamba-shared-prefix-checkpoint keeps J; not
-#:   encoded), while the promise keeps J itself.
+#:   encoded), and so does the promise: it keeps J itself only with that
+#:   checkpoint (``reference.serial.promise_junction_state``; a state inside
+#:   a block has no slot of its own, and dense retention keeps no more).
 #:
 #: unitary: no attention group, hence no junction (no rows).
 JUNCTION_OBSERVED: dict[str, dict[str, str]] = {

@@ -384,7 +384,8 @@ def retained(
 
     Written: chunk ends (``chunk_end``, with the junction's stop) at Mamba
     block boundaries within the hashed length; the promise also writes its
-    own boundaries (the junction among them), by definition, and nothing
+    own boundaries and the junction's Mamba block floor_to(J, M) (a state
+    inside a block has no slot of its own), by definition, and nothing
     else: a state exists only where a prefill chunk ended, under every
     retention, so a sibling diverging inside an earlier prompt is promised
     the divergence point only once a request has split its prefill there.
@@ -396,6 +397,10 @@ def retained(
     which is keyed whatever the mask says."""
     hashed = hashed_length(g, mode, N)
     bounds = rule_boundaries(g, mode, rule, N, junction)
+    if rule == "promise" and junction is not None:
+        # ``reference.serial.promise_junction_state`` without the
+        # shared-prefix checkpoint (left out here): the junction's Mamba block.
+        bounds = rule_boundaries(g, mode, rule, N) + [floor_to(kept_state(g, junction), g.M)]
     marks = [mark(g, rule, b) for b in bounds]
     ends = chunk_end(g, mode, rule, N, chunk, level, junction)
 

@@ -114,8 +114,9 @@ def test_partial_junction_refutation_on_the_serial_model() -> None:
     (A16/M32): siblings [A:50,B:30], [A:50,C:30], [A:50,D:30], 0.33.0, dense
     retention: the second request (N = 80) reaches the junction 48, off the
     Mamba grid, and splits there, but no chunk ends at T = 32, so the third
-    hits 0 where the promise (which keeps its junction) hits 48. The z3 row
-    is refuted at exactly that instance (N = 80, J = 48) and proved for the
+    hits 0 where the promise (which keeps the junction's Mamba block T,
+    ``reference.serial.promise_junction_state``) hits 32. The z3 row is
+    refuted at exactly that instance (N = 80, J = 48) and proved for the
     promise."""
     from reference.knobs import resolve_knobs
     from reference.serial import simulate
@@ -127,7 +128,7 @@ def test_partial_junction_refutation_on_the_serial_model() -> None:
     knobs = resolve_knobs(case, mode.version)
     replay, promise = simulate(case, knobs, "replay"), simulate(case, knobs, "promise")
     assert [(s.hit, s.junction) for s in replay] == [(0, 0), (0, 48), (0, 48)]
-    assert [s.hit for s in promise] == [0, 0, 48]
+    assert [s.hit for s in promise] == [0, 0, 32]
     for rule, want in (("replay", "refuted"), ("promise", "proved")):
         q = Row("junction-observed", "named:A16/M32", "plain/0.33", rule, "oneshot/dense").build()
         pins = [tokens(q, q.counts["N"]) == 80, tokens(q, q.counts["J"]) == 48]

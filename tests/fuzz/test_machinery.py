@@ -295,7 +295,12 @@ def test_the_retention_oracle_allows_a_sub_block_junctions_floor():
     of the same trace resumes there (docs/mutate.md, "The retention finding
     against a fourth request"). The observation kept in the finding file
     kvspec once wrote for it: held [48, 1152, 2304, 3440] after a junction
-    at 2288, block 1152. Without the junction, 1152 is still flagged."""
+    at 2288, block 1152. The promise itself keeps that block for the
+    request whose lookup observed the junction
+    (``reference.serial.promise_junction_state``), so 1152 is allowed by the
+    model as well; the junction itself (2288, which only the shared-prefix
+    checkpoint writes) is allowed only through the junction the engine
+    reports: held without it, it is flagged."""
     from fuzz.judge.oracles import check_retention
     from reference.boundaries import junction_states
 
@@ -307,9 +312,13 @@ def test_the_retention_oracle_allows_a_sub_block_junctions_floor():
     case, _ = load_finding(ROOT / "docs/data/findings/retention-after-partial-hit-qwen3_next.json")
     obs = {"hits": finding["observed"]["hits"], "explain": finding["explain"]["engine"]}
     assert check_retention(case, "0.33.0", obs) == []
-    unseen = {**obs, "explain": [*obs["explain"][:2], {**obs["explain"][2], "junction": 0}]}
+    third = obs["explain"][2]
+    at_junction = {g: [48, 2288, 2304, 3440] for g in third["retained_mamba_tokens"]}
+    seen = {**obs, "explain": [*obs["explain"][:2], {**third, "retained_mamba_tokens": at_junction}]}
+    assert check_retention(case, "0.33.0", seen) == []
+    unseen = {**seen, "explain": [*seen["explain"][:2], {**seen["explain"][2], "junction": 0}]}
     (div,) = check_retention(case, "0.33.0", unseen)
-    assert div.requests == [2] and "keeps [1152]" in div.detail
+    assert div.requests == [2] and "keeps [2288]" in div.detail
 
 
 def test_the_retention_oracle_flags_a_state_kept_inside_a_requests_output():

@@ -293,3 +293,30 @@ def test_the_release_keeps_an_interim_block_checkpoint_only_on_its_interval():
     for interval in (None, 320):
         assert hits(_checkpoint_off_the_interval(interval), rule="replay") == [0, 1600, 1616], interval
     assert hits(_checkpoint_off_the_interval(0), rule="replay") == [0, 1616, 1616]
+
+
+def _sub_block_junction(retention_interval, shared, lengths):
+    """Qwen3.5 as vLLM 0.33.0 resolves it on an H100 at TP 1 (block 320,
+    ``--prefix-match-unit 16``, GDN checkpoints on 64), MTP 2 with the
+    drop: prompts of stream A only, each shorter than the one before (a
+    campaign's ``promise`` findings on the fixed base, seed 7)."""
+    geometry = _gdn(320, 16, retention_interval, 16384, shared=shared)
+    return make_case(geometry, [[("A", n)] for n in lengths], MTP_DROP)
+
+
+@pytest.mark.parametrize("retention", [0, 640, None])
+def test_the_promise_keeps_a_sub_block_junction_only_with_the_checkpoint(retention):
+    """A:352, A:336, A:321: the second request's lookup reaches 304 in
+    attention with no Mamba state (junction 304, hit 0). Its prefill split
+    at the junction floors it to the Mamba block (0: no split) unless the
+    shared-prefix checkpoint keys the junction itself (vLLM 0.33.0
+    ``Scheduler._mamba_block_aligned_split``, sched/scheduler.py:632-642),
+    so the third request, whose attention stops at 304 too, is promised 0
+    without it and 304 with it, under every retention (the fixed base's
+    numbers). Likewise A:1000, A:976, A:961: junction 944, whose Mamba
+    block 640 the promise keeps without the checkpoint, 944 with it."""
+    for shared, first, second in ((False, 0, 640), (True, 304, 944)):
+        assert hits(_sub_block_junction(retention, shared, (352, 336, 321)))[2] == first, shared
+        assert hits(_sub_block_junction(retention, shared, (1000, 976, 961)))[2] == second, shared
+    step = predict(_sub_block_junction(retention, False, (352, 336, 321)), "0.33.0")["explain"][1]
+    assert (step["junction"], step["hit"]) == (304, 0)
