@@ -101,7 +101,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     ),
     OracleRule(
         "stale",
-        "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed",
+        "every hit resumes from a Mamba state an earlier prefill or decode step wrote over the same tokens; no request keys a state it never computed (a KV connector's load of an earlier write is no such key)",
         concurrent=True,
         severity="wrong output possible",
         neutral=True,
