@@ -117,12 +117,15 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
             (j, set(_written(explain[j]) or ()) | decode_writes(explain[j], sizes)) for j in range(min(i, len(explain)))
         ]
     first = explain[i].get("first_step")
+    wave_of = {k: w for w, members in enumerate(waves(case)) for k in members}
     out = []
     for j, e in enumerate(explain):
         steps = e.get("written_steps")
         if j == i or first is None:
             continue
-        finished = j < i and e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first
+        finished = j < i and (
+            wave_of.get(j, -1) < wave_of.get(i, -1) or _ended_by_step(e, first)
+        )  # an earlier wave ended before i's was sent, whatever its step count says
         if steps is None:  # writes not observed: only a request that finished before i ran
             if finished:
                 out.append((j, set(_written(e) or ()) | decode_writes(e, sizes)))
@@ -135,6 +138,15 @@ def writes_before(case: Case, obs: Observation, i: int) -> list[tuple[int, set[i
             )
         )
     return out
+
+
+def _ended_by_step(e: dict, first: int) -> bool:
+    """Whether a request of ``i``'s own wave ran its last step before the
+    step ``first`` that first ran ``i``, by its step count. (A request of an
+    earlier wave ended before ``i``'s wave was sent: ``reference.case.waves``;
+    its count may run past that, since under async scheduling it includes
+    the steps the loop takes while its last one is in flight.)"""
+    return e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first
 
 
 def written_before(case: Case, obs: Observation, i: int, pos: int) -> bool:

@@ -116,6 +116,32 @@ def test_a_later_request_that_ran_first_may_have_written_the_state():
     assert check_stale(case, "0.33.0", obs) == []
 
 
+def test_a_request_of_an_earlier_wave_finished_before_the_next_wave_whatever_its_step_count():
+    """A wave is sent once every earlier request finished (reference.case.waves),
+    so the states an earlier serial request's decode left count for the
+    wave's requests even where its step count runs past the wave's first
+    step (async scheduling counts the steps while its last is in flight: a
+    campaign's stale finding on vLLM 0.33.0, request 3 with 28 steps from
+    step 18, the wave from step 44). A position no step wrote still fires."""
+    trace = [
+        {"prompt": [{"segment": "A", "length": 40}], "max_tokens": 30},
+        {"prompt": [{"segment": "A", "length": 40}, {"output": 0}, {"segment": "B", "length": 1}]},
+        {"prompt": [{"segment": "C", "length": 10}], "arrival": 0},
+    ]
+    case = parse_case({"schema": 1, "geometry": GEOMETRY, "trace": trace})
+    assert waves(case) == [[0], [1, 2]]
+
+    def obs(hit):
+        o = observation([0, hit, 0], [[(40, 0)], [(71, 5)], [(10, 5)]], [0, 5, 5])
+        o["explain"][0].update(prompt_tokens=40, computed_tokens=70, decode_steps=[[p, 2, 2] for p in range(40, 70, 2)])
+        o["explain"][0]["steps"] = 8  # past step 5, where the wave first ran
+        return o
+
+    assert check_stale(case, "0.33.0", obs(64)) == []  # request 0's decode crossed 64 before the wave was sent
+    (div,) = check_stale(case, "0.33.0", obs(65))  # between two steps' starts, off the block grid
+    assert div.requests == [1] and "resumed at 65" in div.detail
+
+
 def test_the_serial_oracles_judge_only_the_serial_prefix():
     case = case_of((100, None), (100, None), (100, 0))
     # request 1 resends request 0 and hits 0 (the promise fires there); request 2 shares steps with it
