@@ -149,15 +149,18 @@ def _ended_by_step(e: dict, first: int) -> bool:
     return e.get("first_step") is not None and e["first_step"] + e.get("steps", 0) <= first
 
 
-def written_before(case: Case, obs: Observation, i: int, pos: int) -> bool:
+def written_before(
+    case: Case, obs: Observation, i: int, pos: int, writes: list[tuple[int, set[int]]] | None = None
+) -> bool:
     """Did a prefill before request ``i`` write a Mamba state at ``pos``
-    over the same first ``pos`` tokens (:func:`writes_before`)? Then
-    resuming at ``pos`` is reuse the promise may not require, not a stale
-    state."""
+    over the same first ``pos`` tokens (:func:`writes_before`, or
+    ``writes`` where the caller holds them already)? Then resuming at
+    ``pos`` is reuse the promise may not require, not a stale state."""
     if pos <= 0:
         return True
     mine = prompt_tokens(case.trace[i])[:pos]
-    return any(pos in ps and sequence_tokens(case.trace[j])[:pos] == mine for j, ps in writes_before(case, obs, i))
+    writes = writes_before(case, obs, i) if writes is None else writes
+    return any(pos in ps and sequence_tokens(case.trace[j])[:pos] == mine for j, ps in writes)
 
 
 def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
@@ -198,7 +201,8 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
             continue
         mine = prompts[j]
         ext, h = int(e.get("external_hit") or 0), int(hits[j]) if j < len(hits) else 0
-        loaded = {p for p in held[j] if h - ext < p <= h and written_before(case, obs, j, p)} if ext > 0 else set()
+        before = writes_before(case, obs, j) if ext > 0 else []
+        loaded = {p for p in held[j] if h - ext < p <= h and written_before(case, obs, j, p, before)}
         wave = wave_of.get(j, [j])
         mates = [k for k in wave if k != j and k < len(explain)]
         out.append(

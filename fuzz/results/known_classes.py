@@ -79,6 +79,7 @@ from fuzz.judge.oracles import SAME_STEP_READ, request_kinds
 from ground.engines import FAMILIES, family_of, load
 from ground.errors import KvspecError
 from reference.case import parse_case, prompt_tokens
+from reference.serial import common_prefix
 
 
 @dataclass(frozen=True)
@@ -289,9 +290,7 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
         return False
     mine = prompt_tokens(case.trace[i])
     for earlier in case.trace[:i]:
-        theirs = prompt_tokens(earlier)
-        shared = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        hit = min(shared, len(mine) - 1) // g.hash_block_size * g.hash_block_size
+        hit = min(common_prefix(mine, prompt_tokens(earlier)), len(mine) - 1) // g.hash_block_size * g.hash_block_size
         if hit > 0 and hit % g.scheduler_block_size:
             return True
     return False
@@ -322,25 +321,23 @@ def classify(finding: dict) -> str | None:
     """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
     or None. Reads only the finding's own fields; a case it cannot read is
     None, never an exception."""
+    version = str((finding.get("engine") or {}).get("version") or "")
+    family = FAMILIES.get(family_of(version))
     if finding.get("oracle") == "stale":
         # the known class is serial: a hit that read a state in the step
         # computing it (a concurrent trace; fuzz.judge.oracles.check_stale) is another
         if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
-        family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:  # the family's own state class (SGLang: the off-page key)
             return family.state_class
         return "stale-state" if _partial_hits(finding) else None
     if (
         finding.get("oracle") == "resumed_state"
     ):  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
-        family = FAMILIES.get(family_of(str((finding.get("engine") or {}).get("version") or "")))
         if family is not None and family.state_class:
             return family.state_class
         if family is not None and family.classes is None:  # vLLM's: by what the resumed state held
             return "stale-state" if _copied_partial_state(finding) else None
-    version = str((finding.get("engine") or {}).get("version") or "")
-    family = FAMILIES.get(family_of(version))
     if finding.get("oracle") == "engine_error":
         return _stall_class(finding) if family is not None and family.classes is None else None
     if family is not None and family.classes is None and _high_past_checkpoint(finding):
