@@ -139,14 +139,19 @@ def draw_level(c, mode: str) -> str | None:
     return None
 
 
+def without_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """A copy of ``args`` without each of ``flags`` and the value after it."""
+    out = list(args)
+    for flag in flags:
+        if flag in out:
+            at = out.index(flag)
+            del out[at : at + 2]
+    return out
+
+
 def strip_pool(args: list[str]) -> list[str]:
     """``args`` without a pinned pool (the pool flag and the
     ``--max-model-len`` drawn with it), for another trace on the deployment."""
     if POOL_FLAG not in args:
         return args
-    out = list(args)
-    for flag in (POOL_FLAG, "--max-model-len"):
-        if flag in out:
-            at = out.index(flag)
-            del out[at : at + 2]
-    return out
+    return without_flags(args, (POOL_FLAG, "--max-model-len"))

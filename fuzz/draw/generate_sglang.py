@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from fuzz.draw.choosers import Chooser
 from fuzz.draw.generate import MAX_DRAWN_PROMPT, _trace, first_resolved
+from fuzz.draw.generate_pressure import without_flags
 from fuzz.draw.traces import _concurrent_wave
 from reference.case import Case, parse_case
 from reference.deployment import parse_deployment
@@ -309,8 +310,7 @@ def without_pinned_pool(deployment: dict) -> dict:
     args = list(deployment.get("sglang_args", ()))
     if POOL_FLAG not in args:
         return deployment
-    k = args.index(POOL_FLAG)
-    return {**deployment, "sglang_args": args[:k] + args[k + 2 :]}
+    return {**deployment, "sglang_args": without_flags(args, (POOL_FLAG,))}
 
 
 def with_pinned_pool(c: Chooser, deployment: dict, trace: list[dict], unit: int) -> dict:
