@@ -473,6 +473,7 @@ def parse_request(raw: Any, i: int, earlier: tuple[Request, ...] = ()) -> Reques
     segment quotes one of them)."""
     where = f"trace[{i}]"
     _check_fields(raw, where, ("prompt", "max_tokens", "arrival"), ("prompt",))
+    arrival = _arrival(raw, i)
     prompt = raw["prompt"]
     if not isinstance(prompt, list) or not prompt:
         raise invalid(f"{where}.prompt", prompt, "must be a non-empty list of segments")
@@ -483,37 +484,43 @@ def parse_request(raw: Any, i: int, earlier: tuple[Request, ...] = ()) -> Reques
     for j, s in enumerate(prompt):
         sw = f"{where}.prompt[{j}]"
         if isinstance(s, dict) and "output" in s:
-            segments.append(_parse_output(s, sw, earlier, _wave_start(raw, i, earlier)))
+            segments.append(_parse_output(s, sw, earlier, _wave_start(i, arrival, earlier)))
         else:
             _check_fields(s, sw, ("segment", "length", "output"), ("segment", "length"))
             if not isinstance(s["segment"], str) or not _SEGMENT_NAME.match(s["segment"]):
                 raise invalid(f"{sw}.segment", s["segment"], "must be 1-64 characters of [A-Za-z0-9_.-]")
             segments.append(Segment(s["segment"], _int(s, "length", sw, minimum=1, maximum=MAX_PROMPT_TOKENS)))
         tokens += segments[-1].length
-        if tokens > MAX_PROMPT_TOKENS:
-            raise invalid(
-                f"{where}.prompt",
-                f"<{tokens:,}+ tokens>",
-                f"a prompt has at most {MAX_PROMPT_TOKENS:,} tokens (vLLM's max_model_len)",
-            )
-    arrival = _int(raw, "arrival", where, minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
-    if arrival is not None and i == 0:
-        raise invalid(
-            f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null"
+        _at_most(
+            tokens, MAX_PROMPT_TOKENS, f"{where}.prompt", "+ tokens", "a prompt has", "tokens (vLLM's max_model_len)"
         )
     return Request(
         tuple(segments), _int(raw, "max_tokens", where, minimum=1, maximum=MAX_MAX_TOKENS, default=1), arrival
     )
 
 
-def _wave_start(raw: dict, i: int, earlier: tuple[Request, ...]) -> int:
+def _arrival(raw: dict, i: int) -> int | None:
+    """Request i's ``arrival`` (absent or null: None); the first request
+    has none."""
+    where = f"trace[{i}]"
+    arrival = _int(raw, "arrival", where, minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
+    if arrival is not None and i == 0:
+        raise invalid(
+            f"{where}.arrival", arrival, "the first request has no earlier one to arrive after; allowed: absent or null"
+        )
+    return arrival
+
+
+def _at_most(total: int, limit: int, field: str, shown: str, whole: str, unit: str) -> None:
+    """A running total past its limit is one error naming the total so far."""
+    if total > limit:
+        raise invalid(field, f"<{total:,}{shown}>", f"{whole} at most {limit:,} {unit}")
+
+
+def _wave_start(i: int, arrival: int | None, earlier: tuple[Request, ...]) -> int:
     """The index of the first request of request i's wave (i itself unless
     it has an ``arrival``): the requests before it finished before i is sent."""
-    if (
-        i == 0
-        or _int(raw, "arrival", f"trace[{i}]", minimum=0, maximum=MAX_ARRIVAL_STEPS, default=None, nullable=True)
-        is None
-    ):
+    if i == 0 or arrival is None:
         return i
     start = i - 1
     while start > 0 and earlier[start].arrival is not None:
@@ -531,12 +538,7 @@ def _parse_trace(trace: list) -> tuple[Request, ...]:
     for i, r in enumerate(trace):
         requests.append(parse_request(r, i, tuple(requests)))
         tokens += requests[-1].num_prompt_tokens
-        if tokens > MAX_CASE_TOKENS:
-            raise invalid(
-                f"trace[{i}]",
-                f"<{tokens:,} prompt tokens so far>",
-                f"a case has at most {MAX_CASE_TOKENS:,} prompt tokens in all",
-            )
+        _at_most(tokens, MAX_CASE_TOKENS, f"trace[{i}]", " prompt tokens so far", "a case has", "prompt tokens in all")
     return tuple(requests)
 
 
