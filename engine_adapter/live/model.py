@@ -15,6 +15,9 @@ export internal prefill checkpoints on the CPU since vLLM 0.32.0), is
 written on demand for the stale-state check of docs/live.md; a third,
 ``ATTENTION_FREE_MODEL_NAME`` (Mamba-2 layers only: one KV cache group), for
 its longer-sibling check on one group.
+
+Each model's own fields are ``<name>.json`` beside this module; what all
+three share is added by :func:`_tiny_config`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from pathlib import Path
 from engine_adapter.live.paths import models_dir
 from ground.files import write_text_if_changed
 
+HERE = Path(__file__).resolve().parent
 MODEL_NAME = "kvspec-tiny-qwen3_5-hybrid"
+
+
+def _fields(name: str) -> dict:
+    """A tiny model's own config fields, ``<name>.json`` beside this module."""
+    return json.loads((HERE / f"{name}.json").read_text())
 
 
 def _tiny_config(fields: dict) -> dict:
@@ -42,32 +51,7 @@ def _tiny_config(fields: dict) -> dict:
     }
 
 
-TINY_CONFIG: dict = _tiny_config(
-    {
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_text",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 65536,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "mtp_num_hidden_layers": 1,
-        "mtp_use_dedicated_embeddings": False,
-    }
-)
+TINY_CONFIG: dict = _tiny_config(_fields(MODEL_NAME))
 
 
 #: A tiny Mamba-2 hybrid (Falcon-H1: every layer runs attention and a
@@ -78,49 +62,7 @@ TINY_CONFIG: dict = _tiny_config(
 #: rest is transformers' FalconH1Config defaults (engine_adapter/models/).
 MAMBA2_MODEL_NAME = "kvspec-tiny-falcon_h1-hybrid"
 
-TINY_MAMBA2_CONFIG: dict = _tiny_config(
-    {
-        "architectures": ["FalconH1ForCausalLM"],
-        "model_type": "falcon_h1",
-        "torch_dtype": "bfloat16",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "mamba_d_ssm": 128,
-        "mamba_n_heads": 16,
-        "mamba_d_head": 8,
-        "mamba_d_state": 16,
-        "mamba_n_groups": 1,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "mamba_chunk_size": 256,
-        "mamba_conv_bias": True,
-        "mamba_proj_bias": False,
-        "mamba_rms_norm": False,
-        "mamba_norm_before_gate": True,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 16384,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "attention_bias": False,
-        "mlp_bias": False,
-        "projectors_bias": False,
-        "tie_word_embeddings": False,
-        "attention_in_multiplier": 1.0,
-        "attention_out_multiplier": 1.0,
-        "embedding_multiplier": 1.0,
-        "key_multiplier": 1.0,
-        "lm_head_multiplier": 1.0,
-        "ssm_in_multiplier": 1.0,
-        "ssm_out_multiplier": 1.0,
-        "mlp_multipliers": [1.0, 1.0],
-        "ssm_multipliers": [1.0, 1.0, 1.0, 1.0, 1.0],
-        "time_step_limit": [0.0, 1e9],
-    }
-)
+TINY_MAMBA2_CONFIG: dict = _tiny_config(_fields(MAMBA2_MODEL_NAME))
 
 #: A tiny attention-free Mamba-2 model (``Mamba2ForCausalLM``: one KV cache
 #: group), for docs/live.md's longer sibling on one group. Served with
@@ -129,30 +71,7 @@ TINY_MAMBA2_CONFIG: dict = _tiny_config(
 #: intermediate states (the Falcon-H1 note above) never come up.
 ATTENTION_FREE_MODEL_NAME = "kvspec-tiny-mamba2"
 
-TINY_ATTENTION_FREE_CONFIG: dict = _tiny_config(
-    {
-        "architectures": ["Mamba2ForCausalLM"],
-        "model_type": "mamba2",
-        "torch_dtype": "bfloat16",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "state_size": 16,
-        "conv_kernel": 4,
-        "expand": 2,
-        "num_heads": 8,
-        "head_dim": 16,
-        "n_groups": 1,
-        "chunk_size": 64,
-        "use_bias": False,
-        "use_conv_bias": True,
-        "layer_norm_epsilon": 1e-5,
-        "rms_norm": True,
-        "norm_before_gate": False,
-        "residual_in_fp32": True,
-        "time_step_limit": [0.0, 1e9],
-        "tie_word_embeddings": False,
-    }
-)
+TINY_ATTENTION_FREE_CONFIG: dict = _tiny_config(_fields(ATTENTION_FREE_MODEL_NAME))
 
 TINY_MODELS: dict[str, dict] = {
     MODEL_NAME: TINY_CONFIG,
