@@ -18,35 +18,28 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: name -> (transformers configuration class, vLLM architecture, what it is)
-SHIPPED: dict[str, tuple[str, str, str]] = {
-    "qwen3_next": (
-        "Qwen3NextConfig",
-        "Qwen3NextForCausalLM",
-        "Qwen3-Next-80B-A3B: Gated DeltaNet + full attention 3:1, MTP",
-    ),
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", "Qwen3.5 (text): Gated DeltaNet + full attention 3:1, MTP"),
-    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", "Nemotron-H: Mamba-2 + attention + MLP layers"),
-    "falcon_h1": (
-        "FalconH1Config",
-        "FalconH1ForCausalLM",
-        "Falcon-H1: Mamba-2 and attention in parallel in every layer",
-    ),
-    "bamba": ("BambaConfig", "BambaForCausalLM", "Bamba: Mamba-2 + attention"),
-    "granitemoehybrid": (
-        "GraniteMoeHybridConfig",
-        "GraniteMoeHybridForCausalLM",
-        "Granite 4.0 MoE hybrid: Mamba-2 + attention",
-    ),
-    "jamba": ("JambaConfig", "JambaForCausalLM", "Jamba: Mamba-1 + attention 7:1, MoE"),
+#: name -> (transformers configuration class, vLLM architecture); what each is, in its comment
+SHIPPED: dict[str, tuple[str, str]] = {
+    # Qwen3-Next-80B-A3B: Gated DeltaNet + full attention 3:1, MTP
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    # Qwen3.5 (text): Gated DeltaNet + full attention 3:1, MTP
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    # Nemotron-H: Mamba-2 + attention + MLP layers
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
+    # Falcon-H1: Mamba-2 and attention in parallel in every layer
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),
+    # Bamba: Mamba-2 + attention
+    "bamba": ("BambaConfig", "BambaForCausalLM"),
+    # Granite 4.0 MoE hybrid: Mamba-2 + attention
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM"),
+    # Jamba: Mamba-1 + attention 7:1, MoE
+    "jamba": ("JambaConfig", "JambaForCausalLM"),
     # Attention-free: one KV cache group (the single-group branch of vLLM's
     # block-size resolution and its unitary KV cache coordinator).
-    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", "Mamba-Codestral-7B: Mamba-2 layers only, no attention"),
-    "falcon_mamba": (
-        "FalconMambaConfig",
-        "FalconMambaForCausalLM",
-        "Falcon-Mamba: Mamba-1 layers only, no attention (transformers' small default widths)",
-    ),
+    # Mamba-Codestral-7B: Mamba-2 layers only, no attention
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM"),
+    # Falcon-Mamba: Mamba-1 layers only, no attention (transformers' small default widths)
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM"),
 }
 
 
@@ -114,7 +107,7 @@ def generate(out: Path = HERE, only: tuple[str, ...] = ()) -> list[Path]:
     from ground.files import write_json_atomic
 
     written = []
-    for name, (cls_name, arch, _what) in SHIPPED.items():
+    for name, (cls_name, arch) in SHIPPED.items():
         if only and name not in only:
             continue
         cfg = getattr(transformers, cls_name)()
