@@ -3,9 +3,10 @@ the one registry of families, on the ground floor so every floor reads the
 same (``reference/`` states each family's rule, ``engine_adapter/`` drives
 it, ``fuzz/`` and the CLI run and print it).
 
-A family is declared once, in :data:`FAMILIES` (one :class:`Family` line
-each): its name and title, its releases, the deployment field its serve
-flags go in, how its server is started, what it supports
+A family is declared once, in ``families.toml`` beside this module (one
+table each, read into :data:`FAMILIES` as :class:`Family` values): its
+name and title, its releases, the deployment field its serve flags go in,
+how its server is started, what it supports
 (:class:`Capability`), and where its parts live (the driver module inside
 its ``engine_adapter/<family>_engine/`` package, the flag allow-list and the
 knobs of ``reference/``), named as ``module:attribute`` text so that this
@@ -28,7 +29,9 @@ import enum
 import importlib
 import json
 import re
-from dataclasses import dataclass, field
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ground.errors import InvalidArgument, Unsupported
@@ -162,79 +165,28 @@ class Family:
         return f"{self.name}=={self.default_release}"
 
 
-_ALL = frozenset(Capability)
+def _declared(name: str, entry: dict) -> Family:
+    """One table of ``families.toml`` as a :class:`Family`: lists are
+    tuples, ``capabilities`` names :class:`Capability` values (or ``"all"``);
+    a key that is no field of :class:`Family` is refused by name."""
+    known = {f.name for f in fields(Family)} - {"name"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise InvalidArgument(
+            f"families.toml [{name}].{unknown[0]}: not a Family field; allowed: {', '.join(sorted(known))}"
+        )
+    caps = entry.get("capabilities", ())
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+    values["capabilities"] = frozenset(Capability) if caps == "all" else frozenset(Capability(c) for c in caps)
+    return Family(name, **values)
 
-#: The registry: one line per family. A new family is its package under
-#: ``engine_adapter/`` plus one line here (docs/architecture.md, "Adding an
-#: engine family").
+
+#: The registry, declared in ``families.toml`` beside this module (one table
+#: per family). A new family is its package under ``engine_adapter/`` plus
+#: one table there (docs/architecture.md, "Adding an engine family").
 FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family(
-            "vllm",
-            "vLLM",
-            ("0.29.0", "0.30.0", "0.32.0", "0.33.0"),
-            "0.33.0",
-            "vllm_args",
-            "vllm serve",
-            "vllm",
-            "engine_adapter.vllm_engine.driver",
-            "reference.vllm_flags:check_vllm_args",
-            "reference.knobs:vllm_knobs",
-            _ALL,
-            run_options=("eagle_groups",),
-            bare_key=True,
-        ),
-        Family(
-            "sglang",
-            "SGLang",
-            ("0.5.23",),
-            "0.5.23",
-            "sglang_args",
-            "python -m sglang.launch_server",
-            "sglang",
-            "engine_adapter.sglang_engine.driver",
-            "reference.sglang_flags:check_sglang_args",
-            "reference.knobs:sglang_knobs",
-            frozenset({Capability.BUILDS, Capability.DECODE, Capability.SPECULATION, Capability.CONCURRENCY}),
-            platforms=("cuda",),
-            tp_flag="--tp-size",
-            run_options=("tree_core",),
-            generator="fuzz.draw.generate_sglang",
-            twin="fuzz.driving.drivers:TreeCoreTwin",
-            classes="fuzz.results.known_classes_sglang",
-            canonical_flag="reference.sglang_flags:canonical_flag",
-            resolve_printer="kvspec.commands.resolve:_render_sglang",
-            predictor="kvspec.commands.predict:predict_sglang",
-            own_rule="reference.sglang_prefill:IMPLEMENTED",
-            own_reference="kvspec.commands.run:_sglang_reference",
-            boundary_cases="fuzz.draw.generate_sglang:sglang_boundary_cases",
-            reporter="fuzz.results.report_sglang",
-            adviser="kvspec.commands.advise:_advise_sglang",
-            state_class="sglang-off-page-key",
-        ),
-        Family(
-            "llamacpp",
-            "llama.cpp",
-            ("2026.10.11549",),
-            "2026.10.11549",
-            "llamacpp_args",
-            "llama-server",
-            "xllamacpp",
-            "engine_adapter.llamacpp_engine.driver",
-            "reference.llamacpp_flags:parse_llamacpp_args",
-            "reference.knobs:unstated_knobs",
-            frozenset({Capability.DECODE, Capability.OUTPUTS}),
-            platforms=("cpu",),
-            run_options=("cold",),
-            generator="fuzz.draw.generate_llamacpp",
-            imports=("gguf",),
-            predictor="kvspec.commands.predict:predict_llamacpp",
-            comparer="kvspec.llamacpp_compare:compare",
-            own_checks="fuzz.judge.oracle_llamacpp:CHECKS",
-            reporter="fuzz.results.report_llamacpp",
-        ),
-    )
+    name: _declared(name, entry)
+    for name, entry in tomllib.loads((Path(__file__).with_name("families.toml")).read_text()).items()
 }
 
 #: The family a bare ``X`` and a deployment without ``engine`` belong to.

@@ -197,6 +197,32 @@ def test_every_family_is_declared_whole():
     )
 
 
+def test_a_registry_table_is_read_whole_and_a_stray_key_is_refused_by_name():
+    """families.toml's tables become Family values (lists as tuples, the
+    capability names as Capability); a key no Family field has is one error."""
+    from ground.errors import InvalidArgument
+
+    entry = {
+        "title": "Toy",
+        "releases": ["1.0"],
+        "default_release": "1.0",
+        "args_field": "toy_args",
+        "serve": "toy serve",
+        "package": "toy",
+        "driver": "tests.toy_engine.driver",
+        "flags": "reference.vllm_flags:check_vllm_args",
+        "knobs": "reference.knobs:vllm_knobs",
+        "capabilities": ["decode"],
+        "platforms": ["cpu"],
+    }
+    toy = registry._declared("toy", entry)
+    assert toy.releases == ("1.0",) and toy.platforms == ("cpu",)
+    assert toy.capabilities == frozenset({Capability.DECODE})
+    assert registry._declared("toy", {**entry, "capabilities": "all"}).capabilities == frozenset(Capability)
+    with pytest.raises(InvalidArgument, match=r"\[toy\]\.relases: not a Family field; allowed: .*releases"):
+        registry._declared("toy", {**entry, "relases": ["1.0"]})
+
+
 #: The toy family's registry line (the TEST DOUBLE of tests/toy_engine/):
 #: with its package, all a family needs.
 TOY = registry.Family(
