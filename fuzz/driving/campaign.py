@@ -74,6 +74,19 @@ class CampaignEngine(Protocol):
     def run(self, case: Case) -> Observation: ...
 
 
+#: The Stats fields a campaign summary carries unchanged.
+SUMMARY_COUNTS = (
+    "execs",
+    "cases",
+    "unsupported",
+    "rejected",
+    "harness_errors",
+    "cut_at_deadline",
+    "duplicates",
+    "first_finding_s",
+)
+
+
 @dataclass
 class Stats:
     #: Cases checked (``Campaign.check`` calls); ``execs`` counts engine runs
@@ -101,6 +114,11 @@ class Stats:
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def counted(self) -> dict[str, int | float | None]:
+        """The counts a campaign summary carries as the campaign counted
+        them (``fuzz.driving.summary.CampaignSummary``'s fields of the same names)."""
+        return {k: getattr(self, k) for k in SUMMARY_COUNTS}
 
 
 class Campaign:
