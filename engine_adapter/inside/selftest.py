@@ -13,6 +13,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+
+def case_beside(driver_file: str) -> dict:
+    """A family's self-test case: ``selftest-case.json`` beside its driver
+    module (a case in kvspec's own format, like ``examples/``)."""
+    return json.loads(Path(driver_file).with_name("selftest-case.json").read_text())
 
 
 def load(get_driver: Callable, title: str, expect_version: str | None):

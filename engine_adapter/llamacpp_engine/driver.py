@@ -410,20 +410,9 @@ def get_driver() -> LlamacppDriver:
 
 def selftest_case() -> dict:
     """A, its resend, a longer sibling on granitehybrid, one slot."""
-    return {
-        "schema": 1,
-        "name": "kvspec-llamacpp-selftest",
-        "deployment": {
-            "model": "granitemoehybrid",
-            "engine": "llamacpp",
-            "llamacpp_args": ["--ctx-size", "8192", "--parallel", "1"],
-        },
-        "trace": [
-            {"prompt": [{"segment": "selftest", "length": 1200}]},
-            {"prompt": [{"segment": "selftest", "length": 1200}]},
-            {"prompt": [{"segment": "selftest", "length": 1200}, {"segment": "more", "length": 300}]},
-        ],
-    }
+    from engine_adapter.inside import selftest as inside_selftest
+
+    return inside_selftest.case_beside(__file__)
 
 
 IMPORT_CHECK = ("xllamacpp", "gguf")

@@ -581,23 +581,7 @@ def selftest_case() -> dict:
     """Three identical 3,300-token requests on Qwen3-Next with the extra
     buffer, page 64, chunks of 2,048: the whole path (resolution, both
     chunk kinds, tracking, copy-on-write) in a few seconds."""
-    return {
-        "schema": 1,
-        "name": "kvspec-sglang-selftest",
-        "deployment": {
-            "model": "qwen3_next",
-            "engine": "sglang",
-            "sglang_args": [
-                "--mamba-radix-cache-strategy",
-                "extra_buffer",
-                "--page-size",
-                "64",
-                "--chunked-prefill-size",
-                "2048",
-            ],
-        },
-        "trace": [{"prompt": [{"segment": "selftest", "length": 3300}]}] * 3,
-    }
+    return inside_selftest.case_beside(__file__)
 
 
 #: The SGLang modules an import-only self-test imports.

@@ -363,17 +363,7 @@ def selftest_case() -> dict:
     MTP config (two model classes inspected) and the whole loop in well under
     a second. Every version hits on the third request (0.29.0 misses the
     second: the #53504 bug)."""
-    return {
-        "schema": 1,
-        "name": "kvspec-selftest",
-        "geometry": {
-            "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16, "count": 1}],
-            "retention_interval": 0,
-            "max_num_batched_tokens": 2048,
-        },
-        "speculative": {"method": "mtp", "num_speculative_tokens": 2},
-        "trace": [{"prompt": [{"segment": "selftest", "length": 3300}]}] * 3,
-    }
+    return inside_selftest.case_beside(__file__)
 
 
 #: The modules an import-only self-test imports (``engine_adapter.inside.worker --selftest --import-only``): where the scheduler, the
