@@ -348,7 +348,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="part 4's seed (default: %(default)s)")
     args = parser.parse_args()
     if args.vs_bare:
-        VERSION = args.bare_engine.split("==")[-1]
+        from ground.engines import Capability, EngineSpec
+        from ground.errors import KvspecError
+
+        try:
+            spec = EngineSpec.parse(args.bare_engine, "--bare-engine")
+        except KvspecError as e:
+            parser.exit(2, f"bench/fuzz.py: {e}\n")
+        if not spec.family_entry.supports(Capability.IN_PROCESS):
+            sys.exit(f"bench/fuzz.py: --bare-engine={spec.name}: its family is not driven in kvspec's own process")
+        VERSION = spec.version
         if os.environ.get("KVSPEC_BENCH_FUZZ_INNER") != "1":
             _reexec_in_engine_env()
         vs_bare(args.vs_bare, args.seed)
