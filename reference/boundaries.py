@@ -218,16 +218,18 @@ def junction_states(J: int, U: int, M: int, eagle: bool) -> frozenset[int]:
     return frozenset(marks - {0})
 
 
-def periodic_states(N: int, interval: int, M: int) -> tuple[int, ...]:
-    """Periodic retention (interval > 0): one state per interval, at its end;
-    an interval at or below the Mamba block keeps every block (dense)."""
-    step = M if interval <= M else interval
-    return tuple(range(step, floor_to(N, M) + 1, step))
-
-
-def dense_states(N: int, M: int) -> tuple[int, ...]:
-    """Dense retention (interval None): the state after every full block."""
-    return tuple(range(M, floor_to(N, M) + 1, M))
+def retention_period(interval: int, M: int) -> int:
+    """The period, in tokens, of the Mamba states periodic retention keeps
+    on Mamba block M (interval > 0): the block ending at every multiple of
+    ``interval // M`` blocks, every block when that is under two (vLLM
+    ``MambaManager.reachable_block_mask``, 0.33.0
+    single_type_kv_cache_manager.py:1584-1594, 0.32.0 :1568-1577). vLLM
+    accepts only intervals that are multiples of the scheduler block
+    (kv_cache_coordinator.py:57-61 in 0.32.0 and 0.33.0; kvspec's case
+    parser says the same), itself a multiple of M: there the period is the
+    interval itself."""
+    per_segment = interval // M
+    return M if per_segment <= 1 else per_segment * M
 
 
 def rescale_length(length: int, old: int, new: int) -> int:

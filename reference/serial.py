@@ -56,6 +56,7 @@ from reference.boundaries import (
     legacy_boundaries,
     mamba_checkpoint_position,
     replay_boundaries,
+    retention_period,
     tail_checkpoint,
 )
 from reference.case import Case, Geometry, Segment, output_tokens, prompt_tokens
@@ -388,15 +389,11 @@ def _interval_keeps(p: int, M: int, interval: int | None) -> bool:
     """Does the retention interval alone keep the state at ``p``, a
     multiple of the Mamba block M? ``MambaManager.reachable_block_mask``
     with no reachable boundaries (0.33.0 single_type_kv_cache_manager.py:1549-1604):
-    dense (None) keeps every block, an interval under two blocks every
-    block, else the block ending at each multiple of ``interval // M``
-    blocks; sparse (0) none."""
+    dense (None) keeps every block, periodic one every
+    :func:`reference.boundaries.retention_period`, sparse (0) none."""
     if interval is None:
         return True
-    if interval == 0:
-        return False
-    per_segment = interval // M
-    return per_segment <= 1 or (p // M) % per_segment == 0
+    return interval > 0 and p % retention_period(interval, M) == 0
 
 
 def output_states(N: int, max_tokens: int, geometry: Geometry, knobs: Knobs) -> dict[int, set[int]]:
@@ -435,7 +432,7 @@ def output_states(N: int, max_tokens: int, geometry: Geometry, knobs: Knobs) -> 
     if interval == 0 or top <= prompt_top:
         return out
     for M in dict.fromkeys(geometry.mamba_block_sizes):
-        step = M if interval is None or interval <= M else interval
+        step = M if interval is None else retention_period(interval, M)
         first = max(-(-N // step), prompt_top // step + 1) * step
         kept = set(range(first, top + 1, step))
         if kept:
@@ -562,7 +559,7 @@ def retained_states(
             if rule == "promise":
                 marks = {kept_state(b, U) for b in own} | {own_junction}
             if interval:
-                step = M if interval <= M else interval
+                step = retention_period(interval, M)
                 marks |= set(range(step, hashed + 1, step))
             keep = {p for p in written if p in marks or p in tails}
         kept[M] = keep - {0}

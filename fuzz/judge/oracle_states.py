@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from fuzz.judge.oracle_base import Divergence
-from reference.boundaries import junction_states, resumable_states
+from reference.boundaries import junction_states, resumable_states, retention_period
 from reference.case import Case, is_concurrent, prompt_tokens, sequence_tokens, waves
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
@@ -392,7 +392,7 @@ def check_retention(case: Case, version: str, obs: Observation) -> list[Divergen
         knobs.alignment,
     )
     Ms = sorted(set(g.mamba_block_sizes))
-    step = None if not interval else max(interval, min(Ms))
+    step = retention_period(interval, min(Ms)) if interval else None
     models = [
         predict_with_knobs(case, knobs, rule)["explain"]
         for rule in dict.fromkeys(("promise", implemented_rule(version)))

@@ -320,3 +320,19 @@ def test_the_promise_keeps_a_sub_block_junction_only_with_the_checkpoint(retenti
         assert hits(_sub_block_junction(retention, shared, (1000, 976, 961)))[2] == second, shared
     step = predict(_sub_block_junction(retention, False, (352, 336, 321)), "0.33.0")["explain"][1]
     assert (step["junction"], step["hit"]) == (304, 0)
+
+
+def test_the_retention_period_is_vllms_segment_of_whole_blocks():
+    """One period for every use of periodic retention (the replay model's
+    marks, its interval-kept interim checkpoints, its output states and the
+    retention oracle): the block ending at each multiple of interval // M
+    blocks, every block under two (vLLM 0.33.0
+    single_type_kv_cache_manager.py:1584-1594). On the intervals vLLM accepts
+    (multiples of the scheduler block, itself a multiple of M) that is the
+    interval itself; off the grid, vLLM's arithmetic."""
+    from reference.boundaries import retention_period
+
+    assert [retention_period(k * 576, 576) for k in (1, 2, 3)] == [576, 1152, 1728]
+    assert retention_period(1152, 64) == 1152  # M divides the scheduler block
+    assert retention_period(1000, 576) == 576  # under two blocks: every block
+    assert retention_period(2048, 576) == 1728  # three whole blocks a segment
