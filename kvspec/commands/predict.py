@@ -13,10 +13,10 @@ import json
 
 from ground.engines import EngineSpec, load
 from ground.errors import Unsupported, invalid
+from kvspec.rule_option import add_rule_argument
 from reference.case import Case, load_case
 from reference.knobs import DEFAULT_VERSION
 from reference.predict import predict
-from reference.serial import RULES
 
 HELP = "predict every request's prefix-cache hits with the reference model (a deployment: as vLLM X resolves it)"
 
@@ -29,7 +29,7 @@ def configure(parser) -> None:
         default=f"vllm=={DEFAULT_VERSION}",
         help="resolve knobs (and a deployment) as this engine release does: vllm==X or sglang==X (default: %(default)s)",
     )
-    parser.add_argument("--rule", choices=RULES, default="promise", help="retention rule (default: %(default)s)")
+    add_rule_argument(parser, what="retention rule")
 
 
 def resolution(case: Case, spec: EngineSpec) -> dict:

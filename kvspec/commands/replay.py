@@ -34,7 +34,7 @@ import re
 
 from fuzz.judge.verdict import EXIT as VERDICT_EXIT
 from ground.errors import InvalidArgument, Unsupported, invalid
-from reference.serial import RULES
+from kvspec.rule_option import add_rule_argument
 
 HELP = "replay a case or finding against a running vLLM server (or an in-process engine) and say whether it reproduces"
 
@@ -86,12 +86,7 @@ def configure(parser) -> None:
     parser.add_argument(
         "--rescale", action="store_true", help="map the case onto the server's block size where its pattern allows"
     )
-    parser.add_argument(
-        "--rule",
-        choices=RULES,
-        default="promise",
-        help="retention rule of the target for a bare case (default: %(default)s, kvspec's spec; replay/legacy: what vLLM 0.30-0.33 / <=0.29 implement)",
-    )
+    add_rule_argument(parser, what="retention rule of the target for a bare case")
     parser.add_argument(
         "--outputs",
         action="store_true",

@@ -33,13 +33,12 @@ from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
 from fuzz.judge.oracle_resolution import COMPARED_KNOBS
 from ground.engines import FAMILIES, Capability, load
 from kvspec.options import seconds
+from kvspec.rule_option import add_rule_argument
 from kvspec.switches import add_switches
 from reference.case import is_concurrent, load_case
 from reference.knobs import implemented_rule
 
 HELP = "run a case on the real engine's scheduler and cache (CPU: vLLM, or SGLang with --engine sglang==X) and print the observed hits; --compare with the reference"
-
-RULE_CHOICES = ("auto", "promise", "replay", "legacy")
 
 
 def configure(parser) -> None:
@@ -53,11 +52,10 @@ def configure(parser) -> None:
     parser.add_argument(
         "--compare", action="store_true", help="print reference vs observed per request; exit 1 on a mismatch"
     )
-    parser.add_argument(
-        "--rule",
-        choices=RULE_CHOICES,
-        default="auto",
-        help="reference retention rule for --compare (default: the variant this version implements; for a build (--patch, path:, wheel:): promise)",
+    add_rule_argument(
+        parser,
+        what="reference retention rule for --compare",
+        auto="the variant this version implements; for a build (--patch, path:, wheel:): promise",
     )
     add_switches(
         parser,
