@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from engine_adapter.models.served import check_case_model
 from ground.engines import EngineSpec, load
 from ground.errors import Unsupported, invalid
 from kvspec.rule_option import add_rule_argument
@@ -109,6 +110,7 @@ def predict_sglang(case: Case, spec: EngineSpec, rule: str) -> dict:
 def main(args) -> int:
     spec = EngineSpec.parse(args.version, "--as")  # the name parsed once, here
     case = load_case(args.case)
+    check_case_model(case)  # a config naming code: one line before any engine starts
     if case.deployment is not None and case.deployment.engine != spec.family:
         raise invalid(
             "--as",

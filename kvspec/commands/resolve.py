@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from engine_adapter.models.served import check_case_model
 from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError, invalid
 from kvspec.epilog import set_epilog
@@ -100,6 +101,7 @@ def main(args) -> int:
                 "with --model the flags after -- are one engine's; allowed: engines of one family",
             )
         case = _deployment_case(args, families.pop())
+    check_case_model(case)  # a config naming code: one line before any engine starts
     if case.deployment is None:
         return _reachability(case, engines, args)
     from engine_adapter import open_engine

@@ -30,6 +30,7 @@ import json
 import sys
 
 from engine_adapter.host.versions import DEFAULT_ENGINE, family_of
+from engine_adapter.models.served import check_case_model
 from fuzz.judge.oracle_resolution import COMPARED_KNOBS
 from ground.engines import FAMILIES, Capability, load
 from kvspec.options import seconds
@@ -203,6 +204,7 @@ def main(args) -> int:
     if args.engine and len(args.engine) > 1:
         raise invalid("--engine", args.engine, "run takes one engine")
     case = load_case(args.case)
+    check_case_model(case)  # a config naming code: one line before any engine starts
     spec = engine_specs(args, default=DEFAULT_ENGINE)[0]  # the name parsed once, there
     version = spec.version
     family = spec.family_entry
