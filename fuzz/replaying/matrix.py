@@ -73,15 +73,19 @@ def case_for(case: Case, family: str) -> tuple[Case, str | None]:
     return replace(case, geometry=None, speculative=None, deployment=moved, resolved_by=None), f"{family}'s defaults"
 
 
-def run_matrix(paths: list[str], engines: list) -> list[dict]:
-    """Every case on every engine, each cell judged. ``engines``: objects
-    with ``version`` and ``run(case)``."""
+def load_cases(paths: list[str]) -> list[tuple[str, Case, dict | None]]:
+    """Each case or finding file read once: (path, case, the finding or None)."""
+    return [(path, *load_finding(path)) for path in paths]
+
+
+def run_matrix(cases: list[tuple[str, Case, dict | None]], engines: list) -> list[dict]:
+    """Every case (:func:`load_cases`) on every engine, each cell judged.
+    ``engines``: objects with ``version`` and ``run(case)``."""
     from fuzz.judge.verdict import Claim, observe_and_judge
 
     by_version = {e.version: e for e in engines}
     rows = []
-    for path in paths:
-        case, finding = load_finding(path)
+    for path, case, finding in cases:
         claim = Claim.of(finding) if finding else None
         cells = {}
         for engine in engines:

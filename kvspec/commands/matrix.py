@@ -60,14 +60,18 @@ def main(args) -> int:
 
     from engine_adapter import open_engine
     from engine_adapter.host import warm
-    from fuzz.replaying.matrix import chart, exit_code, run_matrix, to_html, to_markdown, to_rich
+    from engine_adapter.models.served import check_case_model
+    from fuzz.replaying.matrix import chart, exit_code, load_cases, run_matrix, to_html, to_markdown, to_rich
     from kvspec.engine_options import engine_specs
 
+    cases = load_cases(args.cases)
+    for _path, case, _finding in cases:
+        check_case_model(case)  # a config naming code: one line before any engine starts
     specs = engine_specs(args)  # each name parsed once, there
     versions = [spec.version for spec in specs]
     engines = [open_engine(spec, warm=warm.enabled()) for spec in specs]
     try:
-        rows = run_matrix(args.cases, engines)
+        rows = run_matrix(cases, engines)
     finally:
         for e in engines:
             if hasattr(e, "close"):

@@ -3,13 +3,13 @@ fed here by test doubles standing in for two versions."""
 
 from __future__ import annotations
 
-from fuzz.replaying.matrix import chart, pattern, run_matrix, to_html, to_markdown
+from fuzz.replaying.matrix import chart, load_cases, pattern, run_matrix, to_html, to_markdown
 from tests.fuzz.doubles import ReferenceDouble
 
 
 def test_matrix_of_the_seed(tmp_path):
     engines = [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")]
-    rows = run_matrix(["examples/seed-53504.json"], engines)
+    rows = run_matrix(load_cases(["examples/seed-53504.json"]), engines)
     assert rows[0]["cells"]["0.29.0"]["hits"] == [0, 0, 9600]
     assert rows[0]["cells"]["0.33.0"]["pattern"] == "miss/hit/hit"
     md = to_markdown(rows, ["0.29.0", "0.33.0"])
@@ -32,7 +32,7 @@ def test_the_chart_draws_one_bar_per_engine_per_request_and_the_promise(tmp_path
     from fuzz.replaying.matrix import figure
 
     engines = [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")]
-    rows = run_matrix(["examples/seed-53504.json", "examples/synthetic/mixed-a32-m16-resend.json"], engines)
+    rows = run_matrix(load_cases(["examples/seed-53504.json", "examples/synthetic/mixed-a32-m16-resend.json"]), engines)
     fig = figure(rows, ["0.29.0", "0.33.0"])
     try:
         axes = fig.get_axes()

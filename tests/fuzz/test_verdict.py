@@ -26,7 +26,7 @@ from fuzz.judge.verdict import (
     judge,
     observe_and_judge,
 )
-from fuzz.replaying.matrix import run_matrix, to_markdown
+from fuzz.replaying.matrix import load_cases, run_matrix, to_markdown
 from fuzz.replaying.replay import replay_case
 from fuzz.results import findings as F
 from ground.errors import InvalidArgument
@@ -326,7 +326,7 @@ def test_the_matrix_shows_each_version_s_resolved_block_and_verdict(tmp_path):
     path = tmp_path / "dep.json"
     path.write_text(json.dumps(case_to_dict(deployment_case())))
     rows = run_matrix(
-        [str(path)], [ResolvingDouble("0.29.0", "legacy", 1568), ResolvingDouble("0.33.0", "replay", 1600)]
+        load_cases([str(path)]), [ResolvingDouble("0.29.0", "legacy", 1568), ResolvingDouble("0.33.0", "replay", 1600)]
     )
     cells = rows[0]["cells"]
     assert cells["0.29.0"]["block"] == 1568 and cells["0.33.0"]["block"] == 1600
@@ -341,7 +341,9 @@ def test_the_matrix_shows_each_version_s_resolved_block_and_verdict(tmp_path):
 def test_the_matrix_judges_a_finding_per_engine(tmp_path):
     finding = finding_of(seed(), ReferenceDouble("0.29.0", "legacy"))
     path = F.write_finding(finding, tmp_path)
-    rows = run_matrix([str(path)], [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")])
+    rows = run_matrix(
+        load_cases([str(path)]), [ReferenceDouble("0.29.0", "legacy"), ReferenceDouble("0.33.0", "replay")]
+    )
     assert (
         rows[0]["cells"]["0.29.0"]["verdict"] == REPRODUCED and rows[0]["cells"]["0.33.0"]["verdict"] == NOT_REPRODUCED
     )

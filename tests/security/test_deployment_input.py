@@ -466,8 +466,13 @@ def test_the_generators_draws_and_the_live_servers_flags_still_pass():
 # ---------------------------------------------------------------- the real CLI, the real engine
 
 
-def _cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _cli(*argv: str, timeout: float = 300, home: Path | None = None) -> subprocess.CompletedProcess:
+    """``kvspec ARGV``; ``home``: its KVSPEC_HOME instead of the tests' own
+    (an empty one has no engine environment: a command that starts an
+    engine there fails for that instead)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    if home is not None:
+        env["KVSPEC_HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "kvspec.cli", *argv],
         cwd=REPO_ROOT,
@@ -534,14 +539,18 @@ def _evil_case(tmp_path: Path) -> tuple[Path, Path]:
     return case, marker
 
 
-@pytest.mark.parametrize("command", ["fuzz", "advise"])
+@pytest.mark.parametrize("command", ["fuzz", "advise", "resolve", "run", "predict", "matrix"])
 def test_a_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_path, command):
     # One line, exit 2, nothing written, in a second (was: the engine
     # started; fuzz counted the case a harness error at the end of the run,
     # exit 3, ~30 s later; advise printed "starting the engine" and refused
-    # ~20 s later: the red-team re-probe).
+    # ~20 s later: the red-team re-probe; resolve and matrix started a warm
+    # engine and refused ~11 s later, with a second stderr line when that
+    # start stopped another warm engine). Run with an empty KVSPEC_HOME: a
+    # command that started an engine first would fail for want of one.
     case, marker = _evil_case(tmp_path)
     out = tmp_path / "out"
+    home = tmp_path / "home"
     argv = {
         "fuzz": (
             "fuzz",
@@ -558,8 +567,12 @@ def test_a_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_pa
             "30",
         ),
         "advise": ("advise", str(case), "--engine", "vllm==0.33.0", "--out", str(out)),
+        "resolve": ("resolve", str(case), "--engine", "vllm==0.33.0"),
+        "run": ("run", str(case), "--engine", "vllm==0.33.0", "--compare"),
+        "predict": ("predict", str(case), "--as", "vllm==0.33.0"),
+        "matrix": ("matrix", str(case), "--engine", "vllm==0.33.0"),
     }[command]
-    line = _one_refusal(_cli(*argv, timeout=60))
+    line = _one_refusal(_cli(*argv, timeout=60, home=home))
     assert "config.json field.auto_map=" in line and "names code to import" in line
     assert not marker.exists() and not out.exists()
 
