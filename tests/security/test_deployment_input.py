@@ -579,14 +579,20 @@ def test_a_case_whose_config_json_names_code_is_refused_before_any_engine(tmp_pa
 
 @pytest.mark.engine
 def test_an_auto_map_config_json_never_runs_its_module_in_the_engine(tmp_path):
+    from engine_adapter import open_engine
+    from ground.engines import EngineSpec
+    from ground.errors import InvalidArgument
+    from reference.case import load_case
     from tests.engine.conftest import ensure_env
 
+    # The commands refuse such a config before any engine starts (the test
+    # above); the engine's own resolve refuses it too, past those checks.
     ensure_env("0.33.0")
-    config, marker = _evil_model(tmp_path)
-    line = _one_refusal(
-        _cli("resolve", "--model", str(config), "--engine", "vllm==0.33.0", "--", "--enable-prefix-caching")
-    )
-    assert "config.json field.auto_map=" in line and "names code to import" in line
+    case_path, marker = _evil_case(tmp_path)
+    case = load_case(str(case_path))
+    with open_engine(EngineSpec.parse("vllm==0.33.0")) as engine:
+        with pytest.raises(InvalidArgument, match=r"config\.json field\.auto_map=.*names code to import"):
+            engine.resolve(case)
     assert not marker.exists()
 
 
