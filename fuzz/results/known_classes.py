@@ -49,6 +49,11 @@ class                        release   recognised by
 ``async-self-preemption``    0.33.0    a request on a pinned pool under async
                                        scheduling scheduled and preempted again
                                        and again, never past its first chunks
+``null-gap-retirement``      0.29.0    the ``block_table`` oracle: a running
+                                       request's Mamba table holds blocks below
+                                       the state it resumes from, none freed
+                                       (retirement stops at the first null gap
+                                       a multi-block step leaves; vLLM #55450)
 ``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
                              0.5.23    of k x grid tokens hits below the promise
                                        (its tracked state is at k x grid, one
@@ -139,6 +144,13 @@ VLLM_CLASSES = (
         "0.33.0",
         "errors",
         "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever",
+    ),
+    KnownClass(
+        "null-gap-retirement",
+        "0.29.0",
+        "block-table",
+        "a running request's Mamba block table keeps blocks below the state it resumes from that nothing can hit:"
+        " retirement stops at the first null gap (vLLM #55450)",
     ),
 )
 
@@ -317,6 +329,38 @@ def _stall_class(finding: dict) -> str | None:
     return "async-self-preemption" if facts.get("async_scheduling") is True else None
 
 
+def _unretired_only(finding: dict) -> bool:
+    """A ``block_table`` finding of the null-gap class: the first diverging
+    request's table (its explain record's ``block_table``, [tokens computed
+    before the step, unretired, freed] per step) held blocks below the state
+    it resumes from on some step and never a freed one, and the divergence
+    is no leak once it finished (a table with no step recorded). vLLM
+    0.29.0: ``remove_skipped_blocks`` retires the columns below ``(s - 1)
+    // M`` (``MambaManager.get_num_skipped_tokens``,
+    ``v1/core/single_type_kv_cache_manager.py:1810-1816``) through the base
+    ``_remove_blocks_in_range`` (``:605-630``), which walks down from the
+    top and stops at the first null block (``:624-626``); a step covering
+    more than one block pads its table with null blocks
+    (``allocate_new_blocks``, ``:1709-1720``), and the one block freed
+    past it, ``last_state_block_idx``'s (``:1540-1557``), is overwritten by
+    the next allocation (``:1697-1707``) before it is below the step's
+    start, so the block under the gap stays until the request finishes.
+    0.32.0 (``:1592-1611``) and 0.33.0 (``:1608-1627``) give Mamba its own
+    ``_remove_blocks_in_range`` that skips the null gaps."""
+    i = finding.get("first_divergence")
+    engine = (finding.get("explain") or {}).get("engine") if isinstance(finding.get("explain"), dict) else None
+    if not isinstance(i, int) or not isinstance(engine, list) or i >= len(engine) or not isinstance(engine[i], dict):
+        return False
+    table = engine[i].get("block_table")
+    if not isinstance(table, list) or not table:
+        return False
+    try:
+        counts = [(int(unretired), int(freed)) for _start, unretired, freed in table]
+    except (TypeError, ValueError):
+        return False
+    return all(freed == 0 for _, freed in counts) and any(unretired > 0 for unretired, _ in counts)
+
+
 def classify(finding: dict) -> str | None:
     """The known class a finding belongs to (an id of :data:`KNOWN_CLASSES`),
     or None. Reads only the finding's own fields; a case it cannot read is
@@ -340,6 +384,9 @@ def classify(finding: dict) -> str | None:
             return "stale-state" if _copied_partial_state(finding) else None
     if finding.get("oracle") == "engine_error":
         return _stall_class(finding) if family is not None and family.classes is None else None
+    if finding.get("oracle") == "block_table":
+        vllm = family is not None and family.classes is None
+        return "null-gap-retirement" if vllm and version.startswith("0.29.") and _unretired_only(finding) else None
     if family is not None and family.classes is None and _high_past_checkpoint(finding):
         return "stale-state"
     low = _low_hit(finding)
