@@ -160,8 +160,11 @@ def _observe_step(out: Served, n: int, num: int, step: int, decoding: tuple[int,
         unretired, freed = watch(req.request_id, start)
         if unretired or freed:
             out.block_table.append((start, unretired, freed))
-    if req.num_output_tokens == 0 and int(req.num_computed_tokens) - num < n:  # (under async scheduling the
-        # first decode step is scheduled before the prefill's sampled token is appended)
+    if (req.num_output_tokens == 0 or out.preempted) and int(req.num_computed_tokens) - num < n:  # (under async
+        # scheduling the first decode step is scheduled before the prefill's sampled token is appended;
+        # a request preempted after sampling recomputes its prompt and outputs from its hit, and each such
+        # step is a prefill step the model runner writes states at: ``_preempt_request`` sets
+        # ``num_computed_tokens`` to 0, vLLM 0.29.0 scheduler.py:1425, 0.33.0 :1822, so it starts inside the prompt)
         computed = min(int(req.num_computed_tokens), n)
         if not out.chunk_ends or out.chunk_ends[-1] < computed:
             out.chunk_ends.append(computed)

@@ -148,6 +148,10 @@ def _positions(compute_mamba_prefill_checkpoints, distinct, hash_block_size, ali
 
 def written(served, writer: Writer) -> list[int]:
     """The positions of the request's prompt where its prefill wrote a Mamba
-    state in every group: the chunk ends and the writer's checkpoints."""
+    state in every group: the chunk ends, every prefill step's end within
+    the prompt (a preempted request's recompute ends its chunks where the
+    pool lets it, below the first pass's ends, which ``chunk_ends`` keeps
+    rising only) and the writer's checkpoints."""
     n = len(served.request.prompt_token_ids)
-    return sorted({*served.chunk_ends, *(p for p in writer(served.prefill_steps) if p <= n)})
+    ends = (seq for seq, _query in served.prefill_steps if seq <= n)
+    return sorted({*served.chunk_ends, *ends, *(p for p in writer(served.prefill_steps) if p <= n)})

@@ -49,6 +49,16 @@ class                        release   recognised by
 ``async-self-preemption``    0.33.0    a request on a pinned pool under async
                                        scheduling scheduled and preempted again
                                        and again, never past its first chunks
+``null-gap-retirement``      0.29.0    the ``block_table`` oracle: a running
+                                       request's Mamba table holds blocks below
+                                       the state it resumes from, none freed
+                                       (retirement stops at the first null gap
+                                       a multi-block step leaves; vLLM #55450)
+``tail-cow-overcount``       0.29.0    a lone request on a pinned pool stalls one
+                                       token short of its prompt, preempting
+                                       itself: the Mamba manager counts two
+                                       blocks for the one copy-on-write block
+                                       of its own partial-tail key
 ``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
                              0.5.23    of k x grid tokens hits below the promise
                                        (its tracked state is at k x grid, one
@@ -139,6 +149,20 @@ VLLM_CLASSES = (
         "0.33.0",
         "errors",
         "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever",
+    ),
+    KnownClass(
+        "tail-cow-overcount",
+        "0.29.0",
+        "errors",
+        "a request on a pinned pool whose last prompt key ends inside a Mamba block preempts itself forever on its"
+        " last prompt token: the copy-on-write block of that key is counted twice",
+    ),
+    KnownClass(
+        "null-gap-retirement",
+        "0.29.0",
+        "block-table",
+        "a running request's Mamba block table keeps blocks below the state it resumes from that nothing can hit:"
+        " retirement stops at the first null gap (vLLM #55450)",
     ),
 )
 
@@ -296,6 +320,27 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
     return False
 
 
+def _own_partial_tail(finding: dict, i: int) -> int | None:
+    """The position of request ``i``'s own partial-tail key: its prompt's
+    last hash-unit boundary ``t = N // u * u`` where it lies inside a Mamba
+    block (``0 < t``, ``t % M != 0``, ``u < M``); None otherwise. vLLM
+    0.29.0 caches the state there once the prefill reaches it and marks the
+    request for a copy-on-write of that block at its next allocation
+    (``MambaManager._cache_partial_tail_block``,
+    ``v1/core/single_type_kv_cache_manager.py:1858-1893``: ``_partial_hit_reqs``
+    at :1892)."""
+    try:
+        case = parse_case(finding.get("case"))
+    except KvspecError:
+        return None
+    g = case.geometry
+    if g is None or i >= len(case.trace) or not g.hash_block_size:
+        return None
+    M, u = (g.mamba_block_sizes or (g.scheduler_block_size,))[0], g.hash_block_size
+    t = len(prompt_tokens(case.trace[i])) // u * u
+    return t if u < M and t > 0 and t % M else None
+
+
 def _stall_class(finding: dict) -> str | None:
     """The pinned-pool stall classes (``examples/README.md``, "Stalls on
     pinned pools"; ``tests/engine/test_stalls.py``): a request never
@@ -305,16 +350,62 @@ def _stall_class(finding: dict) -> str | None:
     preempted past the idle bound with no token kept, under async
     scheduling, is the self-preemption class
     (``v1/core/sched/scheduler.py:912-980``;
-    ``fixes/vllm-0.33.0-async-self-preemption.diff``)."""
+    ``fixes/vllm-0.33.0-async-self-preemption.diff``). On vLLM 0.29.0, one
+    that ran past the idle bound and stopped at or below its own partial
+    tail (:func:`_own_partial_tail`) is the copy-on-write overcount class."""
     got = _pinned_stall(finding)
     if got is None:
         return None
     i, steps, computed, facts = got
+    version = str((finding.get("engine") or {}).get("version") or "")
     if computed != 0:
-        return None
+        # vLLM 0.29.0: at the step after its prefill reached its own partial
+        # tail t, the request asks the Mamba manager for the copy-on-write
+        # block of that key, and get_num_blocks_to_allocate counts
+        # 1 + int(has_partial_hit) (single_type_kv_cache_manager.py:1642-1643,
+        # then :1651-1652) where
+        # allocate_new_blocks takes one (:1730-1732); on a pool left with one
+        # block the lone request preempts itself (sched/scheduler.py:656-712)
+        # and recomputes to t from its hit, forever. 0.32.0 (:1770-1773) and
+        # 0.33.0 (:1787-1790) cap the count at the blocks taken instead.
+        tail = _own_partial_tail(finding, i)
+        overcount = version.startswith("0.29.") and steps > _IDLE_STALL_STEPS and tail is not None
+        return "tail-cow-overcount" if overcount and computed <= tail else None
     if steps <= _IDLE_STALL_STEPS:
         return "pinned-pool-cow-stall" if _hit_may_end_inside_a_block(finding, i) else None
     return "async-self-preemption" if facts.get("async_scheduling") is True else None
+
+
+def _unretired_only(finding: dict) -> bool:
+    """A ``block_table`` finding of the null-gap class: the first diverging
+    request's table (its explain record's ``block_table``, [tokens computed
+    before the step, unretired, freed] per step) held blocks below the state
+    it resumes from on some step and never a freed one, and the divergence
+    is no leak once it finished (a table with no step recorded). vLLM
+    0.29.0: ``remove_skipped_blocks`` retires the columns below ``(s - 1)
+    // M`` (``MambaManager.get_num_skipped_tokens``,
+    ``v1/core/single_type_kv_cache_manager.py:1810-1816``) through the base
+    ``_remove_blocks_in_range`` (``:605-630``), which walks down from the
+    top and stops at the first null block (``:624-626``); a step covering
+    more than one block pads its table with null blocks
+    (``allocate_new_blocks``, ``:1709-1720``), and the one block freed
+    past it, ``last_state_block_idx``'s (``:1540-1557``), is overwritten by
+    the next allocation (``:1697-1707``) before it is below the step's
+    start, so the block under the gap stays until the request finishes.
+    0.32.0 (``:1592-1611``) and 0.33.0 (``:1608-1627``) give Mamba its own
+    ``_remove_blocks_in_range`` that skips the null gaps."""
+    i = finding.get("first_divergence")
+    engine = (finding.get("explain") or {}).get("engine") if isinstance(finding.get("explain"), dict) else None
+    if not isinstance(i, int) or not isinstance(engine, list) or i >= len(engine) or not isinstance(engine[i], dict):
+        return False
+    table = engine[i].get("block_table")
+    if not isinstance(table, list) or not table:
+        return False
+    try:
+        counts = [(int(unretired), int(freed)) for _start, unretired, freed in table]
+    except (TypeError, ValueError):
+        return False
+    return all(freed == 0 for _, freed in counts) and any(unretired > 0 for unretired, _ in counts)
 
 
 def classify(finding: dict) -> str | None:
@@ -340,6 +431,9 @@ def classify(finding: dict) -> str | None:
             return "stale-state" if _copied_partial_state(finding) else None
     if finding.get("oracle") == "engine_error":
         return _stall_class(finding) if family is not None and family.classes is None else None
+    if finding.get("oracle") == "block_table":
+        vllm = family is not None and family.classes is None
+        return "null-gap-retirement" if vllm and version.startswith("0.29.") and _unretired_only(finding) else None
     if family is not None and family.classes is None and _high_past_checkpoint(finding):
         return "stale-state"
     low = _low_hit(finding)

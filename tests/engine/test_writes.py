@@ -189,3 +189,22 @@ def test_a_state_a_connector_loaded_from_an_earlier_write_is_no_stale_key(engine
     sync = engine_033.run(parse_case(raw))
     assert sync["hits"] == [0, 1120]
     assert (sync["explain"][1]["resumed_state"] or {}).get("same_tokens") is True
+
+
+def test_a_preempted_request_s_recomputed_chunks_are_observed_as_written(engine_029):
+    """stale-23eac726 (vLLM 0.29.0, ``make check``'s campaign): Qwen3.5,
+    block 288, EAGLE-3 with the drop, async, pool 26. A:1727 writes 576,
+    1152 and 1727 and samples its first token; the pool preempts it twice,
+    and each recompute (prompt and output, hit 1152 the second time) runs
+    1152..1440 on what the pool has left, writing the state at 1440 that
+    its allocation keyed (cache_blocks 1440; 0.29.0 kv_cache_manager.py:503-505
+    frees, then allocates and caches up to the step's end). A recompute's
+    chunk ends inside the prompt are writes like the first pass's, so
+    ``stale`` stays quiet."""
+    raw = json.loads((REPO_ROOT / "tests/engine/data/preempted-recompute-writes-qwen3_5.json").read_text())
+    case = parse_case(raw)
+    obs = engine_029.run(case)
+    (first,) = obs["explain"]
+    assert first["preempted_steps"] and first["chunk_ends"] == [576, 1152, 1727]
+    assert first["written"] == [576, 1152, 1440, 1727] and 4 in first["retained_mamba_blocks"]["288"]
+    assert check_stale(resolved(case, obs, engine_029.version), engine_029.version, obs) == []

@@ -5,9 +5,13 @@ the trace, the resolved geometry, the hits it reports)."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 
 from fuzz.results.known_classes import BY_ID, KNOWN_CLASSES, classify
+from ground.home import REPO_ROOT
 from reference.case import case_to_dict
 from tests.conftest import MTP_DROP, hybrid, make_case
 
@@ -153,6 +157,17 @@ CASES.update(
         ),
     }
 )
+
+
+#: make check's block_table-65f6611d (vLLM 0.29.0, Falcon-H1, block 272, budget 544, A:1089):
+#: once the step starting at 1088 is scheduled the table holds the block at column 1 under the
+#: null gap at column 2 (the two-block chunk 544..1088 padded it)
+NULL_GAP = json.loads((REPO_ROOT / "tests/engine/data/finding-null-gap-retirement-falcon-h1.json").read_text())
+CASES["null-gap-retirement"] = NULL_GAP
+#: make check's engine_error-dbb8ca62 (vLLM 0.29.0, Falcon-H1, block 272, unit 16, EAGLE 3, pool 10,
+#: sync): A:676+C:157 computes to its own partial tail 832 and preempts itself there, 902 steps
+COW_OVERCOUNT = json.loads((REPO_ROOT / "tests/engine/data/finding-tail-cow-overcount-falcon-h1.json").read_text())
+CASES["tail-cow-overcount"] = COW_OVERCOUNT
 
 
 def test_every_known_class_has_a_finding_here_and_a_release():
@@ -370,3 +385,45 @@ def test_a_sibling_missing_an_earlier_junction_beside_a_checkpoint_is_the_resend
     assert (
         classify(dict(_sibling_after_junction(), engine={"version": "0.33.0", "knobs": {"eagle_drop": False}})) is None
     )
+
+
+def test_a_block_table_finding_is_the_null_gap_class_only_on_0_29_with_unretired_blocks_only():
+    """The stored finding is the class; the same table on 0.32.0 or 0.33.0
+    (whose Mamba manager retires past null gaps) is not, nor one that also
+    held a freed block, nor a leak once the request finished (no step
+    recorded), nor another oracle's finding on the same request."""
+    assert NULL_GAP["oracle"] == "block_table" and classify(NULL_GAP) == "null-gap-retirement"
+
+    def edited(**engine_record):
+        f = copy.deepcopy(NULL_GAP)
+        f["explain"]["engine"][0].update(engine_record)
+        return f
+
+    for version in ("0.32.0", "0.33.0"):
+        assert classify(dict(NULL_GAP, engine=dict(NULL_GAP["engine"], version=version))) is None
+    assert classify(edited(block_table=[[1088, 1, 1]])) is None  # a freed block: another fault
+    assert classify(edited(block_table=[], leaked_blocks=2)) is None  # a leak once finished
+    assert classify(dict(NULL_GAP, oracle="hit_blocks")) is None
+    assert all(classify(CASES[k]) != "null-gap-retirement" for k in CASES if k != "null-gap-retirement")
+
+
+def test_a_stall_at_its_own_partial_tail_is_the_overcount_class_only_on_0_29_on_a_pinned_pool():
+    """The stored stall is the class; the same on 0.33.0 (which counts the
+    copy-on-write block once), on a pool vLLM sized itself, with its last
+    key on a block boundary, or one that never ran (a pinned-pool stall of
+    0.33.0's classes) is not; no other class's finding is labelled it."""
+    assert classify(COW_OVERCOUNT) == "tail-cow-overcount"
+    assert classify(dict(COW_OVERCOUNT, engine=dict(COW_OVERCOUNT["engine"], version="0.33.0"))) is None
+    unpinned = copy.deepcopy(COW_OVERCOUNT)
+    unpinned["resolution"]["facts"]["pool_set_by_deployment"] = False
+    assert classify(unpinned) is None
+    aligned = copy.deepcopy(COW_OVERCOUNT)  # A:676+C:140 = 816 tokens: its last key 816 ends block 3
+    aligned["case"]["trace"][0]["prompt"][1]["length"] = 140
+    aligned["observed"]["error"]["message"] = aligned["observed"]["error"]["message"].replace("832/833", "800/816")
+    assert classify(aligned) is None
+    never_ran = copy.deepcopy(COW_OVERCOUNT)
+    never_ran["observed"]["error"]["message"] = (
+        "no progress: request 0 still unfinished after 9 steps (0/833 prompt tokens computed)"
+    )
+    assert classify(never_ran) is None
+    assert all(classify(CASES[k]) != "tail-cow-overcount" for k in CASES if k != "tail-cow-overcount")
