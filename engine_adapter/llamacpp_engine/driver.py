@@ -159,6 +159,10 @@ def outputs_of(response: dict) -> tuple[list[int], list[list[list]]]:
     return ids, tops
 
 
+#: The server's last load line (its settings are logged before it).
+LOADED = "init: model loaded"
+
+
 class _Served:
     """One llama.cpp server and its log."""
 
@@ -166,7 +170,11 @@ class _Served:
         start = log.size()
         self.server = xllamacpp.Server(params)
         isolate.keep(self.server)  # a child never destroys a server (isolate: the destructor's join can hang)
-        self.load_log = log.read(start)
+        # llama.cpp's logger (common_log) writes from a worker thread of its own,
+        # so the load lines may land after the constructor returns (a fresh
+        # clone's default tier read a load log without "n_slots"): read them
+        # once the last one is there.
+        self.load_log = log.wait_for(start, LOADED)
         self.log = log
 
     def complete(self, body: dict) -> tuple[dict, str]:
