@@ -176,6 +176,12 @@ def _declared(name: str, entry: dict) -> Family:
             f"families.toml [{name}].{unknown[0]}: not a Family field; allowed: {', '.join(sorted(known))}"
         )
     caps = entry.get("capabilities", ())
+    allowed = {c.value for c in Capability}
+    stray = [c for c in caps if c not in allowed] if caps != "all" else []
+    if stray:
+        raise InvalidArgument(
+            f'families.toml [{name}].capabilities={stray[0]!r}: no such capability; allowed: "all" or {", ".join(sorted(allowed))}'
+        )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
     values["capabilities"] = frozenset(Capability) if caps == "all" else frozenset(Capability(c) for c in caps)
     return Family(name, **values)

@@ -221,6 +221,8 @@ def test_a_registry_table_is_read_whole_and_a_stray_key_is_refused_by_name():
     assert registry._declared("toy", {**entry, "capabilities": "all"}).capabilities == frozenset(Capability)
     with pytest.raises(InvalidArgument, match=r"\[toy\]\.relases: not a Family field; allowed: .*releases"):
         registry._declared("toy", {**entry, "relases": ["1.0"]})
+    with pytest.raises(InvalidArgument, match=r"capabilities='decoding': no such capability; allowed: .*decode"):
+        registry._declared("toy", {**entry, "capabilities": ["decoding"]})
 
 
 #: The toy family's registry line (the TEST DOUBLE of tests/toy_engine/):
