@@ -215,7 +215,7 @@ def rule_boundaries(rule: str, N: int, junction: int, geometry: Geometry, knobs:
     return out
 
 
-def promise_junction_state(junction: int, M: int, geometry: Geometry, knobs: Knobs) -> int:
+def promise_junction_state(junction: int, M: int, knobs: Knobs) -> int:
     """The state the promise keeps for a junction J a request observed (its
     lookup reached J in attention with no Mamba state there; 0: none): the
     state a prefill split at J can leave. A state inside a Mamba block has
@@ -229,7 +229,7 @@ def promise_junction_state(junction: int, M: int, geometry: Geometry, knobs: Kno
     Mamba manager keys as a partial block (single_type_kv_cache_manager.py:2097-2103).
     Dense retention keeps no more, so neither does the promise (the
     ``junction`` oracle's cap). Engine-neutral: J, M and whether a sub-block
-    junction checkpoint exists are the case's geometry."""
+    junction checkpoint exists are the case's geometry, as its knobs resolve it."""
     if junction <= 0:
         return 0
     state = kept_state(junction, knobs.alignment)
@@ -479,6 +479,7 @@ def retained_states(
     U, L, interval = knobs.alignment, knobs.hash_lookahead_tokens, geometry.retention_interval
     hashed = floor_to(max(N - L, 0), geometry.hash_block_size)
     bounds = rule_boundaries(rule, N, junction, geometry, knobs)
+    own = rule_boundaries(rule, N, 0, geometry, knobs) if rule == "promise" else []  # the promise's, junction apart
     parts = chunks(N, hit, junction, geometry, knobs, block_stop_always=rule == "promise")
     ends = [c.end for c in parts]
     interim = _interim_checkpoints(parts, N, geometry, knobs) if rule != "promise" else {}
@@ -494,8 +495,7 @@ def retained_states(
             # there (the junction has been observed), under every retention:
             # at the junction's Mamba block, or the junction itself with the
             # shared-prefix checkpoint (:func:`promise_junction_state`).
-            own = rule_boundaries(rule, N, 0, geometry, knobs)
-            own_junction = promise_junction_state(junction, M, geometry, knobs)
+            own_junction = promise_junction_state(junction, M, knobs)
             if own_junction <= hit:  # its prefill starts past it: no split of this request writes it
                 own_junction = 0
             written |= {b for b in [*own, own_junction] if 0 < b <= hashed}
