@@ -341,7 +341,7 @@ def _own_partial_tail(finding: dict, i: int) -> int | None:
     return t if u < M and t > 0 and t % M else None
 
 
-def _stall_class(finding: dict) -> str | None:
+def _stall_class(finding: dict, version: str) -> str | None:
     """The pinned-pool stall classes (``examples/README.md``, "Stalls on
     pinned pools"; ``tests/engine/test_stalls.py``): a request never
     admitted (no prompt token computed within the idle bound) whose hit may
@@ -352,12 +352,12 @@ def _stall_class(finding: dict) -> str | None:
     (``v1/core/sched/scheduler.py:912-980``;
     ``fixes/vllm-0.33.0-async-self-preemption.diff``). On vLLM 0.29.0, one
     that ran past the idle bound and stopped at or below its own partial
-    tail (:func:`_own_partial_tail`) is the copy-on-write overcount class."""
+    tail (:func:`_own_partial_tail`) is the copy-on-write overcount class.
+    ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
     if got is None:
         return None
     i, steps, computed, facts = got
-    version = str((finding.get("engine") or {}).get("version") or "")
     if computed != 0:
         # vLLM 0.29.0: at the step after its prefill reached its own partial
         # tail t, the request asks the Mamba manager for the copy-on-write
@@ -430,7 +430,7 @@ def classify(finding: dict) -> str | None:
         if family is not None and family.classes is None:  # vLLM's: by what the resumed state held
             return "stale-state" if _copied_partial_state(finding) else None
     if finding.get("oracle") == "engine_error":
-        return _stall_class(finding) if family is not None and family.classes is None else None
+        return _stall_class(finding, version) if family is not None and family.classes is None else None
     if finding.get("oracle") == "block_table":
         vllm = family is not None and family.classes is None
         return "null-gap-retirement" if vllm and version.startswith("0.29.") and _unretired_only(finding) else None

@@ -37,7 +37,6 @@ HELP = "what the engine builds for a deployment (model + vllm serve or sglang se
 
 
 def configure(parser) -> None:
-
     set_epilog(
         parser,
         "exit status: 0 resolved; 1 a hand geometry no deployment reaches; 2 bad input or vLLM rejected the deployment",
