@@ -8,6 +8,7 @@ model: 544 on Triton GDN, 576 with FlashInfer's 64-token checkpoint grid).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -283,6 +284,7 @@ def test_cli_resolve_rejection_is_exit_2_one_line(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "KVSPEC_WARM": "0"},  # the tests' shared warm pool says its housekeeping on stderr
     )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()

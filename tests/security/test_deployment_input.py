@@ -469,8 +469,11 @@ def test_the_generators_draws_and_the_live_servers_flags_still_pass():
 def _cli(*argv: str, timeout: float = 300, home: Path | None = None) -> subprocess.CompletedProcess:
     """``kvspec ARGV``; ``home``: its KVSPEC_HOME instead of the tests' own
     (an empty one has no engine environment: a command that starts an
-    engine there fails for that instead)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    engine there fails for that instead). Without warm engines
+    (``KVSPEC_WARM=0``): the tests' shared pool of warm engines says its own
+    housekeeping on stderr (a least recently used one stopped, a busy one
+    passed over), which is not the refusal these tests read as one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KVSPEC_WARM": "0"}
     if home is not None:
         env["KVSPEC_HOME"] = str(home)
     return subprocess.run(
