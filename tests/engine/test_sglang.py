@@ -6,6 +6,7 @@ promise's verdict on the grid-multiple resend (examples/README.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -623,6 +624,7 @@ def test_kvspec_resolve_prints_what_sglang_built_and_relays_its_refusal():
         text=True,
         timeout=300,
         cwd=ROOT,
+        env={**os.environ, "KVSPEC_WARM": "0"},  # the tests' shared warm pool says its housekeeping on stderr
     )
     assert (
         refused.returncode == 2
