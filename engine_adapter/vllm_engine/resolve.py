@@ -466,6 +466,18 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
             "mamba_page_size_bytes": max(
                 (int(s.page_size_bytes) for s in specs.values() if type(s).__name__ == "MambaSpec"), default=None
             ),
+            # the blocks vLLM's start-up check budgets one request in a Mamba
+            # group (max_memory_usage_bytes over the page: align mode 2 +
+            # speculative + prefill checkpoint blocks, else 1 + speculative;
+            # 0.33.0 kv_cache_interface.py:1135-1141): a pinned pool is sized on it
+            "mamba_request_blocks": max(
+                (
+                    int(s.max_memory_usage_bytes(vc)) // int(s.page_size_bytes)
+                    for s in specs.values()
+                    if type(s).__name__ == "MambaSpec"
+                ),
+                default=None,
+            ),
             "mamba_cache_mode": cc.mamba_cache_mode,
             "cache_dtype": cc.cache_dtype,
             "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,

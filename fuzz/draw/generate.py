@@ -497,7 +497,8 @@ def _under_pressure(c: Chooser, case: Case, deployment: dict, trace: list, info:
     was where the engine refuses the pool."""
     from fuzz.draw import generate_pressure as P
 
-    level = P.draw_level(c.side().side().side() if hasattr(c, "side") else c, mode)
+    stream = c.side().side().side() if hasattr(c, "side") else c
+    level = P.draw_level(stream, mode)
     if level is None or P.POOL_FLAG in deployment["vllm_args"]:
         return case
     lengths = [r.num_prompt_tokens + r.max_tokens for r in case.trace]
@@ -505,7 +506,9 @@ def _under_pressure(c: Chooser, case: Case, deployment: dict, trace: list, info:
     if "--max-model-len" in args:
         at = args.index("--max-model-len")
         del args[at : at + 2]
-    flags = P.pressure_flags(level, lengths, info["groups"], int(info["block"]), bool(info.get("async_scheduling")))
+    block, in_flight = int(info["block"]), bool(info.get("async_scheduling"))
+    groups = P.with_budget(info["groups"], info.get("mamba_request_blocks"))
+    flags = P.pressure_flags(P.draw_pool(stream, level, lengths, groups, block, in_flight), lengths, block)
     pinned = {**deployment, "vllm_args": args + flags}
     if not resolver(pinned):
         return case

@@ -10,6 +10,14 @@ memory, kv_cache_planning.py:1515-1530, and the pool has P blocks,
 derived from the case's token counts and the resolved KV cache groups,
 never from a known bug:
 
+* ``floor``: a pool drawn from the least vLLM's start-up check accepts (one
+  request of ``--max-model-len`` tokens as the check budgets it,
+  kv_cache_planning.py:50-85, each Mamba group's budget as the engine
+  resolved it, :func:`with_budget`) up to what that request holds
+  while running (:func:`floor_band`): under async scheduling a step in
+  flight keeps a Mamba block per group more than the check budgets
+  (:func:`running_blocks`), and a pool the check accepts must serve a lone
+  request of that length however the engine schedules it;
 * ``one``: room for the longest request alone (a second prompt evicts the
   first; a wave queues or is preempted);
 * ``two``: room for the two longest together (a resend with room for both);
@@ -22,8 +30,9 @@ group of block size b, what vLLM itself budgets for one request
 full attention ``ceil((T + K) / b)`` blocks (K :data:`SLACK_TOKENS`, the
 speculative slots a step may add), a Mamba group in align mode
 ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks``
-(kv_cache_interface.py:1135-1141), at most :data:`MAMBA_RUNNING_BLOCKS`
-(:func:`running_blocks`). Once it has finished, what it leaves cached is
+(kv_cache_interface.py:1135-1141), as the engine resolved it
+(:func:`with_budget`; where it did not say, :data:`MAMBA_RUNNING_BLOCKS`,
+:func:`running_blocks`). Once it has finished, what it leaves cached is
 at most its full-attention blocks and one Mamba state per block boundary
 (dense retention: :func:`kept_blocks`). Every group draws from one pool
 (vLLM's hybrid coordinator: kv_cache_coordinator.py:120, one
@@ -42,7 +51,7 @@ from __future__ import annotations
 import math
 
 #: Pool levels, tightest first (module docstring).
-LEVELS = ("one", "two", "half", "room")
+LEVELS = ("floor", "one", "two", "half", "room")
 #: ``--pressure`` values: ``drawn`` (one case in :data:`PRESSURE_ONE_IN`),
 #: ``always`` (every case a level), ``none``.
 PRESSURE_MODES = ("drawn", "always", "none")
@@ -50,7 +59,8 @@ PRESSURE_ONE_IN = 10
 #: Token slots a step may add past a request's tokens (drafts, lookahead).
 SLACK_TOKENS = 4
 #: Blocks a Mamba group holds for one running request in align mode, at
-#: most: vLLM's 2 + speculative blocks + prefill checkpoint blocks
+#: most, where the engine did not say (:func:`with_budget`): vLLM's 2 +
+#: speculative blocks + prefill checkpoint blocks
 #: (kv_cache_interface.py:1135-1141; 5 is what vLLM 0.33.0 budgets for the
 #: drawn MTP deployments: its refusals of a smaller pool say so).
 MAMBA_RUNNING_BLOCKS = 5
@@ -70,11 +80,20 @@ def running_blocks(tokens: int, groups: list[dict], in_flight: bool = False) -> 
     total = 0
     for g in groups:
         if g["kind"] == "mamba":
-            per = MAMBA_RUNNING_BLOCKS + (1 if in_flight else 0)
+            per = int(g.get("request_blocks") or MAMBA_RUNNING_BLOCKS) + (1 if in_flight else 0)
         else:
             per = math.ceil((tokens + SLACK_TOKENS) / int(g["block_size"]))
         total += per * int(g.get("count", 1))
     return total
+
+
+def with_budget(groups: list[dict], request_blocks: int | None) -> list[dict]:
+    """``groups`` with each Mamba group's ``request_blocks``: the blocks
+    vLLM's start-up check budgets one request there, as the engine resolved
+    it (``mamba_request_blocks``); without it, :data:`MAMBA_RUNNING_BLOCKS`."""
+    if not request_blocks:
+        return groups
+    return [{**g, "request_blocks": int(request_blocks)} if g["kind"] == "mamba" else g for g in groups]
 
 
 def kept_blocks(tokens: int, groups: list[dict]) -> int:
@@ -84,13 +103,32 @@ def kept_blocks(tokens: int, groups: list[dict]) -> int:
     return sum(tokens // int(g["block_size"]) * int(g.get("count", 1)) for g in groups)
 
 
-def pool_for(level: str, lengths: list[int], groups: list[dict], in_flight: bool = False) -> int:
+def max_model_len(lengths: list[int], block: int) -> int:
+    """The ``--max-model-len`` a pinned pool comes with: the longest request
+    and :data:`SLACK_TOKENS`, rounded up to the scheduler ``block``."""
+    return math.ceil((max(lengths) + SLACK_TOKENS) / block) * block
+
+
+def floor_band(lengths: list[int], groups: list[dict], block: int, in_flight: bool = False) -> tuple[int, int]:
+    """The ``floor`` level's pools (blocks), least and most: the start-up
+    check's budget of one request of :func:`max_model_len` tokens on the
+    scheduler ``block`` (:func:`running_blocks` with no step in flight), and
+    what that request holds while running (``in_flight``: the deployment
+    overlaps steps). Where steps do not overlap the two are one pool."""
+    tokens = max_model_len(lengths, block) - SLACK_TOKENS
+    return NULL_BLOCKS + running_blocks(tokens, groups), NULL_BLOCKS + running_blocks(tokens, groups, in_flight)
+
+
+def pool_for(level: str, lengths: list[int], groups: list[dict], in_flight: bool = False, block: int = 1) -> int:
     """The pool (blocks) of ``level`` for requests of ``lengths`` tokens:
-    ``one``, ``two`` and ``half`` count running requests
-    (:func:`running_blocks`), ``room`` adds what each leaves cached
-    (:func:`kept_blocks`); each with vLLM's null block."""
+    ``floor`` the least of :func:`floor_band` (on the scheduler ``block``;
+    1: ``--max-model-len`` not rounded), ``one``, ``two`` and ``half``
+    count running requests (:func:`running_blocks`), ``room`` adds what
+    each leaves cached (:func:`kept_blocks`); each with vLLM's null block."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
+    if level == "floor":
+        return floor_band(lengths, groups, block, in_flight)[0]
     needs = sorted((running_blocks(n, groups, in_flight) for n in lengths), reverse=True)
     if level == "one":
         return NULL_BLOCKS + needs[0]
@@ -101,15 +139,20 @@ def pool_for(level: str, lengths: list[int], groups: list[dict], in_flight: bool
     return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in lengths)
 
 
-def pressure_flags(
-    level: str, lengths: list[int], groups: list[dict], block: int, in_flight: bool = False
-) -> list[str]:
-    """The flags that pin the pool at ``level``: ``--num-gpu-blocks-override``
-    and the ``--max-model-len`` vLLM needs to accept it (the longest request
-    and :data:`SLACK_TOKENS`, rounded up to the scheduler ``block``)."""
-    longest = max(lengths) + SLACK_TOKENS
-    max_len = math.ceil(longest / block) * block
-    return [POOL_FLAG, str(pool_for(level, lengths, groups, in_flight)), "--max-model-len", str(max_len)]
+def draw_pool(c, level: str, lengths: list[int], groups: list[dict], block: int, in_flight: bool = False) -> int:
+    """The pool of ``level`` (:func:`pool_for`); at ``floor``, one drawn
+    from ``c`` across :func:`floor_band` (one draw, made only where the
+    band holds more than one pool)."""
+    if level == "floor":
+        least, most = floor_band(lengths, groups, block, in_flight)
+        return c.integer(least, most) if most > least else least
+    return pool_for(level, lengths, groups, in_flight, block)
+
+
+def pressure_flags(pool: int, lengths: list[int], block: int) -> list[str]:
+    """The flags that pin the pool at ``pool`` blocks: ``--num-gpu-blocks-override``
+    and the ``--max-model-len`` vLLM needs to accept it (:func:`max_model_len`)."""
+    return [POOL_FLAG, str(pool), "--max-model-len", str(max_model_len(lengths, block))]
 
 
 #: One drawn case in :data:`SYNC_ONE_IN` on a deployment that resolves

@@ -244,6 +244,8 @@ class Campaign:
                 "chunk": facts.get("chunk"),
                 # the KV cache groups (kind, block, count): a pinned pool is sized on them (fuzz.draw.generate_pressure)
                 "groups": (r.get("geometry") or {}).get("groups"),
+                # the blocks the start-up check budgets one request per Mamba group, where the engine says
+                "mamba_request_blocks": facts.get("mamba_request_blocks"),
                 # the internal checkpoints' grid, where the engine exports them (fuzz.draw.straddle)
                 "checkpoint_grid": (r.get("geometry") or {}).get("prefill_checkpoint_grid"),
                 # the scheduler it serves with (fuzz.draw.generate_pressure.draw_scheduling)

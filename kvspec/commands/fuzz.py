@@ -164,7 +164,7 @@ def configure(parser) -> None:
         "--pressure",
         default="drawn",
         metavar="drawn|always|none",
-        help="the block pool of the random driver's deployments: 'drawn' (one case in ten pins it, --num-gpu-blocks-override, from room for the longest request alone to room for every request), 'always', 'none' (kvspec's pool: nothing evicted) (default: %(default)s)",
+        help="the block pool of the random driver's deployments: 'drawn' (one case in ten pins it, --num-gpu-blocks-override, from the least pool vLLM's start-up check accepts to room for every request), 'always', 'none' (kvspec's pool: nothing evicted) (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("libfuzzer", nargs="*", help="after --, with --driver atheris: flags passed to libFuzzer")

@@ -377,3 +377,33 @@ def test_a_flag_that_vllm_writes_into_a_default_does_not_reach_the_next_deployme
     auto = engine_033.resolve(deployment("qwen3_next", "--max-num-seqs", "7", device="h100"))
     assert (triton["facts"]["gdn_prefill_backend"], block(triton)) == ("triton", 544)
     assert (auto["facts"]["gdn_prefill_backend"], block(auto)) == ("flashinfer", 576)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (),
+        ("--speculative-config", MTP2),
+        ("--speculative-config", '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2}'),
+        ("--tensor-parallel-size", "4", "--kv-cache-dtype", "fp8"),
+    ],
+)
+def test_the_drawn_floor_pool_is_the_least_vllm_accepts(engine_033, flags):
+    """``fuzz.draw.generate_pressure``'s ``floor`` on the groups and Mamba
+    budget the engine resolved (``mamba_request_blocks``): vLLM builds that
+    pool and refuses one block less (kv_cache_planning.py:50-85)."""
+    from fuzz.draw import generate_pressure as P
+
+    r = engine_033.resolve(deployment("qwen3_next", *flags, device="h100"))
+    budget = r["facts"]["mamba_request_blocks"]
+    assert isinstance(budget, int) and budget >= 2
+    groups = P.with_budget(r["geometry"]["groups"], budget)
+    lengths, sb = [3000, 700], block(r)
+    least = P.pool_for("floor", lengths, groups, block=sb)
+
+    def pinned(pool: int):
+        return deployment("qwen3_next", *flags, *P.pressure_flags(pool, lengths, sb), device="h100")
+
+    assert engine_033.resolve(pinned(least))["facts"]["num_blocks"] == least
+    with pytest.raises(DeploymentRejected, match="larger than the available KV cache memory"):
+        engine_033.resolve(pinned(least - 1))

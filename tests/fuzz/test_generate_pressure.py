@@ -41,7 +41,7 @@ def test_levels_run_from_one_request_to_room_for_all():
 
 
 def test_flags_carry_the_max_model_len_vllm_needs_and_strip_back():
-    flags = P.pressure_flags("one", [3000, 100], QWEN3_NEXT, 544)
+    flags = P.pressure_flags(P.pool_for("one", [3000, 100], QWEN3_NEXT), [3000, 100], 544)
     assert flags == [P.POOL_FLAG, str(1 + P.running_blocks(3000, QWEN3_NEXT)), "--max-model-len", str(6 * 544)]
     base = ["--enable-prefix-caching", "--scheduling-policy", "fcfs"]
     assert P.strip_pool(base + flags) == base
@@ -89,6 +89,48 @@ def test_an_async_deployment_s_running_request_holds_one_mamba_block_more_per_gr
     assert P.pool_for("one", [3000], QWEN3_NEXT, True) == P.pool_for("one", [3000], QWEN3_NEXT) + 3
 
 
+def test_the_floor_runs_from_the_start_up_check_to_what_a_running_request_holds():
+    # 3000 tokens: --max-model-len 6 x 544 = 3264; the check budgets 6 attention blocks and 3 x 5 Mamba blocks
+    least = 1 + 6 + 3 * 5
+    assert P.floor_band([3000, 100], QWEN3_NEXT, 544) == (least, least)  # steps in turn: one pool
+    assert P.floor_band([3000, 100], QWEN3_NEXT, 544, in_flight=True) == (least, least + 3)  # a block per group more
+    assert P.pool_for("floor", [3000], QWEN3_NEXT, True, 544) == least < P.pool_for("one", [3000], QWEN3_NEXT, True)
+    # the check budgets --max-model-len, not the longest request: 2,800 tokens round up to the same 3264
+    assert P.floor_band([2800], QWEN3_NEXT, 544) == (least, least)
+    lengths = [3000, 1000, 5000, 2000]
+    assert P.pool_for("floor", lengths, QWEN3_NEXT, block=544) <= P.pool_for("one", lengths, QWEN3_NEXT)
+
+
+def test_a_floor_pool_is_drawn_across_the_band_and_only_there():
+    import random
+
+    from fuzz.draw.choosers import RandomChooser
+
+    c = RandomChooser(random.Random(3))
+    drawn = {P.draw_pool(c, "floor", [3000], QWEN3_NEXT, 544, in_flight=True) for _ in range(200)}
+    assert drawn == set(range(22, 26))
+    before = c._rng.getstate()
+    assert P.draw_pool(c, "floor", [3000], QWEN3_NEXT, 544) == 22  # one pool: nothing drawn
+    assert P.draw_pool(c, "one", [3000], QWEN3_NEXT, 544, in_flight=True) == P.pool_for("one", [3000], QWEN3_NEXT, True)
+    assert c._rng.getstate() == before
+    assert P.pressure_flags(22, [2800], 544) == [P.POOL_FLAG, "22", "--max-model-len", "3264"]
+
+
+def test_drawn_pools_reach_the_floor_band_of_async_deployments():
+    cases = list(itertools.islice(random_cases(5, resolver=_async_resolver, pressure="always"), 400))
+    offsets = set()
+    for case in cases:
+        args = list(case.deployment.vllm_args)
+        if P.POOL_FLAG not in args:
+            continue
+        pool = int(args[args.index(P.POOL_FLAG) + 1])
+        lengths = [r.num_prompt_tokens + r.max_tokens for r in case.trace]
+        least, most = P.floor_band(lengths, QWEN3_NEXT, 544, in_flight=P.SYNC_FLAG not in args)
+        if least <= pool <= most:
+            offsets.add(pool - least)
+    assert offsets == {0, 1, 2, 3}, offsets  # every pool of the band, the start-up check's least included
+
+
 def _async_resolver(dep: dict) -> dict:
     """A stand-in resolver (a test double) whose deployments resolve async
     scheduling unless the case turns it off."""
@@ -104,3 +146,12 @@ def test_the_scheduler_is_drawn_aside_async_by_default_and_sync_sometimes():
     assert not any(P.SYNC_FLAG in c.deployment.vllm_args for c in plain)
     again = list(itertools.islice(random_cases(5, resolver=_async_resolver, pressure="none"), 48))
     assert [list(c.deployment.vllm_args) for c in again] == [list(c.deployment.vllm_args) for c in drawn]
+
+
+def test_a_mamba_group_counts_the_budget_the_engine_resolved():
+    # vLLM 0.33.0 budgets 3 blocks a Mamba group without drafts, 6 with ngram x 3 (tests/engine/test_resolve.py)
+    plain, ngram = P.with_budget(QWEN3_NEXT, 3), P.with_budget(QWEN3_NEXT, 6)
+    assert P.running_blocks(3000, plain) == 6 + 3 * 3 and P.running_blocks(3000, ngram) == 6 + 3 * 6
+    assert P.running_blocks(3000, plain, in_flight=True) == 6 + 3 * 4
+    assert P.with_budget(QWEN3_NEXT, None) is QWEN3_NEXT  # not said: MAMBA_RUNNING_BLOCKS
+    assert [g.get("request_blocks") for g in plain] == [3, None]
