@@ -82,16 +82,15 @@ def _raw(case) -> dict:
 
 def _level_of(case, campaign) -> str:
     """Which level the pinned pool is (recomputed from the case, as drawn)."""
-    from fuzz.draw.generate_pressure import LEVELS, POOL_FLAG, pool_for, strip_pool
+    from fuzz.draw.generate_pressure import POOL_FLAG, Sizing, level_of, strip_pool
 
     args = list(case.deployment.vllm_args)
     pool = int(args[args.index(POOL_FLAG) + 1])
     info = campaign.resolver({**_raw(case)["deployment"], "vllm_args": strip_pool(args)}) or {}
     lengths = [r.num_prompt_tokens + r.max_tokens for r in case.trace]
-    for level in LEVELS:
-        if info.get("groups") and pool_for(level, lengths, info["groups"]) == pool:
-            return level
-    return "other"
+    if not info.get("groups"):
+        return "other"
+    return level_of(pool, Sizing.of(lengths, info)) or "other"
 
 
 def rate(engine_name: str, seed: int, budget: float, rounds: int, extra: tuple[str, ...] = ()) -> dict:

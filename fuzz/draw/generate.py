@@ -506,9 +506,8 @@ def _under_pressure(c: Chooser, case: Case, deployment: dict, trace: list, info:
     if "--max-model-len" in args:
         at = args.index("--max-model-len")
         del args[at : at + 2]
-    block, in_flight = int(info["block"]), bool(info.get("async_scheduling"))
-    groups = P.with_budget(info["groups"], info.get("mamba_request_blocks"))
-    flags = P.pressure_flags(P.draw_pool(stream, level, lengths, groups, block, in_flight), lengths, block)
+    sizing = P.Sizing.of(lengths, info)
+    flags = P.pressure_flags(P.draw_pool(stream, level, sizing), sizing)
     pinned = {**deployment, "vllm_args": args + flags}
     if not resolver(pinned):
         return case

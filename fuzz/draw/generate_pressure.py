@@ -49,6 +49,7 @@ where vLLM still refuses the pair, the case keeps kvspec's pool.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 #: Pool levels, tightest first (module docstring).
 LEVELS = ("floor", "one", "two", "half", "room")
@@ -103,56 +104,100 @@ def kept_blocks(tokens: int, groups: list[dict]) -> int:
     return sum(tokens // int(g["block_size"]) * int(g.get("count", 1)) for g in groups)
 
 
-def max_model_len(lengths: list[int], block: int) -> int:
-    """The ``--max-model-len`` a pinned pool comes with: the longest request
-    and :data:`SLACK_TOKENS`, rounded up to the scheduler ``block``."""
-    return math.ceil((max(lengths) + SLACK_TOKENS) / block) * block
+@dataclass(frozen=True)
+class Sizing:
+    """What a pinned pool is sized on: the requests' token counts
+    (``lengths``), the resolved KV cache groups (:func:`with_budget`'s), the
+    scheduler ``block``, whether the deployment overlaps steps
+    (``in_flight``: async scheduling), and the longest ``--max-model-len``
+    it takes (``limit``: its resolved ``max_model_len``, past which vLLM
+    refuses a user's value; None: none)."""
+
+    lengths: tuple[int, ...]
+    groups: tuple[dict, ...]
+    block: int = 1
+    in_flight: bool = False
+    limit: int | None = None
+
+    @classmethod
+    def of(cls, lengths: list[int], info: dict) -> Sizing:
+        """The sizing of requests of ``lengths`` tokens on a deployment as
+        a campaign's resolver states it (``fuzz.driving.campaign``: groups,
+        Mamba budget, block, async scheduling, max_model_len)."""
+        return cls(
+            lengths=tuple(lengths),
+            groups=tuple(with_budget(info["groups"], info.get("mamba_request_blocks"))),
+            block=int(info["block"]),
+            in_flight=bool(info.get("async_scheduling")),
+            limit=info.get("max_model_len"),
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        """The ``--max-model-len`` a pinned pool comes with: the longest
+        request and :data:`SLACK_TOKENS`, rounded up to the scheduler block,
+        at most ``limit`` (vLLM 0.33.0 refuses a user's max_model_len past
+        the model's derived one, config/model.py ``get_and_verify_max_len``)."""
+        rounded = math.ceil((max(self.lengths) + SLACK_TOKENS) / self.block) * self.block
+        return min(rounded, self.limit) if self.limit else rounded
 
 
-def floor_band(lengths: list[int], groups: list[dict], block: int, in_flight: bool = False) -> tuple[int, int]:
+def floor_band(s: Sizing) -> tuple[int, int]:
     """The ``floor`` level's pools (blocks), least and most: the start-up
-    check's budget of one request of :func:`max_model_len` tokens on the
-    scheduler ``block`` (:func:`running_blocks` with no step in flight), and
-    what that request holds while running (``in_flight``: the deployment
+    check's budget of one request of :attr:`Sizing.max_model_len` tokens
+    (:func:`running_blocks` with no step in flight), and what that request
+    holds while running (with a step in flight where the deployment
     overlaps steps). Where steps do not overlap the two are one pool."""
-    tokens = max_model_len(lengths, block) - SLACK_TOKENS
-    return NULL_BLOCKS + running_blocks(tokens, groups), NULL_BLOCKS + running_blocks(tokens, groups, in_flight)
+    tokens = s.max_model_len - SLACK_TOKENS
+    return NULL_BLOCKS + running_blocks(tokens, list(s.groups)), NULL_BLOCKS + running_blocks(
+        tokens, list(s.groups), s.in_flight
+    )
 
 
-def pool_for(level: str, lengths: list[int], groups: list[dict], in_flight: bool = False, block: int = 1) -> int:
-    """The pool (blocks) of ``level`` for requests of ``lengths`` tokens:
-    ``floor`` the least of :func:`floor_band` (on the scheduler ``block``;
-    1: ``--max-model-len`` not rounded), ``one``, ``two`` and ``half``
-    count running requests (:func:`running_blocks`), ``room`` adds what
-    each leaves cached (:func:`kept_blocks`); each with vLLM's null block."""
+def pool_for(level: str, s: Sizing) -> int:
+    """The pool (blocks) of ``level``: ``floor`` the least of
+    :func:`floor_band`, ``one``, ``two`` and ``half`` count running requests
+    (:func:`running_blocks`), ``room`` adds what each leaves cached
+    (:func:`kept_blocks`); each with vLLM's null block."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
     if level == "floor":
-        return floor_band(lengths, groups, block, in_flight)[0]
-    needs = sorted((running_blocks(n, groups, in_flight) for n in lengths), reverse=True)
+        return floor_band(s)[0]
+    groups = list(s.groups)
+    needs = sorted((running_blocks(n, groups, s.in_flight) for n in s.lengths), reverse=True)
     if level == "one":
         return NULL_BLOCKS + needs[0]
     if level == "two":
         return NULL_BLOCKS + sum(needs[:2])
     if level == "half":
         return NULL_BLOCKS + needs[0] + math.ceil(sum(needs[1:]) / 2)
-    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in lengths)
+    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in s.lengths)
 
 
-def draw_pool(c, level: str, lengths: list[int], groups: list[dict], block: int, in_flight: bool = False) -> int:
+def level_of(pool: int, s: Sizing) -> str | None:
+    """The level a pinned pool of ``pool`` blocks was drawn at (the first,
+    tightest first, whose pool or band holds it), None for none."""
+    for level in LEVELS:
+        least, most = floor_band(s) if level == "floor" else (pool_for(level, s),) * 2
+        if least <= pool <= most:
+            return level
+    return None
+
+
+def draw_pool(c, level: str, s: Sizing) -> int:
     """The pool of ``level`` (:func:`pool_for`); at ``floor``, one drawn
     from ``c`` across :func:`floor_band` (one draw, made only where the
     band holds more than one pool)."""
     if level == "floor":
-        least, most = floor_band(lengths, groups, block, in_flight)
+        least, most = floor_band(s)
         return c.integer(least, most) if most > least else least
-    return pool_for(level, lengths, groups, in_flight, block)
+    return pool_for(level, s)
 
 
-def pressure_flags(pool: int, lengths: list[int], block: int) -> list[str]:
+def pressure_flags(pool: int, s: Sizing) -> list[str]:
     """The flags that pin the pool at ``pool`` blocks: ``--num-gpu-blocks-override``
-    and the ``--max-model-len`` vLLM needs to accept it (:func:`max_model_len`)."""
-    return [POOL_FLAG, str(pool), "--max-model-len", str(max_model_len(lengths, block))]
+    and the ``--max-model-len`` vLLM needs to accept it (:attr:`Sizing.max_model_len`)."""
+    return [POOL_FLAG, str(pool), "--max-model-len", str(s.max_model_len)]
 
 
 #: One drawn case in :data:`SYNC_ONE_IN` on a deployment that resolves

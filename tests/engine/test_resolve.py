@@ -397,12 +397,13 @@ def test_the_drawn_floor_pool_is_the_least_vllm_accepts(engine_033, flags):
     r = engine_033.resolve(deployment("qwen3_next", *flags, device="h100"))
     budget = r["facts"]["mamba_request_blocks"]
     assert isinstance(budget, int) and budget >= 2
-    groups = P.with_budget(r["geometry"]["groups"], budget)
-    lengths, sb = [3000, 700], block(r)
-    least = P.pool_for("floor", lengths, groups, block=sb)
+    sizing = P.Sizing(
+        (3000, 700), tuple(P.with_budget(r["geometry"]["groups"], budget)), block(r), limit=r["facts"]["max_model_len"]
+    )
+    least = P.pool_for("floor", sizing)
 
     def pinned(pool: int):
-        return deployment("qwen3_next", *flags, *P.pressure_flags(pool, lengths, sb), device="h100")
+        return deployment("qwen3_next", *flags, *P.pressure_flags(pool, sizing), device="h100")
 
     assert engine_033.resolve(pinned(least))["facts"]["num_blocks"] == least
     with pytest.raises(DeploymentRejected, match="larger than the available KV cache memory"):

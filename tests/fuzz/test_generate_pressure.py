@@ -19,6 +19,10 @@ QWEN3_NEXT = [
 ]
 
 
+def S(lengths, block: int = 1, in_flight: bool = False, limit: int | None = None, groups=QWEN3_NEXT) -> P.Sizing:
+    return P.Sizing(tuple(lengths), tuple(groups), block, in_flight, limit)
+
+
 def _resolver(dep: dict) -> dict:
     """A stand-in resolver (a test double: qwen3_next's resolved units)."""
     return {"block": 544, "hash": 544, "max_model_len": 32768, "max_num_seqs": 256, "groups": QWEN3_NEXT}
@@ -32,16 +36,16 @@ def test_a_request_counts_every_group_of_the_one_pool():
 
 def test_levels_run_from_one_request_to_room_for_all():
     lengths = [3000, 1000, 5000, 2000]
-    pools = [P.pool_for(level, lengths, QWEN3_NEXT) for level in P.LEVELS]
+    pools = [P.pool_for(level, S(lengths)) for level in P.LEVELS]
     assert pools == sorted(pools) and pools[0] < pools[-1]
     assert pools[0] == 1 + P.running_blocks(5000, QWEN3_NEXT)
     assert pools[-1] == 1 + sum(P.running_blocks(n, QWEN3_NEXT) + P.kept_blocks(n, QWEN3_NEXT) for n in lengths)
     with pytest.raises(ValueError, match="level='tiny'"):
-        P.pool_for("tiny", lengths, QWEN3_NEXT)
+        P.pool_for("tiny", S(lengths))
 
 
 def test_flags_carry_the_max_model_len_vllm_needs_and_strip_back():
-    flags = P.pressure_flags(P.pool_for("one", [3000, 100], QWEN3_NEXT), [3000, 100], 544)
+    flags = P.pressure_flags(P.pool_for("one", S([3000, 100])), S([3000, 100], 544))
     assert flags == [P.POOL_FLAG, str(1 + P.running_blocks(3000, QWEN3_NEXT)), "--max-model-len", str(6 * 544)]
     base = ["--enable-prefix-caching", "--scheduling-policy", "fcfs"]
     assert P.strip_pool(base + flags) == base
@@ -86,19 +90,19 @@ def test_the_judge_cuts_liveness_at_the_first_wave_under_pressure():
 def test_an_async_deployment_s_running_request_holds_one_mamba_block_more_per_group():
     # the step in flight keeps its skipped block (processed-token basis, vLLM 0.33.0 kv_cache_manager.py:561-567)
     assert P.running_blocks(3000, QWEN3_NEXT, in_flight=True) == P.running_blocks(3000, QWEN3_NEXT) + 3
-    assert P.pool_for("one", [3000], QWEN3_NEXT, True) == P.pool_for("one", [3000], QWEN3_NEXT) + 3
+    assert P.pool_for("one", S([3000], in_flight=True)) == P.pool_for("one", S([3000])) + 3
 
 
 def test_the_floor_runs_from_the_start_up_check_to_what_a_running_request_holds():
     # 3000 tokens: --max-model-len 6 x 544 = 3264; the check budgets 6 attention blocks and 3 x 5 Mamba blocks
     least = 1 + 6 + 3 * 5
-    assert P.floor_band([3000, 100], QWEN3_NEXT, 544) == (least, least)  # steps in turn: one pool
-    assert P.floor_band([3000, 100], QWEN3_NEXT, 544, in_flight=True) == (least, least + 3)  # a block per group more
-    assert P.pool_for("floor", [3000], QWEN3_NEXT, True, 544) == least < P.pool_for("one", [3000], QWEN3_NEXT, True)
+    assert P.floor_band(S([3000, 100], 544)) == (least, least)  # steps in turn: one pool
+    assert P.floor_band(S([3000, 100], 544, in_flight=True)) == (least, least + 3)  # a block per group more
+    assert P.pool_for("floor", S([3000], 544, True)) == least < P.pool_for("one", S([3000], in_flight=True))
     # the check budgets --max-model-len, not the longest request: 2,800 tokens round up to the same 3264
-    assert P.floor_band([2800], QWEN3_NEXT, 544) == (least, least)
+    assert P.floor_band(S([2800], 544)) == (least, least)
     lengths = [3000, 1000, 5000, 2000]
-    assert P.pool_for("floor", lengths, QWEN3_NEXT, block=544) <= P.pool_for("one", lengths, QWEN3_NEXT)
+    assert P.pool_for("floor", S(lengths, 544)) <= P.pool_for("one", S(lengths))
 
 
 def test_a_floor_pool_is_drawn_across_the_band_and_only_there():
@@ -107,13 +111,13 @@ def test_a_floor_pool_is_drawn_across_the_band_and_only_there():
     from fuzz.draw.choosers import RandomChooser
 
     c = RandomChooser(random.Random(3))
-    drawn = {P.draw_pool(c, "floor", [3000], QWEN3_NEXT, 544, in_flight=True) for _ in range(200)}
+    drawn = {P.draw_pool(c, "floor", S([3000], 544, True)) for _ in range(200)}
     assert drawn == set(range(22, 26))
     before = c._rng.getstate()
-    assert P.draw_pool(c, "floor", [3000], QWEN3_NEXT, 544) == 22  # one pool: nothing drawn
-    assert P.draw_pool(c, "one", [3000], QWEN3_NEXT, 544, in_flight=True) == P.pool_for("one", [3000], QWEN3_NEXT, True)
+    assert P.draw_pool(c, "floor", S([3000], 544)) == 22  # one pool: nothing drawn
+    assert P.draw_pool(c, "one", S([3000], 544, True)) == P.pool_for("one", S([3000], in_flight=True))
     assert c._rng.getstate() == before
-    assert P.pressure_flags(22, [2800], 544) == [P.POOL_FLAG, "22", "--max-model-len", "3264"]
+    assert P.pressure_flags(22, S([2800], 544)) == [P.POOL_FLAG, "22", "--max-model-len", "3264"]
 
 
 def test_drawn_pools_reach_the_floor_band_of_async_deployments():
@@ -125,7 +129,7 @@ def test_drawn_pools_reach_the_floor_band_of_async_deployments():
             continue
         pool = int(args[args.index(P.POOL_FLAG) + 1])
         lengths = [r.num_prompt_tokens + r.max_tokens for r in case.trace]
-        least, most = P.floor_band(lengths, QWEN3_NEXT, 544, in_flight=P.SYNC_FLAG not in args)
+        least, most = P.floor_band(S(lengths, 544, P.SYNC_FLAG not in args, 32768))
         if least <= pool <= most:
             offsets.add(pool - least)
     assert offsets == {0, 1, 2, 3}, offsets  # every pool of the band, the start-up check's least included
@@ -155,3 +159,26 @@ def test_a_mamba_group_counts_the_budget_the_engine_resolved():
     assert P.running_blocks(3000, plain, in_flight=True) == 6 + 3 * 4
     assert P.with_budget(QWEN3_NEXT, None) is QWEN3_NEXT  # not said: MAMBA_RUNNING_BLOCKS
     assert [g.get("request_blocks") for g in plain] == [3, None]
+
+
+def test_max_model_len_stays_within_what_the_deployment_takes():
+    # 4,090 tokens round up to 4,352 on 544-token blocks; a model of 4,096 positions refuses that (get_and_verify_max_len)
+    assert S([4090], 544).max_model_len == 4352
+    capped = S([4090], 544, limit=4096)
+    assert capped.max_model_len == 4096
+    assert P.pressure_flags(30, capped)[-1] == "4096"
+    assert P.floor_band(capped) == (1 + 8 + 3 * 5, 1 + 8 + 3 * 5)  # ceil(4096 / 544) = 8 attention blocks
+
+
+def test_a_drawn_pool_reads_back_as_its_level():
+    sizing = P.Sizing.of(
+        [3000, 1000, 5000, 2000], {**_resolver({}), "async_scheduling": True, "mamba_request_blocks": 3}
+    )
+    assert sizing.groups[0]["request_blocks"] == 3 and sizing.in_flight and sizing.limit == 32768
+    least, most = P.floor_band(sizing)
+    assert [P.level_of(p, sizing) for p in range(least, most + 1)] == ["floor"] * (most - least + 1)
+    # room for the longest request alone is the band's top where it is as long as --max-model-len: the tightest name
+    assert P.pool_for("one", sizing) == most and P.level_of(most, sizing) == "floor"
+    for level in ("two", "half", "room"):
+        assert P.level_of(P.pool_for(level, sizing), sizing) == level
+    assert P.level_of(least - 1, sizing) is None
