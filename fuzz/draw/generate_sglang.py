@@ -285,8 +285,10 @@ def sglang_case_on(c: Chooser, deployment: dict, info: dict, name: str | None, b
 
 #: One serial case in this many pins SGLang's token pool (:func:`with_pinned_pool`).
 PRESSURE_ODDS = 8
-#: Pool levels drawn (``fuzz.draw.generate_pressure.LEVELS``' tightest two):
-#: room for the longest request alone, and for the two longest together.
+#: Pool levels drawn (``fuzz.draw.generate_pressure.LEVELS``' ``one`` and
+#: ``two``): room for the longest request alone, and for the two longest
+#: together. (vLLM's ``floor``, the least its start-up check accepts, has no
+#: counterpart drawn here yet.)
 PRESSURE_LEVELS = ("one", "two")
 #: Units of headroom past the requests' own tokens: SGLang's admission and
 #: allocation keep a page back in several places (``schedule_policy.py:930,
