@@ -42,8 +42,9 @@ counted ``count`` times.
 vLLM refuses a pool that cannot hold one request of ``max_model_len``
 tokens (kv_cache_planning.py:50-85 and 1554, "larger than the available KV
 cache memory"): a pinned pool comes with ``--max-model-len``, the longest
-request rounded up to the scheduler block (and :data:`SLACK_TOKENS`), and
-where vLLM still refuses the pair, the case keeps kvspec's pool.
+request rounded up to the scheduler block (and :data:`SLACK_TOKENS`), at
+most the deployment's own (:class:`Sizing`), and where vLLM still refuses
+the pair, the case keeps kvspec's pool.
 """
 
 from __future__ import annotations
@@ -148,10 +149,9 @@ def floor_band(s: Sizing) -> tuple[int, int]:
     (:func:`running_blocks` with no step in flight), and what that request
     holds while running (with a step in flight where the deployment
     overlaps steps). Where steps do not overlap the two are one pool."""
-    tokens = s.max_model_len - SLACK_TOKENS
-    return NULL_BLOCKS + running_blocks(tokens, list(s.groups)), NULL_BLOCKS + running_blocks(
-        tokens, list(s.groups), s.in_flight
-    )
+    tokens, groups = s.max_model_len - SLACK_TOKENS, list(s.groups)
+    least = NULL_BLOCKS + running_blocks(tokens, groups)
+    return least, NULL_BLOCKS + running_blocks(tokens, groups, s.in_flight)
 
 
 def pool_for(level: str, s: Sizing) -> int:
@@ -175,8 +175,8 @@ def pool_for(level: str, s: Sizing) -> int:
 
 
 def level_of(pool: int, s: Sizing) -> str | None:
-    """The level a pinned pool of ``pool`` blocks was drawn at (the first,
-    tightest first, whose pool or band holds it), None for none."""
+    """The level a pinned pool of ``pool`` blocks was drawn at: the
+    tightest whose pool (or band, for ``floor``) holds it; None for none."""
     for level in LEVELS:
         least, most = floor_band(s) if level == "floor" else (pool_for(level, s),) * 2
         if least <= pool <= most:
