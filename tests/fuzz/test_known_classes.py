@@ -203,6 +203,9 @@ def test_a_stall_is_a_pinned_pool_class_only_where_its_rule_holds():
     unhashed = hybrid(288, 288)  # no hash unit: no hit inside a block
     assert classify(_stall_finding(unhashed, prompts, 1, 9, 0)) is None
     assert classify(_stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=False)) is None  # sync: not this class
+    older = _stall_finding(*SELF_PREEMPTION, 2, 10, 0, asynchronous=True)
+    older["engine"] = {**older["engine"], "version": "0.29.0"}
+    assert classify(older) is None  # 0.29.0: a stall of this shape under sync too (make check, granitemoehybrid)
     sglang = dict(CASES["pinned-pool-cow-stall"], engine={"version": "sglang==0.5.23", "knobs": {}})
     assert classify(sglang) is None  # another family's stall is not vLLM's class
 
