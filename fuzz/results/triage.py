@@ -150,6 +150,8 @@ def triage(described: list[dict], new: set[str] = frozenset()) -> list[dict]:
                 "cost": costliest,
                 # the known classes (fuzz.results.known_classes) its members belong to
                 "known": sorted({d["known"] for d in members if d.get("known")}),
+                # how many of its members no known class names
+                "unknown": sum(not d.get("known") for d in members),
             }
         )
     return sorted(

@@ -48,7 +48,8 @@ def render(classes: list[dict], malformed: list[tuple[str, str]], folder: str) -
             f"{i:3d}. {c['oracle']} | {c['request_kind']} | {c['geometry']} | {c['hint']}{cost}  ({c['count']} file(s){new})"
         )
         if c.get("known"):
-            lines.append(f"     known class: {', '.join(c['known'])}")
+            unknown = f"; {c['unknown']} of {c['count']} file(s) in none" if c.get("unknown") else ""
+            lines.append(f"     known class: {', '.join(c['known'])}{unknown}")
         lines.append(f"     smallest: {rep['path']} ({rep['requests']} request(s), {rep['tokens']} tokens)")
         if rep["summary"]:
             lines.append(f"     {rep['summary']}")

@@ -430,3 +430,20 @@ def test_a_stall_at_its_own_partial_tail_is_the_overcount_class_only_on_0_29_on_
     )
     assert classify(never_ran) is None
     assert all(classify(CASES[k]) != "tail-cow-overcount" for k in CASES if k != "tail-cow-overcount")
+
+
+def test_findings_says_how_many_files_of_a_class_no_known_class_names(tmp_path):
+    import json
+
+    from fuzz.results.triage import read_findings, triage
+    from kvspec.commands.findings import render
+
+    known = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
+    older = json.loads(json.dumps(known))
+    older["engine"]["version"] = "0.29.0"  # the same stall on a release the class does not name
+    (tmp_path / "engine_error-a.json").write_text(json.dumps(known))
+    (tmp_path / "engine_error-b.json").write_text(json.dumps(older))
+    described, malformed = read_findings(tmp_path)
+    classes = triage(described)
+    assert [(c["count"], c["known"], c["unknown"]) for c in classes] == [(2, ["async-self-preemption"], 1)]
+    assert "     known class: async-self-preemption; 1 of 2 file(s) in none" in render(classes, malformed, "d")
