@@ -457,26 +457,20 @@ def _resolve(dep: Deployment, *, num_blocks: int) -> Resolution:
         raise
     except Exception as e:
         raise_outcome(e, "kv_cache", f"deployment={dep.describe()!r}: vLLM fails to build its KV cache")
+    mamba_specs = [s for s in specs.values() if type(s).__name__ == "MambaSpec"]
     facts.update(
         {
             "block_size": int(cc.block_size),
             "mamba_block_size": int(cc.mamba_block_size) if cc.mamba_block_size else None,
             "mamba_page_size_padded": cc.mamba_page_size_padded,
             # bytes of one Mamba layer's state page as the KV cache holds it (padding included)
-            "mamba_page_size_bytes": max(
-                (int(s.page_size_bytes) for s in specs.values() if type(s).__name__ == "MambaSpec"), default=None
-            ),
+            "mamba_page_size_bytes": max((int(s.page_size_bytes) for s in mamba_specs), default=None),
             # the blocks vLLM's start-up check budgets one request in a Mamba
             # group (max_memory_usage_bytes over the page: align mode 2 +
             # speculative + prefill checkpoint blocks, else 1 + speculative;
             # 0.33.0 kv_cache_interface.py:1135-1141): a pinned pool is sized on it
             "mamba_request_blocks": max(
-                (
-                    int(s.max_memory_usage_bytes(vc)) // int(s.page_size_bytes)
-                    for s in specs.values()
-                    if type(s).__name__ == "MambaSpec"
-                ),
-                default=None,
+                (int(s.max_memory_usage_bytes(vc)) // int(s.page_size_bytes) for s in mamba_specs), default=None
             ),
             "mamba_cache_mode": cc.mamba_cache_mode,
             "cache_dtype": cc.cache_dtype,

@@ -50,6 +50,7 @@ the pair, the case keeps kvspec's pool.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Pool levels, tightest first (module docstring).
@@ -72,7 +73,7 @@ NULL_BLOCKS = 1
 POOL_FLAG = "--num-gpu-blocks-override"
 
 
-def running_blocks(tokens: int, groups: list[dict], in_flight: bool = False) -> int:
+def running_blocks(tokens: int, groups: Sequence[dict], in_flight: bool = False) -> int:
     """Blocks of the one pool a running request of ``tokens`` tokens holds
     at most (module docstring). ``in_flight``: the deployment overlaps steps
     (async scheduling): vLLM frees skipped blocks on the processed-token
@@ -89,7 +90,7 @@ def running_blocks(tokens: int, groups: list[dict], in_flight: bool = False) -> 
     return total
 
 
-def with_budget(groups: list[dict], request_blocks: int | None) -> list[dict]:
+def with_budget(groups: Sequence[dict], request_blocks: int | None) -> Sequence[dict]:
     """``groups`` with each Mamba group's ``request_blocks``: the blocks
     vLLM's start-up check budgets one request there, as the engine resolved
     it (``mamba_request_blocks``); without it, :data:`MAMBA_RUNNING_BLOCKS`."""
@@ -98,7 +99,7 @@ def with_budget(groups: list[dict], request_blocks: int | None) -> list[dict]:
     return [{**g, "request_blocks": int(request_blocks)} if g["kind"] == "mamba" else g for g in groups]
 
 
-def kept_blocks(tokens: int, groups: list[dict]) -> int:
+def kept_blocks(tokens: int, groups: Sequence[dict]) -> int:
     """Blocks a finished request of ``tokens`` tokens may leave cached at
     most: every full block of every group (dense retention keeps a Mamba
     state per block boundary)."""
@@ -149,9 +150,8 @@ def floor_band(s: Sizing) -> tuple[int, int]:
     (:func:`running_blocks` with no step in flight), and what that request
     holds while running (with a step in flight where the deployment
     overlaps steps). Where steps do not overlap the two are one pool."""
-    tokens, groups = s.max_model_len - SLACK_TOKENS, list(s.groups)
-    least = NULL_BLOCKS + running_blocks(tokens, groups)
-    return least, NULL_BLOCKS + running_blocks(tokens, groups, s.in_flight)
+    tokens = s.max_model_len - SLACK_TOKENS
+    return NULL_BLOCKS + running_blocks(tokens, s.groups), NULL_BLOCKS + running_blocks(tokens, s.groups, s.in_flight)
 
 
 def pool_for(level: str, s: Sizing) -> int:
@@ -163,15 +163,14 @@ def pool_for(level: str, s: Sizing) -> int:
         raise ValueError(f"level={level!r}: allowed: {', '.join(LEVELS)}")
     if level == "floor":
         return floor_band(s)[0]
-    groups = list(s.groups)
-    needs = sorted((running_blocks(n, groups, s.in_flight) for n in s.lengths), reverse=True)
+    needs = sorted((running_blocks(n, s.groups, s.in_flight) for n in s.lengths), reverse=True)
     if level == "one":
         return NULL_BLOCKS + needs[0]
     if level == "two":
         return NULL_BLOCKS + sum(needs[:2])
     if level == "half":
         return NULL_BLOCKS + needs[0] + math.ceil(sum(needs[1:]) / 2)
-    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, groups) for n in s.lengths)
+    return NULL_BLOCKS + sum(needs) + sum(kept_blocks(n, s.groups) for n in s.lengths)
 
 
 def level_of(pool: int, s: Sizing) -> str | None:
