@@ -14,6 +14,11 @@ class                        release   recognised by
 ===========================  ========  =========================================
 ``resend-53504``             0.29.0    an identical resend hits below the promise
                                        under the EAGLE drop (vLLM #53504)
+``aligned-resend``           0.29.0    an identical resend of a block-aligned
+                                       prompt hits below the promise without
+                                       the drop: the first prefill ran to N,
+                                       the resend needs N - block (miss, miss,
+                                       hit, as #53504)
 ``longer-sibling``           0.33.0    R2: an extension hits below the promise,
                                        sparse (or periodic) retention, hash
                                        block = block
@@ -48,17 +53,21 @@ class                        release   recognised by
                                        check does not plan
 ``async-self-preemption``    0.33.0    a request on a pinned pool under async
                                        scheduling scheduled and preempted again
-                                       and again, never past its first chunks
+                                       and again, resumed each time where it
+                                       was (0.29.0 too, with no partial tail
+                                       of its own)
 ``null-gap-retirement``      0.29.0    the ``block_table`` oracle: a running
                                        request's Mamba table holds blocks below
                                        the state it resumes from, none freed
                                        (retirement stops at the first null gap
                                        a multi-block step leaves; vLLM #55450)
-``tail-cow-overcount``       0.29.0    a lone request on a pinned pool stalls one
-                                       token short of its prompt, preempting
-                                       itself: the Mamba manager counts two
-                                       blocks for the one copy-on-write block
-                                       of its own partial-tail key
+``tail-cow-overcount``       0.29.0    a lone request on a pinned pool preempts
+                                       itself once its prefill reaches its own
+                                       partial-tail key: the Mamba manager
+                                       counts two blocks for that key's one
+                                       copy-on-write block, then resumes there
+                                       (or, counting it twice again at
+                                       admission, never)
 ``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
                              0.5.23    of k x grid tokens hits below the promise
                                        (its tracked state is at k x grid, one
@@ -107,6 +116,13 @@ VLLM_CLASSES = (
         "resend-53504", "0.29.0", "R1", "an identical resend hits below the promise under the EAGLE drop (vLLM #53504)"
     ),
     KnownClass(
+        "aligned-resend",
+        "0.29.0",
+        "R1",
+        "an identical resend of a block-aligned prompt hits below the promise without the EAGLE drop: the first prefill"
+        " wrote no state below its end N, the resend resumes at most at N - block",
+    ),
+    KnownClass(
         "longer-sibling",
         "0.33.0",
         "R2",
@@ -148,14 +164,16 @@ VLLM_CLASSES = (
         "async-self-preemption",
         "0.33.0",
         "errors",
-        "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever",
+        "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever"
+        " (0.29.0 too)",
     ),
     KnownClass(
         "tail-cow-overcount",
         "0.29.0",
         "errors",
-        "a request on a pinned pool whose last prompt key ends inside a Mamba block preempts itself forever on its"
-        " last prompt token: the copy-on-write block of that key is counted twice",
+        "a request on a pinned pool whose last prompt key ends inside a Mamba block preempts itself once its prefill"
+        " reaches that key, and resumes there or is never admitted again: the key's copy-on-write block is counted"
+        " twice",
     ),
     KnownClass(
         "null-gap-retirement",
@@ -341,44 +359,87 @@ def _own_partial_tail(finding: dict, i: int) -> int | None:
     return t if u < M and t > 0 and t % M else None
 
 
+def _block_aligned(finding: dict, g: dict) -> bool:
+    """Whether the first diverging request's prompt is a whole number of
+    scheduler blocks: the ``aligned-resend`` class. vLLM 0.29.0 (align
+    mode) stops a prefill chunk at its last cacheable position
+    ``N - N % block`` (``v1/core/sched/scheduler.py:413-417``), for such a
+    prompt its end N, so the first request writes no state at N - block;
+    an identical resend looks up at most N - 1 tokens
+    (``kv_cache_manager.py:253-258``), floored to N - block, and misses.
+    The resend's own chunk stops there (its junction), so the next resend
+    hits: miss, miss, hit, as #53504 under the drop."""
+    i = finding.get("first_divergence")
+    block = g.get("scheduler_block_size")
+    if not isinstance(i, int) or not isinstance(block, int) or block <= 0:
+        return False
+    try:
+        case = parse_case(finding.get("case"))
+    except KvspecError:
+        return False
+    return i < len(case.trace) and len(prompt_tokens(case.trace[i])) % block == 0
+
+
 def _stall_class(finding: dict, version: str) -> str | None:
     """The pinned-pool stall classes (``examples/README.md``, "Stalls on
-    pinned pools"; ``tests/engine/test_stalls.py``): a request never
-    admitted (no prompt token computed within the idle bound) whose hit may
-    end inside a block is the copy-on-write class
-    (``fixes/vllm-0.33.0-admission-cow-block.diff``); one scheduled and
-    preempted past the idle bound with no token kept, under async
-    scheduling, is the self-preemption class
-    (``v1/core/sched/scheduler.py:912-980``;
-    ``fixes/vllm-0.33.0-async-self-preemption.diff``). On vLLM 0.29.0, one
-    that ran past the idle bound and stopped at or below its own partial
-    tail (:func:`_own_partial_tail`) is the copy-on-write overcount class.
+    pinned pools"; ``tests/engine/test_stalls.py``).
+
+    * Never ran (no prompt token computed within the idle bound), its hit
+      possibly ending inside a block: the copy-on-write class
+      (``fixes/vllm-0.33.0-admission-cow-block.diff``).
+    * Ran, on vLLM 0.29.0, and stopped at its own partial tail t
+      (:func:`_own_partial_tail`) or at 0: the copy-on-write overcount. At
+      the step after its prefill reached t the request asks the Mamba
+      manager for the copy-on-write block of that key, and
+      ``get_num_blocks_to_allocate`` counts ``1 + int(has_partial_hit)``
+      (``v1/core/single_type_kv_cache_manager.py:1642-1643``, then
+      ``:1651-1652``) where ``allocate_new_blocks`` takes one
+      (``:1730-1732``); on a tight pool the lone request preempts itself
+      (``sched/scheduler.py:656-712``) and resumes from its hit at t, or,
+      the admission gate counting the block twice again (``:1651-1652``
+      under ``full_sequence_must_fit``, ``kv_cache_manager.py:471-487``),
+      is never admitted again (0 computed). 0.32.0 (``:1770-1773``) and
+      0.33.0 (``:1787-1790``) cap the count at the blocks taken. Held by
+      ``tests/engine/test_stalls.py``: the cap back-ported to 0.29.0
+      (``tests/engine/data/vllm-0.29.0-tail-cow-cap.diff``) ends them.
+    * Ran, under async scheduling, no overcount, and looped
+      (:func:`_looped`): the self-preemption class, preempted while its own
+      chunk is in flight and resumed where it was, again and again (``v1/core/sched/scheduler.py:912-980`` in 0.33.0,
+      ``:656-712`` in 0.29.0; ``fixes/vllm-0.33.0-async-self-preemption.diff``
+      and its port ``tests/engine/data/vllm-0.29.0-async-self-preemption.diff``
+      end them). Only on the releases where it was traced (0.29.x, 0.33.x).
+
     ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
     if got is None:
         return None
     i, steps, computed, facts = got
-    if computed != 0:
-        # vLLM 0.29.0: at the step after its prefill reached its own partial
-        # tail t, the request asks the Mamba manager for the copy-on-write
-        # block of that key, and get_num_blocks_to_allocate counts
-        # 1 + int(has_partial_hit) (single_type_kv_cache_manager.py:1642-1643,
-        # then :1651-1652) where
-        # allocate_new_blocks takes one (:1730-1732); on a pool left with one
-        # block the lone request preempts itself (sched/scheduler.py:656-712)
-        # and recomputes to t from its hit, forever. 0.32.0 (:1770-1773) and
-        # 0.33.0 (:1787-1790) cap the count at the blocks taken instead.
-        tail = _own_partial_tail(finding, i)
-        overcount = version.startswith("0.29.") and steps > _IDLE_STALL_STEPS and tail is not None
-        return "tail-cow-overcount" if overcount and computed <= tail else None
     if steps <= _IDLE_STALL_STEPS:
-        return "pinned-pool-cow-stall" if _hit_may_end_inside_a_block(finding, i) else None
-    # only where the class was traced and fixed (0.33.0): on 0.29.0 a lone
-    # 16-token request on granitemoehybrid (7 Mamba groups of budget 2, pool
-    # 19 the start-up check accepts) stops after 10 steps with none computed
-    # under sync scheduling too, so this shape alone does not name the class there
-    self_preempted = facts.get("async_scheduling") is True and version.startswith("0.33.")
-    return "async-self-preemption" if self_preempted else None
+        never_ran = computed == 0 and _hit_may_end_inside_a_block(finding, i)
+        return "pinned-pool-cow-stall" if never_ran else None
+    tail = _own_partial_tail(finding, i)
+    if version.startswith("0.29.") and tail is not None and computed in (0, tail):
+        return "tail-cow-overcount"
+    traced = version.startswith(("0.29.", "0.33."))
+    looped = _looped(finding, i, steps)
+    return "async-self-preemption" if traced and looped and facts.get("async_scheduling") is True else None
+
+
+def _looped(finding: dict, i: int, steps: int) -> bool:
+    """Whether request ``i`` took more steps than it could without being
+    preempted and resumed: its prompt and output tokens, one step each at
+    the least progress, plus the idle bound. The step loop stops a request
+    at ``n + max_tokens + 64`` steps (``steploop.py``), past this; one
+    preempted once and never admitted again stops at the idle bound,
+    within it."""
+    try:
+        case = parse_case(finding.get("case"))
+    except KvspecError:
+        return False
+    if i >= len(case.trace):
+        return False
+    request = case.trace[i]
+    return steps > len(prompt_tokens(request)) + request.max_tokens + _IDLE_STALL_STEPS
 
 
 def _unretired_only(finding: dict) -> bool:
@@ -456,6 +517,8 @@ def classify(finding: dict) -> str | None:
             return "resend-beside-checkpoint"
         if drop and version.startswith("0.29."):
             return "resend-53504"
+        if version.startswith("0.29.") and _block_aligned(finding, g):
+            return "aligned-resend"
         return None
     if kind == "sibling":
         # The earlier request's chunk ending at its junction also exported an

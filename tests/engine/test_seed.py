@@ -77,3 +77,19 @@ def test_results_are_deterministic(engine_033):
     a, b = engine_033.run(case), engine_033.run(case)
     a.pop("timing"), b.pop("timing")
     assert a == b
+
+
+@pytest.mark.parametrize("version, hits", [("0.29.0", [0, 0, 9600]), ("0.33.0", [0, 9600, 9600])])
+def test_a_block_aligned_prompt_without_drafts_misses_the_first_repeat_on_0_29_only(engines, version, hits):
+    """The ``aligned-resend`` class (fuzz.results.known_classes): #53504's
+    geometry with 11,200 = 7 x 1600 tokens and no drafts. 0.29.0's first
+    prefill stops its chunks at 8000 and 11200 (its end, the last cacheable
+    position), so the state at 9600 the repeat resumes from is first
+    written by the repeat itself; 0.33.0 stops a chunk at 9600. 11,910
+    tokens (not block-aligned) hit 11200 on both."""
+    geometry = hybrid(1600, 1600, retention_interval=0, max_num_batched_tokens=8192)
+    aligned = engines(version).run(make_case(geometry, [[("A", 11200)]] * 3, None))
+    assert aligned["hits"] == hits
+    assert aligned["explain"][0]["chunk_ends"] == ([8000, 11200] if version == "0.29.0" else [8000, 9600, 11200])
+    unaligned = engines(version).run(make_case(geometry, [[("A", 11910)]] * 3, None))
+    assert unaligned["hits"] == [0, 11200, 11200]

@@ -1,4 +1,4 @@
-"""Stalls on pinned pools are vLLM 0.33.0's, not kvspec's pool stand-in
+"""Stalls on pinned pools are vLLM's (0.33.0 and 0.29.0), not kvspec's pool stand-in
 (issue 43; ``examples/README.md``, "Stalls on pinned pools").
 
 A pinned pool is the one vLLM builds from ``--num-gpu-blocks-override``
@@ -20,6 +20,16 @@ A pinned pool is the one vLLM builds from ``--num-gpu-blocks-override``
 The fixes (``fixes/vllm-0.33.0-admission-cow-block.diff``,
 ``fixes/vllm-0.33.0-async-self-preemption.diff``) are patched builds: their
 tests are in the slow tier.
+
+vLLM 0.29.0's stalls (make check's campaign, which reaches the start-up
+check's floor pools): the copy-on-write overcount
+(``fuzz.results.known_classes``, ``tail-cow-overcount``) stalls under sync
+scheduling too; the self-preemption under async only. Each ends with its
+own cause removed and not with the other's: 0.32.0's cap back-ported
+(``data/vllm-0.29.0-tail-cow-cap.diff``), and the 0.33.0 fix ported
+(``data/vllm-0.29.0-async-self-preemption.diff``); test data, not fixes
+kvspec proposes (0.32.0 counts the block once; the async port is
+``fixes/vllm-0.33.0-async-self-preemption.diff``'s rule).
 """
 
 from __future__ import annotations
@@ -42,6 +52,22 @@ POOL = "--num-gpu-blocks-override"
 def _load(name: str, pool: int | None = None, *extra: str) -> dict:
     case = json.loads((EXAMPLES / f"{name}.json").read_text())
     case = copy.deepcopy(case)
+    args = case["deployment"]["vllm_args"]
+    if pool is not None:
+        args[args.index(POOL) + 1] = str(pool)
+    args.extend(extra)
+    return case
+
+
+DATA = ROOT / "tests" / "engine" / "data"
+#: make check's 0.29.0 stalls: granitemoehybrid A:16 (pool 19, async, unit 16: its own tail 16)
+#: and Jamba A:797 (pool 42, async, EAGLE 3, unit = block 160: no tail of its own)
+NEVER_READMITTED = "finding-tail-cow-never-readmitted-granitemoehybrid.json"
+ASYNC_029 = "finding-async-self-preemption-0.29.0-jamba.json"
+
+
+def _finding_case(name: str, *extra: str, pool: int | None = None) -> dict:
+    case = copy.deepcopy(json.loads((DATA / name).read_text())["case"])
     args = case["deployment"]["vllm_args"]
     if pool is not None:
         args[args.index(POOL) + 1] = str(pool)
@@ -101,3 +127,27 @@ def test_each_fix_ends_its_stall(engines, fix, name, outcome):
         obs = engine.run(_load(name))
         assert _stalled_at(obs) is None
         assert obs["hits"][2] > 0
+
+
+def test_0_29_s_overcount_stalls_under_sync_too_and_its_self_preemption_under_async_only(engine_029):
+    stalled = engine_029.run(_finding_case(NEVER_READMITTED))
+    assert _stalled_at(stalled) == 0 and "after 10 steps (0/16 prompt tokens computed)" in stalled["error"]["message"]
+    assert _stalled_at(engine_029.run(_finding_case(NEVER_READMITTED, "--no-async-scheduling"))) == 0
+    assert _stalled_at(engine_029.run(_finding_case(NEVER_READMITTED, pool=40))) is None
+    looped = engine_029.run(_finding_case(ASYNC_029))
+    assert _stalled_at(looped) == 0 and "after 866 steps (640/797 prompt tokens computed)" in looped["error"]["message"]
+    assert _stalled_at(engine_029.run(_finding_case(ASYNC_029, "--no-async-scheduling"))) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "diff, ends, keeps",
+    [
+        ("vllm-0.29.0-tail-cow-cap.diff", NEVER_READMITTED, ASYNC_029),
+        ("vllm-0.29.0-async-self-preemption.diff", ASYNC_029, NEVER_READMITTED),
+    ],
+)
+def test_each_0_29_stall_ends_with_its_own_cause_removed_only(engines, diff, ends, keeps):
+    engine = engines(builds.prepare("vllm==0.29.0", [str(DATA / diff)]).removeprefix("vllm=="))
+    assert _stalled_at(engine.run(_finding_case(ends))) is None
+    assert _stalled_at(engine.run(_finding_case(keeps))) == 0

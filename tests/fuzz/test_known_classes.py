@@ -50,6 +50,17 @@ CASES = {
         spec=MTP_DROP,
         version="0.29.0",
     ),
+    # make check's promise-79e92583 (0.29.0, Falcon-H1, block 144, dense, no drafts): A:288 twice,
+    # 0 / 0 where the promise gives 0 / 144 (a third A:288 hits 144: miss, miss, hit)
+    "aligned-resend": _finding(
+        "promise",
+        hybrid(144, 144, retention_interval=None),
+        [[("A", 288)]] * 2,
+        [0, 144],
+        [0, 0],
+        version="0.29.0",
+        model="falcon_h1",
+    ),
     # r2-block-aligned-extension-qwen3_next.json: 0 / 544 where the promise gives 0 / 1088
     "longer-sibling": _finding(
         "promise", hybrid(544, 544, retention_interval=0), [[("A", 1088)], [("A", 1089)]], [0, 1088], [0, 544]
@@ -168,6 +179,15 @@ CASES["null-gap-retirement"] = NULL_GAP
 #: sync): A:676+C:157 computes to its own partial tail 832 and preempts itself there, 902 steps
 COW_OVERCOUNT = json.loads((REPO_ROOT / "tests/engine/data/finding-tail-cow-overcount-falcon-h1.json").read_text())
 CASES["tail-cow-overcount"] = COW_OVERCOUNT
+#: make check's engine_error-6162dce4 (vLLM 0.29.0, granitemoehybrid, 7 Mamba groups, block 528,
+#: unit 16, async, pool 19): A:16 computes to its own partial tail 16, preempts itself, and the
+#: admission gate, counting each group's copy-on-write block twice, never takes it back (10 steps)
+NEVER_READMITTED = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-tail-cow-never-readmitted-granitemoehybrid.json").read_text()
+)
+#: make check's engine_error-ef99ab80 (vLLM 0.29.0, Jamba, block 160 = unit, EAGLE 3, async, pool 42):
+#: A:797 preempted with its chunk in flight and resumed at 640, 866 steps; runs under sync
+ASYNC_029 = json.loads((REPO_ROOT / "tests/engine/data/finding-async-self-preemption-0.29.0-jamba.json").read_text())
 
 
 def test_every_known_class_has_a_finding_here_and_a_release():
@@ -203,9 +223,10 @@ def test_a_stall_is_a_pinned_pool_class_only_where_its_rule_holds():
     unhashed = hybrid(288, 288)  # no hash unit: no hit inside a block
     assert classify(_stall_finding(unhashed, prompts, 1, 9, 0)) is None
     assert classify(_stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=False)) is None  # sync: not this class
-    older = _stall_finding(*SELF_PREEMPTION, 2, 10, 0, asynchronous=True)
-    older["engine"] = {**older["engine"], "version": "0.29.0"}
-    assert classify(older) is None  # 0.29.0: a stall of this shape under sync too (make check, granitemoehybrid)
+    for version in ("0.30.0", "0.32.0"):  # releases it was not traced on
+        other = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
+        other["engine"] = {**other["engine"], "version": version}
+        assert classify(other) is None
     sglang = dict(CASES["pinned-pool-cow-stall"], engine={"version": "sglang==0.5.23", "knobs": {}})
     assert classify(sglang) is None  # another family's stall is not vLLM's class
 
@@ -440,10 +461,60 @@ def test_findings_says_how_many_files_of_a_class_no_known_class_names(tmp_path):
 
     known = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
     older = json.loads(json.dumps(known))
-    older["engine"]["version"] = "0.29.0"  # the same stall on a release the class does not name
+    older["engine"]["version"] = "0.32.0"  # the same stall on a release the class does not name
     (tmp_path / "engine_error-a.json").write_text(json.dumps(known))
     (tmp_path / "engine_error-b.json").write_text(json.dumps(older))
     described, malformed = read_findings(tmp_path)
     classes = triage(described)
     assert [(c["count"], c["known"], c["unknown"]) for c in classes] == [(2, ["async-self-preemption"], 1)]
     assert "     known class: async-self-preemption; 1 of 2 file(s) in none" in render(classes, malformed, "d")
+
+
+def test_a_0_29_stall_is_the_overcount_with_its_own_partial_tail_and_the_self_preemption_without():
+    """vLLM 0.29.0's stalls of make check: one whose prompt ends inside a
+    Mamba block on a hash unit (its own partial tail t) and that stopped at
+    t or at 0 is the overcount, under async scheduling too; one with no
+    such tail under async is the self-preemption. Each is what its cause's
+    removal ends (tests/engine/test_stalls.py)."""
+    assert classify(NEVER_READMITTED) == "tail-cow-overcount"
+    assert classify(ASYNC_029) == "async-self-preemption"
+    assert "(0/16 prompt tokens computed)" in NEVER_READMITTED["observed"]["error"]["message"]
+    assert "(640/797 prompt tokens computed)" in ASYNC_029["observed"]["error"]["message"]
+    sync = copy.deepcopy(ASYNC_029)
+    sync["resolution"]["facts"]["async_scheduling"] = False
+    assert classify(sync) is None  # no partial tail, no async: neither
+    midway = copy.deepcopy(NEVER_READMITTED)  # stopped below its tail, not at 0: not where the overcount stops
+    midway["case"]["trace"][0]["prompt"][0]["length"] = 600
+    stopped = "after 669 steps (528/600 prompt tokens computed)"  # the step loop's bound: 600 + 4 + 64
+    midway["observed"]["error"]["message"] = "no progress: request 0 still unfinished " + stopped
+    assert classify(midway) == "async-self-preemption"  # it was async, and looped
+    midway["resolution"]["facts"]["async_scheduling"] = False
+    assert classify(midway) is None
+    newer = dict(NEVER_READMITTED, engine=dict(NEVER_READMITTED["engine"], version="0.33.0"))
+    assert classify(newer) is None  # 0.33.0 counts the block once; a 10-step stall did not loop
+    held = copy.deepcopy(SELF_PREEMPTION[1])
+    tailed = _stall_finding(SELF_PREEMPTION[0], held, 2, 3181, 0, asynchronous=True)
+    tailed["engine"] = {**tailed["engine"], "version": "0.29.0"}
+    assert classify(tailed) == "tail-cow-overcount"  # 3115 tokens, unit 16: its own tail 3104 inside block 5
+
+
+def test_a_0_29_resend_of_a_block_aligned_prompt_without_the_drop_is_the_aligned_resend_class():
+    aligned = CASES["aligned-resend"]
+    assert classify(aligned) == "aligned-resend"
+    unaligned = _finding(
+        "promise", hybrid(144, 144, retention_interval=None), [[("A", 289)]] * 2, [0, 288], [0, 0], version="0.29.0"
+    )
+    assert classify(unaligned) is None  # the first prefill stopped at 288: not this rule
+    assert classify(dict(aligned, engine=dict(aligned["engine"], version="0.33.0"))) is None
+    dropped = dict(aligned, engine=dict(aligned["engine"], knobs={"eagle_drop": True}))
+    assert classify(dropped) == "resend-53504"  # under the drop it is #53504's
+    sibling = _finding(
+        "promise",
+        hybrid(144, 144, retention_interval=None),
+        [[("A", 288)], [("A", 144), ("B", 144)]],
+        [0, 144],
+        [0, 0],
+        version="0.29.0",
+    )
+    assert classify(sibling) is None  # not a resend
+    assert all(classify(CASES[k]) != "aligned-resend" for k in CASES if k != "aligned-resend")
