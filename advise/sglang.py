@@ -1,8 +1,9 @@
 """Advice for an SGLang deployment (``kvspec advise --engine sglang==X``):
 what SGLang's implemented rule (:mod:`reference.sglang_prefill`) hits on a
 workload, what the promise asks (where it is stated: the extra buffer with
-a chunk budget on the checkpoint grid), the reuse lost between the two, and
-the prefill chunk budgets on and off the page that change it. Confirmed on
+a chunk budget on the checkpoint grid) and the reuse lost between the two
+(a budget off the page never reaches here: SGLang's launch check refuses
+it, and so does kvspec's resolver). Confirmed on
 SGLang's own scheduler and cache (the engine's hits against the rule's).
 
 Pure over its inputs: the resolution summary SGLang reported and the
@@ -71,9 +72,10 @@ def notes(advice: dict) -> list[str]:
     s = advice["setting"]
     if advice["stale_resumes"]:
         out.append(
-            f"requests {advice['stale_resumes'][:8]} resume a Mamba state keyed below the tokens it was computed over "
-            f"(--chunked-prefill-size {s['chunked_prefill_size']} is off the page {s['page_size']}: wrong outputs); "
-            f"use a budget that is a multiple of {s['checkpoint_grid']}, or fixes/sglang-0.5.23-chunk-on-grid.diff"
+            f"requests {advice['stale_resumes'][:8]} would resume a Mamba state keyed below the tokens it was computed "
+            f"over (--chunked-prefill-size {s['chunked_prefill_size']} is off the page {s['page_size']}), but SGLang's "
+            f"launch check refuses such a budget (chunked_prefill_size must be divisible by page_size): use a "
+            f"multiple of {s['checkpoint_grid']}"
         )
     if advice.get("lost_tokens"):
         out.append(

@@ -144,8 +144,6 @@ class Family:
     reporter: str | None = None
     #: Its own ``kvspec advise`` (``(args) -> exit code``), None: vLLM's.
     adviser: str | None = None
-    #: The known class of a ``resumed_state`` finding on it, if it has one.
-    state_class: str | None = None
     #: Its own ``kvspec run --compare`` table and verdict (``(case,
     #: observed, name, json_path) -> exit code``), None: the judge's.
     comparer: str | None = None

@@ -1,8 +1,15 @@
 """A deployment resolved with SGLang's own argument code (SGLang 0.5.23):
-``sglang serve``'s parser (``prepare_server_args``) and its resolution
+``sglang serve``'s parser (``prepare_server_args``), its resolution
 pipeline (``ServerArgs.resolve_once``: ``arg_groups/pipeline.py``, the
 mamba hooks ``arg_groups/mamba_hook.py`` and ``model_hook.py
-handle_mamba_radix_cache``), on the deployment's model config.
+handle_mamba_radix_cache``) and its launch check
+(``ServerArgs.check_server_args``, ``arg_groups/validation_hook.py:172-381``),
+on the deployment's model config: the order ``Engine._launch_subprocesses``
+runs them in (``entrypoints/engine.py:1153`` and ``:1165``), the path of the
+HTTP server and of the Python ``Engine``. A deployment the launch check
+refuses never serves (``--page-size 64 --chunked-prefill-size 1000``:
+"chunked_prefill_size must be divisible by page_size", ``:241-246``), so
+kvspec never runs one.
 
 The platform: SGLang's hybrid cache is resolved as on a CUDA device
 (``--device cuda`` with ``runtime_context.override_platform(is_cuda=True)``,
@@ -186,7 +193,7 @@ class SglangResolution:
             "speculative_algorithm": self.speculative,
             "speculative_num_draft_tokens": self.draft_tokens,
             "server_args": self.fields,
-            "read_by": "sglang.srt.server_args.prepare_server_args + ServerArgs.resolve_once (platform: cuda)",
+            "read_by": "sglang.srt.server_args.prepare_server_args + ServerArgs.resolve_once + check_server_args (platform: cuda)",
         }
 
 
@@ -225,6 +232,7 @@ def _resolve_fresh(dep: Deployment) -> SglangResolution:
         with contextlib.redirect_stderr(err), override_platform(is_cuda=True):
             sa = prepare_server_args(argv_of(dep, path))
             sa.resolve_once()
+            sa.check_server_args()
             set_global_server_args_for_scheduler(sa)
             resolved = sa.resolved_dict()
             chunk = mamba_cache_chunk_size()

@@ -76,11 +76,6 @@ class                        release   recognised by
                              0.5.23    hits below the promise (the sibling's
                                        prefill tracked its branching point, not
                                        its own last grid point)
-``sglang-off-page-key``      sglang    SGLang: a request resumes a Mamba state
-                             0.5.23    computed over more tokens than its key (a
-                                       continuing chunk started off the page; the
-                                       tree keys its tracked point at the page
-                                       floor: the resumed_state oracle)
 ===========================  ========  =========================================
 
 The promise-breaking oracles that speak of one request's hit (``promise``,
@@ -485,15 +480,15 @@ def classify(finding: dict) -> str | None:
         # computing it (a concurrent trace; fuzz.judge.oracles.check_stale) is another
         if SAME_STEP_READ in str((finding.get("expected") or {}).get("detail") or ""):
             return None
-        if family is not None and family.state_class:  # the family's own state class (SGLang: the off-page key)
-            return family.state_class
+        if family is not None and family.classes is not None:  # another family's: none of vLLM's
+            return None
         return "stale-state" if _partial_hits(finding) else None
-    if (
-        finding.get("oracle") == "resumed_state"
-    ):  # a family's state class (SGLang 0.5.23: the off-page key, reference.sglang_prefill)
-        if family is not None and family.state_class:
-            return family.state_class
-        if family is not None and family.classes is None:  # vLLM's: by what the resumed state held
+    if finding.get("oracle") == "resumed_state":
+        # SGLang's one state class, the off-page key, was found only on
+        # deployments its launch check refuses (docs/sglang.md): none now
+        if family is not None and family.classes is not None:
+            return None
+        if family is not None:  # vLLM's: by what the resumed state held
             return "stale-state" if _copied_partial_state(finding) else None
     if finding.get("oracle") == "engine_error":
         return _stall_class(finding, version) if family is not None and family.classes is None else None

@@ -25,12 +25,6 @@ CLASSES = (
         "R2",
         "SGLang: a resend or extension of a sibling hits below the promise (the sibling kept its branching point only)",
     ),
-    (
-        "sglang-off-page-key",
-        "sglang==0.5.23",
-        "no-stale",
-        "SGLang: a request resumes a Mamba state computed over more tokens than its key (a chunk started off the page)",
-    ),
 )
 
 

@@ -54,4 +54,4 @@ def test_a_grid_multiple_resend_loses_what_the_promise_keeps():
 def test_a_budget_off_the_page_is_named_for_its_stale_resume():
     a = advise(_case([[("A", 3000)]] * 3), _resolution(1000, False), "sglang==0.5.23")
     assert a["stale_resumes"] == [1] and "promise_not_stated" in a
-    assert any("chunk-on-grid" in line for line in notes(a))
+    assert any("launch check refuses" in line for line in notes(a))

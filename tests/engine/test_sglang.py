@@ -200,24 +200,28 @@ def test_predict_replay_equals_sglang_on_its_examples_and_drawn_cases(sglang):
     from tests.conformance.sglang_replay_table import STRATEGY_NAMES, compare, drawn_cases, example_cases
 
     cases = example_cases() + [c for s in STRATEGY_NAMES for c in drawn_cases(sglang, s, 5, 7)]
-    assert len(cases) == len(example_cases()) + 10 == 17
+    assert len(cases) == len(example_cases()) + 10 == 16
     rows = [compare(sglang, c) for c in cases]
     assert [r["case"] for r in rows if not r["agrees"]] == [], rows
 
 
-def test_a_continuing_chunk_off_the_page_resumes_a_state_keyed_below_its_tokens(sglang):
-    """The data path: the tracked slot holds the state the kernel copies
-    (over 2,920 tokens), the tree keys it at the page floor (2,880); the
-    resend resumes from it (``resumed_state.same_tokens`` False)."""
-    obs = sglang.run(
-        _case(
-            ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"],
-            [[("A", 3000)]] * 3,
-        )
-    )
-    assert obs["hits"] == [0, 2880, 2944]
-    assert obs["explain"][1]["resumed_state"] == {"tokens": 2920, "same_tokens": False}
-    assert obs["explain"][2]["resumed_state"]["same_tokens"] is True
+def test_sglangs_launch_check_refuses_a_budget_off_the_page(sglang):
+    """``check_server_args`` (``validation_hook.py:241-246``), which
+    ``Engine._launch_subprocesses`` runs after ``resolve_once``
+    (``entrypoints/engine.py:1153``, ``:1165``): a chunk budget off the
+    page never serves, so the off-page key it showed (a continuing chunk
+    from 1,960 keyed at 2,880 with a state over 2,920 tokens,
+    examples/rejected-sglang-off-page-key-qwen3_next.json) is no finding. On the
+    page it resolves."""
+    off = ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"]
+    with pytest.raises(Exception) as e:
+        sglang.resolve(_case(off, [[("A", 3000)]] * 3))
+    assert "chunked_prefill_size must be divisible by page_size" in str(e.value)
+    with pytest.raises(Exception) as e:
+        sglang.resolve(json.loads((ROOT / "examples" / "rejected-sglang-off-page-key-qwen3_next.json").read_text()))
+    assert "chunked_prefill_size must be divisible by page_size" in str(e.value)
+    on = sglang.resolve(_case(off[:-1] + ["1024"], [[("A", 3000)]] * 3))
+    assert on["chunked_prefill_size"] == 1024
 
 
 def test_decode_tracks_every_interval_and_a_turn_quoting_the_output_resumes_inside_it(sglang):

@@ -162,10 +162,6 @@ CASES.update(
         "sglang-sibling-branch": _sglang_finding(
             [[("A", 1024)], [("A", 640), ("B", 400)], [("A", 640), ("B", 400)]], [0, 0, 1024], [0, 0, 640]
         ),
-        # sglang-off-page-key-qwen3_next.json: the resend resumes at 2880 from a state over 2920 tokens
-        "sglang-off-page-key": dict(
-            _sglang_finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944]), oracle="resumed_state", first_divergence=1
-        ),
     }
 )
 
@@ -347,15 +343,19 @@ def test_a_partial_hits_copied_state_seen_by_resumed_state_is_the_stale_state_cl
     assert classify(held(None)) is None  # a slot no step wrote (not this mechanism)
 
 
-def test_a_stale_finding_on_sglang_is_its_state_class_not_vllms():
-    """SGLang's off-page key seen by ``stale`` (a campaign at stop 47:
-    request 2 resumed at 1280 where the highest state its prefills wrote is
-    1152, the same request ``resumed_state`` saw resume from a state over
-    1408 tokens): the family's state class, never vLLM's stale-state; a
-    vLLM stale finding stays stale-state."""
-    on_sglang = dict(CASES["sglang-off-page-key"], oracle="stale")
-    assert classify(on_sglang) == "sglang-off-page-key"
+def test_a_state_finding_on_sglang_is_no_known_class_not_vllms():
+    """SGLang has no known state class: its off-page key was found only on
+    deployments its launch check refuses (docs/sglang.md), which kvspec's
+    resolver now refuses too. A ``stale`` or ``resumed_state`` finding on
+    SGLang is new, never vLLM's stale-state; a vLLM stale finding stays
+    stale-state."""
+    resumed = dict(
+        _sglang_finding([[("A", 3000)]] * 3, [0, 0, 0], [0, 2880, 2944]), oracle="resumed_state", first_divergence=1
+    )
+    assert classify(resumed) is None
+    assert classify(dict(resumed, oracle="stale")) is None
     assert classify(CASES["stale-state"]) == "stale-state"
+    assert "sglang-off-page-key" not in BY_ID
 
 
 def test_a_stale_finding_without_partial_hits_is_no_stale_state():
