@@ -112,11 +112,12 @@ class Placed:
     tokens: int
 
 
-def common_prefix(a: bytes | list[int], b: bytes | list[int]) -> int:
+def common_prefix(a: bytes | list[int], b: bytes | list[int], skip: int = 0) -> int:
     """The length of the longest common prefix of two sequences (byte
-    strings or token lists), by halving slice comparisons (each done in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
+    strings or token lists), given that their first ``skip`` items are
+    known to be equal, by halving slice comparisons (each done in C)."""
+    lo, hi = min(skip, len(a), len(b)), min(len(a), len(b))
+    if a[lo:hi] == b[lo:hi]:
         return hi
     while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
         mid = (lo + hi) // 2

@@ -61,7 +61,7 @@ from reference.boundaries import (
 )
 from reference.case import Case, Geometry, Segment, output_tokens, prompt_tokens
 from reference.knobs import Knobs
-from reference.radix import TOKEN_BYTES, PrefixIndex, output_bytes, prompt_bytes
+from reference.radix import TOKEN_BYTES, PrefixIndex, common_prefix, output_bytes, prompt_bytes
 
 RULES = ("promise", "replay", "legacy")
 
@@ -76,15 +76,6 @@ class Cached:
     states: dict[int, set[int]] = field(default_factory=dict)
     #: Its full-attention partial tail (``boundaries.fa_tail``; 0: none).
     fa_tail: int = 0
-
-
-def common_prefix(a: list[int], b: list[int], skip: int = 0) -> int:
-    """Length of the longest common prefix of two token lists, given that
-    their first ``skip`` tokens are known to be equal."""
-    i, n = skip, min(len(a), len(b))
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def related(index: dict[int, list[int]], tokens: list[int], n: int) -> list[int]:
