@@ -68,6 +68,12 @@ class                        release   recognised by
                                        copy-on-write block, then resumes there
                                        (or, counting it twice again at
                                        admission, never)
+``async-tail-recache``       0.29.0    the ``resumed_state`` oracle, async
+                                       scheduling: a request resumes at an
+                                       earlier prompt's own partial tail t from
+                                       a state over t + k tokens (the key
+                                       cached again after its copy-on-write,
+                                       copied a decode step later)
 ``sglang-grid-resend``       sglang    SGLang: an identical resend of a prompt
                              0.5.23    of k x grid tokens hits below the promise
                                        (its tracked state is at k x grid, one
@@ -169,6 +175,13 @@ VLLM_CLASSES = (
         "a request on a pinned pool whose last prompt key ends inside a Mamba block preempts itself once its prefill"
         " reaches that key, and resumes there or is never admitted again: the key's copy-on-write block is counted"
         " twice",
+    ),
+    KnownClass(
+        "async-tail-recache",
+        "0.29.0",
+        "no-stale",
+        "under async scheduling a request resumes at an earlier prompt's own partial-tail key from a state a decode"
+        " step or more past it: the key is cached again after its copy-on-write and copied again a step later",
     ),
     KnownClass(
         "null-gap-retirement",
@@ -283,6 +296,38 @@ def _copied_partial_state(finding: dict) -> bool:
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, t, M, unit)) or M <= 0 or unit <= 0:
         return False
     return at > 0 and at % M == 0 and unit < M and at - M < t < at and t % unit == 0
+
+
+def _recached_tail(finding: dict) -> bool:
+    """A ``resumed_state`` finding of the ``async-tail-recache`` class
+    (vLLM 0.29.0, async scheduling): the request resumed at ``t`` from a
+    state over ``t + k`` tokens (``0 < k``, at most the decode steps of the
+    earlier request) where ``t`` is an earlier prompt's own partial tail
+    (:func:`_own_partial_tail`). The scheduler caches up to
+    ``min(computed + new, request.num_tokens)`` (``kv_cache_manager.py:555-562``);
+    with the step's output in flight ``num_tokens`` lacks it, so the decode
+    step after the prefill reached t caches t again
+    (``MambaManager.cache_blocks``, ``single_type_kv_cache_manager.py:1818-1830``;
+    ``_cache_partial_tail_block``, ``:1858-1893``) on the running block whose
+    entry the previous copy-on-write had moved (``:1743-1751``), and the
+    next step's copy-on-write copies that block after the decode wrote
+    t + 1 into it. Ended by ``tests/engine/data/vllm-0.29.0-async-tail-recache.diff``
+    (no second key once the request computed past it)."""
+    got = _first_resumed(finding)
+    facts = (finding.get("resolution") or {}).get("facts") if isinstance(finding.get("resolution"), dict) else None
+    if got is None or not isinstance(facts, dict) or facts.get("async_scheduling") is not True:
+        return False
+    rec, _g = got
+    at, t = rec.get("at"), rec.get("tokens")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, t)) or t <= at:
+        return False
+    try:
+        trace = parse_case(finding.get("case")).trace
+    except KvspecError:
+        return False
+    i = finding.get("first_divergence")
+    earlier = range(min(i, len(trace))) if isinstance(i, int) else ()
+    return any(_own_partial_tail(finding, j) == at and t - at <= trace[j].max_tokens for j in earlier)
 
 
 #: "request I still unfinished after S steps (C/N prompt tokens computed)":
@@ -489,7 +534,9 @@ def classify(finding: dict) -> str | None:
         if family is not None and family.classes is not None:
             return None
         if family is not None:  # vLLM's: by what the resumed state held
-            return "stale-state" if _copied_partial_state(finding) else None
+            if _copied_partial_state(finding):
+                return "stale-state"
+            return "async-tail-recache" if version.startswith("0.29.") and _recached_tail(finding) else None
     if finding.get("oracle") == "engine_error":
         return _stall_class(finding, version) if family is not None and family.classes is None else None
     if finding.get("oracle") == "block_table":

@@ -184,6 +184,10 @@ NEVER_READMITTED = json.loads(
 #: make check's engine_error-ef99ab80 (vLLM 0.29.0, Jamba, block 160 = unit, EAGLE 3, async, pool 42):
 #: A:797 preempted with its chunk in flight and resumed at 640, 866 steps; runs under sync
 ASYNC_029 = json.loads((REPO_ROOT / "tests/engine/data/finding-async-self-preemption-0.29.0-jamba.json").read_text())
+#: bench/rediscovery's 0.29.0 seed 5 (Jamba, block 160, unit 32, async, pool 91): A:384 decoding 4
+#: keys its partial tail 384 twice; request 4 (A:544+W:1) resumes at 384 from a state over 385 tokens
+TAIL_RECACHE = json.loads((REPO_ROOT / "tests/engine/data/finding-async-tail-recache-jamba.json").read_text())
+CASES["async-tail-recache"] = TAIL_RECACHE
 
 
 def test_every_known_class_has_a_finding_here_and_a_release():
@@ -518,3 +522,22 @@ def test_a_0_29_resend_of_a_block_aligned_prompt_without_the_drop_is_the_aligned
     )
     assert classify(sibling) is None  # not a resend
     assert all(classify(CASES[k]) != "aligned-resend" for k in CASES if k != "aligned-resend")
+
+
+def test_a_0_29_resume_past_an_earlier_prompts_own_tail_under_async_is_the_recache_class():
+    assert classify(TAIL_RECACHE) == "async-tail-recache"
+    rec = TAIL_RECACHE["explain"]["engine"][4]["resumed_state"]
+    assert (rec["at"], rec["tokens"], rec["same_tokens"]) == (384, 385, False)
+    sync = copy.deepcopy(TAIL_RECACHE)
+    sync["resolution"]["facts"]["async_scheduling"] = False
+    assert classify(sync) is None  # the second key needs the output in flight
+    assert classify(dict(TAIL_RECACHE, engine=dict(TAIL_RECACHE["engine"], version="0.33.0"))) is None
+    far = copy.deepcopy(TAIL_RECACHE)  # more tokens past the key than request 0 decoded: not its decode
+    far["explain"]["engine"][4]["resumed_state"]["tokens"] = 384 + 5
+    assert classify(far) is None
+    short = copy.deepcopy(TAIL_RECACHE)  # a state short of the key is another fault
+    short["explain"]["engine"][4]["resumed_state"]["tokens"] = 383
+    assert classify(short) is None
+    untailed = copy.deepcopy(TAIL_RECACHE)  # A:320 ends its block: no partial tail of its own
+    untailed["case"]["trace"][0]["prompt"][0]["length"] = 320
+    assert classify(untailed) is None
