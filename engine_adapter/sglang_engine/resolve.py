@@ -193,7 +193,8 @@ class SglangResolution:
             "speculative_algorithm": self.speculative,
             "speculative_num_draft_tokens": self.draft_tokens,
             "server_args": self.fields,
-            "read_by": "sglang.srt.server_args.prepare_server_args + ServerArgs.resolve_once + check_server_args (platform: cuda)",
+            "read_by": "sglang.srt.server_args.prepare_server_args + ServerArgs.resolve_once + check_server_args"
+            " (platform: cuda)",
         }
 
 

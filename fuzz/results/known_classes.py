@@ -444,10 +444,11 @@ def _stall_class(finding: dict, version: str) -> str | None:
       (``tests/engine/data/vllm-0.29.0-tail-cow-cap.diff``) ends them.
     * Ran, under async scheduling, no overcount, and looped
       (:func:`_looped`): the self-preemption class, preempted while its own
-      chunk is in flight and resumed where it was, again and again (``v1/core/sched/scheduler.py:912-980`` in 0.33.0,
-      ``:656-712`` in 0.29.0; ``fixes/vllm-0.33.0-async-self-preemption.diff``
-      and its port ``tests/engine/data/vllm-0.29.0-async-self-preemption.diff``
-      end them). Only on the releases where it was traced (0.29.x, 0.33.x).
+      chunk is in flight and resumed where it was, again and again
+      (``v1/core/sched/scheduler.py:912-980`` in 0.33.0, ``:656-712`` in
+      0.29.0; ``fixes/vllm-0.33.0-async-self-preemption.diff`` and its port
+      ``tests/engine/data/vllm-0.29.0-async-self-preemption.diff`` end
+      them). Only on the releases where it was traced (0.29.x, 0.33.x).
 
     ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
