@@ -362,7 +362,13 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
     counts one copy-on-write block per group
     (``_has_partial_local_hit``, ``v1/core/single_type_kv_cache_manager.py:164-174, 262-265``)
     that the start-up check's plan of one ``max_model_len`` request
-    (``_max_memory_usage_bytes_from_groups``, ``kv_cache_planning.py:1253-1285``) leaves out."""
+    (``_max_memory_usage_bytes_from_groups``, ``kv_cache_planning.py:1253-1285``) leaves out.
+    Under the EAGLE drop the hit backs off one hash unit more
+    (``FullAttentionManager.find_longest_cache_hit``,
+    ``single_type_kv_cache_manager.py:829-830``: ``min(alignment_tokens,
+    block_size)``), so a floor on a block boundary lands inside the block
+    below (a make check campaign's B:380+C:4 then +T0:193, block 192, unit
+    32: floor 384, hit 352)."""
     try:
         case = parse_case(finding.get("case"))
     except KvspecError:
@@ -370,9 +376,11 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
     g = case.geometry
     if g is None or i >= len(case.trace) or g.hash_block_size is None or g.hash_block_size >= g.scheduler_block_size:
         return False
-    mine = prompt_tokens(case.trace[i])
+    drop = bool(((finding.get("engine") or {}).get("knobs") or {}).get("eagle_drop"))
+    mine, unit = prompt_tokens(case.trace[i]), g.hash_block_size
     for earlier in case.trace[:i]:
-        hit = min(common_prefix(mine, prompt_tokens(earlier)), len(mine) - 1) // g.hash_block_size * g.hash_block_size
+        floor = min(common_prefix(mine, prompt_tokens(earlier)), len(mine) - 1) // unit * unit
+        hit = floor - unit if drop else floor
         if hit > 0 and hit % g.scheduler_block_size:
             return True
     return False

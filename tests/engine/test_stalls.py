@@ -151,3 +151,14 @@ def test_each_0_29_stall_ends_with_its_own_cause_removed_only(engines, diff, end
     engine = engines(builds.prepare("vllm==0.29.0", [str(DATA / diff)]).removeprefix("vllm=="))
     assert _stalled_at(engine.run(_finding_case(ends))) is None
     assert _stalled_at(engine.run(_finding_case(keeps))) == 0
+
+
+def test_a_hit_the_eagle_drop_moves_inside_a_block_stalls_one_pool_below_the_smallest_that_runs(engine_033):
+    """The copy-on-write class with the hit inside a block only after the
+    drop: the shared prefix floors to 384 (block 192), the drop backs it off
+    one 32-token unit to 352 (``known_classes._hit_may_end_inside_a_block``)."""
+    name = "finding-pinned-pool-cow-stall-drop-qwen3_next.json"
+    stalled = engine_033.run(_finding_case(name))  # pool 23
+    assert _stalled_at(stalled) == 1 and "(0/577 prompt tokens computed)" in stalled["error"]["message"]
+    runs = engine_033.run(_finding_case(name, pool=24))
+    assert _stalled_at(runs) is None and runs["hits"] == [0, 352]

@@ -541,3 +541,18 @@ def test_a_0_29_resume_past_an_earlier_prompts_own_tail_under_async_is_the_recac
     untailed = copy.deepcopy(TAIL_RECACHE)  # A:320 ends its block: no partial tail of its own
     untailed["case"]["trace"][0]["prompt"][0]["length"] = 320
     assert classify(untailed) is None
+
+
+def test_a_stall_whose_hit_the_drop_moves_inside_a_block_is_the_copy_on_write_class():
+    """bench/rediscovery's 0.33.0 seed 4 (Qwen3-Next, block 192, unit 32,
+    MTP 2 with the drop, pool 23, sync): B:380+C:4 then B:380+C:4+T0:193.
+    The shared prefix floors to 384, on a block boundary, but the drop
+    backs the hit off one unit to 352, inside the block: never admitted
+    (9 steps). vLLM gives 352 at pool 24; the admission fix refuses pool 23."""
+    stored = json.loads(
+        (REPO_ROOT / "tests/engine/data/finding-pinned-pool-cow-stall-drop-qwen3_next.json").read_text()
+    )
+    assert classify(stored) == "pinned-pool-cow-stall"
+    undropped = copy.deepcopy(stored)
+    undropped["engine"]["knobs"]["eagle_drop"] = False
+    assert classify(undropped) is None  # a hit of 384 ends on the block: no copy-on-write block
