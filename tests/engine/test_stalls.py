@@ -49,14 +49,18 @@ EXAMPLES = ROOT / "examples"
 POOL = "--num-gpu-blocks-override"
 
 
-def _load(name: str, pool: int | None = None, *extra: str) -> dict:
-    case = json.loads((EXAMPLES / f"{name}.json").read_text())
+def _pinned(case: dict, pool: int | None, extra: tuple[str, ...]) -> dict:
+    """A copy of ``case`` on ``pool`` blocks (None: its own) with ``extra`` flags."""
     case = copy.deepcopy(case)
     args = case["deployment"]["vllm_args"]
     if pool is not None:
         args[args.index(POOL) + 1] = str(pool)
     args.extend(extra)
     return case
+
+
+def _load(name: str, pool: int | None = None, *extra: str) -> dict:
+    return _pinned(json.loads((EXAMPLES / f"{name}.json").read_text()), pool, extra)
 
 
 DATA = ROOT / "tests" / "engine" / "data"
@@ -67,12 +71,7 @@ ASYNC_029 = "finding-async-self-preemption-0.29.0-jamba.json"
 
 
 def _finding_case(name: str, *extra: str, pool: int | None = None) -> dict:
-    case = copy.deepcopy(json.loads((DATA / name).read_text())["case"])
-    args = case["deployment"]["vllm_args"]
-    if pool is not None:
-        args[args.index(POOL) + 1] = str(pool)
-    args.extend(extra)
-    return case
+    return _pinned(json.loads((DATA / name).read_text())["case"], pool, extra)
 
 
 def _stalled_at(obs: dict) -> int | None:
