@@ -339,10 +339,14 @@ def with_pinned_pool(c: Chooser, deployment: dict, trace: list[dict], unit: int)
 
 
 #: The deployments SGLang's boundary cases run on (``check-build``): the
-#: extra buffer with a budget on the checkpoint grid and one off the page
-#: (a continuing chunk starts off it, ``schedule_policy.py:1140``), pages
+#: extra buffer with a budget on the checkpoint grid and two on the page
+#: but off the grid (a continuing chunk starts off the grid,
+#: ``schedule_policy.py:1140``: 1008 and 1056 on page 16, grid 64), pages
 #: 1, 16, 64 and 256 (the grid is lcm(max(model chunk, page), page):
-#: ``runtime_context.py:1966``), and ``no_buffer`` (page 1).
+#: ``runtime_context.py:1966``), and ``no_buffer`` (page 1). Each is one
+#: SGLang launches: a budget off the page is refused by its launch check
+#: (``check_server_args``, run by kvspec's resolver since stop 52; it had
+#: two here, page 64 and page 16 with budget 1000, silently left out).
 BOUNDARY_DEPLOYMENTS = (
     (
         "qwen3_next",
@@ -350,11 +354,11 @@ BOUNDARY_DEPLOYMENTS = (
     ),
     (
         "qwen3_next",
-        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "64", "--chunked-prefill-size", "1000"],
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1008"],
     ),
     (
         "qwen3_next",
-        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1000"],
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "16", "--chunked-prefill-size", "1056"],
     ),
     (
         "qwen3_next",

@@ -205,6 +205,20 @@ def test_predict_replay_equals_sglang_on_its_examples_and_drawn_cases(sglang):
     assert [r["case"] for r in rows if not r["agrees"]] == [], rows
 
 
+def test_every_boundary_deployment_is_one_sglang_launches(sglang):
+    """check-build's boundary cases leave out a deployment SGLang refuses
+    (``sglang_boundary_cases``): kvspec's own list must hold none, or its
+    cases vanish without a word (two did, once the resolver ran the launch
+    check)."""
+    from fuzz.draw.generate_sglang import BOUNDARY_DEPLOYMENTS
+
+    for model, args in BOUNDARY_DEPLOYMENTS:
+        res = sglang.resolve(
+            {**_case(args, [[("A", 10)]]), "deployment": {"model": model, "engine": "sglang", "sglang_args": args}}
+        )
+        assert res["chunked_prefill_size"] == int(args[args.index("--chunked-prefill-size") + 1]), (model, args)
+
+
 def test_sglangs_launch_check_refuses_a_budget_off_the_page(sglang):
     """``check_server_args`` (``validation_hook.py:241-246``), which
     ``Engine._launch_subprocesses`` runs after ``resolve_once``
