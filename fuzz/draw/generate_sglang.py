@@ -114,9 +114,10 @@ def off_grid_chunk(c: Chooser, page: int | None, chunk: int | None) -> int | Non
     (``arg_groups/validation_hook.py:243-246``, asserted by
     ``check_server_args`` in ``Engine._launch_subprocesses``,
     ``entrypoints/engine.py:1165``, for the HTTP server and the Python
-    engine alike; kvspec's resolver does not run that check, so the draw
-    keeps to it). So where the page is the grid (64 and up: every multiple
-    of the page is on the grid) no budget is both: ``chunk`` as drawn."""
+    engine alike; kvspec's resolver runs it too, and the draw keeps to it
+    so that no drawn case is refused). So where the page is the grid (64
+    and up: every multiple of the page is on the grid) no budget is both:
+    ``chunk`` as drawn."""
     p, grid = page or 1, grid_of(page)
     rest = sorted({r for r in (p, grid // 2, grid - p) if 0 < r < grid and r % p == 0})
     if not rest:
