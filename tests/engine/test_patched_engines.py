@@ -117,9 +117,18 @@ def _check_build(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
 
 
 def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
+    """The longer-sibling fix with #53504's two fixes undone, on the two
+    stall fixes: without them a campaign that pins a pool at the start-up
+    check's floor finds 0.33.0's own copy-on-write stall within seconds
+    (a fresh clone's run at stop 52: ``pinned-pool-cow-stall``, pool 11),
+    and ``errors`` fails for a reason this test is not about."""
     code, report, err = _check_build(
         "--engine",
         "vllm==0.33.0",
+        "--patch",
+        str(FIXES / "vllm-0.33.0-admission-cow-block.diff"),
+        "--patch",
+        str(FIXES / "vllm-0.33.0-async-self-preemption.diff"),
         "--patch",
         str(LONGER_SIBLING),
         "--patch",
@@ -133,8 +142,8 @@ def test_check_build_catches_a_build_that_breaks_the_53504_rule_again():
     assert code == 1, err[-2000:]
     assert rows["R1"]["verdict"] == "FAIL" and rows["errors"]["verdict"] == "pass"
     r1 = json.loads(Path(rows["R1"]["counterexample"]).read_text())
-    assert r1["engine"]["name"].startswith("vllm==0.33.0+longer-sibling.undo-54713.undo-checkpoint.")
-    assert r1["engine"]["build"]["release"] == "0.33.0" and len(r1["engine"]["build"]["sources"]) == 3
+    assert r1["engine"]["name"].startswith("vllm==0.33.0+admission-cow.async-self.longer-sibling-")
+    assert r1["engine"]["build"]["release"] == "0.33.0" and len(r1["engine"]["build"]["sources"]) == 5
     assert "(resend)" in r1["summary"] and r1["oracle"] in ("promise", "sparse_dense", "spec_on_off")
     assert report["first_failure_s"] is not None
 
