@@ -98,7 +98,7 @@ from fuzz.judge.oracle_registry import HIT_ORACLES
 from fuzz.judge.oracles import SAME_STEP_READ, request_kinds
 from ground.engines import FAMILIES, family_of, load
 from ground.errors import KvspecError
-from reference.case import parse_case, prompt_tokens
+from reference.case import Case, parse_case, prompt_tokens
 from reference.serial import common_prefix
 
 
@@ -206,9 +206,19 @@ KNOWN_CLASSES = _declared()
 BY_ID = {k.id: k for k in KNOWN_CLASSES}
 
 
-def _low_hit(finding: dict) -> tuple[str, dict] | None:
-    """(the first diverging request's kind, the case's geometry) when the
-    finding says that request hit less than it must; None otherwise."""
+def _case(finding: dict) -> Case | None:
+    """The finding's case, parsed once for every rule that reads it; None
+    where it cannot be read (a rule then names no class)."""
+    try:
+        return parse_case(finding.get("case"))
+    except KvspecError:
+        return None
+
+
+def _low_hit(finding: dict) -> tuple[str, dict, Case] | None:
+    """(the first diverging request's kind, the case's geometry as the
+    finding holds it, the parsed case) when the finding says that request
+    hit less than it must; None otherwise."""
     if finding.get("oracle") not in HIT_ORACLES:
         return None
     i = finding.get("first_divergence")
@@ -219,10 +229,9 @@ def _low_hit(finding: dict) -> tuple[str, dict] | None:
     raw = finding.get("case")
     if not isinstance(raw, dict) or not isinstance(raw.get("geometry"), dict):
         return None
-    try:
-        return request_kinds(parse_case(raw))[i], raw["geometry"]
-    except (KvspecError, IndexError):
-        return None
+    case = _case(finding)
+    kinds = request_kinds(case) if case is not None else []
+    return (kinds[i], raw["geometry"], case) if i < len(kinds) else None
 
 
 def _high_past_checkpoint(finding: dict) -> bool:
@@ -321,13 +330,12 @@ def _recached_tail(finding: dict) -> bool:
     at, t = rec.get("at"), rec.get("tokens")
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, t)) or t <= at:
         return False
-    try:
-        trace = parse_case(finding.get("case")).trace
-    except KvspecError:
-        return False
+    case = _case(finding)
     i = finding.get("first_divergence")
-    earlier = range(min(i, len(trace))) if isinstance(i, int) else ()
-    return any(_own_partial_tail(finding, j) == at and t - at <= trace[j].max_tokens for j in earlier)
+    if case is None or not isinstance(i, int):
+        return False
+    trace = case.trace
+    return any(_own_partial_tail(case, j) == at and t - at <= trace[j].max_tokens for j in range(min(i, len(trace))))
 
 
 #: "request I still unfinished after S steps (C/N prompt tokens computed)":
@@ -354,7 +362,7 @@ def _pinned_stall(finding: dict) -> tuple[int, int, int, dict] | None:
     return i, steps, computed, facts
 
 
-def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
+def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool) -> bool:
     """Whether request ``i`` shares with an earlier request a prefix whose
     hash-unit floor (capped at its last prompt position) ends inside a
     scheduler block: a partial local hit, for which 0.33.0's admission gate
@@ -368,15 +376,10 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
     ``single_type_kv_cache_manager.py:829-830``: ``min(alignment_tokens,
     block_size)``), so a floor on a block boundary lands inside the block
     below (a make check campaign's B:380+C:4 then +T0:193, block 192, unit
-    32: floor 384, hit 352)."""
-    try:
-        case = parse_case(finding.get("case"))
-    except KvspecError:
-        return False
+    32: floor 384, hit 352). ``drop``: the engine's knobs say the drop is on."""
     g = case.geometry
     if g is None or i >= len(case.trace) or g.hash_block_size is None or g.hash_block_size >= g.scheduler_block_size:
         return False
-    drop = bool(((finding.get("engine") or {}).get("knobs") or {}).get("eagle_drop"))
     mine, unit = prompt_tokens(case.trace[i]), g.hash_block_size
     for earlier in case.trace[:i]:
         floor = min(common_prefix(mine, prompt_tokens(earlier)), len(mine) - 1) // unit * unit
@@ -386,7 +389,7 @@ def _hit_may_end_inside_a_block(finding: dict, i: int) -> bool:
     return False
 
 
-def _own_partial_tail(finding: dict, i: int) -> int | None:
+def _own_partial_tail(case: Case, i: int) -> int | None:
     """The position of request ``i``'s own partial-tail key: its prompt's
     last hash-unit boundary ``t = N // u * u`` where it lies inside a Mamba
     block (``0 < t``, ``t % M != 0``, ``u < M``); None otherwise. vLLM
@@ -395,10 +398,6 @@ def _own_partial_tail(finding: dict, i: int) -> int | None:
     (``MambaManager._cache_partial_tail_block``,
     ``v1/core/single_type_kv_cache_manager.py:1858-1893``: ``_partial_hit_reqs``
     at :1892)."""
-    try:
-        case = parse_case(finding.get("case"))
-    except KvspecError:
-        return None
     g = case.geometry
     if g is None or i >= len(case.trace) or not g.hash_block_size:
         return None
@@ -407,7 +406,7 @@ def _own_partial_tail(finding: dict, i: int) -> int | None:
     return t if u < M and t > 0 and t % M else None
 
 
-def _block_aligned(finding: dict, g: dict) -> bool:
+def _block_aligned(case: Case, i: int) -> bool:
     """Whether the first diverging request's prompt is a whole number of
     scheduler blocks: the ``aligned-resend`` class. vLLM 0.29.0 (align
     mode) stops a prefill chunk at its last cacheable position
@@ -417,15 +416,10 @@ def _block_aligned(finding: dict, g: dict) -> bool:
     (``kv_cache_manager.py:253-258``), floored to N - block, and misses.
     The resend's own chunk stops there (its junction), so the next resend
     hits: miss, miss, hit, as #53504 under the drop."""
-    i = finding.get("first_divergence")
-    block = g.get("scheduler_block_size")
-    if not isinstance(i, int) or not isinstance(block, int) or block <= 0:
+    block = case.geometry.scheduler_block_size if case.geometry is not None else None
+    if not block or i >= len(case.trace):
         return False
-    try:
-        case = parse_case(finding.get("case"))
-    except KvspecError:
-        return False
-    return i < len(case.trace) and len(prompt_tokens(case.trace[i])) % block == 0
+    return len(prompt_tokens(case.trace[i])) % block == 0
 
 
 def _stall_class(finding: dict, version: str) -> str | None:
@@ -460,31 +454,29 @@ def _stall_class(finding: dict, version: str) -> str | None:
 
     ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
-    if got is None:
+    case = _case(finding) if got is not None else None
+    if case is None:  # every rule below reads the case
         return None
     i, steps, computed, facts = got
     if steps <= _IDLE_STALL_STEPS:
-        never_ran = computed == 0 and _hit_may_end_inside_a_block(finding, i)
+        drop = bool(((finding.get("engine") or {}).get("knobs") or {}).get("eagle_drop"))
+        never_ran = computed == 0 and _hit_may_end_inside_a_block(case, i, drop)
         return "pinned-pool-cow-stall" if never_ran else None
-    tail = _own_partial_tail(finding, i)
+    tail = _own_partial_tail(case, i)
     if version.startswith("0.29.") and tail is not None and computed in (0, tail):
         return "tail-cow-overcount"
     traced = version.startswith(("0.29.", "0.33."))
-    looped = _looped(finding, i, steps)
+    looped = _looped(case, i, steps)
     return "async-self-preemption" if traced and looped and facts.get("async_scheduling") is True else None
 
 
-def _looped(finding: dict, i: int, steps: int) -> bool:
+def _looped(case: Case, i: int, steps: int) -> bool:
     """Whether request ``i`` took more steps than it could without being
     preempted and resumed: its prompt and output tokens, one step each at
     the least progress, plus the idle bound. The step loop stops a request
     at ``n + max_tokens + 64`` steps (``steploop.py``), past this; one
     preempted once and never admitted again stops at the idle bound,
     within it."""
-    try:
-        case = parse_case(finding.get("case"))
-    except KvspecError:
-        return False
     if i >= len(case.trace):
         return False
     request = case.trace[i]
@@ -556,7 +548,7 @@ def classify(finding: dict) -> str | None:
     low = _low_hit(finding)
     if low is None:
         return None
-    kind, g = low
+    kind, g, case = low
     if family is not None and family.classes is not None:  # the family's own classes
         return load(family.classes).classify(finding, kind, g)
     knobs = (finding.get("engine") or {}).get("knobs") or {}
@@ -568,7 +560,7 @@ def classify(finding: dict) -> str | None:
             return "resend-beside-checkpoint"
         if drop and version.startswith("0.29."):
             return "resend-53504"
-        if version.startswith("0.29.") and _block_aligned(finding, g):
+        if version.startswith("0.29.") and _block_aligned(case, finding["first_divergence"]):
             return "aligned-resend"
         return None
     if kind == "sibling":
