@@ -230,19 +230,3 @@ def retention_period(interval: int, M: int) -> int:
     interval itself."""
     per_segment = interval // M
     return M if per_segment <= 1 else per_segment * M
-
-
-def rescale_length(length: int, old: int, new: int) -> int:
-    """Map ``q*old + r`` to ``q*new + r'`` keeping the boundary class of r:
-    0 stays 0, +1/+2 stay +1/+2, -1/-2 (old-1, old-2) stay -1/-2, anything
-    else moves proportionally, kept clear of those classes."""
-    q, r = divmod(length, old)
-    if r == 0:
-        r2 = 0
-    elif r <= 2:
-        r2 = r
-    elif old - r <= 2:
-        r2 = new - (old - r)
-    else:
-        r2 = min(max(round(r * new / old), 3), new - 3)
-    return q * new + r2

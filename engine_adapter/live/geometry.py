@@ -33,8 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ground.errors import Unsupported
-from reference.boundaries import rescale_length
-from reference.case import Case, Geometry, Group, Segment
+from reference.case import Case
+from reference.rescale import rescale_budget
+from reference.rescale import rescale_case as rescale
 
 
 def _int_label(value: str | None) -> int | None:
@@ -199,19 +200,17 @@ def _fmt_ret(value) -> str:
 # ---------------------------------------------------------------- rescale
 
 
-_rescale_length = rescale_length
-
-
 def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
     """Map ``case`` onto ``new_block`` when its pattern survives.
 
     Allowed when every group has one block size B (so hash, scheduler and
     Mamba blocks are all B), ``prefix_match_unit`` is unset, and the
-    reference prediction, in blocks, is the same before and after: every
-    segment length ``q*B + r`` becomes ``q*new + r'`` (r' keeps the nB, nB±1,
-    nB±2 classes, else scales), ``retention_interval`` and
-    ``max_num_batched_tokens`` scale by ``new/B`` when they are multiples of
-    B. ``predict_fn(case) -> hits`` is the reference model. Returns the new
+    reference prediction, in blocks, is the same before and after. The case
+    moves by ``reference.rescale``: every segment length ``q*B + r`` becomes
+    ``q*new + r'`` (r' keeps the nB, nB±1, nB±2 classes, else scales),
+    ``retention_interval`` (a multiple of B) scales by ``new/B``, the other
+    geometry fields stay; ``max_num_batched_tokens`` is tried as it is, then
+    scaled. ``predict_fn(case) -> hits`` is the reference model. Returns the new
     case and a one-line note; raises Unsupported otherwise.
     """
     if case.deployment is not None:
@@ -242,39 +241,20 @@ def rescale_case(case: Case, new_block: int, predict_fn) -> tuple[Case, str]:
             f"--rescale: speculative.num_speculative_tokens={case.speculative.num_speculative_tokens}; allowed: < server block_size={new_block}"
         )
 
-    def scale_multiple(value: int | None, what: str) -> int | None:
-        if value is None or value == 0:
-            return value
-        if value % old:
-            raise Unsupported(
-                f"--rescale: geometry.{what}={value} is not a multiple of the block size {old}; allowed: a multiple"
-            )
-        return value // old * new_block
-
-    groups = tuple(Group(grp.kind, new_block, grp.count) for grp in g.groups)
-    trace = tuple(
-        replace(
-            req,
-            prompt=tuple(
-                s if s.output is not None else Segment(s.segment, max(1, _rescale_length(s.length, old, new_block)))
-                for s in req.prompt
-            ),
+    interval = g.retention_interval
+    if interval and interval % old:
+        raise Unsupported(
+            f"--rescale: geometry.retention_interval={interval} is not a multiple of the block size {old}; allowed: a multiple"
         )
-        for req in case.trace
-    )
-    retention = scale_multiple(g.retention_interval, "retention_interval")
-    budgets = [g.max_num_batched_tokens]
-    if g.max_num_batched_tokens % old == 0:
-        budgets.append(g.max_num_batched_tokens // old * new_block)
-    else:
-        budgets.append(max(new_block, round(g.max_num_batched_tokens * new_block / old)))
+    moved = rescale(case, old, new_block)
+    budgets = [g.max_num_batched_tokens, rescale_budget(g.max_num_batched_tokens, old, new_block)]
     before = [h / old for h in predict_fn(case)]
     for budget in budgets:
-        geo = Geometry(groups, new_block, new_block, None, retention, budget)
-        cand = replace(case, geometry=geo, trace=trace, name=(case.name or "case") + f"@block{new_block}")
+        geo = replace(moved.geometry, max_num_batched_tokens=budget)
+        cand = replace(moved, geometry=geo, name=(case.name or "case") + f"@block{new_block}")
         after = [h / new_block for h in predict_fn(cand)]
         if after == before:
-            lengths = ", ".join(str(r.num_prompt_tokens) for r in trace)
+            lengths = ", ".join(str(r.num_prompt_tokens) for r in moved.trace)
             return (
                 cand,
                 f"rescaled block {old} -> {new_block}: prompt lengths {lengths}; max_num_batched_tokens={budget}; predicted hits in blocks unchanged",

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from fuzz.draw.codec import decode
 from fuzz.driving.atheris_runner import write_seeds
 from ground.files import hash_files
-from reference.boundaries import rescale_length
-from reference.case import Case, Segment, parse_case, request_to_dict
+from reference.case import DEFAULT_MAX_NUM_BATCHED_TOKENS, Case, parse_case, request_to_dict
+from reference.rescale import rescale_budget, rescale_interval, rescale_trace
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,8 +103,8 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     """A z3 boundary case (a uniform hand geometry) mapped onto a real
     deployment: every length q*S + r becomes q*B + r' with r' in the same
     boundary class (0, +-1, +-2, else proportional), the chunk budget and a
-    periodic interval scale with the block, the speculative mode is the
-    deployment's. None when the case is not uniform, its speculative mode
+    periodic interval scale with the block (``reference.rescale``), the
+    speculative mode is the deployment's. None when the case is not uniform, its speculative mode
     has no deployment, or vLLM rejects every candidate."""
     g = case.geometry
     if g is None or case.deployment is not None:
@@ -121,30 +120,21 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     if not info:
         return None
     B = int(info["block"])
-    trace = tuple(
-        replace(
-            r,
-            prompt=tuple(
-                x if x.output is not None else Segment(x.segment, max(1, rescale_length(x.length, S, B)))
-                for x in r.prompt
-            ),
-        )
-        for r in case.trace
-    )
+    trace = rescale_trace(case.trace, S, B)
     longest = max(r.num_prompt_tokens + r.max_tokens for r in trace)
     if info.get("max_model_len") and longest + 64 > int(info["max_model_len"]):
         return None
     args = list(dep["vllm_args"])
     budget = g.max_num_batched_tokens
-    if budget != 8192:
-        budget = max(B, budget // S * B) if budget % S == 0 else max(B, round(budget * B / S))
+    if budget != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        budget = rescale_budget(budget, S, B)
     args += ["--max-num-batched-tokens", str(budget)]
     if budget < int(info.get("max_num_seqs") or 256):
         args += ["--max-num-seqs", str(max(1, min(16, budget)))]
     interval = g.retention_interval
     args += [
         "--prefix-cache-retention-interval",
-        "None" if interval is None else str(interval // S * B if interval else 0),
+        "None" if interval is None else str(rescale_interval(interval, S, B)),
     ]
     raw = {
         "schema": 1,

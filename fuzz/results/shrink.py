@@ -9,7 +9,8 @@ prefix, because every change applies to a segment stream everywhere):
 1. drop requests (a run of them, then single ones); then send a concurrent
    request once the earlier ones finished, or sooner (a smaller ``arrival``);
 2. simplify the geometry: one Mamba group, the default chunk budget, a
-   smaller block size with every length rescaled and its block residue kept;
+   smaller block size, the case moved onto it by ``reference.rescale`` (each
+   length's block residue keeps its boundary class);
 3. shorten a segment stream everywhere by whole blocks, then by fewer tokens;
    then one request's last segment alone (the predicate decides whether the
    trace still shows the divergence); each by as many units as
@@ -27,7 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from ground.errors import KvspecError
-from reference.case import Case, Group, Segment, case_to_dict, parse_case, resync_outputs
+from reference.case import Case, Segment, case_to_dict, parse_case, resync_outputs
+from reference.rescale import rescale_case
 
 Predicate = Callable[[Case], bool]
 #: a length to cut: the case cut by k units, and the most units it can lose
@@ -112,29 +114,7 @@ def _simplify_geometry(case: Case) -> Iterator[Case]:
         for smaller in (16, 32, 64, 128, 256, 512):
             if smaller >= block:
                 break
-
-            def rescale(_name: str, length: int, b=block, s=smaller) -> int:
-                q, r = divmod(length, b)
-                if r:
-                    r = {1: 1, b - 1: s - 1}.get(r, max(1, min(s - 1, round(r * s / b))))
-                return max(1, q * s + r)
-
-            groups = tuple(Group(x.kind, smaller, x.count) for x in g.groups)
-            interval = g.retention_interval
-            if interval:
-                interval = interval // block * smaller
-            geometry = replace(
-                g,
-                groups=groups,
-                hash_block_size=smaller,
-                scheduler_block_size=smaller,
-                prefix_match_unit=None,
-                retention_interval=interval,
-                max_num_batched_tokens=g.max_num_batched_tokens
-                if g.max_num_batched_tokens == 8192
-                else max(smaller, g.max_num_batched_tokens // block * smaller),
-            )
-            yield _map_lengths(replace(case, geometry=geometry), rescale)
+            yield rescale_case(case, block, smaller)
 
 
 def _units(block: int | None) -> tuple[tuple[int, int | None], ...]:

@@ -39,9 +39,9 @@ from fuzz.replaying.live_replay import (
     replay,
 )
 from ground.errors import Unsupported
-from reference.boundaries import rescale_length
 from reference.case import case_to_dict, parse_case, prompt_tokens
 from reference.predict import predict
+from reference.rescale import rescale_length
 from tests.conftest import MTP, hybrid, make_case
 
 # 1800 s: the first test also pays for a cold env install (~5 min) and the server start.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -360,6 +361,16 @@ def test_rescale_keeps_boundary_classes_and_the_pattern():
     assert {g.block_size for g in new.geometry.groups} == {128}
     assert [h / 128 for h in ref32(new)] == [h / 1600 for h in ref32(seed)]
     assert "predicted hits in blocks unchanged" in note and new.name == "seed@block128"
+
+
+def test_rescale_keeps_the_shared_prefix_checkpoint():
+    """The moved case is predicted with the geometry's other fields (before
+    reference.rescale, the live rescale built a new Geometry and dropped
+    ``shared_prefix_checkpoint``)."""
+    seed = make_case(hybrid(1600, 1600), [[("A", 3300)], [("A", 3300), ("B", 900)]], name="seed")
+    seed = replace(seed, geometry=replace(seed.geometry, shared_prefix_checkpoint=True))
+    new, _ = rescale_case(seed, 128, ref32)
+    assert new.geometry.shared_prefix_checkpoint is True
 
 
 def test_rescale_refuses_mixed_block_sizes():
