@@ -185,7 +185,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     ),
     OracleRule(
         "reference",
-        "every request hits what the reference model predicts for the rule its release implements",
+        "every request hits what the reference model predicts for the rule its release implements (the local prefix cache: where a KV connector loaded, the scheduler's own lookup, and no request after the first one a connector loaded for)",
         build=False,
         severity="lost reuse",
         token_cost=True,
