@@ -54,8 +54,10 @@ class                        release   recognised by
 ``async-self-preemption``    0.33.0    a request on a pinned pool under async
                                        scheduling scheduled and preempted again
                                        and again, resumed each time where it
-                                       was (0.29.0 too, with no partial tail
-                                       of its own)
+                                       was, or never admitted again once its
+                                       own hit ends inside a block (0.32.0
+                                       too; 0.29.0 with no partial tail of
+                                       its own)
 ``null-gap-retirement``      0.29.0    the ``block_table`` oracle: a running
                                        request's Mamba table holds blocks below
                                        the state it resumes from, none freed
@@ -165,8 +167,8 @@ VLLM_CLASSES = (
         "async-self-preemption",
         "0.33.0",
         "errors",
-        "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever"
-        " (0.29.0 too)",
+        "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever,"
+        " or once, never admitted again (0.32.0 and 0.29.0 too)",
     ),
     KnownClass(
         "tail-cow-overcount",
@@ -362,7 +364,7 @@ def _pinned_stall(finding: dict) -> tuple[int, int, int, dict] | None:
     return i, steps, computed, facts
 
 
-def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool) -> bool:
+def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool, itself: bool = False) -> bool:
     """Whether request ``i`` shares with an earlier request a prefix whose
     hash-unit floor (capped at its last prompt position) ends inside a
     scheduler block: a partial local hit, for which 0.33.0's admission gate
@@ -376,13 +378,17 @@ def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool) -> bool:
     ``single_type_kv_cache_manager.py:829-830``: ``min(alignment_tokens,
     block_size)``), so a floor on a block boundary lands inside the block
     below (a make check campaign's B:380+C:4 then +T0:193, block 192, unit
-    32: floor 384, hit 352). ``drop``: the engine's knobs say the drop is on."""
+    32: floor 384, hit 352). ``drop``: the engine's knobs say the drop is on.
+    ``itself``: the request's own prompt counts as an earlier one (a request
+    preempted while its own step was in flight finds the blocks that step
+    cached)."""
     g = case.geometry
     if g is None or i >= len(case.trace) or g.hash_block_size is None or g.hash_block_size >= g.scheduler_block_size:
         return False
     mine, unit = prompt_tokens(case.trace[i]), g.hash_block_size
-    for earlier in case.trace[:i]:
-        floor = min(common_prefix(mine, prompt_tokens(earlier)), len(mine) - 1) // unit * unit
+    earlier_prompts = [prompt_tokens(r) for r in case.trace[:i]] + ([mine] if itself else [])
+    for earlier in earlier_prompts:
+        floor = min(common_prefix(mine, earlier), len(mine) - 1) // unit * unit
         hit = floor - unit if drop else floor
         if hit > 0 and hit % g.scheduler_block_size:
             return True
@@ -447,10 +453,16 @@ def _stall_class(finding: dict, version: str) -> str | None:
     * Ran, under async scheduling, no overcount, and looped
       (:func:`_looped`): the self-preemption class, preempted while its own
       chunk is in flight and resumed where it was, again and again
-      (``v1/core/sched/scheduler.py:912-980`` in 0.33.0, ``:656-712`` in
-      0.29.0; ``fixes/vllm-0.33.0-async-self-preemption.diff`` and its port
+      (``v1/core/sched/scheduler.py:912-980`` in 0.33.0, ``:797-834`` in
+      0.32.0, ``:656-712`` in 0.29.0; ``fixes/vllm-0.33.0-async-self-preemption.diff``,
+      which applies to 0.32.0 as it is, and its port
       ``tests/engine/data/vllm-0.29.0-async-self-preemption.diff`` end
-      them). Only on the releases where it was traced (0.29.x, 0.33.x).
+      them); or preempted so once and never admitted again, 0 computed, its
+      own prompt's hit (the blocks its in-flight step cached) ending inside
+      a block, for which admission counts a copy-on-write block per group
+      (Jamba, block 80, unit 16, pool 20 on 0.32.0 and 0.33.0: 337, 352 and
+      399 tokens stall, 320, 321 and 336 run; sync runs all; the fix ends
+      it). Only on the releases where it was traced (0.29.x, 0.32.x, 0.33.x).
 
     ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
@@ -458,16 +470,17 @@ def _stall_class(finding: dict, version: str) -> str | None:
     if case is None:  # every rule below reads the case
         return None
     i, steps, computed, facts = got
+    drop = bool(((finding.get("engine") or {}).get("knobs") or {}).get("eagle_drop"))
     if steps <= _IDLE_STALL_STEPS:
-        drop = bool(((finding.get("engine") or {}).get("knobs") or {}).get("eagle_drop"))
         never_ran = computed == 0 and _hit_may_end_inside_a_block(case, i, drop)
         return "pinned-pool-cow-stall" if never_ran else None
     tail = _own_partial_tail(case, i)
     if version.startswith("0.29.") and tail is not None and computed in (0, tail):
         return "tail-cow-overcount"
-    traced = version.startswith(("0.29.", "0.33."))
-    looped = _looped(case, i, steps)
-    return "async-self-preemption" if traced and looped and facts.get("async_scheduling") is True else None
+    if not version.startswith(("0.29.", "0.32.", "0.33.")) or facts.get("async_scheduling") is not True:
+        return None
+    shut_out = computed == 0 and _hit_may_end_inside_a_block(case, i, drop, itself=True)
+    return "async-self-preemption" if _looped(case, i, steps) or shut_out else None
 
 
 def _looped(case: Case, i: int, steps: int) -> bool:

@@ -1,4 +1,4 @@
-"""Stalls on pinned pools are vLLM's (0.33.0 and 0.29.0), not kvspec's pool stand-in
+"""Stalls on pinned pools are vLLM's (0.33.0, 0.32.0 and 0.29.0), not kvspec's pool stand-in
 (issue 43; ``examples/README.md``, "Stalls on pinned pools").
 
 A pinned pool is the one vLLM builds from ``--num-gpu-blocks-override``
@@ -30,6 +30,11 @@ own cause removed and not with the other's: 0.32.0's cap back-ported
 (``data/vllm-0.29.0-async-self-preemption.diff``); test data, not fixes
 kvspec proposes (0.32.0 counts the block once; the async port is
 ``fixes/vllm-0.33.0-async-self-preemption.diff``'s rule).
+
+The self-preemption without a loop (a 0.32.0 campaign's stall, the same on
+0.33.0): preempted once with its own step in flight, the request is never
+admitted again where its own hit ends inside a block; sync runs it, and the
+0.33.0 fix, which applies to 0.32.0 as it is, ends it.
 """
 
 from __future__ import annotations
@@ -68,10 +73,23 @@ DATA = ROOT / "tests" / "engine" / "data"
 #: and Jamba A:797 (pool 42, async, EAGLE 3, unit = block 160: no tail of its own)
 NEVER_READMITTED = "finding-tail-cow-never-readmitted-granitemoehybrid.json"
 ASYNC_029 = "finding-async-self-preemption-0.29.0-jamba.json"
+#: a 0.32.0 campaign's stall: Jamba A:337 (pool 20, async, block 80, unit 16), preempted once
+#: with its own step in flight and never admitted again
+SHUT_OUT_032 = "finding-async-self-preemption-shut-out-0.32.0-jamba.json"
 
 
 def _finding_case(name: str, *extra: str, pool: int | None = None) -> dict:
     return _pinned(json.loads((DATA / name).read_text())["case"], pool, extra)
+
+
+def _unresolved(case: dict, length: int | None = None) -> dict:
+    """A stored finding's deployment case as a user writes it (the engine
+    resolves it again), its one prompt ``length`` tokens long if given."""
+    case = {**case, "geometry": None, "speculative": None}
+    case.pop("resolved_by", None)
+    if length is not None:
+        case["trace"] = [{**case["trace"][0], "prompt": [{**case["trace"][0]["prompt"][0], "length": length}]}]
+    return case
 
 
 def _stalled_at(obs: dict) -> int | None:
@@ -150,6 +168,32 @@ def test_each_0_29_stall_ends_with_its_own_cause_removed_only(engines, diff, end
     engine = engines(builds.prepare("vllm==0.29.0", [str(DATA / diff)]).removeprefix("vllm=="))
     assert _stalled_at(engine.run(_finding_case(ends))) is None
     assert _stalled_at(engine.run(_finding_case(keeps))) == 0
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+def test_a_self_preempted_request_is_shut_out_once_its_own_hit_ends_inside_a_block(engines, version):
+    """The async class without a loop (``known_classes``: a request that ran
+    and stopped at 0 computed, its own hit inside a block): 337, 352 and 399
+    tokens stall after 11 steps; 336 (hit 320) and 321 (hit 320), whose hits
+    end on a block, run; under sync every one runs."""
+    engine = engines(version)
+    for n in (337, 352, 399):
+        stalled = engine.run(_unresolved(_finding_case(SHUT_OUT_032), n))
+        assert _stalled_at(stalled) == 0 and f"after 11 steps (0/{n} prompt tokens" in stalled["error"]["message"]
+        assert _stalled_at(engine.run(_unresolved(_finding_case(SHUT_OUT_032, "--no-async-scheduling"), n))) is None
+    for n in (321, 336):
+        assert _stalled_at(engine.run(_unresolved(_finding_case(SHUT_OUT_032), n))) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+def test_the_async_fix_ends_the_shut_out_stall(engines, version):
+    """``fixes/vllm-0.33.0-async-self-preemption.diff`` applies to 0.32.0
+    as it is, and ends the stall on both."""
+    fix = str(ROOT / "fixes" / "vllm-0.33.0-async-self-preemption.diff")
+    engine = engines(builds.prepare(f"vllm=={version}", [fix]).removeprefix("vllm=="))
+    obs = engine.run(_unresolved(_finding_case(SHUT_OUT_032)))
+    assert _stalled_at(obs) is None and obs["hits"] == [0]
 
 
 def test_a_hit_the_eagle_drop_moves_inside_a_block_stalls_one_pool_below_the_smallest_that_runs(engine_033):

@@ -184,6 +184,11 @@ NEVER_READMITTED = json.loads(
 #: make check's engine_error-ef99ab80 (vLLM 0.29.0, Jamba, block 160 = unit, EAGLE 3, async, pool 42):
 #: A:797 preempted with its chunk in flight and resumed at 640, 866 steps; runs under sync
 ASYNC_029 = json.loads((REPO_ROOT / "tests/engine/data/finding-async-self-preemption-0.29.0-jamba.json").read_text())
+#: a 0.32.0 campaign's engine_error-3c799516 (seed 1; Jamba, block 80, unit 16, async, pool 20):
+#: A:337 preempted once with its step in flight, never admitted again (11 steps, 0 computed)
+SHUT_OUT_032 = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-async-self-preemption-shut-out-0.32.0-jamba.json").read_text()
+)
 #: bench/rediscovery's 0.29.0 seed 5 (Jamba, block 160, unit 32, async, pool 91): A:384 decoding 4
 #: keys its partial tail 384 twice; request 4 (A:544+W:1) resumes at 384 from a state over 385 tokens
 TAIL_RECACHE = json.loads((REPO_ROOT / "tests/engine/data/finding-async-tail-recache-jamba.json").read_text())
@@ -223,10 +228,9 @@ def test_a_stall_is_a_pinned_pool_class_only_where_its_rule_holds():
     unhashed = hybrid(288, 288)  # no hash unit: no hit inside a block
     assert classify(_stall_finding(unhashed, prompts, 1, 9, 0)) is None
     assert classify(_stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=False)) is None  # sync: not this class
-    for version in ("0.30.0", "0.32.0"):  # releases it was not traced on
-        other = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
-        other["engine"] = {**other["engine"], "version": version}
-        assert classify(other) is None
+    other = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
+    other["engine"] = {**other["engine"], "version": "0.30.0"}  # a release it was not traced on
+    assert classify(other) is None
     sglang = dict(CASES["pinned-pool-cow-stall"], engine={"version": "sglang==0.5.23", "knobs": {}})
     assert classify(sglang) is None  # another family's stall is not vLLM's class
 
@@ -465,7 +469,7 @@ def test_findings_says_how_many_files_of_a_class_no_known_class_names(tmp_path):
 
     known = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
     older = json.loads(json.dumps(known))
-    older["engine"]["version"] = "0.32.0"  # the same stall on a release the class does not name
+    older["engine"]["version"] = "0.30.0"  # the same stall on a release the class does not name
     (tmp_path / "engine_error-a.json").write_text(json.dumps(known))
     (tmp_path / "engine_error-b.json").write_text(json.dumps(older))
     described, malformed = read_findings(tmp_path)
@@ -522,6 +526,32 @@ def test_a_0_29_resend_of_a_block_aligned_prompt_without_the_drop_is_the_aligned
     )
     assert classify(sibling) is None  # not a resend
     assert all(classify(CASES[k]) != "aligned-resend" for k in CASES if k != "aligned-resend")
+
+
+def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_async_class():
+    """0.32.0 and 0.33.0: a request that ran under async scheduling and
+    stopped at 0 computed, its own prompt's hit ending inside a block, is
+    the self-preemption (tests/engine/test_stalls.py: sync runs it, the fix
+    ends it); the same stall ending on a block, under sync, or on a release
+    the class was not traced on is none."""
+    assert classify(SHUT_OUT_032) == "async-self-preemption"
+    assert "after 11 steps (0/337 prompt tokens computed)" in SHUT_OUT_032["observed"]["error"]["message"]
+    newer = copy.deepcopy(SHUT_OUT_032)
+    newer["engine"]["version"] = "0.33.0"
+    assert classify(newer) == "async-self-preemption"
+    sync = copy.deepcopy(SHUT_OUT_032)
+    sync["resolution"]["facts"]["async_scheduling"] = False
+    assert classify(sync) is None
+    on_a_block = copy.deepcopy(SHUT_OUT_032)  # 321 - 1 floors to 320, a block boundary: no copy-on-write block
+    on_a_block["case"]["trace"][0]["prompt"][0]["length"] = 321
+    assert classify(on_a_block) is None
+    untraced = copy.deepcopy(SHUT_OUT_032)
+    untraced["engine"]["version"] = "0.30.0"
+    assert classify(untraced) is None
+    computed = copy.deepcopy(SHUT_OUT_032)  # stopped with tokens computed, short of looping: not this rule
+    stopped = "after 11 steps (80/337 prompt tokens computed)"
+    computed["observed"]["error"]["message"] = "no progress: request 0 still unfinished " + stopped
+    assert classify(computed) is None
 
 
 def test_a_0_29_resume_past_an_earlier_prompts_own_tail_under_async_is_the_recache_class():
