@@ -23,7 +23,8 @@ flipped (a variant run) or another vLLM version.
   cannot fire).
 * ``spec_on_off``: turning speculative decoding on moves the first repeat's
   hit only by the documented EAGLE drop (the model's difference); judged
-  only where the spec-off run keeps the promise. The spec-off run is made
+  only where the spec-off run keeps the promise, on the local lookup's
+  hits (:func:`local_hits`: a KV connector's lookup is its own). The spec-off run is made
   only where the first repeat misses the promise (elsewhere it cannot
   fire).
 * ``versions``: two engine versions agree on every request.
@@ -152,7 +153,8 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
     if first is None:
         return []
     model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
-    if first < len(obs["hits"]) and obs["hits"][first] == model_on:
+    on, _ = local_hits(obs)  # the drop is the local lookup's: a KV connector's load is its own
+    if first < len(on) and on[first] == model_on:
         return []  # it fires only where the spec-off run keeps the promise, i.e. moved = model_off - model_on here
     off_case = without_speculative(case)
     try:
@@ -170,21 +172,22 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
     ):
         return []  # the speculative tokens moved the block size: hits are not comparable
     model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
-    if off["hits"][first] != model_off:
+    off_hits, _ = local_hits(off)
+    if off_hits[first] != model_off:
         return []  # the baseline itself is off the promise: that is the promise oracle's finding, on the spec-off case
-    moved = off["hits"][first] - obs["hits"][first]
+    moved = off_hits[first] - on[first]
     if moved == model_off - model_on:
         return []
-    expected = list(obs["hits"])
-    expected[first] = off["hits"][first] - (model_off - model_on)
+    expected = list(on)
+    expected[first] = off_hits[first] - (model_off - model_on)
     return [
         Divergence(
             "spec_on_off",
             version,
             [first],
             expected,
-            obs["hits"],
-            f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}",
+            on,
+            f"spec off hits {off_hits[first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}",
         )
     ]
 

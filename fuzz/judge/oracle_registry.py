@@ -209,7 +209,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     ),
     OracleRule(
         "spec_on_off",
-        "speculative decoding moves the first resend's hit only by the documented EAGLE drop",
+        "speculative decoding moves the first resend's hit only by the documented EAGLE drop (the local lookup's hit: a KV connector's load is its own)",
         variant=True,
         hit=True,
         severity="lost reuse",

@@ -1,12 +1,13 @@
-"""The ``reference`` oracle (fuzz/judge/oracle_hits.py) judges the local
-prefix cache: where a KV connector loaded, the scheduler's own lookup, and
-no request after the first one a connector loaded for. The observations are
+"""The hit oracles that state a rule of the local prefix cache
+(fuzz/judge/oracle_hits.py: ``reference``, ``spec_on_off``) judge its
+lookup: where a KV connector loaded, the scheduler's own lookup, and
+(``reference``) no request after the first one a connector loaded for. The observations are
 hand-written test doubles of what a driver reports; the expected hits are
 the reference model's."""
 
 from __future__ import annotations
 
-from fuzz.judge.oracle_hits import check_reference, local_hits
+from fuzz.judge.oracle_hits import check_reference, check_spec_on_off, local_hits
 from reference.knobs import implemented_rule, resolve_knobs
 from reference.predict import predict_with_knobs
 from tests.conftest import hybrid, make_case
@@ -58,3 +59,23 @@ def test_a_load_that_supersedes_a_local_partial_tail_is_judged_by_the_local_look
     local cache answered 32 (a 0.32.0 campaign's seed 3, Jamba, unit 32)."""
     obs = _obs([0, 32, 160], external_hit={2: 160}, scheduler_hit={0: 0, 1: 32, 2: 32})
     assert local_hits(obs) == ([0, 32, 32], 2)
+
+
+def test_the_eagle_drop_is_judged_on_the_local_lookup_when_a_connector_loaded_past_it():
+    """vLLM 0.30.0 (a campaign's spec_on_off finding): MTP 1, unit 16, block
+    272, B:273 resent; the local lookup drops one unit (256) and the
+    offloading connector, serving past the drop by design, loads to 272."""
+    case = make_case(
+        hybrid(272, 272, prefix_match_unit=16), [[("B", 273)]] * 2, {"method": "mtp", "num_speculative_tokens": 1}
+    )
+    version = "0.30.0"
+    on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
+    off_double = _obs([0, on[1] + 16])  # a test double of the spec-off run: it hits one unit more
+
+    def run(_case):
+        return off_double
+
+    loaded = _obs([0, on[1] + 16], external_hit={1: on[1] + 16}, scheduler_hit={0: 0, 1: on[1]})
+    assert check_spec_on_off(case, version, loaded, run) == []
+    (div,) = check_spec_on_off(case, version, _obs([0, on[1] + 16]), run)  # no load: the engine did not drop
+    assert div.oracle == "spec_on_off" and "engine moved it by 0" in div.detail
