@@ -56,8 +56,8 @@ class                        release   recognised by
                                        and again, resumed each time where it
                                        was, or never admitted again once its
                                        own hit ends inside a block (0.32.0
-                                       too; 0.29.0 with no partial tail of
-                                       its own)
+                                       too; 0.29.0 and 0.30.0 where the
+                                       overcount does not explain it)
 ``null-gap-retirement``      0.29.0    the ``block_table`` oracle: a running
                                        request's Mamba table holds blocks below
                                        the state it resumes from, none freed
@@ -69,7 +69,7 @@ class                        release   recognised by
                                        counts two blocks for that key's one
                                        copy-on-write block, then resumes there
                                        (or, counting it twice again at
-                                       admission, never)
+                                       admission, never; 0.30.0 too)
 ``async-tail-recache``       0.29.0    the ``resumed_state`` oracle, async
                                        scheduling: a request resumes at an
                                        earlier prompt's own partial tail t from
@@ -168,7 +168,7 @@ VLLM_CLASSES = (
         "0.33.0",
         "errors",
         "under async scheduling a lone request on a pinned pool preempts itself while its chunk is in flight, forever,"
-        " or once, never admitted again (0.32.0 and 0.29.0 too)",
+        " or once, never admitted again (0.32.0, 0.30.0 and 0.29.0 too)",
     ),
     KnownClass(
         "tail-cow-overcount",
@@ -176,7 +176,7 @@ VLLM_CLASSES = (
         "errors",
         "a request on a pinned pool whose last prompt key ends inside a Mamba block preempts itself once its prefill"
         " reaches that key, and resumes there or is never admitted again: the key's copy-on-write block is counted"
-        " twice",
+        " twice (0.30.0 too)",
     ),
     KnownClass(
         "async-tail-recache",
@@ -435,8 +435,9 @@ def _stall_class(finding: dict, version: str) -> str | None:
     * Never ran (no prompt token computed within the idle bound), its hit
       possibly ending inside a block: the copy-on-write class
       (``fixes/vllm-0.33.0-admission-cow-block.diff``).
-    * Ran, on vLLM 0.29.0, and stopped at its own partial tail t
-      (:func:`_own_partial_tail`) or at 0: the copy-on-write overcount. At
+    * Ran, on vLLM 0.29.0 or 0.30.0, and stopped at its own partial tail t
+      (:func:`_own_partial_tail`; under the EAGLE drop one hash unit below,
+      :func:`_tail_stops`) or at 0: the copy-on-write overcount. At
       the step after its prefill reached t the request asks the Mamba
       manager for the copy-on-write block of that key, and
       ``get_num_blocks_to_allocate`` counts ``1 + int(has_partial_hit)``
@@ -449,7 +450,10 @@ def _stall_class(finding: dict, version: str) -> str | None:
       is never admitted again (0 computed). 0.32.0 (``:1770-1773``) and
       0.33.0 (``:1787-1790``) cap the count at the blocks taken. Held by
       ``tests/engine/test_stalls.py``: the cap back-ported to 0.29.0
-      (``tests/engine/data/vllm-0.29.0-tail-cow-cap.diff``) ends them.
+      (``tests/engine/data/vllm-0.29.0-tail-cow-cap.diff``) ends them; on
+      0.30.0 (``:1797-1801``, the same count) its port
+      (``tests/engine/data/vllm-0.30.0-tail-cow-cap.diff``) ended the six
+      of a 90 s campaign this rule names (seed 1), and not the two below.
     * Ran, under async scheduling, no overcount, and looped
       (:func:`_looped`): the self-preemption class, preempted while its own
       chunk is in flight and resumed where it was, again and again
@@ -462,7 +466,8 @@ def _stall_class(finding: dict, version: str) -> str | None:
       a block, for which admission counts a copy-on-write block per group
       (Jamba, block 80, unit 16, pool 20 on 0.32.0 and 0.33.0: 337, 352 and
       399 tokens stall, 320, 321 and 336 run; sync runs all; the fix ends
-      it). Only on the releases where it was traced (0.29.x, 0.32.x, 0.33.x).
+      it). Only on the releases where it was traced (0.29.x, 0.30.x, 0.32.x,
+      0.33.x; on 0.30.0 the 0.33.0 fix applies as it is).
 
     ``version``: the finding's engine version, as :func:`classify` read it."""
     got = _pinned_stall(finding)
@@ -475,12 +480,22 @@ def _stall_class(finding: dict, version: str) -> str | None:
         never_ran = computed == 0 and _hit_may_end_inside_a_block(case, i, drop)
         return "pinned-pool-cow-stall" if never_ran else None
     tail = _own_partial_tail(case, i)
-    if version.startswith("0.29.") and tail is not None and computed in (0, tail):
+    if version.startswith(("0.29.", "0.30.")) and tail is not None and computed in _tail_stops(case, tail, drop):
         return "tail-cow-overcount"
-    if not version.startswith(("0.29.", "0.32.", "0.33.")) or facts.get("async_scheduling") is not True:
+    if not version.startswith(("0.29.", "0.30.", "0.32.", "0.33.")) or facts.get("async_scheduling") is not True:
         return None
     shut_out = computed == 0 and _hit_may_end_inside_a_block(case, i, drop, itself=True)
     return "async-self-preemption" if _looped(case, i, steps) or shut_out else None
+
+
+def _tail_stops(case: Case, tail: int, drop: bool) -> tuple[int, ...]:
+    """Where a request preempted at its own partial tail ``tail`` stops:
+    never admitted again (0), or resumed from its hit there, which the
+    EAGLE drop backs off one hash unit (0.30.0 campaign: Qwen3.5 MTP 2, unit
+    16, A:1007 stops at 976 = 992 - 16; Qwen3-Next EAGLE-3, unit 32, A:863
+    at 800 = 832 - 32)."""
+    unit = case.geometry.hash_block_size if case.geometry is not None else None
+    return (0, tail, tail - unit) if drop and unit else (0, tail)
 
 
 def _looped(case: Case, i: int, steps: int) -> bool:

@@ -189,6 +189,15 @@ ASYNC_029 = json.loads((REPO_ROOT / "tests/engine/data/finding-async-self-preemp
 SHUT_OUT_032 = json.loads(
     (REPO_ROOT / "tests/engine/data/finding-async-self-preemption-shut-out-0.32.0-jamba.json").read_text()
 )
+#: a 0.30.0 campaign's engine_error-53bd6870 (seed 1; Qwen3.5, MTP 2, block 144, unit 16, async):
+#: A:1007 resumes one unit below its own partial tail 992 again and again (976 computed, 1,076 steps)
+TAIL_COW_DROP_030 = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-tail-cow-overcount-drop-0.30.0-qwen3_5.json").read_text()
+)
+#: the same campaign's engine_error-67a7f0a4 (Qwen3-Next, async): A:385 then a longer prompt, looped
+ASYNC_030 = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-async-self-preemption-0.30.0-qwen3_next.json").read_text()
+)
 #: bench/rediscovery's 0.29.0 seed 5 (Jamba, block 160, unit 32, async, pool 91): A:384 decoding 4
 #: keys its partial tail 384 twice; request 4 (A:544+W:1) resumes at 384 from a state over 385 tokens
 TAIL_RECACHE = json.loads((REPO_ROOT / "tests/engine/data/finding-async-tail-recache-jamba.json").read_text())
@@ -229,7 +238,7 @@ def test_a_stall_is_a_pinned_pool_class_only_where_its_rule_holds():
     assert classify(_stall_finding(unhashed, prompts, 1, 9, 0)) is None
     assert classify(_stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=False)) is None  # sync: not this class
     other = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
-    other["engine"] = {**other["engine"], "version": "0.30.0"}  # a release it was not traced on
+    other["engine"] = {**other["engine"], "version": "0.31.0"}  # a release it was not traced on
     assert classify(other) is None
     sglang = dict(CASES["pinned-pool-cow-stall"], engine={"version": "sglang==0.5.23", "knobs": {}})
     assert classify(sglang) is None  # another family's stall is not vLLM's class
@@ -469,7 +478,7 @@ def test_findings_says_how_many_files_of_a_class_no_known_class_names(tmp_path):
 
     known = _stall_finding(*SELF_PREEMPTION, 2, 3181, 0, asynchronous=True)
     older = json.loads(json.dumps(known))
-    older["engine"]["version"] = "0.30.0"  # the same stall on a release the class does not name
+    older["engine"]["version"] = "0.31.0"  # the same stall on a release the class does not name
     (tmp_path / "engine_error-a.json").write_text(json.dumps(known))
     (tmp_path / "engine_error-b.json").write_text(json.dumps(older))
     described, malformed = read_findings(tmp_path)
@@ -546,12 +555,33 @@ def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_
     on_a_block["case"]["trace"][0]["prompt"][0]["length"] = 321
     assert classify(on_a_block) is None
     untraced = copy.deepcopy(SHUT_OUT_032)
-    untraced["engine"]["version"] = "0.30.0"
+    untraced["engine"]["version"] = "0.31.0"
     assert classify(untraced) is None
     computed = copy.deepcopy(SHUT_OUT_032)  # stopped with tokens computed, short of looping: not this rule
     stopped = "after 11 steps (80/337 prompt tokens computed)"
     computed["observed"]["error"]["message"] = "no progress: request 0 still unfinished " + stopped
     assert classify(computed) is None
+
+
+def test_0_30_has_0_29_s_overcount_and_the_drop_moves_where_it_resumes():
+    """vLLM 0.30.0 counts the copy-on-write block as 0.29.0 does
+    (single_type_kv_cache_manager.py:1797-1801): the cap back-ported
+    (tests/engine/data/vllm-0.30.0-tail-cow-cap.diff) ended this stall and
+    the 0.33.0 async fix did not; under the EAGLE drop the request resumes
+    one hash unit below its own tail. The async class's file ends with the
+    async fix and not with the cap."""
+    assert "(976/1007 prompt tokens computed)" in TAIL_COW_DROP_030["observed"]["error"]["message"]
+    assert classify(TAIL_COW_DROP_030) == "tail-cow-overcount"
+    undropped = copy.deepcopy(TAIL_COW_DROP_030)  # without the drop, 976 is not where it resumes
+    undropped["engine"]["knobs"]["eagle_drop"] = False
+    assert classify(undropped) == "async-self-preemption"  # async, and it looped
+    newer = copy.deepcopy(TAIL_COW_DROP_030)
+    newer["engine"]["version"] = "0.32.0"  # 0.32.0 caps the count
+    assert classify(newer) == "async-self-preemption"
+    assert classify(ASYNC_030) == "async-self-preemption"
+    sync = copy.deepcopy(ASYNC_030)
+    sync["resolution"]["facts"]["async_scheduling"] = False
+    assert classify(sync) is None
 
 
 def test_a_0_29_resume_past_an_earlier_prompts_own_tail_under_async_is_the_recache_class():
