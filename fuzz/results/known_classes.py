@@ -18,7 +18,13 @@ class                        release   recognised by
                                        prompt hits below the promise without
                                        the drop: the first prefill ran to N,
                                        the resend needs N - block (miss, miss,
-                                       hit, as #53504)
+                                       hit, as #53504; 0.30.0 too, with the
+                                       drop as well)
+``hashed-drop-resend``       0.30.0    an identical resend under the EAGLE drop
+                                       with a hash unit below the block never
+                                       hits: the lookup backs off one hash unit
+                                       below every place the prefill stopped a
+                                       chunk (miss, miss, miss)
 ``longer-sibling``           0.33.0    R2: an extension hits below the promise,
                                        sparse (or periodic) retention, hash
                                        block = block
@@ -123,7 +129,14 @@ VLLM_CLASSES = (
         "0.29.0",
         "R1",
         "an identical resend of a block-aligned prompt hits below the promise without the EAGLE drop: the first prefill"
-        " wrote no state below its end N, the resend resumes at most at N - block",
+        " wrote no state below its end N, the resend resumes at most at N - block (0.30.0 too, with the drop as well)",
+    ),
+    KnownClass(
+        "hashed-drop-resend",
+        "0.30.0",
+        "R1",
+        "an identical resend under the EAGLE drop with a hash unit below the block never hits: the lookup backs its hit"
+        " off one hash unit, where the prefill stopped no chunk",
     ),
     KnownClass(
         "longer-sibling",
@@ -421,7 +434,11 @@ def _block_aligned(case: Case, i: int) -> bool:
     an identical resend looks up at most N - 1 tokens
     (``kv_cache_manager.py:253-258``), floored to N - block, and misses.
     The resend's own chunk stops there (its junction), so the next resend
-    hits: miss, miss, hit, as #53504 under the drop."""
+    hits: miss, miss, hit, as #53504 under the drop. 0.30.0 stops a chunk
+    the same way (``sched/scheduler.py:443-445``; under the drop one block
+    lower, where the resend's lookup lands one block lower still): a
+    0.30.0 campaign's 9 aligned resends gave miss, miss, hit with a third
+    request, with the drop and without, and 0.33.0 miss, hit, hit."""
     block = case.geometry.scheduler_block_size if case.geometry is not None else None
     if not block or i >= len(case.trace):
         return False
@@ -584,11 +601,18 @@ def classify(finding: dict) -> str | None:
     hashed = g.get("hash_block_size") is not None and g["hash_block_size"] < g["scheduler_block_size"]
     retention = {None: "dense", 0: "sparse"}.get(g.get("retention_interval"), "periodic")
     if kind == "resend":
+        if hashed and drop and version.startswith("0.30."):
+            # 0.30.0's lookup drops one hash unit past its fine-grained hit
+            # (single_type_kv_cache_manager.py:827-828); its prefill stops
+            # chunks at the block (one block lower under the drop,
+            # sched/scheduler.py:443-445) and at the prompt's last hash-unit
+            # boundary, never there: every resend misses (0.33.0 hits).
+            return "hashed-drop-resend"
         if hashed and drop and retention != "sparse":
             return "resend-beside-checkpoint"
         if drop and version.startswith("0.29."):
             return "resend-53504"
-        if version.startswith("0.29.") and _block_aligned(case, finding["first_divergence"]):
+        if version.startswith(("0.29.", "0.30.")) and _block_aligned(case, finding["first_divergence"]):
             return "aligned-resend"
         return None
     if kind == "sibling":

@@ -202,10 +202,21 @@ ASYNC_030 = json.loads(
 #: keys its partial tail 384 twice; request 4 (A:544+W:1) resumes at 384 from a state over 385 tokens
 TAIL_RECACHE = json.loads((REPO_ROOT / "tests/engine/data/finding-async-tail-recache-jamba.json").read_text())
 CASES["async-tail-recache"] = TAIL_RECACHE
+#: a 0.30.0 campaign's promise-10a2a7e9 (seed 1; Qwen3-Next, MTP 2, block 144, unit 16, sparse):
+#: A:288 resent hits 0 where the promise gives 128; a third request misses too
+CASES["hashed-drop-resend"] = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-hashed-drop-resend-0.30.0-qwen3_next.json").read_text()
+)
+#: the same campaign's promise-5d07c7a1 (Qwen3.5, MTP 3, block = unit 288, dense): A:864 resent hits 0
+#: where the promise gives 288; a third request hits 288
+ALIGNED_DROP_030 = json.loads(
+    (REPO_ROOT / "tests/engine/data/finding-aligned-resend-drop-0.30.0-qwen3_5.json").read_text()
+)
 
 
 def test_every_known_class_has_a_finding_here_and_a_release():
-    assert set(CASES) == set(BY_ID) and all(k.release in ("0.29.0", "0.33.0", "sglang==0.5.23") for k in KNOWN_CLASSES)
+    releases = ("0.29.0", "0.30.0", "0.33.0", "sglang==0.5.23")
+    assert set(CASES) == set(BY_ID) and all(k.release in releases for k in KNOWN_CLASSES)
 
 
 @pytest.mark.parametrize("cls", sorted(CASES))
@@ -535,6 +546,30 @@ def test_a_0_29_resend_of_a_block_aligned_prompt_without_the_drop_is_the_aligned
     )
     assert classify(sibling) is None  # not a resend
     assert all(classify(CASES[k]) != "aligned-resend" for k in CASES if k != "aligned-resend")
+
+
+def test_0_30_s_resends_under_the_drop_with_a_hash_unit_never_hit_and_its_aligned_resends_miss_once():
+    """vLLM 0.30.0: a resend under the drop with a hash unit below the block
+    is hashed-drop-resend whatever the retention (0.33.0's resend beside a
+    checkpoint is another cause); a block-aligned resend with the drop and
+    no hash unit is aligned-resend (miss, miss, hit with a third request),
+    which on 0.29.0 is #53504's."""
+    hashed = CASES["hashed-drop-resend"]
+    assert classify(hashed) == "hashed-drop-resend"
+    dense = copy.deepcopy(hashed)
+    dense["case"]["geometry"]["retention_interval"] = None
+    assert classify(dense) == "hashed-drop-resend"
+    newer = copy.deepcopy(dense)
+    newer["engine"]["version"] = "0.33.0"
+    assert classify(newer) == "resend-beside-checkpoint"
+    undropped = copy.deepcopy(hashed)
+    undropped["engine"]["knobs"]["eagle_drop"] = False
+    assert classify(undropped) == "aligned-resend"  # A:288 is two blocks of 144
+    assert classify(ALIGNED_DROP_030) == "aligned-resend"
+    older = copy.deepcopy(ALIGNED_DROP_030)
+    older["engine"]["version"] = "0.29.0"
+    assert classify(older) == "resend-53504"
+    assert all(classify(CASES[k]) != "hashed-drop-resend" for k in CASES if k != "hashed-drop-resend")
 
 
 def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_async_class():
