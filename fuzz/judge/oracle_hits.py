@@ -24,9 +24,9 @@ flipped (a variant run) or another vLLM version.
 * ``spec_on_off``: turning speculative decoding on moves the first repeat's
   hit only by the documented EAGLE drop (the model's difference); judged
   only where the spec-off run keeps the promise, on the local lookup's
-  hits (:func:`local_hits`: a KV connector's lookup is its own). The spec-off run is made
-  only where the first repeat misses the promise (elsewhere it cannot
-  fire).
+  hits (:func:`local_hits`: a KV connector's lookup is its own). The
+  spec-off run is made only where the first repeat misses the promise
+  (elsewhere it cannot fire).
 * ``versions``: two engine versions agree on every request.
 * ``junction`` (only when asked: ``kvspec check-build``): under sparse
   retention a sibling diverging inside an earlier prompt hits at least what
@@ -89,7 +89,7 @@ def local_hits(obs: Observation) -> tuple[list[int], int | None]:
     partial tail (vLLM 0.32.0 ``sched/scheduler.py:970-1027``), and its
     lookup is its own (0.32.0's offloading connector serves past the EAGLE
     drop when no KV-cache group is annotated as the drafter's, by design:
-    ``offloading/scheduler.py:236-251``). What it loads is in the local
+    ``offloading/scheduler.py:236-251``; 0.30.0's the same, ``:238``). What it loads is in the local
     cache afterwards, which the reference model does not know."""
     explain, hits = obs.get("explain") or [], list(obs["hits"])
     first = None
