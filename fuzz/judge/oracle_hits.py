@@ -9,9 +9,8 @@ flipped (a variant run) or another vLLM version.
   the rule the engine's version implements (``legacy`` before 0.30.0,
   ``replay`` from 0.30.0), with the knobs that version resolves. A
   divergence here is either a vLLM behaviour the model misses or a bug.
-  The model is the local prefix cache's: where a KV connector loaded, the
-  scheduler's own lookup is judged, and requests after the first one a
-  connector loaded for are not (:func:`local_hits`).
+  The model is the local prefix cache's: no request from the first one a
+  KV connector loaded for on is judged (:func:`first_load`).
 * ``sparse_dense``: on the same engine, no promised request hits less under
   sparse retention (interval 0) than under dense retention, capped by the
   promise: dense retention also keeps the chunk ends of other earlier
@@ -23,8 +22,9 @@ flipped (a variant run) or another vLLM version.
   cannot fire).
 * ``spec_on_off``: turning speculative decoding on moves the first repeat's
   hit only by the documented EAGLE drop (the model's difference); judged
-  only where the spec-off run keeps the promise, on the local lookup's
-  hits (:func:`local_hits`: a KV connector's lookup is its own). The
+  only where the spec-off run keeps the promise, and where no KV connector
+  loaded for that repeat or before it in either run (the drop is the local
+  lookup's; a connector's lookup is its own: :func:`first_load`). The
   spec-off run is made only where the first repeat misses the promise
   (elsewhere it cannot fire).
 * ``versions``: two engine versions agree on every request.
@@ -80,45 +80,39 @@ def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence
     ]
 
 
-def local_hits(obs: Observation) -> tuple[list[int], int | None]:
-    """Each request's hit as the local prefix cache answered it, and the
-    first request a KV connector loaded for (None: none). Where a connector
-    loaded (``external_hit``), the scheduler's own lookup
-    (``scheduler_hit``; else the hit less the load): the connector is asked
-    beyond the block-aligned local hit and a longer load supersedes a local
-    partial tail (vLLM 0.32.0 ``sched/scheduler.py:970-1027``), and its
-    lookup is its own (0.32.0's offloading connector serves past the EAGLE
-    drop when no KV-cache group is annotated as the drafter's, by design:
-    ``offloading/scheduler.py:236-251``; 0.30.0's the same, ``:238``). What it loads is in the local
-    cache afterwards, which the reference model does not know."""
-    explain, hits = obs.get("explain") or [], list(obs["hits"])
-    first = None
-    for i, e in enumerate(explain[: len(hits)]):
-        loaded = int((e or {}).get("external_hit") or 0)
-        if loaded:
-            own = (e or {}).get("scheduler_hit")
-            hits[i] = int(own) if own is not None else hits[i] - loaded
-            first = i if first is None else first
-    return hits, first
+def first_load(obs: Observation) -> int | None:
+    """The first request a KV connector loaded for (its ``external_hit``),
+    or None. A connector's lookup is its own: vLLM asks it beyond the
+    block-aligned local hit and lets a longer load supersede a local
+    partial tail (0.32.0 ``sched/scheduler.py:970-1027``), and 0.30.0's and
+    0.32.0's offloading connector serves past the EAGLE drop when no
+    KV-cache group is annotated as the drafter's, by design
+    (``offloading/scheduler.py:238``, ``:236-251``). What it loads is in the
+    local cache afterwards, which the reference model does not know."""
+    explain = obs.get("explain") or []
+    return next((i for i, e in enumerate(explain) if int((e or {}).get("external_hit") or 0)), None)
+
+
+def _loaded_by(obs: Observation, i: int) -> bool:
+    """Whether a KV connector loaded for request ``i`` or one before it:
+    the EAGLE drop is the local lookup's, a connector's lookup its own."""
+    loaded = first_load(obs)
+    return loaded is not None and loaded <= i
 
 
 def check_reference(case: Case, version: str, obs: Observation) -> list[Divergence]:
-    """The local hits against the model, through the first request a KV
-    connector loaded for (:func:`local_hits`); the promise and the safety
-    oracles judge what a connector loads."""
+    """The hits against the model of the local prefix cache, on the
+    requests before the first one a KV connector loaded for
+    (:func:`first_load`); the promise and the safety oracles judge what a
+    connector loads."""
     rule = implemented_rule(version)
     expected = predict_with_knobs(case, resolve_knobs(case, version), rule)
-    hits, first = local_hits(obs)
-    judged = list(range(len(expected["hits"]) if first is None else min(first + 1, len(expected["hits"]))))
-    bad = differing(expected["hits"], hits, judged)
+    loaded = first_load(obs)
+    judged = list(range(len(expected["hits"]) if loaded is None else min(loaded, len(expected["hits"]))))
+    bad = differing(expected["hits"], obs["hits"], judged)
     if not bad:
         return []
-    detail = (
-        f"rule={rule}"
-        if first is None
-        else f"rule={rule}; local hits, through request {first}, the first a KV connector loaded for"
-    )
-    return reference_divergence(version, bad, expected["hits"], hits, detail, expected["explain"])
+    return reference_divergence(version, bad, expected["hits"], obs["hits"], f"rule={rule}", expected["explain"])
 
 
 def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
@@ -153,9 +147,10 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
     if first is None:
         return []
     model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
-    on, _ = local_hits(obs)  # the drop is the local lookup's: a KV connector's load is its own
-    if first < len(on) and on[first] == model_on:
+    if first < len(obs["hits"]) and obs["hits"][first] == model_on:
         return []  # it fires only where the spec-off run keeps the promise, i.e. moved = model_off - model_on here
+    if _loaded_by(obs, first):
+        return []
     off_case = without_speculative(case)
     try:
         off = run(off_case)
@@ -163,6 +158,8 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
         return []
     if "error" in off:
         return check_engine_error(off_case, version, off)
+    if _loaded_by(off, first):
+        return []
     off_case = resolved(off_case, off, version)
     if (
         case.deployment is not None
@@ -172,22 +169,21 @@ def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> l
     ):
         return []  # the speculative tokens moved the block size: hits are not comparable
     model_off = predict_with_knobs(off_case, resolve_knobs(off_case, version), "promise")["hits"][first]
-    off_hits, _ = local_hits(off)
-    if off_hits[first] != model_off:
+    if off["hits"][first] != model_off:
         return []  # the baseline itself is off the promise: that is the promise oracle's finding, on the spec-off case
-    moved = off_hits[first] - on[first]
+    moved = off["hits"][first] - obs["hits"][first]
     if moved == model_off - model_on:
         return []
-    expected = list(on)
-    expected[first] = off_hits[first] - (model_off - model_on)
+    expected = list(obs["hits"])
+    expected[first] = off["hits"][first] - (model_off - model_on)
     return [
         Divergence(
             "spec_on_off",
             version,
             [first],
             expected,
-            on,
-            f"spec off hits {off_hits[first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}",
+            obs["hits"],
+            f"spec off hits {off['hits'][first]}; the EAGLE drop moves it by {model_off - model_on}, engine moved it by {moved}",
         )
     ]
 

@@ -185,7 +185,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     ),
     OracleRule(
         "reference",
-        "every request hits what the reference model predicts for the rule its release implements (the local prefix cache: where a KV connector loaded, the scheduler's own lookup, and no request after the first one a connector loaded for)",
+        "every request hits what the reference model predicts for the rule its release implements (the local prefix cache: no request from the first one a KV connector loaded for on)",
         build=False,
         severity="lost reuse",
         token_cost=True,
@@ -209,7 +209,7 @@ REGISTRY: tuple[OracleRule, ...] = (
     ),
     OracleRule(
         "spec_on_off",
-        "speculative decoding moves the first resend's hit only by the documented EAGLE drop (the local lookup's hit: a KV connector's load is its own)",
+        "speculative decoding moves the first resend's hit only by the documented EAGLE drop (the local lookup's: not where a KV connector loaded)",
         variant=True,
         hit=True,
         severity="lost reuse",

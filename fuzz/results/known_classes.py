@@ -408,20 +408,23 @@ def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool, itself: bool = F
     return False
 
 
-def _own_partial_tail(case: Case, i: int) -> int | None:
+def _own_partial_tail(case: Case, i: int, unit_lower: bool = False) -> int | None:
     """The position of request ``i``'s own partial-tail key: its prompt's
-    last hash-unit boundary ``t = N // u * u`` where it lies inside a Mamba
-    block (``0 < t``, ``t % M != 0``, ``u < M``); None otherwise. vLLM
-    0.29.0 caches the state there once the prefill reaches it and marks the
-    request for a copy-on-write of that block at its next allocation
-    (``MambaManager._cache_partial_tail_block``,
+    last hash-unit boundary ``t = N // u * u`` (``unit_lower``: one unit
+    lower) where it lies inside a Mamba block (``0 < t``, ``t % M != 0``,
+    ``u < M``); None otherwise. vLLM 0.29.0 caches the state there once the
+    prefill reaches it and marks the request for a copy-on-write of that
+    block at its next allocation (``MambaManager._cache_partial_tail_block``,
     ``v1/core/single_type_kv_cache_manager.py:1858-1893``: ``_partial_hit_reqs``
-    at :1892)."""
+    at :1892). 0.30.0 keys it one unit lower in an EAGLE group (:2083-2088:
+    "Eagle groups match one hash unit past the candidate and drop it"), so
+    a block-aligned prompt has a tail too (a 0.30.0 campaign: A:544, block
+    544, unit 32, MTP 1, stops at 512; A:1007, unit 16, at 976)."""
     g = case.geometry
     if g is None or i >= len(case.trace) or not g.hash_block_size:
         return None
     M, u = (g.mamba_block_sizes or (g.scheduler_block_size,))[0], g.hash_block_size
-    t = len(prompt_tokens(case.trace[i])) // u * u
+    t = len(prompt_tokens(case.trace[i])) // u * u - (u if unit_lower else 0)
     return t if u < M and t > 0 and t % M else None
 
 
@@ -453,8 +456,8 @@ def _stall_class(finding: dict, version: str) -> str | None:
       possibly ending inside a block: the copy-on-write class
       (``fixes/vllm-0.33.0-admission-cow-block.diff``).
     * Ran, on vLLM 0.29.0 or 0.30.0, and stopped at its own partial tail t
-      (:func:`_own_partial_tail`; under the EAGLE drop one hash unit below,
-      :func:`_tail_stops`) or at 0: the copy-on-write overcount. At
+      (:func:`_own_partial_tail`; on 0.30.0 under the EAGLE drop one hash
+      unit lower) or at 0: the copy-on-write overcount. At
       the step after its prefill reached t the request asks the Mamba
       manager for the copy-on-write block of that key, and
       ``get_num_blocks_to_allocate`` counts ``1 + int(has_partial_hit)``
@@ -496,23 +499,13 @@ def _stall_class(finding: dict, version: str) -> str | None:
     if steps <= _IDLE_STALL_STEPS:
         never_ran = computed == 0 and _hit_may_end_inside_a_block(case, i, drop)
         return "pinned-pool-cow-stall" if never_ran else None
-    tail = _own_partial_tail(case, i)
-    if version.startswith(("0.29.", "0.30.")) and tail is not None and computed in _tail_stops(case, tail, drop):
+    tail = _own_partial_tail(case, i, unit_lower=drop and version.startswith("0.30."))
+    if version.startswith(("0.29.", "0.30.")) and tail is not None and computed in (0, tail):
         return "tail-cow-overcount"
     if not version.startswith(("0.29.", "0.30.", "0.32.", "0.33.")) or facts.get("async_scheduling") is not True:
         return None
     shut_out = computed == 0 and _hit_may_end_inside_a_block(case, i, drop, itself=True)
     return "async-self-preemption" if _looped(case, i, steps) or shut_out else None
-
-
-def _tail_stops(case: Case, tail: int, drop: bool) -> tuple[int, ...]:
-    """Where a request preempted at its own partial tail ``tail`` stops:
-    never admitted again (0), or resumed from its hit there, which the
-    EAGLE drop backs off one hash unit (0.30.0 campaign: Qwen3.5 MTP 2, unit
-    16, A:1007 stops at 976 = 992 - 16; Qwen3-Next EAGLE-3, unit 32, A:863
-    at 800 = 832 - 32)."""
-    unit = case.geometry.hash_block_size if case.geometry is not None else None
-    return (0, tail, tail - unit) if drop and unit else (0, tail)
 
 
 def _looped(case: Case, i: int, steps: int) -> bool:

@@ -598,12 +598,13 @@ def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_
     assert classify(computed) is None
 
 
-def test_0_30_has_0_29_s_overcount_and_the_drop_moves_where_it_resumes():
+def test_0_30_has_0_29_s_overcount_with_its_tail_one_unit_lower_in_an_eagle_group():
     """vLLM 0.30.0 counts the copy-on-write block as 0.29.0 does
     (single_type_kv_cache_manager.py:1797-1801): the cap back-ported
-    (tests/engine/data/vllm-0.30.0-tail-cow-cap.diff) ended this stall and
-    the 0.33.0 async fix did not; under the EAGLE drop the request resumes
-    one hash unit below its own tail. The async class's file ends with the
+    (tests/engine/data/vllm-0.30.0-tail-cow-cap.diff) ended these stalls and
+    the 0.33.0 async fix did not. In an EAGLE group 0.30.0 keys the partial
+    tail one hash unit lower (:2083-2088), where the request resumes, and a
+    block-aligned prompt has one. The async class's file ends with the
     async fix and not with the cap."""
     assert "(976/1007 prompt tokens computed)" in TAIL_COW_DROP_030["observed"]["error"]["message"]
     assert classify(TAIL_COW_DROP_030) == "tail-cow-overcount"
@@ -613,6 +614,14 @@ def test_0_30_has_0_29_s_overcount_and_the_drop_moves_where_it_resumes():
     newer = copy.deepcopy(TAIL_COW_DROP_030)
     newer["engine"]["version"] = "0.32.0"  # 0.32.0 caps the count
     assert classify(newer) == "async-self-preemption"
+    aligned = json.loads(
+        (REPO_ROOT / "tests/engine/data/finding-tail-cow-overcount-aligned-0.30.0-qwen3_5.json").read_text()
+    )
+    assert "(512/544 prompt tokens computed)" in aligned["observed"]["error"]["message"]  # block 544, unit 32, sync
+    assert classify(aligned) == "tail-cow-overcount"
+    older = copy.deepcopy(aligned)
+    older["engine"]["version"] = "0.29.0"  # 0.29.0 keys no tail on a block-aligned prompt
+    assert classify(older) is None
     assert classify(ASYNC_030) == "async-self-preemption"
     sync = copy.deepcopy(ASYNC_030)
     sync["resolution"]["facts"]["async_scheduling"] = False
