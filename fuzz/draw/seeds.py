@@ -104,8 +104,9 @@ def on_deployment(case: Case, index: int, resolver) -> Case | None:
     deployment: every length q*S + r becomes q*B + r' with r' in the same
     boundary class (0, +-1, +-2, else proportional), the chunk budget and a
     periodic interval scale with the block (``reference.rescale``), the
-    speculative mode is the deployment's. None when the case is not uniform, its speculative mode
-    has no deployment, or vLLM rejects every candidate."""
+    speculative mode is the deployment's. None when the case is not
+    uniform, its speculative mode has no deployment, or vLLM rejects every
+    candidate."""
     g = case.geometry
     if g is None or case.deployment is not None:
         return None
