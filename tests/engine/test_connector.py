@@ -22,7 +22,9 @@ What the tests hold, each from a run:
   ``examples/connector-*.json`` cases, judged by the one judge): R1 (resend
   beside a checkpoint) and dense-below-sparse only because of the
   connector (the same deployment without it keeps the promise), the longer
-  sibling, its hashed form and the stale state as without it.
+  sibling, its hashed form and the stale state as without it;
+- on 0.32.0 the connector serves past the EAGLE drop where no group is
+  annotated as the drafter's, and ``reference`` does not judge that load.
 """
 
 from __future__ import annotations
@@ -103,3 +105,26 @@ def test_every_open_class_reaches_a_connector_deployment(engine_033, name):
         assert not plain, plain  # the same deployment without the connector keeps every promise
     else:
         assert known in plain, plain
+
+
+def test_0_32_s_connector_serves_past_the_drop_and_reference_does_not_judge_its_load(engines):
+    """vLLM 0.32.0 flags no group as the EAGLE drafter's here, and its
+    offloading connector then serves past the drop by design
+    (``offloading/scheduler.py:236-251``): A:576 then A:555+B:1 hits 288,
+    all of it loaded, where the local lookup dropped to 0. ``reference``
+    judges the local cache's model, so not that request
+    (``fuzz.judge.oracle_hits.first_load``); without the connector the hit
+    is 0, as the model gives."""
+    engine = engines("0.32.0")
+    case = json.loads(
+        (Path(__file__).parent / "data" / "case-connector-past-the-drop-qwen3_next-0.32.0.json").read_text()
+    )
+    judged = observe_and_judge(parse_case(case), None, engine)
+    obs = judged.observation
+    assert "error" not in obs, obs.get("error")
+    assert obs["hits"] == [0, 288] and obs["explain"][1]["external_hit"] == 288, obs["hits"]
+    assert obs["explain"][1]["scheduler_hit"] == 0
+    assert "reference" not in {d.oracle for d in judged.divergences}
+    plain = observe_and_judge(parse_case(_without_connector(case)), None, engine)
+    assert plain.observation["hits"] == [0, 0]
+    assert not plain.divergences, [d.oracle for d in plain.divergences]
