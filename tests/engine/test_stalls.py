@@ -76,6 +76,8 @@ ASYNC_029 = "finding-async-self-preemption-0.29.0-jamba.json"
 #: a 0.32.0 campaign's stall: Jamba A:337 (pool 20, async, block 80, unit 16), preempted once
 #: with its own step in flight and never admitted again
 SHUT_OUT_032 = "finding-async-self-preemption-shut-out-0.32.0-jamba.json"
+#: a 0.32.0 campaign's never-admitted stall (seed 2; Jamba, 241 tokens, a hit inside a block)
+COW_032 = "finding-pinned-pool-cow-stall-0.32.0-jamba.json"
 
 
 def _finding_case(name: str, *extra: str, pool: int | None = None) -> dict:
@@ -205,3 +207,24 @@ def test_a_hit_the_eagle_drop_moves_inside_a_block_stalls_one_pool_below_the_sma
     assert _stalled_at(stalled) == 1 and "(0/577 prompt tokens computed)" in stalled["error"]["message"]
     runs = engine_033.run(_finding_case(name, pool=24))
     assert _stalled_at(runs) is None and runs["hits"] == [0, 352]
+
+
+def test_0_32_has_the_copy_on_write_stall(engines):
+    """0.32.0's admission gate counts the copy-on-write block of a hit
+    inside a block, as 0.33.0's does: the stored finding's request is never
+    admitted (9 idle steps, nothing computed)."""
+    stalled = engines("0.32.0").run(_unresolved(_finding_case(COW_032)))
+    assert _stalled_at(stalled) is not None and "after 9 steps (0/241 prompt tokens" in stalled["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_admission_fix_ported_to_0_32_refuses_the_pool_at_start_up(engines):
+    """``fixes/vllm-0.33.0-admission-cow-block.diff``'s rule in 0.32.0's
+    start-up check (``kv_cache_utils.py:2337-2366``; test data, not a fix
+    kvspec proposes: 0.33.0's is): the pool that stalls is refused. The ten
+    stalls of three 0.32.0 campaigns this class names were refused so."""
+    diff = str(DATA / "vllm-0.32.0-admission-cow-block.diff")
+    engine = engines(builds.prepare("vllm==0.32.0", [diff]).removeprefix("vllm=="))
+    with pytest.raises(Exception, match="KV cache|max seq len|available"):
+        obs = engine.run(_unresolved(_finding_case(COW_032)))
+        raise AssertionError(obs.get("error") or obs["hits"])
