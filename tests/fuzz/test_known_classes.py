@@ -572,6 +572,22 @@ def test_0_30_s_resends_under_the_drop_with_a_hash_unit_never_hit_and_its_aligne
     assert all(classify(CASES[k]) != "hashed-drop-resend" for k in CASES if k != "hashed-drop-resend")
 
 
+def test_0_29_s_resend_under_the_drop_with_a_hash_unit_is_the_same_class():
+    """make check's 0.29.0 campaign: Falcon-H1, EAGLE, block 144, unit 16,
+    dense: A:288 resent hits 0 where the promise gives 128, and a third
+    request misses too (0.29.0's lookup drops one unit, :778-779, as
+    0.30.0's). It was labelled resend-beside-checkpoint, 0.33.0's cause,
+    whose fix has no code to change in 0.29.0; on 0.33.0 it is that class."""
+    older = json.loads((REPO_ROOT / "tests/engine/data/finding-hashed-drop-resend-0.29.0-falcon_h1.json").read_text())
+    assert classify(older) == "hashed-drop-resend"
+    newer = copy.deepcopy(older)
+    newer["engine"]["version"] = "0.33.0"
+    assert classify(newer) == "resend-beside-checkpoint"
+    unhashed = copy.deepcopy(older)
+    unhashed["case"]["geometry"].update(hash_block_size=144, prefix_match_unit=None)
+    assert classify(unhashed) == "resend-53504"
+
+
 def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_async_class():
     """0.32.0 and 0.33.0: a request that ran under async scheduling and
     stopped at 0 computed, its own prompt's hit ending inside a block, is
