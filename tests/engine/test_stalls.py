@@ -214,7 +214,7 @@ def test_0_32_has_the_copy_on_write_stall(engines):
     inside a block, as 0.33.0's does: the stored finding's request is never
     admitted (9 idle steps, nothing computed)."""
     stalled = engines("0.32.0").run(_unresolved(_finding_case(COW_032)))
-    assert _stalled_at(stalled) is not None and "after 9 steps (0/241 prompt tokens" in stalled["error"]["message"]
+    assert _stalled_at(stalled) == 1 and "after 9 steps (0/241 prompt tokens" in stalled["error"]["message"]
 
 
 @pytest.mark.slow
