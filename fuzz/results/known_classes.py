@@ -456,7 +456,8 @@ def _stall_class(finding: dict, version: str) -> str | None:
       possibly ending inside a block: the copy-on-write class
       (``fixes/vllm-0.33.0-admission-cow-block.diff``; its rule ported to
       0.32.0's start-up check, ``tests/engine/data/vllm-0.32.0-admission-cow-block.diff``,
-      refused all ten such pools of three 0.32.0 campaigns).
+      refused all ten such pools of three 0.32.0 campaigns, and to 0.30.0's,
+      ``vllm-0.30.0-admission-cow-block.diff``, the two of its campaigns).
     * Ran, on vLLM 0.29.0 or 0.30.0, and stopped at its own partial tail t
       (:func:`_own_partial_tail`; on 0.30.0 under the EAGLE drop one hash
       unit lower) or at 0: the copy-on-write overcount. At
