@@ -377,7 +377,7 @@ def _pinned_stall(finding: dict) -> tuple[int, int, int, dict] | None:
     return i, steps, computed, facts
 
 
-def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool, itself: bool = False) -> bool:
+def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool, own: bool = False) -> bool:
     """Whether request ``i`` shares with an earlier request a prefix whose
     hash-unit floor (capped at its last prompt position) ends inside a
     scheduler block: a partial local hit, for which 0.33.0's admission gate
@@ -392,15 +392,14 @@ def _hit_may_end_inside_a_block(case: Case, i: int, drop: bool, itself: bool = F
     block_size)``), so a floor on a block boundary lands inside the block
     below (a make check campaign's B:380+C:4 then +T0:193, block 192, unit
     32: floor 384, hit 352). ``drop``: the engine's knobs say the drop is on.
-    ``itself``: the request's own prompt counts as an earlier one (a request
-    preempted while its own step was in flight finds the blocks that step
-    cached)."""
+    ``own``: the request's own prompt instead of the earlier ones (a
+    request preempted while its own step was in flight finds the blocks
+    that step cached, the longest prefix it can hit)."""
     g = case.geometry
     if g is None or i >= len(case.trace) or g.hash_block_size is None or g.hash_block_size >= g.scheduler_block_size:
         return False
     mine, unit = prompt_tokens(case.trace[i]), g.hash_block_size
-    earlier_prompts = [prompt_tokens(r) for r in case.trace[:i]] + ([mine] if itself else [])
-    for earlier in earlier_prompts:
+    for earlier in [mine] if own else (prompt_tokens(r) for r in case.trace[:i]):
         floor = min(common_prefix(mine, earlier), len(mine) - 1) // unit * unit
         hit = floor - unit if drop else floor
         if hit > 0 and hit % g.scheduler_block_size:
@@ -507,7 +506,7 @@ def _stall_class(finding: dict, version: str) -> str | None:
         return "tail-cow-overcount"
     if not version.startswith(("0.29.", "0.30.", "0.32.", "0.33.")) or facts.get("async_scheduling") is not True:
         return None
-    shut_out = computed == 0 and _hit_may_end_inside_a_block(case, i, drop, itself=True)
+    shut_out = computed == 0 and _hit_may_end_inside_a_block(case, i, drop, own=True)
     return "async-self-preemption" if _looped(case, i, steps) or shut_out else None
 
 

@@ -608,6 +608,14 @@ def test_a_self_preempted_request_shut_out_by_its_own_hit_inside_a_block_is_the_
     untraced = copy.deepcopy(SHUT_OUT_032)
     untraced["engine"]["version"] = "0.31.0"
     assert classify(untraced) is None
+    after = copy.deepcopy(SHUT_OUT_032)  # an earlier prompt's shared prefix ends inside a block (288), its own
+    after["case"]["trace"] = [  # hit on one (320): the hit it finds after preempting itself is its own, the longer
+        {"prompt": [{"segment": "C", "length": 300}], "max_tokens": 1},
+        {"prompt": [{"segment": "C", "length": 321}], "max_tokens": 1},
+    ]
+    stalled = "after 11 steps (0/321 prompt tokens computed)"
+    after["observed"]["error"]["message"] = "no progress: request 1 still unfinished " + stalled
+    assert classify(after) is None
     computed = copy.deepcopy(SHUT_OUT_032)  # stopped with tokens computed, short of looping: not this rule
     stopped = "after 11 steps (80/337 prompt tokens computed)"
     computed["observed"]["error"]["message"] = "no progress: request 0 still unfinished " + stopped
