@@ -14,8 +14,8 @@ report --matrix, check-build).
 (``ground.engines.EngineSpec``: the one grammar), before any work;
 :func:`engine_specs` turns them into engines, building each build's
 environment first (``engine_adapter.host.builds``: seconds from the
-release's), and the commands hand the parsed engine down;
-:func:`engine_names` gives their names.
+release's), and the commands hand the parsed engine down (never its
+name, to be read again).
 """
 
 from __future__ import annotations
@@ -175,13 +175,6 @@ def engine_specs(
             else replace(EngineSpec.parse(name), patches=option.patches)
         )
     return out
-
-
-def engine_names(
-    args, *, dest: str = "engine", flag: str = "--engine", default: str | None = None, progress=None
-) -> list[str]:
-    """The names of :func:`engine_specs`' engines."""
-    return [spec.name for spec in engine_specs(args, dest=dest, flag=flag, default=default, progress=progress)]
 
 
 def has_build_options(args, dest: str = "engine") -> bool:

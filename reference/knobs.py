@@ -98,12 +98,14 @@ def parse_version(text: str | EngineSpec) -> str:
     return spec.release_spec.version
 
 
-def implemented_rule(version: str) -> str:
+def implemented_rule(version: str | EngineSpec) -> str:
     """The retention rule vLLM ``version`` implements: ``legacy`` before
     0.30.0 (which added ``replay_boundaries``), ``replay`` from 0.30.0. A
     version string that does not parse (a server's local build) counts as
     newer. SGLang (``sglang==X``) has no rule of its own in the model:
-    it is held to the promise."""
+    it is held to the promise. The typed engine is read as it is."""
+    if isinstance(version, EngineSpec):
+        version = version.version
     family = FAMILIES.get(family_of(version))
     if family is not None and not family.supports(Capability.RULE_MODEL):
         return "promise"

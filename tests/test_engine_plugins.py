@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 #: engine, and so does the judge: ``run --compare`` hands its safety
 #: oracles (cap, keys, draft_keys: ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``)
 #: the ``EngineSpec`` it parsed, so ``reference.knobs`` reads no key again.
-KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": []}
+KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": [], "replay": [], "check-build": []}
 
 
 @pytest.fixture
@@ -179,6 +180,97 @@ def test_kvspec_fuzz_reads_its_engines_once_before_any_build(parses):
     specs = engine_specs(args, parsed=options)
     assert [s.name for s in specs] == ["vllm==0.33.0", "vllm==0.32.0"]
     _once_at_the_edge(parses, "fuzz", ["vllm==0.33.0", "vllm==0.32.0"], "kvspec/engine_options.py")
+
+
+def test_kvspec_replay_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
+    from kvspec.cli import main
+    from reference.case import case_to_dict
+    from tests.conftest import hybrid, make_case
+    from tests.fuzz.doubles import ReferenceDouble
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case_to_dict(make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]))))
+    handed = []
+    monkeypatch.setattr(
+        "engine_adapter.host.engine.open_engine",
+        lambda spec, **kw: handed.append(spec) or ReferenceDouble(spec, "replay"),
+    )
+    assert main(["replay", str(path), "--engine", "vllm==0.33.0"]) == 0, capsys.readouterr()
+    _once_at_the_edge(parses, "replay", ["vllm==0.33.0"], "kvspec/engine_options.py")
+    assert handed == [EngineSpec("vllm", "0.33.0")]  # the typed engine, opened as it was parsed
+
+
+def test_kvspec_check_build_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
+    from fuzz.replaying import checkbuild
+    from kvspec.cli import main
+
+    handed = []
+
+    def check_build(engine, *, out, **kw):
+        handed.append(engine)
+        return checkbuild.BuildReport(engine.name, out=str(out))
+
+    monkeypatch.setattr(checkbuild, "check_build", check_build)
+    assert main(["check-build", "--engine", "vllm==0.33.0", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
+    _once_at_the_edge(parses, "check-build", ["vllm==0.33.0"], "kvspec/engine_options.py")
+    assert handed == [EngineSpec("vllm", "0.33.0")]
+
+
+def test_atheris_workers_receive_the_typed_engines_as_serialized_values(parses, monkeypatch, tmp_path):
+    """``kvspec fuzz --driver atheris`` hands its runner the parsed engines;
+    each libFuzzer worker gets them as ``EngineSpec.to_json`` in its
+    environment, with no name read again on the way."""
+    import subprocess
+
+    from engine_adapter.host import environments
+    from fuzz.driving import atheris_runner
+
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, env=None, **kw):
+        started.append(env)
+        raise Started
+
+    monkeypatch.setattr(environments, "is_ready", lambda version: False)  # kvspec's interpreter, no install
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    engine = EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",))
+    other = EngineSpec("vllm", "0.32.0")
+    with pytest.raises(Started):
+        atheris_runner.run_atheris(
+            engine, out=tmp_path / "out", corpus=tmp_path / "corpus", seed_dir=None, seed=1, max_time=30, other=other
+        )
+    (env,) = started
+    assert EngineSpec.from_json(env["KVSPEC_FUZZ_ENGINE"]) == engine
+    assert EngineSpec.from_json(env["KVSPEC_FUZZ_OTHER"]) == other
+    assert parses == []
+
+
+def test_ray_tasks_carry_the_typed_engines_as_serialized_values(parses, monkeypatch, tmp_path):
+    import argparse
+
+    from fuzz.driving import distribute, ray_runner
+
+    sent = []
+
+    def run_tasks(fn, tasks, **kw):
+        sent.extend(tasks)
+        return []
+
+    monkeypatch.setattr(distribute, "run_tasks", run_tasks)
+    args = argparse.Namespace(
+        jobs=2, driver="random", seed=1, case=[], synthetic_geometry=False, libfuzzer=None, ray="local", ray_retries=0
+    )
+    engines = [EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",)), EngineSpec("vllm", "0.32.0")]
+    now = time.monotonic()
+    summary = ray_runner.run_on_ray(
+        args, engines, out=tmp_path, corpus=None, seed_dir=None, started=now, deadline=now + 60, say=lambda line: None
+    )
+    assert [ray_runner._engines(task) for task in sent] == [engines, engines]
+    assert summary.to_dict()["engine"] == "vllm==0.33.0+fix.1a2b3c"
+    assert parses == []
 
 
 def test_every_family_is_declared_whole():

@@ -38,10 +38,11 @@ from pathlib import Path
 
 from engine_adapter.host import environments
 from engine_adapter.host.venvs import ensure_tools
-from engine_adapter.host.versions import parse_engine
+from engine_adapter.host.versions import spec_of
 from fuzz.draw.codec import encode
 from fuzz.driving.progress import progress_line
 from fuzz.driving.summary import ATHERIS_KEYS, CampaignSummary
+from ground.engines import EngineSpec
 from ground.files import write_bytes_atomic
 from ground.home import contained_env
 from reference.case import Case
@@ -118,10 +119,10 @@ def ensure_fuzz_tools(python: str, timeout: float | None = None) -> bool:
     return ensure_tools(python, ("atheris", "hypothesis"), FUZZ_TOOLS, timeout)
 
 
-def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]:
+def worker_python(engine: EngineSpec, timeout: float | None = None) -> tuple[str, bool]:
     """The interpreter to run the target with, and whether it is in-process."""
 
-    version = parse_engine(engine)
+    version = engine.version
     if environments.is_ready(version):
         python = str(environments.env_python(version))
         if ensure_fuzz_tools(python, timeout):
@@ -129,14 +130,14 @@ def worker_python(engine: str, timeout: float | None = None) -> tuple[str, bool]
     return sys.executable, False
 
 
-def target_env(engine: str, in_process: bool) -> dict[str, str]:
+def target_env(engine: EngineSpec, in_process: bool) -> dict[str, str]:
     """The fuzz target's environment. In-process the target is an engine
     process, with the settings every engine worker gets
     (``environments.worker_env``: the platform, and the torchvision stub
     without which vLLM cannot import Qwen3.5's model class and every
     Qwen3.5 deployment would fail to resolve); else kvspec's own."""
 
-    env = environments.worker_env(parse_engine(engine)) if in_process else contained_env()
+    env = environments.worker_env(engine.version) if in_process else contained_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
     return env
 
@@ -206,7 +207,7 @@ def _stop(procs: list[subprocess.Popen], states: list[WorkerState], wait_s: floa
 
 
 def run_atheris(
-    engine: str,
+    engine: EngineSpec | str,
     *,
     out: Path,
     corpus: Path,
@@ -214,7 +215,7 @@ def run_atheris(
     seed: int,
     max_time: float,
     jobs: int = 1,
-    other: str | None = None,
+    other: EngineSpec | str | None = None,
     libfuzzer_args: list[str] = (),
     console=None,
     env_extra: dict[str, str] | None = None,
@@ -226,7 +227,13 @@ def run_atheris(
     """Run the campaign until ``deadline`` (``time.monotonic()``; default
     ``max_time`` from now), start-up included; return its summary. With
     ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
-    progress line is passed to it every ``progress_every`` seconds."""
+    progress line is passed to it every ``progress_every`` seconds.
+
+    ``engine`` and ``other``: the typed engines (``kvspec fuzz`` parsed them
+    at its edge; a bench's or test's name is read once here); each worker
+    receives one as one serialized value (``EngineSpec.to_json``)."""
+    engine = spec_of(engine, "engine")
+    other = None if other is None else spec_of(other, "other")
     started = time.monotonic()
     deadline = started + max_time if deadline is None else deadline
     origin = deadline - max_time  # the caller's start: progress counts from there
@@ -236,13 +243,13 @@ def run_atheris(
     out.mkdir(parents=True, exist_ok=True)
     env = target_env(engine, in_process)
     env.update(env_extra or {})
-    env["KVSPEC_FUZZ_ENGINE"] = engine
+    env["KVSPEC_FUZZ_ENGINE"] = engine.to_json()
     env["KVSPEC_FUZZ_OUT"] = str(out)
     env["KVSPEC_FUZZ_SEED"] = str(seed)
     env["KVSPEC_FUZZ_PARENT"] = str(os.getpid())
     env["KVSPEC_FUZZ_DEADLINE"] = repr(time.time() + (stop_at - time.monotonic()) - 1.0)
     if other:
-        env["KVSPEC_FUZZ_OTHER"] = other
+        env["KVSPEC_FUZZ_OTHER"] = other.to_json()
     if synthetic:
         env["KVSPEC_FUZZ_SYNTHETIC"] = "1"
         dirs = [str(corpus)] + ([str(seed_dir)] if seed_dir else [])
@@ -252,7 +259,7 @@ def run_atheris(
         # libFuzzer reads it.
         dirs = [str(corpus)]
         if seed_dir:
-            mapped = seed_dir.parent / f"{seed_dir.name}-on-{engine.replace('==', '-')}"
+            mapped = seed_dir.parent / f"{seed_dir.name}-on-{engine.name.replace('==', '-')}"
             mapped.mkdir(parents=True, exist_ok=True)
             env["KVSPEC_FUZZ_Z3_SEEDS"] = str(seed_dir)
             env["KVSPEC_FUZZ_MAPPED_SEEDS"] = str(mapped)
@@ -310,7 +317,7 @@ def run_atheris(
                 _parse(line, states[j])
             now = time.monotonic()
             if live:
-                live.update(_progress(engine, states, now - started, in_process))
+                live.update(_progress(engine.name, states, now - started, in_process))
             if emit is not None and now - last_emit >= progress_every:
                 last_emit = now
                 emit(_progress_line(states, now - origin))
@@ -329,7 +336,7 @@ def run_atheris(
     fuzz_s = max(1e-9, ended - max(ready)) if ready else None
     return CampaignSummary(
         ATHERIS_KEYS,
-        engine=engine,
+        engine=engine.name,
         in_process=in_process,
         jobs=len(procs),
         elapsed_s=round(time.monotonic() - started, 2),

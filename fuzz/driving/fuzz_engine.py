@@ -5,8 +5,9 @@
 
 libFuzzer owns argv; kvspec's settings come from the environment:
 
-* ``KVSPEC_FUZZ_ENGINE``: the engine under test (default ``vllm==0.33.0``);
-* ``KVSPEC_FUZZ_OTHER``: a second engine for the ``versions`` oracle;
+* ``KVSPEC_FUZZ_ENGINE``: the engine under test, one serialized value
+  (``ground.engines.EngineSpec.to_json``; default vLLM 0.33.0);
+* ``KVSPEC_FUZZ_OTHER``: a second engine for the ``versions`` oracle (the same form);
 * ``KVSPEC_FUZZ_OUT``: the findings folder (default ``$KVSPEC_HOME/findings``);
 * ``KVSPEC_FUZZ_SEED``: recorded in findings;
 * ``KVSPEC_FUZZ_SYNTHETIC``: ``1`` draws hand geometries instead of
@@ -80,15 +81,14 @@ _LAST_REPORT = [0.0]
 INSTRUMENT_MODES = ("under-test", "core")
 
 
-def _instrumented_engine(name: str):
+def _instrumented_engine(spec):
     """Open the engine; if it runs in this process, instrument the vLLM
     functions under test (``engine_adapter.vllm_engine.coverage.UNDER_TEST``: lookup,
     boundaries, retention, the align-mode split, block-size resolution), so
     that their coverage, and only theirs, guides the search."""
     from engine_adapter.host.engine import inprocess_vllm_version, open_engine
-    from engine_adapter.host.versions import parse_engine
 
-    if inprocess_vllm_version() == parse_engine(name):
+    if inprocess_vllm_version() == spec.version:
         if os.environ.get("KVSPEC_FUZZ_INSTRUMENT") == "core":
             with atheris.instrument_imports(include=["vllm.v1.core"]):
                 import vllm.v1.core.block_pool  # noqa: F401
@@ -97,8 +97,8 @@ def _instrumented_engine(name: str):
                 import vllm.v1.core.kv_cache_utils  # noqa: F401
                 import vllm.v1.core.sched.scheduler  # noqa: F401
                 import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
-            return open_engine(name, mode="inprocess")
-        engine = open_engine(name, mode="inprocess")  # imports vLLM
+            return open_engine(spec, mode="inprocess")
+        engine = open_engine(spec, mode="inprocess")  # imports vLLM
         from engine_adapter.vllm_engine.coverage import functions_under_test
 
         funcs, _missing = functions_under_test()
@@ -107,7 +107,7 @@ def _instrumented_engine(name: str):
         return engine
     with atheris.instrument_imports(include=["reference"]):
         import reference.serial  # noqa: F401
-    return open_engine(name, mode="worker")
+    return open_engine(spec, mode="worker")
 
 
 def _report(kind: str, *fields) -> None:
@@ -131,15 +131,18 @@ def _deadline() -> float | None:
 def _setup() -> None:
     global CAMPAIGN
     from fuzz.driving.campaign import Campaign
+    from ground.engines import DEFAULT_FAMILY, FAMILIES, EngineSpec
     from ground.home import kvspec_home
 
-    engine = _instrumented_engine(os.environ.get("KVSPEC_FUZZ_ENGINE", "vllm==0.33.0"))
-    other_name = os.environ.get("KVSPEC_FUZZ_OTHER")
+    raw = os.environ.get("KVSPEC_FUZZ_ENGINE")
+    default = EngineSpec(DEFAULT_FAMILY, FAMILIES[DEFAULT_FAMILY].default_release)
+    engine = _instrumented_engine(EngineSpec.from_json(raw, "KVSPEC_FUZZ_ENGINE") if raw else default)
+    raw_other = os.environ.get("KVSPEC_FUZZ_OTHER")
     other = None
-    if other_name:
+    if raw_other:
         from engine_adapter.host.engine import open_engine
 
-        other = open_engine(other_name, mode="worker")
+        other = open_engine(EngineSpec.from_json(raw_other, "KVSPEC_FUZZ_OTHER"), mode="worker")
     out = Path(os.environ.get("KVSPEC_FUZZ_OUT") or kvspec_home() / "findings")
     seed = os.environ.get("KVSPEC_FUZZ_SEED")
     CAMPAIGN = Campaign(

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from fuzz.driving.summary import EMPTY_KEYS, RAY_KEYS, CampaignSummary
 from fuzz.results.findings import is_finding
+from ground.engines import EngineSpec
 from ground.files import load_json, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 #: Seconds before the command's deadline at which workers are told to end,
@@ -132,25 +133,33 @@ def campaign_task(task: dict) -> dict:
 
 def _empty(task: dict) -> CampaignSummary:
     """A worker's summary when nothing ran: every count at the type's default."""
-    return CampaignSummary(EMPTY_KEYS, engine=task["engine"], driver=task["driver"])
+    return CampaignSummary(EMPTY_KEYS, engine=_engines(task)[0].name, driver=task["driver"])
+
+
+def _engines(task: dict) -> list[EngineSpec]:
+    """The task's engines, typed: each sent as one serialized value
+    (``EngineSpec.to_json``), read back whole, never by the name grammar."""
+    return [EngineSpec.from_json(task["engine"], "task.engine")] + (
+        [EngineSpec.from_json(task["other"], "task.other")] if task.get("other") else []
+    )
 
 
 def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> CampaignSummary:
     started = time.monotonic()
     deadline = started + left
-    engines = [task["engine"]] + ([task["other"]] if task.get("other") else [])
+    engines = _engines(task)
     if task["driver"] == "atheris":
         from fuzz.driving.atheris_runner import run_atheris
 
         return run_atheris(
-            task["engine"],
+            engines[0],
             out=out,
             corpus=corpus,
             seed_dir=seed_dir,
             seed=task["seed"],
             max_time=left,
             jobs=1,
-            other=task.get("other"),
+            other=engines[1] if len(engines) > 1 else None,
             libfuzzer_args=list(task.get("libfuzzer") or []),
             deadline=deadline,
             synthetic=bool(task.get("synthetic")),
@@ -178,7 +187,7 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
 
 def run_on_ray(
     args,
-    engines: list[str],
+    engines: list[EngineSpec],
     *,
     out: Path,
     corpus: Path | None,
@@ -208,8 +217,8 @@ def run_on_ray(
         {
             "id": f"job-{j}",
             "run": run,
-            "engine": engines[0],
-            "other": engines[1] if len(engines) > 1 else None,
+            "engine": engines[0].to_json(),
+            "other": engines[1].to_json() if len(engines) > 1 else None,
             "driver": args.driver,
             "seed": args.seed + j,
             "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
@@ -284,7 +293,7 @@ def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
 def _merge(
     results: list[dict],
     args,
-    engines: list[str],
+    engines: list[EngineSpec],
     out: Path,
     corpus: Path | None,
     before: set[str],
@@ -338,7 +347,7 @@ def _merge(
         except (OSError, ValueError):
             summary = None
         findings.append({"path": str(out / name), "summary": summary})
-    total = CampaignSummary(RAY_KEYS, engine=engines[0], driver=args.driver, ray=args.ray, jobs=args.jobs).merge(
+    total = CampaignSummary(RAY_KEYS, engine=engines[0].name, driver=args.driver, ray=args.ray, jobs=args.jobs).merge(
         *workers
     )
     elapsed = time.monotonic() - started

@@ -34,12 +34,17 @@ class Divergence:
     """One oracle firing on one case."""
 
     oracle: str
+    #: the engine's version key; an oracle may hand the typed engine
+    #: (``ground.engines.EngineSpec``), recorded as its key
     version: str
     requests: list[int]  # the diverging requests, first first
     expected: list
     observed: list
     detail: str = ""
     context: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.version = engine_key(self.version)
 
     @property
     def first(self) -> int | None:
@@ -98,7 +103,7 @@ def same_hits(
     return [Divergence(oracle, version, bad, list(hits), list(hits), detail(bad[0]), context)]
 
 
-def check_engine_error(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_engine_error(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     if "error" not in obs:
         return []
     err = obs["error"]

@@ -48,6 +48,7 @@ from fuzz.judge.oracle_base import (
 )
 from fuzz.judge.oracle_resolution import comparable_resolutions, resolved
 from fuzz.judge.oracle_states import written_before
+from ground.engines import EngineSpec
 from ground.errors import DeploymentRejected
 from reference.case import Case
 from reference.knobs import implemented_rule, resolve_knobs
@@ -55,7 +56,7 @@ from reference.predict import predict_with_knobs
 from reference.variants import has_speculative, with_retention, without_speculative
 
 
-def check_promise(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_promise(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Promised requests hit what the promise predicts. Below it is lost
     reuse; above it is a stale state unless a prefill wrote a state there
     (:func:`written_before`: vLLM may keep more states than the promise
@@ -100,7 +101,7 @@ def _loaded_by(obs: Observation, i: int) -> bool:
     return loaded is not None and loaded <= i
 
 
-def check_reference(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_reference(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """The hits against the model of the local prefix cache, on the
     requests before the first one a KV connector loaded for
     (:func:`first_load`); the promise and the safety oracles judge what a
@@ -115,7 +116,7 @@ def check_reference(case: Case, version: str, obs: Observation) -> list[Divergen
     return reference_divergence(version, bad, expected["hits"], obs["hits"], f"rule={rule}", expected["explain"])
 
 
-def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
+def check_sparse_dense(case: Case, version: EngineSpec | str, obs: Observation, run: Run) -> list[Divergence]:
     if case.geometry is None or case.geometry.retention_interval != 0:
         return []
     promise = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"]
@@ -139,7 +140,7 @@ def check_sparse_dense(case: Case, version: str, obs: Observation, run: Run) -> 
     ]
 
 
-def check_spec_on_off(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
+def check_spec_on_off(case: Case, version: EngineSpec | str, obs: Observation, run: Run) -> list[Divergence]:
     if not has_speculative(case):
         return []
     kinds = request_kinds(case)
@@ -213,7 +214,7 @@ def check_versions(
     ]
 
 
-def check_junction(case: Case, version: str, obs: Observation, run: Run) -> list[Divergence]:
+def check_junction(case: Case, version: EngineSpec | str, obs: Observation, run: Run) -> list[Divergence]:
     """Under sparse retention, a sibling (a prompt that shares a prefix with
     an earlier one and diverges inside it) hits at least what the promise
     predicts for it (its divergence point once an earlier request observed

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from fuzz.judge.oracle_base import Divergence
+from ground.engines import EngineSpec
 from reference.case import Case
 
 #: Absolute log-probability tolerance (nats).
@@ -68,7 +69,7 @@ def request_difference(e: dict, tol: float = LOGPROB_TOLERANCE) -> str | None:
     return None
 
 
-def check_outputs(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_outputs(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """``outputs``: every request's greedy tokens and top log-probabilities
     equal a cold engine's (within :data:`LOGPROB_TOLERANCE`)."""
     bad, expected, observed, details = [], [], [], []

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from engine_adapter.host.versions import engine_name
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence
-from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability
+from fuzz.judge.oracle_base import Divergence, engine_key
+from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability, EngineSpec
 from reference.case import Case, with_resolution
 from reference.knobs import resolve_knobs
 
@@ -39,7 +39,7 @@ COMPARED_KNOBS = (
 )
 
 
-def check_resolution(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_resolution(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """The engine's ``resolution`` of a deployment case against what vLLM
     documents of the deployment's flags (see the module docstring):
     ``prefix_match_unit`` set -> ``hash_block_size`` equals it, and the hash
@@ -90,7 +90,7 @@ def _misresolved(version: str, hits: list, detail: str, rule: str, resolution: d
     return [Divergence("resolution", version, [], hits, list(hits), detail, {"rule": rule, "resolution": resolution})]
 
 
-def check_knobs(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_knobs(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     model = resolve_knobs(case, version).as_dict()
     engine = obs.get("knobs") or {}
     wrong = [k for k in COMPARED_KNOBS if k in engine and engine[k] != model[k]]
@@ -108,7 +108,7 @@ def check_knobs(case: Case, version: str, obs: Observation) -> list[Divergence]:
     ]
 
 
-def resolved(case: Case, obs: Observation, version: str) -> Case:
+def resolved(case: Case, obs: Observation, version: str | EngineSpec) -> Case:
     """The case the model judges: a deployment case with the geometry the
     engine resolved for it (the observation's ``resolution``); a hand case
     as it is."""
@@ -117,7 +117,7 @@ def resolved(case: Case, obs: Observation, version: str) -> Case:
     r = obs["resolution"]
     if r.get("geometry") is None:  # resolved to nothing the model states (SGLang's no_buffer)
         return case
-    return with_resolution(case, r["geometry"], r["speculative"], engine_name(version))
+    return with_resolution(case, r["geometry"], r["speculative"], engine_name(engine_key(version)))
 
 
 def trace_units(resolution: dict) -> tuple[int, int]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from fuzz.judge.oracle_base import Divergence, same_hits
+from ground.engines import EngineSpec
 from reference.boundaries import internal_checkpoint_valid, mamba_checkpoint_position
 from reference.case import Case, Request, prompt_tokens
 from reference.serial import common_prefix, known_common
@@ -70,7 +71,7 @@ def _prefill_chunks(case: Case, obs: Observation) -> list[tuple[int, int, list[t
     return out
 
 
-def check_split(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_split(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Every prefill chunk end ``e`` below a prompt's length N (the engine's
     ``chunk_ends``, the first chunk starting at the hit) is on the hash grid
     H, on the CPU engine core's split block, at the junction the engine
@@ -134,7 +135,7 @@ def _cut_steps(steps: list, budget: int, max_model_len: int) -> list[list[int]]:
     return [[int(a), int(q), int(n)] for a, q, n in steps if n < q and budget >= q + 64 and n < max_model_len - 1 - a]
 
 
-def check_checkpoint(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_checkpoint(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """A uniform geometry (one block B for every group) with an internal
     checkpoint grid: for each request of N tokens, a chunk start ``s`` (its
     hit or a chunk end) on the block grid, with N - s within the chunk
@@ -181,7 +182,7 @@ def check_checkpoint(case: Case, version: str, obs: Observation) -> list[Diverge
     )
 
 
-def check_hit_blocks(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_hit_blocks(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Each full-attention group's hit (the engine's ``attention_blocks``:
     [block size, blocks taken] at admission) has exactly ceil(hit / block)
     blocks, ``hit`` the admission's ``scheduler_hit``: full attention is
@@ -216,7 +217,7 @@ def check_hit_blocks(case: Case, version: str, obs: Observation) -> list[Diverge
     )
 
 
-def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_shared_prefix(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """The junction a request reports at admission (the engine's
     ``junction``: vLLM's ``shared_prefix_boundary``, the hit plus the
     coordinator's ``num_uncached_common_prefix_tokens``, i.e. the longest
@@ -258,7 +259,7 @@ def check_shared_prefix(case: Case, version: str, obs: Observation) -> list[Dive
     )
 
 
-def check_block_table(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_block_table(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """After each step is scheduled a running request's Mamba block tables
     (align mode) hold no block it has freed (reference count below 1: the
     pool may hand it to another request while this one reads or writes it)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from engine_adapter.interface import Observation
 from fuzz.judge.oracle_base import Divergence
+from ground.engines import EngineSpec
 from reference.boundaries import junction_states, resumable_states, retention_period
 from reference.case import Case, is_concurrent, prompt_tokens, sequence_tokens, waves
 from reference.knobs import implemented_rule, resolve_knobs
@@ -227,7 +228,7 @@ def stale_keys(case: Case, obs: Observation) -> list[list[int]]:
 SAME_STEP_READ = "read in the same step or before it was computed"
 
 
-def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_resumed_state(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """A request that resumes at h reads a Mamba state computed over exactly
     its first h tokens. Judged where the engine's driver read the state it
     resumed from (``explain[i].resumed_state``: SGLang's driver, whose
@@ -262,7 +263,7 @@ def check_resumed_state(case: Case, version: str, obs: Observation) -> list[Dive
     return [Divergence("resumed_state", version, bad, [0 if i in bad else h for i, h in enumerate(hits)], hits, detail)]
 
 
-def check_stale(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_stale(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """No request resumes where no earlier prefill wrote a Mamba state over
     its tokens, and no request leaves a state held that its prefill did not
     write (:func:`stale_keys`; the later hit on it looks like reuse of an
@@ -354,7 +355,7 @@ def held_states(e: dict) -> set[int] | None:
     return {(int(b) + 1) * int(size) for size, bs in blocks.items() for b in bs}
 
 
-def check_retention(case: Case, version: str, obs: Observation) -> list[Divergence]:
+def check_retention(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
     """Sparse and periodic retention keep what they say (see the module
     note). Allowed for request ``i``: over the same tokens as its prompt,
     a state some request ``j <= i`` may leave behind: one a later request

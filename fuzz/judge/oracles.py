@@ -183,8 +183,9 @@ def check_all(
     (:func:`serial_part`), where their rules were stated. Under pressure
     (:func:`before_pressure`), the oracles of :data:`PRESSURE_ORACLES` judge
     as they would; the others only the requests before it. ``version``: the
-    typed engine (its checks of :data:`TYPED_ENGINE_CHECKS` take it as it
-    is), or its version key."""
+    typed engine (the checks take it as it is and resolve their knobs from
+    it, never reading a name again; a family's own checks take its version
+    key), or a version key (a test's, a host helper's)."""
     if "error" in obs:
         return check_engine_error(case, engine_key(version), obs) if "engine_error" in oracles else []
     k = before_pressure(case, obs)
@@ -211,29 +212,24 @@ def _check_trace(
     return out
 
 
-#: The checks that take the typed engine (``ground.engines.EngineSpec``)
-#: where the judge was handed one (issue 41: the judge takes the typed
-#: engine, never a key to parse again); the others still take its version
-#: key. A family's own check of the same name takes the key.
-TYPED_ENGINE_CHECKS = frozenset({"cap", "keys", "draft_keys"})
-
-
 def _check(
     case: Case, typed: str | EngineSpec, obs: Observation, run: Run | None, oracles: tuple[str, ...]
 ) -> list[Divergence]:
+    """The checks of ``oracles`` on one trace. The engine-neutral checks
+    take ``typed`` as it is (issue 41: the judge takes the typed engine,
+    never a key to parse again); a family's own check takes its version key."""
     version = engine_key(typed)
     out: list[Divergence] = []
     own = own_checks(version)
     for name, check in SINGLE_RUN_CHECKS:
         if name in oracles:
-            takes_typed = name in TYPED_ENGINE_CHECKS and name not in own
-            out += own.get(name, check)(case, typed if takes_typed else version, obs)
+            out += own[name](case, version, obs) if name in own else check(case, typed, obs)
     if run is not None and "sparse_dense" in oracles and "junction" in oracles:
         run = _memo(run)  # one dense run for both
     if run is not None and "sparse_dense" in oracles:
-        out += check_sparse_dense(case, version, obs, run)
+        out += check_sparse_dense(case, typed, obs, run)
     if run is not None and "junction" in oracles:
-        out += check_junction(case, version, obs, run)
+        out += check_junction(case, typed, obs, run)
     if run is not None and "spec_on_off" in oracles:
-        out += check_spec_on_off(case, version, obs, run)
+        out += check_spec_on_off(case, typed, obs, run)
     return out

@@ -456,8 +456,8 @@ def divergences(
     the same engine (``sparse_dense``, ``spec_on_off``); a variant that
     comes back with a harness error raises :class:`HarnessFailure` (never
     judged as vLLM's). An observation carrying a harness error is never
-    judged (empty). ``version``: the typed engine (handed to the oracles
-    that take it, ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``) or its key."""
+    judged (empty). ``version``: the typed engine (handed to the oracles as
+    it is: :func:`fuzz.judge.oracles.check_all`) or its key."""
     engine = version if isinstance(version, EngineSpec) else None
     version = engine.version if engine is not None else version
     if _harness_error(observation) is not None:
@@ -491,7 +491,7 @@ class Judged:
     other_observation: dict | None = None
 
 
-def _typed(engine) -> str | EngineSpec:
+def typed_engine(engine) -> str | EngineSpec:
     """The engine object's typed engine (every engine object holds
     ``.spec``), else its version key (a test double may hold only that)."""
     spec = getattr(engine, "spec", None)
@@ -531,7 +531,7 @@ def observe_and_judge(case: Case, claim: dict | Claim | None, engine, other=None
     try:
         divs = divergences(
             judged,
-            _typed(engine),
+            typed_engine(engine),
             obs,
             claim.oracle if claim else None,
             run=engine.run,

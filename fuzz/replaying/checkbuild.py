@@ -70,7 +70,7 @@ from pathlib import Path
 
 from fuzz.judge.oracle_registry import KNOWN_ORACLES
 from fuzz.judge.oracles import request_kinds
-from ground.engines import FAMILIES, load
+from ground.engines import FAMILIES, EngineSpec, load
 from reference.case import Case, parse_case
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,7 +250,7 @@ class BuildReport:
 
 
 def check_build(
-    engine_name: str,
+    engine: EngineSpec | str,
     *,
     out: Path,
     max_time: float = 45.0,
@@ -261,13 +261,14 @@ def check_build(
     progress=None,
     harness_error_limit: float | None = None,
     started: float | None = None,
-    against: str | None = None,
+    against: EngineSpec | str | None = None,
 ) -> BuildReport:
-    """Run check-build on ``engine_name`` (a ready engine) and return the
-    report; with ``against`` (a ready engine's name: the baseline) each
-    failure is sorted into new or shared with the baseline."""
+    """Run check-build on ``engine`` (a ready engine, typed: the command
+    parsed it at its edge; a test's name is read once here) and return the
+    report; with ``against`` (a ready engine: the baseline) each failure is
+    sorted into new or shared with the baseline."""
     from engine_adapter import open_engine
-    from engine_adapter.host.versions import family_of
+    from engine_adapter.host.versions import spec_of
     from fuzz.draw.seeds import load_seed_cases, on_deployments, seed_dir, with_connector
     from fuzz.driving.campaign import Campaign
     from fuzz.driving.drivers import BoundedEngine, run_random
@@ -277,13 +278,17 @@ def check_build(
 
     say = progress or (lambda line: None)
     started = time.monotonic() if started is None else started
+    spec = spec_of(engine, "--engine")
+    base_spec = None if against is None else spec_of(against, "--against")
+    against = None if base_spec is None else base_spec.name  # what the report and its lines say
+    engine_name = spec.name
     report = BuildReport(engine_name, out=str(out), against=against)
     deadline = started + cases_time + max_time
     baseline = None
     try:
-        engine = open_engine(engine_name)
-        if against is not None:
-            baseline = open_engine(against)
+        engine = open_engine(spec)
+        if base_spec is not None:
+            baseline = open_engine(base_spec)
     except EngineError as e:
         report.exit_code, report.reason = EXIT_HARNESS, f"the engine cannot be opened: {e}"
         return report
@@ -339,7 +344,7 @@ def check_build(
             return n
 
         t = time.monotonic()
-        family = family_of(str(getattr(engine, "version", None) or engine_name))
+        family = spec.family
         examples = example_cases(family=family)
         n = check_each([case for _name, case in examples], deadline)
         report.phases.append(

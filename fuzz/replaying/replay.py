@@ -17,8 +17,9 @@ from pathlib import Path
 
 from engine_adapter.host.versions import engine_name as name_of
 from fuzz.judge.oracles import request_kinds
-from fuzz.judge.verdict import Claim, observe_and_judge
+from fuzz.judge.verdict import Claim, observe_and_judge, typed_engine
 from fuzz.results.findings import load_finding
+from ground.engines import EngineSpec
 from ground.errors import Unsupported
 from reference.case import Case
 from reference.knobs import implemented_rule, resolve_knobs
@@ -45,7 +46,7 @@ class _WithOptions:
 def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
     """Run ``case`` on ``engine`` (and ``other`` for a ``versions``
     finding) and judge it (:func:`fuzz.judge.verdict.observe_and_judge`)."""
-    version = engine.version
+    version, typed = engine.version, typed_engine(engine)
     claim = Claim.of(finding) if finding else None
     if claim is not None and claim.oracle == "versions" and claim.other_version == version:
         claim = claim.swapped()  # replayed from the other engine's side
@@ -54,12 +55,12 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
         engine = _WithOptions(engine, options)
     judged = observe_and_judge(case, claim, engine, other)
     obs = judged.observation
-    rule = implemented_rule(version)
+    rule = implemented_rule(typed)
     promise = implemented = None
     note = None
     if judged.case.geometry is not None:
         try:
-            knobs = resolve_knobs(judged.case, version)
+            knobs = resolve_knobs(judged.case, typed)
             promise = predict_with_knobs(judged.case, knobs, "promise")["hits"]
             implemented = predict_with_knobs(judged.case, knobs, rule)["hits"]
         except Unsupported as e:
@@ -104,42 +105,44 @@ def replay_case(case: Case, finding: dict, engine, other=None) -> dict:
 
 
 def replay_on_engine(
-    path: str | Path, engine_name: str, *, other_name: str | None = None, warm: bool | None = None
+    path: str | Path, engine: EngineSpec | str, *, other: EngineSpec | str | None = None, warm: bool | None = None
 ) -> dict:
-    """Load a finding/case file and replay it on ``engine_name``; a
-    ``versions`` finding also on the other engine it names (or
-    ``other_name``): the finding's own engine when ``engine_name`` is the
-    other one. ``warm``: on the versions' warm engines
-    (``engine_adapter.host.warm``) or on workers of this call's own; default as
-    ``kvspec replay --engine`` does (warm unless ``KVSPEC_WARM=0``)."""
+    """Load a finding/case file and replay it on ``engine`` (the typed
+    engine a command parsed at its edge; a test's name is read once here);
+    a ``versions`` finding also on the other engine it names (or ``other``):
+    the finding's own engine when ``engine`` is the other one. ``warm``: on
+    the versions' warm engines (``engine_adapter.host.warm``) or on workers
+    of this call's own; default as ``kvspec replay --engine`` does (warm
+    unless ``KVSPEC_WARM=0``)."""
     from engine_adapter import open_engine
     from engine_adapter.host import warm as warm_engines
-    from engine_adapter.host.versions import parse_engine
+    from engine_adapter.host.versions import spec_of
 
     if warm is None:
         warm = warm_engines.enabled()
 
     case, finding = load_finding(path)
-    version = parse_engine(engine_name, "--engine")
-    other_version = None
+    spec = spec_of(engine, "--engine")
+    version = spec.version
+    other_spec = None
     if finding.get("oracle") == "versions":
         claim = Claim.of(finding)
         under_test = str((finding.get("engine") or {}).get("version") or "")
-        if other_name:
-            other_version = parse_engine(other_name)
+        if other is not None:
+            other_spec = spec_of(other, "other")
         elif claim.other_version and claim.other_version != version:
-            other_version = claim.other_version
+            other_spec = spec_of(claim.other_version, "finding.other_engine")  # the file's text, read once
         elif under_test and under_test != version:
-            other_version = under_test
-        if other_version is None:
+            other_spec = spec_of(under_test, "finding.engine.version")
+        if other_spec is None:
             raise Unsupported(
                 f"finding.other_engine={claim.other_version!r}: a versions finding names the engine it was compared with; allowed: a finding that names it (schema 2), beside --engine"
             )
-    engine = open_engine(name_of(version), warm=warm)
+    engine = open_engine(spec, warm=warm)
     other = None
     try:
-        if other_version is not None:
-            other = open_engine(name_of(other_version), warm=warm)
+        if other_spec is not None:
+            other = open_engine(other_spec, warm=warm)
         return replay_case(case, finding, engine, other)
     finally:
         for e in (engine, other):

@@ -93,11 +93,11 @@ def configure(parser) -> None:
 
 def main(args) -> int:
     from engine_adapter.host.builds import prepare
-    from engine_adapter.host.versions import DEFAULT_ENGINE
+    from engine_adapter.host.versions import DEFAULT_ENGINE, spec_of
     from fuzz.replaying.checkbuild import EXIT_HARNESS, check_build, render
     from ground.errors import EngineError, invalid
     from ground.home import kvspec_home
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
     from kvspec.options import output_dir, seconds
 
     seconds("--max-time", args.max_time)
@@ -113,16 +113,22 @@ def main(args) -> int:
                 "holds findings already; allowed: an empty or new folder (check-build reports what this run finds)",
             )
     try:
-        against = None if args.against is None else prepare(args.against, flag="--against", progress=_say)
-        (name,) = engine_names(args, default=DEFAULT_ENGINE, progress=_say)
+        against = (
+            None
+            if args.against is None
+            else spec_of(
+                prepare(args.against, flag="--against", progress=_say), "--against"
+            )  # the name its build gives
+        )
+        (spec,) = engine_specs(args, default=DEFAULT_ENGINE, progress=_say)  # parsed once, at this edge
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
     started = time.monotonic()
     if not args.out:
-        out = kvspec_home() / "check-build" / name.replace("==", "-") / time.strftime("%Y%m%d-%H%M%S")
+        out = kvspec_home() / "check-build" / spec.name.replace("==", "-") / time.strftime("%Y%m%d-%H%M%S")
     report = check_build(
-        name,
+        spec,
         out=Path(out),
         max_time=args.max_time,
         cases_time=args.cases_time,

@@ -330,13 +330,12 @@ def main(args) -> int:
     except EngineError as e:  # a build's environment could not be made (its self-test failed, say)
         _say(f"kvspec: {e} (harness failed, exit 3)")
         return EXIT_HARNESS
-    engines = [spec.name for spec in specs]
     started = time.monotonic()
     deadline = started + args.max_time
     home = kvspec_home()
     out = Path(args.out) if args.out else home / "findings"
     corpus = (
-        (Path(args.corpus) if args.corpus else home / "corpus" / engines[0].replace("==", "-"))
+        (Path(args.corpus) if args.corpus else home / "corpus" / specs[0].name.replace("==", "-"))
         if args.driver == "atheris"
         else None
     )
@@ -356,7 +355,7 @@ def main(args) -> int:
             from fuzz.driving.ray_runner import run_on_ray
 
             summary = run_on_ray(
-                args, engines, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say
+                args, specs, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say
             )
         elif args.driver == "atheris":
             from rich.console import Console
@@ -365,14 +364,14 @@ def main(args) -> int:
 
             tty = sys.stderr.isatty()
             summary = run_atheris(
-                engines[0],
+                specs[0],
                 out=out,
                 corpus=corpus,
                 seed_dir=seed_dir,
                 seed=args.seed,
                 max_time=args.max_time,
                 jobs=args.jobs,
-                other=engines[1] if len(engines) > 1 else None,
+                other=specs[1] if len(specs) > 1 else None,
                 libfuzzer_args=args.libfuzzer,
                 console=Console(stderr=True) if tty else None,
                 deadline=deadline,

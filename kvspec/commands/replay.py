@@ -20,7 +20,8 @@ before any connection otherwise); it is never printed or written: the key, and a
 even when the server echoes it.
 
 ``--engine vllm==X`` (in-process replay) is delegated to
-``fuzz.replaying.replay.replay_on_engine(path, engine) -> dict`` and
+``fuzz.replaying.replay.replay_on_engine(path, spec) -> dict`` (the
+typed engine, parsed once here) and
 ``fuzz.replaying.replay.render_replay(result, console)`` when that module provides
 them (the same judge and verdicts). A ``versions`` finding runs on
 ``--engine`` and on the other engine the finding names.
@@ -123,11 +124,11 @@ def _engine_replay(args) -> int:
             f"--engine={args.engine}: in-process replay is not available in this kvspec (fuzz.replaying.replay.replay_on_engine); allowed: --server URL"
         )
     from ground.console import table_console
-    from kvspec.engine_options import engine_names
+    from kvspec.engine_options import engine_specs
 
     if len(args.engine) > 1:
         raise invalid("--engine", args.engine, "replay takes one engine (a versions finding names its other engine)")
-    result = fn(args.file, engine_names(args)[0])
+    result = fn(args.file, engine_specs(args)[0])  # the typed engine, parsed once at this edge
     show(result, table_console())
     if args.json:
         from ground.files import write_json_atomic

@@ -171,6 +171,7 @@ def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
     so the in-process campaigns never ran one."""
     from engine_adapter.host import environments
     from fuzz.driving.atheris_runner import target_env
+    from ground.engines import EngineSpec
     from ground.home import contained_env
 
     ensure_env("0.33.0")
@@ -187,6 +188,6 @@ def test_an_in_process_atheris_target_resolves_qwen3_5_deployments():
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    assert resolve_with(target_env("vllm==0.33.0", in_process=True))["block"] > 0
+    assert resolve_with(target_env(EngineSpec("vllm", "0.33.0"), in_process=True))["block"] > 0
     bare = {**contained_env(), "PYTHONPATH": str(environments.REPO_ROOT)}  # what the target had before
     assert "failed to be inspected" in resolve_with(bare).get("error", "")

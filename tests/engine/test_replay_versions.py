@@ -63,9 +63,9 @@ def test_kvspec_replay_engine_runs_a_versions_finding_on_both_engines(versions_f
     path, _, _ = versions_finding
     opened = []
 
-    def open_engine(name, **kw):
-        opened.append(name)
-        return _Borrowed(engines(name.removeprefix("vllm==")))
+    def open_engine(spec, **kw):  # the typed engine, handed down
+        opened.append(spec.name)
+        return _Borrowed(engines(spec.version))
 
     monkeypatch.setattr("engine_adapter.host.engine.open_engine", open_engine)
     assert cli_main(["replay", str(path), "--engine", "vllm==0.29.0"]) == 0

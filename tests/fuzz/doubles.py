@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from unittest import mock
 
+from ground.engines import EngineSpec
 from reference.boundaries import floor_to
 from reference.case import Case
 from reference.knobs import resolve_knobs
@@ -25,6 +26,8 @@ class ReferenceDouble:
         reading a name again)."""
         self.engine = version
         self.version = getattr(version, "version", version)
+        #: the typed engine, as a real engine object holds it (None for a key)
+        self.spec = version if isinstance(version, EngineSpec) else None
         self.rule, self.calls = rule, 0
 
     def _predict(self, case: Case) -> dict:

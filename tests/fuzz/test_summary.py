@@ -109,7 +109,11 @@ def test_ray_adds_up_its_workers_in_ray_keys(tmp_path):
     from fuzz.driving.ray_runner import _empty, _merge
 
     now = time.time()
-    empty = _empty({"engine": "vllm==0.33.0", "driver": "random"}).to_dict()
+    from ground.engines import EngineSpec
+
+    engine = EngineSpec("vllm", "0.33.0")
+    empty = _empty({"engine": engine.to_json(), "driver": "random"}).to_dict()
+    assert empty["engine"] == "vllm==0.33.0"
     assert list(empty) == list(EMPTY_KEYS)
     results = [
         {
@@ -154,7 +158,7 @@ def test_ray_adds_up_its_workers_in_ray_keys(tmp_path):
         {"id": "job-3", "status": "lost", "attempt": None, "host": None, "pid": None, "error": "died", "result": None},
     ]
     args = argparse.Namespace(driver="random", ray="local", jobs=4, case=[])
-    s = _merge(results, args, ["vllm==0.33.0"], tmp_path, None, set(), time.monotonic(), now - 10).to_dict()
+    s = _merge(results, args, [engine], tmp_path, None, set(), time.monotonic(), now - 10).to_dict()
     assert list(s) == list(RAY_KEYS)
     assert (s["execs"], s["engine_runs"], s["cases"], s["coverage"], s["duplicates"], s["workers_died"]) == (
         50,

@@ -248,7 +248,7 @@ def test_replay_on_engine_opens_the_other_engine_a_versions_finding_names(tmp_pa
     opened = []
     monkeypatch.setattr(
         "engine_adapter.host.engine.open_engine",
-        lambda name, **kw: opened.append(name) or doubles[name.removeprefix("vllm==")],
+        lambda spec, **kw: opened.append(spec.name) or doubles[spec.version],  # the typed engine, handed down
     )
     case = seed()
     obs, other = doubles["0.29.0"].run(case), doubles["0.33.0"].run(case)

@@ -24,6 +24,7 @@ from fuzz.replaying.live_replay import (
     render,
     replay,
 )
+from ground.engines import EngineSpec
 from ground.errors import InvalidArgument, KvspecError, Unsupported
 from kvspec.cli import main as cli_main
 from reference.case import case_to_dict, prompt_tokens
@@ -690,7 +691,7 @@ def test_engine_flag_delegates_to_fuzz_replay(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fuzz.replaying.replay", fake)
     path = write_case(tmp_path, repeat_case())
     assert cli_main(["replay", path, "--engine", "vllm==0.33.0"]) == 0
-    assert calls == [(path, "vllm==0.33.0")]
+    assert calls == [(path, EngineSpec("vllm", "0.33.0"))]  # the typed engine, not its name to read again
     assert "rendered agrees" in capsys.readouterr().out
     assert cli_main(["replay", path, "--engine", "vllm==0.33.0", "--model", "x"]) == 2
     fake2 = types.ModuleType("fuzz.replaying.replay")
