@@ -31,7 +31,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from advise.model import RuleOutcome, held_on_path, kept_positions, retention_label
-from engine_adapter.host.versions import parse_engine
 from fuzz.judge.oracles import Divergence, check_engine_error, resolved
 from fuzz.judge.verdict import harness_error_of
 from fuzz.results.findings import make_finding, write_finding
@@ -130,7 +129,7 @@ def confirm(
 ) -> dict:
     """Run every setting of ``advice`` on ``engine``; compare; write findings."""
 
-    version = parse_engine(source.engine)
+    version = source.engine_spec.version
     lookahead = advice["knobs"]["hash_lookahead_tokens"]
     block = source.geometry.scheduler_block_size
     rows, findings, notes = [], [], []
@@ -175,7 +174,7 @@ def confirm(
             from advise.source import forget
 
             if source.deployment_case is not None:
-                forget(source.engine, source.deployment_case)
+                forget(source.engine_spec, source.deployment_case)
             continue
         got = compare(case, outcome, obs, lookahead)
         status = "agrees" if got["hits_agree"] and got["states_agree"] else "disagrees"

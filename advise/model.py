@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ground.engines import EngineSpec
 from reference.case import Case, Geometry, Request, Segment, Speculative
 from reference.knobs import Knobs, implemented_rule, resolve_knobs
 from reference.radix import TOKEN_BYTES, PrefixIndex, prompt_bytes
@@ -172,7 +173,13 @@ def breakpoints(geometry: Geometry, limit: int) -> list[int]:
 
 
 def first_hitting(
-    geometry: Geometry, speculative: Speculative | None, version: str, rule: str, limit: int, *, first_resend: bool
+    geometry: Geometry,
+    speculative: Speculative | None,
+    version: EngineSpec | str,
+    rule: str,
+    limit: int,
+    *,
+    first_resend: bool,
 ) -> tuple[int, list[int]] | None:
     """The shortest prompt (of at most ``limit`` tokens) whose identical
     resend hits: the first resend (``first_resend``), or any of RESENDS - 1;
@@ -195,7 +202,7 @@ def search_limit(geometry: Geometry, max_model_len: int | None) -> int:
 
 
 def min_cacheable_prefix(
-    geometry: Geometry, speculative: Speculative | None, version: str, max_model_len: int | None = None
+    geometry: Geometry, speculative: Speculative | None, version: EngineSpec | str, max_model_len: int | None = None
 ) -> dict:
     """The shortest prompt that can ever hit on this deployment: under its
     retention with the rule the version implements (first resend, and any of
@@ -258,7 +265,7 @@ def _class_traces(geometry: Geometry, knobs: Knobs) -> dict[str, tuple[int | Non
     return classes
 
 
-def failure_classes(geometry: Geometry, speculative: Speculative | None, version: str) -> list[dict]:
+def failure_classes(geometry: Geometry, speculative: Speculative | None, version: EngineSpec | str) -> list[dict]:
     """For each class: whether this deployment's retention, under the rule
     the version implements, hits less than the promise (dense) at the
     request the class judges, on one of its canonical traces; the shortest
@@ -345,11 +352,12 @@ def recommend(rows: list[dict]) -> dict:
     }
 
 
-def advise(case: Case, version: str, facts: dict | None = None) -> dict:
+def advise(case: Case, version: EngineSpec | str, facts: dict | None = None) -> dict:
     """The advice for a resolved case whose trace is the workload (items 1-4
     of ``kvspec advise``), as a JSON-able dict; ``outcomes`` (per retention
     setting, the RuleOutcome of the implemented rule) and ``promise`` are kept
-    beside it for confirmation and the chart."""
+    beside it for confirmation and the chart. ``version``: the typed engine
+    (its knobs resolved without reading a name again) or a version key."""
     g = case.geometry
     knobs = resolve_knobs(case, version)
     rule = implemented_rule(version)
@@ -392,7 +400,7 @@ def advise(case: Case, version: str, facts: dict | None = None) -> dict:
         )
     lost_total = promise.hit_tokens - implemented.hit_tokens
     return {
-        "version": version,
+        "version": version.version if isinstance(version, EngineSpec) else version,
         "rule": rule,
         "knobs": knobs.as_dict(),
         "current_retention": {"interval": current, "setting": retention_label(current, g.scheduler_block_size)},

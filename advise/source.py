@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine_adapter.host import environments
-from engine_adapter.host.versions import parse_engine
 from engine_adapter.live.client import LiveClient, check_base_url
 from engine_adapter.live.measure import redact_url, server_info
+from ground.engines import EngineSpec
 from ground.errors import EngineError, KvspecError, Unsupported
 from ground.files import hash_files, load_json, write_json_atomic
 from ground.home import cache_dir
@@ -45,7 +45,9 @@ class Source:
     """A resolved geometry and what it came from."""
 
     kind: str  # "deployment" | "server"
-    engine: str  # vllm==X whose rules apply
+    #: the engine whose rules apply, typed (parsed once: the command line's
+    #: ``--engine``, or the server's ``/version``)
+    engine_spec: EngineSpec
     geometry: Geometry
     speculative: Speculative | None
     facts: dict = field(default_factory=dict)
@@ -54,6 +56,11 @@ class Source:
     deployment_case: Case | None = None  # the deployment as a case (deployment)
     cached: bool = False
     describe: str = ""
+
+    @property
+    def engine(self) -> str:
+        """The engine's name (``vllm==X``), as messages and files say it."""
+        return self.engine_spec.name
 
     def case(self, requests, name: str | None = None) -> Case:
         """The workload as a case on this geometry (built directly: a
@@ -104,15 +111,15 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def cache_key(engine: str, case: Case) -> str:
+def cache_key(engine: EngineSpec, case: Case) -> str:
     """The resolution cache key of a deployment on an engine."""
     from engine_adapter.vllm_engine.resolve import RESOLVER_VERSION
 
-    marker = environments.read_marker(parse_engine(engine)) or {}
+    marker = environments.read_marker(engine.version) or {}
     text = json.dumps(
         {
             "schema": CACHE_SCHEMA,
-            "engine": engine,
+            "engine": engine.name,
             "deployment": case.deployment.as_dict(),
             "resolver": RESOLVER_VERSION,
             "env": [marker.get("fingerprint"), marker.get("created")],
@@ -123,7 +130,7 @@ def cache_key(engine: str, case: Case) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cache_path(engine: str, case: Case) -> Path:
+def cache_path(engine: EngineSpec, case: Case) -> Path:
 
     return cache_dir("advise-resolutions") / f"{cache_key(engine, case)}.json"
 
@@ -141,7 +148,7 @@ def _cached(path: Path) -> dict | None:
     return None
 
 
-def resolve_deployment(case: Case, engine: str, open_engine_fn, *, use_cache: bool = True) -> tuple[dict, bool]:
+def resolve_deployment(case: Case, engine: EngineSpec, open_engine_fn, *, use_cache: bool = True) -> tuple[dict, bool]:
     """vLLM's resolution of the case's deployment on ``engine`` (a
     ``summary``), and whether it came from the cache. ``open_engine_fn()``
     gives the engine when one is needed (started once, by the caller)."""
@@ -152,12 +159,13 @@ def resolve_deployment(case: Case, engine: str, open_engine_fn, *, use_cache: bo
             return summary, True
     summary = open_engine_fn().resolve(case)
     write_json_atomic(
-        path, {"schema": CACHE_SCHEMA, "engine": engine, "deployment": case.deployment.as_dict(), "summary": summary}
+        path,
+        {"schema": CACHE_SCHEMA, "engine": engine.name, "deployment": case.deployment.as_dict(), "summary": summary},
     )
     return summary, False
 
 
-def forget(engine: str, case: Case) -> None:
+def forget(engine: EngineSpec, case: Case) -> None:
     """Drop a cached resolution (it disagreed with what the engine built)."""
     try:
         cache_path(engine, case).unlink()
@@ -165,13 +173,15 @@ def forget(engine: str, case: Case) -> None:
         pass
 
 
-def from_deployment(case: Case, engine: str, open_engine_fn, *, use_cache: bool = True) -> Source:
+def from_deployment(case: Case, engine: EngineSpec, open_engine_fn, *, use_cache: bool = True) -> Source:
+    """The deployment's geometry as ``engine`` (the typed engine) resolves
+    it, from the resolution cache unless ``use_cache`` is off."""
     summary, cached = resolve_deployment(case, engine, open_engine_fn, use_cache=use_cache)
     resolved = with_resolution(
         Case(None, None, case.trace[:1], case.name, case.deployment),
         summary["geometry"],
         summary["speculative"],
-        engine,
+        engine.name,
     )
     return Source(
         "deployment",
@@ -253,9 +263,8 @@ def from_server(url: str, *, api_key: str | None, model: str | None, timeout_s: 
         "server_model": info.model,
         "server_knobs": info.knobs(),
     }
-    return Source(
-        "server", f"vllm=={version}", geometry, spec, facts, assumptions, describe=f"{info.model} at {redact_url(url)}"
-    )
+    engine = EngineSpec.parse(version, "server /version")  # the server's text, read once here
+    return Source("server", engine, geometry, spec, facts, assumptions, describe=f"{info.model} at {redact_url(url)}")
 
 
 def with_geometry(source: Source, geometry: Geometry) -> Source:

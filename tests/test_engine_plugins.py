@@ -91,7 +91,7 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 #: engine, and so does the judge: ``run --compare`` hands its safety
 #: oracles (cap, keys, draft_keys: ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``)
 #: the ``EngineSpec`` it parsed, so ``reference.knobs`` reads no key again.
-KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": [], "replay": [], "check-build": []}
+KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": [], "replay": [], "check-build": [], "advise": []}
 
 
 @pytest.fixture
@@ -214,6 +214,14 @@ def test_kvspec_check_build_parses_its_engine_once(parses, monkeypatch, tmp_path
     assert main(["check-build", "--engine", "vllm==0.33.0", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
     _once_at_the_edge(parses, "check-build", ["vllm==0.33.0"], "kvspec/engine_options.py")
     assert handed == [EngineSpec("vllm", "0.33.0")]
+
+
+def test_kvspec_advise_parses_its_engine_once(parses, tmp_path, capsys):
+    from kvspec.cli import main
+
+    argv = ["advise", str(ROOT / "examples" / "seed-53504.json"), "--engine", "vllm==0.29.0", "--no-confirm"]
+    assert main([*argv, "--out", str(tmp_path), "--json"]) == 0, capsys.readouterr()
+    _once_at_the_edge(parses, "advise", ["vllm==0.29.0"], "kvspec/commands/advise.py")
 
 
 def test_atheris_workers_receive_the_typed_engines_as_serialized_values(parses, monkeypatch, tmp_path):

@@ -225,8 +225,9 @@ class LazyEngine:
     """The engine, opened on first use (resolution or confirmation) and
     closed at the end."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, spec) -> None:
+        self.spec = spec  # the typed engine (ground.engines.EngineSpec)
+        self.name = spec.name
         self.engine = None
 
     def __call__(self):
@@ -234,7 +235,7 @@ class LazyEngine:
             from engine_adapter.host.engine import open_engine
 
             _say(f"kvspec advise: starting the {self.name} engine (about half a minute) ...")
-            self.engine = open_engine(self.name)
+            self.engine = open_engine(self.spec)
         return self.engine
 
     def close(self) -> None:
@@ -248,17 +249,17 @@ def main(args) -> int:
     from advise.chart import chart
     from advise.confirm import RUN_TIMEOUT_S, check_explicit, confirm, too_big
     from advise.render import render, report
-    from engine_adapter.host.versions import DEFAULT_ENGINE, EngineSpec, parse_engine
+    from engine_adapter.host.versions import DEFAULT_ENGINE, EngineSpec
     from ground.files import write_json_atomic
     from kvspec.commands.replay import _api_key
 
     check_options(args)
-    if args.engine:
-        from ground.engines import EngineSpec, load
+    # the name parsed once, here (with --server the server's /version names the engine)
+    spec = None if args.server is not None else EngineSpec.parse(args.engine or DEFAULT_ENGINE, "--engine")
+    if spec is not None and spec.family_entry.adviser:  # the family's own advice (SGLang: advise/sglang.py)
+        from ground.engines import load
 
-        own = EngineSpec.parse(args.engine, "--engine").family_entry.adviser
-        if own:  # the family's own advice (SGLang: advise/sglang.py)
-            return load(own)(args)
+        return load(spec.family_entry.adviser)(args, spec)
     api_key = _api_key(args.api_key_env)
     if args.server is not None:
         from engine_adapter.live.client import check_base_url, check_key_transport
@@ -281,22 +282,20 @@ def main(args) -> int:
     if args.confirm:
         check_explicit(workload.requests)
     out = Path(args.out) if args.out is not None else _default_out()
-    lazy = spec = None
+    lazy = None
     try:
         if args.server is not None:
             src = sources.from_server(
                 args.server, api_key=api_key, model=args.served_model, timeout_s=min(args.timeout, 60.0)
             )
         else:
-            spec = EngineSpec.parse(args.engine or DEFAULT_ENGINE, "--engine")  # the name parsed once, here
-            name = spec.name
-            lazy = LazyEngine(name)
+            lazy = LazyEngine(spec)
             if case.deployment is not None:
-                src = sources.from_deployment(case, name, lazy, use_cache=not args.fresh)
+                src = sources.from_deployment(case, spec, lazy, use_cache=not args.fresh)
             else:
                 src = sources.Source(
                     "hand",
-                    name,
+                    spec,
                     case.geometry,
                     case.speculative,
                     {},
@@ -304,13 +303,11 @@ def main(args) -> int:
                     describe=case.name or str(args.case),
                 )
         if lazy is None:
-            lazy = LazyEngine(src.engine)
-        version = (
-            spec.version if spec is not None and src.engine == spec.name else parse_engine(src.engine)
-        )  # a server's engine: read here
+            lazy = LazyEngine(src.engine_spec)
+        version = src.engine_spec.version
         _check_lengths(workload, src.facts.get("max_model_len"))
         resolved = src.case(workload.requests, workload.name)
-        advice = model.advise(resolved, version, src.facts)
+        advice = model.advise(resolved, src.engine_spec, src.facts)
         from fuzz.results.impact import workload_cost
 
         dep = resolved.deployment.as_dict() if resolved.deployment is not None else None
@@ -378,17 +375,15 @@ def _check_lengths(workload, max_model_len: int | None) -> None:
             )
 
 
-def _advise_sglang(args) -> int:
+def _advise_sglang(args, spec) -> int:
     """``--engine sglang==X``: SGLang's own rule on the workload
     (:mod:`advise.sglang`), resolved and confirmed on SGLang's engine.
     Exit 0 advice given; 1 the engine disagreed with the rule."""
     from advise import sglang as advice_of
     from engine_adapter.host.engine import open_engine
-    from engine_adapter.host.versions import EngineSpec
     from ground.files import write_json_atomic
     from reference.case import Case, parse_case
 
-    spec = EngineSpec.parse(args.engine, "--engine")
     if args.case is not None:
         from fuzz.results.findings import load_finding
 

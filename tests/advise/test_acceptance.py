@@ -19,6 +19,7 @@ import pytest
 
 from advise import confirm, model, source, workloads
 from fuzz.results.findings import load_finding
+from ground.engines import EngineSpec
 from reference.case import load_case, parse_case
 
 pytestmark = pytest.mark.engine
@@ -27,7 +28,7 @@ SEED_DEPLOYMENT = "examples/seed-53504-deployment.json"
 
 
 def _advise(engines, version: str, case, workload, out):
-    src = source.from_deployment(case, f"vllm=={version}", lambda: engines(version), use_cache=False)
+    src = source.from_deployment(case, EngineSpec("vllm", version), lambda: engines(version), use_cache=False)
     resolved = src.case(workload.requests, workload.name)
     advice = model.advise(resolved, version, src.facts)
     checked = confirm.confirm(src, resolved, advice, engines(version), out)
@@ -106,7 +107,7 @@ def test_a_disagreement_is_a_reference_finding(engines, tmp_path):
             "trace": [{"prompt": [{"segment": "A", "length": 40}]}],
         }
     )
-    src = source.Source("hand", "vllm==0.33.0", case.geometry, None, {}, [], describe="hand")
+    src = source.Source("hand", EngineSpec("vllm", "0.33.0"), case.geometry, None, {}, [], describe="hand")
     workload = workloads.build("resend", {"requests": 3, "prompt_tokens": 40})
     resolved = src.case(workload.requests)
     advice = model.advise(resolved, "0.33.0", {})

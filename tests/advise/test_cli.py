@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from ground.engines import EngineSpec
 from kvspec.cli import main
 
 SEED = "examples/seed-53504.json"  # a hand geometry: no engine needed to resolve it
@@ -143,7 +144,13 @@ def test_a_prompt_longer_than_max_model_len(capsys, tmp_path, monkeypatch):
     def fake_server(url, **kw):
         case = __import__("reference.case", fromlist=["load_case"]).load_case(SEED)
         return real(
-            "server", "vllm==0.33.0", case.geometry, case.speculative, {"max_model_len": 4096}, [], describe="stub"
+            "server",
+            EngineSpec("vllm", "0.33.0"),
+            case.geometry,
+            case.speculative,
+            {"max_model_len": 4096},
+            [],
+            describe="stub",
         )
 
     monkeypatch.setattr(source, "from_server", fake_server)

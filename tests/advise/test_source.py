@@ -8,6 +8,7 @@ import pytest
 
 from advise import source
 from engine_adapter.live.geometry import ServerInfo
+from ground.engines import EngineSpec
 from ground.errors import Unsupported
 from reference.case import parse_case
 
@@ -47,27 +48,27 @@ class FakeEngine:
 def test_a_resolution_is_cached_per_deployment(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path))
     engine = FakeEngine()
-    first = source.from_deployment(_case(), "vllm==0.33.0", lambda: engine)
-    again = source.from_deployment(_case(), "vllm==0.33.0", lambda: engine)
+    first = source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine)
+    again = source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine)
     assert (first.cached, again.cached, engine.calls) == (False, True, 1)
     assert again.geometry == first.geometry and again.geometry.scheduler_block_size == 544
-    source.from_deployment(_case("--max-num-batched-tokens", "4096"), "vllm==0.33.0", lambda: engine)
+    source.from_deployment(_case("--max-num-batched-tokens", "4096"), EngineSpec("vllm", "0.33.0"), lambda: engine)
     assert engine.calls == 2  # another deployment: resolved
-    source.from_deployment(_case(), "vllm==0.29.0", lambda: engine)
+    source.from_deployment(_case(), EngineSpec("vllm", "0.29.0"), lambda: engine)
     assert engine.calls == 3  # another engine: resolved
-    source.from_deployment(_case(), "vllm==0.33.0", lambda: engine, use_cache=False)
+    source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine, use_cache=False)
     assert engine.calls == 4  # --fresh
-    source.forget("vllm==0.33.0", _case())
-    source.from_deployment(_case(), "vllm==0.33.0", lambda: engine)
+    source.forget(EngineSpec("vllm", "0.33.0"), _case())
+    source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine)
     assert engine.calls == 5
 
 
 def test_an_unreadable_cache_entry_is_resolved_again(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSPEC_HOME", str(tmp_path))
     engine = FakeEngine()
-    source.from_deployment(_case(), "vllm==0.33.0", lambda: engine)
-    source.cache_path("vllm==0.33.0", _case()).write_text("{torn")
-    assert not source.from_deployment(_case(), "vllm==0.33.0", lambda: engine).cached
+    source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine)
+    source.cache_path(EngineSpec("vllm", "0.33.0"), _case()).write_text("{torn")
+    assert not source.from_deployment(_case(), EngineSpec("vllm", "0.33.0"), lambda: engine).cached
     assert engine.calls == 2
 
 
