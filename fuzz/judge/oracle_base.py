@@ -51,6 +51,21 @@ class Divergence:
         return self.requests[0] if self.requests else None
 
 
+def first_load(obs: Observation) -> int | None:
+    """The first request a KV connector loaded for (its ``external_hit``),
+    or None. A connector's lookup is its own: vLLM asks it beyond the
+    block-aligned local hit and lets a longer load supersede a local
+    partial tail (0.32.0 ``sched/scheduler.py:970-1027``), and 0.30.0's and
+    0.32.0's offloading connector serves past the EAGLE drop when no
+    KV-cache group is annotated as the drafter's, by design
+    (``offloading/scheduler.py:238``, ``:236-251``). What it loads is in the
+    local cache afterwards, which the reference model does not know: the
+    oracles declared ``local`` (``fuzz.judge.oracle_registry``) judge the
+    requests before it (``fuzz.judge.oracles.check_all``)."""
+    explain = obs.get("explain") or []
+    return next((i for i, e in enumerate(explain) if int((e or {}).get("external_hit") or 0)), None)
+
+
 def reference_divergence(
     version: str, bad: list[int], expected: list, observed: list, detail: str, model_explain: list
 ) -> list[Divergence]:

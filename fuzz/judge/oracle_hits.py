@@ -10,7 +10,7 @@ flipped (a variant run) or another vLLM version.
   ``replay`` from 0.30.0), with the knobs that version resolves. A
   divergence here is either a vLLM behaviour the model misses or a bug.
   The model is the local prefix cache's: no request from the first one a
-  KV connector loaded for on is judged (:func:`first_load`).
+  KV connector loaded for on is judged (the registry's ``local``).
 * ``sparse_dense``: on the same engine, no promised request hits less under
   sparse retention (interval 0) than under dense retention, capped by the
   promise: dense retention also keeps the chunk ends of other earlier
@@ -24,7 +24,8 @@ flipped (a variant run) or another vLLM version.
   hit only by the documented EAGLE drop (the model's difference); judged
   only where the spec-off run keeps the promise, and where no KV connector
   loaded for that repeat or before it in either run (the drop is the local
-  lookup's; a connector's lookup is its own: :func:`first_load`). The
+  lookup's; a connector's lookup is its own: the registry's ``local`` for
+  this run, :func:`fuzz.judge.oracle_base.first_load` for the spec-off run). The
   spec-off run is made only where the first repeat misses the promise
   (elsewhere it cannot fire).
 * ``versions``: two engine versions agree on every request.
@@ -42,6 +43,7 @@ from fuzz.judge.oracle_base import (
     Run,
     check_engine_error,
     differing,
+    first_load,
     promised,
     reference_divergence,
     request_kinds,
@@ -81,36 +83,14 @@ def check_promise(case: Case, version: EngineSpec | str, obs: Observation) -> li
     ]
 
 
-def first_load(obs: Observation) -> int | None:
-    """The first request a KV connector loaded for (its ``external_hit``),
-    or None. A connector's lookup is its own: vLLM asks it beyond the
-    block-aligned local hit and lets a longer load supersede a local
-    partial tail (0.32.0 ``sched/scheduler.py:970-1027``), and 0.30.0's and
-    0.32.0's offloading connector serves past the EAGLE drop when no
-    KV-cache group is annotated as the drafter's, by design
-    (``offloading/scheduler.py:238``, ``:236-251``). What it loads is in the
-    local cache afterwards, which the reference model does not know."""
-    explain = obs.get("explain") or []
-    return next((i for i, e in enumerate(explain) if int((e or {}).get("external_hit") or 0)), None)
-
-
-def _loaded_by(obs: Observation, i: int) -> bool:
-    """Whether a KV connector loaded for request ``i`` or one before it:
-    the EAGLE drop is the local lookup's, a connector's lookup its own."""
-    loaded = first_load(obs)
-    return loaded is not None and loaded <= i
-
-
 def check_reference(case: Case, version: EngineSpec | str, obs: Observation) -> list[Divergence]:
-    """The hits against the model of the local prefix cache, on the
-    requests before the first one a KV connector loaded for
-    (:func:`first_load`); the promise and the safety oracles judge what a
-    connector loads."""
+    """The hits against the model of the local prefix cache (declared
+    ``local``: judged on the requests before the first one a KV connector
+    loaded for; the promise and the safety oracles judge what a connector
+    loads)."""
     rule = implemented_rule(version)
     expected = predict_with_knobs(case, resolve_knobs(case, version), rule)
-    loaded = first_load(obs)
-    judged = list(range(len(expected["hits"]) if loaded is None else min(loaded, len(expected["hits"]))))
-    bad = differing(expected["hits"], obs["hits"], judged)
+    bad = differing(expected["hits"], obs["hits"])
     if not bad:
         return []
     return reference_divergence(version, bad, expected["hits"], obs["hits"], f"rule={rule}", expected["explain"])
@@ -150,8 +130,6 @@ def check_spec_on_off(case: Case, version: EngineSpec | str, obs: Observation, r
     model_on = predict_with_knobs(case, resolve_knobs(case, version), "promise")["hits"][first]
     if first < len(obs["hits"]) and obs["hits"][first] == model_on:
         return []  # it fires only where the spec-off run keeps the promise, i.e. moved = model_off - model_on here
-    if _loaded_by(obs, first):
-        return []
     off_case = without_speculative(case)
     try:
         off = run(off_case)
@@ -159,7 +137,8 @@ def check_spec_on_off(case: Case, version: EngineSpec | str, obs: Observation, r
         return []
     if "error" in off:
         return check_engine_error(off_case, version, off)
-    if _loaded_by(off, first):
+    loaded = first_load(off)
+    if loaded is not None and loaded <= first:  # the spec-off run's hit a connector loaded (this run's: ``local``)
         return []
     off_case = resolved(off_case, off, version)
     if (

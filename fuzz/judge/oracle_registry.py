@@ -88,6 +88,13 @@ class OracleRule:
     #: the others judge the requests before the first wave under pressure
     #: (docs/judge.md, "Under pressure"). Every safety oracle holds there.
     pressure: bool = False
+    #: Its rule is the local prefix cache's own, so it judges the requests
+    #: before the first one a KV connector loaded for
+    #: (:func:`fuzz.judge.oracle_base.first_load`): a connector's lookup is
+    #: its own, and what it loads is in the local cache afterwards. The
+    #: others judge what a connector loads too (the promise, every safety
+    #: oracle). docs/judge.md, "Under pressure".
+    local: bool = False
 
 
 REGISTRY: tuple[OracleRule, ...] = (
@@ -189,6 +196,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         build=False,
         severity="lost reuse",
         token_cost=True,
+        local=True,
     ),
     OracleRule(
         "knobs",
@@ -214,6 +222,7 @@ REGISTRY: tuple[OracleRule, ...] = (
         hit=True,
         severity="lost reuse",
         token_cost=True,
+        local=True,
     ),
     OracleRule(
         "resumed_state",
@@ -303,6 +312,8 @@ NEUTRAL_ORACLES = names(lambda o: o.neutral)
 SAFETY_ORACLES = names(lambda o: o.safety)
 #: The oracles whose rules hold under pressure (every safety oracle among them).
 PRESSURE_ORACLES = names(lambda o: o.safety or o.pressure)
+#: The oracles of the local prefix cache: not judged from a KV connector's first load on.
+LOCAL_ORACLES = names(lambda o: o.local)
 
 
 def listed(items) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine_adapter.interface import Observation
-from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, engine_key, promised, request_kinds  # noqa: F401 - re-exported
+from fuzz.judge.oracle_base import Divergence, Run, check_engine_error, engine_key, first_load, promised, request_kinds  # noqa: F401 - re-exported
 from fuzz.judge.oracle_hits import (  # noqa: F401 - re-exported
     check_junction,
     check_promise,
@@ -36,6 +36,7 @@ from fuzz.judge.oracle_registry import (  # noqa: F401 - re-exported
     CONCURRENT_ORACLES,
     EXTRA_ORACLES,
     KNOWN_ORACLES,
+    LOCAL_ORACLES,
     NEUTRAL_ORACLES,
     ORACLES,
     PRESSURE_ORACLES,
@@ -180,23 +181,48 @@ def check_all(
     """Every single-engine oracle, in a fixed order; engine errors end it.
     On a concurrent trace, the oracles of :data:`CONCURRENT_ORACLES` judge
     every request; the others judge only its serial prefix
-    (:func:`serial_part`), where their rules were stated. Under pressure
-    (:func:`before_pressure`), the oracles of :data:`PRESSURE_ORACLES` judge
-    as they would; the others only the requests before it. ``version``: the
-    typed engine (the checks take it as it is and resolve their knobs from
-    it, never reading a name again; a family's own checks take its version
-    key), or a version key (a test's, a host helper's)."""
+    (:func:`serial_part`), where their rules were stated. Each oracle
+    judges the requests before the first place its rule stops holding
+    (:func:`judged_ends`): under pressure, or from a KV connector's first
+    load. ``version``: the typed engine (the checks take it as it is and
+    resolve their knobs from it, never reading a name again; a family's own
+    checks take its version key), or a version key (a test's, a host
+    helper's)."""
     if "error" in obs:
         return check_engine_error(case, engine_key(version), obs) if "engine_error" in oracles else []
-    k = before_pressure(case, obs)
-    if k is None:
-        return _check_trace(case, version, obs, run, oracles)
-    out = _check_trace(case, version, obs, run, tuple(o for o in oracles if o in PRESSURE_ORACLES))
-    rest = tuple(o for o in oracles if o not in PRESSURE_ORACLES)
-    if k > 0 and rest:
-        part, part_obs = prefix_part(case, obs, k)
-        out += _check_trace(part, version, part_obs, run, rest)
+    ends = judged_ends(case, obs, oracles)
+    out: list[Divergence] = []
+    for k in sorted(set(ends.values()), key=lambda k: -1 if k is None else -k):  # the whole trace, then longest first
+        group = tuple(o for o in oracles if ends[o] == k)
+        if k is None:
+            out += _check_trace(case, version, obs, run, group)
+        elif k > 0:
+            part, part_obs = prefix_part(case, obs, k)
+            out += _check_trace(part, version, part_obs, run, group)
     return out
+
+
+def judged_ends(case: Case, obs: Observation, oracles: tuple[str, ...]) -> dict[str, int | None]:
+    """For each of ``oracles``, how many requests it judges: None for every
+    one, else the first k. Where its rule stops holding, by the registry's
+    declarations (``fuzz.judge.oracle_registry``):
+
+    * under pressure (:func:`before_pressure`) every oracle but those of
+      :data:`PRESSURE_ORACLES` (the safety oracles, and those declared
+      ``pressure``);
+    * from a KV connector's first load (:func:`first_load`) the oracles of
+      :data:`LOCAL_ORACLES` (declared ``local``: the local prefix cache's rules)."""
+    pressure, load = before_pressure(case, obs), first_load(obs)
+
+    def end(oracle: str) -> int | None:
+        cuts = [
+            k
+            for k, stops in ((pressure, oracle not in PRESSURE_ORACLES), (load, oracle in LOCAL_ORACLES))
+            if stops and k is not None
+        ]
+        return min(cuts) if cuts else None
+
+    return {o: end(o) for o in oracles}
 
 
 def _check_trace(

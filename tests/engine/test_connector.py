@@ -113,7 +113,7 @@ def test_0_32_s_connector_serves_past_the_drop_and_reference_does_not_judge_its_
     (``offloading/scheduler.py:236-251``): A:576 then A:555+B:1 hits 288,
     all of it loaded, where the local lookup dropped to 0. ``reference``
     judges the local cache's model, so not that request
-    (``fuzz.judge.oracle_hits.first_load``); without the connector the hit
+    (``fuzz.judge.oracle_base.first_load``); without the connector the hit
     is 0, as the model gives."""
     engine = engines("0.32.0")
     case = json.loads(
