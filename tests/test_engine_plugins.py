@@ -88,10 +88,17 @@ def test_the_switch_finder_finds_a_switch(tmp_path):
 #: Where an engine is read again below the command line's edge, per
 #: command: a ratchet (a new re-read fails; a listed one that is gone fails
 #: too, strike it). The engine (here a test double) receives the typed
-#: engine, and so does the judge: ``run --compare`` hands its safety
-#: oracles (cap, keys, draft_keys: ``fuzz.judge.oracles.TYPED_ENGINE_CHECKS``)
-#: the ``EngineSpec`` it parsed, so ``reference.knobs`` reads no key again.
-KNOWN_REPARSES: dict[str, list[str]] = {"run": [], "predict": [], "fuzz": [], "replay": [], "check-build": [], "advise": []}
+#: engine, and so does the judge: every engine-neutral check takes the
+#: ``EngineSpec`` the command parsed (``fuzz.judge.oracles.check_all``), so
+#: ``reference.knobs`` reads no key again.
+KNOWN_REPARSES: dict[str, list[str]] = {
+    "run": [],
+    "predict": [],
+    "fuzz": [],
+    "replay": [],
+    "check-build": [],
+    "advise": [],
+}
 
 
 @pytest.fixture
