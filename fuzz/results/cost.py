@@ -110,6 +110,8 @@ saying why it is not measured.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 #: Dense BF16 tensor-core peak per GPU (FLOPS) and where the number is from.
 GPUS: dict[str, tuple[str, float, str]] = {
     "h100": ("H100 SXM5", 989e12, "NVIDIA H100 datasheet, 1,979 TFLOPS with sparsity"),
@@ -317,6 +319,20 @@ def memory(
     return out
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a deployment runs, as a cost reads it: the model's dimensions
+    (:func:`model_dims`; None: tokens only) and name, its tensor
+    parallelism, its device, and a note saying why there is no model
+    (``fuzz.results.impact.placement`` reads it from a deployment)."""
+
+    dims: dict | None = None
+    model: str | None = None
+    tp: int = 1
+    device: str | None = None
+    note: str = ""
+
+
 def finding_cost(
     *,
     severity: str,
@@ -324,10 +340,7 @@ def finding_cost(
     expected: list,
     observed: list,
     requests: list[int],
-    dims: dict | None,
-    model: str | None,
-    tp: int = 1,
-    device: str | None = None,
+    placement: Placement,
     states: tuple = (None, None),
     state_bytes: int | None = None,
     memory_basis: str = "retention",
@@ -335,7 +348,9 @@ def finding_cost(
 ) -> dict:
     """The ``cost`` object of a finding (``cost_schema`` 1): severity, tokens
     recomputed per request and in all, the prefill seconds on each GPU of
-    :data:`SHOWN_GPUS` (and ``device``) where there is a model, and memory."""
+    :data:`SHOWN_GPUS` (and ``device``) where there is a model, and memory;
+    the placement's note, where it has one."""
+    dims, model, tp, device = placement.dims, placement.model, placement.tp, placement.device
     per = recomputed(expected, observed, requests) if token_cost else []
     total = sum(r["tokens"] for r in per)
     out = {
@@ -353,7 +368,7 @@ def finding_cost(
         "memory": memory(states[0], states[1], state_bytes, memory_basis, memory_reason),
     }
     if dims is None:
-        out["note"] = "no model: tokens only"
+        out["note"] = placement.note or "no model: tokens only"
         return out
     out["model_dims"] = dims
     if token_cost:
@@ -361,4 +376,6 @@ def finding_cost(
         gpus = SHOWN_GPUS + ((device,) if device in GPUS and device not in SHOWN_GPUS else ())
         out["flops"] = flops
         out["prefill_seconds"] = {g: seconds(flops, g, tp) for g in gpus}
+    if placement.note:
+        out["note"] = placement.note
     return out

@@ -29,7 +29,7 @@ from array import array
 from engine_adapter.models.served import model_config_dict
 from fuzz.judge.oracle_registry import BY_NAME, SEVERITIES
 from fuzz.judge.oracle_states import held_states, stale_keys
-from fuzz.results.cost import GPUS, UTILISATION, finding_cost, model_dims
+from fuzz.results.cost import GPUS, UTILISATION, Placement, finding_cost, model_dims
 from ground.engines import DEFAULT_FAMILY, FAMILIES, load
 from ground.errors import KvspecError
 from reference.case import Case, parse_case, prompt_tokens
@@ -59,6 +59,21 @@ def _model(deployment: dict) -> tuple[dict | None, str | None, str]:
         return model_dims(cfg), name, ""
     except (KvspecError, OSError, ValueError, KeyError, TypeError) as e:
         return None, name, f"model config not readable ({type(e).__name__}): tokens only"
+
+
+def placement(deployment: dict | None, facts: dict, *, read_model: bool = True) -> Placement:
+    """Where a deployment runs, as its cost reads it: its model read and
+    measured (:func:`_model`; with ``read_model`` off: not read, tokens
+    only), its tensor parallelism (:func:`_tensor_parallel`) and its device
+    (the deployment's, else the resolution's). None (a server, a hand
+    geometry): no model, tokens only."""
+    if deployment is None:
+        return Placement()
+    dims, model, note = (
+        _model(deployment) if read_model else (None, None, "a local model folder, not read: tokens only")
+    )
+    device = str(deployment.get("device") or facts.get("device") or "") or None
+    return Placement(dims, model, _tensor_parallel(deployment, facts), device, note)
 
 
 def _tensor_parallel(deployment: dict, facts: dict) -> int:
@@ -183,39 +198,28 @@ def cost_of(finding: dict, *, local_models: bool = True) -> dict:
         ((finding.get("resolution") or {}).get("facts") or {}) if isinstance(finding.get("resolution"), dict) else {}
     )
     facts = facts if isinstance(facts, dict) else {}
-    dims = model = None
-    note, tp, device, state_bytes = "", 1, None, None
-    if deployment is not None:
-        if local_models or is_shipped_model(deployment.get("model")):
-            dims, model, note = _model(deployment)
-        else:
-            note = "a local model folder, not read: tokens only"
-        tp = _tensor_parallel(deployment, facts)
-        device = str(deployment.get("device") or facts.get("device") or "") or None
-        page, layers = facts.get("mamba_page_size_bytes"), facts.get("mamba_layers")
-        if type(page) is int and type(layers) is int:
-            state_bytes = page * layers
-        elif type(page) is int and dims:
-            state_bytes = page * dims["mamba_layers"]
+    where = placement(
+        deployment, facts, read_model=deployment is None or local_models or is_shipped_model(deployment.get("model"))
+    )
+    page, layers = facts.get("mamba_page_size_bytes"), facts.get("mamba_layers")
+    state_bytes = None
+    if deployment is not None and type(page) is int and type(layers) is int:
+        state_bytes = page * layers
+    elif deployment is not None and type(page) is int and where.dims:
+        state_bytes = page * where.dims["mamba_layers"]
     want, held, basis, reason = memory_states(finding, str(finding.get("oracle")))
-    out = finding_cost(
+    return finding_cost(
         severity=severity,
         token_cost=token_cost,
         expected=hits_e,
         observed=hits_o,
         requests=requests,
-        dims=dims,
-        model=model,
-        tp=tp,
-        device=device,
+        placement=where,
         states=(want, held),
         state_bytes=state_bytes,
         memory_basis=basis or "retention",
         memory_reason=reason or "not measured",
     )
-    if note:
-        out["note"] = note
-    return out
 
 
 #: What ``kvspec advise``'s cost says of memory: its retention table holds it.
@@ -230,29 +234,16 @@ def workload_cost(implemented: list[int], promise: list[int], deployment: dict |
     deployment as :func:`cost_of` reads a finding's. Severity ``lost reuse``
     when a request loses, else ``none``. A server or a hand geometry has no
     model: tokens only."""
-    facts = facts if isinstance(facts, dict) else {}
-    dims = model = device = None
-    note, tp = "", 1
-    if deployment is not None:
-        dims, model, note = _model(deployment)
-        tp = _tensor_parallel(deployment, facts)
-        device = str(deployment.get("device") or facts.get("device") or "") or None
     lost = any(p > i for i, p in zip(implemented, promise))
-    out = finding_cost(
+    return finding_cost(
         severity="lost reuse" if lost else "none",
         token_cost=True,
         expected=list(promise),
         observed=list(implemented),
         requests=list(range(len(promise))),
-        dims=dims,
-        model=model,
-        tp=tp,
-        device=device,
+        placement=placement(deployment, facts if isinstance(facts, dict) else {}),
         memory_reason=WORKLOAD_MEMORY,
     )
-    if note:
-        out["note"] = note
-    return out
 
 
 def severity_rank(cost: dict) -> int:
