@@ -146,16 +146,16 @@ def random_coverage(engine: str, seed: int, cases: int, folder: Path, budget: fl
     by libFuzzer under atheris's instrumentation (see part 0)."""
     from fuzz.draw.seeds import seed_dir
     from fuzz.driving.atheris_runner import run_atheris
+    from fuzz.driving.config import RunConfig
     from ground.home import kvspec_home
 
     return run_atheris(
         engine,
-        out=folder / "out",
-        corpus=folder / "corpus",
-        seed_dir=seed_dir(kvspec_home()),
-        seed=seed,
-        max_time=max(600.0, 10 * budget),
-        libfuzzer_args=[f"-runs={max(1, cases) + 200}"],
+        RunConfig("atheris", seed, libfuzzer=(f"-runs={max(1, cases) + 200}",)),
+        folder / "out",
+        folder / "corpus",
+        seed_dir(kvspec_home()),
+        max(600.0, 10 * budget),
         env_extra={"KVSPEC_FUZZ_GENERATOR": "random", "KVSPEC_FUZZ_GENERATOR_CASES": str(cases)},
     ).to_dict()
 

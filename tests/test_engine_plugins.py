@@ -16,10 +16,12 @@ from __future__ import annotations
 import ast
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from fuzz.driving.config import RunConfig
 from ground import engines as registry
 from ground.engines import FAMILIES, Capability, EngineSpec
 
@@ -246,26 +248,24 @@ def test_atheris_workers_receive_the_typed_engines_as_serialized_values(parses, 
         pass
 
     def popen(cmd, env=None, **kw):
-        started.append(env)
+        started.append((cmd, env))
         raise Started
 
     monkeypatch.setattr(environments, "is_ready", lambda version: False)  # kvspec's interpreter, no install
     monkeypatch.setattr(subprocess, "Popen", popen)
     engine = EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",))
     other = EngineSpec("vllm", "0.32.0")
+    config = RunConfig("atheris", 7, jobs=2, libfuzzer=("-max_len=4096",))
     with pytest.raises(Started):
-        atheris_runner.run_atheris(
-            engine, out=tmp_path / "out", corpus=tmp_path / "corpus", seed_dir=None, seed=1, max_time=30, other=other
-        )
-    (env,) = started
+        atheris_runner.run_atheris(engine, config, tmp_path / "out", tmp_path / "corpus", None, 30, other=other)
+    ((cmd, env),) = started
+    assert "-seed=7" in cmd and "-max_len=4096" in cmd  # the campaign's flags, as the command read them
     assert EngineSpec.from_json(env["KVSPEC_FUZZ_ENGINE"]) == engine
     assert EngineSpec.from_json(env["KVSPEC_FUZZ_OTHER"]) == other
     assert parses == []
 
 
 def test_ray_tasks_carry_the_typed_engines_as_serialized_values(parses, monkeypatch, tmp_path):
-    import argparse
-
     from fuzz.driving import distribute, ray_runner
 
     sent = []
@@ -275,15 +275,18 @@ def test_ray_tasks_carry_the_typed_engines_as_serialized_values(parses, monkeypa
         return []
 
     monkeypatch.setattr(distribute, "run_tasks", run_tasks)
-    args = argparse.Namespace(
-        jobs=2, driver="random", seed=1, case=[], synthetic_geometry=False, libfuzzer=None, ray="local", ray_retries=0
-    )
+    config = RunConfig("random", 5, connector="always", pressure="none", jobs=2)
     engines = [EngineSpec("vllm", "0.33.0", "fix", "1a2b3c", ("fixes/a.diff",)), EngineSpec("vllm", "0.32.0")]
     now = time.monotonic()
     summary = ray_runner.run_on_ray(
-        args, engines, out=tmp_path, corpus=None, seed_dir=None, started=now, deadline=now + 60, say=lambda line: None
+        config, engines, tmp_path, None, None, [], now, now + 60, address="local", retries=0, say=lambda line: None
     )
     assert [ray_runner._engines(task) for task in sent] == [engines, engines]
+    # each worker reads the campaign back typed, with its own seed
+    assert [ray_runner._config(task) for task in sent] == [
+        replace(config, seed=5, jobs=1),
+        replace(config, seed=6, jobs=1),
+    ]
     assert summary.to_dict()["engine"] == "vllm==0.33.0+fix.1a2b3c"
     assert parses == []
 

@@ -40,6 +40,7 @@ from engine_adapter.host import environments
 from engine_adapter.host.venvs import ensure_tools
 from engine_adapter.host.versions import spec_of
 from fuzz.draw.codec import encode
+from fuzz.driving.config import RunConfig
 from fuzz.driving.progress import progress_line
 from fuzz.driving.summary import ATHERIS_KEYS, CampaignSummary
 from ground.engines import EngineSpec
@@ -208,32 +209,32 @@ def _stop(procs: list[subprocess.Popen], states: list[WorkerState], wait_s: floa
 
 def run_atheris(
     engine: EngineSpec | str,
-    *,
+    config: RunConfig,
     out: Path,
     corpus: Path,
     seed_dir: Path | None,
-    seed: int,
     max_time: float,
-    jobs: int = 1,
+    *,
     other: EngineSpec | str | None = None,
-    libfuzzer_args: list[str] = (),
     console=None,
     env_extra: dict[str, str] | None = None,
     deadline: float | None = None,
     emit=None,
     progress_every: float = 10.0,
-    synthetic: bool = False,
 ) -> CampaignSummary:
-    """Run the campaign until ``deadline`` (``time.monotonic()``; default
-    ``max_time`` from now), start-up included; return its summary. With
-    ``console`` a live line is drawn; with ``emit`` (e.g. on a non-TTY) one
-    progress line is passed to it every ``progress_every`` seconds.
+    """Run the campaign of ``config`` (its seed, its ``jobs`` libFuzzer
+    workers, its libFuzzer flags, hand geometries or deployments) until
+    ``deadline`` (``time.monotonic()``; default ``max_time`` from now),
+    start-up included; return its summary. With ``console`` a live line is
+    drawn; with ``emit`` (e.g. on a non-TTY) one progress line is passed to
+    it every ``progress_every`` seconds.
 
     ``engine`` and ``other``: the typed engines (``kvspec fuzz`` parsed them
     at its edge; a bench's or test's name is read once here); each worker
     receives one as one serialized value (``EngineSpec.to_json``)."""
     engine = spec_of(engine, "engine")
     other = None if other is None else spec_of(other, "other")
+    seed, jobs, libfuzzer_args, synthetic = config.seed, config.jobs, list(config.libfuzzer), config.synthetic
     started = time.monotonic()
     deadline = started + max_time if deadline is None else deadline
     origin = deadline - max_time  # the caller's start: progress counts from there

@@ -45,6 +45,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from fuzz.driving.config import RunConfig
 from fuzz.driving.summary import EMPTY_KEYS, RAY_KEYS, CampaignSummary
 from fuzz.results.findings import is_finding
 from ground.engines import EngineSpec
@@ -144,37 +145,32 @@ def _engines(task: dict) -> list[EngineSpec]:
     )
 
 
-def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> CampaignSummary:
-    started = time.monotonic()
-    deadline = started + left
-    engines = _engines(task)
-    if task["driver"] == "atheris":
-        from fuzz.driving.atheris_runner import run_atheris
-
-        return run_atheris(
-            engines[0],
-            out=out,
-            corpus=corpus,
-            seed_dir=seed_dir,
-            seed=task["seed"],
-            max_time=left,
-            jobs=1,
-            other=engines[1] if len(engines) > 1 else None,
-            libfuzzer_args=list(task.get("libfuzzer") or []),
-            deadline=deadline,
-            synthetic=bool(task.get("synthetic")),
-        )
-    from fuzz.draw.seeds import load_seed_cases
-    from fuzz.driving.runner import RunConfig, run_in_process
-    from reference.case import parse_case
-
-    config = RunConfig(
+def _config(task: dict) -> RunConfig:
+    """The task's campaign, typed: one worker (its own seed) of the
+    campaign the driver was given."""
+    return RunConfig(
         driver=task["driver"],
         seed=task["seed"],
         synthetic=bool(task.get("synthetic")),
         connector=task.get("connector") or "drawn",
         pressure=task.get("pressure") or "drawn",
+        libfuzzer=tuple(task.get("libfuzzer") or ()),
     )
+
+
+def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None, left: float) -> CampaignSummary:
+    started = time.monotonic()
+    deadline = started + left
+    engines, config = _engines(task), _config(task)
+    if config.driver == "atheris":
+        from fuzz.driving.atheris_runner import run_atheris
+
+        other = engines[1] if len(engines) > 1 else None
+        return run_atheris(engines[0], config, out, corpus, seed_dir, left, other=other, deadline=deadline)
+    from fuzz.draw.seeds import load_seed_cases
+    from fuzz.driving.runner import run_in_process
+    from reference.case import parse_case
+
     seeds = load_seed_cases(seed_dir) if seed_dir else []
     raws = task.get("cases") or []  # the files' JSON, sent with the task
     names = task.get("case_names") or [f"case {i + 1}" for i in range(len(raws))]
@@ -186,18 +182,23 @@ def _campaign(task: dict, out: Path, corpus: Path | None, seed_dir: Path | None,
 
 
 def run_on_ray(
-    args,
+    config: RunConfig,
     engines: list[EngineSpec],
-    *,
     out: Path,
     corpus: Path | None,
     seed_dir: Path | None,
+    case_files: list[str],
     started: float,
     deadline: float,
+    *,
+    address: str,
+    retries: int,
     say,
 ) -> CampaignSummary:
-    """Run ``args.jobs`` campaign workers on Ray (``args.ray``) until
-    ``deadline`` (``time.monotonic()``); the summary ``kvspec fuzz`` prints."""
+    """Run ``config.jobs`` campaign workers on Ray (at ``address``; a
+    lost task tried again ``retries`` times) until ``deadline``
+    (``time.monotonic()``), worker j with seed ``config.seed + j``, each
+    running the ``case_files`` first; the summary ``kvspec fuzz`` prints."""
     from fuzz.driving.atheris_runner import STOP_GRACE_S
     from fuzz.driving.distribute import run_tasks
     from fuzz.driving.progress import Heartbeat, count_files
@@ -219,42 +220,42 @@ def run_on_ray(
             "run": run,
             "engine": engines[0].to_json(),
             "other": engines[1].to_json() if len(engines) > 1 else None,
-            "driver": args.driver,
-            "seed": args.seed + j,
+            "driver": config.driver,
+            "seed": config.seed + j,
             "deadline_unix": time.time() + (end - COLLECT_S - time.monotonic()),
             "out": str(out.resolve()),
             "corpus": str(corpus) if corpus is not None else None,
             "z3_seeds": seed_dir is not None,
             "seed_dir": str(seed_dir) if seed_dir is not None else None,
-            "cases": [load_json(p, "case file") for p in args.case],
-            "case_names": list(args.case),
-            "synthetic": bool(args.synthetic_geometry),
-            "connector": getattr(args, "kv_connector", "drawn"),
-            "pressure": getattr(args, "pressure", "drawn"),
-            "libfuzzer": list(args.libfuzzer or []),
+            "cases": [load_json(p, "case file") for p in case_files],
+            "case_names": list(case_files),
+            "synthetic": config.synthetic,
+            "connector": config.connector,
+            "pressure": config.pressure,
+            "libfuzzer": list(config.libfuzzer),
             "kvspec_home": str(kvspec_home()),
         }
-        for j in range(args.jobs)
+        for j in range(config.jobs)
     ]
     done: list[dict] = []
 
     def line() -> str:
         elapsed = time.monotonic() - started
-        return f"kvspec fuzz: {elapsed:7.1f}s  ray {args.ray}: {args.jobs - len(done)} worker(s) running, {len(done)} done  findings {max(0, count_files(out, '*.json') - len(before))}"
+        return f"kvspec fuzz: {elapsed:7.1f}s  ray {address}: {config.jobs - len(done)} worker(s) running, {len(done)} done  findings {max(0, count_files(out, '*.json') - len(before))}"
 
     say(
-        f"kvspec fuzz: {args.jobs} worker(s) on Ray ({args.ray}), seeds {args.seed}..{args.seed + args.jobs - 1}, findings into {out}"
+        f"kvspec fuzz: {config.jobs} worker(s) on Ray ({address}), seeds {config.seed}..{config.seed + config.jobs - 1}, findings into {out}"
     )
     try:
         with Heartbeat(line, say):
             results = run_tasks(
                 campaign_task,
                 tasks,
-                ray_address=args.ray,
+                ray_address=address,
                 out=out / "ray-tasks" / run,
-                retries=args.ray_retries,
+                retries=retries,
                 timeout_s=max(1.0, end - time.monotonic()),
-                num_cpus=args.jobs,
+                num_cpus=config.jobs,
                 resume=False,
                 progress=done.append,
             )
@@ -263,7 +264,7 @@ def run_on_ray(
             marker.unlink()
         except OSError:
             pass
-    return _merge(results, args, engines, out, corpus, before, started, started_unix)
+    return _merge(results, config, address, case_files, engines, out, corpus, before, started, started_unix)
 
 
 def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
@@ -292,7 +293,9 @@ def _case_files(reports: list[dict | None], names: list[str]) -> dict | None:
 
 def _merge(
     results: list[dict],
-    args,
+    config: RunConfig,
+    address: str,
+    case_files: list[str],
     engines: list[EngineSpec],
     out: Path,
     corpus: Path | None,
@@ -338,7 +341,7 @@ def _merge(
                 "error": env.get("error"),
             }
         )
-    case_files = _case_files([s.case_files for s in workers], list(getattr(args, "case", None) or []))
+    accounted = _case_files([s.case_files for s in workers], case_files)
     new = sorted(_findings(out) - before)
     findings = []
     for name in new:
@@ -347,9 +350,9 @@ def _merge(
         except (OSError, ValueError):
             summary = None
         findings.append({"path": str(out / name), "summary": summary})
-    total = CampaignSummary(RAY_KEYS, engine=engines[0].name, driver=args.driver, ray=args.ray, jobs=args.jobs).merge(
-        *workers
-    )
+    total = CampaignSummary(
+        RAY_KEYS, engine=engines[0].name, driver=config.driver, ray=address, jobs=config.jobs
+    ).merge(*workers)
     elapsed = time.monotonic() - started
     return replace(
         total,
@@ -362,7 +365,7 @@ def _merge(
         workers_died=total.workers_died + failed,
         findings=findings,
         first_finding_s=round(min(firsts), 2) if firsts else None,
-        case_files=case_files,
+        case_files=accounted,
         ray_tasks=tasks,
         ray_retried=sum(1 for t in tasks if (t["attempt"] or 0) > 0),
         ray_nodes=sorted({t["host"] for t in tasks if t["host"]}),

@@ -9,34 +9,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter import open_engine
 from fuzz.driving.atheris_runner import STOP_GRACE_S
 from fuzz.driving.campaign import Campaign
+from fuzz.driving.config import RunConfig
 from fuzz.driving.drivers import BoundedEngine, engine_down, run_cases, run_given, run_hypothesis, run_random
 from fuzz.driving.progress import Heartbeat, progress_line
 from fuzz.driving.summary import IN_PROCESS_KEYS, CampaignSummary
 from ground.console import say as say_line
 from ground.engines import FAMILIES, Capability, family_of, load
 from ground.errors import EngineError
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What a campaign run takes from ``kvspec fuzz``'s flags (or a Ray
-    task): the driver (``random``, ``hypothesis``, ``cases``), its seed,
-    whether it draws hand geometries instead of deployments, and whether the
-    random driver's deployments carry a KV connector
-    (``fuzz.draw.generate.CONNECTOR_MODES``)."""
-
-    driver: str
-    seed: int
-    synthetic: bool = False
-    connector: str = "drawn"
-    #: the random driver's block pool (``fuzz.draw.generate_pressure.PRESSURE_MODES``)
-    pressure: str = "drawn"
 
 
 def run_in_process(

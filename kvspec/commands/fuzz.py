@@ -348,14 +348,35 @@ def main(args) -> int:
         _say(line)
     from fuzz.draw.seeds import load_seed_cases
     from fuzz.draw.seeds import seed_dir as z3_seed_dir
+    from fuzz.driving.config import RunConfig
 
     seed_dir = None if args.no_z3_seeds else z3_seed_dir(home)
+    config = RunConfig(  # the campaign's flags, read once here and handed to whichever driver runs it
+        args.driver,
+        args.seed,
+        synthetic=args.synthetic_geometry,
+        connector=args.kv_connector,
+        pressure=args.pressure,
+        jobs=args.jobs,
+        libfuzzer=tuple(args.libfuzzer or ()),
+    )
+    other = specs[1] if len(specs) > 1 else None
     try:
         if getattr(args, "ray", None) is not None:
             from fuzz.driving.ray_runner import run_on_ray
 
             summary = run_on_ray(
-                args, specs, out=out, corpus=corpus, seed_dir=seed_dir, started=started, deadline=deadline, say=_say
+                config,
+                specs,
+                out,
+                corpus,
+                seed_dir,
+                list(args.case),
+                started,
+                deadline,
+                address=args.ray,
+                retries=args.ray_retries,
+                say=_say,
             )
         elif args.driver == "atheris":
             from rich.console import Console
@@ -363,40 +384,25 @@ def main(args) -> int:
             from fuzz.driving.atheris_runner import run_atheris
 
             tty = sys.stderr.isatty()
+            console, emit = (Console(stderr=True), None) if tty else (None, _say)
             summary = run_atheris(
                 specs[0],
-                out=out,
-                corpus=corpus,
-                seed_dir=seed_dir,
-                seed=args.seed,
-                max_time=args.max_time,
-                jobs=args.jobs,
-                other=specs[1] if len(specs) > 1 else None,
-                libfuzzer_args=args.libfuzzer,
-                console=Console(stderr=True) if tty else None,
+                config,
+                out,
+                corpus,
+                seed_dir,
+                args.max_time,
+                other=other,
+                console=console,
                 deadline=deadline,
-                emit=None if tty else _say,
-                synthetic=args.synthetic_geometry,
+                emit=emit,
             )
         else:
-            from fuzz.driving.runner import RunConfig, run_in_process
+            from fuzz.driving.runner import run_in_process
 
-            config = RunConfig(
-                driver=args.driver,
-                seed=args.seed,
-                synthetic=args.synthetic_geometry,
-                connector=args.kv_connector,
-                pressure=args.pressure,
-            )
+            seeds = load_seed_cases(seed_dir) if seed_dir else []
             summary = run_in_process(
-                config,
-                specs,
-                out,
-                load_seed_cases(seed_dir) if seed_dir else [],
-                list(zip(args.case, cases)),
-                started,
-                deadline,
-                say=_say,
+                config, specs, out, seeds, list(zip(args.case, cases)), started, deadline, say=_say
             )
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")

@@ -3,12 +3,12 @@ was, read back, added up across workers, and turned into the exit code."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import pytest
 
+from fuzz.driving.config import RunConfig
 from fuzz.driving.outcome import EXIT_FINDINGS, EXIT_HARNESS, EXIT_OK
 from fuzz.driving.summary import ATHERIS_KEYS, EMPTY_KEYS, IN_PROCESS_KEYS, RAY_KEYS, CampaignSummary
 
@@ -157,8 +157,8 @@ def test_ray_adds_up_its_workers_in_ray_keys(tmp_path):
         },
         {"id": "job-3", "status": "lost", "attempt": None, "host": None, "pid": None, "error": "died", "result": None},
     ]
-    args = argparse.Namespace(driver="random", ray="local", jobs=4, case=[])
-    s = _merge(results, args, [engine], tmp_path, None, set(), time.monotonic(), now - 10).to_dict()
+    config = RunConfig("random", 1, jobs=4)
+    s = _merge(results, config, "local", [], [engine], tmp_path, None, set(), time.monotonic(), now - 10).to_dict()
     assert list(s) == list(RAY_KEYS)
     assert (s["execs"], s["engine_runs"], s["cases"], s["coverage"], s["duplicates"], s["workers_died"]) == (
         50,
