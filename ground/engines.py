@@ -142,7 +142,8 @@ class Family:
     #: Its own ``kvspec report`` bundle (a module with ``bundle(finding,
     #: matrix=, finding_path=)``), None: vLLM's (``fuzz.results.report``).
     reporter: str | None = None
-    #: Its own ``kvspec advise`` (``(args) -> exit code``), None: vLLM's.
+    #: Its own ``kvspec advise`` (``(args, spec) -> exit code``: the parsed
+    #: ``--engine`` handed down), None: vLLM's.
     adviser: str | None = None
     #: Its own ``kvspec run --compare`` table and verdict (``(case,
     #: observed, name, json_path) -> exit code``), None: the judge's.
