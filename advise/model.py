@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ground.engines import EngineSpec
+from ground.engines import EngineSpec, engine_key
 from reference.case import Case, Geometry, Request, Segment, Speculative
 from reference.knobs import Knobs, implemented_rule, resolve_knobs
 from reference.radix import TOKEN_BYTES, PrefixIndex, prompt_bytes
@@ -400,7 +400,7 @@ def advise(case: Case, version: EngineSpec | str, facts: dict | None = None) -> 
         )
     lost_total = promise.hit_tokens - implemented.hit_tokens
     return {
-        "version": version.version if isinstance(version, EngineSpec) else version,
+        "version": engine_key(version),
         "rule": rule,
         "knobs": knobs.as_dict(),
         "current_retention": {"interval": current, "setting": retention_label(current, g.scheduler_block_size)},

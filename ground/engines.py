@@ -355,6 +355,12 @@ def engine_name(version: str) -> str:
     return version if "==" in version else f"{DEFAULT_FAMILY}=={version}"
 
 
+def engine_key(engine: EngineSpec | str) -> str:
+    """The version key of a typed engine (``EngineSpec.version``), or a key
+    as it is: for code that takes either (the judge, the reference model)."""
+    return engine.version if isinstance(engine, EngineSpec) else engine
+
+
 def version_key(name: str) -> str:
     """The version key of an engine name (the inverse of
     :func:`engine_name`): ``vllm==0.33.0`` -> ``0.33.0``; ``sglang==0.5.23``

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability, EngineSpec, family_of, load
+from ground.engines import DEFAULT_FAMILY, FAMILIES, Capability, EngineSpec, engine_key, family_of, load
 from ground.errors import KvspecError, Unsupported, invalid
 from reference.case import EAGLE_METHODS, Case, require_geometry
 
@@ -104,8 +104,7 @@ def implemented_rule(version: str | EngineSpec) -> str:
     version string that does not parse (a server's local build) counts as
     newer. SGLang (``sglang==X``) has no rule of its own in the model:
     it is held to the promise. The typed engine is read as it is."""
-    if isinstance(version, EngineSpec):
-        version = version.version
+    version = engine_key(version)
     family = FAMILIES.get(family_of(version))
     if family is not None and not family.supports(Capability.RULE_MODEL):
         return "promise"

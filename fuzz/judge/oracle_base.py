@@ -16,15 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_adapter.interface import Observation
-from ground.engines import EngineSpec
+from ground.engines import EngineSpec, engine_key
 from reference.case import Case, prompt_tokens
-
-
-def engine_key(engine: EngineSpec | str) -> str:
-    """The version key a divergence records: the typed engine's
-    (``EngineSpec.version``), or a key already."""
-    return engine.version if isinstance(engine, EngineSpec) else engine
-
 
 Run = Callable[[Case], Observation]
 
