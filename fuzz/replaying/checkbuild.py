@@ -265,8 +265,9 @@ def check_build(
 ) -> BuildReport:
     """Run check-build on ``engine`` (a ready engine, typed: the command
     parsed it at its edge; a test's name is read once here) and return the
-    report; with ``against`` (a ready engine: the baseline) each failure is
-    sorted into new or shared with the baseline."""
+    report; with ``against`` (a ready engine, typed or the name its build
+    gave: the baseline) each failure is sorted into new or shared with the
+    baseline."""
     from engine_adapter import open_engine
     from engine_adapter.host.versions import spec_of
     from fuzz.draw.seeds import load_seed_cases, on_deployments, seed_dir, with_connector

@@ -203,10 +203,11 @@ def cost_of(finding: dict, *, local_models: bool = True) -> dict:
     )
     page, layers = facts.get("mamba_page_size_bytes"), facts.get("mamba_layers")
     state_bytes = None
-    if deployment is not None and type(page) is int and type(layers) is int:
-        state_bytes = page * layers
-    elif deployment is not None and type(page) is int and where.dims:
-        state_bytes = page * where.dims["mamba_layers"]
+    if deployment is not None and type(page) is int:
+        if type(layers) is int:
+            state_bytes = page * layers
+        elif where.dims:
+            state_bytes = page * where.dims["mamba_layers"]
     want, held, basis, reason = memory_states(finding, str(finding.get("oracle")))
     return finding_cost(
         severity=severity,

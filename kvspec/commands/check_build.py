@@ -93,7 +93,7 @@ def configure(parser) -> None:
 
 def main(args) -> int:
     from engine_adapter.host.builds import prepare
-    from engine_adapter.host.versions import DEFAULT_ENGINE, spec_of
+    from engine_adapter.host.versions import DEFAULT_ENGINE
     from fuzz.replaying.checkbuild import EXIT_HARNESS, check_build, render
     from ground.errors import EngineError, invalid
     from ground.home import kvspec_home
@@ -113,13 +113,8 @@ def main(args) -> int:
                 "holds findings already; allowed: an empty or new folder (check-build reports what this run finds)",
             )
     try:
-        against = (
-            None
-            if args.against is None
-            else spec_of(
-                prepare(args.against, flag="--against", progress=_say), "--against"
-            )  # the name its build gives
-        )
+        # the baseline's name as its build gives it (check_build reads it once)
+        against = None if args.against is None else prepare(args.against, flag="--against", progress=_say)
         (spec,) = engine_specs(args, default=DEFAULT_ENGINE, progress=_say)  # parsed once, at this edge
     except EngineError as e:
         _say(f"kvspec: {e} (harness failed, exit 3)")
