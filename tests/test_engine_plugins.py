@@ -150,19 +150,34 @@ class _Opened:
         return self.inner.run(case)["resolution"]
 
 
-def test_kvspec_run_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
-    from kvspec.cli import main
+def _resend_file(tmp_path: Path) -> Path:
+    """A case file: A:40 sent twice, on a 16-token hybrid geometry."""
     from reference.case import case_to_dict
     from tests.conftest import hybrid, make_case
-    from tests.fuzz.doubles import ReferenceDouble
 
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case_to_dict(make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]))))
+    return path
+
+
+def _hand_engines(monkeypatch, wrap=lambda engine: engine) -> list:
+    """``open_engine`` replaced by a test double of the engine (the
+    reference model under ``replay``, wrapped by ``wrap``); returns the
+    list of what each call was handed."""
+    from tests.fuzz.doubles import ReferenceDouble
+
     handed = []
     monkeypatch.setattr(
         "engine_adapter.host.engine.open_engine",
-        lambda spec, **kw: handed.append(spec) or _Opened(ReferenceDouble(spec, "replay")),
+        lambda spec, **kw: handed.append(spec) or wrap(ReferenceDouble(spec, "replay")),
     )
+    return handed
+
+
+def test_kvspec_run_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
+    from kvspec.cli import main
+
+    path, handed = _resend_file(tmp_path), _hand_engines(monkeypatch, _Opened)
     assert main(["run", str(path), "--engine", "vllm==0.33.0", "--compare"]) == 0, capsys.readouterr()
     _once_at_the_edge(parses, "run", ["vllm==0.33.0"], "kvspec/engine_options.py")
     assert [type(s) for s in handed] == [EngineSpec]  # the typed engine handed down, not a name to read again
@@ -193,17 +208,8 @@ def test_kvspec_fuzz_reads_its_engines_once_before_any_build(parses):
 
 def test_kvspec_replay_parses_its_engine_once(parses, monkeypatch, tmp_path, capsys):
     from kvspec.cli import main
-    from reference.case import case_to_dict
-    from tests.conftest import hybrid, make_case
-    from tests.fuzz.doubles import ReferenceDouble
 
-    path = tmp_path / "case.json"
-    path.write_text(json.dumps(case_to_dict(make_case(hybrid(16, 16), [[("A", 40)], [("A", 40)]]))))
-    handed = []
-    monkeypatch.setattr(
-        "engine_adapter.host.engine.open_engine",
-        lambda spec, **kw: handed.append(spec) or ReferenceDouble(spec, "replay"),
-    )
+    path, handed = _resend_file(tmp_path), _hand_engines(monkeypatch)
     assert main(["replay", str(path), "--engine", "vllm==0.33.0"]) == 0, capsys.readouterr()
     _once_at_the_edge(parses, "replay", ["vllm==0.33.0"], "kvspec/engine_options.py")
     assert handed == [EngineSpec("vllm", "0.33.0")]  # the typed engine, opened as it was parsed
